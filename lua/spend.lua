@@ -1,0 +1,381 @@
+-- quota-worker: the spend script.
+--
+-- One script for the four operations on a credential's quota windows, so the
+-- window arithmetic exists exactly once: spend, settle, block, peek.
+-- Every key is one credential's and carries its `{credential}` hash tag, so the
+-- script runs unchanged on Redis Cluster. The clock is Redis TIME (µs); no
+-- caller clock is trusted.
+--
+-- KEYS
+--   1  <prefix>:{<credential>}:blocked   string: blocked-until, µs (upstream 429)
+--   2  <prefix>:{<credential>}:clock     string: latest `now` seen, µs (keeps time monotonic)
+--   then, per window, in the order of ARGV[5..]:
+--     sliding: <...>:log    zset: request id -> spend time (µs)
+--              <...>:units  hash: request id -> units; field "#used" = sum of live units
+--     fixed:   <...>:fixed  hash: "#period" = period number, "#used", request id -> units
+--
+-- ARGV
+--   1  op: "spend" | "settle" | "block" | "peek"
+--   2  spend, settle: request id (unique per upstream request; reusing one only
+--      retries that same spend and is never charged twice)
+--      block: block duration, ms          peek: ignored
+--   3  spend: cost in units (>= 1)        settle: the request's actual cost (>= 0; 0 = refund)
+--      block, peek: ignored
+--   4  number of windows, n
+--   5 .. 4+n  one window each:
+--      "sliding:<units>:<period_ms>"
+--      "fixed:<units>:<period_ms>:<reset_ms>:<tz>" where reset_ms is the reset's
+--      offset from local midnight and <tz> is "<offset_ms>" or
+--      "<offset_ms>|<utc_ms>|<offset_ms>|..." (UTC offsets and the instants they
+--      start, ascending) — the time zone's rules, so DST shifts the reset.
+--
+-- Returns
+--   spend:  {allowed, remaining, retry_after_ms, rejecting_window}
+--           allowed 1/0; remaining = fewest units left across the windows (after
+--           this spend when allowed, as it stands when rejected); retry_after_ms =
+--           when a spend of this cost would be admitted by every window if nobody
+--           else spent (0 when allowed); rejecting_window = 1-based index of the
+--           rejecting window that frees last, 0 when allowed or when the credential
+--           block is what frees last.
+--   settle: {windows_adjusted}
+--   block:  {blocked_for_ms}
+--   peek:   {blocked_for_ms, used_1, remaining_1, frees_in_ms_1, used_2, ...}
+--
+-- Cost: a spend adds one entry per window whatever its cost (O(1) memory per
+-- call). Used units are a counter, so nothing scans the window: expired entries
+-- are removed once each, in batches of BATCH (Lua's unpack limit is ~8000), and
+-- a window that is wholly expired is dropped in O(1). The rejection path reads
+-- at most as many entries as the units it needs freed (never more than the cost).
+
+local BATCH = 500
+local USED = '#used'
+local PERIOD = '#period'
+
+local op = ARGV[1]
+local nwin = tonumber(ARGV[4])
+
+local function int(n)
+  return string.format('%d', n)
+end
+
+-- Server time in µs, never earlier than any time this credential has seen: a
+-- Redis clock stepped backwards (NTP, failover to a skewed replica) would
+-- otherwise let entries expire early and admit more than the limit.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local seen = tonumber(redis.call('GET', KEYS[2]) or '0')
+if seen > now then
+  now = seen
+end
+
+local function split(s, sep)
+  local out = {}
+  for part in string.gmatch(s, '([^' .. sep .. ']+)') do
+    out[#out + 1] = part
+  end
+  return out
+end
+
+-- Parse the window specs and assign each its keys.
+local windows = {}
+local maxper = 1
+do
+  local k = 3
+  for i = 1, nwin do
+    local f = split(ARGV[4 + i], ':')
+    local w = { kind = f[1], units = tonumber(f[2]), per = tonumber(f[3]) * 1000 }
+    if w.per > maxper then
+      maxper = w.per
+    end
+    if w.kind == 'sliding' then
+      w.log, w.units_key = KEYS[k], KEYS[k + 1]
+      k = k + 2
+    elseif w.kind == 'fixed' then
+      w.state = KEYS[k]
+      w.reset = tonumber(f[4]) * 1000
+      local tz = split(f[5], '|')
+      for j = 1, #tz do
+        tz[j] = tonumber(tz[j]) * 1000
+      end
+      w.tz = tz
+      k = k + 1
+    else
+      return redis.error_reply('ERR quota-worker: unknown window kind ' .. tostring(f[1]))
+    end
+    windows[i] = w
+  end
+end
+
+-- UTC offset (µs) in effect at UTC instant `at` (µs).
+local function offset_at(tz, at)
+  local off = tz[1]
+  for j = 2, #tz, 2 do
+    if at >= tz[j] then
+      off = tz[j + 1]
+    else
+      break
+    end
+  end
+  return off
+end
+
+-- The local wall-clock instant `wall` (µs) as UTC.
+local function wall_to_utc(tz, wall, hint)
+  local utc = wall - offset_at(tz, hint)
+  local off = offset_at(tz, utc)
+  return wall - off
+end
+
+-- Fixed window: the number of the calendar period holding `now`, and when it ends.
+local function period_of(w)
+  local off = offset_at(w.tz, now)
+  local wall = now + off
+  local n = math.floor((wall - w.reset) / w.per)
+  local ends = wall_to_utc(w.tz, (n + 1) * w.per + w.reset, now)
+  if ends <= now then
+    ends = now + 1000
+  end
+  return n, ends
+end
+
+-- Drop a sliding window's expired entries; return its live units.
+local function evict(w)
+  local cutoff = now - w.per
+  local newest = redis.call('ZRANGE', w.log, -1, -1, 'WITHSCORES')
+  if #newest == 0 or tonumber(newest[2]) <= cutoff then
+    -- Empty or wholly expired (an idle gap): drop it in one step, however big.
+    redis.call('DEL', w.log, w.units_key)
+    return 0
+  end
+  while true do
+    local old = redis.call('ZRANGEBYSCORE', w.log, '-inf', cutoff, 'LIMIT', 0, BATCH)
+    if #old == 0 then
+      break
+    end
+    local costs = redis.call('HMGET', w.units_key, unpack(old))
+    local sum = 0
+    for j = 1, #costs do
+      sum = sum + (tonumber(costs[j]) or 0)
+    end
+    redis.call('HDEL', w.units_key, unpack(old))
+    redis.call('ZREMRANGEBYRANK', w.log, 0, #old - 1)
+    redis.call('HINCRBY', w.units_key, USED, -sum)
+  end
+  return tonumber(redis.call('HGET', w.units_key, USED) or '0')
+end
+
+-- Fixed window: live units of the current period (a new period starts at 0).
+local function fixed_used(w)
+  local n, ends = period_of(w)
+  w.period, w.ends = n, ends
+  local state = redis.call('HMGET', w.state, PERIOD, USED)
+  if tonumber(state[1]) ~= n then
+    return 0, true
+  end
+  return tonumber(state[2] or '0'), false
+end
+
+local function used_of(w)
+  if w.kind == 'sliding' then
+    return evict(w)
+  end
+  local used, stale = fixed_used(w)
+  w.stale = stale
+  return used
+end
+
+-- µs until a sliding window has freed `need` units, oldest entries first. Each
+-- entry holds at least one unit, so this reads at most `need` entries.
+local function sliding_frees_in(w, need)
+  local freed, start = 0, 0
+  while true do
+    local count = math.min(need - freed, BATCH)
+    local rows = redis.call('ZRANGE', w.log, start, start + count - 1, 'WITHSCORES')
+    if #rows == 0 then
+      return 0
+    end
+    local ids = {}
+    for j = 1, #rows, 2 do
+      ids[#ids + 1] = rows[j]
+    end
+    local costs = redis.call('HMGET', w.units_key, unpack(ids))
+    for j = 1, #ids do
+      freed = freed + (tonumber(costs[j]) or 0)
+      if freed >= need then
+        return tonumber(rows[2 * j]) + w.per - now
+      end
+    end
+    start = start + #ids
+  end
+end
+
+-- µs until `need` units of window `w` are free (0: free now).
+local function frees_in(w, need)
+  if need <= 0 then
+    return 0
+  end
+  if w.kind == 'fixed' then
+    return w.ends - now
+  end
+  return sliding_frees_in(w, need)
+end
+
+local function blocked_for()
+  local until_ = tonumber(redis.call('GET', KEYS[1]) or '0')
+  if until_ > now then
+    return until_ - now
+  end
+  return 0
+end
+
+local function ms(us)
+  return math.ceil(us / 1000)
+end
+
+local function remember_now()
+  if seen < now then
+    local ttl = math.max(ms(maxper), redis.call('PTTL', KEYS[2]))
+    redis.call('SET', KEYS[2], int(now), 'PX', ttl)
+  end
+end
+
+if op == 'block' then
+  local dur = tonumber(ARGV[2]) * 1000
+  local until_ = now + dur
+  local current = tonumber(redis.call('GET', KEYS[1]) or '0')
+  if until_ > current then
+    -- Never shortens a longer block set by another worker.
+    redis.call('SET', KEYS[1], int(until_), 'PX', ms(dur))
+    remember_now()
+  end
+  return { ms(blocked_for()) }
+end
+
+if op == 'peek' then
+  local out = { ms(blocked_for()) }
+  for i = 1, nwin do
+    local w = windows[i]
+    local used = used_of(w)
+    local free_in = 0
+    if used > 0 then
+      if w.kind == 'fixed' then
+        free_in = w.ends - now
+      else
+        local oldest = redis.call('ZRANGE', w.log, 0, 0, 'WITHSCORES')
+        free_in = tonumber(oldest[2]) + w.per - now
+      end
+    end
+    out[#out + 1] = used
+    out[#out + 1] = math.max(w.units - used, 0)
+    out[#out + 1] = ms(free_in)
+  end
+  return out
+end
+
+local id = ARGV[2]
+if id == nil or id == '' or string.sub(id, 1, 1) == '#' or id == '{request_id}' then
+  return redis.error_reply('ERR quota-worker: request id must be unique, non-empty, not start with "#" (got ' .. tostring(id) .. ')')
+end
+local cost = tonumber(ARGV[3])
+
+if op == 'settle' then
+  if cost == nil or cost < 0 then
+    return redis.error_reply('ERR quota-worker: settle cost must be >= 0')
+  end
+  local adjusted = 0
+  for i = 1, nwin do
+    local w = windows[i]
+    local hash = w.units_key or w.state
+    local live = true
+    if w.kind == 'fixed' then
+      local n = period_of(w)
+      live = tonumber(redis.call('HGET', w.state, PERIOD)) == n
+    end
+    local old = live and tonumber(redis.call('HGET', hash, id))
+    -- An entry already expired (or a spend in a past period) needs no settling.
+    if old then
+      if cost == 0 then
+        redis.call('HDEL', hash, id)
+        if w.log then
+          redis.call('ZREM', w.log, id)
+        end
+      else
+        redis.call('HSET', hash, id, cost)
+      end
+      redis.call('HINCRBY', hash, USED, cost - old)
+      adjusted = adjusted + 1
+    end
+  end
+  return { adjusted }
+end
+
+if op ~= 'spend' then
+  return redis.error_reply('ERR quota-worker: unknown op ' .. tostring(op))
+end
+if cost == nil or cost < 1 then
+  return redis.error_reply('ERR quota-worker: spend cost must be >= 1')
+end
+
+local remaining = nil
+local retry, rejecting = 0, 0
+local used = {}
+local duplicate = false
+for i = 1, nwin do
+  local w = windows[i]
+  used[i] = used_of(w)
+  if redis.call('HEXISTS', w.units_key or w.state, id) == 1 and not w.stale then
+    duplicate = true
+  end
+  local left = w.units - used[i]
+  if remaining == nil or left < remaining then
+    remaining = left
+  end
+end
+remaining = math.max(remaining or 0, 0)
+
+if duplicate then
+  -- A retry of a spend that already happened (its reply was lost): admitted
+  -- once, charged once.
+  return { 1, remaining, 0, 0 }
+end
+
+-- Every window must admit the spend, so it waits for the one that frees last;
+-- on a tie the credential block (0) or the lower window index names it.
+retry = blocked_for()
+for i = 1, nwin do
+  local w = windows[i]
+  local wait = frees_in(w, used[i] + cost - w.units)
+  if wait > retry then
+    retry, rejecting = wait, i
+  end
+end
+
+if retry > 0 then
+  return { 0, remaining, ms(retry), rejecting }
+end
+
+remember_now()
+remaining = nil
+for i = 1, nwin do
+  local w = windows[i]
+  if w.kind == 'sliding' then
+    redis.call('ZADD', w.log, now, id)
+    redis.call('HSET', w.units_key, id, cost)
+    redis.call('HINCRBY', w.units_key, USED, cost)
+    redis.call('PEXPIRE', w.log, ms(w.per) + 1000)
+    redis.call('PEXPIRE', w.units_key, ms(w.per) + 1000)
+  else
+    if w.stale then
+      redis.call('DEL', w.state)
+      redis.call('HSET', w.state, PERIOD, w.period)
+    end
+    redis.call('HSET', w.state, id, cost)
+    redis.call('HINCRBY', w.state, USED, cost)
+    redis.call('PEXPIRE', w.state, ms(w.ends - now) + 1000)
+  end
+  local left = w.units - used[i] - cost
+  if remaining == nil or left < remaining then
+    remaining = left
+  end
+end
+return { 1, math.max(remaining, 0), 0, 0 }

@@ -1,0 +1,106 @@
+//! The commands, one file each. `main.rs` parses arguments and dispatches
+//! here; each command prints its own output and returns its exit code.
+
+pub mod check;
+pub mod keys;
+pub mod quota;
+pub mod spend;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use crate::config::{self, Config};
+use crate::quota::{Limiter, Quotas};
+
+/// Exit codes, from sysexits.h.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Exit {
+    /// Success.
+    Ok = 0,
+    /// EX_USAGE: bad command line (or a cost that can never fit).
+    Usage = 64,
+    /// EX_UNAVAILABLE: Redis (or another service) unreachable.
+    Unavailable = 69,
+    /// EX_SOFTWARE: an internal error.
+    Software = 70,
+    /// EX_TEMPFAIL: try again later (a spend was rejected).
+    TempFail = 75,
+    /// EX_CONFIG: the configuration is invalid.
+    Config = 78,
+}
+
+impl From<Exit> for ExitCode {
+    fn from(e: Exit) -> Self {
+        ExitCode::from(e as u8)
+    }
+}
+
+/// The config path: `-c`, else `$QUOTA_WORKER_CONFIG` (clap reads it), else
+/// `config/quota-worker.toml`.
+pub fn config_path(arg: Option<PathBuf>) -> PathBuf {
+    arg.unwrap_or_else(|| PathBuf::from(config::DEFAULT_CONFIG))
+}
+
+/// Loads the config, printing every error and returning exit 78 on failure.
+pub fn load(path: &Path) -> Result<Config, Exit> {
+    Config::load(path).map_err(|errors| {
+        for e in &errors.0 {
+            eprintln!("error: {e}");
+        }
+        let n = errors.0.len();
+        eprintln!(
+            "{}: {n} error{} in the configuration; nothing was run",
+            path.display(),
+            if n == 1 { "" } else { "s" }
+        );
+        Exit::Config
+    })
+}
+
+/// The URL to reach Redis at: the configured one, or the embedded Redis's
+/// socket in the state directory.
+pub fn redis_url(config: &Config) -> config::RedisUrl {
+    match &config.redis.url {
+        Some(u) => u.clone(),
+        None => config::RedisUrl::new(format!(
+            "unix://{}",
+            crate::embedded::socket_path(&config.state_dir).display()
+        )),
+    }
+}
+
+/// A limiter for `quotas` on the configured Redis. It connects on first use,
+/// so an unreachable Redis meets the endpoint's `limiter_unavailable` policy.
+pub fn limiter(config: &Config, quotas: Arc<Quotas>) -> Result<Limiter, Exit> {
+    let url = redis_url(config);
+    match crate::conn::connect_lazy(&url, config.redis.timeout, 1) {
+        Ok(conn) => Ok(Limiter::new(conn, quotas, config.redis.timeout)),
+        Err(e) => {
+            eprintln!("error: bad Redis URL {url}: {e}");
+            Err(Exit::Config)
+        }
+    }
+}
+
+/// Prints a limiter error and picks its exit code.
+pub fn quota_error(config: &Config, e: &crate::quota::QuotaError) -> Exit {
+    use crate::quota::QuotaError as Q;
+    if e.is_unavailable() {
+        eprintln!("error: Redis at {}: {e}", redis_url(config));
+        if config.redis.url.is_none() {
+            eprintln!(
+                "hint: [redis] url is not set, so this uses the embedded Redis of a running `quota-worker run`; start the daemon or set {}",
+                config::REDIS_URL_ENV
+            );
+        }
+    } else {
+        eprintln!("error: {e}");
+    }
+    match e {
+        Q::UnknownEndpoint(_) | Q::UnknownCredential(_) | Q::CostTooLarge { .. } => Exit::Usage,
+        Q::Timeout(_) | Q::Unavailable(_) => Exit::Unavailable,
+        Q::Script(_) => Exit::Software,
+    }
+}

@@ -1,0 +1,168 @@
+//! The config files exactly as written: serde types with unknown fields
+//! rejected. `super::load` turns them into the validated [`super::Config`].
+
+use std::time::Duration;
+
+use indexmap::IndexMap;
+use serde::{Deserialize, Deserializer};
+
+/// A duration written like "24h", "1m", "500ms".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Dur(pub(super) Duration);
+
+impl<'de> Deserialize<'de> for Dur {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        humantime::parse_duration(s.trim()).map(Dur).map_err(|e| {
+            serde::de::Error::custom(format!(
+                "invalid duration {s:?} ({e}); write e.g. \"24h\", \"1m\", \"500ms\""
+            ))
+        })
+    }
+}
+
+/// `config/quota-worker.toml`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawConfig {
+    pub(super) jobs: Option<String>,
+    pub(super) state_dir: Option<String>,
+    #[serde(default)]
+    pub(super) redis: RawRedis,
+    #[serde(default)]
+    pub(super) worker: RawWorker,
+    #[serde(default)]
+    pub(super) metrics: RawMetrics,
+    #[serde(default)]
+    pub(super) log: RawLog,
+    #[serde(default)]
+    pub(super) credentials: IndexMap<String, RawCredential>,
+    #[serde(default)]
+    pub(super) endpoints: IndexMap<String, RawEndpoint>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRedis {
+    pub(super) url: Option<String>,
+    pub(super) key_prefix: Option<String>,
+    pub(super) timeout: Option<Dur>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawWorker {
+    pub(super) concurrency: Option<usize>,
+    pub(super) shutdown_timeout: Option<Dur>,
+    pub(super) recover_after: Option<Dur>,
+    pub(super) poll_interval: Option<Dur>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawMetrics {
+    pub(super) listen: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawLog {
+    pub(super) format: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawCredential {
+    pub(super) secret_env: Option<String>,
+    pub(super) secret_file: Option<String>,
+    #[serde(default)]
+    pub(super) windows: Vec<RawWindow>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawWindow {
+    pub(super) units: u64,
+    pub(super) per: Dur,
+    pub(super) kind: Option<String>,
+    pub(super) reset: Option<String>,
+    pub(super) timezone: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawEndpoint {
+    pub(super) credential: String,
+    pub(super) cost: u64,
+    pub(super) limiter_unavailable: Option<String>,
+    #[serde(default)]
+    pub(super) windows: Vec<RawWindow>,
+    pub(super) timeout: Option<Dur>,
+    pub(super) throttle_block: Option<Dur>,
+    pub(super) quota_reasons: Option<Vec<String>>,
+    pub(super) ratelimit_headers: Option<RawRatelimitHeaders>,
+    pub(super) cost_header: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRatelimitHeaders {
+    pub(super) remaining: String,
+    pub(super) reset: String,
+    pub(super) reset_is: Option<String>,
+}
+
+/// One job in a `jobs/*.toml` file (the file is a table of them).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawJob {
+    pub(super) schedule: String,
+    pub(super) timezone: Option<String>,
+    pub(super) endpoint: String,
+    #[serde(default)]
+    pub(super) fan_out: IndexMap<String, Vec<String>>,
+    pub(super) on_quota_exhausted: Option<String>,
+    pub(super) request: RawRequest,
+    pub(super) pagination: Option<RawPagination>,
+    pub(super) sink: RawSink,
+    pub(super) retry: Option<RawRetry>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRequest {
+    pub(super) method: Option<String>,
+    pub(super) url: String,
+    #[serde(default)]
+    pub(super) query: IndexMap<String, String>,
+    #[serde(default)]
+    pub(super) headers: IndexMap<String, String>,
+    pub(super) body: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPagination {
+    pub(super) cursor: String,
+    pub(super) param: String,
+    pub(super) max_pages: u32,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawSink {
+    pub(super) kind: String,
+    pub(super) path: String,
+    pub(super) records: Option<String>,
+    #[serde(default)]
+    pub(super) search: Vec<String>,
+    pub(super) key: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRetry {
+    pub(super) attempts: Option<u32>,
+    pub(super) backoff: Option<Dur>,
+    pub(super) max_backoff: Option<Dur>,
+}

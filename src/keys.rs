@@ -1,0 +1,97 @@
+//! Every Redis key name the product writes, built in one place.
+//!
+//! Quota keys carry their credential as a Redis Cluster hash tag
+//! (`qw:{yt-key1}:...`), so one spend touches one slot. Window keys are named
+//! by kind and period, not by position, so reordering windows or changing a
+//! limit in the config keeps the spends already recorded.
+
+use crate::config::{Scope, Window, WindowKind};
+
+/// Key names under one prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeySpace {
+    prefix: String,
+}
+
+impl KeySpace {
+    /// Keys under `prefix` (the config's `[redis] key_prefix`).
+    pub fn new(prefix: impl Into<String>) -> Self {
+        KeySpace {
+            prefix: prefix.into(),
+        }
+    }
+
+    /// The prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    fn credential(&self, credential: &str) -> String {
+        format!("{}:{{{credential}}}", self.prefix)
+    }
+
+    /// When the credential's upstream block ends (µs since the epoch).
+    pub fn blocked(&self, credential: &str) -> String {
+        format!("{}:blocked", self.credential(credential))
+    }
+
+    /// The latest Redis time a spend on the credential saw.
+    pub fn clock(&self, credential: &str) -> String {
+        format!("{}:clock", self.credential(credential))
+    }
+
+    /// The keys of one window, as the spend script expects them: a sliding
+    /// window's entry log and unit hash, or a fixed window's state hash.
+    pub fn window(&self, credential: &str, scope: &Scope, window: &Window) -> Vec<String> {
+        let scope = match scope {
+            Scope::Credential => "cred".to_owned(),
+            Scope::Endpoint(e) => format!("ep:{e}"),
+        };
+        let base = format!(
+            "{}:{scope}:{}{}",
+            self.credential(credential),
+            &window.kind_name()[..1],
+            window.per.as_millis()
+        );
+        match window.kind {
+            WindowKind::Sliding => vec![format!("{base}:log"), format!("{base}:units")],
+            WindowKind::Fixed { .. } => vec![format!("{base}:fixed")],
+        }
+    }
+
+    /// A pattern matching every quota key of the credential (for tests and
+    /// operators; never used on a hot path).
+    pub fn credential_pattern(&self, credential: &str) -> String {
+        format!("{}:*", self.credential(credential))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::num::NonZeroU64;
+    use std::time::Duration;
+
+    #[test]
+    fn keys_share_the_credential_hash_tag() {
+        let ks = KeySpace::new("qw");
+        let w = Window {
+            units: NonZeroU64::new(9500).unwrap(),
+            per: Duration::from_secs(86_400),
+            kind: WindowKind::Sliding,
+        };
+        let keys = ks.window(
+            "yt-key1",
+            &Scope::Endpoint("youtube.search.list".into()),
+            &w,
+        );
+        assert_eq!(
+            keys,
+            [
+                "qw:{yt-key1}:ep:youtube.search.list:s86400000:log",
+                "qw:{yt-key1}:ep:youtube.search.list:s86400000:units"
+            ]
+        );
+        assert_eq!(ks.blocked("yt-key1"), "qw:{yt-key1}:blocked");
+    }
+}

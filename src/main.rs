@@ -1,0 +1,113 @@
+//! The `quota-worker` binary: parses arguments, sets up logging, loads the
+//! config and hands over to the library.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use quota_worker::cli::{self, Exit};
+use quota_worker::config::LogFormat;
+
+/// Spend weighted quota units from shared sliding windows in Redis before
+/// every request to a metered API.
+#[derive(Parser, Debug)]
+#[command(name = "quota-worker", version, about, long_about = None)]
+struct Args {
+    /// Config file [default: $QUOTA_WORKER_CONFIG, then config/quota-worker.toml]
+    #[arg(
+        short,
+        long,
+        global = true,
+        env = "QUOTA_WORKER_CONFIG",
+        value_name = "FILE"
+    )]
+    config: Option<PathBuf>,
+
+    /// Log line format: text (default) or json
+    #[arg(long, global = true, value_name = "FORMAT")]
+    log_format: Option<LogFormat>,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Validate config, jobs and secrets; show fire times and worst-case spending per window
+    Check,
+    /// Spend once from an endpoint's windows (exit 0 allowed, 75 rejected, 69 Redis unreachable)
+    Spend {
+        /// Endpoint name, as in [endpoints."NAME"]
+        endpoint: String,
+        /// Units to spend [default: the endpoint's cost]
+        #[arg(long)]
+        cost: Option<u64>,
+        /// Print one JSON object
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show used / remaining / frees-in of every window, live from Redis
+    Quota {
+        /// Only this credential
+        credential: Option<String>,
+        /// Print JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print how another program calls lua/spend.lua to spend from an endpoint's windows
+    Keys {
+        /// Endpoint name
+        endpoint: String,
+        /// Units to spend [default: the endpoint's cost]
+        #[arg(long)]
+        cost: Option<u64>,
+    },
+}
+
+fn main() -> ExitCode {
+    let args = match Args::try_parse() {
+        Ok(a) => a,
+        Err(e) => {
+            let code = if e.use_stderr() {
+                Exit::Usage
+            } else {
+                Exit::Ok
+            };
+            let _ = e.print();
+            return code.into();
+        }
+    };
+    let path = cli::config_path(args.config);
+    let config = match cli::load(&path) {
+        Ok(c) => c,
+        Err(code) => return code.into(),
+    };
+    let format = args
+        .log_format
+        .or(config.log_format)
+        .unwrap_or(LogFormat::Text);
+    quota_worker::logging::init(format);
+
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return Exit::Software.into();
+        }
+    };
+    let code = runtime.block_on(async {
+        match args.command {
+            Command::Check => cli::check::run(&config, chrono::Utc::now()),
+            Command::Spend {
+                endpoint,
+                cost,
+                json,
+            } => cli::spend::run(&config, &endpoint, cost, json).await,
+            Command::Quota { credential, json } => {
+                cli::quota::run(&config, credential.as_deref(), json).await
+            }
+            Command::Keys { endpoint, cost } => cli::keys::run(&config, &endpoint, cost),
+        }
+    });
+    code.into()
+}

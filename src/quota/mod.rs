@@ -1,0 +1,558 @@
+//! Quota windows and the spend: weighted units taken atomically from a
+//! credential's shared windows in Redis by `lua/spend.lua`.
+//!
+//! This module knows no HTTP and no queue. The CLI's `spend`, the workers and
+//! the benchmarks all call [`Limiter::spend`]. A decision is data
+//! ([`Decision`]); a cost that can never fit is an error of its own
+//! ([`QuotaError::CostTooLarge`]), as in governor's `InsufficientCapacity`.
+
+pub mod tz;
+
+use std::collections::HashMap;
+use std::num::NonZeroU64;
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use indexmap::IndexMap;
+use redis::aio::ConnectionManager;
+use redis::{RetryMethod, Value};
+
+use crate::config::{Config, LimiterUnavailable, Scope, Window, WindowKind};
+use crate::keys::KeySpace;
+
+/// The spend script's source, as shipped in `lua/spend.lua`.
+pub const SCRIPT: &str = include_str!("../../lua/spend.lua");
+
+static LOADED: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(SCRIPT));
+
+/// The script as redis-rs runs it: EVALSHA, and on NOSCRIPT (a restarted or
+/// flushed Redis) SCRIPT LOAD and EVALSHA again.
+pub fn script() -> &'static redis::Script {
+    &LOADED
+}
+
+/// A fresh request id: unique across processes and hosts.
+pub fn request_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
+/// What a spend decided.
+#[must_use]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Recorded in every window.
+    Allowed {
+        /// Units left in the tightest window after this spend.
+        remaining: u64,
+    },
+    /// Redis could not answer and the endpoint is `fail-open`: let through
+    /// without being recorded.
+    Unchecked,
+    /// Not recorded anywhere.
+    Rejected(Rejection),
+}
+
+impl Decision {
+    /// Whether the request may go to the upstream.
+    pub fn is_allowed(&self) -> bool {
+        !matches!(self, Decision::Rejected(_))
+    }
+}
+
+/// Why and for how long a spend was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    /// Units left in the tightest window, as it stands.
+    pub remaining: u64,
+    /// When a spend of the same cost would be admitted if nobody else spent.
+    pub retry_after: Duration,
+    /// Which limit frees last.
+    pub by: RejectedBy,
+}
+
+/// The limit that refused a spend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RejectedBy {
+    /// A window, by its 1-based number (credential windows first).
+    Window(usize),
+    /// The credential is blocked after the upstream throttled it.
+    Blocked,
+}
+
+impl RejectedBy {
+    /// The spend script's `rejecting_window` (0 for a block).
+    pub fn window_number(self) -> usize {
+        match self {
+            RejectedBy::Window(n) => n,
+            RejectedBy::Blocked => 0,
+        }
+    }
+}
+
+/// What went wrong talking to the limiter. Each variant says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum QuotaError {
+    /// Fix the caller: no such endpoint in the config.
+    #[error("unknown endpoint {0:?}")]
+    UnknownEndpoint(String),
+    /// Fix the caller: no such credential in the config.
+    #[error("unknown credential {0:?}")]
+    UnknownCredential(String),
+    /// Fix the request: it could never be admitted.
+    #[error("cost {cost} can never fit: the smallest window that applies is {window}")]
+    CostTooLarge {
+        /// The cost asked for.
+        cost: u64,
+        /// The smallest window, described.
+        window: String,
+    },
+    /// Try again later: Redis did not answer in time.
+    #[error("Redis did not answer within {0:?}")]
+    Timeout(Duration),
+    /// Try again later: Redis is unreachable, loading, or failing over.
+    #[error("Redis is unavailable: {0}")]
+    Unavailable(#[source] redis::RedisError),
+    /// A bug: the script refused its arguments or answered nonsense.
+    #[error("the spend script failed: {0}")]
+    Script(String),
+}
+
+impl QuotaError {
+    /// Whether the limiter itself could not answer (as opposed to a bad call).
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, QuotaError::Timeout(_) | QuotaError::Unavailable(_))
+    }
+
+    fn from_redis(e: redis::RedisError) -> Self {
+        // Classified by what redis-rs says to do next, never by message text.
+        match e.retry_method() {
+            RetryMethod::NoRetry if e.code().is_some() => QuotaError::Script(e.to_string()),
+            _ => QuotaError::Unavailable(e),
+        }
+    }
+}
+
+/// One window as the script takes it, with what the reports need.
+#[derive(Debug, Clone)]
+pub struct WindowPlan {
+    /// Whose window.
+    pub scope: Scope,
+    /// The window.
+    pub window: Window,
+    /// Its keys, in script order.
+    pub keys: Vec<String>,
+    /// Its ARGV spec ("sliding:9500:86400000").
+    pub spec: String,
+}
+
+/// Everything a call on one set of windows sends, built once at load.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// The credential charged.
+    pub credential: String,
+    /// KEYS: block, clock, then each window's keys.
+    pub keys: Vec<String>,
+    /// The windows, numbered from 1 in this order.
+    pub windows: Vec<WindowPlan>,
+}
+
+impl Plan {
+    fn new(ks: &KeySpace, credential: &str, windows: Vec<(Scope, Window)>) -> Self {
+        let now = chrono::Utc::now();
+        let mut keys = vec![ks.blocked(credential), ks.clock(credential)];
+        let windows: Vec<WindowPlan> = windows
+            .into_iter()
+            .map(|(scope, window)| {
+                let wkeys = ks.window(credential, &scope, &window);
+                keys.extend(wkeys.iter().cloned());
+                let per = window.per.as_millis();
+                let spec = match &window.kind {
+                    WindowKind::Sliding => format!("sliding:{}:{per}", window.units),
+                    WindowKind::Fixed { reset, timezone } => format!(
+                        "fixed:{}:{per}:{}:{}",
+                        window.units,
+                        reset.as_millis(),
+                        tz::table(*timezone, now)
+                    ),
+                };
+                WindowPlan {
+                    scope,
+                    window,
+                    keys: wkeys,
+                    spec,
+                }
+            })
+            .collect();
+        Plan {
+            credential: credential.to_owned(),
+            keys,
+            windows,
+        }
+    }
+
+    /// ARGV for an operation: op, id/duration, cost, n, window specs.
+    pub fn args(&self, op: &str, arg: &str, cost: &str) -> Vec<String> {
+        let mut args = vec![
+            op.to_owned(),
+            arg.to_owned(),
+            cost.to_owned(),
+            self.windows.len().to_string(),
+        ];
+        args.extend(self.windows.iter().map(|w| w.spec.clone()));
+        args
+    }
+
+    /// The window with the fewest units.
+    pub fn smallest(&self) -> Option<&Window> {
+        self.windows
+            .iter()
+            .map(|w| &w.window)
+            .min_by_key(|w| w.units)
+    }
+}
+
+/// An endpoint's spend plan.
+#[derive(Debug, Clone)]
+pub struct EndpointPlan {
+    /// The endpoint.
+    pub endpoint: String,
+    /// Its configured cost.
+    pub cost: NonZeroU64,
+    /// Redis unreachable: reject or allow.
+    pub policy: LimiterUnavailable,
+    /// Keys and windows.
+    pub plan: Plan,
+}
+
+/// Every plan of a config: per endpoint (spend, settle) and per credential
+/// (peek, block; all its windows, endpoints' included).
+#[derive(Debug, Clone)]
+pub struct Quotas {
+    keys: KeySpace,
+    endpoints: HashMap<String, EndpointPlan>,
+    credentials: IndexMap<String, Plan>,
+}
+
+impl Quotas {
+    /// Builds the plans of `config`.
+    pub fn new(config: &Config) -> Self {
+        let ks = KeySpace::new(config.redis.key_prefix.clone());
+        let endpoints = config
+            .endpoints
+            .values()
+            .map(|e| {
+                let windows = config
+                    .windows_of(e)
+                    .into_iter()
+                    .map(|(s, w)| (s, w.clone()))
+                    .collect();
+                let plan = EndpointPlan {
+                    endpoint: e.name.clone(),
+                    cost: e.cost,
+                    policy: e.limiter_unavailable,
+                    plan: Plan::new(&ks, &e.credential, windows),
+                };
+                (e.name.clone(), plan)
+            })
+            .collect();
+        let credentials = config
+            .credentials
+            .values()
+            .map(|c| {
+                let mut windows: Vec<(Scope, Window)> = c
+                    .windows
+                    .iter()
+                    .map(|w| (Scope::Credential, w.clone()))
+                    .collect();
+                for e in config.endpoints.values().filter(|e| e.credential == c.name) {
+                    windows.extend(
+                        e.windows
+                            .iter()
+                            .map(|w| (Scope::Endpoint(e.name.clone()), w.clone())),
+                    );
+                }
+                (c.name.clone(), Plan::new(&ks, &c.name, windows))
+            })
+            .collect();
+        Quotas {
+            keys: ks,
+            endpoints,
+            credentials,
+        }
+    }
+
+    /// The key space.
+    pub fn keys(&self) -> &KeySpace {
+        &self.keys
+    }
+
+    /// An endpoint's plan.
+    pub fn endpoint(&self, name: &str) -> Result<&EndpointPlan, QuotaError> {
+        self.endpoints
+            .get(name)
+            .ok_or_else(|| QuotaError::UnknownEndpoint(name.to_owned()))
+    }
+
+    /// A credential's plan (all its windows).
+    pub fn credential(&self, name: &str) -> Result<&Plan, QuotaError> {
+        self.credentials
+            .get(name)
+            .ok_or_else(|| QuotaError::UnknownCredential(name.to_owned()))
+    }
+
+    /// Credential names, in config order.
+    pub fn credential_names(&self) -> impl Iterator<Item = &str> {
+        self.credentials.keys().map(String::as_str)
+    }
+
+    /// The cost a spend would charge, checked against the smallest window.
+    pub fn checked_cost(&self, endpoint: &str, cost: Option<u64>) -> Result<u64, QuotaError> {
+        let ep = self.endpoint(endpoint)?;
+        let cost = cost.unwrap_or(ep.cost.get());
+        if let Some(w) = ep.plan.smallest()
+            && cost > w.units.get()
+        {
+            return Err(QuotaError::CostTooLarge {
+                cost,
+                window: w.describe(),
+            });
+        }
+        if cost == 0 {
+            return Err(QuotaError::CostTooLarge {
+                cost,
+                window: "a spend costs at least 1 unit".into(),
+            });
+        }
+        Ok(cost)
+    }
+}
+
+/// Live usage of one window.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WindowUsage {
+    /// Whose window.
+    pub scope: Scope,
+    /// The window.
+    pub window: Window,
+    /// Units recorded in it now.
+    pub used: u64,
+    /// Units left.
+    pub remaining: u64,
+    /// Sliding: when its oldest entry expires; fixed: when it resets. Zero when empty.
+    pub frees_in: Duration,
+}
+
+/// Live usage of a credential.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CredentialUsage {
+    /// The credential.
+    pub name: String,
+    /// How long it stays blocked by an upstream throttle (zero: not blocked).
+    pub blocked_for: Duration,
+    /// Every window, credential's first.
+    pub windows: Vec<WindowUsage>,
+}
+
+/// The limiter: spend, settle, block and peek over one Redis connection
+/// (a `ConnectionManager`, which reconnects by itself).
+#[derive(Clone)]
+pub struct Limiter {
+    conn: ConnectionManager,
+    quotas: Arc<Quotas>,
+    timeout: Duration,
+}
+
+impl Limiter {
+    /// A limiter for `quotas` over `conn`; each call waits at most `timeout`.
+    pub fn new(conn: ConnectionManager, quotas: Arc<Quotas>, timeout: Duration) -> Self {
+        Limiter {
+            conn,
+            quotas,
+            timeout,
+        }
+    }
+
+    /// The plans.
+    pub fn quotas(&self) -> &Quotas {
+        &self.quotas
+    }
+
+    /// Runs the script once; a dropped connection is retried once (the
+    /// `ConnectionManager` has reconnected by then): spend and settle are
+    /// idempotent by request id, block and peek by nature.
+    async fn call(&self, plan: &Plan, args: Vec<String>) -> Result<Vec<i64>, QuotaError> {
+        let mut last = None;
+        for _ in 0..2 {
+            let mut inv = script().prepare_invoke();
+            for k in &plan.keys {
+                inv.key(k);
+            }
+            for a in &args {
+                inv.arg(a);
+            }
+            let mut conn = self.conn.clone();
+            let reply =
+                tokio::time::timeout(self.timeout, inv.invoke_async::<Value>(&mut conn)).await;
+            match reply {
+                Err(_) => return Err(QuotaError::Timeout(self.timeout)),
+                Ok(Ok(v)) => return ints(v),
+                Ok(Err(e)) if e.is_connection_dropped() => last = Some(e),
+                Ok(Err(e)) => return Err(QuotaError::from_redis(e)),
+            }
+        }
+        Err(QuotaError::from_redis(last.expect("loop ran")))
+    }
+
+    /// Spends `cost` (default: the endpoint's) units from every window that
+    /// applies to `endpoint`, all or nothing. When Redis cannot answer, the
+    /// endpoint's `limiter_unavailable` policy decides: fail-closed returns
+    /// the error, fail-open returns [`Decision::Unchecked`] and logs it.
+    pub async fn spend(
+        &self,
+        endpoint: &str,
+        cost: Option<u64>,
+        request_id: &str,
+    ) -> Result<Decision, QuotaError> {
+        let cost = self.quotas.checked_cost(endpoint, cost)?;
+        let ep = self.quotas.endpoint(endpoint)?;
+        let args = ep.plan.args("spend", request_id, &cost.to_string());
+        match self.call(&ep.plan, args).await {
+            Ok(r) => decision(&r),
+            Err(e) if e.is_unavailable() && ep.policy == LimiterUnavailable::FailOpen => {
+                tracing::warn!(
+                    endpoint,
+                    credential = %ep.plan.credential,
+                    cost,
+                    error = %e,
+                    "limiter unavailable; endpoint is fail-open, request allowed unrecorded"
+                );
+                Ok(Decision::Unchecked)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Settles `request_id` to its actual cost in every window its spend
+    /// touched: 0 refunds it (the request never reached the upstream), more
+    /// or less adjusts it. Returns how many windows still held it.
+    pub async fn settle(
+        &self,
+        endpoint: &str,
+        request_id: &str,
+        actual: u64,
+    ) -> Result<usize, QuotaError> {
+        let ep = self.quotas.endpoint(endpoint)?;
+        let args = ep.plan.args("settle", request_id, &actual.to_string());
+        let r = self.call(&ep.plan, args).await?;
+        Ok(r.first().copied().unwrap_or(0).max(0) as usize)
+    }
+
+    /// Blocks `credential` for `for_` (never shortening a longer block), so
+    /// no spend anywhere is admitted meanwhile. Returns the block in force.
+    pub async fn block(&self, credential: &str, for_: Duration) -> Result<Duration, QuotaError> {
+        let plan = self.quotas.credential(credential)?;
+        let ms = for_.as_millis().max(1).to_string();
+        let r = self.call(plan, plan.args("block", &ms, "")).await?;
+        Ok(Duration::from_millis(
+            r.first().copied().unwrap_or(0).max(0) as u64,
+        ))
+    }
+
+    /// Reads a credential's live usage (drops expired entries on the way,
+    /// which changes no answer).
+    pub async fn peek(&self, credential: &str) -> Result<CredentialUsage, QuotaError> {
+        let plan = self.quotas.credential(credential)?;
+        let r = self.call(plan, plan.args("peek", "", "")).await?;
+        if r.len() != 1 + 3 * plan.windows.len() {
+            return Err(QuotaError::Script(format!(
+                "peek returned {} values",
+                r.len()
+            )));
+        }
+        let u = |x: i64| x.max(0) as u64;
+        let windows = plan
+            .windows
+            .iter()
+            .zip(r[1..].chunks(3))
+            .map(|(w, c)| WindowUsage {
+                scope: w.scope.clone(),
+                window: w.window.clone(),
+                used: u(c[0]),
+                remaining: u(c[1]),
+                frees_in: Duration::from_millis(u(c[2])),
+            })
+            .collect();
+        Ok(CredentialUsage {
+            name: credential.to_owned(),
+            blocked_for: Duration::from_millis(u(r[0])),
+            windows,
+        })
+    }
+}
+
+fn ints(v: Value) -> Result<Vec<i64>, QuotaError> {
+    let Value::Array(items) = v else {
+        return Err(QuotaError::Script(format!("expected an array, got {v:?}")));
+    };
+    items
+        .into_iter()
+        .map(|i| match i {
+            Value::Int(n) => Ok(n),
+            other => Err(QuotaError::Script(format!(
+                "expected an integer, got {other:?}"
+            ))),
+        })
+        .collect()
+}
+
+fn decision(r: &[i64]) -> Result<Decision, QuotaError> {
+    let [allowed, remaining, retry_ms, window] = r else {
+        return Err(QuotaError::Script(format!("spend returned {r:?}")));
+    };
+    let remaining = (*remaining).max(0) as u64;
+    Ok(if *allowed == 1 {
+        Decision::Allowed { remaining }
+    } else {
+        Decision::Rejected(Rejection {
+            remaining,
+            retry_after: Duration::from_millis((*retry_ms).max(1) as u64),
+            by: if *window > 0 {
+                RejectedBy::Window(*window as usize)
+            } else {
+                RejectedBy::Blocked
+            },
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decision_maps_the_script_reply() {
+        assert_eq!(
+            decision(&[1, 850, 0, 0]).unwrap(),
+            Decision::Allowed { remaining: 850 }
+        );
+        let d = decision(&[0, 50, 59_932, 1]).unwrap();
+        assert_eq!(
+            d,
+            Decision::Rejected(Rejection {
+                remaining: 50,
+                retry_after: Duration::from_millis(59_932),
+                by: RejectedBy::Window(1)
+            })
+        );
+        assert!(!d.is_allowed());
+        let blocked = decision(&[0, 50, 5_000, 0]).unwrap();
+        assert!(matches!(
+            blocked,
+            Decision::Rejected(Rejection {
+                by: RejectedBy::Blocked,
+                ..
+            })
+        ));
+        assert!(decision(&[1, 2]).is_err());
+    }
+}
