@@ -1,0 +1,276 @@
+//! Test support: real `redis-server` processes on free loopback ports, the
+//! real binary, and helpers to read what Redis holds. Servers are stopped by
+//! their pid on `Drop`; their log is printed when they fail to start.
+#![allow(dead_code, unreachable_pub)]
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// A private `redis-server` on 127.0.0.1.
+pub struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    dir: tempfile::TempDir,
+    extra: Vec<String>,
+}
+
+/// A free loopback port (the kernel picks it; we release it for the server).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("bind 127.0.0.1:0")
+}
+
+fn redis_server_bin() -> String {
+    std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into())
+}
+
+impl RedisServer {
+    /// Starts a server with no persistence.
+    pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Starts a server with extra `redis-server` arguments (`--appendonly yes`, ...).
+    pub fn start_with(extra: &[&str]) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut s = RedisServer {
+            child: None,
+            port: 0,
+            dir,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        for _ in 0..5 {
+            s.port = free_port();
+            if s.spawn() {
+                return s;
+            }
+        }
+        panic!("redis-server did not start on 5 ports; log:\n{}", s.log());
+    }
+
+    fn spawn(&mut self) -> bool {
+        let log = self.dir.path().join("redis.log");
+        let mut cmd = Command::new(redis_server_bin());
+        cmd.args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .args(["--dir", &self.dir.path().to_string_lossy()])
+            .args(["--logfile", &log.to_string_lossy()])
+            .args(&self.extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => panic!(
+                "cannot run redis-server ({e}): install it (apt-get install redis-server) or set REDIS_SERVER"
+            ),
+        };
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Some(c) = self.child.as_mut()
+                && let Ok(Some(_)) = c.try_wait()
+            {
+                self.child = None;
+                return false;
+            }
+            if self.ping() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.kill();
+        false
+    }
+
+    fn ping(&self) -> bool {
+        redis::Client::open(self.url())
+            .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(200)))
+            .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+            .is_ok()
+    }
+
+    /// `redis://127.0.0.1:PORT/0`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The server's pid (while running).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// The server log.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default()
+    }
+
+    /// A synchronous connection.
+    pub fn conn(&self) -> redis::Connection {
+        redis::Client::open(self.url())
+            .and_then(|c| c.get_connection())
+            .expect("connect to test redis")
+    }
+
+    /// Runs one command.
+    pub fn cmd<T: redis::FromRedisValue>(&self, args: &[&str]) -> T {
+        let mut c = redis::cmd(args[0]);
+        for a in &args[1..] {
+            c.arg(*a);
+        }
+        c.query(&mut self.conn())
+            .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+    }
+
+    /// Every key matching `pattern`.
+    pub fn keys(&self, pattern: &str) -> Vec<String> {
+        let mut keys: Vec<String> = self.cmd(&["KEYS", pattern]);
+        keys.sort();
+        keys
+    }
+
+    /// SIGTERM by pid, and wait.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: kill(2) with a pid we spawned and still own.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGKILL by pid, and wait.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGSTOP: the server stays up but answers nothing.
+    pub fn pause(&self) {
+        if let Some(c) = &self.child {
+            // SAFETY: kill(2) with a pid we spawned and still own.
+            unsafe { libc::kill(c.id() as i32, libc::SIGSTOP) };
+        }
+    }
+
+    /// SIGCONT after [`RedisServer::pause`].
+    pub fn resume(&self) {
+        if let Some(c) = &self.child {
+            // SAFETY: as above.
+            unsafe { libc::kill(c.id() as i32, libc::SIGCONT) };
+        }
+    }
+
+    /// Starts it again on the same port (after `stop`/`kill`).
+    pub fn restart(&mut self) {
+        self.stop();
+        for _ in 0..50 {
+            if self.spawn() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("redis-server did not restart on port {}; log:\n{}", self.port, self.log());
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.resume();
+        self.kill();
+    }
+}
+
+/// The binary under test.
+pub fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_quota-worker"))
+}
+
+/// A config directory for one test: `dir/config.toml` plus job files.
+pub struct TestConfig {
+    pub dir: tempfile::TempDir,
+}
+
+impl TestConfig {
+    /// Writes `config.toml` (and `jobs/*.toml` from `jobs`).
+    pub fn new(config: &str, jobs: &[(&str, &str)]) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("config.toml"), config).expect("write config");
+        if !jobs.is_empty() {
+            std::fs::create_dir_all(dir.path().join("jobs")).expect("mkdir jobs");
+        }
+        for (name, text) in jobs {
+            std::fs::write(dir.path().join("jobs").join(name), text).expect("write job");
+        }
+        TestConfig { dir }
+    }
+
+    /// The config file.
+    pub fn path(&self) -> PathBuf {
+        self.dir.path().join("config.toml")
+    }
+
+    /// A path inside the config directory.
+    pub fn join(&self, p: impl AsRef<Path>) -> PathBuf {
+        self.dir.path().join(p)
+    }
+
+    /// Runs the binary with `-c config.toml` and `args`, environment `env`.
+    pub fn run(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
+        let mut cmd = Command::new(bin());
+        cmd.arg("-c").arg(self.path()).args(args);
+        cmd.env_remove("QUOTA_WORKER_REDIS_URL")
+            .env_remove("QUOTA_WORKER_CONFIG")
+            .env_remove("QUOTA_WORKER_METRICS_LISTEN")
+            .env("RUST_LOG", "warn");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.output().expect("run quota-worker")
+    }
+}
+
+/// stdout of an output, as text.
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// stderr of an output, as text.
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Reads a child's stream line by line into a shared buffer, on a thread.
+pub fn collect_lines<R: Read + Send + 'static>(r: R) -> std::sync::Arc<std::sync::Mutex<Vec<String>>> {
+    let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let out = lines.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(r).lines().map_while(Result::ok) {
+            out.lock().expect("lines").push(line);
+        }
+    });
+    lines
+}
+
+/// Waits up to `timeout` for `cond`, polling every 20 ms.
+pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    cond()
+}
