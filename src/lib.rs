@@ -10,6 +10,8 @@
 //! - [`keys`]: every Redis key name, in one place.
 //! - [`schedule`]: cron fire times and worst-case spending per window.
 //! - [`conn`], [`embedded`]: reaching Redis, or running one.
+//! - [`simulator`]: a simulated metered API on loopback, for `demo` and the
+//!   integration tests; the daemon never imports it.
 //! - [`cli`]: one file per command; `main.rs` only parses and dispatches.
 #![warn(missing_docs, unreachable_pub)]
 #![deny(clippy::await_holding_lock)]
@@ -22,3 +24,4 @@ pub mod keys;
 pub mod logging;
 pub mod quota;
 pub mod schedule;
+pub mod simulator;

@@ -1,0 +1,1011 @@
+//! A simulated metered HTTP API (YouTube Data API-like) on 127.0.0.1, for
+//! `quota-worker demo` and for integration tests that need a real upstream.
+//!
+//! It meters each API key (the `key` query parameter) the way the real thing
+//! does: every path has a cost in units, a key may spend at most `units` in
+//! any trailing `per` (plus an optional short "per minute" limit), and a
+//! request that does not fit is answered 403 `quotaExceeded` (or
+//! `rateLimitExceeded`). Only 2xx answers are charged. It records every charge
+//! so a test can check what the upstream saw ([`SimStats`]), and it can be
+//! told to misbehave ([`Fault`]).
+//!
+//! The daemon never imports this module: to the daemon it is just an HTTP
+//! server. Its clock is real time, like any external system's.
+//!
+//! # Responses
+//!
+//! Every configured path serves a deterministic, paginated list:
+//!
+//! - `GET /youtube/v3/videos?chart=mostPopular&regionCode=US&maxResults=5&key=K`
+//!   answers `{"kind": "youtube#videoListResponse", "items": [...],
+//!   "nextPageToken": "p2", "pageInfo": {...}}`; items have ids like
+//!   `US-p2-i3` and a `snippet` with `title`, `description`, `channelTitle`.
+//! - `/youtube/v3/search?q=cats` pages the same way over `q` (ids `cats-p1-i1`).
+//! - any other configured path pages over `regionCode`, else `q`, else `all`.
+//! - with an `id=a,b` parameter, the answer is one item per id, unpaged.
+//!
+//! A query has [`SimConfig::pages_per_query`] pages; `maxResults` only caps the
+//! items of each page. Page tokens are `p2`, `p3`, ...; the last page has no
+//! `nextPageToken`; a token that was never issued is answered 400.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use axum::http::header::{CONTENT_TYPE, RETRY_AFTER};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, Utc};
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// The YouTube Data API's `videos.list` path (cost 1).
+pub const VIDEOS: &str = "/youtube/v3/videos";
+/// The YouTube Data API's `search.list` path (cost 100).
+pub const SEARCH: &str = "/youtube/v3/search";
+/// The YouTube Data API's `channels.list` path (cost 1).
+pub const CHANNELS: &str = "/youtube/v3/channels";
+
+/// Header with the units the key has left in its main window
+/// ([`SimConfig::ratelimit_headers`]).
+pub const RATELIMIT_REMAINING: &str = "x-ratelimit-remaining";
+/// Header with the Unix time (seconds, rounded up) at which the oldest charge
+/// in the key's main window leaves it, i.e. when `remaining` next grows; now
+/// when nothing is charged ([`SimConfig::ratelimit_headers`]).
+pub const RATELIMIT_RESET: &str = "x-ratelimit-reset";
+/// Header with the key's main window size in units.
+pub const RATELIMIT_LIMIT: &str = "x-ratelimit-limit";
+/// Header with the units used in the key's main window.
+pub const RATELIMIT_USED: &str = "x-ratelimit-used";
+/// Header with the units this request was actually charged: the path's cost
+/// on a 2xx answer, 0 on anything else ([`SimConfig::cost_header`]).
+pub const COST_HEADER: &str = "x-quota-cost";
+
+/// How long [`Simulator::shutdown`] waits for in-flight requests (a delayed
+/// one, say) before cutting them off.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// What the simulator serves and how it meters it.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    /// The keys it accepts; any other key is answered 400 `keyInvalid`.
+    pub keys: Vec<KeyQuota>,
+    /// Path → cost in units. Paths not listed are answered 404.
+    pub costs: Vec<(String, u64)>,
+    /// Pages every query has (at least 1).
+    pub pages_per_query: u32,
+    /// Items per page (at least 1); `maxResults` may ask for fewer.
+    pub items_per_page: u32,
+    /// GitHub-like mode: every answer to a valid key carries
+    /// [`RATELIMIT_LIMIT`], [`RATELIMIT_REMAINING`], [`RATELIMIT_USED`] and
+    /// [`RATELIMIT_RESET`] for the key's main window, and a real quota
+    /// rejection also carries `Retry-After` (seconds until a request of that
+    /// cost would fit).
+    pub ratelimit_headers: bool,
+    /// Every answer to a valid key carries [`COST_HEADER`].
+    pub cost_header: bool,
+}
+
+impl Default for SimConfig {
+    /// YouTube's costs (videos 1, search 100, channels 1), 3 pages of 5 items,
+    /// no keys, no extra headers.
+    fn default() -> Self {
+        SimConfig {
+            keys: Vec::new(),
+            costs: vec![
+                (VIDEOS.to_string(), 1),
+                (SEARCH.to_string(), 100),
+                (CHANNELS.to_string(), 1),
+            ],
+            pages_per_query: 3,
+            items_per_page: 5,
+            ratelimit_headers: false,
+            cost_header: false,
+        }
+    }
+}
+
+impl SimConfig {
+    /// Adds a key with `units` per trailing `per`.
+    #[must_use]
+    pub fn key(mut self, key: impl Into<String>, units: u64, per: Duration) -> Self {
+        self.keys.push(KeyQuota::new(key, units, per));
+        self
+    }
+
+    /// Sets (or adds) a path's cost.
+    #[must_use]
+    pub fn cost(mut self, path: impl Into<String>, cost: u64) -> Self {
+        let path = path.into();
+        self.costs.retain(|(p, _)| *p != path);
+        self.costs.push((path, cost));
+        self
+    }
+
+    fn validate(&self) -> io::Result<()> {
+        let bad = |msg: String| Err(io::Error::new(io::ErrorKind::InvalidInput, msg));
+        if self.pages_per_query == 0 {
+            return bad("simulator: pages_per_query must be at least 1".into());
+        }
+        if self.items_per_page == 0 {
+            return bad("simulator: items_per_page must be at least 1".into());
+        }
+        for (i, k) in self.keys.iter().enumerate() {
+            if self.keys[..i].iter().any(|o| o.key == k.key) {
+                return bad(format!("simulator: key {:?} given twice", k.key));
+            }
+            if k.per.is_zero() || k.rate.is_some_and(|r| r.per.is_zero()) {
+                return bad(format!("simulator: key {:?} has a zero period", k.key));
+            }
+        }
+        for (p, _) in &self.costs {
+            if !p.starts_with('/') {
+                return bad(format!("simulator: path {p:?} must start with '/'"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One API key and its quota.
+#[derive(Debug, Clone)]
+pub struct KeyQuota {
+    /// The key, as sent in the `key` query parameter.
+    pub key: String,
+    /// Units it may spend in any trailing `per` (its main window).
+    pub units: u64,
+    /// The main window's length (YouTube: 24 h; tests: shorter).
+    pub per: Duration,
+    /// An optional second, short limit (YouTube's per-minute limit); going
+    /// over it is answered 403 `rateLimitExceeded`.
+    pub rate: Option<Limit>,
+}
+
+impl KeyQuota {
+    /// A key with `units` per trailing `per` and no short limit.
+    pub fn new(key: impl Into<String>, units: u64, per: Duration) -> Self {
+        KeyQuota {
+            key: key.into(),
+            units,
+            per,
+            rate: None,
+        }
+    }
+
+    /// Adds a short limit of `units` per trailing `per`.
+    #[must_use]
+    pub fn with_rate(mut self, units: u64, per: Duration) -> Self {
+        self.rate = Some(Limit { units, per });
+        self
+    }
+}
+
+/// At most `units` in any trailing `per`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limit {
+    /// Units.
+    pub units: u64,
+    /// Window length.
+    pub per: Duration,
+}
+
+/// A misbehaviour to inject ([`Simulator::inject`]). Injected answers are
+/// never charged, never recorded as fetched pages, and never count as quota
+/// errors; they are counted in [`KeyStats::injected`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fault {
+    /// Answer with this HTTP status (500, 503, ...) and a Google-style error
+    /// body (reason `backendError` for 5xx).
+    Status(u16),
+    /// Answer 429 with `Retry-After: retry_after_secs`.
+    TooManyRequests {
+        /// The `Retry-After` header's value, in seconds.
+        retry_after_secs: u64,
+    },
+    /// Answer 403 with reason `rateLimitExceeded`, as if the key were over
+    /// its short limit.
+    RateLimitExceeded,
+    /// Wait this long, then answer normally (to trigger client timeouts).
+    /// The answer skips the quota check and is not charged.
+    Delay(Duration),
+    /// Answer 200 `application/json` with the body `not json`.
+    Garbage,
+}
+
+/// One charged (2xx) request, as the upstream saw it.
+#[derive(Debug, Clone)]
+pub struct Charge {
+    /// When it was admitted (monotonic: use this for window arithmetic).
+    pub at: Instant,
+    /// The same moment on the wall clock.
+    pub time: DateTime<Utc>,
+    /// The API key.
+    pub key: String,
+    /// The request path.
+    pub path: String,
+    /// Units charged.
+    pub cost: u64,
+    /// What was paged: `regionCode` for videos, `q` for search, `id:a,b` for
+    /// an id lookup.
+    pub scope: String,
+    /// The `pageToken` sent, `None` for a first page.
+    pub page_token: Option<String>,
+    /// The query parameters, in order, without `key`.
+    pub query: Vec<(String, String)>,
+}
+
+/// Counters for one key.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeyStats {
+    /// Units charged (2xx answers only).
+    pub units: u64,
+    /// 2xx answers that were charged.
+    pub ok: u64,
+    /// 403 `quotaExceeded` / `rateLimitExceeded` sent because the key really
+    /// was over a limit (injected ones are not counted here).
+    pub quota_errors: u64,
+    /// 429s sent (all injected: the simulator itself rejects with 403).
+    pub too_many_requests: u64,
+    /// Answers decided by an injected [`Fault`].
+    pub injected: u64,
+    /// 400s sent for a bad parameter (an unknown page token, ...).
+    pub bad_requests: u64,
+}
+
+/// A snapshot of what the simulator has seen ([`Simulator::stats`]).
+#[derive(Debug, Clone, Default)]
+pub struct SimStats {
+    /// Counters per configured key.
+    pub keys: BTreeMap<String, KeyStats>,
+    /// Every charged request, in the order they were admitted.
+    pub charges: Vec<Charge>,
+    /// Requests with a missing or unknown key (answered 400 `keyInvalid`).
+    pub invalid_keys: u64,
+}
+
+impl SimStats {
+    /// The counters of `key` (zeros for an unknown key).
+    pub fn key(&self, key: &str) -> KeyStats {
+        self.keys.get(key).cloned().unwrap_or_default()
+    }
+
+    /// The most units `key` was charged in any trailing window of length
+    /// `period`: the number to compare with a limiter's window. Two charges
+    /// exactly `period` apart are in different windows.
+    pub fn max_units_in_any_window(&self, key: &str, period: Duration) -> u64 {
+        let charges: Vec<&Charge> = self.charges.iter().filter(|c| c.key == key).collect();
+        let (mut start, mut sum, mut max) = (0, 0u64, 0u64);
+        for end in 0..charges.len() {
+            sum += charges[end].cost;
+            while charges[end].at.saturating_duration_since(charges[start].at) >= period {
+                sum -= charges[start].cost;
+                start += 1;
+            }
+            max = max.max(sum);
+        }
+        max
+    }
+
+    /// Every page fetched (charged), as `(path, scope, page_token)`, in order.
+    pub fn fetched_pages(&self) -> Vec<(String, String, Option<String>)> {
+        self.charges
+            .iter()
+            .map(|c| (c.path.clone(), c.scope.clone(), c.page_token.clone()))
+            .collect()
+    }
+
+    /// The pages fetched (charged) more than once, each listed once.
+    pub fn duplicate_pages(&self) -> Vec<(String, String, Option<String>)> {
+        let mut seen: HashMap<(String, String, Option<String>), u32> = HashMap::new();
+        let mut dups = Vec::new();
+        for page in self.fetched_pages() {
+            let n = seen.entry(page.clone()).or_insert(0);
+            *n += 1;
+            if *n == 2 {
+                dups.push(page);
+            }
+        }
+        dups
+    }
+}
+
+/// A running simulator. Dropping it stops the server (without waiting);
+/// [`Simulator::shutdown`] stops it and waits.
+#[derive(Debug)]
+pub struct Simulator {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    /// Ends the server's graceful shutdown wait; `None` once sent.
+    stop: Option<oneshot::Sender<()>>,
+    server: Option<JoinHandle<io::Result<()>>>,
+}
+
+impl Simulator {
+    /// Starts serving `config` on a free port of 127.0.0.1.
+    pub async fn start(config: SimConfig) -> io::Result<Simulator> {
+        Self::start_on(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), config).await
+    }
+
+    /// Starts serving `config` on `addr`, which must be a loopback address
+    /// (port 0 = any free port). Fails on an invalid config (zero pages, a
+    /// key given twice, ...) with `InvalidInput`.
+    pub async fn start_on(addr: SocketAddr, config: SimConfig) -> io::Result<Simulator> {
+        if !addr.ip().is_loopback() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("simulator: {addr} is not a loopback address"),
+            ));
+        }
+        config.validate()?;
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared::new(config));
+        let app = Router::new().fallback(handle).with_state(shared.clone());
+        let (stop, stopped) = oneshot::channel::<()>();
+        let server = tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async {
+                    // Sent or dropped: either way, stop.
+                    let _ = stopped.await;
+                })
+                .await
+        });
+        Ok(Simulator {
+            addr,
+            shared,
+            stop: Some(stop),
+            server: Some(server),
+        })
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://127.0.0.1:PORT`, without a trailing slash.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// `base_url()` + `path`.
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base_url())
+    }
+
+    /// A snapshot of the counters and charges so far.
+    pub fn stats(&self) -> SimStats {
+        self.shared.lock().stats.clone()
+    }
+
+    /// The next `count` requests, on any path, get `fault` instead of their
+    /// normal answer. Faults queue up: each request takes the oldest one that
+    /// applies to its path.
+    pub fn inject(&self, fault: Fault, count: u32) {
+        self.queue(None, fault, count);
+    }
+
+    /// Like [`Simulator::inject`], but only requests to `path` take it.
+    pub fn inject_on(&self, path: &str, fault: Fault, count: u32) {
+        self.queue(Some(path.to_string()), fault, count);
+    }
+
+    /// Drops every fault not yet used.
+    pub fn clear_faults(&self) {
+        self.shared.lock().faults.clear();
+    }
+
+    fn queue(&self, path: Option<String>, fault: Fault, count: u32) {
+        if count > 0 {
+            self.shared
+                .lock()
+                .faults
+                .push_back(Queued { path, fault, count });
+        }
+    }
+
+    /// Stops accepting connections, lets in-flight requests finish (for at
+    /// most a few seconds), and returns when the server is gone.
+    pub async fn shutdown(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(mut server) = self.server.take()
+            && tokio::time::timeout(SHUTDOWN_GRACE, &mut server)
+                .await
+                .is_err()
+        {
+            server.abort();
+        }
+    }
+}
+
+impl Drop for Simulator {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// What every request handler shares.
+#[derive(Debug)]
+struct Shared {
+    costs: HashMap<String, u64>,
+    keys: HashMap<String, KeyQuota>,
+    pages: u32,
+    items: u32,
+    ratelimit_headers: bool,
+    cost_header: bool,
+    /// Quota usage, faults and stats. A std mutex: handlers on every runtime
+    /// thread update it, and only in short sections that never `.await`.
+    state: Mutex<SimState>,
+}
+
+#[derive(Debug, Default)]
+struct SimState {
+    /// Per key: its charges still inside its longest window, oldest first.
+    windows: HashMap<String, VecDeque<(Instant, u64)>>,
+    faults: VecDeque<Queued>,
+    stats: SimStats,
+}
+
+#[derive(Debug)]
+struct Queued {
+    path: Option<String>,
+    fault: Fault,
+    count: u32,
+}
+
+/// A limit the request did not fit, and when it would.
+enum Over {
+    Quota(Duration),
+    Rate,
+}
+
+impl Shared {
+    fn new(config: SimConfig) -> Self {
+        let mut stats = SimStats::default();
+        for k in &config.keys {
+            stats.keys.insert(k.key.clone(), KeyStats::default());
+        }
+        Shared {
+            costs: config.costs.into_iter().collect(),
+            keys: config
+                .keys
+                .into_iter()
+                .map(|k| (k.key.clone(), k))
+                .collect(),
+            pages: config.pages_per_query,
+            items: config.items_per_page,
+            ratelimit_headers: config.ratelimit_headers,
+            cost_header: config.cost_header,
+            state: Mutex::new(SimState {
+                stats,
+                ..SimState::default()
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, SimState> {
+        // A panic elsewhere must not take the simulator down with it.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes one use of the oldest queued fault that applies to `path`.
+    fn take_fault(&self, path: &str) -> Option<Fault> {
+        let mut st = self.lock();
+        let i = st
+            .faults
+            .iter()
+            .position(|q| q.path.as_deref().is_none_or(|p| p == path))?;
+        let q = &mut st.faults[i];
+        q.count -= 1;
+        let fault = q.fault.clone();
+        if q.count == 0 {
+            st.faults.remove(i);
+        }
+        Some(fault)
+    }
+
+    /// Checks `cost` against the key's limits and charges it if it fits.
+    fn admit(
+        &self,
+        quota: &KeyQuota,
+        cost: u64,
+        page: &Page,
+        query: &[(String, String)],
+    ) -> Result<(), Over> {
+        let mut st = self.lock();
+        // Taken under the lock, so charges are recorded in time order.
+        let now = Instant::now();
+        let longest = quota.rate.map_or(quota.per, |r| r.per.max(quota.per));
+        let window = st.windows.entry(quota.key.clone()).or_default();
+        while window
+            .front()
+            .is_some_and(|(at, _)| now.saturating_duration_since(*at) >= longest)
+        {
+            window.pop_front();
+        }
+        let over = if used(window, now, quota.per) + cost > quota.units {
+            Some(Over::Quota(frees_in(
+                window,
+                now,
+                quota.units,
+                quota.per,
+                cost,
+            )))
+        } else if quota
+            .rate
+            .is_some_and(|r| used(window, now, r.per) + cost > r.units)
+        {
+            Some(Over::Rate)
+        } else {
+            window.push_back((now, cost));
+            None
+        };
+        let ks = st.stats.keys.entry(quota.key.clone()).or_default();
+        if let Some(over) = over {
+            ks.quota_errors += 1;
+            return Err(over);
+        }
+        ks.units += cost;
+        ks.ok += 1;
+        st.stats.charges.push(Charge {
+            at: now,
+            time: Utc::now(),
+            key: quota.key.clone(),
+            path: page.path.clone(),
+            cost,
+            scope: page.scope.clone(),
+            page_token: page.token.clone(),
+            query: query.iter().filter(|(k, _)| k != "key").cloned().collect(),
+        });
+        Ok(())
+    }
+
+    fn count(&self, key: &str, f: impl FnOnce(&mut KeyStats)) {
+        f(self.lock().stats.keys.entry(key.to_string()).or_default());
+    }
+
+    /// The headers every answer to a valid key carries, per the config.
+    fn key_headers(&self, quota: &KeyQuota, charged: u64, headers: &mut HeaderMap) {
+        if self.cost_header {
+            headers.insert(
+                HeaderName::from_static(COST_HEADER),
+                HeaderValue::from(charged),
+            );
+        }
+        if !self.ratelimit_headers {
+            return;
+        }
+        let now = Instant::now();
+        let st = self.lock();
+        let empty = VecDeque::new();
+        let window = st.windows.get(&quota.key).unwrap_or(&empty);
+        let used = used(window, now, quota.per);
+        let reset_in = window
+            .iter()
+            .find(|(at, _)| now.saturating_duration_since(*at) < quota.per)
+            .map_or(Duration::ZERO, |(at, _)| {
+                (*at + quota.per).saturating_duration_since(now)
+            });
+        drop(st);
+        let reset = epoch_secs_ceil(SystemTime::now() + reset_in);
+        for (name, value) in [
+            (RATELIMIT_LIMIT, quota.units),
+            (RATELIMIT_REMAINING, quota.units.saturating_sub(used)),
+            (RATELIMIT_USED, used),
+            (RATELIMIT_RESET, reset),
+        ] {
+            headers.insert(HeaderName::from_static(name), HeaderValue::from(value));
+        }
+    }
+}
+
+/// Units in `window` charged less than `per` ago.
+fn used(window: &VecDeque<(Instant, u64)>, now: Instant, per: Duration) -> u64 {
+    window
+        .iter()
+        .rev()
+        .take_while(|(at, _)| now.saturating_duration_since(*at) < per)
+        .map(|(_, c)| c)
+        .sum()
+}
+
+/// How long until a request of `cost` fits `units` per `per`, if nobody else
+/// spends; `per` when it never can.
+fn frees_in(
+    window: &VecDeque<(Instant, u64)>,
+    now: Instant,
+    units: u64,
+    per: Duration,
+    cost: u64,
+) -> Duration {
+    if cost > units {
+        return per;
+    }
+    let mut left = used(window, now, per);
+    if left + cost <= units {
+        return Duration::ZERO;
+    }
+    for (at, c) in window
+        .iter()
+        .filter(|(at, _)| now.saturating_duration_since(*at) < per)
+    {
+        left -= c;
+        if left + cost <= units {
+            return (*at + per).saturating_duration_since(now);
+        }
+    }
+    Duration::ZERO
+}
+
+fn epoch_secs_ceil(t: SystemTime) -> u64 {
+    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+/// A Google-style error answer.
+fn error(status: StatusCode, reason: &str, domain: &str, message: &str) -> Response {
+    let body = json!({
+        "error": {
+            "code": status.as_u16(),
+            "message": message,
+            "errors": [{ "reason": reason, "domain": domain, "message": message }],
+        }
+    });
+    (status, axum::Json(body)).into_response()
+}
+
+fn quota_exceeded() -> Response {
+    error(
+        StatusCode::FORBIDDEN,
+        "quotaExceeded",
+        "youtube.quota",
+        "The request cannot be completed because you have exceeded your quota.",
+    )
+}
+
+fn rate_limit_exceeded() -> Response {
+    error(
+        StatusCode::FORBIDDEN,
+        "rateLimitExceeded",
+        "youtube.quota",
+        "The request cannot be completed because you have exceeded your rate limit.",
+    )
+}
+
+fn bad_request(reason: &str, message: &str) -> Response {
+    error(
+        StatusCode::BAD_REQUEST,
+        reason,
+        "youtube.parameter",
+        message,
+    )
+}
+
+/// A parameter that makes a request a 400: its reason and message.
+#[derive(Debug)]
+struct BadParam(&'static str, &'static str);
+
+impl IntoResponse for BadParam {
+    fn into_response(self) -> Response {
+        bad_request(self.0, self.1)
+    }
+}
+
+/// What one request asks for, validated before anything is charged.
+#[derive(Debug)]
+struct Page {
+    path: String,
+    scope: String,
+    token: Option<String>,
+    body: Value,
+}
+
+fn param<'q>(query: &'q [(String, String)], name: &str) -> Option<&'q str> {
+    query
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+}
+
+/// Builds the answer to `path?query`, or the 400 for a bad parameter.
+fn page(shared: &Shared, path: &str, query: &[(String, String)]) -> Result<Page, BadParam> {
+    let (list_kind, item_kind, default_scope) = match path {
+        VIDEOS => ("youtube#videoListResponse", "youtube#video", "US"),
+        SEARCH => ("youtube#searchListResponse", "youtube#searchResult", ""),
+        CHANNELS => ("youtube#channelListResponse", "youtube#channel", "all"),
+        _ => ("sim#listResponse", "sim#item", "all"),
+    };
+    let max_results = match param(query, "maxResults") {
+        None => shared.items,
+        Some(v) => match v.parse::<u32>() {
+            Ok(n) if n <= 50 => n.min(shared.items),
+            _ => return Err(BadParam("invalidValue", "maxResults must be 0 to 50.")),
+        },
+    };
+    if path == VIDEOS
+        && let Some(chart) = param(query, "chart")
+        && chart != "mostPopular"
+    {
+        return Err(BadParam("invalidValue", "Unsupported chart."));
+    }
+
+    if let Some(ids) = param(query, "id") {
+        let items: Vec<Value> = ids
+            .split(',')
+            .filter(|id| !id.is_empty())
+            .enumerate()
+            .map(|(i, id)| item(path, item_kind, id, "lookup", i as u32 + 1))
+            .collect();
+        let n = items.len();
+        return Ok(Page {
+            path: path.to_string(),
+            scope: format!("id:{ids}"),
+            token: None,
+            body: json!({
+                "kind": list_kind,
+                "items": items,
+                "pageInfo": { "totalResults": n, "resultsPerPage": n },
+            }),
+        });
+    }
+
+    let scope = match path {
+        VIDEOS => param(query, "regionCode"),
+        SEARCH => param(query, "q"),
+        _ => param(query, "regionCode").or_else(|| param(query, "q")),
+    }
+    .unwrap_or(default_scope)
+    .to_string();
+    let token = param(query, "pageToken").filter(|t| !t.is_empty());
+    let page_no = match token {
+        None => 1,
+        Some(t) => match t.strip_prefix('p').and_then(|n| n.parse::<u32>().ok()) {
+            Some(n) if (2..=shared.pages).contains(&n) && t == format!("p{n}") => n,
+            _ => {
+                return Err(BadParam(
+                    "invalidPageToken",
+                    "The request specifies an invalid page token.",
+                ));
+            }
+        },
+    };
+    let items: Vec<Value> = (1..=max_results)
+        .map(|i| {
+            let id = format!("{scope}-p{page_no}-i{i}");
+            let rank = (page_no - 1) * max_results + i;
+            item(path, item_kind, &id, &scope, rank)
+        })
+        .collect();
+    let mut body = json!({
+        "kind": list_kind,
+        "items": items,
+        "pageInfo": {
+            "totalResults": shared.pages * max_results,
+            "resultsPerPage": max_results,
+        },
+    });
+    if page_no < shared.pages {
+        body["nextPageToken"] = json!(format!("p{}", page_no + 1));
+    }
+    if page_no > 1 {
+        body["prevPageToken"] = json!(format!("p{}", page_no - 1));
+    }
+    Ok(Page {
+        path: path.to_string(),
+        scope,
+        token: token.map(str::to_string),
+        body,
+    })
+}
+
+/// One deterministic item.
+fn item(path: &str, kind: &str, id: &str, scope: &str, rank: u32) -> Value {
+    let snippet = json!({
+        "publishedAt": format!("2024-01-01T00:{:02}:00Z", rank % 60),
+        "channelId": format!("UCsim{}", rank % 7),
+        "title": format!("Simulated {scope} item {rank} ({id})"),
+        "description": format!("Deterministic item {id} served by the quota-worker simulator at {path}."),
+        "channelTitle": format!("Sim Channel {}", rank % 7),
+    });
+    if path == SEARCH {
+        json!({
+            "kind": kind,
+            "etag": format!("etag-{id}"),
+            "id": { "kind": "youtube#video", "videoId": id },
+            "snippet": snippet,
+        })
+    } else {
+        json!({ "kind": kind, "etag": format!("etag-{id}"), "id": id, "snippet": snippet })
+    }
+}
+
+/// Every request: path → key → injected fault → parameters → quota → answer.
+async fn handle(
+    State(shared): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    query: Result<Query<Vec<(String, String)>>, QueryRejection>,
+) -> Response {
+    let path = uri.path();
+    let Some(&cost) = shared.costs.get(path) else {
+        return error(StatusCode::NOT_FOUND, "notFound", "global", "Not Found");
+    };
+    if method != Method::GET {
+        return error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "methodNotAllowed",
+            "global",
+            "Only GET is supported.",
+        );
+    }
+    let Ok(Query(query)) = query else {
+        return bad_request("badRequest", "The query string cannot be parsed.");
+    };
+    let Some(quota) = param(&query, "key").and_then(|k| shared.keys.get(k)) else {
+        shared.lock().stats.invalid_keys += 1;
+        return bad_request(
+            "keyInvalid",
+            "API key not valid. Please pass a valid API key.",
+        );
+    };
+
+    let mut charged = 0;
+    let mut response = match shared.take_fault(path) {
+        Some(fault) => {
+            shared.count(&quota.key, |s| {
+                s.injected += 1;
+                if matches!(fault, Fault::TooManyRequests { .. }) {
+                    s.too_many_requests += 1;
+                }
+            });
+            tracing::debug!(path, ?fault, "simulator: injected fault");
+            injected(&shared, fault, path, &query).await
+        }
+        None => match page(&shared, path, &query) {
+            Err(r) => {
+                shared.count(&quota.key, |s| s.bad_requests += 1);
+                r.into_response()
+            }
+            Ok(p) => match shared.admit(quota, cost, &p, &query) {
+                Ok(()) => {
+                    charged = cost;
+                    axum::Json(p.body).into_response()
+                }
+                Err(Over::Rate) => rate_limit_exceeded(),
+                Err(Over::Quota(wait)) => {
+                    let mut r = quota_exceeded();
+                    if shared.ratelimit_headers {
+                        let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+                        r.headers_mut().insert(RETRY_AFTER, HeaderValue::from(secs));
+                    }
+                    r
+                }
+            },
+        },
+    };
+    shared.key_headers(quota, charged, response.headers_mut());
+    response
+}
+
+/// The answer an injected fault gives.
+async fn injected(
+    shared: &Shared,
+    fault: Fault,
+    path: &str,
+    query: &[(String, String)],
+) -> Response {
+    match fault {
+        Fault::Status(code) => {
+            let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            let reason = if status.is_server_error() {
+                "backendError"
+            } else {
+                "injected"
+            };
+            error(
+                status,
+                reason,
+                "global",
+                status.canonical_reason().unwrap_or("Injected fault"),
+            )
+        }
+        Fault::TooManyRequests { retry_after_secs } => {
+            let mut r = error(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rateLimitExceeded",
+                "usageLimits",
+                "Too many requests.",
+            );
+            r.headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from(retry_after_secs));
+            r
+        }
+        Fault::RateLimitExceeded => rate_limit_exceeded(),
+        Fault::Delay(d) => {
+            tokio::time::sleep(d).await;
+            match page(shared, path, query) {
+                Ok(p) => axum::Json(p.body).into_response(),
+                Err(r) => r.into_response(),
+            }
+        }
+        Fault::Garbage => (
+            StatusCode::OK,
+            [(CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+            "not json",
+        )
+            .into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn charge(key: &str, at: Instant, cost: u64) -> Charge {
+        Charge {
+            at,
+            time: Utc::now(),
+            key: key.into(),
+            path: VIDEOS.into(),
+            cost,
+            scope: "US".into(),
+            page_token: None,
+            query: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn max_units_in_any_window_slides() {
+        let t0 = Instant::now();
+        let s = |ms| t0 + Duration::from_millis(ms);
+        let stats = SimStats {
+            charges: vec![
+                charge("a", s(0), 3),
+                charge("b", s(10), 100),
+                charge("a", s(500), 4),
+                charge("a", s(1000), 5), // exactly 1 s after the first: not with it
+                charge("a", s(1600), 1),
+            ],
+            ..SimStats::default()
+        };
+        let sec = Duration::from_secs(1);
+        assert_eq!(stats.max_units_in_any_window("a", sec), 9);
+        assert_eq!(
+            stats.max_units_in_any_window("a", Duration::from_millis(1001)),
+            12
+        );
+        assert_eq!(
+            stats.max_units_in_any_window("a", Duration::from_millis(1)),
+            5
+        );
+        assert_eq!(stats.max_units_in_any_window("b", sec), 100);
+        assert_eq!(stats.max_units_in_any_window("nobody", sec), 0);
+    }
+
+    #[test]
+    fn frees_in_is_exact_for_weighted_costs() {
+        let now = Instant::now();
+        let per = Duration::from_secs(10);
+        let w: VecDeque<_> = [
+            (now - Duration::from_secs(8), 3),
+            (now - Duration::from_secs(5), 4),
+        ]
+        .into();
+        // 7 used of 10: a cost of 3 fits now, 4 after the first frees (2 s),
+        // 8 after both (5 s), 11 never (the whole period).
+        assert_eq!(frees_in(&w, now, 10, per, 3), Duration::ZERO);
+        assert_eq!(frees_in(&w, now, 10, per, 4), Duration::from_secs(2));
+        assert_eq!(frees_in(&w, now, 10, per, 8), Duration::from_secs(5));
+        assert_eq!(frees_in(&w, now, 10, per, 11), per);
+    }
+}
