@@ -12,6 +12,9 @@
 //! - [`conn`], [`embedded`]: reaching Redis, or running one.
 //! - [`simulator`]: a simulated metered API on loopback, for `demo` and the
 //!   integration tests; the daemon never imports it.
+//! - [`sink`]: where fetched records go: JSON lines files (whole-page
+//!   appends, safe across processes) or SQLite with an FTS5 index that
+//!   serves search locally.
 //! - [`cli`]: one file per command; `main.rs` only parses and dispatches.
 #![warn(missing_docs, unreachable_pub)]
 #![deny(clippy::await_holding_lock)]
@@ -25,3 +28,4 @@ pub mod logging;
 pub mod quota;
 pub mod schedule;
 pub mod simulator;
+pub mod sink;
