@@ -59,6 +59,52 @@ impl KeySpace {
         }
     }
 
+    /// The apalis-redis queue name; apalis builds its own keys from it
+    /// (`<prefix>:queue:active`, `...:scheduled`, ...).
+    pub fn queue(&self) -> String {
+        format!("{}:queue", self.prefix)
+    }
+
+    /// Tasks waiting to enter the apalis queue (zset: task id -> run at, ms).
+    pub fn backlog(&self) -> String {
+        format!("{}:backlog", self.prefix)
+    }
+
+    /// Their payloads (hash: task id -> JSON).
+    pub fn backlog_data(&self) -> String {
+        format!("{}:backlog:data", self.prefix)
+    }
+
+    /// Backlog tasks being handed to apalis (zset: task id -> lease end, ms).
+    pub fn backlog_feeding(&self) -> String {
+        format!("{}:backlog:feeding", self.prefix)
+    }
+
+    /// The claim that one daemon fans out `job`'s tick at `tick_ms`.
+    pub fn tick_claim(&self, job: &str, tick_ms: i64) -> String {
+        format!("{}:tick:{job}:{tick_ms}", self.prefix)
+    }
+
+    /// Outcome counts of one tick's tasks (hash: outcome -> count, plus "#items").
+    pub fn tick_outcomes(&self, job: &str, tick_ms: i64) -> String {
+        format!("{}:tick:{job}:{tick_ms}:outcomes", self.prefix)
+    }
+
+    /// The pagination checkpoint of one job's fan-out item.
+    pub fn cursor(&self, job: &str, item: &str) -> String {
+        format!("{}:cursor:{job}:{item}", self.prefix)
+    }
+
+    /// Held while a task works on one job's fan-out item (value: task id).
+    pub fn item_lock(&self, job: &str, item: &str) -> String {
+        format!("{}:lock:{job}:{item}", self.prefix)
+    }
+
+    /// Set when a task has ended for good, so a redelivered copy does nothing.
+    pub fn task_done(&self, task_id: &str) -> String {
+        format!("{}:done:{task_id}", self.prefix)
+    }
+
     /// A pattern matching every quota key of the credential (for tests and
     /// operators; never used on a hot path).
     pub fn credential_pattern(&self, credential: &str) -> String {

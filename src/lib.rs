@@ -22,10 +22,15 @@
 pub mod cli;
 pub mod config;
 pub mod conn;
+pub mod daemon;
 pub mod embedded;
+pub mod fetch;
 pub mod keys;
 pub mod logging;
+pub mod queue;
 pub mod quota;
 pub mod schedule;
 pub mod simulator;
 pub mod sink;
+pub mod stats;
+pub mod worker;

@@ -8,9 +8,16 @@ use tracing_subscriber::EnvFilter;
 
 use crate::config::LogFormat;
 
-/// Installs the global subscriber. Calling it twice keeps the first.
+/// Installs the global subscriber at level `info` unless `RUST_LOG` says
+/// otherwise. Calling it twice keeps the first.
 pub fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    init_with_default(format, "info");
+}
+
+/// Like [`init`], with another default filter (the demo prints its own view
+/// and keeps only warnings from the log).
+pub fn init_with_default(format: LogFormat, default: &str) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

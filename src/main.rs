@@ -54,6 +54,25 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Run the scheduler and workers in the foreground (systemd Type=notify)
+    Run,
+    /// Enqueue one tick of a job now
+    Trigger {
+        /// Job name
+        job: String,
+        /// Show progress until the tick's tasks end, then a summary
+        #[arg(long)]
+        wait: bool,
+    },
+    /// Run the daemon on config/demo.toml against an embedded Redis and a simulated metered API
+    Demo {
+        /// How long to run
+        #[arg(long = "for", value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+        for_: std::time::Duration,
+        /// Where records and state go [default: a new directory under /tmp]
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+    },
     /// Print how another program calls lua/spend.lua to spend from an endpoint's windows
     Keys {
         /// Endpoint name
@@ -62,6 +81,10 @@ enum Command {
         #[arg(long)]
         cost: Option<u64>,
     },
+}
+
+fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e} (write e.g. \"30s\", \"2m\")"))
 }
 
 fn main() -> ExitCode {
@@ -77,7 +100,11 @@ fn main() -> ExitCode {
             return code.into();
         }
     };
-    let path = cli::config_path(args.config);
+    // The demo has its own config unless one is given.
+    let path = match (&args.command, args.config) {
+        (Command::Demo { .. }, None) => PathBuf::from("config/demo.toml"),
+        (_, c) => cli::config_path(c),
+    };
     let config = match cli::load(&path) {
         Ok(c) => c,
         Err(code) => return code.into(),
@@ -86,7 +113,15 @@ fn main() -> ExitCode {
         .log_format
         .or(config.log_format)
         .unwrap_or(LogFormat::Text);
-    quota_worker::logging::init(format);
+    let default_level = match args.command {
+        Command::Demo { .. }
+        | Command::Spend { .. }
+        | Command::Quota { .. }
+        | Command::Keys { .. }
+        | Command::Check => "warn",
+        _ => "info",
+    };
+    quota_worker::logging::init_with_default(format, default_level);
 
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
@@ -107,6 +142,17 @@ fn main() -> ExitCode {
                 cli::quota::run(&config, credential.as_deref(), json).await
             }
             Command::Keys { endpoint, cost } => cli::keys::run(&config, &endpoint, cost),
+            Command::Run => cli::run::run(config).await,
+            Command::Trigger { job, wait } => cli::trigger::run(&config, &job, wait).await,
+            Command::Demo { for_, out } => {
+                let out = out.unwrap_or_else(|| {
+                    std::env::temp_dir().join(format!(
+                        "quota-worker-demo-{}",
+                        chrono::Utc::now().format("%Y%m%d-%H%M%S")
+                    ))
+                });
+                cli::demo::run(config, for_, &out).await
+            }
         }
     });
     code.into()

@@ -2,9 +2,12 @@
 //! here; each command prints its own output and returns its exit code.
 
 pub mod check;
+pub mod demo;
 pub mod keys;
 pub mod quota;
+pub mod run;
 pub mod spend;
+pub mod trigger;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

@@ -1,0 +1,337 @@
+//! `quota-worker demo [--for 30s]`: the real daemon on `config/demo.toml`,
+//! against an embedded Redis and the built-in simulated metered API.
+//!
+//! The demo's quotas are small, so within seconds one credential runs out:
+//! tasks end at once as `quota_exhausted` with the retry-after, and later
+//! ticks resume where they stopped. The summary compares what the upstream
+//! saw with what it allows; its count of quota errors must be 0.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::broadcast;
+
+use super::Exit;
+use crate::config::{Config, Secrets, Template, fmt_duration};
+use crate::daemon::{self, RunOptions, Shared};
+use crate::quota::{Limiter, Quotas};
+use crate::simulator::{SimConfig, Simulator};
+use crate::stats::{OutcomeKind, Stats};
+use crate::worker::OutcomeEvent;
+
+/// Request URLs in `config/demo.toml` start with this; the demo points them at
+/// the simulator (the `.invalid` domain can never resolve to anything real).
+pub const DEMO_UPSTREAM: &str = "http://upstream.invalid";
+
+/// The demo's API keys (fake, for the simulator only) by credential.
+const KEYS: [(&str, &str); 2] = [("yt-demo-1", "demo-key-1"), ("yt-demo-2", "demo-key-2")];
+
+/// The simulated upstream's own quotas per key: a little above the demo
+/// config's windows, as real headroom is.
+fn sim_config() -> SimConfig {
+    SimConfig::default()
+        .key("demo-key-1", 50, Duration::from_secs(15))
+        .key("demo-key-2", 400, Duration::from_secs(30))
+}
+
+/// Runs the demo for `duration`, writing under `out_dir`.
+pub async fn run(mut config: Config, duration: Duration, out_dir: &Path) -> Exit {
+    let sim = match Simulator::start(sim_config()).await {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: cannot start the simulated API on 127.0.0.1: {e}");
+            return Exit::Unavailable;
+        }
+    };
+    // Point the jobs at the simulator, and keep all state in a fresh directory.
+    for job in config.jobs.values_mut() {
+        let src = job
+            .request
+            .url
+            .source()
+            .replacen(DEMO_UPSTREAM, &sim.base_url(), 1);
+        match Template::parse(&src) {
+            Ok(t) => job.request.url = t,
+            Err(e) => {
+                eprintln!("error: demo job {}: {e}", job.name);
+                return Exit::Config;
+            }
+        }
+    }
+    config.dir = out_dir.to_owned();
+    config.state_dir = out_dir.join("state");
+    config.redis.url = None;
+    config.metrics.listen = None;
+    let lookup = |var: &str| {
+        config
+            .credentials
+            .values()
+            .find(|c| matches!(&c.secret, crate::config::SecretSource::Env { var: v, .. } if v == var))
+            .and_then(|c| KEYS.iter().find(|(name, _)| *name == c.name))
+            .map(|(_, key)| (*key).to_owned())
+    };
+    let secrets: Secrets = match config.secrets_with_env(&lookup) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Exit::Config;
+        }
+    };
+    let config = Arc::new(config);
+
+    println!(
+        "quota-worker demo: {} job(s) against a simulated YouTube-like API at {}",
+        config.jobs.len(),
+        sim.base_url()
+    );
+    for (cred, key) in KEYS {
+        if let Some(c) = config.credentials.get(cred) {
+            let windows: Vec<String> = c.windows.iter().map(|w| w.describe()).collect();
+            let upstream = sim_config().keys.into_iter().find(|k| k.key == key);
+            println!(
+                "  credential {cred}: quota-worker windows {}; the upstream allows {}",
+                windows.join(" + "),
+                upstream
+                    .map(|k| format!("{}/{}", k.units, fmt_duration(k.per)))
+                    .unwrap_or_default()
+            );
+        }
+    }
+    for job in config.jobs.values() {
+        println!(
+            "  job {}: {} ({}), {} task(s) per tick, up to {} page(s) each, endpoint {} at {} unit(s)",
+            job.name,
+            job.schedule.source(),
+            job.timezone,
+            job.items(),
+            job.max_pages(),
+            job.endpoint,
+            config.endpoints[&job.endpoint].cost
+        );
+    }
+    println!(
+        "running for {}; records go to {}\n",
+        fmt_duration(duration),
+        out_dir.display()
+    );
+
+    let (tx, rx) = broadcast::channel(4096);
+    let shared = Shared {
+        events: Some(tx),
+        ..Shared::default()
+    };
+    let (ready_tx, mut ready_rx) = tokio::sync::watch::channel(false);
+    let opts = RunOptions {
+        shared: shared.clone(),
+        ready: Some(ready_tx),
+    };
+    let started = Instant::now();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let daemon = tokio::spawn(daemon::run(
+        config.clone(),
+        Arc::new(secrets),
+        opts,
+        async move {
+            let _ = stop_rx.await;
+        },
+    ));
+    let _ = ready_rx.wait_for(|r| *r).await;
+    let limiter = match limiter_for(&config).await {
+        Some(l) => l,
+        None => {
+            let _ = stop_tx.send(());
+            let _ = daemon.await;
+            return Exit::Unavailable;
+        }
+    };
+
+    let view = tokio::spawn(live_view(rx, started));
+    let deadline = started + duration;
+    let interrupted = tokio::select! {
+        _ = tokio::time::sleep_until(deadline.into()) => false,
+        _ = super::run::shutdown_signal() => true,
+        _ = progress(&shared.stats, &limiter, started) => false,
+    };
+    // The summary reads Redis, so take it before the daemon stops its Redis.
+    let usage = usage(&config, &limiter).await;
+    let _ = stop_tx.send(());
+    let result = daemon.await;
+    view.abort();
+    let stats = sim.stats();
+    sim.shutdown().await;
+    if let Ok(Err(e)) = &result {
+        return super::run::daemon_error(e);
+    }
+
+    let s = &shared.stats;
+    println!(
+        "\n=== demo summary ({}{}) ===",
+        fmt_duration(started.elapsed()),
+        if interrupted { ", interrupted" } else { "" }
+    );
+    let outcomes: Vec<String> = OutcomeKind::ALL
+        .iter()
+        .map(|k| format!("{} {}", s.count(*k), k.as_str()))
+        .collect();
+    println!("tasks by outcome: {}", outcomes.join(", "));
+    println!(
+        "pages fetched: {}; records ingested: {} (files under {})",
+        Stats::get(&s.pages),
+        Stats::get(&s.records),
+        out_dir.join("data").display()
+    );
+    println!("units spent vs. each window (now, live from Redis):");
+    print!("{usage}");
+    println!("what the upstream saw, per key:");
+    let mut quota_errors = 0;
+    for k in sim_config().keys {
+        let ks = stats.key(&k.key);
+        quota_errors += ks.quota_errors;
+        println!(
+            "  {}: {} units charged, at most {} in any {} (it allows {}), {} quota error(s)",
+            k.key,
+            ks.units,
+            stats.max_units_in_any_window(&k.key, k.per),
+            fmt_duration(k.per),
+            k.units,
+            ks.quota_errors
+        );
+    }
+    println!("upstream quota errors: {quota_errors}");
+    if quota_errors > 0 {
+        eprintln!("error: the upstream answered quota errors: the limiter let too much through");
+        return Exit::Software;
+    }
+    Exit::Ok
+}
+
+async fn limiter_for(config: &Config) -> Option<Limiter> {
+    let url = super::redis_url(config);
+    match crate::conn::connect(&url, config.redis.timeout, 2).await {
+        Ok(c) => Some(Limiter::new(
+            c,
+            Arc::new(Quotas::new(config)),
+            config.redis.timeout,
+        )),
+        Err(e) => {
+            eprintln!("error: cannot reach the embedded Redis: {e}");
+            None
+        }
+    }
+}
+
+/// A progress line every 5 s: outcomes so far and each credential's window.
+async fn progress(stats: &Stats, limiter: &Limiter, started: Instant) {
+    loop {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let mut windows = Vec::new();
+        for name in limiter
+            .quotas()
+            .credential_names()
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+        {
+            if let Ok(u) = limiter.peek(&name).await {
+                for w in &u.windows {
+                    let scope = match &w.scope {
+                        crate::config::Scope::Credential => String::new(),
+                        crate::config::Scope::Endpoint(e) => format!(" ({e})"),
+                    };
+                    windows.push(format!("{name}{scope} {}/{}", w.used, w.window.units));
+                }
+            }
+        }
+        println!(
+            "[{:>3}s] done {} · quota_exhausted {} · retrying {} · failed {} · records {} · windows: {}",
+            started.elapsed().as_secs(),
+            stats.count(OutcomeKind::Done),
+            stats.count(OutcomeKind::QuotaExhausted),
+            stats.count(OutcomeKind::Retrying),
+            stats.count(OutcomeKind::Failed),
+            Stats::get(&stats.records),
+            windows.join(", ")
+        );
+    }
+}
+
+/// One line per task outcome, folded per tick and job so it stays readable.
+async fn live_view(mut rx: broadcast::Receiver<OutcomeEvent>, started: Instant) {
+    let mut seen_exhausted: BTreeMap<(String, i64), u32> = BTreeMap::new();
+    loop {
+        let ev = match rx.recv().await {
+            Ok(ev) => ev,
+            Err(broadcast::error::RecvError::Lagged(_)) => continue,
+            Err(broadcast::error::RecvError::Closed) => return,
+        };
+        let o = &ev.outcome;
+        let t = started.elapsed().as_secs_f32();
+        match o.kind {
+            OutcomeKind::QuotaExhausted => {
+                // The first of a tick is shown; the rest are counted.
+                let n = seen_exhausted.entry((ev.job.clone(), ev.tick)).or_default();
+                *n += 1;
+                if *n == 1 {
+                    let then = match o.requeued_in {
+                        Some(d) => format!("deferred: runs again in {}", fmt_duration(d)),
+                        None => "the next tick resumes at this page".into(),
+                    };
+                    println!(
+                        "[{t:>5.1}s] {} {} page {}: quota_exhausted after {} page(s), stopped cleanly, retry after {}; {then} (the tick's other tasks stop the same way)",
+                        ev.job,
+                        ev.item,
+                        o.page,
+                        o.pages,
+                        o.retry_after.map(fmt_duration).unwrap_or_default()
+                    );
+                }
+            }
+            OutcomeKind::Done if o.pages > 0 => {
+                let first = o.page + 1 - o.pages;
+                let resumed = if first > 1 {
+                    format!(" (resumed at page {first})")
+                } else {
+                    String::new()
+                };
+                println!(
+                    "[{t:>5.1}s] {} {}: done, {} page(s){resumed}, {} record(s), {} unit(s)",
+                    ev.job, ev.item, o.pages, o.records, o.units
+                );
+            }
+            _ => println!(
+                "[{t:>5.1}s] {} {}: {} ({})",
+                ev.job,
+                ev.item,
+                o.kind.as_str(),
+                o.detail
+            ),
+        }
+    }
+}
+
+async fn usage(config: &Config, limiter: &Limiter) -> String {
+    let mut out = String::new();
+    for name in config.credentials.keys() {
+        match limiter.peek(name).await {
+            Ok(u) => {
+                for w in &u.windows {
+                    out.push_str(&format!(
+                        "  {name} {} {}: {} used, {} left{}\n",
+                        w.scope,
+                        w.window.describe(),
+                        w.used,
+                        w.remaining,
+                        if w.used > 0 {
+                            format!(", frees in {}", fmt_duration(w.frees_in))
+                        } else {
+                            String::new()
+                        }
+                    ));
+                }
+            }
+            Err(e) => out.push_str(&format!("  {name}: {e}\n")),
+        }
+    }
+    out
+}

@@ -1,0 +1,62 @@
+//! `quota-worker run`: scheduler and workers in the foreground until SIGTERM
+//! or SIGINT; exit 0 on a clean shutdown.
+
+use std::sync::Arc;
+
+use super::Exit;
+use crate::config::Config;
+use crate::daemon::{self, DaemonError, RunOptions};
+use crate::embedded::EmbeddedError;
+
+/// Resolves on the first SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    match (term, int) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => tracing::info!("SIGTERM received"),
+                _ = int.recv() => tracing::info!("SIGINT received"),
+            }
+        }
+        // No signal handling: never resolve rather than stop at once.
+        _ => std::future::pending().await,
+    }
+}
+
+/// Maps a daemon error to an exit code, printing it.
+pub fn daemon_error(e: &DaemonError) -> Exit {
+    eprintln!("error: {e}");
+    match e {
+        DaemonError::Embedded(EmbeddedError::NotInstalled)
+        | DaemonError::Embedded(EmbeddedError::InUse(_))
+        | DaemonError::Unreachable { .. } => Exit::Unavailable,
+        DaemonError::Embedded(EmbeddedError::PathTooLong(_)) => Exit::Config,
+        _ => Exit::Software,
+    }
+}
+
+/// Runs the command.
+pub async fn run(config: Config) -> Exit {
+    let secrets = match config.secrets() {
+        Ok(s) => s,
+        Err(errors) => {
+            for e in &errors.0 {
+                eprintln!("error: {e}");
+            }
+            return Exit::Config;
+        }
+    };
+    match daemon::run(
+        Arc::new(config),
+        Arc::new(secrets),
+        RunOptions::default(),
+        shutdown_signal(),
+    )
+    .await
+    {
+        Ok(()) => Exit::Ok,
+        Err(e) => daemon_error(&e),
+    }
+}

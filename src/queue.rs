@@ -1,0 +1,367 @@
+//! The task queue: apalis-redis, with our backlog in front of it and our own
+//! janitor behind it.
+//!
+//! Workarounds for apalis-redis 1.0 (see `../shared/notes/apalis-1.0.md`),
+//! each pinned by a test in `tests/queue.rs`:
+//! - every push lands in apalis's scheduled set, and a fetch promotes all due
+//!   tasks in one Lua `unpack` that fails past ~8,000: tasks wait in our
+//!   backlog and [`Queue::feed`] hands apalis at most [`FEED_CAP`] at a time;
+//! - apalis's own retries ignore backoff and bounded attempts: workers always
+//!   ack, and schedule retries and deferrals through [`Queue::enqueue`];
+//! - done/dead sets, task data and worker metadata are never trimmed:
+//!   [`Queue::trim`] does it (never apalis's `vacuum`, which also deletes
+//!   tasks waiting for retry);
+//! - the default queue name is a Rust type name: it is set explicitly;
+//! - orphaned tasks come back after heartbeat × missed heartbeats: both are
+//!   derived from `[worker] recover_after`.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use apalis::prelude::{TaskBuilder, TaskId};
+use apalis_redis::RedisStorage;
+use redis::aio::ConnectionManager;
+use serde::{Deserialize, Serialize};
+
+use crate::keys::KeySpace;
+
+/// Most tasks handed to apalis and not yet fetched, across all daemons.
+/// Far below the ~8,000 its fetch can promote at once.
+pub const FEED_CAP: usize = 1_000;
+
+/// How long a feeder may take to push a leased batch before another takes over.
+const FEED_LEASE: Duration = Duration::from_secs(30);
+
+/// How long finished tasks stay in apalis's sets before [`Queue::trim`] drops them.
+pub const RETENTION: Duration = Duration::from_secs(3_600);
+
+static ENQUEUE: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("../lua/enqueue.lua")));
+static FEED: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("../lua/feed.lua")));
+static FED: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("../lua/fed.lua")));
+static TRIM: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("../lua/trim.lua")));
+
+/// Why a task was queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Origin {
+    /// A cron tick.
+    Tick,
+    /// `quota-worker trigger`.
+    Trigger,
+    /// A retry after a network error, timeout or 5xx (counts as a failure).
+    Retry,
+    /// Come back later without it being a failure: a deferral to the
+    /// retry-after (`on_quota_exhausted = "defer"`), or the limiter was
+    /// unreachable.
+    Defer,
+    /// Another task held the item; try again shortly.
+    Busy,
+}
+
+/// One task: one fan-out item of one tick of one job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskArgs {
+    /// Unique per queued copy: `<job>:<tick_ms>:<item index>[:<seq>]`.
+    pub id: String,
+    /// The unit of work this copy stands for; a redelivered or busy-requeued
+    /// copy of a root that already ended does nothing.
+    pub root: String,
+    /// The job.
+    pub job: String,
+    /// The tick, ms since the epoch.
+    pub tick: i64,
+    /// The item's index in the fan-out.
+    pub index: u64,
+    /// The item: fan-out key/value pairs.
+    pub item: Vec<(String, String)>,
+    /// Why this copy was queued.
+    pub origin: Origin,
+    /// Whether it continues its tick's interrupted run (retry, deferral): it
+    /// resumes that run's checkpoint only if no newer tick took it over.
+    pub continuation: bool,
+    /// Real failures so far (network, 5xx, timeouts): bounded by `retry.attempts`.
+    pub failures: u32,
+    /// Copies queued before this one in its chain.
+    pub seq: u32,
+}
+
+impl TaskArgs {
+    /// The first task of `item` at `tick`.
+    pub fn first(
+        job: &str,
+        tick: i64,
+        index: u64,
+        item: Vec<(String, String)>,
+        origin: Origin,
+    ) -> Self {
+        let id = format!("{job}:{tick}:{index}");
+        TaskArgs {
+            root: id.clone(),
+            id,
+            job: job.to_owned(),
+            tick,
+            index,
+            item,
+            origin,
+            continuation: false,
+            failures: 0,
+            seq: 0,
+        }
+    }
+
+    /// The same item of the same tick, queued again for `origin`.
+    pub fn again(&self, origin: Origin) -> Self {
+        let mut next = self.clone();
+        next.origin = origin;
+        next.seq += 1;
+        next.id = format!("{}:{}:{}:{}", self.job, self.tick, self.index, next.seq);
+        match origin {
+            Origin::Retry => {
+                next.failures += 1;
+                next.continuation = true;
+                next.root = next.id.clone();
+            }
+            Origin::Defer => {
+                next.continuation = true;
+                next.root = next.id.clone();
+            }
+            // Stands in for this very copy: same root, same kind.
+            Origin::Busy | Origin::Tick | Origin::Trigger => {}
+        }
+        next
+    }
+
+    /// The item as one string: `region=US,lang=en` (`-` for no fan-out).
+    pub fn item_key(&self) -> String {
+        item_key(&self.item)
+    }
+}
+
+/// A fan-out item as one string, for keys and logs.
+pub fn item_key(item: &[(String, String)]) -> String {
+    if item.is_empty() {
+        return "-".into();
+    }
+    item.iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// What went wrong with the queue. Redis errors mean "try again later".
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    /// Redis failed or is unreachable.
+    #[error("queue unavailable: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// apalis-redis failed.
+    #[error("queue unavailable: {0}")]
+    Apalis(#[from] apalis_redis::Error),
+    /// A payload did not (de)serialize: a bug or a foreign writer.
+    #[error("bad task payload: {0}")]
+    Payload(#[from] serde_json::Error),
+}
+
+/// Sizes of the queue's parts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Depth {
+    /// In our backlog (due or not).
+    pub backlog: u64,
+    /// In apalis, waiting to be fetched.
+    pub queued: u64,
+    /// Fetched by a worker and not yet acked.
+    pub in_flight: u64,
+}
+
+/// The queue of one key space.
+#[derive(Clone)]
+pub struct Queue {
+    conn: ConnectionManager,
+    keys: KeySpace,
+    apalis: apalis_redis::Config,
+}
+
+impl Queue {
+    /// A queue over `conn`. Workers heartbeat every fifth of `recover_after`
+    /// and are declared dead after three missed beats, so a killed daemon's
+    /// tasks are re-queued within about `recover_after` (at most
+    /// 3/5 + 1/5 of it, plus a second of timestamp resolution).
+    pub fn new(conn: ConnectionManager, keys: KeySpace, recover_after: Duration) -> Self {
+        let heartbeat = (recover_after / 5).max(Duration::from_millis(500));
+        let apalis = apalis_redis::Config::default()
+            .queue(keys.queue())
+            // One task per fetch: a fetched task that waits for a free slot
+            // stops the worker's heartbeats (apalis notes, pitfall 9).
+            .batch_size(1)
+            .heartbeat_interval(heartbeat)
+            .missed_heartbeats(3)
+            .emit_events(false);
+        Queue { conn, keys, apalis }
+    }
+
+    /// The apalis-redis config (queue name, heartbeats).
+    pub fn apalis_config(&self) -> &apalis_redis::Config {
+        &self.apalis
+    }
+
+    /// A storage for a worker.
+    pub fn storage(&self) -> RedisStorage<TaskArgs> {
+        RedisStorage::new(self.conn.clone()).with_config(self.apalis.clone())
+    }
+
+    /// The key space.
+    pub fn keys(&self) -> &KeySpace {
+        &self.keys
+    }
+
+    /// Adds tasks to run after their delays. Ids already waiting are kept.
+    pub async fn enqueue(&self, tasks: &[(TaskArgs, Duration)]) -> Result<usize, QueueError> {
+        let n = self.enqueue_inner(tasks, None, None).await?;
+        Ok(n.max(0) as usize)
+    }
+
+    /// Claims `job`'s tick at `tick_ms` and adds its tasks, atomically: with
+    /// several daemons, exactly one fans each tick out. `None` when another
+    /// daemon (or an earlier call) already claimed it.
+    pub async fn enqueue_tick(
+        &self,
+        job: &str,
+        tick_ms: i64,
+        tasks: &[TaskArgs],
+        claimed_by: &str,
+    ) -> Result<Option<usize>, QueueError> {
+        let tasks: Vec<(TaskArgs, Duration)> =
+            tasks.iter().map(|t| (t.clone(), Duration::ZERO)).collect();
+        let claim = (self.keys.tick_claim(job, tick_ms), claimed_by);
+        let outcomes = self.keys.tick_outcomes(job, tick_ms);
+        let n = self
+            .enqueue_inner(&tasks, Some(claim), Some(outcomes))
+            .await?;
+        Ok((n >= 0).then_some(n as usize))
+    }
+
+    async fn enqueue_inner(
+        &self,
+        tasks: &[(TaskArgs, Duration)],
+        claim: Option<(String, &str)>,
+        outcomes: Option<String>,
+    ) -> Result<i64, QueueError> {
+        let mut inv = ENQUEUE.prepare_invoke();
+        inv.key(self.keys.backlog()).key(self.keys.backlog_data());
+        let day = 86_400_000u64;
+        match &claim {
+            Some((key, by)) => inv.key(key).arg(day).arg(*by),
+            None => inv.key(self.keys.backlog()).arg(0).arg(""),
+        };
+        match &outcomes {
+            Some(key) => inv.key(key).arg(day).arg(tasks.len()),
+            None => inv.key(self.keys.backlog()).arg(0).arg(0),
+        };
+        for (t, delay) in tasks {
+            inv.arg(&t.id)
+                .arg(delay.as_millis() as u64)
+                .arg(serde_json::to_string(t)?);
+        }
+        let mut conn = self.conn.clone();
+        Ok(inv.invoke_async::<i64>(&mut conn).await?)
+    }
+
+    /// One feeding round: moves due backlog tasks into apalis, keeping it
+    /// under [`FEED_CAP`]. Returns how many were moved.
+    pub async fn feed(&self) -> Result<usize, QueueError> {
+        let mut conn = self.conn.clone();
+        let leased: Vec<String> = FEED
+            .key(self.keys.backlog())
+            .key(self.keys.backlog_data())
+            .key(self.keys.backlog_feeding())
+            .key(self.apalis.scheduled_jobs_set())
+            .key(self.apalis.active_jobs_list())
+            .arg(FEED_CAP)
+            .arg(FEED_LEASE.as_millis() as u64)
+            .arg(500)
+            .invoke_async(&mut conn)
+            .await?;
+        if leased.is_empty() {
+            return Ok(0);
+        }
+        let mut tasks = Vec::with_capacity(leased.len() / 2);
+        let mut ids = Vec::with_capacity(leased.len() / 2);
+        for pair in leased.chunks(2) {
+            let [id, payload] = pair else { continue };
+            tasks.push(
+                TaskBuilder::new(payload.clone().into_bytes())
+                    .task_id(TaskId::from_string(id.clone()))
+                    // apalis retries are not used (workers always ack), but
+                    // its meta needs a bound.
+                    .max_attempts(1)
+                    .build(),
+            );
+            ids.push(id.clone());
+        }
+        apalis_redis::queries::push_tasks(&mut conn, &self.apalis, &tasks).await?;
+        let mut inv = FED.prepare_invoke();
+        inv.key(self.keys.backlog())
+            .key(self.keys.backlog_data())
+            .key(self.keys.backlog_feeding());
+        for id in &ids {
+            inv.arg(id);
+        }
+        let _: i64 = inv.invoke_async(&mut conn).await?;
+        Ok(ids.len())
+    }
+
+    /// Drops finished tasks older than `retention` from apalis's done and dead
+    /// sets (with their data and metadata), and metadata of workers that are
+    /// gone. Returns how many tasks were dropped.
+    pub async fn trim(&self, retention: Duration) -> Result<usize, QueueError> {
+        let mut conn = self.conn.clone();
+        let cutoff = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .saturating_sub(retention)
+            .as_secs();
+        let n: i64 = TRIM
+            .key(self.apalis.done_jobs_set())
+            .key(self.apalis.dead_jobs_set())
+            .key(self.apalis.job_data_hash())
+            .key(self.apalis.workers_set())
+            .key(format!("{}:trim:cursor", self.keys.prefix()))
+            .arg(self.apalis.job_meta_hash())
+            .arg(cutoff)
+            .arg(500)
+            .arg(format!("{}:metadata:", self.apalis.workers_set()))
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(n.max(0) as usize)
+    }
+
+    /// How many tasks wait where.
+    pub async fn depth(&self) -> Result<Depth, QueueError> {
+        let mut conn = self.conn.clone();
+        let (backlog, scheduled, active, workers): (u64, u64, u64, Vec<String>) = redis::pipe()
+            .zcard(self.keys.backlog())
+            .zcard(self.apalis.scheduled_jobs_set())
+            .llen(self.apalis.active_jobs_list())
+            .zrange(self.apalis.workers_set(), 0, -1)
+            .query_async(&mut conn)
+            .await?;
+        let mut in_flight = 0;
+        if !workers.is_empty() {
+            let mut pipe = redis::pipe();
+            for w in &workers {
+                pipe.scard(format!("{}:{w}", self.apalis.inflight_jobs_set()));
+            }
+            let counts: Vec<u64> = pipe.query_async(&mut conn).await?;
+            in_flight = counts.iter().sum();
+        }
+        Ok(Depth {
+            backlog,
+            queued: scheduled + active,
+            in_flight,
+        })
+    }
+}

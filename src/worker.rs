@@ -1,0 +1,700 @@
+//! One task, start to end: for each page, spend → fetch → sink → checkpoint,
+//! and stop cleanly with the retry-after when the quota says no.
+//!
+//! Outcomes follow SPEC "Task outcomes". A task never sleeps waiting for
+//! quota: a rejected spend ends it at once (`quota_exhausted`), and with
+//! `on_quota_exhausted = "defer"` a copy is queued to run at the retry-after.
+//! Retries (network errors, timeouts, 5xx) are queued copies too, with
+//! exponential backoff and bounded attempts; waiting for quota never uses an
+//! attempt.
+//!
+//! Redis holds the state that must survive this process: the item's
+//! pagination checkpoint (`keys::cursor`), a lock so two tasks never work on
+//! one item at once (`keys::item_lock`), and a done marker so a redelivered
+//! task does nothing (`keys::task_done`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use redis::AsyncCommands;
+use redis::aio::ConnectionManager;
+use serde::{Deserialize, Serialize};
+use tracing::{info, warn};
+
+use crate::config::{Config, Endpoint, Job, OnQuotaExhausted, Secrets};
+use crate::fetch::{Fetcher, Placeholders, Reply};
+use crate::keys::KeySpace;
+use crate::queue::{Origin, Queue, QueueError, TaskArgs};
+use crate::quota::{Decision, Limiter, QuotaError, RejectedBy};
+use crate::sink::Sinks;
+use crate::stats::{OutcomeKind, Stats};
+
+/// How long pagination checkpoints are kept when nothing resumes them.
+const CHECKPOINT_TTL: Duration = Duration::from_secs(7 * 86_400);
+/// How long "this task already ended" is remembered (covers redelivery).
+const DONE_TTL: Duration = Duration::from_secs(86_400);
+/// The item lock's lifetime; renewed every third of it while the task runs.
+const LOCK_TTL: Duration = Duration::from_secs(10);
+/// Wait before a task that found its item busy tries again.
+const BUSY_RETRY: Duration = Duration::from_secs(2);
+
+/// Where the next page of an item's run starts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    /// The tick whose run this is.
+    pub tick: i64,
+    /// The next page's number (1 = first).
+    pub page: u32,
+    /// The cursor to send for it (none for page 1).
+    pub token: Option<String>,
+}
+
+/// Everything a task needs; shared by all of one daemon's tasks.
+pub struct Worker {
+    /// The configuration.
+    pub config: Arc<Config>,
+    /// Credential secrets.
+    pub secrets: Arc<Secrets>,
+    /// The limiter.
+    pub limiter: Limiter,
+    /// The queue (for retries and deferrals).
+    pub queue: Queue,
+    /// A connection for checkpoints, locks and markers.
+    pub conn: ConnectionManager,
+    /// HTTP.
+    pub fetcher: Fetcher,
+    /// Sinks.
+    pub sinks: Sinks,
+    /// Counters.
+    pub stats: Arc<Stats>,
+    /// Where every outcome is also sent (the demo's live view), if anywhere.
+    pub events: Option<tokio::sync::broadcast::Sender<OutcomeEvent>>,
+}
+
+/// One task's outcome, for a live view.
+#[derive(Debug, Clone)]
+pub struct OutcomeEvent {
+    /// The job.
+    pub job: String,
+    /// The item, as `region=US`.
+    pub item: String,
+    /// The tick.
+    pub tick: i64,
+    /// How it ended.
+    pub outcome: Outcome,
+}
+
+/// How a task ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// Which outcome.
+    pub kind: OutcomeKind,
+    /// The page it ended on (the last fetched when done).
+    pub page: u32,
+    /// Pages fetched by this task.
+    pub pages: u32,
+    /// Records written by this task.
+    pub records: u64,
+    /// Units spent by this task.
+    pub units: u64,
+    /// The quota's (or the upstream's) retry-after, when it said no.
+    pub retry_after: Option<Duration>,
+    /// When a copy was queued, how long until it runs.
+    pub requeued_in: Option<Duration>,
+    /// An HTTP status, when one decided.
+    pub status: Option<u16>,
+    /// Why, in words.
+    pub detail: String,
+}
+
+/// Why a task could not finish its bookkeeping: Redis went away. The task is
+/// then left to apalis, which redelivers it; nothing is lost.
+#[derive(Debug, thiserror::Error)]
+pub enum TaskError {
+    /// Redis failed.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// The queue failed.
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+}
+
+/// Runs of one task that did nothing: a duplicate delivery, or a busy item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Skip {
+    /// This task (or the step it stands for) already ended.
+    AlreadyDone,
+    /// Another task holds the item; a copy was queued to try again.
+    Busy,
+}
+
+/// What running a task amounted to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ran {
+    /// It ran and ended with an outcome.
+    Ended(Outcome),
+    /// It did nothing.
+    Skipped(Skip),
+}
+
+struct Progress {
+    page: u32,
+    token: Option<String>,
+    pages: u32,
+    records: u64,
+    units: u64,
+}
+
+impl Worker {
+    fn keys(&self) -> &KeySpace {
+        self.queue.keys()
+    }
+
+    /// Runs one task.
+    pub async fn run(&self, task: &TaskArgs) -> Result<Ran, TaskError> {
+        let keys = self.keys().clone();
+        let mut conn = self.conn.clone();
+        if conn.exists::<_, bool>(keys.task_done(&task.root)).await? {
+            return Ok(Ran::Skipped(Skip::AlreadyDone));
+        }
+        let Some(job) = self.config.jobs.get(&task.job) else {
+            let outcome = Outcome {
+                kind: OutcomeKind::Failed,
+                page: 0,
+                pages: 0,
+                records: 0,
+                units: 0,
+                retry_after: None,
+                requeued_in: None,
+                status: None,
+                detail: format!("job {:?} is not in the configuration any more", task.job),
+            };
+            self.finish(task, None, &outcome).await?;
+            return Ok(Ran::Ended(outcome));
+        };
+        let endpoint = &self.config.endpoints[&job.endpoint];
+        let item_key = task.item_key();
+        let lock_key = keys.item_lock(&job.name, &item_key);
+        let lock_val = format!("{}#{}", task.id, crate::quota::request_id());
+        let locked: bool = redis::cmd("SET")
+            .arg(&lock_key)
+            .arg(&lock_val)
+            .arg("NX")
+            .arg("PX")
+            .arg(LOCK_TTL.as_millis() as u64)
+            .query_async::<Option<String>>(&mut conn)
+            .await?
+            .is_some();
+        if !locked {
+            // Another task works on this item (or a dead one's lock has yet
+            // to expire): come back shortly, as the same step.
+            self.queue
+                .enqueue(&[(task.again(Origin::Busy), BUSY_RETRY)])
+                .await?;
+            Stats::add(&self.stats.requeued, 1);
+            return Ok(Ran::Skipped(Skip::Busy));
+        }
+
+        // Renewed in the background, so a long request keeps the item and a
+        // killed daemon's lock lapses within LOCK_TTL.
+        let renewer = {
+            let mut conn = self.conn.clone();
+            let (key, val) = (lock_key.clone(), lock_val.clone());
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(LOCK_TTL / 3).await;
+                    let renewed = RENEW
+                        .key(&key)
+                        .arg(&val)
+                        .arg(LOCK_TTL.as_millis() as u64)
+                        .invoke_async::<i64>(&mut conn)
+                        .await;
+                    if let Ok(0) = renewed {
+                        warn!(lock = %key, "lost the item lock (expired under a stalled Redis?)");
+                    }
+                }
+            })
+        };
+        Stats::add(&self.stats.in_flight, 1);
+        let result = self.run_locked(task, job, endpoint).await;
+        Stats::sub(&self.stats.in_flight, 1);
+        renewer.abort();
+        let unlock = UNLOCK
+            .key(&lock_key)
+            .arg(&lock_val)
+            .invoke_async::<i64>(&mut conn)
+            .await;
+        let outcome = result?;
+        unlock?;
+        Ok(Ran::Ended(outcome))
+    }
+
+    async fn run_locked(
+        &self,
+        task: &TaskArgs,
+        job: &Job,
+        endpoint: &Endpoint,
+    ) -> Result<Outcome, TaskError> {
+        let keys = self.keys().clone();
+        let mut conn = self.conn.clone();
+        let item_key = task.item_key();
+        let cursor_key = keys.cursor(&job.name, &item_key);
+        let saved: Option<String> = conn.get(&cursor_key).await?;
+        let saved: Option<Checkpoint> = saved.and_then(|s| serde_json::from_str(&s).ok());
+
+        // Where this run starts: a fresh task resumes any interrupted run of
+        // its item (and takes it over); a continuation resumes only its own.
+        let start = match (task.continuation, saved) {
+            (false, Some(cp)) => Some(cp),
+            (false, None) => Some(Checkpoint {
+                tick: task.tick,
+                page: 1,
+                token: None,
+            }),
+            (true, Some(cp)) if cp.tick == task.tick => Some(cp),
+            (true, _) => None,
+        };
+        let Some(start) = start else {
+            let outcome = self.outcome(
+                OutcomeKind::Superseded,
+                0,
+                "a newer tick's task took over this item's run",
+            );
+            self.finish(task, Some(job), &outcome).await?;
+            return Ok(outcome);
+        };
+
+        let secret = self
+            .secrets
+            .get(&endpoint.credential)
+            .cloned()
+            .unwrap_or_else(|| crate::config::Secret::new(""));
+        let mut p = Progress {
+            page: start.page,
+            token: start.token,
+            pages: 0,
+            records: 0,
+            units: 0,
+        };
+        let max_pages = job.max_pages();
+        let save = |p: &Progress| Checkpoint {
+            tick: task.tick,
+            page: p.page,
+            token: p.token.clone(),
+        };
+
+        let outcome = loop {
+            if p.page > max_pages {
+                break self.progress_outcome(OutcomeKind::Done, &p, "max_pages reached");
+            }
+            let request_id = format!(
+                "{}:p{}:{}",
+                task.id,
+                p.page,
+                &crate::quota::request_id()[..12]
+            );
+            let decision = match self.limiter.spend(&endpoint.name, None, &request_id).await {
+                Ok(d) => d,
+                Err(e) => {
+                    self.checkpoint(&cursor_key, &save(&p)).await?;
+                    break self.limiter_down(task, &p, &e).await?;
+                }
+            };
+            let recorded = match decision {
+                Decision::Rejected(r) => {
+                    Stats::add(&self.stats.rejected_spends, 1);
+                    self.checkpoint(&cursor_key, &save(&p)).await?;
+                    let mut o = self.progress_outcome(
+                        OutcomeKind::QuotaExhausted,
+                        &p,
+                        match r.by {
+                            RejectedBy::Blocked => {
+                                "credential blocked after the upstream throttled it"
+                            }
+                            RejectedBy::Window(_) => "spend rejected by a quota window",
+                        },
+                    );
+                    o.retry_after = Some(r.retry_after);
+                    if job.on_quota_exhausted == OnQuotaExhausted::Defer {
+                        o.requeued_in = Some(r.retry_after);
+                        self.queue
+                            .enqueue(&[(task.again(Origin::Defer), r.retry_after)])
+                            .await?;
+                    }
+                    break o;
+                }
+                Decision::Allowed { .. } => true,
+                Decision::Unchecked => false,
+            };
+            p.units += endpoint.cost.get();
+            Stats::add(&self.stats.units, endpoint.cost.get());
+
+            let now = Utc::now();
+            let ph = Placeholders::new(job, &task.item, &secret, now);
+            let reply = self
+                .fetcher
+                .fetch(job, endpoint, &ph, p.token.as_deref())
+                .await;
+            match reply {
+                Reply::Ok {
+                    body,
+                    actual_cost,
+                    upstream,
+                    ..
+                } => {
+                    // The upstream says what it really charged: the windows follow.
+                    if let Some(actual) =
+                        actual_cost.filter(|a| recorded && *a != endpoint.cost.get())
+                    {
+                        self.limiter
+                            .settle(&endpoint.name, &request_id, actual)
+                            .await
+                            .ok();
+                        p.units = p.units - endpoint.cost.get() + actual;
+                    }
+                    if let Some(u) = upstream.filter(|u| u.remaining == 0) {
+                        // The upstream's own count says it is spent: nobody
+                        // spends on this credential until it resets.
+                        self.limiter
+                            .block(&endpoint.credential, u.reset_in)
+                            .await
+                            .ok();
+                        info!(credential = %endpoint.credential, blocked_ms = u.reset_in.as_millis() as u64,
+                              "upstream reports its quota spent; credential blocked until its reset");
+                    }
+                    match self.sinks.write(job, &task.item, &body, now).await {
+                        Ok(n) => {
+                            p.records += n as u64;
+                            Stats::add(&self.stats.records, n as u64);
+                        }
+                        Err(e) if e.is_bad_response() => {
+                            conn.del::<_, ()>(&cursor_key).await?;
+                            let mut o = self.progress_outcome(
+                                OutcomeKind::Failed,
+                                &p,
+                                &format!("bad response: {e}"),
+                            );
+                            o.status = Some(200);
+                            break o;
+                        }
+                        Err(e) => {
+                            self.checkpoint(&cursor_key, &save(&p)).await?;
+                            break self
+                                .retry(task, job, &p, None, &format!("sink: {e}"))
+                                .await?;
+                        }
+                    }
+                    p.pages += 1;
+                    Stats::add(&self.stats.pages, 1);
+                    let next = job.pagination.as_ref().and_then(|pg| {
+                        body.pointer(&pg.cursor)
+                            .and_then(|v| v.as_str())
+                            .filter(|s| !s.is_empty())
+                            .map(str::to_owned)
+                    });
+                    match next {
+                        Some(token) if p.page < max_pages => {
+                            p.page += 1;
+                            p.token = Some(token);
+                            self.checkpoint(&cursor_key, &save(&p)).await?;
+                        }
+                        _ => {
+                            conn.del::<_, ()>(&cursor_key).await?;
+                            break self.progress_outcome(
+                                OutcomeKind::Done,
+                                &p,
+                                "all pages fetched",
+                            );
+                        }
+                    }
+                }
+                Reply::Throttled {
+                    status,
+                    retry_after,
+                    reason,
+                } => {
+                    let block = retry_after
+                        .unwrap_or(endpoint.throttle_block)
+                        .max(Duration::from_millis(1));
+                    let blocked = self
+                        .limiter
+                        .block(&endpoint.credential, block)
+                        .await
+                        .unwrap_or(block);
+                    self.checkpoint(&cursor_key, &save(&p)).await?;
+                    let why = format!(
+                        "upstream answered {status}{}; credential blocked for {}",
+                        reason.map(|r| format!(" ({r})")).unwrap_or_default(),
+                        crate::config::fmt_duration(blocked)
+                    );
+                    let mut o = self.progress_outcome(OutcomeKind::UpstreamThrottled, &p, &why);
+                    o.status = Some(status);
+                    o.retry_after = Some(blocked);
+                    if job.on_quota_exhausted == OnQuotaExhausted::Defer {
+                        o.requeued_in = Some(blocked);
+                        self.queue
+                            .enqueue(&[(task.again(Origin::Defer), blocked)])
+                            .await?;
+                    }
+                    break o;
+                }
+                Reply::Unreached { detail } => {
+                    // Never reached the upstream: give the units back.
+                    if recorded {
+                        self.limiter
+                            .settle(&endpoint.name, &request_id, 0)
+                            .await
+                            .ok();
+                        p.units -= endpoint.cost.get();
+                    }
+                    self.checkpoint(&cursor_key, &save(&p)).await?;
+                    break self
+                        .retry(
+                            task,
+                            job,
+                            &p,
+                            None,
+                            &format!("upstream unreachable (units refunded): {detail}"),
+                        )
+                        .await?;
+                }
+                Reply::TimedOut { detail } => {
+                    self.checkpoint(&cursor_key, &save(&p)).await?;
+                    break self
+                        .retry(
+                            task,
+                            job,
+                            &p,
+                            None,
+                            &format!("no complete answer: {detail}"),
+                        )
+                        .await?;
+                }
+                Reply::ServerError { status } => {
+                    self.checkpoint(&cursor_key, &save(&p)).await?;
+                    break self
+                        .retry(
+                            task,
+                            job,
+                            &p,
+                            Some(status),
+                            &format!("upstream answered {status}"),
+                        )
+                        .await?;
+                }
+                Reply::ClientError { status, detail } => {
+                    // The request itself is wrong (a stale page token, say):
+                    // the next run starts over rather than repeat it.
+                    conn.del::<_, ()>(&cursor_key).await?;
+                    let mut o = self.progress_outcome(
+                        OutcomeKind::Failed,
+                        &p,
+                        &format!("upstream answered {status}: {detail}"),
+                    );
+                    o.status = Some(status);
+                    break o;
+                }
+                Reply::BadBody { status, detail } => {
+                    conn.del::<_, ()>(&cursor_key).await?;
+                    let mut o = self.progress_outcome(
+                        OutcomeKind::Failed,
+                        &p,
+                        &format!("bad response: {detail}"),
+                    );
+                    o.status = Some(status);
+                    break o;
+                }
+            }
+        };
+        self.finish(task, Some(job), &outcome).await?;
+        Ok(outcome)
+    }
+
+    async fn checkpoint(&self, key: &str, cp: &Checkpoint) -> Result<(), TaskError> {
+        let mut conn = self.conn.clone();
+        let json = serde_json::to_string(cp).map_err(QueueError::from)?;
+        conn.set_ex::<_, _, ()>(key, json, CHECKPOINT_TTL.as_secs())
+            .await?;
+        Ok(())
+    }
+
+    fn outcome(&self, kind: OutcomeKind, page: u32, detail: &str) -> Outcome {
+        Outcome {
+            kind,
+            page,
+            pages: 0,
+            records: 0,
+            units: 0,
+            retry_after: None,
+            requeued_in: None,
+            status: None,
+            detail: detail.to_owned(),
+        }
+    }
+
+    fn progress_outcome(&self, kind: OutcomeKind, p: &Progress, detail: &str) -> Outcome {
+        Outcome {
+            pages: p.pages,
+            records: p.records,
+            units: p.units,
+            ..self.outcome(kind, p.page, detail)
+        }
+    }
+
+    /// A real failure: queue a retry with backoff, or fail when the attempts
+    /// are used up (the checkpoint stays, so the next run resumes).
+    async fn retry(
+        &self,
+        task: &TaskArgs,
+        job: &Job,
+        p: &Progress,
+        status: Option<u16>,
+        why: &str,
+    ) -> Result<Outcome, TaskError> {
+        let failures = task.failures + 1;
+        if failures >= job.retry.attempts.get() {
+            let mut o = self.progress_outcome(
+                OutcomeKind::Failed,
+                p,
+                &format!(
+                    "{why}; attempts used up ({failures} of {})",
+                    job.retry.attempts
+                ),
+            );
+            o.status = status;
+            return Ok(o);
+        }
+        let wait = job.retry.backoff_for(failures);
+        self.queue
+            .enqueue(&[(task.again(Origin::Retry), wait)])
+            .await?;
+        let mut o = self.progress_outcome(
+            OutcomeKind::Retrying,
+            p,
+            &format!(
+                "{why}; attempt {} of {} in {}",
+                failures + 1,
+                job.retry.attempts,
+                crate::config::fmt_duration(wait)
+            ),
+        );
+        o.status = status;
+        o.requeued_in = Some(wait);
+        Ok(o)
+    }
+
+    /// Redis could not answer the spend and the endpoint is fail-closed: come
+    /// back later, without counting it as a failure.
+    async fn limiter_down(
+        &self,
+        task: &TaskArgs,
+        p: &Progress,
+        e: &QuotaError,
+    ) -> Result<Outcome, TaskError> {
+        let wait = Duration::from_secs(5);
+        self.queue
+            .enqueue(&[(task.again(Origin::Defer), wait)])
+            .await?;
+        let mut o = self.progress_outcome(
+            OutcomeKind::Retrying,
+            p,
+            &format!("limiter unavailable ({e}); endpoint is fail-closed, nothing sent"),
+        );
+        o.requeued_in = Some(wait);
+        Ok(o)
+    }
+
+    /// Records the outcome: the done marker, the tick's counts, the log line.
+    async fn finish(
+        &self,
+        task: &TaskArgs,
+        job: Option<&Job>,
+        o: &Outcome,
+    ) -> Result<(), TaskError> {
+        let keys = self.keys();
+        let terminal = o.requeued_in.is_none();
+        let field = if terminal {
+            o.kind.as_str()
+        } else if o.kind == OutcomeKind::Retrying {
+            "~retrying"
+        } else {
+            "~deferred"
+        };
+        let outcomes = keys.tick_outcomes(&task.job, task.tick);
+        let mut conn = self.conn.clone();
+        redis::pipe()
+            .set_ex(
+                keys.task_done(&task.root),
+                o.kind.as_str(),
+                DONE_TTL.as_secs(),
+            )
+            .ignore()
+            .hincr(&outcomes, field, 1)
+            .ignore()
+            .expire(&outcomes, DONE_TTL.as_secs() as i64)
+            .ignore()
+            .query_async::<()>(&mut conn)
+            .await?;
+        self.stats.outcome(o.kind);
+        if o.requeued_in.is_some() {
+            Stats::add(&self.stats.requeued, 1);
+        }
+        log_outcome(task, job, o);
+        if let Some(tx) = &self.events {
+            // Nobody listening is fine.
+            let _ = tx.send(OutcomeEvent {
+                job: task.job.clone(),
+                item: task.item_key(),
+                tick: task.tick,
+                outcome: o.clone(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Every outcome is one structured line: job, item, page, units, retry-after.
+fn log_outcome(task: &TaskArgs, job: Option<&Job>, o: &Outcome) {
+    let item = task.item_key();
+    let retry_after_ms = o.retry_after.map(|d| d.as_millis() as u64);
+    let requeued_in_ms = o.requeued_in.map(|d| d.as_millis() as u64);
+    let endpoint = job.map(|j| j.endpoint.as_str()).unwrap_or("-");
+    macro_rules! line {
+        ($level:ident) => {
+            $level!(
+                outcome = o.kind.as_str(),
+                job = %task.job,
+                item = %item,
+                tick = task.tick,
+                task = %task.id,
+                endpoint,
+                page = o.page,
+                pages = o.pages,
+                records = o.records,
+                units = o.units,
+                retry_after_ms,
+                requeued_in_ms,
+                status = o.status,
+                "{}",
+                o.detail
+            )
+        };
+    }
+    match o.kind {
+        OutcomeKind::Failed => line!(warn),
+        _ => line!(info),
+    }
+}
+
+static UNLOCK: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+    redis::Script::new(
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+    )
+});
+
+static RENEW: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+    redis::Script::new(
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0",
+    )
+});
