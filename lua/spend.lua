@@ -119,11 +119,24 @@ local function offset_at(tz, at)
   return off
 end
 
--- The local wall-clock instant `wall` (µs) as UTC.
+-- The first UTC instant (µs) at which the local wall clock reads `wall`.
+-- A wall time a DST jump skips (02:00 on a spring-forward night; midnight
+-- where DST starts at 00:00) is first reached at the jump itself: taking
+-- either offset there would put it an hour early or an hour late.
 local function wall_to_utc(tz, wall, hint)
-  local utc = wall - offset_at(tz, hint)
-  local off = offset_at(tz, utc)
-  return wall - off
+  local off = offset_at(tz, wall - offset_at(tz, hint))
+  local utc = wall - off
+  local actual = offset_at(tz, utc)
+  if actual == off then
+    return utc
+  end
+  local lo, hi = math.min(utc, wall - actual), math.max(utc, wall - actual)
+  for j = 2, #tz, 2 do
+    if tz[j] > lo and tz[j] <= hi then
+      return tz[j]
+    end
+  end
+  return utc
 end
 
 -- Fixed window: the number of the calendar period holding `now`, and when it ends.

@@ -15,6 +15,7 @@ pub struct RedisServer {
     port: u16,
     dir: tempfile::TempDir,
     extra: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 /// A free loopback port (the kernel picks it; we release it for the server).
@@ -37,12 +38,40 @@ impl RedisServer {
 
     /// Starts a server with extra `redis-server` arguments (`--appendonly yes`, ...).
     pub fn start_with(extra: &[&str]) -> Self {
+        Self::start_env(extra, Vec::new())
+    }
+
+    /// Starts a server whose wall clock (`TIME`, key expiry) reads `start`
+    /// now and runs on in real time from there, through [`fake_clock_lib`].
+    pub fn start_at(start: chrono::DateTime<chrono::Utc>) -> Self {
+        let lib = fake_clock_lib();
+        let s = Self::start_env(
+            &[],
+            vec![
+                ("LD_PRELOAD".into(), lib.to_string_lossy().into_owned()),
+                (
+                    "QW_FAKE_START_US".into(),
+                    start.timestamp_micros().to_string(),
+                ),
+            ],
+        );
+        let now = s.time_us();
+        let want = start.timestamp_micros();
+        assert!(
+            (want..want + 10_000_000).contains(&now),
+            "the fake clock did not take: redis TIME is {now} µs, expected about {want}"
+        );
+        s
+    }
+
+    fn start_env(extra: &[&str], env: Vec<(String, String)>) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut s = RedisServer {
             child: None,
             port: 0,
             dir,
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            env,
         };
         for _ in 0..5 {
             s.port = free_port();
@@ -61,6 +90,7 @@ impl RedisServer {
             .args(["--dir", &self.dir.path().to_string_lossy()])
             .args(["--logfile", &log.to_string_lossy()])
             .args(&self.extra)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
@@ -132,6 +162,28 @@ impl RedisServer {
             .unwrap_or_else(|e| panic!("{args:?}: {e}"))
     }
 
+    /// The server's clock (`TIME`), in µs since the epoch.
+    pub fn time_us(&self) -> i64 {
+        let t: Vec<i64> = self.cmd(&["TIME"]);
+        t[0] * 1_000_000 + t[1]
+    }
+
+    /// Sleeps until the server's clock reads at least `at_us`.
+    pub fn sleep_until_us(&self, at_us: i64) {
+        loop {
+            let left = at_us - self.time_us();
+            if left <= 0 {
+                return;
+            }
+            std::thread::sleep(Duration::from_micros(left as u64));
+        }
+    }
+
+    /// `DBSIZE`.
+    pub fn dbsize(&self) -> i64 {
+        self.cmd(&["DBSIZE"])
+    }
+
     /// Every key matching `pattern`.
     pub fn keys(&self, pattern: &str) -> Vec<String> {
         let mut keys: Vec<String> = self.cmd(&["KEYS", pattern]);
@@ -181,7 +233,11 @@ impl RedisServer {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        panic!("redis-server did not restart on port {}; log:\n{}", self.port, self.log());
+        panic!(
+            "redis-server did not restart on port {}; log:\n{}",
+            self.port,
+            self.log()
+        );
     }
 }
 
@@ -190,6 +246,49 @@ impl Drop for RedisServer {
         self.resume();
         self.kill();
     }
+}
+
+/// A shared library that shifts a process's wall clock (see
+/// `tests/support/fakeclock.c` for why not libfaketime), built with the C
+/// compiler Rust already links with (`$CC`, else `cc`) and kept in the target
+/// directory under a name derived from its source.
+pub fn fake_clock_lib() -> PathBuf {
+    static LIB: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    LIB.get_or_init(|| {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/fakeclock.c");
+        let code = std::fs::read(&src).expect("read fakeclock.c");
+        let hash = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            code.hash(&mut h);
+            h.finish()
+        };
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
+        let lib = dir.join(format!("fakeclock-{hash:016x}.so"));
+        if lib.exists() {
+            return lib;
+        }
+        std::fs::create_dir_all(dir).expect("mkdir target tmpdir");
+        // Built under a private name, then renamed into place, so concurrent
+        // test binaries never load a half-written file.
+        let tmp = dir.join(format!("fakeclock-{hash:016x}.{}.tmp", std::process::id()));
+        let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+        let out = Command::new(&cc)
+            .args(["-shared", "-fPIC", "-O2", "-o"])
+            .arg(&tmp)
+            .arg(&src)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {cc} to build the fake clock: {e}"));
+        assert!(
+            out.status.success(),
+            "{cc} failed to build {}: {}",
+            src.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::fs::rename(&tmp, &lib).expect("rename fake clock library");
+        lib
+    })
+    .clone()
 }
 
 /// The binary under test.
@@ -241,6 +340,44 @@ impl TestConfig {
     }
 }
 
+impl TestConfig {
+    /// Runs the binary against `server` (through `QUOTA_WORKER_REDIS_URL`).
+    pub fn run_on(&self, server: &RedisServer, args: &[&str]) -> Output {
+        self.run(args, &[("QUOTA_WORKER_REDIS_URL", &server.url())])
+    }
+}
+
+/// A limiter for `config` on `server`, as the daemon builds it.
+pub async fn limiter(
+    server: &RedisServer,
+    config: &quota_worker::config::Config,
+) -> quota_worker::quota::Limiter {
+    let conn = quota_worker::conn::connect(
+        &quota_worker::config::RedisUrl::new(server.url()),
+        Duration::from_secs(2),
+        3,
+    )
+    .await
+    .expect("connect");
+    quota_worker::quota::Limiter::new(
+        conn,
+        std::sync::Arc::new(quota_worker::quota::Quotas::new(config)),
+        Duration::from_secs(2),
+    )
+}
+
+/// stdout parsed as one JSON value (panics with both streams when it is not).
+pub fn json(o: &Output) -> serde_json::Value {
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not JSON ({e}); exit {:?}\nstdout: {}\nstderr: {}",
+            o.status.code(),
+            stdout(o),
+            stderr(o)
+        )
+    })
+}
+
 /// stdout of an output, as text.
 pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
@@ -252,7 +389,9 @@ pub fn stderr(o: &Output) -> String {
 }
 
 /// Reads a child's stream line by line into a shared buffer, on a thread.
-pub fn collect_lines<R: Read + Send + 'static>(r: R) -> std::sync::Arc<std::sync::Mutex<Vec<String>>> {
+pub fn collect_lines<R: Read + Send + 'static>(
+    r: R,
+) -> std::sync::Arc<std::sync::Mutex<Vec<String>>> {
     let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let out = lines.clone();
     std::thread::spawn(move || {
