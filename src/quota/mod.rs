@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use indexmap::IndexMap;
 use redis::aio::ConnectionManager;
-use redis::{RetryMethod, Value};
+use redis::{ErrorKind, RedisResult, RetryMethod, ServerErrorKind, Value};
 
 use crate::config::{Config, LimiterUnavailable, Scope, Window, WindowKind};
 use crate::keys::KeySpace;
@@ -25,10 +25,31 @@ pub const SCRIPT: &str = include_str!("../../lua/spend.lua");
 
 static LOADED: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(SCRIPT));
 
-/// The script as redis-rs runs it: EVALSHA, and on NOSCRIPT (a restarted or
-/// flushed Redis) SCRIPT LOAD and EVALSHA again.
+/// The script and its SHA1, as `EVALSHA` names it (see [`Limiter`] for how
+/// it is run).
 pub fn script() -> &'static redis::Script {
     &LOADED
+}
+
+/// One round trip: `EVALSHA`, and on NOSCRIPT (a restarted Redis, a failover,
+/// `SCRIPT FLUSH`) `EVAL` with the source, which also caches it again.
+/// redis-rs's own fallback (`SCRIPT LOAD`, then `EVALSHA` again) fails the
+/// spend when a flush lands between its two commands.
+async fn eval(conn: &mut ConnectionManager, plan: &Plan, args: &[String]) -> RedisResult<Value> {
+    let command = |name: &str, script: &str| {
+        let mut c = redis::cmd(name);
+        c.arg(script).arg(plan.keys.len()).arg(&plan.keys).arg(args);
+        c
+    };
+    match command("EVALSHA", script().get_hash())
+        .query_async(conn)
+        .await
+    {
+        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            command("EVAL", SCRIPT).query_async(conn).await
+        }
+        reply => reply,
+    }
 }
 
 /// A fresh request id: unique across processes and hosts.
@@ -383,16 +404,8 @@ impl Limiter {
     async fn call(&self, plan: &Plan, args: Vec<String>) -> Result<Vec<i64>, QuotaError> {
         let mut last = None;
         for _ in 0..2 {
-            let mut inv = script().prepare_invoke();
-            for k in &plan.keys {
-                inv.key(k);
-            }
-            for a in &args {
-                inv.arg(a);
-            }
             let mut conn = self.conn.clone();
-            let reply =
-                tokio::time::timeout(self.timeout, inv.invoke_async::<Value>(&mut conn)).await;
+            let reply = tokio::time::timeout(self.timeout, eval(&mut conn, plan, &args)).await;
             match reply {
                 Err(_) => return Err(QuotaError::Timeout(self.timeout)),
                 Ok(Ok(v)) => return ints(v),
