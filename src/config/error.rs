@@ -209,6 +209,7 @@ impl Source {
         let span = err.span();
         let path = match (&span, DeTable::parse(&self.text)) {
             (Some(span), Ok(doc)) => FieldPath(path_at(doc.get_ref(), span.start)),
+            (Some(span), Err(_)) => FieldPath(path_by_text(&self.text, span.start)),
             _ => FieldPath::default(),
         };
         let (line, column) = span.map_or((1, 1), |s| self.line_col(s.start));
@@ -261,15 +262,25 @@ fn span_in_value(value: &DeValue<'_>, path: &[Seg]) -> Option<Range<usize>> {
 
 /// The deepest field whose key or value contains `offset`.
 fn path_at(table: &DeTable<'_>, offset: usize) -> Vec<Seg> {
+    let inside = |r: &Range<usize>| r.start <= offset && offset < r.end.max(r.start + 1);
     for (key, value) in table.iter() {
         let ks = key.span();
         let vs = value.span();
-        let inside = |r: &Range<usize>| r.start <= offset && offset < r.end.max(r.start + 1);
         if inside(&ks) || inside(&vs) {
             let mut path = vec![Seg::Key(key.get_ref().to_string())];
             if inside(&vs) {
                 path.extend(path_in_value(value.get_ref(), offset));
             }
+            return path;
+        }
+    }
+    // A table opened by a `[header]` (or made implicit by a dotted one) does
+    // not span its body, so the field may be further down any table.
+    for (key, value) in table.iter() {
+        let below = path_in_value(value.get_ref(), offset);
+        if !below.is_empty() {
+            let mut path = vec![Seg::Key(key.get_ref().to_string())];
+            path.extend(below);
             return path;
         }
     }
@@ -282,15 +293,75 @@ fn path_in_value(value: &DeValue<'_>, offset: usize) -> Vec<Seg> {
         DeValue::Array(a) => {
             for (i, item) in a.iter().enumerate() {
                 let s = item.span();
-                if s.start <= offset && offset < s.end.max(s.start + 1) {
+                let below = path_in_value(item.get_ref(), offset);
+                if (s.start <= offset && offset < s.end.max(s.start + 1)) || !below.is_empty() {
                     let mut p = vec![Seg::Index(i)];
-                    p.extend(path_in_value(item.get_ref(), offset));
+                    p.extend(below);
                     return p;
                 }
             }
             Vec::new()
         }
         _ => Vec::new(),
+    }
+}
+
+/// For a file that does not parse (so has no tree to search): the field read
+/// from the text, the last `[table]` header above `offset` and the key its
+/// line assigns, as far as they read as keys.
+fn path_by_text(text: &str, offset: usize) -> Vec<Seg> {
+    let offset = offset.min(text.len());
+    let start = text[..offset].rfind('\n').map_or(0, |i| i + 1);
+    let end = text[start..].find('\n').map_or(text.len(), |i| start + i);
+    let mut path = Vec::new();
+    for line in text[..start].lines().rev() {
+        let line = line.trim();
+        if line.starts_with('[') {
+            let header = line.trim_start_matches('[');
+            if let Some(keys) = header.find(']').and_then(|e| dotted_key(&header[..e])) {
+                path = keys;
+            }
+            break;
+        }
+    }
+    if let Some(keys) = text[start..end]
+        .split_once('=')
+        .and_then(|(key, _)| dotted_key(key))
+    {
+        path.extend(keys);
+    }
+    path
+}
+
+/// `a."b.c".d` as segments; `None` when it is not a TOML key.
+fn dotted_key(s: &str) -> Option<Vec<Seg>> {
+    let mut segs = Vec::new();
+    let mut rest = s.trim();
+    loop {
+        let (seg, tail) = match rest.chars().next()? {
+            q @ ('"' | '\'') => {
+                let end = rest[1..].find(q)? + 1;
+                (&rest[1..end], &rest[end + 1..])
+            }
+            _ => {
+                let end = rest.find(['.', ' ', '\t']).unwrap_or(rest.len());
+                let bare = &rest[..end];
+                let ok = !bare.is_empty()
+                    && bare
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+                if !ok {
+                    return None;
+                }
+                (bare, &rest[end..])
+            }
+        };
+        segs.push(Seg::Key(seg.to_owned()));
+        rest = tail.trim_start();
+        if rest.is_empty() {
+            return Some(segs);
+        }
+        rest = rest.strip_prefix('.')?.trim_start();
     }
 }
 
@@ -323,6 +394,40 @@ mod tests {
         );
         assert_eq!(e.line, 6);
         assert_eq!(e.field, r#"b."c.d".windows[0].per"#);
+    }
+
+    #[test]
+    fn unknown_key_under_a_table_header_is_named() {
+        // Regression: the field used to read "(top level)", because a table
+        // opened by a header does not span the keys below it.
+        #[derive(Debug, serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        #[allow(dead_code)]
+        struct Ep {
+            cost: u64,
+        }
+        #[derive(Debug, serde::Deserialize)]
+        #[allow(dead_code)]
+        struct Top {
+            endpoints: std::collections::BTreeMap<String, Ep>,
+        }
+        let text = "[endpoints.\"a.b\"]\ncost = 1\ncosts = 2\n";
+        let err = toml::from_str::<Top>(text).unwrap_err();
+        let e = src(text).from_toml(&err);
+        assert_eq!((e.line, e.field.as_str()), (3, r#"endpoints."a.b".costs"#));
+    }
+
+    #[test]
+    fn syntax_error_names_the_field_from_the_text() {
+        let text = "x = 1\n[endpoints.\"a.b\"]\ncredential = \"k\"\ncost = 100 100\n";
+        let err = toml::from_str::<toml::Table>(text).unwrap_err();
+        let e = src(text).from_toml(&err);
+        assert_eq!((e.line, e.field.as_str()), (4, r#"endpoints."a.b".cost"#));
+        assert_eq!(
+            dotted_key(" a . 'b.c'.d "),
+            Some(vec![Seg::from("a"), Seg::from("b.c"), Seg::from("d")])
+        );
+        assert_eq!(dotted_key("{ units"), None);
     }
 
     #[test]

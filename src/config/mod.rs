@@ -638,29 +638,37 @@ fn valid_name(s: &str) -> bool {
 const NAME_RULE: &str =
     "names may use letters, digits, '.', '_' and '-' (they become parts of Redis keys)";
 
-/// Expands `$VAR` and `${VAR}` (for `$CREDENTIALS_DIRECTORY` and
-/// `$STATE_DIRECTORY` under systemd).
+/// Expands `$VAR`, `${VAR}` and `${VAR:-default}` (default when unset or
+/// empty), for `$CREDENTIALS_DIRECTORY` and `$STATE_DIRECTORY` under systemd.
 fn expand_vars(s: &str, env: EnvLookup<'_>) -> Result<String, String> {
     let mut out = String::new();
     let mut rest = s;
     while let Some(i) = rest.find('$') {
         out.push_str(&rest[..i]);
         let after = &rest[i + 1..];
-        let (name, tail) = if let Some(inner) = after.strip_prefix('{') {
+        let (name, default, tail) = if let Some(inner) = after.strip_prefix('{') {
             let end = inner
                 .find('}')
                 .ok_or_else(|| format!("unclosed ${{ in {s:?}"))?;
-            (&inner[..end], &inner[end + 1..])
+            let body = &inner[..end];
+            match body.split_once(":-") {
+                Some((name, default)) => (name, Some(default), &inner[end + 1..]),
+                None => (body, None, &inner[end + 1..]),
+            }
         } else {
             let end = after
                 .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
                 .unwrap_or(after.len());
-            (&after[..end], &after[end..])
+            (&after[..end], None, &after[end..])
         };
-        if name.is_empty() {
-            return Err(format!("'$' without a variable name in {s:?}"));
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            return Err(format!("bad variable name {name:?} in {s:?}"));
         }
-        let v = env(name).ok_or_else(|| format!("environment variable {name} is not set"))?;
+        let v = match (env(name).filter(|v| !v.is_empty()), default) {
+            (Some(v), _) => v,
+            (None, Some(d)) => d.to_owned(),
+            (None, None) => return Err(format!("environment variable {name} is not set")),
+        };
         out.push_str(&v);
         rest = tail;
     }
@@ -706,6 +714,9 @@ fn valid_pointer(p: &str) -> bool {
 struct Loader<'a> {
     env: EnvLookup<'a>,
     errors: Vec<ConfigError>,
+    /// Endpoints that are defined but invalid (already reported): a job
+    /// naming one is not told the endpoint is unknown.
+    invalid_endpoints: BTreeSet<String>,
 }
 
 impl<'a> Loader<'a> {
@@ -713,6 +724,7 @@ impl<'a> Loader<'a> {
         Loader {
             env,
             errors: Vec::new(),
+            invalid_endpoints: BTreeSet::new(),
         }
     }
 
@@ -908,8 +920,13 @@ impl<'a> Loader<'a> {
         // endpoints
         let mut endpoints = IndexMap::new();
         for (name, re) in &raw.endpoints {
-            if let Some(e) = self.endpoint(&src, name, re, &credentials) {
-                endpoints.insert(name.clone(), e);
+            match self.endpoint(&src, name, re, &credentials) {
+                Some(e) => {
+                    endpoints.insert(name.clone(), e);
+                }
+                None => {
+                    self.invalid_endpoints.insert(name.clone());
+                }
             }
         }
 
@@ -1198,7 +1215,8 @@ impl<'a> Loader<'a> {
             ));
             Tz::UTC
         });
-        if !endpoints.contains_key(&rj.endpoint) {
+        let endpoint_valid = endpoints.contains_key(&rj.endpoint);
+        if !endpoint_valid && !self.invalid_endpoints.contains(&rj.endpoint) {
             let known: Vec<_> = endpoints.keys().map(String::as_str).collect();
             self.errors.push(src.error(
                 &base.join("endpoint"),
@@ -1244,6 +1262,16 @@ impl<'a> Loader<'a> {
             }
         };
 
+        // `$VARS` first (`${STATE_DIRECTORY:-../state}/data/...`), then the
+        // `{placeholders}`.
+        let sink_src = match expand_vars(&rj.sink.path, self.env) {
+            Ok(p) => p,
+            Err(e) => {
+                self.errors
+                    .push(src.error(&base.join("sink").join("path"), e));
+                rj.sink.path.clone()
+            }
+        };
         // Placeholders: fan-out keys, and {job}, {date} everywhere; {secret}
         // only where it goes to the upstream, never into a file name.
         let fan_keys: Vec<&str> = fan_out.iter().map(|(k, _)| k.as_str()).collect();
@@ -1309,7 +1337,7 @@ impl<'a> Loader<'a> {
             .body
             .as_ref()
             .and_then(|b| template(rbase.join("body"), b, true));
-        let sink_path = template(base.join("sink").join("path"), &rj.sink.path, false);
+        let sink_path = template(base.join("sink").join("path"), &sink_src, false);
         if let Some(url) = &url {
             let sample = url.render(|_| Some("x"));
             match reqwest::Url::parse(&sample) {
@@ -1449,7 +1477,7 @@ impl<'a> Loader<'a> {
             }
         };
 
-        if self.errors.len() > errors_before {
+        if self.errors.len() > errors_before || !endpoint_valid {
             return None;
         }
         Some(Job {
@@ -1526,6 +1554,14 @@ mod tests {
             expand_vars("$NOPE/k", &env)
                 .unwrap_err()
                 .contains("NOPE is not set")
+        );
+        assert_eq!(
+            expand_vars("${NOPE:-../secrets}/k", &env).unwrap(),
+            "../secrets/k"
+        );
+        assert_eq!(
+            expand_vars("${CREDENTIALS_DIRECTORY:-x}/k", &env).unwrap(),
+            "/run/credentials/qw/k"
         );
     }
 
