@@ -41,6 +41,17 @@ pub enum DaemonError {
     /// The HTTP client could not be built (TLS roots, say).
     #[error("cannot build the HTTP client: {0}")]
     Http(#[from] reqwest::Error),
+    /// The metrics endpoint could not listen.
+    #[error(
+        "metrics cannot listen on {addr}: {source} (set [metrics] listen, QUOTA_WORKER_METRICS_LISTEN, or \"off\")"
+    )]
+    Metrics {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Liveness of the daemon's loops, as Unix ms of their last good round: the
@@ -79,6 +90,11 @@ pub struct RunOptions {
     pub shared: Shared,
     /// Called once Redis answers and the worker is running.
     pub ready: Option<watch::Sender<bool>>,
+    /// Where the metrics endpoint listens, once it does.
+    pub metrics_addr: Option<watch::Sender<Option<std::net::SocketAddr>>>,
+    /// Fault injection for tests of the watchdog: the scheduler loop blocks
+    /// forever after its first beat (`QUOTA_WORKER_FAULT=wedge-scheduler`).
+    pub wedge_scheduler: bool,
 }
 
 /// A name unique to this process and incarnation: apalis refuses to
@@ -204,6 +220,12 @@ async fn run_on(
         config.redis.timeout,
     );
     let shared = opts.shared.clone();
+    let ops_state = crate::ops::OpsState {
+        limiter: limiter.clone(),
+        queue: queue.clone(),
+        health: shared.health.clone(),
+        stats: shared.stats.clone(),
+    };
     let worker = Arc::new(Worker {
         config: config.clone(),
         secrets,
@@ -224,11 +246,27 @@ async fn run_on(
     );
 
     let (stop_tx, stop_rx) = watch::channel(false);
+    // The loops count as alive from the start; they beat from here on.
+    Health::beat(&shared.health.scheduler);
+    Health::beat(&shared.health.feeder);
+    if let Some(listen) = config.metrics.listen {
+        crate::ops::recorder();
+        let addr = crate::ops::serve(listen, ops_state.clone(), stop_rx.clone())
+            .await
+            .map_err(|source| DaemonError::Metrics {
+                addr: listen,
+                source,
+            })?;
+        if let Some(tx) = &opts.metrics_addr {
+            let _ = tx.send(Some(addr));
+        }
+    }
     let scheduler = tokio::spawn(scheduler(
         config.clone(),
         queue.clone(),
         shared.clone(),
         stop_rx.clone(),
+        opts.wedge_scheduler,
     ));
     let feeder = tokio::spawn(feeder(
         config.clone(),
@@ -246,13 +284,22 @@ async fn run_on(
     if let Some(ready) = &opts.ready {
         let _ = ready.send(true);
     }
+    crate::ops::notify_ready();
+    let notifier = tokio::spawn(crate::ops::notify_loop(
+        ops_state,
+        config.worker.concurrency.get(),
+        sd_notify::watchdog_enabled(),
+        stop_rx.clone(),
+    ));
 
     shutdown.await;
+    crate::ops::notify_stopping();
     info!(
         timeout_ms = config.worker.shutdown_timeout.as_millis() as u64,
         "shutting down: no new tasks; running ones get the shutdown timeout"
     );
     let _ = stop_tx.send(true);
+    let _ = notifier.await;
     let _ = scheduler.await;
     let _ = feeder.await;
     match tokio::time::timeout(
@@ -276,7 +323,20 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
 
 /// Fires each job's cron ticks. Only the next tick after now is ever fired: a
 /// daemon that was down does not replay the ticks it missed.
-async fn scheduler(config: Arc<Config>, queue: Queue, shared: Shared, stop: watch::Receiver<bool>) {
+async fn scheduler(
+    config: Arc<Config>,
+    queue: Queue,
+    shared: Shared,
+    stop: watch::Receiver<bool>,
+    wedge: bool,
+) {
+    if wedge {
+        Health::beat(&shared.health.scheduler);
+        warn!("fault injected: the scheduler loop is wedged");
+        let mut stop = stop;
+        stopped(&mut stop).await;
+        return;
+    }
     let who = format!("{}:{}", hostname(), std::process::id());
     let mut loops = Vec::new();
     for job in config.jobs.values() {
@@ -295,8 +355,8 @@ async fn scheduler(config: Arc<Config>, queue: Queue, shared: Shared, stop: watc
                     return;
                 };
                 let wait = (next - Utc::now()).to_std().unwrap_or(Duration::ZERO);
-                // Wake at least every 10 s, so the watchdog sees the loop alive.
-                let nap = wait.min(Duration::from_secs(10));
+                // Wake at least every second, so the watchdog sees the loop alive.
+                let nap = wait.min(Duration::from_secs(1));
                 tokio::select! {
                     _ = stopped(&mut stop) => return,
                     _ = tokio::time::sleep(nap) => {}
@@ -334,7 +394,7 @@ async fn scheduler(config: Arc<Config>, queue: Queue, shared: Shared, stop: watc
             Health::beat(&shared.health.scheduler);
             tokio::select! {
                 _ = stopped(&mut stop) => return,
-                _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             }
         }
     }
@@ -368,11 +428,10 @@ async fn feeder(
                 }
             }
         }
-        if ok {
-            if failing {
-                info!("feeder reaches the queue again");
-            }
-            Health::beat(&shared.health.feeder);
+        // The loop is alive either way; whether Redis answers is /readyz's business.
+        Health::beat(&shared.health.feeder);
+        if ok && failing {
+            info!("feeder reaches the queue again");
         }
         failing = !ok;
         if ok && last_trim.elapsed() > Duration::from_secs(60) {

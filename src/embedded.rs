@@ -141,6 +141,11 @@ impl EmbeddedRedis {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
+            // redis-server speaks the notify protocol itself: it must not
+            // tell systemd (or a test) that *we* are ready.
+            .env_remove("NOTIFY_SOCKET")
+            .env_remove("WATCHDOG_USEC")
+            .env_remove("WATCHDOG_PID")
             .kill_on_drop(true);
         // SAFETY: prctl is async-signal-safe; it only asks the kernel to send
         // SIGTERM to the child when this thread's process dies.

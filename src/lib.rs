@@ -27,6 +27,7 @@ pub mod embedded;
 pub mod fetch;
 pub mod keys;
 pub mod logging;
+pub mod ops;
 pub mod queue;
 pub mod quota;
 pub mod schedule;

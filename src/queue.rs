@@ -213,6 +213,11 @@ impl Queue {
         RedisStorage::new(self.conn.clone()).with_config(self.apalis.clone())
     }
 
+    /// The queue's Redis connection (a cheap clone).
+    pub fn connection(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+
     /// The key space.
     pub fn keys(&self) -> &KeySpace {
         &self.keys

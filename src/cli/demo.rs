@@ -126,6 +126,7 @@ pub async fn run(mut config: Config, duration: Duration, out_dir: &Path) -> Exit
     let opts = RunOptions {
         shared: shared.clone(),
         ready: Some(ready_tx),
+        ..RunOptions::default()
     };
     let started = Instant::now();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();

@@ -33,6 +33,7 @@ pub fn daemon_error(e: &DaemonError) -> Exit {
         | DaemonError::Embedded(EmbeddedError::InUse(_))
         | DaemonError::Unreachable { .. } => Exit::Unavailable,
         DaemonError::Embedded(EmbeddedError::PathTooLong(_)) => Exit::Config,
+        DaemonError::Metrics { .. } => Exit::Unavailable,
         _ => Exit::Software,
     }
 }
@@ -48,14 +49,13 @@ pub async fn run(config: Config) -> Exit {
             return Exit::Config;
         }
     };
-    match daemon::run(
-        Arc::new(config),
-        Arc::new(secrets),
-        RunOptions::default(),
-        shutdown_signal(),
-    )
-    .await
-    {
+    // Test-only fault injection for the watchdog (see daemon::RunOptions).
+    let wedge_scheduler = std::env::var("QUOTA_WORKER_FAULT").is_ok_and(|f| f == "wedge-scheduler");
+    let opts = RunOptions {
+        wedge_scheduler,
+        ..RunOptions::default()
+    };
+    match daemon::run(Arc::new(config), Arc::new(secrets), opts, shutdown_signal()).await {
         Ok(()) => Exit::Ok,
         Err(e) => daemon_error(&e),
     }

@@ -429,7 +429,26 @@ impl Limiter {
         let cost = self.quotas.checked_cost(endpoint, cost)?;
         let ep = self.quotas.endpoint(endpoint)?;
         let args = ep.plan.args("spend", request_id, &cost.to_string());
-        match self.call(&ep.plan, args).await {
+        let started = std::time::Instant::now();
+        let reply = self.call(&ep.plan, args).await;
+        metrics::histogram!("qw_spend_duration_seconds", "endpoint" => endpoint.to_owned())
+            .record(started.elapsed().as_secs_f64());
+        let result = match &reply {
+            Ok(r) if r.first() == Some(&1) => "allowed",
+            Ok(_) => "rejected",
+            Err(e) if e.is_unavailable() && ep.policy == LimiterUnavailable::FailOpen => {
+                "unchecked"
+            }
+            Err(_) => "error",
+        };
+        let credential = ep.plan.credential.clone();
+        metrics::counter!("qw_spends_total", "credential" => credential.clone(), "endpoint" => endpoint.to_owned(), "result" => result)
+            .increment(1);
+        if result == "allowed" {
+            metrics::counter!("qw_units_spent_total", "credential" => credential, "endpoint" => endpoint.to_owned())
+                .increment(cost);
+        }
+        match reply {
             Ok(r) => decision(&r),
             Err(e) if e.is_unavailable() && ep.policy == LimiterUnavailable::FailOpen => {
                 tracing::warn!(
