@@ -185,11 +185,8 @@ async fn quota_table_reads_like_the_json() {
     );
     let r = row("1", "credential");
     assert_eq!(&r[2..5], ["100/1h", "10", "90"], "{text}");
-    assert_eq!(
-        &r[5..],
-        ["59m", "59s"],
-        "frees in just under an hour: {text}"
-    );
+    // Just under an hour ("59m 59s", or less on a slow machine).
+    assert_eq!(r[5], "59m", "{text}");
     let r = row("3", "endpoint:e");
     assert_eq!(&r[2..5], ["30/10m", "10", "20"], "{text}");
     let blocked = lines
