@@ -53,6 +53,7 @@ struct Case {
 }
 
 const CASES: &[Case] = &[
+    // Regression (this one and the next two): the field read "(top level)".
     Case {
         what: "malformed TOML",
         config: &[("cost = 100", "cost = 100 100")],
@@ -89,6 +90,8 @@ const CASES: &[Case] = &[
         field: "trending.endpoint",
         says: "unknown endpoint \"serch\"",
     },
+    // Regression: the job using this (defined) endpoint was also reported,
+    // as "unknown endpoint \"search\" (known: )"; one error is expected.
     Case {
         what: "unknown credential",
         config: &[("credential = \"yt\"", "credential = \"yt2\"")],
