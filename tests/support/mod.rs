@@ -41,6 +41,25 @@ impl RedisServer {
         Self::start_env(extra, Vec::new())
     }
 
+    /// Starts a server on a given port (a cluster node needs port + 10000
+    /// free for its bus, so the caller picks).
+    pub fn start_on_port(port: u16, extra: &[&str]) -> Self {
+        let mut s = RedisServer {
+            child: None,
+            port,
+            dir: tempfile::tempdir().expect("tempdir"),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            env: Vec::new(),
+        };
+        if !s.spawn() {
+            panic!(
+                "redis-server did not start on port {port}; log:\n{}",
+                s.log()
+            );
+        }
+        s
+    }
+
     /// Starts a server whose wall clock (`TIME`, key expiry) reads `start`
     /// now and runs on in real time from there, through [`fake_clock_lib`].
     pub fn start_at(start: chrono::DateTime<chrono::Utc>) -> Self {
