@@ -43,7 +43,9 @@ async fn sixty_four_tasks_admit_exactly_the_limit() {
         handles.push(tokio::spawn(async move {
             let mut allowed = 0u32;
             for _ in 0..20 {
-                if let Decision::Allowed { .. } = l.spend("one", None, &request_id()).await.expect("spend") {
+                if let Decision::Allowed { .. } =
+                    l.spend("one", None, &request_id()).await.expect("spend")
+                {
                     allowed += 1;
                 }
             }
@@ -88,6 +90,9 @@ fn four_processes_admit_exactly_the_limit() {
             })
         })
         .collect();
-    let total: u32 = children.into_iter().map(|c| c.join().expect("thread")).sum();
+    let total: u32 = children
+        .into_iter()
+        .map(|c| c.join().expect("thread"))
+        .sum();
     assert_eq!(total, 500, "4 processes x 150 spends on a 500-unit window");
 }
