@@ -65,7 +65,9 @@ pub enum Origin {
 /// One task: one fan-out item of one tick of one job.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskArgs {
-    /// Unique per queued copy: `<job>:<tick_ms>:<item index>[:<seq>]`.
+    /// Unique per queued copy: `<job>:<tick_ms>:<item index>` for a tick's
+    /// task, `...:<seq>` for a retry or deferral (a new root), `<root>:b<seq>`
+    /// for a busy copy (same root).
     pub id: String,
     /// The unit of work this copy stands for; a redelivered or busy-requeued
     /// copy of a root that already ended does nothing.
@@ -114,23 +116,31 @@ impl TaskArgs {
     }
 
     /// The same item of the same tick, queued again for `origin`.
+    ///
+    /// A retry or deferral and a busy copy of one task never share an id:
+    /// both the backlog and apalis keep the first of two pushes of one id
+    /// (apalis for as long as it keeps the task's data, an hour), so a
+    /// retry named like a busy copy queued by a redelivered copy of the same
+    /// task was dropped, and the task was lost.
     pub fn again(&self, origin: Origin) -> Self {
         let mut next = self.clone();
         next.origin = origin;
         next.seq += 1;
-        next.id = format!("{}:{}:{}:{}", self.job, self.tick, self.index, next.seq);
         match origin {
-            Origin::Retry => {
-                next.failures += 1;
+            Origin::Retry | Origin::Defer => {
+                if origin == Origin::Retry {
+                    next.failures += 1;
+                }
                 next.continuation = true;
+                next.id = format!("{}:{}:{}:{}", self.job, self.tick, self.index, next.seq);
                 next.root = next.id.clone();
             }
-            Origin::Defer => {
-                next.continuation = true;
-                next.root = next.id.clone();
+            // Stands in for its root: same root, same kind. Two busy copies
+            // of one root from two concurrent runs of it may share an id:
+            // keeping one of them is right.
+            Origin::Busy | Origin::Tick | Origin::Trigger => {
+                next.id = format!("{}:b{}", self.root, next.seq);
             }
-            // Stands in for this very copy: same root, same kind.
-            Origin::Busy | Origin::Tick | Origin::Trigger => {}
         }
         next
     }
@@ -368,5 +378,51 @@ impl Queue {
             queued: scheduled + active,
             in_flight,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression: a busy copy and a retry of one task got the same id.
+    #[test]
+    fn busy_copies_and_retries_of_one_task_never_share_an_id() {
+        let t = TaskArgs::first(
+            "j",
+            1_000,
+            3,
+            vec![("region".into(), "US".into())],
+            Origin::Tick,
+        );
+        let busy = t.again(Origin::Busy);
+        let retry = t.again(Origin::Retry);
+        let defer = t.again(Origin::Defer);
+        assert_ne!(busy.id, retry.id);
+        assert_ne!(busy.id, defer.id);
+        assert_eq!(busy.root, t.root);
+        assert_eq!(retry.root, retry.id);
+        assert!(retry.continuation && !busy.continuation);
+
+        // The scenario: the original run of `t` holds the item while a
+        // redelivered copy of `t` keeps finding it busy; then the original
+        // run queues its retry (or deferral). None of them may share an id.
+        let mut ids = std::collections::HashSet::new();
+        let mut busy = t.clone();
+        for _ in 0..10 {
+            busy = busy.again(Origin::Busy);
+            assert_eq!(busy.root, t.root);
+            assert!(ids.insert(busy.id.clone()), "{}", busy.id);
+        }
+        for o in [Origin::Retry, Origin::Defer] {
+            let next = t.again(o);
+            assert!(!ids.contains(&next.id), "{o:?} copy {} collides", next.id);
+            // And down that copy's own chain as well.
+            let mut b = next.again(Origin::Busy);
+            for _ in 0..10 {
+                assert!(!ids.contains(&b.id) && b.id != next.id, "{}", b.id);
+                b = b.again(Origin::Busy);
+            }
+        }
     }
 }
