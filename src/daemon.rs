@@ -187,11 +187,19 @@ pub async fn run(
         (None, Some(e)) => e.url(),
         (None, None) => unreachable!("embedded started above"),
     };
-    let result = run_on(config, secrets, opts, shutdown, &url).await;
-    if let Some(e) = embedded {
-        e.stop().await;
-        info!("embedded Redis stopped");
-    }
+    let Some(mut embedded) = embedded else {
+        return run_on(config, secrets, opts, shutdown, &url).await;
+    };
+    // The embedded redis-server is restarted if it dies under us (the OOM
+    // killer, a crash): the daemon has no other Redis. Watched on this very
+    // task, not a spawned one, so a restarted server is a child of the same
+    // thread as the first, which PR_SET_PDEATHSIG ties its life to.
+    let result = tokio::select! {
+        r = run_on(config, secrets, opts, shutdown, &url) => r,
+        never = embedded.keep_running() => match never {},
+    };
+    embedded.stop().await;
+    info!("embedded Redis stopped");
     result
 }
 
@@ -367,9 +375,15 @@ async fn scheduler(
                 let tick = next.timestamp_millis();
                 let tasks = tick_tasks(&job, tick, Origin::Tick);
                 // A failed claim is retried briefly: another daemon may win
-                // meanwhile, and then this one stands down.
+                // meanwhile, and then this one stands down. Shutdown cuts
+                // the attempts short, even one stuck on a Redis that does
+                // not answer: the claim is one script, it happened or not.
                 for attempt in 0..5 {
-                    match queue.enqueue_tick(&job.name, tick, &tasks, &who).await {
+                    let claimed = tokio::select! {
+                        _ = stopped(&mut stop) => return,
+                        r = queue.enqueue_tick(&job.name, tick, &tasks, &who) => r,
+                    };
+                    match claimed {
                         Ok(Some(n)) => {
                             info!(job = %job.name, tick, tasks = n, "tick fanned out");
                             break;
@@ -380,7 +394,10 @@ async fn scheduler(
                         }
                         Err(e) => {
                             warn!(job = %job.name, tick, attempt, error = %e, "could not fan the tick out; retrying");
-                            tokio::time::sleep(Duration::from_millis(500 << attempt)).await;
+                            tokio::select! {
+                                _ = stopped(&mut stop) => return,
+                                _ = tokio::time::sleep(Duration::from_millis(500 << attempt)) => {}
+                            }
                         }
                     }
                 }
@@ -413,21 +430,28 @@ async fn feeder(
     let mut last_trim = tokio::time::Instant::now();
     let mut failing = false;
     loop {
-        let mut ok = true;
-        // Drain as long as there is room, a few rounds per wake-up.
-        for _ in 0..10 {
-            match queue.feed().await {
-                Ok(0) => break,
-                Ok(n) => debug!(tasks = n, "fed tasks to the queue"),
-                Err(e) => {
-                    if !failing {
-                        warn!(error = %e, "feeder cannot reach the queue; retrying");
+        // Drain as long as there is room, a few rounds per wake-up. Shutdown
+        // cuts a round short, even one stuck on a Redis that does not
+        // answer: a lease left behind expires and another feeder takes it.
+        let rounds = async {
+            for _ in 0..10 {
+                match queue.feed().await {
+                    Ok(0) => break,
+                    Ok(n) => debug!(tasks = n, "fed tasks to the queue"),
+                    Err(e) => {
+                        if !failing {
+                            warn!(error = %e, "feeder cannot reach the queue; retrying");
+                        }
+                        return false;
                     }
-                    ok = false;
-                    break;
                 }
             }
-        }
+            true
+        };
+        let ok = tokio::select! {
+            _ = stopped(&mut stop) => return,
+            ok = rounds => ok,
+        };
         // The loop is alive either way; whether Redis answers is /readyz's business.
         Health::beat(&shared.health.feeder);
         if ok && failing {
@@ -436,7 +460,11 @@ async fn feeder(
         failing = !ok;
         if ok && last_trim.elapsed() > Duration::from_secs(60) {
             last_trim = tokio::time::Instant::now();
-            match queue.trim(RETENTION).await {
+            let trimmed = tokio::select! {
+                _ = stopped(&mut stop) => return,
+                r = queue.trim(RETENTION) => r,
+            };
+            match trimmed {
                 Ok(n) if n > 0 => debug!(tasks = n, "trimmed finished tasks"),
                 Ok(_) => {}
                 Err(e) => warn!(error = %e, "trim failed"),

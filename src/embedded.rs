@@ -3,9 +3,12 @@
 //! quota state survives a restart, and stops it on exit.
 //!
 //! The child gets SIGTERM when the daemon dies, even by SIGKILL
-//! (`PR_SET_PDEATHSIG`), so it flushes its AOF and never outlives us. A child
-//! left running anyway (another OS, a crash in between) is adopted when the
-//! daemon that started it is gone.
+//! (`PR_SET_PDEATHSIG`), so it flushes its AOF and never outlives us. A
+//! redis-server still answering on the socket when its daemon is gone is
+//! never adopted: it may be shutting down right now (its daemon was SIGKILLed
+//! a moment ago and restarted at once), and an adopted one would not be
+//! stopped with us. It is asked to shut down (it flushes its AOF), and once it
+//! is gone we start our own on the same files.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -47,6 +50,11 @@ pub enum EmbeddedError {
         #[source]
         source: std::io::Error,
     },
+    /// A redis-server left by a daemon that is gone did not stop.
+    #[error(
+        "a redis-server left on {0} by a daemon that is gone did not stop within 10 s; stop it, then start again"
+    )]
+    Stale(String),
     /// It started but never answered.
     #[error(
         "the embedded redis-server did not come up within 10 s; its log ({log}) ends with:\n{tail}"
@@ -61,7 +69,12 @@ pub enum EmbeddedError {
 
 /// A running embedded Redis.
 pub struct EmbeddedRedis {
+    /// `None` only while it is being (re)started.
     child: Option<Child>,
+    /// Its working directory (AOF).
+    dir: PathBuf,
+    /// Its log file.
+    log: PathBuf,
     socket: PathBuf,
     owner_file: PathBuf,
 }
@@ -92,8 +105,50 @@ async fn answers(socket: &Path) -> bool {
     )
 }
 
+/// Whether `pid` runs (a zombie, dead but not yet reaped, does not).
+fn pid_running(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // pid (comm) state ...: comm may hold spaces and parentheses.
+        Ok(stat) => !matches!(
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next()),
+            Some("Z" | "X")
+        ),
+        Err(_) => pid_alive(pid),
+    }
+}
+
+/// Stops the redis-server answering on `socket` (whose daemon is gone) and
+/// waits until it has exited, so that two servers never share the AOF.
+async fn shut_down_stale(socket: &Path) -> Result<(), EmbeddedError> {
+    let url = format!("unix://{}", socket.display());
+    let mut pid: Option<u32> = None;
+    if let Ok(client) = redis::Client::open(url.as_str()) {
+        let ask = async {
+            let mut c = client.get_multiplexed_async_connection().await?;
+            let info: String = redis::cmd("INFO").arg("server").query_async(&mut c).await?;
+            pid = info
+                .lines()
+                .find_map(|l| l.strip_prefix("process_id:"))
+                .and_then(|p| p.trim().parse().ok());
+            // It may be shutting down already, and then drops us: fine.
+            let _ = redis::cmd("SHUTDOWN").query_async::<()>(&mut c).await;
+            Ok::<_, redis::RedisError>(())
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(2), ask).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if !pid.is_some_and(pid_running) && !answers(socket).await {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Err(EmbeddedError::Stale(socket.display().to_string()))
+}
+
 impl EmbeddedRedis {
-    /// Starts (or adopts) the embedded Redis of `state_dir`.
+    /// Starts the embedded Redis of `state_dir`.
     pub async fn start(state_dir: &Path) -> Result<Self, EmbeddedError> {
         let dir = state_dir.join("redis");
         std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
@@ -109,35 +164,50 @@ impl EmbeddedRedis {
                 .ok()
                 .and_then(|s| s.trim().parse::<u32>().ok());
             match owner {
-                Some(pid) if pid != me && pid_alive(pid) => return Err(EmbeddedError::InUse(pid)),
+                Some(pid) if pid != me && pid_running(pid) => {
+                    return Err(EmbeddedError::InUse(pid));
+                }
                 _ => {
-                    tracing::warn!(socket = %socket.display(), "adopting an embedded Redis left running by a daemon that is gone");
-                    std::fs::write(&owner_file, me.to_string()).map_err(io_err(&owner_file))?;
-                    return Ok(EmbeddedRedis {
-                        child: None,
-                        socket,
-                        owner_file,
-                    });
+                    tracing::warn!(socket = %socket.display(), "an embedded Redis of a daemon that is gone still answers: stopping it to start our own");
+                    shut_down_stale(&socket).await?;
                 }
             }
         }
-        // A socket nobody answers on is stale.
-        let _ = std::fs::remove_file(&socket);
+        std::fs::write(&owner_file, me.to_string()).map_err(io_err(&owner_file))?;
+        let mut redis = EmbeddedRedis {
+            child: None,
+            log: dir.join("redis.log"),
+            dir,
+            socket,
+            owner_file,
+        };
+        if let Err(e) = redis.launch().await {
+            redis.stop().await;
+            return Err(e);
+        }
+        tracing::info!(socket = %redis.socket.display(), "embedded Redis started (AOF on)");
+        Ok(redis)
+    }
 
-        let log = dir.join("redis.log");
+    /// Starts redis-server on our socket and files, and waits until it
+    /// answers. The child is kept in `self` as soon as it exists, so that
+    /// [`EmbeddedRedis::stop`] stops it whenever this is cancelled.
+    async fn launch(&mut self) -> Result<(), EmbeddedError> {
+        // A socket nobody answers on is stale.
+        let _ = std::fs::remove_file(&self.socket);
         let mut cmd = Command::new("redis-server");
         cmd.arg("--port")
             .arg("0")
             .arg("--unixsocket")
-            .arg(&socket)
+            .arg(&self.socket)
             .arg("--unixsocketperm")
             .arg("700")
             .arg("--dir")
-            .arg(&dir)
+            .arg(&self.dir)
             .args(["--appendonly", "yes", "--appendfsync", "everysec"])
             .args(["--save", ""])
             .arg("--logfile")
-            .arg(&log)
+            .arg(&self.log)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -148,46 +218,75 @@ impl EmbeddedRedis {
             .env_remove("WATCHDOG_PID")
             .kill_on_drop(true);
         // SAFETY: prctl is async-signal-safe; it only asks the kernel to send
-        // SIGTERM to the child when this thread's process dies.
+        // SIGTERM to the child when the thread that spawns it dies (so the
+        // spawning happens on the daemon's main task, never on a pool thread).
         unsafe {
             cmd.pre_exec(|| {
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
                 Ok(())
             });
         }
-        let child = match cmd.spawn() {
+        self.child = Some(match cmd.spawn() {
             Ok(c) => c,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Err(EmbeddedError::NotInstalled);
             }
-            Err(e) => return Err(io_err(&dir)(e)),
-        };
-        std::fs::write(&owner_file, me.to_string()).map_err(io_err(&owner_file))?;
-        let mut me = EmbeddedRedis {
-            child: Some(child),
-            socket,
-            owner_file,
-        };
+            Err(e) => return Err(io_err(&self.dir)(e)),
+        });
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
-            if answers(&me.socket).await {
-                tracing::info!(socket = %me.socket.display(), "embedded Redis started (AOF on)");
-                return Ok(me);
+            if answers(&self.socket).await {
+                return Ok(());
             }
-            if let Some(c) = me.child.as_mut()
+            if let Some(c) = self.child.as_mut()
                 && let Ok(Some(_)) = c.try_wait()
             {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        me.stop().await;
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill().await;
+        }
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let tail: Vec<&str> = text.lines().rev().take(5).collect();
         Err(EmbeddedError::NoAnswer {
-            log: log.display().to_string(),
+            log: self.log.display().to_string(),
             tail: tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
         })
+    }
+
+    /// Keeps the server up: when it exits on its own (the OOM killer, a
+    /// crash), starts it again on the same files (AOF: at most the last
+    /// second of writes is lost), with backoff. Never returns: run it beside
+    /// the daemon on the same task, drop it, then [`EmbeddedRedis::stop`].
+    pub async fn keep_running(&mut self) -> std::convert::Infallible {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let up_since = Instant::now();
+            let status = match self.child.as_mut() {
+                Some(c) => c.wait().await,
+                None => Err(std::io::Error::other("not running")),
+            };
+            self.child = None;
+            if up_since.elapsed() > Duration::from_secs(60) {
+                backoff = Duration::from_millis(100);
+            }
+            tracing::error!(status = ?status, log = %self.log.display(), "the embedded redis-server exited on its own; starting it again");
+            loop {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(10));
+                match self.launch().await {
+                    Ok(()) => {
+                        tracing::info!(socket = %self.socket.display(), "embedded Redis started again (AOF on)");
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, retry_in_ms = backoff.as_millis() as u64, "cannot start the embedded redis-server again");
+                    }
+                }
+            }
+        }
     }
 
     /// Its URL.
@@ -207,13 +306,6 @@ impl EmbeddedRedis {
                 .is_err()
             {
                 let _ = child.kill().await;
-            }
-        } else {
-            // Adopted: ask it to shut down over its socket.
-            if let Ok(client) = redis::Client::open(self.url().expose())
-                && let Ok(mut c) = client.get_multiplexed_async_connection().await
-            {
-                let _ = redis::cmd("SHUTDOWN").query_async::<()>(&mut c).await;
             }
         }
         let _ = std::fs::remove_file(&self.owner_file);

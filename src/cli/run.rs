@@ -25,12 +25,15 @@ pub async fn shutdown_signal() {
     }
 }
 
-/// Maps a daemon error to an exit code, printing it.
+/// Maps a daemon error to an exit code, logging it: through the log, so that
+/// with `--log-format json` the one line that says why the daemon stopped is
+/// JSON like every other line a log shipper reads.
 pub fn daemon_error(e: &DaemonError) -> Exit {
-    eprintln!("error: {e}");
+    tracing::error!(error = %e, "quota-worker cannot run");
     match e {
         DaemonError::Embedded(EmbeddedError::NotInstalled)
         | DaemonError::Embedded(EmbeddedError::InUse(_))
+        | DaemonError::Embedded(EmbeddedError::Stale(_))
         | DaemonError::Unreachable { .. } => Exit::Unavailable,
         DaemonError::Embedded(EmbeddedError::PathTooLong(_)) => Exit::Config,
         DaemonError::Metrics { .. } => Exit::Unavailable,
