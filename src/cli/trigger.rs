@@ -76,7 +76,10 @@ pub async fn run(config: &Config, job_name: &str, wait: bool) -> Exit {
             match redis::AsyncCommands::hgetall(&mut conn, &outcomes_key).await {
                 Ok(c) => c,
                 Err(e) => {
-                    bar.abandon_with_message(format!("lost Redis: {e}"));
+                    // Not through the bar: it draws nothing when stderr is
+                    // not a terminal (scripts, CI), and this must be seen.
+                    bar.finish_and_clear();
+                    eprintln!("error: lost Redis at {url} while waiting for tick {tick}: {e}");
                     return Exit::Unavailable;
                 }
             };
@@ -111,9 +114,13 @@ pub async fn run(config: &Config, job_name: &str, wait: bool) -> Exit {
         if ended == 0 && counts.keys().all(|k| k.starts_with('#')) {
             quiet_for += 1;
             if quiet_for == 50 {
-                bar.println(
-                    "no task has ended yet: is a `quota-worker run` daemon running on this Redis?",
-                );
+                // `bar.println` is a no-op on a hidden bar (stderr not a
+                // terminal): the hint must reach scripts and CI logs too.
+                bar.suspend(|| {
+                    eprintln!(
+                        "no task has ended yet: is a `quota-worker run` daemon running on this Redis?"
+                    )
+                });
             }
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
