@@ -3,6 +3,8 @@
 //! their pid on `Drop`; their log is printed when they fail to start.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod daemon;
+
 use std::io::{BufRead, BufReader, Read};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
