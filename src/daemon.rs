@@ -178,9 +178,14 @@ pub async fn run(
     opts: RunOptions,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), DaemonError> {
+    // Shutdown is heard from the start: while waiting for Redis, too.
+    let mut shutdown = std::pin::pin!(shutdown);
     let embedded = match &config.redis.url {
         Some(_) => None,
-        None => Some(EmbeddedRedis::start(&config.state_dir).await?),
+        None => tokio::select! {
+            _ = shutdown.as_mut() => return Ok(()),
+            r = EmbeddedRedis::start(&config.state_dir) => Some(r?),
+        },
     };
     let url = match (&config.redis.url, &embedded) {
         (Some(u), _) => u.clone(),
@@ -210,12 +215,23 @@ async fn run_on(
     shutdown: impl Future<Output = ()> + Send,
     url: &RedisUrl,
 ) -> Result<(), DaemonError> {
-    let limiter_conn =
-        connect_with_retry(url, config.redis.timeout, Duration::from_secs(30)).await?;
-    // apalis-redis kills its worker on any Redis error, a response timeout
-    // included (apalis-redis #76): give the queue's connection patience.
-    let queue_conn =
-        connect_with_retry(url, Duration::from_secs(10), Duration::from_secs(30)).await?;
+    let mut shutdown = std::pin::pin!(shutdown);
+    let connect = async {
+        let limiter_conn =
+            connect_with_retry(url, config.redis.timeout, Duration::from_secs(30)).await?;
+        // apalis-redis kills its worker on any Redis error, a response timeout
+        // included (apalis-redis #76): give the queue's connection patience.
+        let queue_conn =
+            connect_with_retry(url, Duration::from_secs(10), Duration::from_secs(30)).await?;
+        Ok::<_, DaemonError>((limiter_conn, queue_conn))
+    };
+    let (limiter_conn, queue_conn) = tokio::select! {
+        _ = shutdown.as_mut() => {
+            info!("shut down while waiting for Redis");
+            return Ok(());
+        }
+        r = connect => r?,
+    };
     let keys = KeySpace::new(config.redis.key_prefix.clone());
     let queue = Queue::new(
         queue_conn.clone(),

@@ -8,20 +8,25 @@ use crate::config::Config;
 use crate::daemon::{self, DaemonError, RunOptions};
 use crate::embedded::EmbeddedError;
 
-/// Resolves on the first SIGTERM or SIGINT.
-pub async fn shutdown_signal() {
+/// Resolves on the first SIGTERM or SIGINT. The handlers are installed when
+/// this is called, not when the future is first polled: a SIGTERM while the
+/// daemon still starts (waiting for Redis, say) is a clean shutdown too, not
+/// the default action's death by signal.
+pub fn shutdown_signal() -> impl Future<Output = ()> + Send {
     use tokio::signal::unix::{SignalKind, signal};
     let term = signal(SignalKind::terminate());
     let int = signal(SignalKind::interrupt());
-    match (term, int) {
-        (Ok(mut term), Ok(mut int)) => {
-            tokio::select! {
-                _ = term.recv() => tracing::info!("SIGTERM received"),
-                _ = int.recv() => tracing::info!("SIGINT received"),
+    async move {
+        match (term, int) {
+            (Ok(mut term), Ok(mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => tracing::info!("SIGTERM received"),
+                    _ = int.recv() => tracing::info!("SIGINT received"),
+                }
             }
+            // No signal handling: never resolve rather than stop at once.
+            _ => std::future::pending().await,
         }
-        // No signal handling: never resolve rather than stop at once.
-        _ => std::future::pending().await,
     }
 }
 
