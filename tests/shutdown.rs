@@ -349,3 +349,26 @@ fn sigterm_with_redis_down_exits_0_within_shutdown_timeout() {
 fn sigterm_with_redis_hung_exits_0_within_shutdown_timeout() {
     sigterm_with_redis_unreachable("redis hung", |r| r.pause());
 }
+
+/// SIGTERM while the daemon still waits for Redis at startup (it retries
+/// for up to 30 s): a clean, prompt exit 0, like any other SIGTERM.
+///
+/// Bug: the signal handlers were installed only when the shutdown future
+/// was first polled, after Redis answered: until then SIGTERM's default
+/// action killed the daemon (no exit 0, no log line).
+#[test]
+fn sigterm_while_waiting_for_redis_at_startup_exits_0_at_once() {
+    let port = support::free_port();
+    let url = format!("redis://127.0.0.1:{port}/0");
+    let cfg = config("http://127.0.0.1:9", &Spec::default());
+    let mut d = Daemon::start("daemon", &cfg, Some(&url));
+    std::thread::sleep(Duration::from_millis(1_500));
+    assert!(d.running(), "it waits for Redis: {}", d.log());
+    d.term();
+    let t = Instant::now();
+    let status = d.wait_exit(Duration::from_secs(40));
+    let took = t.elapsed();
+    eprintln!("MEASURE sigterm while connecting: exit {status:?} after {took:?}");
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "{status:?}");
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+}
