@@ -44,7 +44,8 @@
 -- Cost: a spend adds one entry per window whatever its cost (O(1) memory per
 -- call). Used units are a counter, so nothing scans the window: expired entries
 -- are removed once each, in batches of BATCH (Lua's unpack limit is ~8000), and
--- a window that is wholly expired is dropped in O(1). The rejection path reads
+-- a window that is wholly expired is dropped in O(1) (UNLINK: DEL would free a
+-- 1M-entry window inline, blocking Redis for seconds). The rejection path reads
 -- at most as many entries as the units it needs freed (never more than the cost).
 
 local BATCH = 500
@@ -156,8 +157,9 @@ local function evict(w)
   local cutoff = now - w.per
   local newest = redis.call('ZRANGE', w.log, -1, -1, 'WITHSCORES')
   if #newest == 0 or tonumber(newest[2]) <= cutoff then
-    -- Empty or wholly expired (an idle gap): drop it in one step, however big.
-    redis.call('DEL', w.log, w.units_key)
+    -- Empty or wholly expired (an idle gap): drop it in one step, however big;
+    -- UNLINK frees the memory off the main thread.
+    redis.call('UNLINK', w.log, w.units_key)
     return 0
   end
   while true do
@@ -379,7 +381,7 @@ for i = 1, nwin do
     redis.call('PEXPIRE', w.units_key, ms(w.per) + 1000)
   else
     if w.stale then
-      redis.call('DEL', w.state)
+      redis.call('UNLINK', w.state)
       redis.call('HSET', w.state, PERIOD, w.period)
     end
     redis.call('HSET', w.state, id, cost)
