@@ -25,7 +25,7 @@ use tracing::{info, warn};
 
 use crate::daemon::Health;
 use crate::queue::Queue;
-use crate::quota::Limiter;
+use crate::quota::{CredentialUsage, Limiter};
 use crate::stats::Stats;
 
 /// Spend latency buckets, seconds: a local Redis answers in well under 1 ms.
@@ -46,9 +46,64 @@ pub fn recorder() -> Option<&'static PrometheusHandle> {
                     &SPEND_BUCKETS,
                 )
                 .ok()?;
-            builder.install_recorder().ok()
+            let handle = builder.install_recorder().ok()?;
+            describe();
+            Some(handle)
         })
         .as_ref()
+}
+
+/// `# HELP` lines: what each metric means (README "Metrics and health").
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(
+        "qw_spends_total",
+        "Spends by credential, endpoint and result (allowed, rejected, unchecked = fail-open without Redis, error)"
+    );
+    describe_counter!(
+        "qw_units_spent_total",
+        "Units admitted by this daemon's spends, at the endpoint's configured cost"
+    );
+    describe_histogram!(
+        "qw_spend_duration_seconds",
+        "Time of one spend (one Redis round trip), seconds"
+    );
+    describe_gauge!(
+        "qw_window_used_units",
+        "Units used in the window now, read from Redis at scrape time (the same on every daemon)"
+    );
+    describe_gauge!(
+        "qw_window_remaining_units",
+        "Units left in the window now, read from Redis at scrape time"
+    );
+    describe_gauge!("qw_window_limit_units", "The window's configured units");
+    describe_gauge!(
+        "qw_window_frees_in_seconds",
+        "Seconds until the oldest spend leaves the window (sliding) or it resets (fixed)"
+    );
+    describe_gauge!(
+        "qw_credential_blocked_seconds",
+        "Seconds the credential stays blocked after an upstream 429 (0 = not blocked)"
+    );
+    describe_counter!(
+        "qw_tasks_total",
+        "Task outcomes of this daemon by job: done, quota_exhausted, upstream_throttled, retrying, failed, superseded"
+    );
+    describe_counter!("qw_pages_total", "Pages fetched (2xx) by job");
+    describe_counter!("qw_records_total", "Records written to sinks by job");
+    describe_counter!(
+        "qw_upstream_responses_total",
+        "Upstream answers by endpoint and HTTP status (or unreached, timeout)"
+    );
+    describe_gauge!(
+        "qw_queue_tasks",
+        "Tasks in the shared queue by state (backlog, queued, in_flight), read from Redis at scrape time"
+    );
+    describe_gauge!("qw_tasks_in_flight", "Tasks this daemon is running now");
+    describe_gauge!(
+        "qw_redis_up",
+        "1 if this scrape read the windows and the queue from Redis; 0 if not (those gauges then hold their last values)"
+    );
 }
 
 /// A loop is healthy if it beat within this long (the feeder can sit in one
@@ -142,44 +197,80 @@ async fn metrics(State(s): State<OpsState>) -> impl IntoResponse {
     (StatusCode::OK, handle.render())
 }
 
-/// Shared numbers, read from Redis now.
-async fn refresh_gauges(s: &OpsState) {
-    let names: Vec<String> = s
-        .limiter
+/// How long one scrape (or one `STATUS=` line) may wait for Redis, all reads
+/// together. Prometheus's default scrape timeout is 10 s; a hung Redis must
+/// not take the counters' scrape down with it (the queue's connection alone
+/// waits up to 10 s for an answer).
+pub const REDIS_READ_BUDGET: Duration = Duration::from_secs(2);
+
+/// Each credential's windows, read from Redis now, all at once and within
+/// [`REDIS_READ_BUDGET`]; `None` for a credential that could not be read.
+async fn peek_all(limiter: &Limiter) -> Vec<(String, Option<CredentialUsage>)> {
+    let names: Vec<String> = limiter
         .quotas()
         .credential_names()
         .map(str::to_owned)
         .collect();
-    for name in names {
-        match s.limiter.peek(&name).await {
-            Ok(u) => {
-                metrics::gauge!("qw_credential_blocked_seconds", "credential" => name.clone())
-                    .set(u.blocked_for.as_secs_f64());
-                for w in &u.windows {
-                    let labels = [
-                        ("credential", name.clone()),
-                        ("scope", w.scope.to_string()),
-                        ("window", w.window.describe()),
-                    ];
-                    metrics::gauge!("qw_window_used_units", &labels).set(w.used as f64);
-                    metrics::gauge!("qw_window_remaining_units", &labels).set(w.remaining as f64);
-                    metrics::gauge!("qw_window_limit_units", &labels)
-                        .set(w.window.units.get() as f64);
-                    metrics::gauge!("qw_window_frees_in_seconds", &labels)
-                        .set(w.frees_in.as_secs_f64());
-                }
+    let reads = names.iter().map(|name| async move {
+        match tokio::time::timeout(REDIS_READ_BUDGET, limiter.peek(name)).await {
+            Ok(Ok(u)) => Some(u),
+            Ok(Err(e)) => {
+                warn!(credential = %name, error = %e, "cannot read the windows");
+                None
             }
-            Err(e) => warn!(credential = %name, error = %e, "metrics: cannot read windows"),
+            Err(_) => {
+                warn!(credential = %name, budget_ms = REDIS_READ_BUDGET.as_millis() as u64, "reading the windows timed out");
+                None
+            }
+        }
+    });
+    let usages = futures::future::join_all(reads).await;
+    names.into_iter().zip(usages).collect()
+}
+
+/// Shared numbers, read from Redis now. When Redis cannot answer in time the
+/// gauges keep their last values and `qw_redis_up` says 0.
+async fn refresh_gauges(s: &OpsState) {
+    let depth = async {
+        match tokio::time::timeout(REDIS_READ_BUDGET, s.queue.depth()).await {
+            Ok(Ok(d)) => Some(d),
+            Ok(Err(e)) => {
+                warn!(error = %e, "metrics: cannot read queue depth");
+                None
+            }
+            Err(_) => {
+                warn!("metrics: reading queue depth timed out");
+                None
+            }
+        }
+    };
+    let (usages, depth) = tokio::join!(peek_all(&s.limiter), depth);
+    let mut up = depth.is_some();
+    for (name, usage) in usages {
+        let Some(u) = usage else {
+            up = false;
+            continue;
+        };
+        metrics::gauge!("qw_credential_blocked_seconds", "credential" => name.clone())
+            .set(u.blocked_for.as_secs_f64());
+        for w in &u.windows {
+            let labels = [
+                ("credential", name.clone()),
+                ("scope", w.scope.to_string()),
+                ("window", w.window.describe()),
+            ];
+            metrics::gauge!("qw_window_used_units", &labels).set(w.used as f64);
+            metrics::gauge!("qw_window_remaining_units", &labels).set(w.remaining as f64);
+            metrics::gauge!("qw_window_limit_units", &labels).set(w.window.units.get() as f64);
+            metrics::gauge!("qw_window_frees_in_seconds", &labels).set(w.frees_in.as_secs_f64());
         }
     }
-    match s.queue.depth().await {
-        Ok(d) => {
-            metrics::gauge!("qw_queue_tasks", "state" => "backlog").set(d.backlog as f64);
-            metrics::gauge!("qw_queue_tasks", "state" => "queued").set(d.queued as f64);
-            metrics::gauge!("qw_queue_tasks", "state" => "in_flight").set(d.in_flight as f64);
-        }
-        Err(e) => warn!(error = %e, "metrics: cannot read queue depth"),
+    if let Some(d) = depth {
+        metrics::gauge!("qw_queue_tasks", "state" => "backlog").set(d.backlog as f64);
+        metrics::gauge!("qw_queue_tasks", "state" => "queued").set(d.queued as f64);
+        metrics::gauge!("qw_queue_tasks", "state" => "in_flight").set(d.in_flight as f64);
     }
+    metrics::gauge!("qw_redis_up").set(if up { 1.0 } else { 0.0 });
     metrics::gauge!("qw_tasks_in_flight").set(Stats::get(&s.stats.in_flight) as f64);
 }
 
@@ -194,20 +285,23 @@ pub fn notify_stopping() {
 }
 
 /// Sends `WATCHDOG=1` at half the watchdog interval while the loops beat, and
-/// a `STATUS=` line ("8 workers, 3 in flight, yt-key1 412/9500 units").
+/// every 5 s a `STATUS=` line ("8 workers, 3 in flight, yt-key1 412/9500
+/// units"). The status line reads Redis, so it is written by a task of its
+/// own: a Redis that hangs must not delay a ping (systemd would kill the
+/// daemon for what is `/readyz`'s business).
 pub async fn notify_loop(
     state: OpsState,
     concurrency: usize,
     watchdog: Option<Duration>,
     mut stop: watch::Receiver<bool>,
 ) {
+    let status = tokio::spawn(status_loop(state.clone(), concurrency, stop.clone()));
     let every = watchdog.map_or(Duration::from_secs(5), |w| {
         (w / 2).max(Duration::from_millis(100))
     });
-    let mut status_at: Option<tokio::time::Instant> = None;
     let mut warned = false;
-    loop {
-        if watchdog.is_some() {
+    if watchdog.is_some() {
+        loop {
             if loops_alive(&state.health) {
                 let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
                 warned = false;
@@ -217,15 +311,25 @@ pub async fn notify_loop(
                 );
                 warned = true;
             }
+            tokio::select! {
+                _ = stop.wait_for(|s| *s) => break,
+                _ = tokio::time::sleep(every) => {}
+            }
         }
-        if status_at.is_none_or(|t| t.elapsed() >= Duration::from_secs(5)) {
-            status_at = Some(tokio::time::Instant::now());
-            let line = status_line(&state, concurrency).await;
-            let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(&line)]);
-        }
+    }
+    let _ = status.await;
+}
+
+async fn status_loop(state: OpsState, concurrency: usize, mut stop: watch::Receiver<bool>) {
+    loop {
+        let line = tokio::select! {
+            _ = stop.wait_for(|s| *s) => return,
+            line = status_line(&state, concurrency) => line,
+        };
+        let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(&line)]);
         tokio::select! {
             _ = stop.wait_for(|s| *s) => return,
-            _ = tokio::time::sleep(every) => {}
+            _ = tokio::time::sleep(Duration::from_secs(5)) => {}
         }
     }
 }
@@ -235,25 +339,21 @@ async fn status_line(state: &OpsState, concurrency: usize) -> String {
         "{concurrency} workers, {} in flight",
         Stats::get(&state.stats.in_flight)
     )];
-    let names: Vec<String> = state
-        .limiter
-        .quotas()
-        .credential_names()
-        .map(str::to_owned)
-        .collect();
-    for name in names {
-        if let Ok(u) = state.limiter.peek(&name).await
-            && let Some(w) = u.windows.first()
-        {
-            let blocked = if u.blocked_for.is_zero() {
-                ""
-            } else {
-                " (blocked)"
-            };
-            parts.push(format!(
-                "{name} {}/{} units{blocked}",
-                w.used, w.window.units
-            ));
+    for (name, usage) in peek_all(&state.limiter).await {
+        match usage.as_ref().and_then(|u| Some((u, u.windows.first()?))) {
+            Some((u, w)) => {
+                let blocked = if u.blocked_for.is_zero() {
+                    ""
+                } else {
+                    " (blocked)"
+                };
+                parts.push(format!(
+                    "{name} {}/{} units{blocked}",
+                    w.used, w.window.units
+                ));
+            }
+            None if usage.is_none() => parts.push(format!("{name} ? units (Redis unreachable)")),
+            None => {}
         }
     }
     parts.join(", ")
