@@ -87,11 +87,16 @@ pub enum Reply {
         retry_after: Option<Duration>,
         /// The reason it gave (`quotaExceeded`, ...), if any.
         reason: Option<String>,
+        /// What it says it charged, when the endpoint names a cost header.
+        actual_cost: Option<u64>,
     },
     /// 5xx: try again later.
     ServerError {
         /// HTTP status.
         status: u16,
+        /// What it says it charged, when the endpoint names a cost header
+        /// (without one, a 5xx is assumed charged).
+        actual_cost: Option<u64>,
     },
     /// Other 4xx: the request is wrong; retrying will not help.
     ClientError {
@@ -99,6 +104,8 @@ pub enum Reply {
         status: u16,
         /// The start of the body, for the log.
         detail: String,
+        /// What it says it charged, when the endpoint names a cost header.
+        actual_cost: Option<u64>,
     },
     /// 2xx whose body is not JSON.
     BadBody {
@@ -278,14 +285,16 @@ pub fn classify(
     now: DateTime<Utc>,
 ) -> Reply {
     let upstream = upstream_quota(endpoint, headers, now);
+    // Any answer may say what it cost, errors included (often 0).
+    let actual_cost = endpoint
+        .cost_header
+        .as_deref()
+        .and_then(|h| header_u64(headers, h));
     match status {
         200..=299 => match serde_json::from_slice::<Value>(body) {
             Ok(body) => Reply::Ok {
                 body,
-                actual_cost: endpoint
-                    .cost_header
-                    .as_deref()
-                    .and_then(|h| header_u64(headers, h)),
+                actual_cost,
                 upstream,
                 status,
             },
@@ -298,6 +307,7 @@ pub fn classify(
             status,
             retry_after: retry_after(headers, now).or(upstream.map(|u| u.reset_in)),
             reason: quota_reason(body, &endpoint.quota_reasons),
+            actual_cost,
         },
         403 => {
             let reason = quota_reason(body, &endpoint.quota_reasons);
@@ -307,18 +317,24 @@ pub fn classify(
                     status,
                     retry_after: retry_after(headers, now).or(upstream.map(|u| u.reset_in)),
                     reason,
+                    actual_cost,
                 }
             } else {
                 Reply::ClientError {
                     status,
                     detail: snippet(body),
+                    actual_cost,
                 }
             }
         }
-        500..=599 => Reply::ServerError { status },
+        500..=599 => Reply::ServerError {
+            status,
+            actual_cost,
+        },
         _ => Reply::ClientError {
             status,
             detail: snippet(body),
+            actual_cost,
         },
     }
 }
@@ -398,12 +414,50 @@ mod tests {
         ));
     }
 
+    /// Regression: a 5xx's reported cost was dropped, so its units could
+    /// never be settled to what the upstream said it charged.
+    #[test]
+    fn error_answers_carry_their_reported_cost() {
+        let mut h = HeaderMap::new();
+        h.insert("x-quota-cost", HeaderValue::from_static("0"));
+        let r = classify(&endpoint(), 503, &h, b"", Utc::now());
+        assert!(matches!(
+            r,
+            Reply::ServerError {
+                status: 503,
+                actual_cost: Some(0)
+            }
+        ));
+        let r = classify(&endpoint(), 429, &h, b"", Utc::now());
+        assert!(matches!(
+            r,
+            Reply::Throttled {
+                actual_cost: Some(0),
+                ..
+            }
+        ));
+        let r = classify(&endpoint(), 404, &h, b"", Utc::now());
+        assert!(matches!(
+            r,
+            Reply::ClientError {
+                actual_cost: Some(0),
+                ..
+            }
+        ));
+    }
+
     #[test]
     fn bodies_that_are_not_json_are_bad() {
         let r = classify(&endpoint(), 200, &HeaderMap::new(), b"<html>", Utc::now());
         assert!(matches!(r, Reply::BadBody { .. }));
         let r = classify(&endpoint(), 503, &HeaderMap::new(), b"", Utc::now());
-        assert!(matches!(r, Reply::ServerError { status: 503 }));
+        assert!(matches!(
+            r,
+            Reply::ServerError {
+                status: 503,
+                actual_cost: None
+            }
+        ));
         let r = classify(&endpoint(), 404, &HeaderMap::new(), b"nope", Utc::now());
         assert!(matches!(r, Reply::ClientError { status: 404, .. }));
     }

@@ -343,16 +343,8 @@ impl Worker {
                     upstream,
                     ..
                 } => {
-                    // The upstream says what it really charged: the windows follow.
-                    if let Some(actual) =
-                        actual_cost.filter(|a| recorded && *a != endpoint.cost.get())
-                    {
-                        self.limiter
-                            .settle(&endpoint.name, &request_id, actual)
-                            .await
-                            .ok();
-                        p.units = p.units - endpoint.cost.get() + actual;
-                    }
+                    self.settle_reported(endpoint, &request_id, recorded, actual_cost, &mut p)
+                        .await;
                     if let Some(u) = upstream.filter(|u| u.remaining == 0) {
                         // The upstream's own count says it is spent: nobody
                         // spends on this credential until it resets.
@@ -413,7 +405,10 @@ impl Worker {
                     status,
                     retry_after,
                     reason,
+                    actual_cost,
                 } => {
+                    self.settle_reported(endpoint, &request_id, recorded, actual_cost, &mut p)
+                        .await;
                     let block = retry_after
                         .unwrap_or(endpoint.throttle_block)
                         .max(Duration::from_millis(1));
@@ -471,7 +466,14 @@ impl Worker {
                         )
                         .await?;
                 }
-                Reply::ServerError { status } => {
+                Reply::ServerError {
+                    status,
+                    actual_cost,
+                } => {
+                    // Kept (it may have been charged) unless the upstream
+                    // says what it charged.
+                    self.settle_reported(endpoint, &request_id, recorded, actual_cost, &mut p)
+                        .await;
                     self.checkpoint(&cursor_key, &save(&p)).await?;
                     break self
                         .retry(
@@ -483,7 +485,13 @@ impl Worker {
                         )
                         .await?;
                 }
-                Reply::ClientError { status, detail } => {
+                Reply::ClientError {
+                    status,
+                    detail,
+                    actual_cost,
+                } => {
+                    self.settle_reported(endpoint, &request_id, recorded, actual_cost, &mut p)
+                        .await;
                     // The request itself is wrong (a stale page token, say):
                     // the next run starts over rather than repeat it.
                     conn.del::<_, ()>(&cursor_key).await?;
@@ -509,6 +517,27 @@ impl Worker {
         };
         self.finish(task, Some(job), &outcome).await?;
         Ok(outcome)
+    }
+
+    /// The upstream said what a request really cost (a cost header, on any
+    /// answer): the windows and the task's count follow. Nothing to settle
+    /// for a spend that was not recorded (fail-open).
+    async fn settle_reported(
+        &self,
+        endpoint: &Endpoint,
+        request_id: &str,
+        recorded: bool,
+        actual: Option<u64>,
+        p: &mut Progress,
+    ) {
+        let Some(actual) = actual.filter(|a| recorded && *a != endpoint.cost.get()) else {
+            return;
+        };
+        self.limiter
+            .settle(&endpoint.name, request_id, actual)
+            .await
+            .ok();
+        p.units = p.units - endpoint.cost.get() + actual;
     }
 
     async fn checkpoint(&self, key: &str, cp: &Checkpoint) -> Result<(), TaskError> {
