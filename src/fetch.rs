@@ -180,17 +180,29 @@ impl Fetcher {
         if let Some(b) = &req.body {
             rb = rb.body(b.render(|n| ph.get(n)));
         }
-        let resp = match rb.send().await {
-            Ok(r) => r,
-            Err(e) => return transport_error(e),
+        let reply = match rb.send().await {
+            Err(e) => transport_error(e),
+            Ok(resp) => {
+                let status = resp.status().as_u16();
+                let headers = resp.headers().clone();
+                match resp.bytes().await {
+                    Ok(bytes) => classify(endpoint, status, &headers, &bytes, Utc::now()),
+                    Err(e) => transport_error(e),
+                }
+            }
         };
-        let status = resp.status().as_u16();
-        let headers = resp.headers().clone();
-        let bytes = match resp.bytes().await {
-            Ok(b) => b,
-            Err(e) => return transport_error(e),
+        let status = match &reply {
+            Reply::Ok { status, .. }
+            | Reply::Throttled { status, .. }
+            | Reply::ServerError { status, .. }
+            | Reply::ClientError { status, .. }
+            | Reply::BadBody { status, .. } => status.to_string(),
+            Reply::Unreached { .. } => "unreached".into(),
+            Reply::TimedOut { .. } => "timeout".into(),
         };
-        classify(endpoint, status, &headers, &bytes, Utc::now())
+        metrics::counter!("qw_upstream_responses_total", "endpoint" => endpoint.name.clone(), "status" => status)
+            .increment(1);
+        reply
     }
 }
 
