@@ -38,3 +38,92 @@ pub fn connect_lazy(
     let client = redis::Client::open(url.expose())?;
     ConnectionManager::new_lazy_with_config(client, manager_config(timeout, retries))
 }
+
+/// A Lua script run in one round trip: `EVALSHA`, and on NOSCRIPT (a
+/// restarted Redis, a failover, `SCRIPT FLUSH`) `EVAL` with the source, which
+/// caches it again. redis-rs's own fallback (`SCRIPT LOAD`, then `EVALSHA`
+/// again) fails the call when a flush lands between its two commands.
+#[derive(Debug)]
+pub struct Lua {
+    source: &'static str,
+    sha: String,
+}
+
+impl Lua {
+    /// A script from its source (usually `include_str!("../lua/NAME.lua")`).
+    pub fn new(source: &'static str) -> Self {
+        Lua {
+            source,
+            sha: redis::Script::new(source).get_hash().to_owned(),
+        }
+    }
+
+    /// Its source.
+    pub fn source(&self) -> &'static str {
+        self.source
+    }
+
+    /// Its SHA1, as `EVALSHA` names it.
+    pub fn sha(&self) -> &str {
+        &self.sha
+    }
+
+    /// Starts a call.
+    pub fn call(&self) -> LuaCall<'_> {
+        LuaCall {
+            lua: self,
+            keys: Vec::new(),
+            args: Vec::new(),
+        }
+    }
+}
+
+/// One call of a [`Lua`] script: its keys and arguments.
+#[derive(Debug)]
+pub struct LuaCall<'a> {
+    lua: &'a Lua,
+    keys: Vec<Vec<u8>>,
+    args: Vec<Vec<u8>>,
+}
+
+impl LuaCall<'_> {
+    /// Adds a key.
+    pub fn key(&mut self, key: impl redis::ToRedisArgs) -> &mut Self {
+        self.keys.extend(key.to_redis_args());
+        self
+    }
+
+    /// Adds an argument.
+    pub fn arg(&mut self, arg: impl redis::ToRedisArgs) -> &mut Self {
+        self.args.extend(arg.to_redis_args());
+        self
+    }
+
+    fn command(&self, name: &str, script: &str) -> redis::Cmd {
+        let mut c = redis::cmd(name);
+        c.arg(script)
+            .arg(self.keys.len())
+            .arg(&self.keys)
+            .arg(&self.args);
+        c
+    }
+
+    /// Runs it.
+    pub async fn invoke<T: redis::FromRedisValue>(
+        &self,
+        conn: &mut impl redis::aio::ConnectionLike,
+    ) -> redis::RedisResult<T> {
+        match self
+            .command("EVALSHA", &self.lua.sha)
+            .query_async(conn)
+            .await
+        {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                self.command("EVAL", self.lua.source)
+                    .query_async(conn)
+                    .await
+            }
+            reply => reply,
+        }
+    }
+}

@@ -443,7 +443,7 @@ async fn feeder(
     shared: Shared,
     mut stop: watch::Receiver<bool>,
 ) {
-    let mut last_trim = tokio::time::Instant::now();
+    let mut next_trim = tokio::time::Instant::now() + Duration::from_secs(60);
     let mut failing = false;
     loop {
         // Drain as long as there is room, a few rounds per wake-up. Shutdown
@@ -474,17 +474,30 @@ async fn feeder(
             info!("feeder reaches the queue again");
         }
         failing = !ok;
-        if ok && last_trim.elapsed() > Duration::from_secs(60) {
-            last_trim = tokio::time::Instant::now();
+        // Trim in bounded steps: one a second while a pass is under way, then
+        // rest a minute once every member has been looked at.
+        if ok && tokio::time::Instant::now() >= next_trim {
             let trimmed = tokio::select! {
                 _ = stopped(&mut stop) => return,
                 r = queue.trim(RETENTION) => r,
             };
-            match trimmed {
-                Ok(n) if n > 0 => debug!(tasks = n, "trimmed finished tasks"),
-                Ok(_) => {}
-                Err(e) => warn!(error = %e, "trim failed"),
-            }
+            let rest = match trimmed {
+                Ok((n, wrapped)) => {
+                    if n > 0 {
+                        debug!(tasks = n, "trimmed finished tasks");
+                    }
+                    if wrapped {
+                        Duration::from_secs(60)
+                    } else {
+                        Duration::from_secs(1)
+                    }
+                }
+                Err(e) => {
+                    warn!(error = %e, "trim failed");
+                    Duration::from_secs(60)
+                }
+            };
+            next_trim = tokio::time::Instant::now() + rest;
         }
         let wait = if ok {
             config.worker.poll_interval

@@ -95,6 +95,11 @@ impl KeySpace {
         format!("{}:cursor:{job}:{item}", self.prefix)
     }
 
+    /// The newest tick whose run of one job's fan-out item completed.
+    pub fn item_ran(&self, job: &str, item: &str) -> String {
+        format!("{}:ran:{job}:{item}", self.prefix)
+    }
+
     /// Held while a task works on one job's fan-out item (value: task id).
     pub fn item_lock(&self, job: &str, item: &str) -> String {
         format!("{}:lock:{job}:{item}", self.prefix)

@@ -23,6 +23,7 @@ use apalis_redis::RedisStorage;
 use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
 
+use crate::conn::Lua;
 use crate::keys::KeySpace;
 
 /// Most tasks handed to apalis and not yet fetched, across all daemons.
@@ -32,17 +33,16 @@ pub const FEED_CAP: usize = 1_000;
 /// How long a feeder may take to push a leased batch before another takes over.
 const FEED_LEASE: Duration = Duration::from_secs(30);
 
+/// Members of each apalis set one [`Queue::trim`] call looks at.
+const TRIM_STEP: usize = 1_000;
+
 /// How long finished tasks stay in apalis's sets before [`Queue::trim`] drops them.
 pub const RETENTION: Duration = Duration::from_secs(3_600);
 
-static ENQUEUE: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../lua/enqueue.lua")));
-static FEED: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../lua/feed.lua")));
-static FED: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../lua/fed.lua")));
-static TRIM: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../lua/trim.lua")));
+static ENQUEUE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../lua/enqueue.lua")));
+static FEED: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../lua/feed.lua")));
+static FED: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../lua/fed.lua")));
+static TRIM: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../lua/trim.lua")));
 
 /// Why a task was queued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -265,7 +265,7 @@ impl Queue {
         claim: Option<(String, &str)>,
         outcomes: Option<String>,
     ) -> Result<i64, QueueError> {
-        let mut inv = ENQUEUE.prepare_invoke();
+        let mut inv = ENQUEUE.call();
         inv.key(self.keys.backlog()).key(self.keys.backlog_data());
         let day = 86_400_000u64;
         match &claim {
@@ -282,7 +282,7 @@ impl Queue {
                 .arg(serde_json::to_string(t)?);
         }
         let mut conn = self.conn.clone();
-        Ok(inv.invoke_async::<i64>(&mut conn).await?)
+        Ok(inv.invoke::<i64>(&mut conn).await?)
     }
 
     /// One feeding round: moves due backlog tasks into apalis, keeping it
@@ -290,6 +290,7 @@ impl Queue {
     pub async fn feed(&self) -> Result<usize, QueueError> {
         let mut conn = self.conn.clone();
         let leased: Vec<String> = FEED
+            .call()
             .key(self.keys.backlog())
             .key(self.keys.backlog_data())
             .key(self.keys.backlog_feeding())
@@ -298,7 +299,7 @@ impl Queue {
             .arg(FEED_CAP)
             .arg(FEED_LEASE.as_millis() as u64)
             .arg(500)
-            .invoke_async(&mut conn)
+            .invoke(&mut conn)
             .await?;
         if leased.is_empty() {
             return Ok(0);
@@ -318,40 +319,43 @@ impl Queue {
             ids.push(id.clone());
         }
         apalis_redis::queries::push_tasks(&mut conn, &self.apalis, &tasks).await?;
-        let mut inv = FED.prepare_invoke();
+        let mut inv = FED.call();
         inv.key(self.keys.backlog())
             .key(self.keys.backlog_data())
             .key(self.keys.backlog_feeding());
         for id in &ids {
             inv.arg(id);
         }
-        let _: i64 = inv.invoke_async(&mut conn).await?;
+        let _: i64 = inv.invoke(&mut conn).await?;
         Ok(ids.len())
     }
 
     /// Drops finished tasks older than `retention` from apalis's done and dead
     /// sets (with their data and metadata), and metadata of workers that are
-    /// gone. Returns how many tasks were dropped.
-    pub async fn trim(&self, retention: Duration) -> Result<usize, QueueError> {
+    /// gone, one SSCAN step of each per call. Returns how many tasks were
+    /// dropped and whether the scans wrapped around (a full pass is done).
+    pub async fn trim(&self, retention: Duration) -> Result<(usize, bool), QueueError> {
         let mut conn = self.conn.clone();
         let cutoff = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default()
             .saturating_sub(retention)
             .as_secs();
-        let n: i64 = TRIM
+        let cursors = format!("{}:trim", self.keys.prefix());
+        let (dropped, wrapped): (i64, i64) = TRIM
+            .call()
             .key(self.apalis.done_jobs_set())
             .key(self.apalis.dead_jobs_set())
             .key(self.apalis.job_data_hash())
             .key(self.apalis.workers_set())
-            .key(format!("{}:trim:cursor", self.keys.prefix()))
+            .key(cursors)
             .arg(self.apalis.job_meta_hash())
             .arg(cutoff)
-            .arg(500)
+            .arg(TRIM_STEP)
             .arg(format!("{}:metadata:", self.apalis.workers_set()))
-            .invoke_async(&mut conn)
+            .invoke(&mut conn)
             .await?;
-        Ok(n.max(0) as usize)
+        Ok((dropped.max(0) as usize, wrapped == 1))
     }
 
     /// How many tasks wait where.

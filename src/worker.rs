@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 use crate::config::{Config, Endpoint, Job, OnQuotaExhausted, Secrets};
+use crate::conn::Lua;
 use crate::fetch::{Fetcher, Placeholders, Reply};
 use crate::keys::KeySpace;
 use crate::queue::{Origin, Queue, QueueError, TaskArgs};
@@ -34,7 +35,9 @@ use crate::stats::{OutcomeKind, Stats};
 const CHECKPOINT_TTL: Duration = Duration::from_secs(7 * 86_400);
 /// How long "this task already ended" is remembered (covers redelivery).
 const DONE_TTL: Duration = Duration::from_secs(86_400);
-/// The item lock's lifetime; renewed every third of it while the task runs.
+/// The item lock's longest lifetime; renewed every third of it while the
+/// task runs. A killed daemon's lock lapses within it, so it is also kept
+/// under half of `recover_after` (see [`Worker::lock_ttl`]).
 const LOCK_TTL: Duration = Duration::from_secs(10);
 /// Wait before a task that found its item busy tries again.
 const BUSY_RETRY: Duration = Duration::from_secs(2);
@@ -177,12 +180,13 @@ impl Worker {
         let item_key = task.item_key();
         let lock_key = keys.item_lock(&job.name, &item_key);
         let lock_val = format!("{}#{}", task.id, crate::quota::request_id());
+        let lock_ttl = self.lock_ttl();
         let locked: bool = redis::cmd("SET")
             .arg(&lock_key)
             .arg(&lock_val)
             .arg("NX")
             .arg("PX")
-            .arg(LOCK_TTL.as_millis() as u64)
+            .arg(lock_ttl.as_millis() as u64)
             .query_async::<Option<String>>(&mut conn)
             .await?
             .is_some();
@@ -197,18 +201,19 @@ impl Worker {
         }
 
         // Renewed in the background, so a long request keeps the item and a
-        // killed daemon's lock lapses within LOCK_TTL.
+        // killed daemon's lock lapses within its TTL.
         let renewer = {
             let mut conn = self.conn.clone();
             let (key, val) = (lock_key.clone(), lock_val.clone());
             tokio::spawn(async move {
                 loop {
-                    tokio::time::sleep(LOCK_TTL / 3).await;
+                    tokio::time::sleep(lock_ttl / 3).await;
                     let renewed = RENEW
+                        .call()
                         .key(&key)
                         .arg(&val)
-                        .arg(LOCK_TTL.as_millis() as u64)
-                        .invoke_async::<i64>(&mut conn)
+                        .arg(lock_ttl.as_millis() as u64)
+                        .invoke::<i64>(&mut conn)
                         .await;
                     if let Ok(0) = renewed {
                         warn!(lock = %key, "lost the item lock (expired under a stalled Redis?)");
@@ -221,9 +226,10 @@ impl Worker {
         Stats::sub(&self.stats.in_flight, 1);
         renewer.abort();
         let unlock = UNLOCK
+            .call()
             .key(&lock_key)
             .arg(&lock_val)
-            .invoke_async::<i64>(&mut conn)
+            .invoke::<i64>(&mut conn)
             .await;
         let outcome = result?;
         unlock?;
@@ -240,8 +246,27 @@ impl Worker {
         let mut conn = self.conn.clone();
         let item_key = task.item_key();
         let cursor_key = keys.cursor(&job.name, &item_key);
-        let saved: Option<String> = conn.get(&cursor_key).await?;
+        let ran_key = keys.item_ran(&job.name, &item_key);
+        let (saved, ran): (Option<String>, Option<i64>) = redis::pipe()
+            .get(&cursor_key)
+            .get(&ran_key)
+            .query_async(&mut conn)
+            .await?;
         let saved: Option<Checkpoint> = saved.and_then(|s| serde_json::from_str(&s).ok());
+
+        // A copy of an older tick's task (redelivered after an incident, or
+        // long queued) whose item a run of this tick or a newer one already
+        // completed: fetching it again would spend quota on older data.
+        let own_run = saved.as_ref().is_some_and(|cp| cp.tick == task.tick);
+        if ran.is_some_and(|r| r >= task.tick) && !own_run {
+            let outcome = self.outcome(
+                OutcomeKind::Superseded,
+                0,
+                "a run of this or a newer tick already completed this item",
+            );
+            self.finish(task, Some(job), &outcome).await?;
+            return Ok(outcome);
+        }
 
         // Where this run starts: a fresh task resumes any interrupted run of
         // its item (and takes it over); a continuation resumes only its own.
@@ -286,6 +311,8 @@ impl Worker {
 
         let outcome = loop {
             if p.page > max_pages {
+                // A checkpoint past max_pages (lowered since): the run is complete.
+                conn.del::<_, ()>(&cursor_key).await?;
                 break self.progress_outcome(OutcomeKind::Done, &p, "max_pages reached");
             }
             let request_id = format!(
@@ -515,6 +542,10 @@ impl Worker {
                 }
             }
         };
+        if outcome.kind == OutcomeKind::Done && ran.is_none_or(|r| r < task.tick) {
+            let ttl = CHECKPOINT_TTL.as_secs();
+            conn.set_ex::<_, _, ()>(&ran_key, task.tick, ttl).await?;
+        }
         self.finish(task, Some(job), &outcome).await?;
         Ok(outcome)
     }
@@ -538,6 +569,15 @@ impl Worker {
             .await
             .ok();
         p.units = p.units - endpoint.cost.get() + actual;
+    }
+
+    /// The item lock's lifetime: at most [`LOCK_TTL`], and under half of
+    /// `recover_after`, so a killed daemon's items are free by the time its
+    /// tasks are handed to another daemon.
+    fn lock_ttl(&self) -> Duration {
+        LOCK_TTL
+            .min(self.config.worker.recover_after / 2)
+            .max(Duration::from_millis(300))
     }
 
     async fn checkpoint(&self, key: &str, cp: &Checkpoint) -> Result<(), TaskError> {
@@ -723,14 +763,14 @@ fn log_outcome(task: &TaskArgs, job: Option<&Job>, o: &Outcome) {
     }
 }
 
-static UNLOCK: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
-    redis::Script::new(
+static UNLOCK: std::sync::LazyLock<Lua> = std::sync::LazyLock::new(|| {
+    Lua::new(
         "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
     )
 });
 
-static RENEW: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
-    redis::Script::new(
+static RENEW: std::sync::LazyLock<Lua> = std::sync::LazyLock::new(|| {
+    Lua::new(
         "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0",
     )
 });

@@ -121,17 +121,9 @@ async fn spends_run_unchanged_on_a_three_node_cluster() {
         let plan = quotas.endpoint(endpoint).expect("endpoint").plan.clone();
         let mut conn = conn.clone();
         async move {
-            let mut inv = script().prepare_invoke();
-            for k in &plan.keys {
-                inv.key(k);
-            }
-            for a in plan.args("spend", &id, "1") {
-                inv.arg(a);
-            }
-            let r: Vec<i64> = inv
-                .invoke_async(&mut conn)
-                .await
-                .expect("spend on the cluster");
+            let mut call = script().call();
+            call.key(&plan.keys).arg(plan.args("spend", &id, "1"));
+            let r: Vec<i64> = call.invoke(&mut conn).await.expect("spend on the cluster");
             r[0] == 1
         }
     };

@@ -26,7 +26,7 @@ pub fn run(config: &Config, endpoint: &str, cost: Option<u64>) -> Exit {
     };
     let out = json!({
         "script": script,
-        "sha1": crate::quota::script().get_hash(),
+        "sha1": crate::quota::script().sha(),
         "keys": plan.keys,
         "args": plan.args("spend", "{request_id}", &cost.to_string()),
     });

@@ -15,41 +15,26 @@ use std::time::Duration;
 
 use indexmap::IndexMap;
 use redis::aio::ConnectionManager;
-use redis::{ErrorKind, RedisResult, RetryMethod, ServerErrorKind, Value};
+use redis::{RedisResult, RetryMethod, Value};
 
 use crate::config::{Config, LimiterUnavailable, Scope, Window, WindowKind};
+use crate::conn::Lua;
 use crate::keys::KeySpace;
 
 /// The spend script's source, as shipped in `lua/spend.lua`.
 pub const SCRIPT: &str = include_str!("../../lua/spend.lua");
 
-static LOADED: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(SCRIPT));
+static LOADED: LazyLock<Lua> = LazyLock::new(|| Lua::new(SCRIPT));
 
-/// The script and its SHA1, as `EVALSHA` names it (see [`Limiter`] for how
-/// it is run).
-pub fn script() -> &'static redis::Script {
+/// The spend script, run in one round trip (EVALSHA, EVAL on NOSCRIPT).
+pub fn script() -> &'static Lua {
     &LOADED
 }
 
-/// One round trip: `EVALSHA`, and on NOSCRIPT (a restarted Redis, a failover,
-/// `SCRIPT FLUSH`) `EVAL` with the source, which also caches it again.
-/// redis-rs's own fallback (`SCRIPT LOAD`, then `EVALSHA` again) fails the
-/// spend when a flush lands between its two commands.
 async fn eval(conn: &mut ConnectionManager, plan: &Plan, args: &[String]) -> RedisResult<Value> {
-    let command = |name: &str, script: &str| {
-        let mut c = redis::cmd(name);
-        c.arg(script).arg(plan.keys.len()).arg(&plan.keys).arg(args);
-        c
-    };
-    match command("EVALSHA", script().get_hash())
-        .query_async(conn)
-        .await
-    {
-        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-            command("EVAL", SCRIPT).query_async(conn).await
-        }
-        reply => reply,
-    }
+    let mut call = script().call();
+    call.key(&plan.keys).arg(args);
+    call.invoke(conn).await
 }
 
 /// A fresh request id: unique across processes and hosts.
