@@ -8,6 +8,7 @@
 mod ops;
 mod support;
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use ops::{NotifySocket, Proc, children_named, environ};
@@ -211,17 +212,56 @@ fn ready_then_watchdog_then_stopping_in_order_with_status_lines() {
     }
 }
 
+/// The real `redis-server` (`$REDIS_SERVER`, else the first on `PATH`).
+fn real_redis_server() -> PathBuf {
+    if let Some(p) = std::env::var_os("REDIS_SERVER") {
+        return PathBuf::from(p);
+    }
+    std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+        .map(|d| d.join("redis-server"))
+        .find(|p| p.is_file())
+        .expect("redis-server on PATH")
+}
+
 /// Regression: redis-server speaks the notify protocol itself. An embedded
 /// Redis that inherited `NOTIFY_SOCKET` (or the watchdog variables) could tell
 /// systemd the *service* is ready before the daemon is, or be taken for the
 /// main process; the daemon removes them from the child's environment.
+///
+/// The daemon finds a `redis-server` on `PATH` that the test put first: it
+/// records the environment it was given (redis-server's own
+/// `/proc/PID/environ` is overwritten by its process title) and runs the real
+/// one with `--supervised auto`, so that an inherited `NOTIFY_SOCKET` would
+/// also make it send its own `READY=1`, as a packaged redis.conf does.
 #[test]
 fn embedded_redis_does_not_inherit_notify_socket() {
     let state = tempfile::tempdir().expect("tempdir");
     let cfg = config(None, &state.path().display().to_string());
+    let shim_dir = tempfile::tempdir().expect("tempdir");
+    let env_dump = shim_dir.path().join("redis-server.env");
+    let shim = shim_dir.path().join("redis-server");
+    std::fs::write(
+        &shim,
+        format!(
+            "#!/bin/sh\nenv > '{}'\nexec '{}' \"$@\" --supervised auto\n",
+            env_dump.display(),
+            real_redis_server().display()
+        ),
+    )
+    .expect("write shim");
+    std::fs::set_permissions(&shim, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod shim");
+    let path = std::env::join_paths(std::iter::once(shim_dir.path().to_path_buf()).chain(
+        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
+    ))
+    .expect("PATH");
     let notify = NotifySocket::bind();
     let started = Instant::now();
-    let mut d = daemon(&cfg, &notify, &[]);
+    let mut d = daemon(
+        &cfg,
+        &notify,
+        &[("PATH", path.to_str().expect("utf-8 PATH"))],
+    );
     notify
         .wait_for("READY=1", 1, Duration::from_secs(30))
         .unwrap_or_else(|| panic!("no READY=1 within 30 s:\n{}", notify.dump(started)));
@@ -232,14 +272,16 @@ fn embedded_redis_does_not_inherit_notify_socket() {
         1,
         "the daemon runs one embedded redis-server (children: {children:?})"
     );
-    let env = environ(children[0]);
+    let env =
+        std::fs::read_to_string(&env_dump).expect("the shim ran and recorded its environment");
+    assert!(env.contains("PATH="), "a real environment dump:\n{env}");
     for var in ["NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"] {
         assert!(
-            !env.iter().any(|e| e.starts_with(&format!("{var}="))),
-            "the embedded redis-server inherited {var}"
+            !env.lines().any(|e| e.starts_with(&format!("{var}="))),
+            "the embedded redis-server inherited {var}:\n{env}"
         );
     }
-    // Its own environment does hold them (so the check above means something).
+    // The daemon's own environment does hold them.
     assert!(
         environ(d.pid())
             .iter()
