@@ -706,12 +706,13 @@ impl Worker {
             .query_async::<()>(&mut conn)
             .await?;
         self.stats.outcome(o.kind);
-        metrics::counter!("qw_tasks_total", "job" => task.job.clone(), "outcome" => o.kind.as_str())
+        metrics::counter!("qw_tasks_total", "qw_job" => task.job.clone(), "outcome" => o.kind.as_str())
             .increment(1);
         if o.pages > 0 {
-            metrics::counter!("qw_pages_total", "job" => task.job.clone())
+            metrics::counter!("qw_pages_total", "qw_job" => task.job.clone())
                 .increment(u64::from(o.pages));
-            metrics::counter!("qw_records_total", "job" => task.job.clone()).increment(o.records);
+            metrics::counter!("qw_records_total", "qw_job" => task.job.clone())
+                .increment(o.records);
         }
         if o.requeued_in.is_some() {
             Stats::add(&self.stats.requeued, 1);

@@ -72,7 +72,7 @@ timeout = "120s"
 fn terminal_tasks(m: &Metrics, job: &str) -> f64 {
     TERMINAL
         .iter()
-        .map(|o| m.sum("qw_tasks_total", &[("job", job), ("outcome", o)]))
+        .map(|o| m.sum("qw_tasks_total", &[("qw_job", job), ("outcome", o)]))
         .sum()
 }
 
@@ -231,20 +231,23 @@ fn metrics_match_what_the_upstream_saw_and_are_consistent_across_daemons() {
         ),
         key.ok as f64
     );
-    assert_eq!(sum("qw_pages_total", &[("job", "trending")]), key.ok as f64);
     assert_eq!(
-        sum("qw_records_total", &[("job", "trending")]),
+        sum("qw_pages_total", &[("qw_job", "trending")]),
+        key.ok as f64
+    );
+    assert_eq!(
+        sum("qw_records_total", &[("qw_job", "trending")]),
         (key.ok * u64::from(ITEMS)) as f64
     );
 
     // Outcomes: quota ran out partway; each exhausted task had one rejected spend.
     let exhausted = sum(
         "qw_tasks_total",
-        &[("job", "trending"), ("outcome", "quota_exhausted")],
+        &[("qw_job", "trending"), ("outcome", "quota_exhausted")],
     );
     let done = sum(
         "qw_tasks_total",
-        &[("job", "trending"), ("outcome", "done")],
+        &[("qw_job", "trending"), ("outcome", "done")],
     );
     assert!(exhausted > 0.0, "some tasks ended quota_exhausted");
     assert_eq!(exhausted + done, REGIONS.len() as f64);
