@@ -388,14 +388,9 @@ impl Worker {
                             Stats::add(&self.stats.records, n as u64);
                         }
                         Err(e) if e.is_bad_response() => {
-                            conn.del::<_, ()>(&cursor_key).await?;
-                            let mut o = self.progress_outcome(
-                                OutcomeKind::Failed,
-                                &p,
-                                &format!("bad response: {e}"),
-                            );
-                            o.status = Some(200);
-                            break o;
+                            break self
+                                .fail(&cursor_key, &p, Some(200), &format!("bad response: {e}"))
+                                .await?;
                         }
                         Err(e) => {
                             self.checkpoint(&cursor_key, &save(&p)).await?;
@@ -519,26 +514,12 @@ impl Worker {
                 } => {
                     self.settle_reported(endpoint, &request_id, recorded, actual_cost, &mut p)
                         .await;
-                    // The request itself is wrong (a stale page token, say):
-                    // the next run starts over rather than repeat it.
-                    conn.del::<_, ()>(&cursor_key).await?;
-                    let mut o = self.progress_outcome(
-                        OutcomeKind::Failed,
-                        &p,
-                        &format!("upstream answered {status}: {detail}"),
-                    );
-                    o.status = Some(status);
-                    break o;
+                    let why = format!("upstream answered {status}: {detail}");
+                    break self.fail(&cursor_key, &p, Some(status), &why).await?;
                 }
                 Reply::BadBody { status, detail } => {
-                    conn.del::<_, ()>(&cursor_key).await?;
-                    let mut o = self.progress_outcome(
-                        OutcomeKind::Failed,
-                        &p,
-                        &format!("bad response: {detail}"),
-                    );
-                    o.status = Some(status);
-                    break o;
+                    let why = format!("bad response: {detail}");
+                    break self.fail(&cursor_key, &p, Some(status), &why).await?;
                 }
             }
         };
@@ -548,6 +529,22 @@ impl Worker {
         }
         self.finish(task, Some(job), &outcome).await?;
         Ok(outcome)
+    }
+
+    /// A failure the response itself caused (a 4xx such as a stale page
+    /// token, a body that does not decode): retrying would repeat it, so the
+    /// checkpoint goes and the next run starts over.
+    async fn fail(
+        &self,
+        cursor_key: &str,
+        p: &Progress,
+        status: Option<u16>,
+        why: &str,
+    ) -> Result<Outcome, TaskError> {
+        self.conn.clone().del::<_, ()>(cursor_key).await?;
+        let mut o = self.progress_outcome(OutcomeKind::Failed, p, why);
+        o.status = status;
+        Ok(o)
     }
 
     /// The upstream said what a request really cost (a cost header, on any
