@@ -80,7 +80,7 @@ impl Installed {
 fn the_service_layout_runs_with_what_systemd_provides() {
     const KEY: &str = "install-test-key";
     let redis = RedisServer::start();
-    let upstream = Upstream::start(
+    let upstream = Upstream::with(
         SimConfig {
             pages_per_query: 2,
             items_per_page: 3,

@@ -48,7 +48,7 @@ cost = 1
 }
 
 fn upstream() -> Upstream {
-    Upstream::start(
+    Upstream::with(
         SimConfig {
             pages_per_query: 3,
             items_per_page: 2,

@@ -79,7 +79,7 @@ fn terminal_tasks(m: &Metrics, job: &str) -> f64 {
 #[test]
 fn metrics_match_what_the_upstream_saw_and_are_consistent_across_daemons() {
     let redis = RedisServer::start();
-    let upstream = Upstream::start(
+    let upstream = Upstream::with(
         SimConfig {
             pages_per_query: PAGES,
             items_per_page: ITEMS,

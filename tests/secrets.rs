@@ -202,7 +202,7 @@ fn never_leaks(format: &str) {
     let wrong = format!("SeCrEt-wrong-{}", uuid::Uuid::new_v4().simple());
     let secrets = [secret.as_str(), wrong.as_str()];
     let redis = RedisServer::start();
-    let upstream = Upstream::start(
+    let upstream = Upstream::with(
         SimConfig {
             pages_per_query: 3,
             items_per_page: 3,

@@ -17,8 +17,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use quota_worker::simulator::{Fault, SimConfig, SimStats, Simulator};
-
 use crate::support::{TestConfig, bin, collect_lines, wait_until};
 
 /// One line of one notify datagram.
@@ -339,54 +337,10 @@ impl Drop for Proc {
     }
 }
 
-/// The simulated metered API on loopback, on a runtime of its own (the tests
-/// are synchronous: they drive processes).
-pub struct Upstream {
-    sim: Option<Simulator>,
-    rt: tokio::runtime::Runtime,
-}
-
-impl Upstream {
-    /// Starts it with `config`.
-    pub fn start(config: SimConfig) -> Self {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        let sim = rt
-            .block_on(Simulator::start(config))
-            .expect("start simulator");
-        Upstream { sim: Some(sim), rt }
-    }
-
-    fn sim(&self) -> &Simulator {
-        self.sim.as_ref().expect("simulator running")
-    }
-
-    /// `http://127.0.0.1:PORT`.
-    pub fn base_url(&self) -> String {
-        self.sim().base_url()
-    }
-
-    /// What it has seen so far.
-    pub fn stats(&self) -> SimStats {
-        self.sim().stats()
-    }
-
-    /// The next `count` requests get `fault`.
-    pub fn inject(&self, fault: Fault, count: u32) {
-        self.sim().inject(fault, count);
-    }
-}
-
-impl Drop for Upstream {
-    fn drop(&mut self) {
-        if let Some(sim) = self.sim.take() {
-            self.rt.block_on(sim.shutdown());
-        }
-    }
-}
+/// The simulated metered API on loopback, on a runtime of its own (not every
+/// test file that includes this module uses it).
+#[allow(unused_imports)]
+pub use crate::support::daemon::Upstream;
 
 /// A job that pages the simulator's videos list per region into
 /// `data/{job}/{region}.jsonl`, never fired by its schedule (`trigger` it).

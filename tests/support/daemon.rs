@@ -48,17 +48,23 @@ impl Upstream {
     /// `pages` pages per query of `items` items, one key with room for
     /// everything a test does.
     pub fn start(pages: u32, items: u32) -> Self {
+        Self::with(
+            SimConfig {
+                pages_per_query: pages,
+                items_per_page: items,
+                ..SimConfig::default()
+            }
+            .key(SIM_KEY, 1_000_000, Duration::from_secs(3600)),
+        )
+    }
+
+    /// Starts it with `config`.
+    pub fn with(config: SimConfig) -> Self {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .expect("runtime");
-        let config = SimConfig {
-            pages_per_query: pages,
-            items_per_page: items,
-            ..SimConfig::default()
-        }
-        .key(SIM_KEY, 1_000_000, Duration::from_secs(3600));
         let sim = rt
             .block_on(Simulator::start(config))
             .expect("start simulator");
