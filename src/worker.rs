@@ -141,7 +141,11 @@ pub enum Ran {
     Skipped(Skip),
 }
 
+/// Where a run is: its checkpoint's key and tick, the next page, and what
+/// it has done so far.
 struct Progress {
+    cursor_key: String,
+    tick: i64,
     page: u32,
     token: Option<String>,
     pages: u32,
@@ -296,6 +300,8 @@ impl Worker {
             .cloned()
             .unwrap_or_else(|| crate::config::Secret::new(""));
         let mut p = Progress {
+            cursor_key: cursor_key.clone(),
+            tick: task.tick,
             page: start.page,
             token: start.token,
             pages: 0,
@@ -303,11 +309,6 @@ impl Worker {
             units: 0,
         };
         let max_pages = job.max_pages();
-        let save = |p: &Progress| Checkpoint {
-            tick: task.tick,
-            page: p.page,
-            token: p.token.clone(),
-        };
 
         let outcome = loop {
             if p.page > max_pages {
@@ -324,32 +325,26 @@ impl Worker {
             let decision = match self.limiter.spend(&endpoint.name, None, &request_id).await {
                 Ok(d) => d,
                 Err(e) => {
-                    self.checkpoint(&cursor_key, &save(&p)).await?;
                     break self.limiter_down(task, &p, &e).await?;
                 }
             };
             let recorded = match decision {
                 Decision::Rejected(r) => {
                     Stats::add(&self.stats.rejected_spends, 1);
-                    self.checkpoint(&cursor_key, &save(&p)).await?;
-                    let mut o = self.progress_outcome(
-                        OutcomeKind::QuotaExhausted,
-                        &p,
-                        match r.by {
-                            RejectedBy::Blocked => {
-                                "credential blocked after the upstream throttled it"
-                            }
-                            RejectedBy::Window(_) => "spend rejected by a quota window",
-                        },
-                    );
-                    o.retry_after = Some(r.retry_after);
-                    if job.on_quota_exhausted == OnQuotaExhausted::Defer {
-                        o.requeued_in = Some(r.retry_after);
-                        self.queue
-                            .enqueue(&[(task.again(Origin::Defer), r.retry_after)])
-                            .await?;
-                    }
-                    break o;
+                    let why = match r.by {
+                        RejectedBy::Blocked => "credential blocked after the upstream throttled it",
+                        RejectedBy::Window(_) => "spend rejected by a quota window",
+                    };
+                    break self
+                        .wait_for_quota(
+                            task,
+                            job,
+                            &p,
+                            OutcomeKind::QuotaExhausted,
+                            r.retry_after,
+                            why,
+                        )
+                        .await?;
                 }
                 Decision::Allowed { .. } => true,
                 Decision::Unchecked => false,
@@ -389,11 +384,10 @@ impl Worker {
                         }
                         Err(e) if e.is_bad_response() => {
                             break self
-                                .fail(&cursor_key, &p, Some(200), &format!("bad response: {e}"))
+                                .fail(&p, Some(200), &format!("bad response: {e}"))
                                 .await?;
                         }
                         Err(e) => {
-                            self.checkpoint(&cursor_key, &save(&p)).await?;
                             break self
                                 .retry(task, job, &p, None, &format!("sink: {e}"))
                                 .await?;
@@ -411,7 +405,7 @@ impl Worker {
                         Some(token) if p.page < max_pages => {
                             p.page += 1;
                             p.token = Some(token);
-                            self.checkpoint(&cursor_key, &save(&p)).await?;
+                            self.save(&p).await?;
                         }
                         _ => {
                             conn.del::<_, ()>(&cursor_key).await?;
@@ -439,21 +433,22 @@ impl Worker {
                         .block(&endpoint.credential, block)
                         .await
                         .unwrap_or(block);
-                    self.checkpoint(&cursor_key, &save(&p)).await?;
                     let why = format!(
                         "upstream answered {status}{}; credential blocked for {}",
                         reason.map(|r| format!(" ({r})")).unwrap_or_default(),
                         crate::config::fmt_duration(blocked)
                     );
-                    let mut o = self.progress_outcome(OutcomeKind::UpstreamThrottled, &p, &why);
+                    let mut o = self
+                        .wait_for_quota(
+                            task,
+                            job,
+                            &p,
+                            OutcomeKind::UpstreamThrottled,
+                            blocked,
+                            &why,
+                        )
+                        .await?;
                     o.status = Some(status);
-                    o.retry_after = Some(blocked);
-                    if job.on_quota_exhausted == OnQuotaExhausted::Defer {
-                        o.requeued_in = Some(blocked);
-                        self.queue
-                            .enqueue(&[(task.again(Origin::Defer), blocked)])
-                            .await?;
-                    }
                     break o;
                 }
                 Reply::Unreached { detail } => {
@@ -465,7 +460,6 @@ impl Worker {
                             .ok();
                         p.units -= endpoint.cost.get();
                     }
-                    self.checkpoint(&cursor_key, &save(&p)).await?;
                     break self
                         .retry(
                             task,
@@ -477,7 +471,6 @@ impl Worker {
                         .await?;
                 }
                 Reply::TimedOut { detail } => {
-                    self.checkpoint(&cursor_key, &save(&p)).await?;
                     break self
                         .retry(
                             task,
@@ -496,7 +489,6 @@ impl Worker {
                     // says what it charged.
                     self.settle_reported(endpoint, &request_id, recorded, actual_cost, &mut p)
                         .await;
-                    self.checkpoint(&cursor_key, &save(&p)).await?;
                     break self
                         .retry(
                             task,
@@ -515,11 +507,11 @@ impl Worker {
                     self.settle_reported(endpoint, &request_id, recorded, actual_cost, &mut p)
                         .await;
                     let why = format!("upstream answered {status}: {detail}");
-                    break self.fail(&cursor_key, &p, Some(status), &why).await?;
+                    break self.fail(&p, Some(status), &why).await?;
                 }
                 Reply::BadBody { status, detail } => {
                     let why = format!("bad response: {detail}");
-                    break self.fail(&cursor_key, &p, Some(status), &why).await?;
+                    break self.fail(&p, Some(status), &why).await?;
                 }
             }
         };
@@ -536,12 +528,11 @@ impl Worker {
     /// checkpoint goes and the next run starts over.
     async fn fail(
         &self,
-        cursor_key: &str,
         p: &Progress,
         status: Option<u16>,
         why: &str,
     ) -> Result<Outcome, TaskError> {
-        self.conn.clone().del::<_, ()>(cursor_key).await?;
+        self.conn.clone().del::<_, ()>(&p.cursor_key).await?;
         let mut o = self.progress_outcome(OutcomeKind::Failed, p, why);
         o.status = status;
         Ok(o)
@@ -577,12 +568,43 @@ impl Worker {
             .max(Duration::from_millis(300))
     }
 
-    async fn checkpoint(&self, key: &str, cp: &Checkpoint) -> Result<(), TaskError> {
-        let mut conn = self.conn.clone();
-        let json = serde_json::to_string(cp).map_err(QueueError::from)?;
-        conn.set_ex::<_, _, ()>(key, json, CHECKPOINT_TTL.as_secs())
+    /// Checkpoints the run: the next run of the item resumes at `p.page`.
+    async fn save(&self, p: &Progress) -> Result<(), TaskError> {
+        let cp = Checkpoint {
+            tick: p.tick,
+            page: p.page,
+            token: p.token.clone(),
+        };
+        let json = serde_json::to_string(&cp).map_err(QueueError::from)?;
+        self.conn
+            .clone()
+            .set_ex::<_, _, ()>(&p.cursor_key, json, CHECKPOINT_TTL.as_secs())
             .await?;
         Ok(())
+    }
+
+    /// The quota (ours, or the upstream's) says wait `wait`: keep the
+    /// checkpoint and end now; with `on_quota_exhausted = "defer"`, queue a
+    /// copy for when it frees. Never sleeps, never counts as a failure.
+    async fn wait_for_quota(
+        &self,
+        task: &TaskArgs,
+        job: &Job,
+        p: &Progress,
+        kind: OutcomeKind,
+        wait: Duration,
+        why: &str,
+    ) -> Result<Outcome, TaskError> {
+        self.save(p).await?;
+        let mut o = self.progress_outcome(kind, p, why);
+        o.retry_after = Some(wait);
+        if job.on_quota_exhausted == OnQuotaExhausted::Defer {
+            o.requeued_in = Some(wait);
+            self.queue
+                .enqueue(&[(task.again(Origin::Defer), wait)])
+                .await?;
+        }
+        Ok(o)
     }
 
     fn outcome(&self, kind: OutcomeKind, page: u32, detail: &str) -> Outcome {
@@ -609,7 +631,7 @@ impl Worker {
     }
 
     /// A real failure: queue a retry with backoff, or fail when the attempts
-    /// are used up (the checkpoint stays, so the next run resumes).
+    /// are used up. Either way the checkpoint stays, so the next run resumes.
     async fn retry(
         &self,
         task: &TaskArgs,
@@ -618,6 +640,7 @@ impl Worker {
         status: Option<u16>,
         why: &str,
     ) -> Result<Outcome, TaskError> {
+        self.save(p).await?;
         let failures = task.failures + 1;
         if failures >= job.retry.attempts.get() {
             let mut o = self.progress_outcome(
@@ -658,6 +681,7 @@ impl Worker {
         p: &Progress,
         e: &QuotaError,
     ) -> Result<Outcome, TaskError> {
+        self.save(p).await?;
         let wait = Duration::from_secs(5);
         self.queue
             .enqueue(&[(task.again(Origin::Defer), wait)])
