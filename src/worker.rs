@@ -162,10 +162,10 @@ impl Worker {
     pub async fn run(&self, task: &TaskArgs) -> Result<Ran, TaskError> {
         let keys = self.keys().clone();
         let mut conn = self.conn.clone();
-        if conn.exists::<_, bool>(keys.task_done(&task.root)).await? {
-            return Ok(Ran::Skipped(Skip::AlreadyDone));
-        }
         let Some(job) = self.config.jobs.get(&task.job) else {
+            if conn.exists::<_, bool>(keys.task_done(&task.root)).await? {
+                return Ok(Ran::Skipped(Skip::AlreadyDone));
+            }
             let outcome = Outcome {
                 kind: OutcomeKind::Failed,
                 page: 0,
@@ -185,24 +185,34 @@ impl Worker {
         let lock_key = keys.item_lock(&job.name, &item_key);
         let lock_val = format!("{}#{}", task.id, crate::quota::request_id());
         let lock_ttl = self.lock_ttl();
-        let locked: bool = redis::cmd("SET")
-            .arg(&lock_key)
+        // One round trip: done marker, lock, checkpoint, completed tick.
+        let claim: Vec<String> = ITEM_LOCK
+            .call()
+            .key(&lock_key)
+            .key(keys.task_done(&task.root))
+            .key(keys.cursor(&job.name, &item_key))
+            .key(keys.item_ran(&job.name, &item_key))
+            .arg("claim")
             .arg(&lock_val)
-            .arg("NX")
-            .arg("PX")
             .arg(lock_ttl.as_millis() as u64)
-            .query_async::<Option<String>>(&mut conn)
-            .await?
-            .is_some();
-        if !locked {
-            // Another task works on this item (or a dead one's lock has yet
-            // to expire): come back shortly, as the same step.
-            self.queue
-                .enqueue(&[(task.again(Origin::Busy), BUSY_RETRY)])
-                .await?;
-            Stats::add(&self.stats.requeued, 1);
-            return Ok(Ran::Skipped(Skip::Busy));
-        }
+            .invoke(&mut conn)
+            .await?;
+        let (saved, ran) = match claim.as_slice() {
+            [state] if state == "0" => return Ok(Ran::Skipped(Skip::AlreadyDone)),
+            [_, saved, ran] => (
+                serde_json::from_str::<Checkpoint>(saved).ok(),
+                ran.parse::<i64>().ok(),
+            ),
+            _ => {
+                // Another task works on this item (or a dead one's lock has
+                // yet to expire): come back shortly, as the same step.
+                self.queue
+                    .enqueue(&[(task.again(Origin::Busy), BUSY_RETRY)])
+                    .await?;
+                Stats::add(&self.stats.requeued, 1);
+                return Ok(Ran::Skipped(Skip::Busy));
+            }
+        };
 
         // Renewed in the background, so a long request keeps the item and a
         // killed daemon's lock lapses within its TTL.
@@ -212,9 +222,10 @@ impl Worker {
             tokio::spawn(async move {
                 loop {
                     tokio::time::sleep(lock_ttl / 3).await;
-                    let renewed = RENEW
+                    let renewed = ITEM_LOCK
                         .call()
                         .key(&key)
+                        .arg("renew")
                         .arg(&val)
                         .arg(lock_ttl.as_millis() as u64)
                         .invoke::<i64>(&mut conn)
@@ -226,12 +237,13 @@ impl Worker {
             })
         };
         Stats::add(&self.stats.in_flight, 1);
-        let result = self.run_locked(task, job, endpoint).await;
+        let result = self.run_locked(task, job, endpoint, saved, ran).await;
         Stats::sub(&self.stats.in_flight, 1);
         renewer.abort();
-        let unlock = UNLOCK
+        let unlock = ITEM_LOCK
             .call()
             .key(&lock_key)
+            .arg("release")
             .arg(&lock_val)
             .invoke::<i64>(&mut conn)
             .await;
@@ -245,18 +257,14 @@ impl Worker {
         task: &TaskArgs,
         job: &Job,
         endpoint: &Endpoint,
+        saved: Option<Checkpoint>,
+        ran: Option<i64>,
     ) -> Result<Outcome, TaskError> {
         let keys = self.keys().clone();
         let mut conn = self.conn.clone();
         let item_key = task.item_key();
         let cursor_key = keys.cursor(&job.name, &item_key);
         let ran_key = keys.item_ran(&job.name, &item_key);
-        let (saved, ran): (Option<String>, Option<i64>) = redis::pipe()
-            .get(&cursor_key)
-            .get(&ran_key)
-            .query_async(&mut conn)
-            .await?;
-        let saved: Option<Checkpoint> = saved.and_then(|s| serde_json::from_str(&s).ok());
 
         // A copy of an older tick's task (redelivered after an incident, or
         // long queued) whose item a run of this tick or a newer one already
@@ -785,14 +793,5 @@ fn log_outcome(task: &TaskArgs, job: Option<&Job>, o: &Outcome) {
     }
 }
 
-static UNLOCK: std::sync::LazyLock<Lua> = std::sync::LazyLock::new(|| {
-    Lua::new(
-        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
-    )
-});
-
-static RENEW: std::sync::LazyLock<Lua> = std::sync::LazyLock::new(|| {
-    Lua::new(
-        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0",
-    )
-});
+static ITEM_LOCK: std::sync::LazyLock<Lua> =
+    std::sync::LazyLock::new(|| Lua::new(include_str!("../lua/item_lock.lua")));

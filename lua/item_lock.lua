@@ -1,0 +1,44 @@
+-- quota-worker: one task at a time per job fan-out item.
+--
+-- A task claims its item before its first spend, and in the same round trip
+-- learns whether it already ended (a redelivered copy), where the item's
+-- interrupted run stands, and the newest tick whose run completed it.
+--
+-- KEYS
+--   1  <prefix>:lock:<job>:<item>     string: who holds the item (task id#nonce)
+--   claim only:
+--   2  <prefix>:done:<task root>      set when the task ended for good
+--   3  <prefix>:cursor:<job>:<item>   the pagination checkpoint (JSON)
+--   4  <prefix>:ran:<job>:<item>      newest tick whose run completed the item
+--
+-- ARGV
+--   1  op: "claim" | "renew" | "release"
+--   2  the holder's value
+--   3  claim, renew: lock TTL, ms
+--
+-- Returns
+--   claim:   {0} the task already ended; {1} another task holds the item;
+--            {2, checkpoint or "", ran tick or ""} claimed
+--   renew:   1 if still held (and extended), 0 if lost
+--   release: 1 if released, 0 if it was no longer ours
+
+local op = ARGV[1]
+if op == 'claim' then
+  if redis.call('EXISTS', KEYS[2]) == 1 then
+    return { 0 }
+  end
+  if not redis.call('SET', KEYS[1], ARGV[2], 'NX', 'PX', ARGV[3]) then
+    return { 1 }
+  end
+  return { 2, redis.call('GET', KEYS[3]) or '', redis.call('GET', KEYS[4]) or '' }
+end
+if redis.call('GET', KEYS[1]) ~= ARGV[2] then
+  return 0
+end
+if op == 'renew' then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[3])
+end
+if op == 'release' then
+  return redis.call('DEL', KEYS[1])
+end
+return redis.error_reply('ERR quota-worker: unknown op ' .. tostring(op))
