@@ -1,0 +1,133 @@
+//! Helpers shared by the sections: connections, Redis introspection,
+//! latency percentiles, number formatting.
+
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use quota_worker::config::RedisUrl;
+use redis::aio::ConnectionManager;
+use serde::Serialize;
+
+use crate::support::RedisServer;
+
+pub const TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A multiplexed connection, as the daemon makes them.
+pub async fn connect(server: &RedisServer) -> ConnectionManager {
+    quota_worker::conn::connect(&RedisUrl::new(server.url()), TIMEOUT, 3)
+        .await
+        .expect("connect")
+}
+
+pub async fn del(conn: &mut ConnectionManager, keys: &[String]) {
+    if keys.is_empty() {
+        return;
+    }
+    let _: () = redis::cmd("DEL")
+        .arg(keys)
+        .query_async(conn)
+        .await
+        .expect("del");
+}
+
+pub async fn flushall(conn: &mut ConnectionManager) {
+    let _: () = redis::cmd("FLUSHALL")
+        .arg("SYNC")
+        .query_async(conn)
+        .await
+        .expect("FLUSHALL");
+}
+
+pub async fn redis_now_us(conn: &mut ConnectionManager) -> i64 {
+    let (s, us): (i64, i64) = redis::cmd("TIME").query_async(conn).await.expect("TIME");
+    s * 1_000_000 + us
+}
+
+pub async fn info_field(conn: &mut ConnectionManager, section: &str, field: &str) -> String {
+    let info: String = redis::cmd("INFO")
+        .arg(section)
+        .query_async(conn)
+        .await
+        .expect("INFO");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .unwrap_or("?")
+        .trim()
+        .to_owned()
+}
+
+pub async fn used_memory(conn: &mut ConnectionManager) -> i64 {
+    info_field(conn, "memory", "used_memory")
+        .await
+        .parse()
+        .expect("used_memory")
+}
+
+/// `MEMORY USAGE key SAMPLES 0` (exact: every element counted).
+pub async fn memory_usage(conn: &mut ConnectionManager, key: &str) -> i64 {
+    let n: Option<i64> = redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(key)
+        .arg("SAMPLES")
+        .arg(0)
+        .query_async(conn)
+        .await
+        .expect("MEMORY USAGE");
+    n.unwrap_or(0)
+}
+
+/// A latency recorder in ns (1 ns .. 60 s, 3 significant digits).
+pub fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("histogram bounds")
+}
+
+/// Percentiles in µs.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Lat {
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub p999_us: f64,
+    pub samples: u64,
+}
+
+pub fn lat(h: &Histogram<u64>) -> Lat {
+    let q = |x: f64| h.value_at_quantile(x) as f64 / 1000.0;
+    Lat {
+        p50_us: q(0.50),
+        p99_us: q(0.99),
+        p999_us: q(0.999),
+        samples: h.len(),
+    }
+}
+
+pub fn median(mut v: Vec<f64>) -> f64 {
+    assert!(!v.is_empty(), "median of nothing");
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+pub fn min_max(v: &[f64]) -> (f64, f64) {
+    v.iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), x| {
+            (lo.min(*x), hi.max(*x))
+        })
+}
+
+/// 12345.6 -> "12,346".
+pub fn thousands(x: f64) -> String {
+    let s = format!("{:.0}", x.round());
+    let (sign, digits) = s.strip_prefix('-').map_or(("", s.as_str()), |d| ("-", d));
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    format!("{sign}{out}")
+}

@@ -1,0 +1,14 @@
+//! Section `throughput`: not written yet.
+
+use crate::Ctx;
+use crate::report::Section;
+
+pub async fn run(_ctx: &Ctx) -> Section {
+    Section {
+        key: "throughput",
+        title: "throughput".into(),
+        markdown: "not measured yet\n".into(),
+        data: serde_json::Value::Null,
+        targets: Vec::new(),
+    }
+}
