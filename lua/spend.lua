@@ -8,7 +8,8 @@
 --
 -- KEYS
 --   1  <prefix>:{<credential>}:blocked   string: blocked-until, µs (upstream 429)
---   2  <prefix>:{<credential>}:clock     string: latest `now` seen, µs (keeps time monotonic)
+--   2  <prefix>:{<credential>}:clock     string: latest `now` a fixed window saw, µs
+--                                        (keeps time monotonic, see below)
 --   then, per window, in the order of ARGV[5..]:
 --     sliding: <...>:log    zset: request id -> spend time (µs)
 --              <...>:units  hash: request id -> units; field "#used" = sum of live units
@@ -59,12 +60,18 @@ local function int(n)
   return string.format('%d', n)
 end
 
--- Server time in µs, never earlier than any time this credential has seen: a
--- Redis clock stepped backwards (NTP, failover to a skewed replica) would
--- otherwise let entries expire early and admit more than the limit.
+-- Server time in µs, never earlier than any time a fixed window of this
+-- credential has seen: a Redis clock stepped backwards (NTP, failover to a
+-- skewed replica) would otherwise put `now` in an earlier period than the one
+-- a fixed window counts, which would then restart from 0 and admit more than
+-- the limit. Sliding windows need no such guard: a clock stepped back makes
+-- entries look younger, so they expire later (fewer admitted, never more).
+-- Both credential-wide strings are read in one call.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local seen = tonumber(redis.call('GET', KEYS[2]) or '0')
+local cred = redis.call('MGET', KEYS[1], KEYS[2])
+local blocked_until = tonumber(cred[1] or '0')
+local seen = tonumber(cred[2] or '0')
 if seen > now then
   now = seen
 end
@@ -80,6 +87,7 @@ end
 -- Parse the window specs and assign each its keys.
 local windows = {}
 local maxper = 1
+local has_fixed = false
 do
   local k = 3
   for i = 1, nwin do
@@ -99,6 +107,7 @@ do
         tz[j] = tonumber(tz[j]) * 1000
       end
       w.tz = tz
+      has_fixed = true
       k = k + 1
     else
       return redis.error_reply('ERR quota-worker: unknown window kind ' .. tostring(f[1]))
@@ -152,15 +161,21 @@ local function period_of(w)
   return n, ends
 end
 
--- Drop a sliding window's expired entries; return its live units.
+-- Drop a sliding window's expired entries. Returns false when the window is
+-- empty or was wholly expired (then dropped in one step), true when it holds
+-- live entries. The common case, nothing expired, is one ZRANGE.
 local function evict(w)
   local cutoff = now - w.per
-  local newest = redis.call('ZRANGE', w.log, -1, -1, 'WITHSCORES')
-  if #newest == 0 or tonumber(newest[2]) <= cutoff then
+  local oldest = redis.call('ZRANGE', w.log, 0, 0, 'WITHSCORES')
+  if #oldest > 0 and tonumber(oldest[2]) > cutoff then
+    return true
+  end
+  local newest = #oldest > 0 and redis.call('ZRANGE', w.log, -1, -1, 'WITHSCORES')
+  if not newest or tonumber(newest[2]) <= cutoff then
     -- Empty or wholly expired (an idle gap): drop it in one step, however big;
     -- UNLINK frees the memory off the main thread.
     redis.call('UNLINK', w.log, w.units_key)
-    return 0
+    return false
   end
   while true do
     local old = redis.call('ZRANGEBYSCORE', w.log, '-inf', cutoff, 'LIMIT', 0, BATCH)
@@ -176,27 +191,28 @@ local function evict(w)
     redis.call('ZREMRANGEBYRANK', w.log, 0, #old - 1)
     redis.call('HINCRBY', w.units_key, USED, -sum)
   end
-  return tonumber(redis.call('HGET', w.units_key, USED) or '0')
+  return true
 end
 
--- Fixed window: live units of the current period (a new period starts at 0).
-local function fixed_used(w)
+-- A window's live units, and whether request `id` is already counted in it
+-- (one read per window: the units and the id together).
+local function state_of(w, id)
+  if w.kind == 'sliding' then
+    if not evict(w) then
+      return 0, false
+    end
+    local r = redis.call('HMGET', w.units_key, USED, id)
+    return tonumber(r[1] or '0'), r[2] ~= false
+  end
   local n, ends = period_of(w)
   w.period, w.ends = n, ends
-  local state = redis.call('HMGET', w.state, PERIOD, USED)
-  if tonumber(state[1]) ~= n then
-    return 0, true
+  local r = redis.call('HMGET', w.state, PERIOD, USED, id)
+  if tonumber(r[1]) ~= n then
+    -- A new period starts at 0; the old one's state is reset on the next write.
+    w.stale = true
+    return 0, false
   end
-  return tonumber(state[2] or '0'), false
-end
-
-local function used_of(w)
-  if w.kind == 'sliding' then
-    return evict(w)
-  end
-  local used, stale = fixed_used(w)
-  w.stale = stale
-  return used
+  return tonumber(r[2] or '0'), r[3] ~= false
 end
 
 -- µs until a sliding window has freed `need` units, oldest entries first. Each
@@ -236,9 +252,8 @@ local function frees_in(w, need)
 end
 
 local function blocked_for()
-  local until_ = tonumber(redis.call('GET', KEYS[1]) or '0')
-  if until_ > now then
-    return until_ - now
+  if blocked_until > now then
+    return blocked_until - now
   end
   return 0
 end
@@ -247,8 +262,9 @@ local function ms(us)
   return math.ceil(us / 1000)
 end
 
+-- Only fixed windows need the clock remembered (see the top).
 local function remember_now()
-  if seen < now then
+  if has_fixed and seen < now then
     local ttl = math.max(ms(maxper), redis.call('PTTL', KEYS[2]))
     redis.call('SET', KEYS[2], int(now), 'PX', ttl)
   end
@@ -257,11 +273,10 @@ end
 if op == 'block' then
   local dur = tonumber(ARGV[2]) * 1000
   local until_ = now + dur
-  local current = tonumber(redis.call('GET', KEYS[1]) or '0')
-  if until_ > current then
+  if until_ > blocked_until then
     -- Never shortens a longer block set by another worker.
     redis.call('SET', KEYS[1], int(until_), 'PX', ms(dur))
-    remember_now()
+    blocked_until = until_
   end
   return { ms(blocked_for()) }
 end
@@ -270,7 +285,7 @@ if op == 'peek' then
   local out = { ms(blocked_for()) }
   for i = 1, nwin do
     local w = windows[i]
-    local used = used_of(w)
+    local used = state_of(w, USED)
     local free_in = 0
     if used > 0 then
       if w.kind == 'fixed' then
@@ -337,10 +352,9 @@ local used = {}
 local duplicate = false
 for i = 1, nwin do
   local w = windows[i]
-  used[i] = used_of(w)
-  if redis.call('HEXISTS', w.units_key or w.state, id) == 1 and not w.stale then
-    duplicate = true
-  end
+  local seen_id
+  used[i], seen_id = state_of(w, id)
+  duplicate = duplicate or seen_id
   local left = w.units - used[i]
   if remaining == nil or left < remaining then
     remaining = left

@@ -245,6 +245,20 @@ impl RedisServer {
         }
     }
 
+    /// Restarts it with its wall clock reading `start` (a server started by
+    /// [`RedisServer::start_at`]): the clock can step backwards, as after an
+    /// NTP step or a failover to a replica whose clock is behind. `SAVE` first
+    /// to keep the data.
+    pub fn restart_at(&mut self, start: chrono::DateTime<chrono::Utc>) {
+        let at = self
+            .env
+            .iter_mut()
+            .find(|(k, _)| k == "QW_FAKE_START_US")
+            .expect("restart_at needs a server from start_at");
+        at.1 = start.timestamp_micros().to_string();
+        self.restart();
+    }
+
     /// Starts it again on the same port (after `stop`/`kill`).
     pub fn restart(&mut self) {
         self.stop();
