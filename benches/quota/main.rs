@@ -10,6 +10,8 @@
 //! cargo bench --bench quota -- --out DIR         # default target/quota-bench
 //! ```
 //!
+//! `cargo test --all-targets` runs it too, as the smoke run.
+//!
 //! Writes `report.md`, `report.json` and `growth.svg` into the output
 //! directory and prints the markdown. Nothing here asserts a speed: the
 //! targets are checked and reported, met or not (BENCHMARKS.md).
@@ -46,7 +48,9 @@ const SECTIONS: [&str; 6] = ["throughput", "exactness", "memory", "growth", "idl
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let mut quick = false;
+    // `cargo bench` passes `--bench`; `cargo test --all-targets` (the test
+    // suite, CI) passes nothing and gets the smoke run.
+    let mut quick = !std::env::args().any(|a| a == "--bench");
     let mut out = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/quota-bench");
     let mut only = Vec::new();
     while let Some(a) = args.next() {
@@ -114,6 +118,20 @@ async fn bench(quick: bool, out: PathBuf, only: Vec<String>) {
     .expect("write report.json");
     println!("{md}");
     eprintln!("report: {}", ctx.out.join("report.md").display());
+    let broken: Vec<_> = sections
+        .iter()
+        .flat_map(|s| &s.targets)
+        .filter(|t| t.correctness && !t.met)
+        .collect();
+    if !broken.is_empty() {
+        for t in broken {
+            eprintln!(
+                "CORRECTNESS: {}: wanted {}, got {}",
+                t.what, t.target, t.measured
+            );
+        }
+        std::process::exit(1);
+    }
 }
 
 #[derive(serde::Serialize)]

@@ -14,6 +14,9 @@ pub struct Target {
     pub measured: String,
     /// Whether the measurement meets the target.
     pub met: bool,
+    /// A correctness promise rather than a speed: missing it fails the run
+    /// (exit 1), in smoke mode too. Speed targets never fail it.
+    pub correctness: bool,
 }
 
 impl Target {
@@ -28,7 +31,14 @@ impl Target {
             target: target.into(),
             measured: measured.into(),
             met,
+            correctness: false,
         }
+    }
+
+    /// Marks it a correctness promise (see [`Target::correctness`]).
+    pub fn correctness(mut self) -> Self {
+        self.correctness = true;
+        self
     }
 }
 
