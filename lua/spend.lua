@@ -12,7 +12,8 @@
 --                                        (keeps time monotonic, see below)
 --   then, per window, in the order of ARGV[5..]:
 --     sliding: <...>:log    zset: request id -> spend time (µs)
---              <...>:units  hash: request id -> units; field "#used" = sum of live units
+--              <...>:units  hash: request id -> units; field "#used" = sum of live units,
+--                           "#expires" = when both keys' TTL runs out (µs)
 --     fixed:   <...>:fixed  hash: "#period" = period number, "#used", request id -> units
 --
 -- ARGV
@@ -52,6 +53,7 @@
 local BATCH = 500
 local USED = '#used'
 local PERIOD = '#period'
+local EXPIRES = '#expires'
 
 local op = ARGV[1]
 local nwin = tonumber(ARGV[4])
@@ -195,13 +197,16 @@ local function evict(w)
 end
 
 -- A window's live units, and whether request `id` is already counted in it
--- (one read per window: the units and the id together).
+-- (one read per window: the units, the id and, for a sliding window, when
+-- its keys expire).
 local function state_of(w, id)
   if w.kind == 'sliding' then
+    w.expires = 0
     if not evict(w) then
       return 0, false
     end
-    local r = redis.call('HMGET', w.units_key, USED, id)
+    local r = redis.call('HMGET', w.units_key, USED, id, EXPIRES)
+    w.expires = tonumber(r[3] or '0')
     return tonumber(r[1] or '0'), r[2] ~= false
   end
   local n, ends = period_of(w)
@@ -389,18 +394,28 @@ for i = 1, nwin do
   local w = windows[i]
   if w.kind == 'sliding' then
     redis.call('ZADD', w.log, now, id)
-    redis.call('HSET', w.units_key, id, cost)
     redis.call('HINCRBY', w.units_key, USED, cost)
-    redis.call('PEXPIRE', w.log, ms(w.per) + 1000)
-    redis.call('PEXPIRE', w.units_key, ms(w.per) + 1000)
+    if w.expires >= now + w.per then
+      redis.call('HSET', w.units_key, id, cost)
+    else
+      -- The keys must outlive this entry by a window. Their TTL is set with
+      -- some slack (a quarter window, 1 s to 1 h), so most spends skip the
+      -- two PEXPIREs; idle keys linger at most that much longer.
+      local slack = math.min(math.max(math.floor(w.per / 4), 1000000), 3600000000)
+      redis.call('HSET', w.units_key, id, cost, EXPIRES, int(now + w.per + slack))
+      redis.call('PEXPIRE', w.log, ms(w.per + slack))
+      redis.call('PEXPIRE', w.units_key, ms(w.per + slack))
+    end
   else
     if w.stale then
+      -- A period's state expires a second after the period ends: set once.
       redis.call('UNLINK', w.state)
-      redis.call('HSET', w.state, PERIOD, w.period)
+      redis.call('HSET', w.state, PERIOD, w.period, id, cost)
+      redis.call('PEXPIRE', w.state, ms(w.ends - now) + 1000)
+    else
+      redis.call('HSET', w.state, id, cost)
     end
-    redis.call('HSET', w.state, id, cost)
     redis.call('HINCRBY', w.state, USED, cost)
-    redis.call('PEXPIRE', w.state, ms(w.ends - now) + 1000)
   end
   local left = w.units - used[i] - cost
   if remaining == nil or left < remaining then

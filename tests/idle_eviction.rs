@@ -113,7 +113,7 @@ async fn a_wholly_expired_window_of_100k_entries_is_dropped_and_counts_right() {
     assert_eq!((w.used, w.remaining), (1, 199_999));
     assert_eq!(zcard(&server, &format!("{base}:log")), 1);
     let fields: i64 = server.cmd(&["HLEN", &format!("{base}:units")]);
-    assert_eq!(fields, 2, "the new entry and #used");
+    assert_eq!(fields, 3, "the new entry, #used and #expires");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -166,7 +166,7 @@ async fn partly_expired_100k_entries_are_evicted_in_batches_and_count_right() {
     assert_eq!(w.used, 4 + 15 + 2);
     assert_eq!(zcard(&server, &format!("{base}:log")), 5);
     let fields: i64 = server.cmd(&["HLEN", &format!("{base}:units")]);
-    assert_eq!(fields, 6, "five live entries and #used");
+    assert_eq!(fields, 7, "five live entries, #used and #expires");
     let old: i64 = server.cmd(&["HEXISTS", &format!("{base}:units"), "old-0099999"]);
     assert_eq!(old, 0);
 }

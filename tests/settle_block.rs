@@ -78,8 +78,9 @@ async fn settle_refunds_adjusts_and_ignores_unknown_ids() {
     assert_eq!(n, 3, "every window the spend touched");
     assert_eq!(used(&limiter).await, [0, 0, 0]);
     for (key, n) in entries(&server) {
-        // Left: a unit hash's "#used", a fixed window's "#period" and "#used".
-        let expect = if key.ends_with(":fixed") { 2 } else { 1 };
+        // Left: a unit hash's "#used" and "#expires", a fixed window's
+        // "#period" and "#used".
+        let expect = 2;
         assert_eq!(n, expect, "{key} still holds the refunded request");
     }
 

@@ -62,7 +62,10 @@ fn cost_100_on_950_units_admits_exactly_nine_with_one_entry_each() {
         assert_eq!(n, 9, "{log} holds one entry per spend, not one per unit");
         let units = log.replace(":log", ":units");
         let fields: i64 = server.cmd(&["HLEN", &units]);
-        assert_eq!(fields, 10, "{units}: 9 spends and the #used counter");
+        assert_eq!(
+            fields, 11,
+            "{units}: 9 spends, the #used counter and #expires"
+        );
         let used: i64 = server.cmd(&["HGET", &units, "#used"]);
         assert_eq!(used, 900);
     }

@@ -123,7 +123,7 @@ fn config_text(p: &Phase) -> String {
 }
 
 pub async fn run(ctx: &Ctx) -> Section {
-    let secs = if ctx.quick { 1.5 } else { 5.0 };
+    let secs = if ctx.quick { 2.0 } else { 5.0 };
     let phases = [
         Phase {
             name: "cost 1",
