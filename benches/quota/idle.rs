@@ -12,8 +12,8 @@ use serde_json::json;
 use crate::Ctx;
 use crate::common::{self, TIMEOUT, median, min_max, thousands};
 use crate::growth::{
-    HUGE, PER_US, fill_naive, fill_ours, hlen, ms, naive_key, naive_spend, ours_keys, quotas,
-    short, unlink, used_units, wait_lazyfree, zcard,
+    HUGE, PER_US, entry_fields, fill_naive, fill_ours, ms, naive_key, naive_spend, ours_keys,
+    quotas, short, unlink, used_units, wait_lazyfree, zcard,
 };
 use crate::report::Section;
 
@@ -292,8 +292,8 @@ async fn one(
         g.label
     );
     assert_eq!(
-        hlen(conn, &keys[1]).await,
-        live + 3,
+        entry_fields(conn, &keys[1]).await,
+        live + 2,
         "{}: units fields after eviction",
         g.label
     );
