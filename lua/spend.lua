@@ -8,8 +8,8 @@
 --
 -- KEYS
 --   1  <prefix>:{<credential>}:blocked   string: blocked-until, µs (upstream 429)
---   2  <prefix>:{<credential>}:clock     string: latest `now` a fixed window saw, µs
---                                        (keeps time monotonic, see below)
+--   2  <prefix>:{<credential>}:clock     string: when a fixed window last started a
+--                                        period, µs (keeps time monotonic, see below)
 --   then, per window, in the order of ARGV[5..]:
 --     sliding: <...>:log    zset: request id -> spend time (µs)
 --              <...>:units  hash: request id -> units; field "#used" = sum of live units,
@@ -62,8 +62,8 @@ local function int(n)
   return string.format('%d', n)
 end
 
--- Server time in µs, never earlier than any time a fixed window of this
--- credential has seen: a Redis clock stepped backwards (NTP, failover to a
+-- Server time in µs, never earlier than the start of any period a fixed
+-- window of this credential counts: a Redis clock stepped backwards (NTP, failover to a
 -- skewed replica) would otherwise put `now` in an earlier period than the one
 -- a fixed window counts, which would then restart from 0 and admit more than
 -- the limit. Sliding windows need no such guard: a clock stepped back makes
@@ -89,7 +89,6 @@ end
 -- Parse the window specs and assign each its keys.
 local windows = {}
 local maxper = 1
-local has_fixed = false
 do
   local k = 3
   for i = 1, nwin do
@@ -104,12 +103,10 @@ do
     elseif w.kind == 'fixed' then
       w.state = KEYS[k]
       w.reset = tonumber(f[4]) * 1000
-      local tz = split(f[5], '|')
-      for j = 1, #tz do
-        tz[j] = tonumber(tz[j]) * 1000
-      end
-      w.tz = tz
-      has_fixed = true
+      -- The zone's table runs ten years ahead; it is parsed only as far as
+      -- needed (see cover), usually the first few changes.
+      local a, b, off = string.find(f[5], '^(%-?%d+)')
+      w.tz, w.tzspec, w.tzpos = { tonumber(off) * 1000 }, f[5], b + 1
       k = k + 1
     else
       return redis.error_reply('ERR quota-worker: unknown window kind ' .. tostring(f[1]))
@@ -118,8 +115,26 @@ do
   end
 end
 
--- UTC offset (µs) in effect at UTC instant `at` (µs).
-local function offset_at(tz, at)
+-- Parses window w's zone table until it holds a change after `upto` (µs),
+-- or all of it: tz = { offset, at, offset, at, offset, ... } in µs.
+local function cover(w, upto)
+  local tz = w.tz
+  while w.tzpos and (#tz == 1 or tz[#tz - 1] <= upto) do
+    local a, b, at, off = string.find(w.tzspec, '^|(%-?%d+)|(%-?%d+)', w.tzpos)
+    if a then
+      tz[#tz + 1] = tonumber(at) * 1000
+      tz[#tz + 1] = tonumber(off) * 1000
+      w.tzpos = b + 1
+    else
+      w.tzpos = nil
+    end
+  end
+  return tz
+end
+
+-- UTC offset (µs) in effect at UTC instant `at` (µs) in window w's zone.
+local function offset_at(w, at)
+  local tz = cover(w, at)
   local off = tz[1]
   for j = 2, #tz, 2 do
     if at >= tz[j] then
@@ -135,14 +150,15 @@ end
 -- A wall time a DST jump skips (02:00 on a spring-forward night; midnight
 -- where DST starts at 00:00) is first reached at the jump itself: taking
 -- either offset there would put it an hour early or an hour late.
-local function wall_to_utc(tz, wall, hint)
-  local off = offset_at(tz, wall - offset_at(tz, hint))
+local function wall_to_utc(w, wall, hint)
+  local off = offset_at(w, wall - offset_at(w, hint))
   local utc = wall - off
-  local actual = offset_at(tz, utc)
+  local actual = offset_at(w, utc)
   if actual == off then
     return utc
   end
   local lo, hi = math.min(utc, wall - actual), math.max(utc, wall - actual)
+  local tz = cover(w, hi)
   for j = 2, #tz, 2 do
     if tz[j] > lo and tz[j] <= hi then
       return tz[j]
@@ -153,10 +169,10 @@ end
 
 -- Fixed window: the number of the calendar period holding `now`, and when it ends.
 local function period_of(w)
-  local off = offset_at(w.tz, now)
+  local off = offset_at(w, now)
   local wall = now + off
   local n = math.floor((wall - w.reset) / w.per)
-  local ends = wall_to_utc(w.tz, (n + 1) * w.per + w.reset, now)
+  local ends = wall_to_utc(w, (n + 1) * w.per + w.reset, now)
   if ends <= now then
     ends = now + 1000
   end
@@ -267,11 +283,15 @@ local function ms(us)
   return math.ceil(us / 1000)
 end
 
--- Only fixed windows need the clock remembered (see the top).
-local function remember_now()
-  if has_fixed and seen < now then
-    local ttl = math.max(ms(maxper), redis.call('PTTL', KEYS[2]))
+-- Remembers `now` when a fixed window starts a period (see the top): from
+-- then on no `now` falls before that period's start, so none can fall in an
+-- earlier period. Spends within a period need not write it. It lives at
+-- least as long as the window's state.
+local function remember_now(w)
+  if seen < now then
+    local ttl = math.max(ms(maxper), ms(w.ends - now) + 1000, redis.call('PTTL', KEYS[2]))
     redis.call('SET', KEYS[2], int(now), 'PX', ttl)
+    seen = now
   end
 end
 
@@ -388,7 +408,6 @@ if retry > 0 then
   return { 0, remaining, ms(retry), rejecting }
 end
 
-remember_now()
 remaining = nil
 for i = 1, nwin do
   local w = windows[i]
@@ -409,6 +428,7 @@ for i = 1, nwin do
   else
     if w.stale then
       -- A period's state expires a second after the period ends: set once.
+      remember_now(w)
       redis.call('UNLINK', w.state)
       redis.call('HSET', w.state, PERIOD, w.period, id, cost)
       redis.call('PEXPIRE', w.state, ms(w.ends - now) + 1000)
