@@ -95,6 +95,12 @@ pub struct RunOptions {
     /// Fault injection for tests of the watchdog: the scheduler loop blocks
     /// forever after its first beat (`QUOTA_WORKER_FAULT=wedge-scheduler`).
     pub wedge_scheduler: bool,
+    /// Exists only for `benches/quota/e2e.rs`, which compares the pipeline
+    /// with and without the limiter: workers treat every spend as admitted
+    /// without calling Redis (nothing recorded, so nothing settled or
+    /// refunded). No config field, flag or variable sets it.
+    #[doc(hidden)]
+    pub bench_skip_spend: bool,
 }
 
 /// A name unique to this process and incarnation: apalis refuses to
@@ -260,6 +266,7 @@ async fn run_on(
         sinks: Sinks::new(config.dir.clone()),
         stats: shared.stats.clone(),
         events: shared.events.clone(),
+        bench_skip_spend: opts.bench_skip_spend,
     });
     info!(
         redis = %url,
