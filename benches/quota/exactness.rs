@@ -241,7 +241,7 @@ pub async fn run(ctx: &Ctx) -> Section {
     ));
     Section {
         key: "exactness",
-        title: "5. Exactness under load".into(),
+        title: "Exactness under load".into(),
         markdown: md,
         data: json!({ "phases": results }),
         targets,

@@ -565,8 +565,7 @@ pub async fn run(ctx: &Ctx) -> Section {
     ));
     if plotted {
         md.push_str(&format!(
-            "\nPlot: [growth.svg](growth.svg) (`{}`): p50 solid, p99 dashed; both axes logarithmic.\n",
-            svg.display()
+            "\nPlot: [growth.svg](growth.svg) (beside this report): p50 solid, p99 dashed; both axes logarithmic.\n"
         ));
     } else {
         md.push_str("\nPlot: not written (see the bench's stderr).\n");
@@ -595,7 +594,7 @@ pub async fn run(ctx: &Ctx) -> Section {
                 "max_gap_vs_naive_ms": checks.retry_gap_ms,
             },
             "cases": cases_json,
-            "plot": if plotted { Some(svg.display().to_string()) } else { None },
+            "plot": if plotted { Some("growth.svg") } else { None },
         }),
         targets,
     }

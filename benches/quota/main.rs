@@ -44,7 +44,8 @@ pub struct Ctx {
     pub out: PathBuf,
 }
 
-const SECTIONS: [&str; 6] = ["throughput", "exactness", "memory", "growth", "idle", "e2e"];
+/// In the order (exactness, its item 5, last of those), then ours.
+const SECTIONS: [&str; 6] = ["throughput", "memory", "growth", "e2e", "exactness", "idle"];
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -217,9 +218,10 @@ fn markdown(quick: bool, m: &Machine, sections: &[Section]) -> String {
         }
         s.push('\n');
     }
-    for sec in sections {
+    for (i, sec) in sections.iter().enumerate() {
         s.push_str(&format!(
-            "## {}\n\n{}\n",
+            "## {}. {}\n\n{}\n",
+            i + 1,
             sec.title,
             sec.markdown.trim_end()
         ));

@@ -155,7 +155,8 @@ pub async fn run(ctx: &Ctx) -> Section {
     md.push_str(&format!(
         "\nAt cost 100 spend.lua keeps **{:.2}%** of the naive log's bytes per call ({:.0}× less): one log entry and one units field per call \
          against 100 zset members. At cost 1 it keeps **{:.0}%** of the naive log's ({:.2}× more): the units hash field is the price of \
-         O(1) weighted calls, exact `#used`, refunds and idempotent ids. Not counted above: the credential's clock key, {clock} B once per credential.\n",
+         O(1) weighted calls, exact `#used`, refunds and idempotent ids. The units hash also holds `#used` and `#expires`, once per window. \
+         Not counted above: the credential's clock key ({clock} B here: only a fixed window writes it), once per credential.\n",
         pct(100),
         per_call(100, Imp::Naive) / per_call(100, Imp::Ours),
         pct(1),
