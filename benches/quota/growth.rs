@@ -564,9 +564,9 @@ pub async fn run(ctx: &Ctx) -> Section {
             .join(", ")
     ));
     if plotted {
-        md.push_str(&format!(
-            "\nPlot: [growth.svg](growth.svg) (beside this report): p50 solid, p99 dashed; both axes logarithmic.\n"
-        ));
+        md.push_str(
+            "\nPlot: [growth.svg](growth.svg) (beside this report): p50 solid, p99 dashed; both axes logarithmic.\n",
+        );
     } else {
         md.push_str("\nPlot: not written (see the bench's stderr).\n");
     }
