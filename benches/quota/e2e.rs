@@ -145,7 +145,7 @@ struct PerTask {
 }
 
 pub async fn run(ctx: &Ctx) -> Section {
-    let (n, rounds) = if ctx.quick { (300, 1) } else { (2_000, 5) };
+    let (n, rounds) = if ctx.quick { (300, 1) } else { (2_000, 9) };
     let sinks = sink_dirs();
     let redis = RedisServer::start();
     let mut conn = connect(&redis).await;
