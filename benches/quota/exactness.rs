@@ -87,6 +87,10 @@ struct PhaseResult {
     inconsistent_rejections: usize,
     /// How far the script's clock (TIME) and the caller's differ, µs, at most.
     clock_offset_us: i64,
+    /// The longest time between two snapshot passes; the history is complete
+    /// only while that stays under the shortest window.
+    max_snapshot_gap_ms: f64,
+    history_complete: bool,
 }
 
 fn now_us() -> i64 {
@@ -185,6 +189,20 @@ pub async fn run(ctx: &Ctx) -> Section {
             r.cost_mismatches,
         ));
         let bookkeeping = r.missed_admissions + r.unknown_admissions + r.cost_mismatches;
+        if !r.history_complete {
+            // The reader stalled for longer than a window: admissions may
+            // have expired unseen, so nothing can be concluded either way.
+            targets.push(Target::new(
+                format!("exactness, {}", r.name),
+                "a complete history",
+                format!(
+                    "inconclusive: the snapshot reader stalled {:.0} ms",
+                    r.max_snapshot_gap_ms
+                ),
+                false,
+            ));
+            continue;
+        }
         targets.push(
             Target::new(
                 format!("exactness, {}: units in any trailing window", r.name),
@@ -236,8 +254,13 @@ pub async fn run(ctx: &Ctx) -> Section {
         }
     }
     md.push_str(&format!(
-        "\nThe caller's clock and Redis `TIME` differed by at most {} µs (same host, same kernel clock).\n",
-        results.iter().map(|r| r.clock_offset_us).max().unwrap_or(0)
+        "\nThe caller's clock and Redis `TIME` differed by at most {} µs (same host, same kernel clock). \
+         The snapshot reader's longest gap was {:.0} ms (the shortest window is 1,000 ms; a longer gap would make the history incomplete and the check inconclusive).\n",
+        results.iter().map(|r| r.clock_offset_us).max().unwrap_or(0),
+        results
+            .iter()
+            .map(|r| r.max_snapshot_gap_ms)
+            .fold(0.0, f64::max)
     ));
     Section {
         key: "exactness",
@@ -273,8 +296,12 @@ async fn phase(ctx: &Ctx, p: &Phase) -> PhaseResult {
         let mut stop = stop_rx.clone();
         tokio::spawn(async move {
             let mut seen: HashMap<String, (i64, u64)> = HashMap::new();
+            // From the start of one pass to the end of the next: an entry
+            // admitted in between is read unless that outlasts a window.
+            let (mut max_gap, mut prev_start) = (Duration::ZERO, None::<Instant>);
             loop {
                 let done = *stop.borrow();
+                let start = Instant::now();
                 for (log, units) in &logs {
                     let (entries, costs): (Vec<(String, f64)>, HashMap<String, String>) =
                         redis::pipe()
@@ -297,8 +324,12 @@ async fn phase(ctx: &Ctx, p: &Phase) -> PhaseResult {
                         seen.insert(id, (score as i64, cost));
                     }
                 }
+                if let Some(prev) = prev_start {
+                    max_gap = max_gap.max(prev.elapsed());
+                }
+                prev_start = Some(start);
                 if done {
-                    return seen;
+                    return (seen, max_gap);
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_millis(100)) => {}
@@ -347,10 +378,14 @@ async fn phase(ctx: &Ctx, p: &Phase) -> PhaseResult {
     }
     let elapsed = started.elapsed().as_secs_f64();
     stop_tx.send(true).expect("reader alive");
-    let seen = reader.await.expect("reader");
+    let (seen, max_gap) = reader.await.expect("reader");
     common::del(&mut admin, &keys).await;
 
-    check(p, calls, seen, elapsed, clock_offset_us)
+    let mut r = check(p, calls, seen, elapsed, clock_offset_us);
+    r.max_snapshot_gap_ms = max_gap.as_secs_f64() * 1000.0;
+    let shortest = p.windows.iter().map(|w| w.1).min().expect("windows");
+    r.history_complete = max_gap < Duration::from_millis(shortest);
+    r
 }
 
 /// Upper bound on |caller clock − Redis TIME|: TIME read between two
@@ -497,5 +532,7 @@ fn check(
         unjustified_rejections: unjustified,
         inconsistent_rejections: inconsistent,
         clock_offset_us,
+        max_snapshot_gap_ms: 0.0,
+        history_complete: false,
     }
 }
