@@ -17,7 +17,7 @@ use crate::config::{Config, RedisUrl, Secrets};
 use crate::embedded::{EmbeddedError, EmbeddedRedis};
 use crate::fetch::Fetcher;
 use crate::keys::KeySpace;
-use crate::queue::{Origin, Queue, RETENTION, TaskArgs};
+use crate::queue::{Origin, Queue, RETENTION, TaskArgs, Ticker};
 use crate::quota::{Limiter, Quotas};
 use crate::sink::Sinks;
 use crate::stats::Stats;
@@ -549,7 +549,7 @@ async fn supervise_worker(
             .backend(
                 queue
                     .storage()
-                    .poll_with_interval(config.worker.poll_interval),
+                    .poll_with_strategy(Ticker::new(config.worker.poll_interval)),
             )
             .concurrency(config.worker.concurrency.get())
             .data(worker.clone())

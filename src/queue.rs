@@ -16,9 +16,10 @@
 //!   derived from `[worker] recover_after`.
 
 use std::sync::LazyLock;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use apalis::prelude::{TaskBuilder, TaskId};
+use apalis::prelude::{PollSnapshot, PollStrategy, TaskBuilder, TaskId};
 use apalis_redis::RedisStorage;
 use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
@@ -38,6 +39,40 @@ const TRIM_STEP: usize = 1_000;
 
 /// How long finished tasks stay in apalis's sets before [`Queue::trim`] drops them.
 pub const RETENTION: Duration = Duration::from_secs(3_600);
+
+/// When an idle apalis worker fetches again: every `poll_interval`, like
+/// apalis's `poll_with_interval`, without its lost wake-up (apalis pitfall
+/// 13). apalis-core 1.0's `IntervalStrategy` replaces a fired timer with one
+/// it never polls, so when a fetch outlasts the interval and comes back empty
+/// nothing wakes the worker until its next heartbeat, `recover_after` ÷ 5
+/// later. This strategy drains every tick that is due and returns only once
+/// its timer is pending, so a wake-up is always armed.
+#[derive(Debug)]
+pub struct Ticker(tokio::time::Interval);
+
+impl Ticker {
+    /// Ticks every `every` (a tick missed while a fetch ran is not made up).
+    /// Must be called within the tokio runtime.
+    pub fn new(every: Duration) -> Self {
+        let mut interval = tokio::time::interval(every);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Ticker(interval)
+    }
+}
+
+impl PollStrategy for Ticker {
+    fn poll_drive(&mut self, cx: &mut Context<'_>, _: &PollSnapshot) -> Poll<Option<()>> {
+        let mut fired = false;
+        while self.0.poll_tick(cx).is_ready() {
+            fired = true;
+        }
+        if fired {
+            Poll::Ready(Some(()))
+        } else {
+            Poll::Pending
+        }
+    }
+}
 
 static ENQUEUE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../lua/enqueue.lua")));
 static FEED: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../lua/feed.lua")));

@@ -2,8 +2,9 @@
 //! (see `../shared/notes/apalis-1.0.md` and README "The queue, and
 //! apalis-redis"): finished tasks are trimmed without touching waiting ones
 //! (5), a worker keeps its heartbeat while a long task holds every slot (9),
-//! a task id pushed twice runs once (3), and every apalis key lives under our
-//! explicit queue name (12).
+//! a task id pushed twice runs once (3), every apalis key lives under our
+//! explicit queue name (12), and an idle worker whose fetch outlasted the
+//! poll interval still wakes on the next one (13).
 
 mod pipeline;
 mod support;
@@ -267,5 +268,46 @@ async fn apalis_pitfall_12_queue_keys_use_the_explicit_name() {
         !all.iter()
             .any(|k| k.contains("TaskArgs") || k.contains("::")),
         "{all:?}"
+    );
+}
+
+/// apalis pitfall 13: apalis-core 1.0's `IntervalStrategy` replaces a fired
+/// timer without polling the new one, so when an idle worker's fetch takes
+/// longer than `poll_interval` and comes back empty, nothing wakes the worker
+/// until its next heartbeat (`recover_after` ÷ 5, 6 s by default): a task
+/// queued meanwhile waits that long. Found by the end-to-end benchmark (one
+/// 2,000-task fan-out in ten started 6.00 s late). `CLIENT PAUSE` holds the
+/// fetch in flight past the interval; our `queue::Ticker` always leaves a
+/// timer armed, so the task still starts within a few polls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn apalis_pitfall_13_a_slow_empty_fetch_does_not_put_the_worker_to_sleep() {
+    let mut pl = start(
+        "concurrency = 2\npoll_interval = \"10ms\"\nrecover_after = \"30s\"",
+        &["US"],
+    )
+    .await;
+    // Warm: the worker is registered and idle.
+    let tick = pl.trigger("j").await;
+    let seen = pl.wait_tick("j", tick, 1, Duration::from_secs(10)).await;
+    assert_eq!(kinds(&seen).get("done"), Some(&1), "{seen:?}");
+
+    let mut late = Vec::new();
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Hold every client's next command 50 ms: the idle worker's fetch
+        // (one every 10 ms) outlasts its poll interval and returns empty.
+        let _: String = pl.redis.cmd(&["CLIENT", "PAUSE", "50", "ALL"]);
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        let started = Instant::now();
+        let tick = pl.trigger("j").await;
+        let seen = pl.wait_tick("j", tick, 1, Duration::from_secs(10)).await;
+        assert_eq!(kinds(&seen).get("done"), Some(&1), "{seen:?}");
+        late.push(started.elapsed());
+    }
+    pl.stop().await;
+    let worst = late.iter().max().expect("five rounds");
+    assert!(
+        *worst < Duration::from_millis(1500),
+        "a task waited for the worker's heartbeat after a slow empty fetch: {late:?}"
     );
 }
