@@ -17,7 +17,7 @@ key_prefix = "qw"
 
 [credentials.c]
 secret_env = "C"
-windows = [{ units = 10, per = "4s" }]
+windows = [{ units = 10, per = "6s" }]
 
 [endpoints.e]
 credential = "c"
@@ -48,32 +48,32 @@ async fn keys_outlive_their_newest_entry_by_a_window_then_expire() {
         assert!(d.is_allowed(), "{d:?}");
     };
 
-    // A 4 s window: TTL 4 s + 1 s of slack.
+    // A 6 s window: TTL 6 s + 1.5 s of slack (a quarter window).
     let start = Instant::now();
     spend().await;
     let first = pttls(&server);
     assert_eq!(first.len(), 2, "log and units: {first:?}");
     for (k, ttl) in &first {
-        assert!((3_900..=5_000).contains(ttl), "{k}: {ttl} ms");
+        assert!((6_900..=7_500).contains(ttl), "{k}: {ttl} ms");
     }
 
-    // 2.5 s on, a second entry: the keys' TTL would end 2.5 s from now,
-    // before this entry's window does (4 s), so this spend renews it.
-    tokio::time::sleep_until((start + Duration::from_millis(2_500)).into()).await;
+    // 4 s on, a second entry: the keys' TTL would end 3.5 s from now,
+    // before this entry's window does (6 s), so this spend renews it.
+    tokio::time::sleep_until((start + Duration::from_millis(4_000)).into()).await;
     spend().await;
     for (k, ttl) in pttls(&server) {
         assert!(
-            ttl >= 3_900,
+            ttl >= 5_900,
             "{k} would expire before its newest entry: {ttl} ms"
         );
     }
 
-    // Past the first TTL (5 s) and within the second entry's window (6.5 s):
+    // Past the first TTL (7.5 s) and within the second entry's window (10 s):
     // the first entry has expired, the second is still counted.
-    tokio::time::sleep_until((start + Duration::from_millis(5_700)).into()).await;
+    tokio::time::sleep_until((start + Duration::from_millis(8_300)).into()).await;
     let u = limiter.peek("c").await.expect("peek");
     assert!(
-        start.elapsed() < Duration::from_millis(6_400),
+        start.elapsed() < Duration::from_millis(9_800),
         "the test ran late"
     );
     assert_eq!(u.windows[0].used, 1, "{u:?}");
