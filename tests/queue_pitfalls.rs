@@ -307,7 +307,7 @@ async fn apalis_pitfall_13_a_slow_empty_fetch_does_not_put_the_worker_to_sleep()
     pl.stop().await;
     let worst = late.iter().max().expect("five rounds");
     assert!(
-        *worst < Duration::from_millis(1500),
+        *worst < Duration::from_secs(3),
         "a task waited for the worker's heartbeat after a slow empty fetch: {late:?}"
     );
 }
