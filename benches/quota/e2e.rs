@@ -38,6 +38,7 @@ use crate::Ctx;
 use crate::common::{connect, flushall, info_field, median, min_max, thousands};
 use crate::report::{Section, Target};
 use crate::support::RedisServer;
+use crate::support::in_process::InProcess;
 
 const CONCURRENCY: [usize; 2] = [8, 32];
 /// The endpoint's cost: weighted, so a lost or doubled unit would show.
@@ -586,29 +587,15 @@ async fn run_once(
             }
         }
     });
-    let (ready_tx, mut ready_rx) = tokio::sync::watch::channel(false);
     let opts = RunOptions {
         shared: Shared {
             events: Some(events),
             ..Shared::default()
         },
-        ready: Some(ready_tx),
         bench_skip_spend: !spend,
         ..RunOptions::default()
     };
-    let (stop, stop_rx) = oneshot::channel::<()>();
-    let daemon = tokio::spawn(daemon::run(
-        config.clone(),
-        Arc::new(secrets),
-        opts,
-        async move {
-            let _ = stop_rx.await;
-        },
-    ));
-    tokio::time::timeout(Duration::from_secs(20), ready_rx.wait_for(|r| *r))
-        .await
-        .expect("daemon ready within 20 s")
-        .expect("daemon ready");
+    let mut daemon = InProcess::start(config.clone(), secrets, opts).await;
 
     let url = RedisUrl::new(redis.url());
     let own = quota_worker::conn::connect(&url, Duration::from_secs(10), 3)
@@ -643,12 +630,7 @@ async fn run_once(
         .await
         .is_err();
     if stalled {
-        let _ = stop.send(());
-        tokio::time::timeout(Duration::from_secs(30), daemon)
-            .await
-            .expect("daemon stops within 30 s")
-            .expect("daemon task")
-            .expect("daemon ran without error");
+        daemon.stop().await;
         collector.abort();
         sim.shutdown().await;
         return None;
@@ -663,12 +645,7 @@ async fn run_once(
     let stats = commandstats(conn).await;
     let secs = (dones.last - t0).as_secs_f64();
 
-    let _ = stop.send(());
-    tokio::time::timeout(Duration::from_secs(30), daemon)
-        .await
-        .expect("daemon stops within 30 s")
-        .expect("daemon task")
-        .expect("daemon ran without error");
+    daemon.stop().await;
     collector.abort();
 
     // The run counts only if the pipeline did all of its work, once.

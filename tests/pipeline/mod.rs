@@ -15,16 +15,17 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use quota_worker::config::{Config, RedisUrl};
-use quota_worker::daemon::{self, DaemonError, RunOptions, Shared};
+use quota_worker::daemon::{self, RunOptions, Shared};
 use quota_worker::keys::KeySpace;
 use quota_worker::queue::{Origin, Queue};
 use quota_worker::quota::{CredentialUsage, Limiter, Quotas};
 use quota_worker::simulator::{SimConfig, SimStats, Simulator};
 use quota_worker::stats::OutcomeKind;
 use quota_worker::worker::OutcomeEvent;
-use tokio::sync::{broadcast, oneshot};
+use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
+use crate::support::in_process::InProcess;
 use crate::support::{RedisServer, free_port};
 
 /// A cron schedule that never fires while a test runs.
@@ -97,8 +98,7 @@ pub struct Pipeline {
     pub seen: Arc<Mutex<Vec<Seen>>>,
     /// How many events the collector missed (broadcast lag): must stay 0.
     pub lagged: Arc<Mutex<u64>>,
-    stop: Option<oneshot::Sender<()>>,
-    daemon: Option<JoinHandle<Result<(), DaemonError>>>,
+    daemon: InProcess,
     collector: JoinHandle<()>,
 }
 
@@ -164,25 +164,11 @@ impl Pipeline {
                 }
             })
         };
-        let (ready_tx, mut ready_rx) = tokio::sync::watch::channel(false);
         let opts = RunOptions {
             shared: shared.clone(),
-            ready: Some(ready_tx),
             ..RunOptions::default()
         };
-        let (stop, stop_rx) = oneshot::channel::<()>();
-        let daemon = tokio::spawn(daemon::run(
-            config.clone(),
-            Arc::new(secrets),
-            opts,
-            async move {
-                let _ = stop_rx.await;
-            },
-        ));
-        tokio::time::timeout(Duration::from_secs(20), ready_rx.wait_for(|r| *r))
-            .await
-            .expect("daemon ready within 20 s")
-            .expect("daemon ready");
+        let daemon = InProcess::start(config.clone(), secrets, opts).await;
 
         let url = RedisUrl::new(redis.url());
         let conn = quota_worker::conn::connect(&url, Duration::from_secs(5), 3)
@@ -208,8 +194,7 @@ impl Pipeline {
             queue,
             seen,
             lagged,
-            stop: Some(stop),
-            daemon: Some(daemon),
+            daemon,
             collector,
         }
     }
@@ -321,16 +306,7 @@ impl Pipeline {
 
     /// Stops the daemon (as SIGTERM would) and waits for it.
     pub async fn stop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(d) = self.daemon.take() {
-            let r = tokio::time::timeout(Duration::from_secs(30), d)
-                .await
-                .expect("daemon stops within 30 s")
-                .expect("daemon task");
-            r.expect("daemon ran without error");
-        }
+        self.daemon.stop().await;
         // Let the collector drain what is already sent.
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert_eq!(
@@ -343,9 +319,7 @@ impl Pipeline {
 
 impl Drop for Pipeline {
     fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
+        // The daemon is asked to stop by InProcess's own Drop.
         self.collector.abort();
     }
 }

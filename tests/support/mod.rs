@@ -4,6 +4,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod daemon;
+pub mod in_process;
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::TcpListener;
