@@ -53,7 +53,7 @@ pub fn recorder() -> Option<&'static PrometheusHandle> {
         .as_ref()
 }
 
-/// `# HELP` lines: what each metric means (README "Metrics and health").
+/// `# HELP` lines: what each metric means (docs/metrics.md).
 fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram};
     describe_counter!(

@@ -1,4 +1,4 @@
-//! The installed layout of README "Run it as a service" works, with what
+//! The installed layout of docs/service.md works, with what
 //! systemd would provide emulated (no systemd runs here): the shipped
 //! `config/quota-worker.toml` and `jobs/trending.toml` copied to
 //! `/etc/quota-worker/{config,jobs}/` (under a temp root), the API key as

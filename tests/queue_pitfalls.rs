@@ -1,5 +1,5 @@
 //! Regression tests for the apalis-redis 1.0 pitfalls not pinned elsewhere
-//! (see `../shared/notes/apalis-1.0.md` and README "The queue, and
+//! (see `../shared/notes/apalis-1.0.md` and docs/queue.md "The queue, and
 //! apalis-redis"): finished tasks are trimmed without touching waiting ones
 //! (5), a worker keeps its heartbeat while a long task holds every slot (9),
 //! a task id pushed twice runs once (3), every apalis key lives under our
