@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use quota_worker::cli::{self, Exit};
-use quota_worker::config::LogFormat;
+use quota_worker::config::{LogFormat, Reserve};
 
 /// Spend weighted quota units from shared sliding windows in Redis before
 /// every request to a metered API.
@@ -42,6 +42,9 @@ enum Command {
         /// Units to spend [default: the endpoint's cost]
         #[arg(long)]
         cost: Option<u64>,
+        /// Admit only if every window keeps this share of its units free ("20%")
+        #[arg(long, value_name = "PERCENT", default_value = "0%")]
+        reserve: Reserve,
         /// Print one JSON object
         #[arg(long)]
         json: bool,
@@ -80,6 +83,9 @@ enum Command {
         /// Units to spend [default: the endpoint's cost]
         #[arg(long)]
         cost: Option<u64>,
+        /// Admit only if every window keeps this share of its units free ("20%")
+        #[arg(long, value_name = "PERCENT", default_value = "0%")]
+        reserve: Reserve,
     },
 }
 
@@ -136,12 +142,17 @@ fn main() -> ExitCode {
             Command::Spend {
                 endpoint,
                 cost,
+                reserve,
                 json,
-            } => cli::spend::run(&config, &endpoint, cost, json).await,
+            } => cli::spend::run(&config, &endpoint, cost, reserve, json).await,
             Command::Quota { credential, json } => {
                 cli::quota::run(&config, credential.as_deref(), json).await
             }
-            Command::Keys { endpoint, cost } => cli::keys::run(&config, &endpoint, cost),
+            Command::Keys {
+                endpoint,
+                cost,
+                reserve,
+            } => cli::keys::run(&config, &endpoint, cost, reserve),
             Command::Run => cli::run::run(config).await,
             Command::Trigger { job, wait } => cli::trigger::run(&config, &job, wait).await,
             Command::Demo { for_, out } => {

@@ -77,7 +77,7 @@ pub fn exhausted_at<'a>(
     from: DateTime<Utc>,
 ) -> Option<(DateTime<Utc>, &'a Job)> {
     let start = match &window.kind {
-        WindowKind::Sliding => from,
+        WindowKind::Sliding | WindowKind::Bucket => from,
         WindowKind::Fixed { .. } => next_reset(window, from).unwrap_or(from),
     };
     let end = start + chrono::Duration::from_std(window.per).ok()?;

@@ -338,7 +338,9 @@ impl Worker {
             let decision = if self.bench_skip_spend {
                 Ok(Decision::Unchecked)
             } else {
-                self.limiter.spend(&endpoint.name, None, &request_id).await
+                self.limiter
+                    .spend_reserved(&endpoint.name, None, &request_id, job.reserve)
+                    .await
             };
             let decision = match decision {
                 Ok(d) => d,

@@ -683,7 +683,12 @@ impl Env<'_> {
                     .endpoint(&shape.endpoint)
                     .expect("endpoint")
                     .plan
-                    .args("spend", CEILING_ID, &caller.cost.to_string());
+                    .args(
+                        "spend",
+                        CEILING_ID,
+                        &caller.cost.to_string(),
+                        quota_worker::config::Reserve::NONE,
+                    );
                 let t = Instant::now();
                 let run = ceiling(shot, script().sha(), &shape.keys, &args, count).await;
                 let secs = t.elapsed().as_secs_f64();

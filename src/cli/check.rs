@@ -6,7 +6,7 @@
 use chrono::{DateTime, Utc};
 
 use super::Exit;
-use crate::config::{Config, Job, Scope, fmt_duration};
+use crate::config::{Config, Job, Reserve, Scope, fmt_duration};
 use crate::schedule;
 
 /// Runs the command at `now`.
@@ -54,6 +54,12 @@ pub fn report(config: &Config, now: DateTime<Utc>) -> (String, usize) {
             .iter()
             .map(|t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string())
             .collect();
+        if job.reserve != Reserve::NONE {
+            out.push_str(&format!(
+                "  reserve: {} of every window stays free for others\n",
+                job.reserve
+            ));
+        }
         out.push_str(&format!(
             "  next: {} ({} {})\n",
             if next.is_empty() {
@@ -118,6 +124,18 @@ pub fn report(config: &Config, now: DateTime<Utc>) -> (String, usize) {
                 w.describe(),
                 fmt_duration(w.per)
             ));
+            // A job's reserve: what its spends leave free in this window.
+            for j in jobs.iter().filter(|j| j.reserve != Reserve::NONE) {
+                out.push_str(&format!(
+                    "  {:<scope_w$}  {:<win_w$}  job {} keeps {} free: spends up to {} of {} units\n",
+                    "",
+                    "",
+                    j.name,
+                    j.reserve,
+                    w.admits(j.reserve),
+                    w.units
+                ));
+            }
             if worst > w.units.get() {
                 let mut msg = format!(
                     "credential {} {scope} window {}: the jobs can spend up to {worst} units per {}, more than its {}",

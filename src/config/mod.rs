@@ -247,7 +247,7 @@ pub struct Window {
     pub units: NonZeroU64,
     /// ...per this period.
     pub per: Duration,
-    /// Trailing (sliding) or calendar-aligned (fixed).
+    /// Trailing (sliding), calendar-aligned (fixed) or a leaky bucket.
     pub kind: WindowKind,
 }
 
@@ -263,6 +263,9 @@ pub enum WindowKind {
         /// The time zone the reset is in.
         timezone: Tz,
     },
+    /// A leaky bucket (GCRA): at most `units` at once, refilled continuously
+    /// at `units / per`.
+    Bucket,
 }
 
 impl Window {
@@ -271,6 +274,7 @@ impl Window {
         let base = format!("{}/{}", self.units, fmt_duration(self.per));
         match &self.kind {
             WindowKind::Sliding => base,
+            WindowKind::Bucket => format!("{base} bucket"),
             WindowKind::Fixed { reset, timezone } => {
                 let s = reset.as_secs();
                 format!(
@@ -282,12 +286,56 @@ impl Window {
         }
     }
 
-    /// "sliding" or "fixed".
+    /// "sliding", "fixed" or "bucket".
     pub fn kind_name(&self) -> &'static str {
         match self.kind {
             WindowKind::Sliding => "sliding",
             WindowKind::Fixed { .. } => "fixed",
+            WindowKind::Bucket => "bucket",
         }
+    }
+
+    /// The units a spend with `reserve` may take: all of them less the
+    /// reserve's share, rounded so that at least that share stays free.
+    pub fn admits(&self, reserve: Reserve) -> u64 {
+        let u = self.units.get();
+        let p = u64::from(reserve.percent());
+        u - (u / 100 * p + (u % 100 * p).div_ceil(100))
+    }
+}
+
+/// A job's priority reserve (`reserve = "20%"`): its spends are admitted only
+/// while every window they touch keeps at least this share of its units free.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Reserve(u8);
+
+impl Reserve {
+    /// No reserve: the whole window may be spent.
+    pub const NONE: Reserve = Reserve(0);
+
+    /// A reserve of `percent` (0–99).
+    pub fn new(percent: u8) -> Option<Self> {
+        (percent <= 99).then_some(Reserve(percent))
+    }
+
+    /// The share kept free, in percent.
+    pub fn percent(self) -> u8 {
+        self.0
+    }
+}
+
+impl FromStr for Reserve {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("invalid reserve {s:?}: write a whole percent from \"0%\" to \"99%\"");
+        let n = s.trim().strip_suffix('%').ok_or_else(bad)?;
+        n.trim().parse::<u8>().ok().and_then(Reserve::new).ok_or_else(bad)
+    }
+}
+
+impl fmt::Display for Reserve {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}%", self.0)
     }
 }
 
@@ -380,6 +428,8 @@ pub struct Job {
     pub sink: SinkConfig,
     /// Retries of real failures.
     pub retry: Retry,
+    /// The share of every window its spends leave free (`reserve = "20%"`).
+    pub reserve: Reserve,
 }
 
 impl Job {
@@ -717,6 +767,8 @@ struct Loader<'a> {
     /// Endpoints that are defined but invalid (already reported): a job
     /// naming one is not told the endpoint is unknown.
     invalid_endpoints: BTreeSet<String>,
+    /// Each credential's windows, to check a job's reserve against them.
+    credential_windows: HashMap<String, Vec<Window>>,
 }
 
 impl<'a> Loader<'a> {
@@ -725,6 +777,7 @@ impl<'a> Loader<'a> {
             env,
             errors: Vec::new(),
             invalid_endpoints: BTreeSet::new(),
+            credential_windows: HashMap::new(),
         }
     }
 
@@ -931,6 +984,10 @@ impl<'a> Loader<'a> {
         }
 
         // jobs
+        self.credential_windows = credentials
+            .values()
+            .map(|c| (c.name.clone(), c.windows.clone()))
+            .collect();
         let mut jobs = IndexMap::new();
         if let Some(glob) = &raw.jobs {
             self.jobs(&src, &dir, glob, &endpoints, &mut jobs);
@@ -986,6 +1043,25 @@ impl<'a> Loader<'a> {
                     }
                     WindowKind::Sliding
                 }
+                "bucket" => {
+                    for (field, v) in [("reset", &rw.reset), ("timezone", &rw.timezone)] {
+                        if v.is_some() {
+                            self.errors.push(src.error(
+                                &at.join(field),
+                                "only fixed windows reset; a bucket refills continuously",
+                            ));
+                        }
+                    }
+                    // The spend script keeps a bucket's level exact in
+                    // units x milliseconds, below 2^53.
+                    if u128::from(units.get()) * per.as_millis() >= 1 << 53 {
+                        self.errors.push(src.error(
+                            &at,
+                            "a bucket's units x per (in ms) must stay below 2^53: lower units or per",
+                        ));
+                    }
+                    WindowKind::Bucket
+                }
                 "fixed" => {
                     if !(DAY.as_millis().is_multiple_of(per.as_millis())
                         || per.as_millis().is_multiple_of(DAY.as_millis()))
@@ -1012,7 +1088,9 @@ impl<'a> Loader<'a> {
                 other => {
                     self.errors.push(src.error(
                         &at.join("kind"),
-                        format!("unknown window kind {other:?}: use \"sliding\" or \"fixed\""),
+                        format!(
+                            "unknown window kind {other:?}: use \"sliding\", \"fixed\" or \"bucket\""
+                        ),
                     ));
                     continue;
                 }
@@ -1477,6 +1555,36 @@ impl<'a> Loader<'a> {
             }
         };
 
+        let reserve = match rj.reserve.as_deref().map(str::parse::<Reserve>) {
+            None => Reserve::NONE,
+            Some(Ok(r)) => r,
+            Some(Err(e)) => {
+                self.errors.push(src.error(&base.join("reserve"), e));
+                Reserve::NONE
+            }
+        };
+        if let Some(ep) = endpoints.get(&rj.endpoint) {
+            // With the reserve kept free, the cost must still fit every window.
+            let cred = self.credential_windows.get(&ep.credential);
+            let tightest = cred
+                .into_iter()
+                .flatten()
+                .chain(&ep.windows)
+                .min_by_key(|w| w.admits(reserve));
+            if let Some(w) = tightest.filter(|w| ep.cost.get() > w.admits(reserve)) {
+                self.errors.push(src.error(
+                    &base.join("reserve"),
+                    format!(
+                        "with {reserve} kept free, window {} admits {} units at most, less than {}'s cost {}: no request could ever be admitted",
+                        w.describe(),
+                        w.admits(reserve),
+                        ep.name,
+                        ep.cost
+                    ),
+                ));
+            }
+        }
+
         if self.errors.len() > errors_before || !endpoint_valid {
             return None;
         }
@@ -1504,6 +1612,7 @@ impl<'a> Loader<'a> {
                 key: rj.sink.key,
             },
             retry,
+            reserve,
         })
     }
 }

@@ -5,6 +5,7 @@
 
 pub mod daemon;
 pub mod in_process;
+pub mod seed;
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::TcpListener;
