@@ -61,7 +61,10 @@ async fn a_bucket_admits_its_burst_then_refills_at_its_rate_with_exact_retry_aft
     // The burst: 10 units at once. The level drains from the first spend on
     // (its time is in the bucket's id log).
     for i in 0..10 {
-        let d = limiter.spend("gql", None, &format!("burst-{i}")).await.expect("spend");
+        let d = limiter
+            .spend("gql", None, &format!("burst-{i}"))
+            .await
+            .expect("spend");
         assert!(d.is_allowed(), "spend {i} of the burst: {d:?}");
     }
     let start = support::seed::spend_time_us(&server, "qw:{shop}:cred:b1000", "burst-0")
@@ -100,7 +103,10 @@ async fn a_bucket_admits_its_burst_then_refills_at_its_rate_with_exact_retry_aft
         "40 ms before the retry-after, 3 units have not refilled: {early:?}"
     );
     server.sleep_until_us(at + 1_000);
-    let d = limiter.spend("gql", Some(3), "on-time").await.expect("spend");
+    let d = limiter
+        .spend("gql", Some(3), "on-time")
+        .await
+        .expect("spend");
     assert!(d.is_allowed(), "{d:?}");
 
     // Refill never goes past the burst: after 2 s idle, 10 units, not 20.
@@ -218,7 +224,10 @@ fn the_cli_spends_from_a_bucket_and_quota_shows_it() {
     let j = support::json(&out);
     assert_eq!(j["rejecting_window"], 1);
     let retry = j["retry_after_ms"].as_u64().expect("retry_after_ms");
-    assert!(retry <= 400 && retry > 200, "4 units refill in 400 ms: {retry}");
+    assert!(
+        retry <= 400 && retry > 200,
+        "4 units refill in 400 ms: {retry}"
+    );
 
     let out = cfg.run_on(&server, &["quota", "shop", "--json"]);
     assert_eq!(out.status.code(), Some(0), "{}", support::stderr(&out));
@@ -230,7 +239,10 @@ fn the_cli_spends_from_a_bucket_and_quota_shows_it() {
     assert!((7..=10).contains(&used), "{w}");
     assert_eq!(w["remaining"].as_u64(), Some(10 - used));
     let frees = w["frees_in_ms"].as_u64().expect("frees_in_ms");
-    assert!((1..=100).contains(&frees), "the next unit drains within 100 ms: {w}");
+    assert!(
+        (1..=100).contains(&frees),
+        "the next unit drains within 100 ms: {w}"
+    );
 
     let out = cfg.run_on(&server, &["quota", "shop"]);
     let text = String::from_utf8_lossy(&out.stdout);

@@ -89,7 +89,10 @@ async fn drift_lowers_what_a_window_admits_and_never_raises_it() {
     assert_eq!(state(&limiter, "k").await[0], (90, 10, 40));
 
     // Fixed day and bucket: drift in their own state too.
-    assert_eq!(limiter.sync("k", 1, 400).await.expect("sync"), 500 - 50 - 400);
+    assert_eq!(
+        limiter.sync("k", 1, 400).await.expect("sync"),
+        500 - 50 - 400
+    );
     assert_eq!(state(&limiter, "k").await[1], (100, 400, 50));
     // The bucket (50, refilling 5 per second) refills for a second, then the
     // upstream says it has none left: the refilled units are drift.
@@ -98,9 +101,15 @@ async fn drift_lowers_what_a_window_admits_and_never_raises_it() {
     assert!((4..=6).contains(&drift), "about 5 units refilled: {drift}");
     let after = state(&limiter, "k").await[2];
     assert_eq!((after.0, after.1), (50, 0), "{after:?}");
-    assert!(after.2 + 1 >= drift, "the drift still in the bucket: {after:?}");
+    assert!(
+        after.2 + 1 >= drift,
+        "the drift still in the bucket: {after:?}"
+    );
     assert!(matches!(
-        limiter.spend("e", None, &request_id()).await.expect("spend"),
+        limiter
+            .spend("e", None, &request_id())
+            .await
+            .expect("spend"),
         Decision::Rejected(_)
     ));
 
@@ -115,7 +124,11 @@ async fn drift_lowers_what_a_window_admits_and_never_raises_it() {
         .lines()
         .find(|l| l.starts_with("qw_drift_units_total{credential=\"k\"}"))
         .unwrap_or_else(|| panic!("no drift counter in:\n{text}"));
-    let counted: u64 = line.rsplit(' ').next().and_then(|v| v.parse().ok()).expect("value");
+    let counted: u64 = line
+        .rsplit(' ')
+        .next()
+        .and_then(|v| v.parse().ok())
+        .expect("value");
     assert_eq!(counted, 40 + 50 + drift, "{line}");
 }
 

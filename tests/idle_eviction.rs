@@ -104,7 +104,15 @@ async fn partly_expired_100k_entries_are_evicted_and_count_right() {
     // ones of 5 units, then a real spend of 4 (entries are kept in the order
     // they were spent).
     let idle_since = server.time_us() - 20_000_000;
-    seed(&server, base, "old-", 100_000, 1, (idle_since, 1, 100), 5_000);
+    seed(
+        &server,
+        base,
+        "old-",
+        100_000,
+        1,
+        (idle_since, 1, 100),
+        5_000,
+    );
     let now = server.time_us();
     seed(&server, base, "live-", 3, 5, (now - 300_000, 0, 1), 5_000);
     let d = limiter.spend("k", Some(4), "real").await.expect("spend");
@@ -148,7 +156,10 @@ async fn partly_expired_100k_entries_are_evicted_and_count_right() {
     let mut calls = 0;
     while zcard(&server, &log) > 5 {
         calls += 1;
-        assert!(calls <= 100, "expired ids still in the log after {calls} calls");
+        assert!(
+            calls <= 100,
+            "expired ids still in the log after {calls} calls"
+        );
         let w = &limiter.peek("k").await.expect("peek").windows[0];
         assert_eq!(w.used, 4 + 15 + 2, "after {calls} calls");
     }
@@ -169,7 +180,15 @@ async fn a_window_of_200k_live_entries_answers_exactly() {
     let now = server.time_us();
     let oldest = now - 1_800_000_000;
     let at = |i: usize| oldest + i as i64 * 5_000;
-    seed(&server, base, "e-", 199_990, 5, (oldest, 5_000, 1), 3_600_000);
+    seed(
+        &server,
+        base,
+        "e-",
+        199_990,
+        5,
+        (oldest, 5_000, 1),
+        3_600_000,
+    );
 
     let d = limiter.spend("big", Some(1), "fits").await.expect("spend");
     assert_eq!(d, Decision::Allowed { remaining: 49 });

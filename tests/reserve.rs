@@ -79,7 +79,10 @@ async fn a_50_percent_reserve_admits_half_and_plain_spends_take_the_rest() {
 
     // The plain spends take the reserved half, and no more.
     for i in 0..5u64 {
-        let d = limiter.spend("e", None, &request_id()).await.expect("spend");
+        let d = limiter
+            .spend("e", None, &request_id())
+            .await
+            .expect("spend");
         assert_eq!(d, Decision::Allowed { remaining: 4 - i }, "plain spend {i}");
     }
     assert!(
@@ -97,7 +100,10 @@ async fn a_50_percent_reserve_admits_half_and_plain_spends_take_the_rest() {
         .spend_reserved("e", Some(6), "big", half())
         .await
         .expect_err("6 never fits 10 less 50%");
-    assert!(matches!(err, QuotaError::CostTooLarge { cost: 6, .. }), "{err}");
+    assert!(
+        matches!(err, QuotaError::CostTooLarge { cost: 6, .. }),
+        "{err}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -195,7 +201,10 @@ fn the_cli_and_other_languages_spend_with_a_reserve() {
     let out = cfg.run_on(&server, &["spend", "e", "--reserve", "50%", "--json"]);
     assert_eq!(out.status.code(), Some(75));
     let j = support::json(&out);
-    assert_eq!((j["allowed"].clone(), j["rejecting_window"].clone()), (false.into(), 1.into()));
+    assert_eq!(
+        (j["allowed"].clone(), j["rejecting_window"].clone()),
+        (false.into(), 1.into())
+    );
 
     // Without a reserve the rest can be spent.
     let out = cfg.run_on(&server, &["spend", "e", "--cost", "5", "--json"]);
@@ -207,12 +216,19 @@ fn the_cli_and_other_languages_spend_with_a_reserve() {
     for bad in ["100%", "20", "-5%", "12.5%"] {
         let out = cfg.run_on(&server, &["spend", "e", &format!("--reserve={bad}")]);
         assert_eq!(out.status.code(), Some(64), "--reserve {bad}");
-        assert!(support::stderr(&out).contains("reserve"), "{}", support::stderr(&out));
+        assert!(
+            support::stderr(&out).contains("reserve"),
+            "{}",
+            support::stderr(&out)
+        );
     }
     let out = cfg.run_on(&server, &["spend", "e", "--cost", "6", "--reserve", "50%"]);
     assert_eq!(out.status.code(), Some(64));
     let err = support::stderr(&out);
-    assert!(err.contains("can never fit") && err.contains("50% kept free"), "{err}");
+    assert!(
+        err.contains("can never fit") && err.contains("50% kept free"),
+        "{err}"
+    );
     let out = cfg.run(&["keys", "e", "--cost", "6", "--reserve", "50%"], &[]);
     assert_eq!(out.status.code(), Some(64));
 }
@@ -262,9 +278,7 @@ cost = 1
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_job_with_a_reserve_leaves_it_free() {
     let regions = toml_list((0..10).map(|i| format!("r{i}")));
-    let job = JOB
-        .replace("@NEVER@", NEVER)
-        .replace("@REGIONS@", &regions);
+    let job = JOB.replace("@NEVER@", NEVER).replace("@REGIONS@", &regions);
     let mut p = Pipeline::start(Setup {
         config: DAEMON,
         jobs: vec![("crawl.toml".into(), job)],
@@ -279,7 +293,9 @@ async fn a_job_with_a_reserve_leaves_it_free() {
     })
     .await;
     let tick = p.trigger("crawl").await;
-    let evs = p.wait_tick("crawl", tick, 10, Duration::from_secs(30)).await;
+    let evs = p
+        .wait_tick("crawl", tick, 10, Duration::from_secs(30))
+        .await;
     let count = |k: OutcomeKind| evs.iter().filter(|s| s.kind() == k).count();
     assert_eq!(
         (count(OutcomeKind::Done), count(OutcomeKind::QuotaExhausted)),
@@ -305,7 +321,10 @@ fn check_shows_a_jobs_reserve_and_refuses_one_that_leaves_no_room() {
     let out = cfg.run(&["check"], &[("K", "x"), ("S", "y")]);
     assert_eq!(out.status.code(), Some(0), "{}", support::stderr(&out));
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("reserve: 20% of every window stays free"), "{text}");
+    assert!(
+        text.contains("reserve: 20% of every window stays free"),
+        "{text}"
+    );
     assert!(
         text.contains("job crawl keeps 20% free: spends up to 8 of 10 units"),
         "{text}"
@@ -324,7 +343,10 @@ fn check_shows_a_jobs_reserve_and_refuses_one_that_leaves_no_room() {
         let out = cfg.run(&["check"], &[("K", "x"), ("S", "y")]);
         let err = support::stderr(&out);
         assert_eq!(out.status.code(), Some(78), "{reserve}: {err}");
-        assert!(err.contains("crawl.toml:4:"), "{reserve}: file:line:col: {err}");
+        assert!(
+            err.contains("crawl.toml:4:"),
+            "{reserve}: file:line:col: {err}"
+        );
         assert!(err.contains("crawl.reserve"), "{reserve}: the field: {err}");
         assert!(err.contains(why), "{reserve}: {err}");
     }

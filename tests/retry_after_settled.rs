@@ -154,7 +154,11 @@ async fn settled_entries_count_what_they_settled_to_in_retry_after_and_used() {
         let d = limiter.spend("e", Some(cost), id).await.expect("spend");
         assert!(d.is_allowed(), "{id}: {d:?}");
         let at = spend_time_us(&server, base, id).expect("spent");
-        entries.push(Entry { id, at, units: cost });
+        entries.push(Entry {
+            id,
+            at,
+            units: cost,
+        });
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 

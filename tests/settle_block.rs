@@ -43,17 +43,21 @@ async fn used(limiter: &Limiter) -> Vec<u64> {
 /// Every request id every window of `k` remembers (the sliding windows'
 /// logs, the fixed window's hash), to see that a refund forgets it.
 fn entries(server: &RedisServer) -> Vec<(String, i64)> {
-    ["qw:{k}:cred:s3600000:v2:log", "qw:{k}:ep:e:s3600000:v2:log", "qw:{k}:cred:f86400000:fixed"]
-        .into_iter()
-        .map(|k| {
-            let n: i64 = if k.ends_with(":log") {
-                server.cmd(&["ZCARD", k])
-            } else {
-                server.cmd(&["HLEN", k])
-            };
-            (k.to_owned(), n)
-        })
-        .collect()
+    [
+        "qw:{k}:cred:s3600000:v2:log",
+        "qw:{k}:ep:e:s3600000:v2:log",
+        "qw:{k}:cred:f86400000:fixed",
+    ]
+    .into_iter()
+    .map(|k| {
+        let n: i64 = if k.ends_with(":log") {
+            server.cmd(&["ZCARD", k])
+        } else {
+            server.cmd(&["HLEN", k])
+        };
+        (k.to_owned(), n)
+    })
+    .collect()
 }
 
 fn rejected(d: Decision) -> Rejection {

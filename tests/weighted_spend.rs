@@ -64,7 +64,8 @@ fn cost_100_on_950_units_admits_exactly_nine_with_one_entry_each() {
         let entries: i64 = server.cmd(&["XLEN", &ts]);
         assert_eq!(entries, 9, "{ts}: one entry per spend");
         // The last entry's position is the window's total: 9 x 100 units.
-        let last: Vec<(String, Vec<String>)> = server.cmd(&["XREVRANGE", &ts, "+", "-", "COUNT", "1"]);
+        let last: Vec<(String, Vec<String>)> =
+            server.cmd(&["XREVRANGE", &ts, "+", "-", "COUNT", "1"]);
         assert!(last[0].0.starts_with("900-"), "{last:?}");
     }
     let fixed = server.keys("qw:{yt}:*:fixed");

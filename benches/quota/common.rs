@@ -131,3 +131,73 @@ pub fn thousands(x: f64) -> String {
     }
     format!("{sign}{out}")
 }
+
+/// `n` tasks call `f` back to back for `d`; returns (calls, seconds, each
+/// call's latency in ns).
+pub async fn drive<F, Fut>(n: usize, d: Duration, f: F) -> (u64, f64, Vec<u64>)
+where
+    F: Fn() -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let start = std::time::Instant::now();
+    let deadline = start + d;
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let f = f.clone();
+            tokio::spawn(async move {
+                let mut ns = Vec::with_capacity(4096);
+                while std::time::Instant::now() < deadline {
+                    let t = std::time::Instant::now();
+                    f().await;
+                    ns.push(t.elapsed().as_nanos() as u64);
+                }
+                ns
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.expect("a caller task panicked"));
+    }
+    let secs = start.elapsed().as_secs_f64();
+    (all.len() as u64, secs, all)
+}
+
+/// Percentiles of latencies in ns.
+pub fn percentiles(ns: &[u64]) -> Lat {
+    let mut h = histogram();
+    for &v in ns {
+        h.saturating_record(v.max(1));
+    }
+    lat(&h)
+}
+
+/// A rate measured in interleaved rounds: the median, and ours ÷ another
+/// per round (median, min, max), > 1 when ours is faster.
+#[derive(Debug, Clone, Serialize)]
+pub struct Rounds {
+    pub rates: Vec<f64>,
+    pub p50_us: Vec<f64>,
+}
+
+impl Rounds {
+    pub fn median_rate(&self) -> f64 {
+        median(self.rates.clone())
+    }
+
+    pub fn median_p50_us(&self) -> f64 {
+        median(self.p50_us.clone())
+    }
+
+    /// (median, min, max) of self ÷ other, round by round.
+    pub fn ratio(&self, other: &Rounds) -> (f64, f64, f64) {
+        let per: Vec<f64> = self
+            .rates
+            .iter()
+            .zip(&other.rates)
+            .map(|(a, b)| a / b)
+            .collect();
+        let (lo, hi) = min_max(&per);
+        (median(per), lo, hi)
+    }
+}

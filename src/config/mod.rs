@@ -329,7 +329,11 @@ impl FromStr for Reserve {
     fn from_str(s: &str) -> Result<Self, String> {
         let bad = || format!("invalid reserve {s:?}: write a whole percent from \"0%\" to \"99%\"");
         let n = s.trim().strip_suffix('%').ok_or_else(bad)?;
-        n.trim().parse::<u8>().ok().and_then(Reserve::new).ok_or_else(bad)
+        n.trim()
+            .parse::<u8>()
+            .ok()
+            .and_then(Reserve::new)
+            .ok_or_else(bad)
     }
 }
 

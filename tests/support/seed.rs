@@ -8,6 +8,17 @@ use super::RedisServer;
 /// The seeding script (`seed_window.lua`).
 pub const SEED: &str = include_str!("seed_window.lua");
 
+/// The script that takes a window's newest entry back (`pop_newest.lua`).
+pub const POP: &str = include_str!("pop_newest.lua");
+
+/// The command that takes entry `id`, the newest of the window `keys`
+/// (meta, log, ts, adj), back out, as if never spent; returns its units.
+pub fn pop_cmd(keys: &[String], id: &str) -> redis::Cmd {
+    let mut c = redis::cmd("EVAL");
+    c.arg(POP).arg(4).arg(keys).arg(id);
+    c
+}
+
 /// A sliding window's keys under its base name
 /// (`qw:{k}:cred:s3600000` -> meta, log, ts, adj).
 pub fn window_keys(base: &str) -> [String; 4] {
@@ -53,6 +64,41 @@ impl Seed<'_> {
             .query(&mut server.conn())
             .expect("seed the window");
     }
+}
+
+/// The read-only snapshot script (`snapshot_window.lua`).
+pub const SNAPSHOT: &str = include_str!("snapshot_window.lua");
+
+/// One window's entries at one instant: what each request id was charged
+/// and when (µs, Redis time).
+pub fn snapshot_cmd(keys: &[String]) -> redis::Cmd {
+    let mut c = redis::cmd("EVAL");
+    c.arg(SNAPSHOT).arg(4).arg(keys);
+    c
+}
+
+/// Decodes [`snapshot_cmd`]'s reply: request id -> (spend time µs, units),
+/// for every id whose entry the snapshot holds with its predecessor.
+pub fn snapshot_entries(
+    (base, ids, entries): (i64, Vec<(String, f64)>, Vec<i64>),
+) -> std::collections::HashMap<String, (i64, u64)> {
+    let mut before = std::collections::HashMap::new();
+    let mut prev = base;
+    let mut at = std::collections::HashMap::new();
+    for pair in entries.chunks(2) {
+        let (pos, t) = (pair[0], pair[1]);
+        if pos > base {
+            before.insert(pos, prev);
+            at.insert(pos, t);
+        }
+        prev = pos;
+    }
+    ids.into_iter()
+        .filter_map(|(id, pos)| {
+            let pos = pos as i64;
+            Some((id, (*at.get(&pos)?, (pos - before.get(&pos)?) as u64)))
+        })
+        .collect()
 }
 
 /// When `id` was spent in the window at `base` (µs, Redis time), if it holds it.
