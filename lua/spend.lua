@@ -81,775 +81,786 @@
 -- for max(period, 60 s), only so that retries are not charged twice and settles
 -- find their spend; they never decide an admission.
 
--- Performance notes (Redis's Lua 5.1 runs this whole chunk on every call):
--- the spend path is written inline with two small closures; every other
--- helper is created only in the branch that needs it (a closure costs an
--- allocation plus a search per upvalue); numbers go to redis.call as numbers
--- (Redis prints integers below 2^53 exactly) and string.format, which is
--- slow here, runs once per spend (a stream entry id).
+-- The whole script is one function, spend_main(KEYS, ARGV), called by the
+-- last line with the call's own KEYS and ARGV. A script that must spend in
+-- the same call as work of its own (a queue claim, say) is this text without
+-- that last line (`quota::library()` in Rust) followed by its own code, which
+-- calls spend_main with its slice of keys and arguments laid out as above and
+-- acts on the reply (e.g. claims only when the spend was admitted).
 
-local call = redis.call
-local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
-local tonumber, match, format = tonumber, string.match, string.format
-local pack, unpackmp = cmsgpack.pack, cmsgpack.unpack
+local function spend_main(KEYS, ARGV)
+  -- Performance notes (Redis's Lua 5.1 runs this whole chunk on every call):
+  -- the spend path is written inline with two small closures; every other
+  -- helper is created only in the branch that needs it (a closure costs an
+  -- allocation plus a search per upvalue); numbers go to redis.call as numbers
+  -- (Redis prints integers below 2^53 exactly) and string.format, which is
+  -- slow here, runs once per spend (a stream entry id).
 
-local CLEAN = 1024      -- expired log members dropped per call at most
-local SCAN = 16         -- stream entries read before bisecting
-local STALE = 64        -- expired entries tolerated before a cleanup
-local MAXPOS = 9007199254740992  -- 2^53: positions are exact integers below it
+  local call = redis.call
+  local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
+  local tonumber, match, format = tonumber, string.match, string.format
+  local pack, unpackmp = cmsgpack.pack, cmsgpack.unpack
 
-local op = ARGV[1]
-local reserve = tonumber(ARGV[4]) or 0
-local nwin = tonumber(ARGV[5]) or 0
+  local CLEAN = 1024      -- expired log members dropped per call at most
+  local SCAN = 16         -- stream entries read before bisecting
+  local STALE = 64        -- expired entries tolerated before a cleanup
+  local MAXPOS = 9007199254740992  -- 2^53: positions are exact integers below it
 
-if reserve < 0 or reserve > 99 or reserve ~= floor(reserve) then
-  return redis.error_reply('ERR quota-worker: reserve must be a whole percent from 0 to 99 (got ' .. tostring(ARGV[4]) .. ')')
-end
+  local op = ARGV[1]
+  local reserve = tonumber(ARGV[4]) or 0
+  local nwin = tonumber(ARGV[5]) or 0
 
-local windows = {}
-local metas = { KEYS[1], KEYS[2] }
-local maxper, fixed = 1, false
-do
-  local k = 3
-  for i = 1, nwin do
-    local kind, units, per, rest = match(ARGV[5 + i], '^(%a+):(%d+):(%d+):?(.*)$')
-    if not kind then
-      return redis.error_reply('ERR quota-worker: bad window spec ' .. tostring(ARGV[5 + i]))
-    end
-    units, per = tonumber(units), tonumber(per) * 1000
-    -- Every field up front: a table that grows field by field rehashes.
-    local w = {
-      kind = kind, i = i, units = units, per = per, hold = per, used = 0, drift = 0,
-      -- The units a spend may take: all of them less the reserve.
-      lim = units - (floor(units / 100) * reserve + ceil(units % 100 * reserve / 100)),
-      meta = false, log = false, ts = false, adj = false, mi = 0, dirty = false,
-      total = 0, B = 0, hbase = 0, htot = 0, oldest = 0, last = 0, expires = 0, nadj = 0,
-      stale = 0, dtot = 0, dbase = 0, neg = 0, L = 0, lt = 0, D = 0, q = 1, perq = 1,
-    }
-    if per > maxper then
-      maxper = per
-    end
-    if kind == 'sliding' or kind == 'bucket' then
-      w.meta, w.log, w.ts, w.adj = KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
-      metas[#metas + 1] = w.meta
-      w.mi = #metas
-      k = k + 4
-      if kind == 'bucket' then
-        -- A bucket remembers request ids at least 60 s; its level is kept in
-        -- units x quanta of `q` µs, exact below 2^53.
-        w.hold = max(per, 60000000)
-        while units * (per / w.q) >= MAXPOS and w.q < 1000 do
-          w.q = w.q * 10
+  if reserve < 0 or reserve > 99 or reserve ~= floor(reserve) then
+    return redis.error_reply('ERR quota-worker: reserve must be a whole percent from 0 to 99 (got ' .. tostring(ARGV[4]) .. ')')
+  end
+
+  local windows = {}
+  local metas = { KEYS[1], KEYS[2] }
+  local maxper, fixed = 1, false
+  do
+    local k = 3
+    for i = 1, nwin do
+      local kind, units, per, rest = match(ARGV[5 + i], '^(%a+):(%d+):(%d+):?(.*)$')
+      if not kind then
+        return redis.error_reply('ERR quota-worker: bad window spec ' .. tostring(ARGV[5 + i]))
+      end
+      units, per = tonumber(units), tonumber(per) * 1000
+      -- Every field up front: a table that grows field by field rehashes.
+      local w = {
+        kind = kind, i = i, units = units, per = per, hold = per, used = 0, drift = 0,
+        -- The units a spend may take: all of them less the reserve.
+        lim = units - (floor(units / 100) * reserve + ceil(units % 100 * reserve / 100)),
+        meta = false, log = false, ts = false, adj = false, mi = 0, dirty = false,
+        total = 0, B = 0, hbase = 0, htot = 0, oldest = 0, last = 0, expires = 0, nadj = 0,
+        stale = 0, dtot = 0, dbase = 0, neg = 0, L = 0, lt = 0, D = 0, q = 1, perq = 1,
+      }
+      if per > maxper then
+        maxper = per
+      end
+      if kind == 'sliding' or kind == 'bucket' then
+        w.meta, w.log, w.ts, w.adj = KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
+        metas[#metas + 1] = w.meta
+        w.mi = #metas
+        k = k + 4
+        if kind == 'bucket' then
+          -- A bucket remembers request ids at least 60 s; its level is kept in
+          -- units x quanta of `q` µs, exact below 2^53.
+          w.hold = max(per, 60000000)
+          while units * (per / w.q) >= MAXPOS and w.q < 1000 do
+            w.q = w.q * 10
+          end
+          w.perq = per / w.q
+          if units * w.perq >= MAXPOS then
+            return redis.error_reply('ERR quota-worker: bucket window ' .. i .. ' is too large (units x period in ms must stay below 2^53)')
+          end
         end
-        w.perq = per / w.q
-        if units * w.perq >= MAXPOS then
-          return redis.error_reply('ERR quota-worker: bucket window ' .. i .. ' is too large (units x period in ms must stay below 2^53)')
+      elseif kind == 'fixed' then
+        w.state = KEYS[k]
+        local reset, tz = match(rest, '^(%d+):(.*)$')
+        w.reset = tonumber(reset) * 1000
+        -- The zone's table runs ten years ahead; it is parsed only as far as
+        -- needed (see cover), usually the first few changes.
+        local _, b, off = string.find(tz, '^(%-?%d+)')
+        w.tz, w.tzspec, w.tzpos = { tonumber(off) * 1000 }, tz, b + 1
+        fixed = true
+        k = k + 1
+      else
+        return redis.error_reply('ERR quota-worker: unknown window kind ' .. tostring(kind))
+      end
+      windows[i] = w
+    end
+  end
+
+  -- Server time in µs, never earlier than the start of any period a fixed
+  -- window of this credential counts: a Redis clock stepped backwards (NTP,
+  -- failover to a skewed replica) would otherwise put `now` in an earlier
+  -- period than the one a fixed window counts, which would then restart from 0
+  -- and admit more than the limit. Sliding windows need no such guard: a clock
+  -- stepped back makes entries look younger, so they expire later (fewer
+  -- admitted, never more); new entries are recorded no earlier than the
+  -- window's newest, which keeps positions and times in the same order.
+  local t = call('TIME')
+  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  -- The block, the clock and every sliding and bucket window's counters, in one call.
+  local got = call('MGET', unpack(metas))
+  local blocked_until = tonumber(got[1] or '0')
+  local seen = tonumber(got[2] or '0')
+  if seen > now then
+    now = seen
+  end
+
+  if op == 'block' then
+    local dur = tonumber(ARGV[2]) * 1000
+    local until_ = now + dur
+    if until_ > blocked_until then
+      -- Never shortens a longer block set by another worker.
+      call('SET', KEYS[1], until_, 'PX', ceil(dur / 1000))
+      blocked_until = until_
+    end
+    return { ceil(max(blocked_until - now, 0) / 1000) }
+  end
+
+  -- ---------------------------------------------------------------- fixed windows
+
+  -- Calendar arithmetic, built only when the credential has a fixed window.
+  local F
+  if fixed then
+    F = {}
+
+    -- Parses window w's zone table until it holds a change after `upto` (µs),
+    -- or all of it: tz = { offset, at, offset, at, offset, ... } in µs.
+    local function cover(w, upto)
+      local tz = w.tz
+      while w.tzpos and (#tz == 1 or tz[#tz - 1] <= upto) do
+        local a, b, at, off = string.find(w.tzspec, '^|(%-?%d+)|(%-?%d+)', w.tzpos)
+        if a then
+          tz[#tz + 1] = tonumber(at) * 1000
+          tz[#tz + 1] = tonumber(off) * 1000
+          w.tzpos = b + 1
+        else
+          w.tzpos = nil
         end
       end
-    elseif kind == 'fixed' then
-      w.state = KEYS[k]
-      local reset, tz = match(rest, '^(%d+):(.*)$')
-      w.reset = tonumber(reset) * 1000
-      -- The zone's table runs ten years ahead; it is parsed only as far as
-      -- needed (see cover), usually the first few changes.
-      local _, b, off = string.find(tz, '^(%-?%d+)')
-      w.tz, w.tzspec, w.tzpos = { tonumber(off) * 1000 }, tz, b + 1
-      fixed = true
-      k = k + 1
-    else
-      return redis.error_reply('ERR quota-worker: unknown window kind ' .. tostring(kind))
+      return tz
     end
-    windows[i] = w
-  end
-end
 
--- Server time in µs, never earlier than the start of any period a fixed
--- window of this credential counts: a Redis clock stepped backwards (NTP,
--- failover to a skewed replica) would otherwise put `now` in an earlier
--- period than the one a fixed window counts, which would then restart from 0
--- and admit more than the limit. Sliding windows need no such guard: a clock
--- stepped back makes entries look younger, so they expire later (fewer
--- admitted, never more); new entries are recorded no earlier than the
--- window's newest, which keeps positions and times in the same order.
-local t = call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
--- The block, the clock and every sliding and bucket window's counters, in one call.
-local got = call('MGET', unpack(metas))
-local blocked_until = tonumber(got[1] or '0')
-local seen = tonumber(got[2] or '0')
-if seen > now then
-  now = seen
-end
-
-if op == 'block' then
-  local dur = tonumber(ARGV[2]) * 1000
-  local until_ = now + dur
-  if until_ > blocked_until then
-    -- Never shortens a longer block set by another worker.
-    call('SET', KEYS[1], until_, 'PX', ceil(dur / 1000))
-    blocked_until = until_
-  end
-  return { ceil(max(blocked_until - now, 0) / 1000) }
-end
-
--- ---------------------------------------------------------------- fixed windows
-
--- Calendar arithmetic, built only when the credential has a fixed window.
-local F
-if fixed then
-  F = {}
-
-  -- Parses window w's zone table until it holds a change after `upto` (µs),
-  -- or all of it: tz = { offset, at, offset, at, offset, ... } in µs.
-  local function cover(w, upto)
-    local tz = w.tz
-    while w.tzpos and (#tz == 1 or tz[#tz - 1] <= upto) do
-      local a, b, at, off = string.find(w.tzspec, '^|(%-?%d+)|(%-?%d+)', w.tzpos)
-      if a then
-        tz[#tz + 1] = tonumber(at) * 1000
-        tz[#tz + 1] = tonumber(off) * 1000
-        w.tzpos = b + 1
-      else
-        w.tzpos = nil
+    -- UTC offset (µs) in effect at UTC instant `at` (µs) in window w's zone.
+    local function offset_at(w, at)
+      local tz = cover(w, at)
+      local off = tz[1]
+      for j = 2, #tz, 2 do
+        if at >= tz[j] then
+          off = tz[j + 1]
+        else
+          break
+        end
       end
+      return off
     end
-    return tz
-  end
 
-  -- UTC offset (µs) in effect at UTC instant `at` (µs) in window w's zone.
-  local function offset_at(w, at)
-    local tz = cover(w, at)
-    local off = tz[1]
-    for j = 2, #tz, 2 do
-      if at >= tz[j] then
-        off = tz[j + 1]
-      else
-        break
+    -- The first UTC instant (µs) at which the local wall clock reads `wall`.
+    -- A wall time a DST jump skips (02:00 on a spring-forward night; midnight
+    -- where DST starts at 00:00) is first reached at the jump itself: taking
+    -- either offset there would put it an hour early or an hour late.
+    local function wall_to_utc(w, wall, hint)
+      local off = offset_at(w, wall - offset_at(w, hint))
+      local utc = wall - off
+      local actual = offset_at(w, utc)
+      if actual == off then
+        return utc
       end
-    end
-    return off
-  end
-
-  -- The first UTC instant (µs) at which the local wall clock reads `wall`.
-  -- A wall time a DST jump skips (02:00 on a spring-forward night; midnight
-  -- where DST starts at 00:00) is first reached at the jump itself: taking
-  -- either offset there would put it an hour early or an hour late.
-  local function wall_to_utc(w, wall, hint)
-    local off = offset_at(w, wall - offset_at(w, hint))
-    local utc = wall - off
-    local actual = offset_at(w, utc)
-    if actual == off then
+      local lo, hi = min(utc, wall - actual), max(utc, wall - actual)
+      local tz = cover(w, hi)
+      for j = 2, #tz, 2 do
+        if tz[j] > lo and tz[j] <= hi then
+          return tz[j]
+        end
+      end
       return utc
     end
-    local lo, hi = min(utc, wall - actual), max(utc, wall - actual)
-    local tz = cover(w, hi)
-    for j = 2, #tz, 2 do
-      if tz[j] > lo and tz[j] <= hi then
-        return tz[j]
+
+    -- Reads a fixed window's period (the number of the calendar period holding
+    -- `now`, and when it ends) and usage; a new period starts at 0 (its old
+    -- state is reset on the next write).
+    function F.state(w)
+      local wall = now + offset_at(w, now)
+      w.period = floor((wall - w.reset) / w.per)
+      w.ends = wall_to_utc(w, (w.period + 1) * w.per + w.reset, now)
+      if w.ends <= now then
+        w.ends = now + 1000
+      end
+      local r = call('HMGET', w.state, '#period', '#used', '#drift')
+      if tonumber(r[1]) ~= w.period then
+        w.fresh_period = true
+        w.used, w.drift = 0, 0
+      else
+        w.used, w.drift = tonumber(r[2] or '0'), tonumber(r[3] or '0')
       end
     end
-    return utc
+
+    -- Starts a fixed window's new period, if it needs one, before a write.
+    -- Remembers `now` when it does (see the top): from then on no `now` falls
+    -- before that period's start, so none can fall in an earlier period.
+    -- Spends within a period need not write it. It lives at least as long as
+    -- the window's state.
+    function F.open(w)
+      if w.fresh_period then
+        if seen < now then
+          local ttl = max(ceil(maxper / 1000), ceil((w.ends - now) / 1000) + 1000, call('PTTL', KEYS[2]))
+          call('SET', KEYS[2], now, 'PX', ttl)
+          seen = now
+        end
+        -- A period's state expires a second after the period ends: set once.
+        call('UNLINK', w.state)
+        call('HSET', w.state, '#period', w.period, '#used', 0)
+        call('PEXPIRE', w.state, ceil((w.ends - now) / 1000) + 1000)
+        w.fresh_period = false
+      end
+    end
   end
 
-  -- Reads a fixed window's period (the number of the calendar period holding
-  -- `now`, and when it ends) and usage; a new period starts at 0 (its old
-  -- state is reset on the next write).
-  function F.state(w)
-    local wall = now + offset_at(w, now)
-    w.period = floor((wall - w.reset) / w.per)
-    w.ends = wall_to_utc(w, (w.period + 1) * w.per + w.reset, now)
-    if w.ends <= now then
-      w.ends = now + 1000
-    end
-    local r = call('HMGET', w.state, '#period', '#used', '#drift')
-    if tonumber(r[1]) ~= w.period then
-      w.fresh_period = true
-      w.used, w.drift = 0, 0
+  -- ---------------------------------------------------------------- every window, brought to now
+
+  -- Moves a sliding window's (or a bucket's id log's) base past every entry
+  -- spent at or before now - hold, without reading them: a few expired cost
+  -- one XRANGE; after an idle gap the last expired entry is found by bisecting
+  -- positions. Expired stream entries and log members are dropped lazily, at
+  -- most CLEAN log members per call, so no call holds Redis for long. Made
+  -- only when some window needs it.
+  local evict
+
+  for i = 1, nwin do
+    local w = windows[i]
+    if w.kind == 'fixed' then
+      F.state(w)
     else
-      w.used, w.drift = tonumber(r[2] or '0'), tonumber(r[3] or '0')
-    end
-  end
-
-  -- Starts a fixed window's new period, if it needs one, before a write.
-  -- Remembers `now` when it does (see the top): from then on no `now` falls
-  -- before that period's start, so none can fall in an earlier period.
-  -- Spends within a period need not write it. It lives at least as long as
-  -- the window's state.
-  function F.open(w)
-    if w.fresh_period then
-      if seen < now then
-        local ttl = max(ceil(maxper / 1000), ceil((w.ends - now) / 1000) + 1000, call('PTTL', KEYS[2]))
-        call('SET', KEYS[2], now, 'PX', ttl)
-        seen = now
-      end
-      -- A period's state expires a second after the period ends: set once.
-      call('UNLINK', w.state)
-      call('HSET', w.state, '#period', w.period, '#used', 0)
-      call('PEXPIRE', w.state, ceil((w.ends - now) / 1000) + 1000)
-      w.fresh_period = false
-    end
-  end
-end
-
--- ---------------------------------------------------------------- every window, brought to now
-
--- Moves a sliding window's (or a bucket's id log's) base past every entry
--- spent at or before now - hold, without reading them: a few expired cost
--- one XRANGE; after an idle gap the last expired entry is found by bisecting
--- positions. Expired stream entries and log members are dropped lazily, at
--- most CLEAN log members per call, so no call holds Redis for long. Made
--- only when some window needs it.
-local evict
-
-for i = 1, nwin do
-  local w = windows[i]
-  if w.kind == 'fixed' then
-    F.state(w)
-  else
-    local raw = got[w.mi]
-    if raw then
-      w.total, w.B, w.hbase, w.htot, w.oldest, w.last, w.expires, w.nadj,
-        w.stale, w.dtot, w.dbase, w.neg, w.L, w.lt, w.D = unpackmp(raw)
-      if (w.oldest ~= 0 and w.oldest <= now - w.hold) or w.stale >= STALE then
-        evict = evict or function(w)
-          local cutoff = now - w.hold
-          local function entry(row)
-            local c, tt = match(row[1], '^(%d+)%-(%d+)$')
-            return tonumber(c), tonumber(tt), tonumber(row[2][2])
-          end
-          w.dirty = true
-          if w.oldest ~= 0 and w.last <= cutoff then
-            -- All expired (an idle gap): dropped in one step, however big;
-            -- UNLINK frees the memory off the main thread. Positions start
-            -- again at 0.
-            call('UNLINK', w.log, w.ts, w.adj)
-            w.total, w.B, w.hbase, w.htot, w.oldest, w.last, w.expires = 0, 0, 0, 0, 0, 0, 0
-            w.nadj, w.stale, w.dtot, w.dbase, w.neg = 0, 0, 0, 0, 0
-            return
-          end
-          if w.oldest ~= 0 and w.oldest <= cutoff then
-            local rows = call('XRANGE', w.ts, w.B + 1, '+', 'COUNT', SCAN)
-            local bC, bD, n = w.B, w.dbase, 0
-            local fT
-            for j = 1, #rows do
-              local c, tt, d = entry(rows[j])
-              if tt > cutoff then
-                fT = tt
-                break
-              end
-              bC, bD, n = c, d, j
+      local raw = got[w.mi]
+      if raw then
+        w.total, w.B, w.hbase, w.htot, w.oldest, w.last, w.expires, w.nadj,
+          w.stale, w.dtot, w.dbase, w.neg, w.L, w.lt, w.D = unpackmp(raw)
+        if (w.oldest ~= 0 and w.oldest <= now - w.hold) or w.stale >= STALE then
+          evict = evict or function(w)
+            local cutoff = now - w.hold
+            local function entry(row)
+              local c, tt = match(row[1], '^(%d+)%-(%d+)$')
+              return tonumber(c), tonumber(tt), tonumber(row[2][2])
             end
-            if not fT then
-              -- More than SCAN expired. Invariant: the first entry at or
-              -- after position lo is expired, the first at or after hi is
-              -- live (the newest is live).
-              local lo, hi = bC, w.total
-              fT = w.last
-              while hi - lo > 1 do
-                local mid = floor((lo + hi) / 2)
-                local row = call('XRANGE', w.ts, mid, '+', 'COUNT', 1)[1]
-                if not row then
+            w.dirty = true
+            if w.oldest ~= 0 and w.last <= cutoff then
+              -- All expired (an idle gap): dropped in one step, however big;
+              -- UNLINK frees the memory off the main thread. Positions start
+              -- again at 0.
+              call('UNLINK', w.log, w.ts, w.adj)
+              w.total, w.B, w.hbase, w.htot, w.oldest, w.last, w.expires = 0, 0, 0, 0, 0, 0, 0
+              w.nadj, w.stale, w.dtot, w.dbase, w.neg = 0, 0, 0, 0, 0
+              return
+            end
+            if w.oldest ~= 0 and w.oldest <= cutoff then
+              local rows = call('XRANGE', w.ts, w.B + 1, '+', 'COUNT', SCAN)
+              local bC, bD, n = w.B, w.dbase, 0
+              local fT
+              for j = 1, #rows do
+                local c, tt, d = entry(rows[j])
+                if tt > cutoff then
+                  fT = tt
                   break
                 end
-                local c, tt, d = entry(row)
-                if tt > cutoff then
-                  hi, fT = mid, tt
-                else
-                  lo, bC, bD = c, c, d
-                end
+                bC, bD, n = c, d, j
               end
-              n = STALE
-            end
-            w.B, w.dbase, w.oldest = bC, bD, fT
-            w.stale = w.stale + n
-            if w.nadj > 0 then
-              -- Adjustment records at or below base leave `adj`; hbase
-              -- becomes the running total at the last of them. They are in
-              -- position order: a bisection by rank finds the last one.
-              local function rec(rank)
-                local r = call('ZRANGE', w.adj, rank, rank)[1]
-                if r then
-                  local c, h = match(r, '^(%d+):(%-?%d+):')
-                  return tonumber(c), tonumber(h)
-                end
-              end
-              local c, h = rec(0)
-              if not c then
-                w.nadj, w.neg = 0, 0
-              elseif c <= w.B then
-                local lo, hi, hlast = 0, w.nadj, h
+              if not fT then
+                -- More than SCAN expired. Invariant: the first entry at or
+                -- after position lo is expired, the first at or after hi is
+                -- live (the newest is live).
+                local lo, hi = bC, w.total
+                fT = w.last
                 while hi - lo > 1 do
                   local mid = floor((lo + hi) / 2)
-                  c, h = rec(mid)
-                  if c and c <= w.B then
-                    lo, hlast = mid, h
+                  local row = call('XRANGE', w.ts, mid, '+', 'COUNT', 1)[1]
+                  if not row then
+                    break
+                  end
+                  local c, tt, d = entry(row)
+                  if tt > cutoff then
+                    hi, fT = mid, tt
                   else
-                    hi = mid
+                    lo, bC, bD = c, c, d
                   end
                 end
-                call('ZREMRANGEBYRANK', w.adj, 0, lo)
-                w.hbase, w.nadj = hlast, w.nadj - lo - 1
-                if w.nadj <= 0 then
+                n = STALE
+              end
+              w.B, w.dbase, w.oldest = bC, bD, fT
+              w.stale = w.stale + n
+              if w.nadj > 0 then
+                -- Adjustment records at or below base leave `adj`; hbase
+                -- becomes the running total at the last of them. They are in
+                -- position order: a bisection by rank finds the last one.
+                local function rec(rank)
+                  local r = call('ZRANGE', w.adj, rank, rank)[1]
+                  if r then
+                    local c, h = match(r, '^(%d+):(%-?%d+):')
+                    return tonumber(c), tonumber(h)
+                  end
+                end
+                local c, h = rec(0)
+                if not c then
                   w.nadj, w.neg = 0, 0
+                elseif c <= w.B then
+                  local lo, hi, hlast = 0, w.nadj, h
+                  while hi - lo > 1 do
+                    local mid = floor((lo + hi) / 2)
+                    c, h = rec(mid)
+                    if c and c <= w.B then
+                      lo, hlast = mid, h
+                    else
+                      hi = mid
+                    end
+                  end
+                  call('ZREMRANGEBYRANK', w.adj, 0, lo)
+                  w.hbase, w.nadj = hlast, w.nadj - lo - 1
+                  if w.nadj <= 0 then
+                    w.nadj, w.neg = 0, 0
+                  end
                 end
               end
             end
-          end
-          if w.stale >= STALE then
-            call('XTRIM', w.ts, 'MINID', w.B + 1)
-            local r = call('ZRANGE', w.log, CLEAN - 1, CLEAN - 1, 'WITHSCORES')
-            if r[2] and tonumber(r[2]) <= w.B then
-              call('ZREMRANGEBYRANK', w.log, 0, CLEAN - 1)
-              w.stale = STALE
-            else
-              call('ZREMRANGEBYSCORE', w.log, '-inf', w.B)
-              w.stale = 0
+            if w.stale >= STALE then
+              call('XTRIM', w.ts, 'MINID', w.B + 1)
+              local r = call('ZRANGE', w.log, CLEAN - 1, CLEAN - 1, 'WITHSCORES')
+              if r[2] and tonumber(r[2]) <= w.B then
+                call('ZREMRANGEBYRANK', w.log, 0, CLEAN - 1)
+                w.stale = STALE
+              else
+                call('ZREMRANGEBYSCORE', w.log, '-inf', w.B)
+                w.stale = 0
+              end
             end
           end
+          evict(w)
         end
-        evict(w)
+      elseif op ~= 'peek' and call('EXISTS', w.log, w.ts, w.adj) > 0 then
+        -- Counters gone with entries left (they expired apart): no stray
+        -- entry may count.
+        call('UNLINK', w.log, w.ts, w.adj)
       end
-    elseif op ~= 'peek' and call('EXISTS', w.log, w.ts, w.adj) > 0 then
-      -- Counters gone with entries left (they expired apart): no stray
-      -- entry may count.
-      call('UNLINK', w.log, w.ts, w.adj)
-    end
-    if w.kind == 'bucket' then
-      -- The level drains `units` per quantum of `q` µs, whole quanta only
-      -- (the remainder carries over, so nothing is lost or gained).
-      local e = floor((now - w.lt) / w.q)
-      if w.L <= 0 or e >= w.perq then
-        w.L, w.D, w.lt = 0, 0, now
+      if w.kind == 'bucket' then
+        -- The level drains `units` per quantum of `q` µs, whole quanta only
+        -- (the remainder carries over, so nothing is lost or gained).
+        local e = floor((now - w.lt) / w.q)
+        if w.L <= 0 or e >= w.perq then
+          w.L, w.D, w.lt = 0, 0, now
+        else
+          local d = e * w.units
+          w.L, w.D = max(w.L - d, 0), max(w.D - d, 0)
+          w.lt = (w.L == 0) and now or (w.lt + e * w.q)
+        end
+        w.used = ceil(w.L / w.perq)
+        w.drift = min(ceil(w.D / w.perq), w.used)
       else
-        local d = e * w.units
-        w.L, w.D = max(w.L - d, 0), max(w.D - d, 0)
-        w.lt = (w.L == 0) and now or (w.lt + e * w.q)
-      end
-      w.used = ceil(w.L / w.perq)
-      w.drift = min(ceil(w.D / w.perq), w.used)
-    else
-      w.used = (w.total - w.B) - (w.htot - w.hbase)
-      w.drift = w.dtot - w.dbase
-    end
-  end
-end
-
--- Writes back every changed window's counters, expiring with its keys.
-local function save_all()
-  for i = 1, nwin do
-    local w = windows[i]
-    if w.dirty then
-      local until_ = w.expires
-      if w.L > 0 then
-        until_ = max(until_, w.lt + ceil(w.L / w.units) * w.q + 1000000)
-      end
-      if until_ <= now or (w.oldest == 0 and w.nadj == 0 and w.L <= 0) then
-        -- Nothing live: the next spend starts from position 0.
-        call('DEL', w.meta)
-      else
-        call('SET', w.meta, pack(w.total, w.B, w.hbase, w.htot, w.oldest, w.last, w.expires,
-          w.nadj, w.stale, w.dtot, w.dbase, w.neg, w.L, w.lt, w.D), 'PX', ceil((until_ - now) / 1000))
+        w.used = (w.total - w.B) - (w.htot - w.hbase)
+        w.drift = w.dtot - w.dbase
       end
     end
   end
-end
 
--- Appends `units` to a window's stream at max(now, newest), `drift` of them
--- drift. False when the window's positions ran out (2^53 units).
-local function append(w, units, drift)
-  local at = max(now, w.last)
-  local C = w.total + units
-  if C >= MAXPOS then
-    return false
-  end
-  w.dtot = w.dtot + drift
-  call('XADD', w.ts, format('%d-%d', C, at), 'd', w.dtot)
-  w.total, w.last, w.dirty = C, at, true
-  if w.oldest == 0 then
-    w.oldest = at
-  end
-  if w.expires < at + w.hold then
-    -- The keys must outlive this entry by a window. Their TTL is set with
-    -- some slack (a quarter window, 1 s to 1 h), so most spends skip the
-    -- PEXPIREs; idle keys linger at most that much longer.
-    w.expires = at + w.hold + min(max(floor(w.hold / 4), 1000000), 3600000000)
-    local ttl = ceil((w.expires - now) / 1000)
-    call('PEXPIRE', w.log, ttl)
-    call('PEXPIRE', w.ts, ttl)
-    if w.nadj > 0 then
-      call('PEXPIRE', w.adj, ttl)
+  -- Writes back every changed window's counters, expiring with its keys.
+  local function save_all()
+    for i = 1, nwin do
+      local w = windows[i]
+      if w.dirty then
+        local until_ = w.expires
+        if w.L > 0 then
+          until_ = max(until_, w.lt + ceil(w.L / w.units) * w.q + 1000000)
+        end
+        if until_ <= now or (w.oldest == 0 and w.nadj == 0 and w.L <= 0) then
+          -- Nothing live: the next spend starts from position 0.
+          call('DEL', w.meta)
+        else
+          call('SET', w.meta, pack(w.total, w.B, w.hbase, w.htot, w.oldest, w.last, w.expires,
+            w.nadj, w.stale, w.dtot, w.dbase, w.neg, w.L, w.lt, w.D), 'PX', ceil((until_ - now) / 1000))
+        end
+      end
     end
   end
-  return true
-end
 
-local id = ARGV[2]
-local cost = tonumber(ARGV[3])
-local rejected, remaining = false, nil
-if op == 'spend' then
-  if id == nil or id == '' or string.sub(id, 1, 1) == '#' or id == '{request_id}' then
-    save_all()
-    return redis.error_reply('ERR quota-worker: request id must be unique, non-empty, not start with "#" (got ' .. tostring(id) .. ')')
+  -- Appends `units` to a window's stream at max(now, newest), `drift` of them
+  -- drift. False when the window's positions ran out (2^53 units).
+  local function append(w, units, drift)
+    local at = max(now, w.last)
+    local C = w.total + units
+    if C >= MAXPOS then
+      return false
+    end
+    w.dtot = w.dtot + drift
+    call('XADD', w.ts, format('%d-%d', C, at), 'd', w.dtot)
+    w.total, w.last, w.dirty = C, at, true
+    if w.oldest == 0 then
+      w.oldest = at
+    end
+    if w.expires < at + w.hold then
+      -- The keys must outlive this entry by a window. Their TTL is set with
+      -- some slack (a quarter window, 1 s to 1 h), so most spends skip the
+      -- PEXPIREs; idle keys linger at most that much longer.
+      w.expires = at + w.hold + min(max(floor(w.hold / 4), 1000000), 3600000000)
+      local ttl = ceil((w.expires - now) / 1000)
+      call('PEXPIRE', w.log, ttl)
+      call('PEXPIRE', w.ts, ttl)
+      if w.nadj > 0 then
+        call('PEXPIRE', w.adj, ttl)
+      end
+    end
+    return true
   end
-  if cost == nil or cost < 1 or cost ~= floor(cost) then
-    save_all()
-    return redis.error_reply('ERR quota-worker: spend cost must be a whole number >= 1')
-  end
-  rejected = blocked_until > now
-  for i = 1, nwin do
-    local w = windows[i]
-    if cost > w.lim then
+
+  local id = ARGV[2]
+  local cost = tonumber(ARGV[3])
+  local rejected, remaining = false, nil
+  if op == 'spend' then
+    if id == nil or id == '' or string.sub(id, 1, 1) == '#' or id == '{request_id}' then
       save_all()
-      return redis.error_reply('ERR quota-worker: cost ' .. cost .. ' can never fit window ' .. i .. ' (' .. w.lim .. ' units with the reserve)')
+      return redis.error_reply('ERR quota-worker: request id must be unique, non-empty, not start with "#" (got ' .. tostring(id) .. ')')
     end
-    local left = w.lim - w.used
+    if cost == nil or cost < 1 or cost ~= floor(cost) then
+      save_all()
+      return redis.error_reply('ERR quota-worker: spend cost must be a whole number >= 1')
+    end
+    rejected = blocked_until > now
+    for i = 1, nwin do
+      local w = windows[i]
+      if cost > w.lim then
+        save_all()
+        return redis.error_reply('ERR quota-worker: cost ' .. cost .. ' can never fit window ' .. i .. ' (' .. w.lim .. ' units with the reserve)')
+      end
+      local left = w.lim - w.used
+      if remaining == nil or left < remaining then
+        remaining = left
+      end
+      if cost > left then
+        rejected = true
+      end
+    end
+    remaining = max(remaining or 0, 0)
+  end
+
+  -- ---------------------------------------------------------------- when units free (peek, rejections)
+
+  local frees_in
+  if op == 'peek' or rejected then
+    -- µs until window w counts at most `target` units (bucket: units x
+    -- quanta): a fixed window at its reset; a bucket when its level has
+    -- drained; a sliding window when its oldest used - target live units have
+    -- expired: the first entry whose actual position (position less the
+    -- adjustments up to it) reaches base + need.
+    frees_in = function(w, target)
+      if w.kind == 'fixed' then
+        return w.ends - now
+      elseif w.kind == 'bucket' then
+        local excess = w.L - target * w.perq
+        if excess <= 0 then
+          return 0
+        end
+        return max(w.lt + ceil(excess / w.units) * w.q - now, 1)
+      end
+      local T = w.B - w.hbase + w.used - target
+      local H = w.hbase
+      if w.nadj > 0 then
+        local r = call('ZREVRANGEBYSCORE', w.adj, format('(%d', T), '-inf', 'LIMIT', 0, 1)[1]
+        if r then
+          H = tonumber(match(r, '^%d+:(%-?%d+):'))
+        end
+      end
+      local eC, eT = MAXPOS, nil
+      local row = call('XRANGE', w.ts, T + H, '+', 'COUNT', 1)[1]
+      if row then
+        local c, tt = match(row[1], '^(%d+)%-(%d+)$')
+        eC, eT = tonumber(c), tonumber(tt)
+      end
+      if w.neg > 0 then
+        -- A raised cost moves later entries' actual positions up: the next
+        -- adjusted entry may reach the target before the entry found above.
+        local r = call('ZRANGEBYSCORE', w.adj, T, '+inf', 'LIMIT', 0, 1)[1]
+        local c = r and tonumber(match(r, '^(%d+):'))
+        if c and c < eC then
+          local row2 = call('XRANGE', w.ts, c, c, 'COUNT', 1)[1]
+          if row2 then
+            eT = tonumber(match(row2[1], '%-(%d+)$'))
+          end
+        end
+      end
+      if not eT then
+        return w.hold
+      end
+      return max(eT + w.hold - now, 1)
+    end
+  end
+
+  -- ---------------------------------------------------------------- peek
+
+  if op == 'peek' then
+    local out = { ceil(max(blocked_until - now, 0) / 1000) }
+    for i = 1, nwin do
+      local w = windows[i]
+      out[#out + 1] = w.used
+      out[#out + 1] = max(w.units - w.used, 0)
+      out[#out + 1] = w.used > 0 and ceil(frees_in(w, w.used - 1) / 1000) or 0
+      out[#out + 1] = w.drift
+    end
+    save_all()
+    return out
+  end
+
+  -- ---------------------------------------------------------------- sync (drift)
+
+  if op == 'sync' then
+    local w = windows[tonumber(ARGV[2]) or 0]
+    local upstream_left = tonumber(ARGV[3])
+    if not w or not upstream_left or upstream_left < 0 or upstream_left ~= floor(upstream_left) then
+      save_all()
+      return redis.error_reply('ERR quota-worker: sync takes a window number and the upstream\'s remaining units (a whole number >= 0)')
+    end
+    -- Drift only ever lowers what we admit: recorded as units spent now.
+    local drift = w.units - w.used - upstream_left
+    if drift > 0 then
+      if w.kind == 'fixed' then
+        F.open(w)
+        call('HINCRBY', w.state, '#used', drift)
+        call('HINCRBY', w.state, '#drift', drift)
+      elseif w.kind == 'bucket' then
+        w.L = w.L + drift * w.perq
+        w.D = w.D + drift * w.perq
+        w.dirty = true
+      elseif not append(w, drift, drift) then
+        save_all()
+        return redis.error_reply('ERR quota-worker: window ' .. w.i .. ' ran out of positions; delete its keys')
+      end
+    else
+      drift = 0
+    end
+    save_all()
+    return { drift }
+  end
+
+  -- ---------------------------------------------------------------- settle
+
+  if op == 'settle' then
+    if id == nil or id == '' or string.sub(id, 1, 1) == '#' or id == '{request_id}' then
+      save_all()
+      return redis.error_reply('ERR quota-worker: request id must be unique, non-empty, not start with "#" (got ' .. tostring(id) .. ')')
+    end
+    if cost == nil or cost < 0 or cost ~= floor(cost) then
+      save_all()
+      return redis.error_reply('ERR quota-worker: settle cost must be a whole number >= 0')
+    end
+
+    local function adj_parse(m)
+      local c, h, d = match(m, '^(%d+):(%-?%d+):(%-?%d+)$')
+      return tonumber(c), tonumber(h), tonumber(d)
+    end
+
+    local function adj_member(c, h, d)
+      -- Zero-padded, so records of equal score sort by position.
+      return format('%016d:%d:%d', c, h, d)
+    end
+
+    -- Runs `cmd key args...` in slices of at most 4,000 values (Lua's unpack
+    -- stops near 8,000), keeping groups of `group` values together.
+    local function chunked(cmd, key, args, group)
+      local step = 4000 - 4000 % group
+      for from = 1, #args, step do
+        call(cmd, key, unpack(args, from, min(from + step - 1, #args)))
+      end
+    end
+
+    -- Settles a sliding or bucket window's entry: returns the change in its
+    -- units (actual - before), or nil when the window does not hold it.
+    local function settle_entry(w, actual)
+      local C = tonumber(call('ZSCORE', w.log, id))
+      if not C or C <= w.B then
+        return nil
+      end
+      -- The units it was spent with: its position less its predecessor's.
+      local rows = call('XREVRANGE', w.ts, C, '-', 'COUNT', 2)
+      if not rows[1] then
+        return nil
+      end
+      local spent = C - (rows[2] and tonumber(match(rows[2][1], '^(%d+)')) or w.B)
+      -- Its adjustment record (if settled before), the records after it, and
+      -- the running adjustment total before it. Records are in position
+      -- order, so they are read from the newest back to it.
+      local d_old, h_prev, later = 0, w.hbase, {}
+      if w.nadj > 0 then
+        local n, done = 8, false
+        while not done do
+          local recs = call('ZRANGE', w.adj, -n, -1)
+          later, d_old = {}, 0
+          for j = #recs, 1, -1 do
+            local c, h, d = adj_parse(recs[j])
+            if c > C then
+              later[#later + 1] = recs[j]
+            elseif c == C then
+              d_old, h_prev = d, h - d
+              done = true
+              break
+            else
+              h_prev = h
+              done = true
+              break
+            end
+          end
+          if not done and #recs < n then
+            h_prev, done = w.hbase, true
+          end
+          n = n * 4
+        end
+      end
+      local before = spent - d_old
+      if actual == before then
+        return 0
+      end
+      local d_new = spent - actual
+      local delta = d_new - d_old
+      if d_old ~= 0 then
+        call('ZREM', w.adj, adj_member(C, h_prev + d_old, d_old))
+        w.nadj = w.nadj - 1
+      end
+      local adds = {}
+      if d_new ~= 0 then
+        local h = h_prev + d_new
+        adds[#adds + 1] = C - h
+        adds[#adds + 1] = adj_member(C, h, d_new)
+        w.nadj = w.nadj + 1
+        if d_new < 0 then
+          w.neg = 1
+        end
+      end
+      -- Entries spent after this one and settled before it move by delta.
+      for j = 1, #later do
+        local c, h, d = adj_parse(later[j])
+        adds[#adds + 1] = c - (h + delta)
+        adds[#adds + 1] = adj_member(c, h + delta, d)
+      end
+      chunked('ZREM', w.adj, later, 1)
+      if #adds > 0 then
+        chunked('ZADD', w.adj, adds, 2)
+        call('PEXPIRE', w.adj, max(ceil((w.expires - now) / 1000), 1))
+      end
+      w.htot = w.htot + delta
+      if actual == 0 then
+        -- Refunded: the id is forgotten, so spending it again is a new spend.
+        call('ZREM', w.log, id)
+      end
+      w.dirty = true
+      return actual - before
+    end
+
+    local adjusted = 0
+    for i = 1, nwin do
+      local w = windows[i]
+      if w.kind == 'fixed' then
+        -- A spend in a past period needs no settling.
+        local old = not w.fresh_period and tonumber(call('HGET', w.state, id))
+        if old then
+          if cost == 0 then
+            call('HDEL', w.state, id)
+          else
+            call('HSET', w.state, id, cost)
+          end
+          call('HINCRBY', w.state, '#used', cost - old)
+          adjusted = adjusted + 1
+        end
+      else
+        local change = settle_entry(w, cost)
+        if change then
+          adjusted = adjusted + 1
+          if w.kind == 'bucket' then
+            -- As the upstream's own bucket does: the difference is given
+            -- back (or charged) at once.
+            w.L = max(w.L + change * w.perq, 0)
+            w.D = min(w.D, w.L)
+            w.dirty = true
+          end
+        end
+      end
+    end
+    save_all()
+    return { adjusted }
+  end
+
+  if op ~= 'spend' then
+    save_all()
+    return redis.error_reply('ERR quota-worker: unknown op ' .. tostring(op))
+  end
+
+  -- ---------------------------------------------------------------- spend
+
+  if rejected then
+    -- Every window must admit the spend, so it waits for the one that frees
+    -- last; on a tie the credential block (0) or the lower window index names it.
+    local retry, rejecting = max(blocked_until - now, 0), 0
+    local best
+    for i = 1, nwin do
+      local w = windows[i]
+      if w.used + cost > w.lim then
+        local wait = frees_in(w, w.lim - cost)
+        if wait > retry then
+          retry, rejecting = wait, i
+        end
+      end
+      -- The window that remembers ids longest (see below).
+      if not best or (w.kind ~= 'fixed' and (best.kind == 'fixed' or w.hold > best.hold))
+        or (w.kind == 'fixed' and best.kind == 'fixed' and w.per > best.per) then
+        best = w
+      end
+    end
+    -- A retry of a spend that was admitted (its reply was lost) is admitted
+    -- again, not charged again. Asked only of a rejected spend (an admitted
+    -- one finds out when it records, NX below), and only of the window that
+    -- remembers ids longest: every window of a spend records it at once, and a
+    -- refund forgets it in all of them.
+    local held = false
+    if best and best.kind == 'fixed' then
+      held = not best.fresh_period and call('HEXISTS', best.state, id) == 1
+    elseif best then
+      local C = tonumber(call('ZSCORE', best.log, id))
+      held = C ~= nil and C > best.B
+    end
+    save_all()
+    if held then
+      return { 1, remaining, 0, 0 }
+    end
+    return { 0, remaining, ceil(retry / 1000), rejecting }
+  end
+
+  -- Record the id in every window first: a window that already holds it makes
+  -- this a retry of a spend that happened (its reply was lost): admitted once,
+  -- charged once, and the records just added are taken back.
+  for i = 1, nwin do
+    local w = windows[i]
+    local recorded
+    if w.kind == 'fixed' then
+      F.open(w)
+      recorded = call('HSETNX', w.state, id, cost) == 1
+    else
+      recorded = call('ZADD', w.log, 'NX', w.total + cost, id) == 1
+      if not recorded and tonumber(call('ZSCORE', w.log, id)) <= w.B then
+        -- An expired spend's id, not yet dropped: a new spend.
+        call('ZADD', w.log, 'XX', w.total + cost, id)
+        recorded = true
+      end
+    end
+    if not recorded then
+      for j = 1, i - 1 do
+        local u = windows[j]
+        if u.kind == 'fixed' then
+          call('HDEL', u.state, id)
+        else
+          call('ZREM', u.log, id)
+        end
+      end
+      save_all()
+      return { 1, remaining, 0, 0 }
+    end
+  end
+
+  remaining = nil
+  for i = 1, nwin do
+    local w = windows[i]
+    if w.kind == 'fixed' then
+      call('HINCRBY', w.state, '#used', cost)
+    else
+      if not append(w, cost, 0) then
+        return redis.error_reply('ERR quota-worker: window ' .. i .. ' ran out of positions; delete its keys')
+      end
+      if w.kind == 'bucket' then
+        w.L = w.L + cost * w.perq
+      end
+    end
+    local left = w.lim - w.used - cost
     if remaining == nil or left < remaining then
       remaining = left
     end
-    if cost > left then
-      rejected = true
-    end
-  end
-  remaining = max(remaining or 0, 0)
-end
-
--- ---------------------------------------------------------------- when units free (peek, rejections)
-
-local frees_in
-if op == 'peek' or rejected then
-  -- µs until window w counts at most `target` units (bucket: units x
-  -- quanta): a fixed window at its reset; a bucket when its level has
-  -- drained; a sliding window when its oldest used - target live units have
-  -- expired: the first entry whose actual position (position less the
-  -- adjustments up to it) reaches base + need.
-  frees_in = function(w, target)
-    if w.kind == 'fixed' then
-      return w.ends - now
-    elseif w.kind == 'bucket' then
-      local excess = w.L - target * w.perq
-      if excess <= 0 then
-        return 0
-      end
-      return max(w.lt + ceil(excess / w.units) * w.q - now, 1)
-    end
-    local T = w.B - w.hbase + w.used - target
-    local H = w.hbase
-    if w.nadj > 0 then
-      local r = call('ZREVRANGEBYSCORE', w.adj, format('(%d', T), '-inf', 'LIMIT', 0, 1)[1]
-      if r then
-        H = tonumber(match(r, '^%d+:(%-?%d+):'))
-      end
-    end
-    local eC, eT = MAXPOS, nil
-    local row = call('XRANGE', w.ts, T + H, '+', 'COUNT', 1)[1]
-    if row then
-      local c, tt = match(row[1], '^(%d+)%-(%d+)$')
-      eC, eT = tonumber(c), tonumber(tt)
-    end
-    if w.neg > 0 then
-      -- A raised cost moves later entries' actual positions up: the next
-      -- adjusted entry may reach the target before the entry found above.
-      local r = call('ZRANGEBYSCORE', w.adj, T, '+inf', 'LIMIT', 0, 1)[1]
-      local c = r and tonumber(match(r, '^(%d+):'))
-      if c and c < eC then
-        local row2 = call('XRANGE', w.ts, c, c, 'COUNT', 1)[1]
-        if row2 then
-          eT = tonumber(match(row2[1], '%-(%d+)$'))
-        end
-      end
-    end
-    if not eT then
-      return w.hold
-    end
-    return max(eT + w.hold - now, 1)
-  end
-end
-
--- ---------------------------------------------------------------- peek
-
-if op == 'peek' then
-  local out = { ceil(max(blocked_until - now, 0) / 1000) }
-  for i = 1, nwin do
-    local w = windows[i]
-    out[#out + 1] = w.used
-    out[#out + 1] = max(w.units - w.used, 0)
-    out[#out + 1] = w.used > 0 and ceil(frees_in(w, w.used - 1) / 1000) or 0
-    out[#out + 1] = w.drift
   end
   save_all()
-  return out
+  return { 1, max(remaining, 0), 0, 0 }
 end
 
--- ---------------------------------------------------------------- sync (drift)
-
-if op == 'sync' then
-  local w = windows[tonumber(ARGV[2]) or 0]
-  local upstream_left = tonumber(ARGV[3])
-  if not w or not upstream_left or upstream_left < 0 or upstream_left ~= floor(upstream_left) then
-    save_all()
-    return redis.error_reply('ERR quota-worker: sync takes a window number and the upstream\'s remaining units (a whole number >= 0)')
-  end
-  -- Drift only ever lowers what we admit: recorded as units spent now.
-  local drift = w.units - w.used - upstream_left
-  if drift > 0 then
-    if w.kind == 'fixed' then
-      F.open(w)
-      call('HINCRBY', w.state, '#used', drift)
-      call('HINCRBY', w.state, '#drift', drift)
-    elseif w.kind == 'bucket' then
-      w.L = w.L + drift * w.perq
-      w.D = w.D + drift * w.perq
-      w.dirty = true
-    elseif not append(w, drift, drift) then
-      save_all()
-      return redis.error_reply('ERR quota-worker: window ' .. w.i .. ' ran out of positions; delete its keys')
-    end
-  else
-    drift = 0
-  end
-  save_all()
-  return { drift }
-end
-
--- ---------------------------------------------------------------- settle
-
-if op == 'settle' then
-  if id == nil or id == '' or string.sub(id, 1, 1) == '#' or id == '{request_id}' then
-    save_all()
-    return redis.error_reply('ERR quota-worker: request id must be unique, non-empty, not start with "#" (got ' .. tostring(id) .. ')')
-  end
-  if cost == nil or cost < 0 or cost ~= floor(cost) then
-    save_all()
-    return redis.error_reply('ERR quota-worker: settle cost must be a whole number >= 0')
-  end
-
-  local function adj_parse(m)
-    local c, h, d = match(m, '^(%d+):(%-?%d+):(%-?%d+)$')
-    return tonumber(c), tonumber(h), tonumber(d)
-  end
-
-  local function adj_member(c, h, d)
-    -- Zero-padded, so records of equal score sort by position.
-    return format('%016d:%d:%d', c, h, d)
-  end
-
-  -- Runs `cmd key args...` in slices of at most 4,000 values (Lua's unpack
-  -- stops near 8,000), keeping groups of `group` values together.
-  local function chunked(cmd, key, args, group)
-    local step = 4000 - 4000 % group
-    for from = 1, #args, step do
-      call(cmd, key, unpack(args, from, min(from + step - 1, #args)))
-    end
-  end
-
-  -- Settles a sliding or bucket window's entry: returns the change in its
-  -- units (actual - before), or nil when the window does not hold it.
-  local function settle_entry(w, actual)
-    local C = tonumber(call('ZSCORE', w.log, id))
-    if not C or C <= w.B then
-      return nil
-    end
-    -- The units it was spent with: its position less its predecessor's.
-    local rows = call('XREVRANGE', w.ts, C, '-', 'COUNT', 2)
-    if not rows[1] then
-      return nil
-    end
-    local spent = C - (rows[2] and tonumber(match(rows[2][1], '^(%d+)')) or w.B)
-    -- Its adjustment record (if settled before), the records after it, and
-    -- the running adjustment total before it. Records are in position
-    -- order, so they are read from the newest back to it.
-    local d_old, h_prev, later = 0, w.hbase, {}
-    if w.nadj > 0 then
-      local n, done = 8, false
-      while not done do
-        local recs = call('ZRANGE', w.adj, -n, -1)
-        later, d_old = {}, 0
-        for j = #recs, 1, -1 do
-          local c, h, d = adj_parse(recs[j])
-          if c > C then
-            later[#later + 1] = recs[j]
-          elseif c == C then
-            d_old, h_prev = d, h - d
-            done = true
-            break
-          else
-            h_prev = h
-            done = true
-            break
-          end
-        end
-        if not done and #recs < n then
-          h_prev, done = w.hbase, true
-        end
-        n = n * 4
-      end
-    end
-    local before = spent - d_old
-    if actual == before then
-      return 0
-    end
-    local d_new = spent - actual
-    local delta = d_new - d_old
-    if d_old ~= 0 then
-      call('ZREM', w.adj, adj_member(C, h_prev + d_old, d_old))
-      w.nadj = w.nadj - 1
-    end
-    local adds = {}
-    if d_new ~= 0 then
-      local h = h_prev + d_new
-      adds[#adds + 1] = C - h
-      adds[#adds + 1] = adj_member(C, h, d_new)
-      w.nadj = w.nadj + 1
-      if d_new < 0 then
-        w.neg = 1
-      end
-    end
-    -- Entries spent after this one and settled before it move by delta.
-    for j = 1, #later do
-      local c, h, d = adj_parse(later[j])
-      adds[#adds + 1] = c - (h + delta)
-      adds[#adds + 1] = adj_member(c, h + delta, d)
-    end
-    chunked('ZREM', w.adj, later, 1)
-    if #adds > 0 then
-      chunked('ZADD', w.adj, adds, 2)
-      call('PEXPIRE', w.adj, max(ceil((w.expires - now) / 1000), 1))
-    end
-    w.htot = w.htot + delta
-    if actual == 0 then
-      -- Refunded: the id is forgotten, so spending it again is a new spend.
-      call('ZREM', w.log, id)
-    end
-    w.dirty = true
-    return actual - before
-  end
-
-  local adjusted = 0
-  for i = 1, nwin do
-    local w = windows[i]
-    if w.kind == 'fixed' then
-      -- A spend in a past period needs no settling.
-      local old = not w.fresh_period and tonumber(call('HGET', w.state, id))
-      if old then
-        if cost == 0 then
-          call('HDEL', w.state, id)
-        else
-          call('HSET', w.state, id, cost)
-        end
-        call('HINCRBY', w.state, '#used', cost - old)
-        adjusted = adjusted + 1
-      end
-    else
-      local change = settle_entry(w, cost)
-      if change then
-        adjusted = adjusted + 1
-        if w.kind == 'bucket' then
-          -- As the upstream's own bucket does: the difference is given
-          -- back (or charged) at once.
-          w.L = max(w.L + change * w.perq, 0)
-          w.D = min(w.D, w.L)
-          w.dirty = true
-        end
-      end
-    end
-  end
-  save_all()
-  return { adjusted }
-end
-
-if op ~= 'spend' then
-  save_all()
-  return redis.error_reply('ERR quota-worker: unknown op ' .. tostring(op))
-end
-
--- ---------------------------------------------------------------- spend
-
-if rejected then
-  -- Every window must admit the spend, so it waits for the one that frees
-  -- last; on a tie the credential block (0) or the lower window index names it.
-  local retry, rejecting = max(blocked_until - now, 0), 0
-  local best
-  for i = 1, nwin do
-    local w = windows[i]
-    if w.used + cost > w.lim then
-      local wait = frees_in(w, w.lim - cost)
-      if wait > retry then
-        retry, rejecting = wait, i
-      end
-    end
-    -- The window that remembers ids longest (see below).
-    if not best or (w.kind ~= 'fixed' and (best.kind == 'fixed' or w.hold > best.hold))
-      or (w.kind == 'fixed' and best.kind == 'fixed' and w.per > best.per) then
-      best = w
-    end
-  end
-  -- A retry of a spend that was admitted (its reply was lost) is admitted
-  -- again, not charged again. Asked only of a rejected spend (an admitted
-  -- one finds out when it records, NX below), and only of the window that
-  -- remembers ids longest: every window of a spend records it at once, and a
-  -- refund forgets it in all of them.
-  local held = false
-  if best and best.kind == 'fixed' then
-    held = not best.fresh_period and call('HEXISTS', best.state, id) == 1
-  elseif best then
-    local C = tonumber(call('ZSCORE', best.log, id))
-    held = C ~= nil and C > best.B
-  end
-  save_all()
-  if held then
-    return { 1, remaining, 0, 0 }
-  end
-  return { 0, remaining, ceil(retry / 1000), rejecting }
-end
-
--- Record the id in every window first: a window that already holds it makes
--- this a retry of a spend that happened (its reply was lost): admitted once,
--- charged once, and the records just added are taken back.
-for i = 1, nwin do
-  local w = windows[i]
-  local recorded
-  if w.kind == 'fixed' then
-    F.open(w)
-    recorded = call('HSETNX', w.state, id, cost) == 1
-  else
-    recorded = call('ZADD', w.log, 'NX', w.total + cost, id) == 1
-    if not recorded and tonumber(call('ZSCORE', w.log, id)) <= w.B then
-      -- An expired spend's id, not yet dropped: a new spend.
-      call('ZADD', w.log, 'XX', w.total + cost, id)
-      recorded = true
-    end
-  end
-  if not recorded then
-    for j = 1, i - 1 do
-      local u = windows[j]
-      if u.kind == 'fixed' then
-        call('HDEL', u.state, id)
-      else
-        call('ZREM', u.log, id)
-      end
-    end
-    save_all()
-    return { 1, remaining, 0, 0 }
-  end
-end
-
-remaining = nil
-for i = 1, nwin do
-  local w = windows[i]
-  if w.kind == 'fixed' then
-    call('HINCRBY', w.state, '#used', cost)
-  else
-    if not append(w, cost, 0) then
-      return redis.error_reply('ERR quota-worker: window ' .. i .. ' ran out of positions; delete its keys')
-    end
-    if w.kind == 'bucket' then
-      w.L = w.L + cost * w.perq
-    end
-  end
-  local left = w.lim - w.used - cost
-  if remaining == nil or left < remaining then
-    remaining = left
-  end
-end
-save_all()
-return { 1, max(remaining, 0), 0, 0 }
+return spend_main(KEYS, ARGV)

@@ -132,8 +132,9 @@ pub fn thousands(x: f64) -> String {
     format!("{sign}{out}")
 }
 
-/// `n` tasks call `f` back to back for `d`; returns (calls, seconds, each
-/// call's latency in ns).
+/// `n` tasks call `f` back to back for `d` (each at least once, so a task
+/// that starts late on a loaded machine still counts); returns (calls,
+/// seconds, each call's latency in ns).
 pub async fn drive<F, Fut>(n: usize, d: Duration, f: F) -> (u64, f64, Vec<u64>)
 where
     F: Fn() -> Fut + Clone + Send + 'static,
@@ -146,12 +147,14 @@ where
             let f = f.clone();
             tokio::spawn(async move {
                 let mut ns = Vec::with_capacity(4096);
-                while std::time::Instant::now() < deadline {
+                loop {
                     let t = std::time::Instant::now();
                     f().await;
                     ns.push(t.elapsed().as_nanos() as u64);
+                    if std::time::Instant::now() >= deadline {
+                        break ns;
+                    }
                 }
-                ns
             })
         })
         .collect();

@@ -124,7 +124,7 @@ struct Shape {
     endpoint: String,
     /// Every key the spend script touches (block, clock, windows).
     keys: Vec<String>,
-    /// The first window's log zset: one entry per spend.
+    /// The first window's id log (zset): one member per spend.
     log_key: String,
     /// The naive logs' zsets, one per window.
     naive_keys: Vec<String>,
@@ -141,7 +141,8 @@ impl Shape {
             .expect("the bench config has the endpoint")
             .plan;
         assert_eq!(plan.windows.len(), windows, "windows of {endpoint}");
-        let log_key = plan.windows[0].keys[0].clone();
+        // The first window's id log (meta, log, ts, adj): one member per spend.
+        let log_key = plan.windows[0].keys[1].clone();
         // The naive design has no calendar window: the fixed day is a 24 h log.
         let periods: &[u64] = if windows == 1 {
             &[3_600_000]

@@ -27,6 +27,22 @@ use crate::keys::KeySpace;
 /// The spend script's source, as shipped in `lua/spend.lua`.
 pub const SCRIPT: &str = include_str!("../../lua/spend.lua");
 
+/// The spend script's last line: it runs `spend_main` on the call's own
+/// KEYS and ARGV.
+const DISPATCH: &str = "return spend_main(KEYS, ARGV)";
+
+/// The spend script without its last line: Lua that defines
+/// `spend_main(keys, argv)` (KEYS and ARGV laid out as the script's header
+/// says, the reply as it says). A script that must spend in the same call as
+/// work of its own (a queue claim, say) is this followed by its own code,
+/// which calls `spend_main` with its slice of keys and arguments.
+pub fn library() -> &'static str {
+    SCRIPT
+        .trim_end()
+        .strip_suffix(DISPATCH)
+        .expect("lua/spend.lua ends with its dispatch line")
+}
+
 static LOADED: LazyLock<Lua> = LazyLock::new(|| Lua::new(SCRIPT));
 
 /// The spend script, run in one round trip (EVALSHA, EVAL on NOSCRIPT).
@@ -663,6 +679,15 @@ fn decision(r: &[i64]) -> Result<Decision, QuotaError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_library_is_the_script_less_its_dispatch() {
+        assert!(library().trim_end().ends_with("end"));
+        assert_eq!(
+            format!("{}{DISPATCH}", library()).trim_end(),
+            SCRIPT.trim_end()
+        );
+    }
 
     #[test]
     fn decision_maps_the_script_reply() {
