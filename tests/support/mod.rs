@@ -5,6 +5,8 @@
 
 pub mod daemon;
 pub mod in_process;
+pub mod ops;
+pub mod pipeline;
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::TcpListener;
