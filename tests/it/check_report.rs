@@ -4,67 +4,49 @@
 //! cannot fit and saying when, from an empty window, the quota runs out.
 //! Exit 0 when the configuration is valid, warnings or not.
 
-use crate::support;
-
 use chrono::{DateTime, Duration, DurationRound, Utc};
-use support::TestConfig;
+
+use crate::support::{
+    self, ConfigBuilder, Credential, Endpoint, Job, Request, Sink, TestConfig, Window,
+};
 
 const SECRET: (&str, &str) = ("QW_TEST_CHECK_SECRET", "not-a-real-key");
 
-const CONFIG: &str = r#"
-jobs = "jobs/*.toml"
+/// Two credentials on one secret, an endpoint each, and `job`.
+fn config(job: Job) -> TestConfig {
+    ConfigBuilder::new()
+        .credential(Credential::env("yt", SECRET.0).window(Window::sliding(9500, "24h")))
+        .endpoint(Endpoint::new("youtube.search.list", "yt", 100))
+        .credential(Credential::env("gh", SECRET.0).window(Window::sliding(5000, "1h")))
+        .endpoint(Endpoint::new("github.events", "gh", 1))
+        .job(job)
+        .write()
+}
 
-[credentials.yt]
-secret_env = "QW_TEST_CHECK_SECRET"
-windows = [{ units = 9500, per = "24h" }]
+/// A search a minute per region, 100 units each: 800 units a run.
+fn search_job() -> Job {
+    Job::new("search", "youtube.search.list")
+        .schedule("0 * * * * *")
+        .fan_out("region", ["US", "GB", "DE", "FR", "IN", "BR", "AU", "CA"])
+        .request(
+            Request::get("https://www.googleapis.com/youtube/v3/search")
+                .query(&[("regionCode", "{region}"), ("key", "{secret}")]),
+        )
+        .sink(Sink::jsonl("data/{job}/{region}.jsonl"))
+}
 
-[endpoints."youtube.search.list"]
-credential = "yt"
-cost = 100
-
-[credentials.gh]
-secret_env = "QW_TEST_CHECK_SECRET"
-windows = [{ units = 5000, per = "1h" }]
-
-[endpoints."github.events"]
-credential = "gh"
-cost = 1
-"#;
-
-const SEARCH_JOB: &str = r#"
-[search]
-schedule = "0 * * * * *"
-endpoint = "youtube.search.list"
-fan_out = { region = ["US", "GB", "DE", "FR", "IN", "BR", "AU", "CA"] }
-
-[search.request]
-url = "https://www.googleapis.com/youtube/v3/search"
-query = { regionCode = "{region}", key = "{secret}" }
-
-[search.sink]
-kind = "jsonl"
-path = "data/{job}/{region}.jsonl"
-"#;
-
-const EVENTS_JOB: &str = r#"
-[events]
-schedule = "0 */30 * * * *"
-endpoint = "github.events"
-fan_out = { repo = ["a", "b", "c", "d", "e", "f", "g", "h"] }
-
-[events.request]
-url = "https://api.github.com/repos/x/{repo}/events"
-headers = { Authorization = "Bearer {secret}" }
-
-[events.pagination]
-cursor = "/next"
-param = "page"
-max_pages = 4
-
-[events.sink]
-kind = "jsonl"
-path = "data/{job}/{repo}.jsonl"
-"#;
+/// Events of eight repos twice an hour, up to 4 pages: 32 units a run.
+fn events_job() -> Job {
+    Job::new("events", "github.events")
+        .schedule("0 */30 * * * *")
+        .fan_out("repo", ["a", "b", "c", "d", "e", "f", "g", "h"])
+        .request(
+            Request::get("https://api.github.com/repos/x/{repo}/events")
+                .headers(&[("Authorization", "Bearer {secret}")]),
+        )
+        .paginate("/next", "page", 4)
+        .sink(Sink::jsonl("data/{job}/{repo}.jsonl"))
+}
 
 /// The `n`-th minute boundary strictly after `t`, as `check` prints it.
 fn minute_after(t: DateTime<Utc>, n: i32) -> String {
@@ -76,7 +58,7 @@ fn minute_after(t: DateTime<Utc>, n: i32) -> String {
 
 #[test]
 fn a_job_that_cannot_fit_is_warned_about_with_when_it_runs_out() {
-    let cfg = TestConfig::new(CONFIG, &[("search.toml", SEARCH_JOB)]);
+    let cfg = config(search_job());
     let before = Utc::now();
     let out = cfg.run(&["check"], &[SECRET]);
     let after = Utc::now();
@@ -131,7 +113,7 @@ fn a_job_that_cannot_fit_is_warned_about_with_when_it_runs_out() {
 
 #[test]
 fn jobs_that_fit_get_no_warning() {
-    let cfg = TestConfig::new(CONFIG, &[("events.toml", EVENTS_JOB)]);
+    let cfg = config(events_job());
     let out = cfg.run(&["check"], &[SECRET]);
     let text = support::stdout(&out);
     assert_eq!(

@@ -2,21 +2,9 @@
 //! 0 for `--help` — and finds its config through `-c`, then
 //! `$QUOTA_WORKER_CONFIG`, then `config/quota-worker.toml`.
 
-use crate::support;
-
 use std::process::Command;
 
-use support::{TestConfig, bin, stderr, stdout};
-
-const CONFIG: &str = r#"
-[credentials.k]
-secret_env = "K"
-windows = [{ units = 5, per = "1h" }]
-
-[endpoints.e]
-credential = "k"
-cost = 1
-"#;
+use crate::support::{ConfigBuilder, Credential, Endpoint, Window, bin, stderr, stdout};
 
 fn run(args: &[&str], env: &[(&str, &str)], dir: &std::path::Path) -> std::process::Output {
     let mut cmd = Command::new(bin());
@@ -51,7 +39,10 @@ fn a_bad_command_line_exits_64_and_help_exits_0() {
 
 #[test]
 fn the_config_comes_from_the_flag_then_the_environment_then_the_default() {
-    let cfg = TestConfig::new(CONFIG, &[]);
+    let cfg = ConfigBuilder::new()
+        .credential(Credential::env("k", "K").window(Window::sliding(5, "1h")))
+        .endpoint(Endpoint::new("e", "k", 1))
+        .write();
     let elsewhere = tempfile::tempdir().expect("tempdir");
     let path = cfg.path();
     let path = path.to_str().expect("utf-8 path");

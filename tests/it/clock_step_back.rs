@@ -6,30 +6,23 @@
 //! script no longer has, and the window would start again from 0. A sliding
 //! window needs nothing: its entries look younger, so they expire later.
 
-use crate::support;
-
 use chrono::{DateTime, Utc};
 use quota_worker::config::Config;
 use quota_worker::quota::{Decision, RejectedBy, request_id};
-use support::{RedisServer, TestConfig};
 
-const CONFIG: &str = r#"
-[credentials.daily]
-secret_env = "D"
-windows = [{ units = 3, per = "1d", kind = "fixed", reset = "00:00", timezone = "UTC" }]
+use crate::support::{self, ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window};
 
-[credentials.hourly]
-secret_env = "H"
-windows = [{ units = 3, per = "1h" }]
-
-[endpoints.d]
-credential = "daily"
-cost = 1
-
-[endpoints.h]
-credential = "hourly"
-cost = 1
-"#;
+fn config() -> TestConfig {
+    ConfigBuilder::new()
+        .credential(
+            Credential::env("daily", "D")
+                .window(Window::fixed(3, "1d").reset("00:00").timezone("UTC")),
+        )
+        .credential(Credential::env("hourly", "H").window(Window::sliding(3, "1h")))
+        .endpoint(Endpoint::new("d", "daily", 1))
+        .endpoint(Endpoint::new("h", "hourly", 1))
+        .write()
+}
 
 fn at(s: &str) -> DateTime<Utc> {
     DateTime::parse_from_rfc3339(s).expect("time").to_utc()
@@ -39,7 +32,7 @@ fn at(s: &str) -> DateTime<Utc> {
 async fn a_clock_stepped_back_across_a_reset_admits_nothing_more() {
     // Two seconds into a new UTC day.
     let mut server = RedisServer::start_at(at("2026-03-10T00:00:02Z"));
-    let cfg = TestConfig::new(CONFIG, &[]);
+    let cfg = config();
     let config = Config::load(&cfg.path()).expect("config");
 
     let limiter = support::limiter(&server, &config).await;

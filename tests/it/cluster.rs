@@ -1,104 +1,29 @@
 //! Promise: the spend script runs unchanged on Redis Cluster — every key of
 //! one spend carries the credential's hash tag, so it lands in one slot.
 
-use crate::support;
-
-use std::net::TcpListener;
-use std::process::Command;
-use std::time::Duration;
-
 use quota_worker::config::Config;
 use quota_worker::quota::{Quotas, script};
-use support::{RedisServer, TestConfig, wait_until};
 
-const CONFIG: &str = r#"
-[credentials.alpha]
-secret_env = "A"
-windows = [{ units = 10, per = "1h" }, { units = 1000, per = "24h" }]
+use crate::support::redis_server::Cluster;
+use crate::support::{ConfigBuilder, Credential, Endpoint, TestConfig, Window};
 
-[credentials.beta]
-secret_env = "B"
-windows = [{ units = 5, per = "1h" }]
-
-[endpoints.a]
-credential = "alpha"
-cost = 1
-windows = [{ units = 8, per = "10m" }]
-
-[endpoints.b]
-credential = "beta"
-cost = 1
-"#;
-
-/// A port whose cluster bus port (+10000) is usable too.
-fn cluster_port() -> u16 {
-    loop {
-        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let port = l.local_addr().expect("addr").port();
-        if port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
-            return port;
-        }
-    }
-}
-
-struct Cluster {
-    nodes: Vec<RedisServer>,
-}
-
-impl Cluster {
-    fn start(n: usize) -> Self {
-        let nodes: Vec<RedisServer> = (0..n)
-            .map(|_| {
-                let port = cluster_port().to_string();
-                RedisServer::start_on_port(
-                    port.parse().expect("port"),
-                    &[
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-config-file",
-                        "nodes.conf",
-                    ],
-                )
-            })
-            .collect();
-        let addrs: Vec<String> = nodes
-            .iter()
-            .map(|s| format!("127.0.0.1:{}", s.port()))
-            .collect();
-        let out = Command::new("redis-cli")
-            .arg("--cluster")
-            .arg("create")
-            .args(&addrs)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
-            .output()
-            .expect("redis-cli --cluster create (redis-tools)");
-        assert!(
-            out.status.success(),
-            "cluster create: {}",
-            String::from_utf8_lossy(&out.stdout)
-        );
-        let ok = wait_until(Duration::from_secs(20), || {
-            nodes.iter().all(|s| {
-                let info: String = s.cmd(&["CLUSTER", "INFO"]);
-                info.contains("cluster_state:ok")
-            })
-        });
-        assert!(ok, "cluster did not reach cluster_state:ok");
-        Cluster { nodes }
-    }
-
-    fn urls(&self) -> Vec<String> {
-        self.nodes
-            .iter()
-            .map(|s| format!("redis://127.0.0.1:{}/", s.port()))
-            .collect()
-    }
+fn config() -> TestConfig {
+    ConfigBuilder::new()
+        .credential(
+            Credential::env("alpha", "A")
+                .window(Window::sliding(10, "1h"))
+                .window(Window::sliding(1000, "24h")),
+        )
+        .credential(Credential::env("beta", "B").window(Window::sliding(5, "1h")))
+        .endpoint(Endpoint::new("a", "alpha", 1).window(Window::sliding(8, "10m")))
+        .endpoint(Endpoint::new("b", "beta", 1))
+        .write()
 }
 
 #[tokio::test]
 async fn spends_run_unchanged_on_a_three_node_cluster() {
     let cluster = Cluster::start(3);
-    let cfg = TestConfig::new(CONFIG, &[]);
+    let cfg = config();
     let config = Config::load(&cfg.path()).expect("config");
     let quotas = Quotas::new(&config);
 

@@ -2,11 +2,9 @@
 //! binary exits 78 with one error naming the file, the exact line and the
 //! field, and writes nothing to Redis.
 
-use crate::support;
-
 use std::path::PathBuf;
 
-use support::{RedisServer, TestConfig};
+use crate::support::{self, RedisServer, TestConfig};
 
 const SECRET_ENV: &str = "QW_TEST_CONFIG_ERRORS_SECRET";
 

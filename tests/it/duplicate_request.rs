@@ -3,22 +3,22 @@
 //! every kind of window, even when the window has since filled up and even
 //! when the repeats race each other.
 
-use crate::support;
-
 use quota_worker::config::Config;
 use quota_worker::quota::{Decision, Limiter, request_id};
-use support::{RedisServer, TestConfig};
 
-const CONFIG: &str = r#"
-[credentials.k]
-secret_env = "K"
-windows = [{ units = 10, per = "1h" }, { units = 20, per = "24h", kind = "fixed" }]
+use crate::support::{self, ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window};
 
-[endpoints.e]
-credential = "k"
-cost = 1
-windows = [{ units = 30, per = "10m" }]
-"#;
+/// `k`: `first` (10/1h in most tests), then 20 per fixed day; `e`'s own 30/10m.
+fn config(first: Window) -> TestConfig {
+    ConfigBuilder::new()
+        .credential(
+            Credential::env("k", "K")
+                .window(first)
+                .window(Window::fixed(20, "24h")),
+        )
+        .endpoint(Endpoint::new("e", "k", 1).window(Window::sliding(30, "10m")))
+        .write()
+}
 
 async fn used(limiter: &Limiter) -> Vec<u64> {
     let usage = limiter.peek("k").await.expect("peek");
@@ -28,7 +28,7 @@ async fn used(limiter: &Limiter) -> Vec<u64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_repeated_request_id_is_admitted_and_charged_once() {
     let server = RedisServer::start();
-    let cfg = TestConfig::new(CONFIG, &[]);
+    let cfg = config(Window::sliding(10, "1h"));
     let limiter = support::limiter(&server, &Config::load(&cfg.path()).expect("config")).await;
 
     let first = limiter.spend("e", Some(2), "req-1").await.expect("spend");
@@ -76,7 +76,7 @@ async fn a_repeated_request_id_is_admitted_and_charged_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn racing_repeats_of_one_id_are_charged_once() {
     let server = RedisServer::start();
-    let cfg = TestConfig::new(CONFIG, &[]);
+    let cfg = config(Window::sliding(10, "1h"));
     let limiter = support::limiter(&server, &Config::load(&cfg.path()).expect("config")).await;
     let tasks: Vec<_> = (0..16)
         .map(|_| {
@@ -94,10 +94,7 @@ async fn racing_repeats_of_one_id_are_charged_once() {
 fn a_rejected_id_is_not_remembered() {
     // A refusal records nothing, so the same id is charged once admitted.
     let server = RedisServer::start();
-    let cfg = TestConfig::new(
-        &CONFIG.replace("units = 10, per = \"1h\"", "units = 2, per = \"1s\""),
-        &[],
-    );
+    let cfg = config(Window::sliding(2, "1s"));
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let limiter = rt.block_on(support::limiter(
         &server,

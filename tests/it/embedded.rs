@@ -5,12 +5,15 @@
 //! (SIGTERM: stopped by the daemon; SIGKILL: `PR_SET_PDEATHSIG`); and a
 //! missing redis-server is a clear error, exit 69.
 
-use crate::support;
-
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use support::daemon::{Daemon, JOB, REGIONS, Spec, Upstream, alive, child_pid, config, run_cli};
+
+use crate::support::daemon::{self, JOB, REGIONS};
+use crate::support::process::{Proc, run_cli};
+use crate::support::procfs::{alive, child_pid};
+use crate::support::upstream::Upstream;
+use crate::support::{self, Worker};
 
 const PAGES: u32 = 3;
 
@@ -45,8 +48,8 @@ fn assert_unreachable(cfg: &support::TestConfig) {
     assert_eq!(code, Some(69), "quota with no daemon: {out}\n{err}");
 }
 
-fn start(label: &str, cfg: &support::TestConfig) -> (Daemon, u32) {
-    let mut d = Daemon::start(label, cfg, None);
+fn start(label: &str, cfg: &support::TestConfig) -> (Proc, u32) {
+    let mut d = Proc::daemon(label, cfg, None, &[]);
     d.wait_running(Duration::from_secs(20));
     let pid = child_pid(d.pid(), "redis-server").expect("the daemon's redis-server child");
     assert!(
@@ -59,15 +62,10 @@ fn start(label: &str, cfg: &support::TestConfig) -> (Daemon, u32) {
 #[test]
 fn embedded_redis_keeps_quota_state_across_daemon_restarts_and_never_outlives_the_daemon() {
     let upstream = Upstream::start(PAGES, 2);
-    let cfg = config(
-        &upstream.base_url(),
-        &Spec {
-            max_pages: PAGES,
-            top: "state_dir = \"state\"",
-            worker: "concurrency = 8",
-            ..Spec::default()
-        },
-    );
+    let cfg = daemon::config(daemon::job(&upstream.base_url()).pages(PAGES))
+        .state_dir("state")
+        .worker(Worker::default().concurrency(8))
+        .write();
 
     let (mut d, redis_pid) = start("embedded-1", &cfg);
     assert!(alive(redis_pid));
@@ -134,18 +132,13 @@ fn embedded_redis_keeps_quota_state_across_daemon_restarts_and_never_outlives_th
 
 #[test]
 fn embedded_redis_missing_is_a_clear_error_exit_69() {
-    let cfg = config(
-        "http://127.0.0.1:9",
-        &Spec {
-            top: "state_dir = \"state\"",
-            ..Spec::default()
-        },
-    );
+    let cfg = daemon::config(daemon::job("http://127.0.0.1:9"))
+        .state_dir("state")
+        .write();
     let empty = tempfile::tempdir().expect("tempdir");
     let path = empty.path().to_string_lossy().into_owned();
-    let mut d = Daemon::spawn("no-redis", &cfg, None, &["run"], &[("PATH", &path)]);
+    let mut d = Proc::sim_cli("no-redis", &cfg, None, &["run"], &[("PATH", &path)]);
     let status = d.wait_exit(Duration::from_secs(20));
-    d.drain_output();
     let err = d.log();
     assert_eq!(
         status.and_then(|s| s.code()),
@@ -164,17 +157,12 @@ fn embedded_redis_missing_is_a_clear_error_exit_69() {
 
 #[test]
 fn a_second_daemon_on_the_same_embedded_redis_is_refused_with_exit_69() {
-    let cfg = config(
-        "http://127.0.0.1:9",
-        &Spec {
-            top: "state_dir = \"state\"",
-            ..Spec::default()
-        },
-    );
+    let cfg = daemon::config(daemon::job("http://127.0.0.1:9"))
+        .state_dir("state")
+        .write();
     let (mut first, redis_pid) = start("embedded-1", &cfg);
-    let mut second = Daemon::start("embedded-2", &cfg, None);
+    let mut second = Proc::daemon("embedded-2", &cfg, None, &[]);
     let status = second.wait_exit(Duration::from_secs(20));
-    second.drain_output();
     let err = second.log();
     assert_eq!(status.and_then(|s| s.code()), Some(69), "stderr:\n{err}");
     assert!(
@@ -205,19 +193,15 @@ fn a_second_daemon_on_the_same_embedded_redis_is_refused_with_exit_69() {
 /// daemon ran on with no Redis at all (feeder: broken pipe, for good).
 #[test]
 fn daemon_restarted_at_once_after_sigkill_gets_a_working_embedded_redis() {
-    let cfg = config(
-        "http://127.0.0.1:9",
-        &Spec {
-            top: "state_dir = \"state\"",
-            ..Spec::default()
-        },
-    );
+    let cfg = daemon::config(daemon::job("http://127.0.0.1:9"))
+        .state_dir("state")
+        .write();
     let (mut d, _) = start("embedded-0", &cfg);
     for round in 1..=5u64 {
         spend(&cfg, 1);
         d.kill();
         // No pause: the next one starts while the old redis-server exits.
-        let mut next = Daemon::start(&format!("embedded-{round}"), &cfg, None);
+        let mut next = Proc::daemon(&format!("embedded-{round}"), &cfg, None, &[]);
         next.wait_running(Duration::from_secs(20));
         assert!(
             child_pid(next.pid(), "redis-server").is_some(),
@@ -242,13 +226,9 @@ fn daemon_restarted_at_once_after_sigkill_gets_a_working_embedded_redis() {
 /// daemon's own child, on the same AOF: nothing spent is lost.
 #[test]
 fn a_left_over_embedded_redis_is_replaced_not_adopted_and_its_state_kept() {
-    let cfg = config(
-        "http://127.0.0.1:9",
-        &Spec {
-            top: "state_dir = \"state\"",
-            ..Spec::default()
-        },
-    );
+    let cfg = daemon::config(daemon::job("http://127.0.0.1:9"))
+        .state_dir("state")
+        .write();
     let dir = cfg.join("state/redis");
     std::fs::create_dir_all(&dir).expect("state dir");
     let socket = cfg.join("state/redis.sock");
@@ -309,15 +289,10 @@ fn a_left_over_embedded_redis_is_replaced_not_adopted_and_its_state_kept() {
 #[test]
 fn embedded_redis_killed_under_the_daemon_is_started_again() {
     let upstream = Upstream::start(PAGES, 2);
-    let cfg = config(
-        &upstream.base_url(),
-        &Spec {
-            max_pages: PAGES,
-            top: "state_dir = \"state\"",
-            worker: "concurrency = 8",
-            ..Spec::default()
-        },
-    );
+    let cfg = daemon::config(daemon::job(&upstream.base_url()).pages(PAGES))
+        .state_dir("state")
+        .worker(Worker::default().concurrency(8))
+        .write();
     let (mut d, redis_pid) = start("embedded", &cfg);
     spend(&cfg, 2);
     // Let the AOF (appendfsync everysec) reach the disk before the "crash".

@@ -3,31 +3,21 @@
 //! (`kind = "fixed"`, as some upstreams count) admits twice its limit within
 //! those three seconds, the sliding window (the default) exactly its limit.
 
-use crate::support;
-
 use quota_worker::config::Config;
 use quota_worker::quota::{Decision, Limiter, RejectedBy, request_id};
-use support::{RedisServer, TestConfig};
+
+use crate::support::{self, ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window};
 
 const PER_US: i64 = 5_000_000;
 
-const CONFIG: &str = r#"
-[credentials.fixed]
-secret_env = "F"
-windows = [{ units = 10, per = "5s", kind = "fixed" }]
-
-[credentials.sliding]
-secret_env = "S"
-windows = [{ units = 10, per = "5s" }]
-
-[endpoints.f]
-credential = "fixed"
-cost = 1
-
-[endpoints.s]
-credential = "sliding"
-cost = 1
-"#;
+fn config() -> TestConfig {
+    ConfigBuilder::new()
+        .credential(Credential::env("fixed", "F").window(Window::fixed(10, "5s")))
+        .credential(Credential::env("sliding", "S").window(Window::sliding(10, "5s")))
+        .endpoint(Endpoint::new("f", "fixed", 1))
+        .endpoint(Endpoint::new("s", "sliding", 1))
+        .write()
+}
 
 /// Spends `n` times; the admitted count and the last rejection's retry-after.
 async fn burst(limiter: &Limiter, endpoint: &str, n: usize) -> (usize, Option<u128>) {
@@ -57,7 +47,7 @@ async fn bursts_around_a_boundary_fixed_admits_twice_the_limit_sliding_once() {
         .expect("time")
         .to_utc();
     let server = RedisServer::start_at(start);
-    let cfg = TestConfig::new(CONFIG, &[]);
+    let cfg = config();
     let config = Config::load(&cfg.path()).expect("config");
     let limiter = support::limiter(&server, &config).await;
 

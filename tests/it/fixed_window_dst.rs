@@ -5,14 +5,13 @@
 //! one just after it is admitted, and the next period is as long as the local
 //! day really is (23 or 25 hours).
 
-use crate::support;
-
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use quota_worker::config::Config;
 use quota_worker::quota::{Decision, RejectedBy, request_id};
-use support::{RedisServer, TestConfig};
+
+use crate::support::{self, ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window};
 
 fn at(s: &str) -> DateTime<Utc> {
     DateTime::parse_from_rfc3339(s)
@@ -21,20 +20,13 @@ fn at(s: &str) -> DateTime<Utc> {
 }
 
 fn config(per: &str, timezone: &str) -> TestConfig {
-    TestConfig::new(
-        &format!(
-            r#"
-[credentials.k]
-secret_env = "K"
-windows = [{{ units = 3, per = "{per}", kind = "fixed", reset = "00:00", timezone = "{timezone}" }}]
-
-[endpoints.one]
-credential = "k"
-cost = 1
-"#
-        ),
-        &[],
-    )
+    ConfigBuilder::new()
+        .credential(
+            Credential::env("k", "K")
+                .window(Window::fixed(3, per).reset("00:00").timezone(timezone)),
+        )
+        .endpoint(Endpoint::new("one", "k", 1))
+        .write()
 }
 
 /// Expects a rejection whose retry-after points at `reset_us`, given that the

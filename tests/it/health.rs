@@ -3,44 +3,19 @@
 //! stops (or hangs) and 200 again when it is back on the same port, without
 //! restarting the daemon. The HTTP endpoints answer promptly meanwhile.
 
-use crate::support;
-use crate::support::ops;
-
 use std::time::{Duration, Instant};
 
-use ops::{Proc, http_get};
-use support::{RedisServer, TestConfig, free_port, wait_until};
+use crate::support::daemon;
+use crate::support::http::{self, http_get};
+use crate::support::process::Proc;
+use crate::support::{RedisServer, TestConfig, Worker, free_port, wait_until};
 
 fn config() -> TestConfig {
-    let main = r#"jobs = "jobs/*.toml"
-
-[redis]
-key_prefix = "qw"
-timeout = "500ms"
-
-[worker]
-concurrency = 2
-shutdown_timeout = "2s"
-
-[metrics]
-listen = "127.0.0.1:9464"
-
-[credentials.yt-key1]
-secret_env = "YT_KEY1"
-windows = [{ units = 9500, per = "24h" }]
-
-[endpoints."youtube.videos.list"]
-credential = "yt-key1"
-cost = 1
-"#;
-    let job = ops::job_toml(
-        "trending",
-        "youtube.videos.list",
-        "http://127.0.0.1:9",
-        &["US"],
-        1,
-    );
-    TestConfig::new(main, &[("trending.toml", &job)])
+    daemon::idle(daemon::yt_key1())
+        .redis_timeout("500ms")
+        .worker(Worker::default().concurrency(2).shutdown_timeout("2s"))
+        .metrics_listen("127.0.0.1:9464")
+        .write()
 }
 
 fn start(cfg: &TestConfig, redis: &RedisServer, port: u16) -> Proc {
@@ -75,7 +50,7 @@ fn readyz_follows_redis_and_healthz_stays_up() {
     let cfg = config();
     let port = free_port();
     let mut d = start(&cfg, &redis, port);
-    assert!(ops::wait_http(port, Duration::from_secs(20)));
+    assert!(http::wait_http(port, Duration::from_secs(20)));
     assert!(
         wait_until(Duration::from_secs(10), || status(port, "/readyz")
             == Some(200)),
@@ -118,7 +93,7 @@ fn readyz_follows_redis_and_healthz_stays_up() {
     assert!(d.running(), "the daemon survives a Redis outage");
     let (m, mt) = timed_get(port, "/metrics");
     assert!(mt < Duration::from_secs(5), "/metrics took {mt:?}");
-    let m = ops::Metrics::parse(&m.expect("/metrics answers without Redis").1);
+    let m = http::Metrics::parse(&m.expect("/metrics answers without Redis").1);
     assert_eq!(m.one("qw_redis_up", &[]), 0.0);
 
     // Redis comes back on the same port.
@@ -139,7 +114,7 @@ fn readyz_follows_redis_and_healthz_stays_up() {
         back.elapsed().as_secs_f64()
     );
     assert!(d.running());
-    assert_eq!(ops::scrape(port).one("qw_redis_up", &[]), 1.0);
+    assert_eq!(http::scrape(port).one("qw_redis_up", &[]), 1.0);
     d.term();
     assert_eq!(
         d.wait_exit(Duration::from_secs(15)).and_then(|s| s.code()),
@@ -159,11 +134,11 @@ fn metrics_scrape_stays_within_the_scrape_timeout_while_redis_hangs() {
     let cfg = config();
     let port = free_port();
     let mut d = start(&cfg, &redis, port);
-    assert!(ops::wait_http(port, Duration::from_secs(20)));
+    assert!(http::wait_http(port, Duration::from_secs(20)));
     assert!(wait_until(Duration::from_secs(10), || status(
         port, "/readyz"
     ) == Some(200)));
-    let before = ops::scrape(port);
+    let before = http::scrape(port);
     assert!(!before.select("qw_window_used_units", &[]).is_empty());
     assert_eq!(before.one("qw_redis_up", &[]), 1.0);
 
@@ -180,7 +155,7 @@ fn metrics_scrape_stays_within_the_scrape_timeout_while_redis_hangs() {
     // Prometheus's default scrape timeout is 10 s: well within it.
     assert_eq!(m.as_ref().map(|r| r.0), Some(200), "{m:?}");
     assert!(mt < Duration::from_secs(5), "/metrics took {mt:?}");
-    let during = ops::Metrics::parse(&m.expect("a reply").1);
+    let during = http::Metrics::parse(&m.expect("a reply").1);
     assert_eq!(
         during.one("qw_redis_up", &[]),
         0.0,
@@ -193,7 +168,7 @@ fn metrics_scrape_stays_within_the_scrape_timeout_while_redis_hangs() {
         "ready again after Redis resumes: {:?}",
         http_get(port, "/readyz")
     );
-    assert_eq!(ops::scrape(port).one("qw_redis_up", &[]), 1.0);
+    assert_eq!(http::scrape(port).one("qw_redis_up", &[]), 1.0);
     d.term();
     assert_eq!(
         d.wait_exit(Duration::from_secs(15)).and_then(|s| s.code()),

@@ -10,29 +10,19 @@
 //! to one written by a real spend, because spending 100k times in a short
 //! window could not leave 100k entries to expire at once.
 
-use crate::support;
-
 use quota_worker::config::Config;
 use quota_worker::quota::{Decision, RejectedBy, Rejection};
-use support::{RedisServer, TestConfig};
 
-const CONFIG: &str = r#"
-[credentials.k]
-secret_env = "K"
-windows = [{ units = 200000, per = "5s" }]
+use crate::support::{self, ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window};
 
-[credentials.big]
-secret_env = "B"
-windows = [{ units = 1000000, per = "1h" }]
-
-[endpoints.k]
-credential = "k"
-cost = 1
-
-[endpoints.big]
-credential = "big"
-cost = 1
-"#;
+fn config() -> TestConfig {
+    ConfigBuilder::new()
+        .credential(Credential::env("k", "K").window(Window::sliding(200_000, "5s")))
+        .credential(Credential::env("big", "B").window(Window::sliding(1_000_000, "1h")))
+        .endpoint(Endpoint::new("k", "k", 1))
+        .endpoint(Endpoint::new("big", "big", 1))
+        .write()
+}
 
 /// Writes `n` entries `{prefix}{i:07}` of `cost` units into a sliding
 /// window's log and unit hash, entry `i` spent at `start + i / group * step`
@@ -96,7 +86,7 @@ fn rejected(d: Decision) -> Rejection {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wholly_expired_window_of_100k_entries_is_dropped_and_counts_right() {
     let server = RedisServer::start();
-    let cfg = TestConfig::new(CONFIG, &[]);
+    let cfg = config();
     let limiter = support::limiter(&server, &Config::load(&cfg.path()).expect("config")).await;
     let base = "qw:{k}:cred:s5000";
 
@@ -119,7 +109,7 @@ async fn a_wholly_expired_window_of_100k_entries_is_dropped_and_counts_right() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partly_expired_100k_entries_are_evicted_in_batches_and_count_right() {
     let server = RedisServer::start();
-    let cfg = TestConfig::new(CONFIG, &[]);
+    let cfg = config();
     let limiter = support::limiter(&server, &Config::load(&cfg.path()).expect("config")).await;
     let base = "qw:{k}:cred:s5000";
 
@@ -174,7 +164,7 @@ async fn partly_expired_100k_entries_are_evicted_in_batches_and_count_right() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_window_of_200k_live_entries_answers_exactly() {
     let server = RedisServer::start();
-    let cfg = TestConfig::new(CONFIG, &[]);
+    let cfg = config();
     let limiter = support::limiter(&server, &Config::load(&cfg.path()).expect("config")).await;
     let base = "qw:{big}:cred:s3600000";
     let per = 3_600_000_000i64;

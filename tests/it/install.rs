@@ -9,15 +9,16 @@
 //! nothing else changed) and writes its records under `$STATE_DIRECTORY`.
 //! From a checkout, the same config reads `../secrets/yt-key1`.
 
-use crate::support;
-use crate::support::ops;
-
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ops::{NotifySocket, Proc, Upstream, command};
 use quota_worker::simulator::SimConfig;
-use support::{RedisServer, free_port, wait_until};
+
+use crate::support::http::http_get;
+use crate::support::notify::NotifySocket;
+use crate::support::process::{Proc, command};
+use crate::support::upstream::Upstream;
+use crate::support::{self, RedisServer, free_port, wait_until};
 
 fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -144,7 +145,7 @@ fn the_service_layout_runs_with_what_systemd_provides() {
             .is_some()
     );
     assert!(wait_until(Duration::from_secs(10), || {
-        ops::http_get(port, "/readyz").is_some_and(|r| r.0 == 200)
+        http_get(port, "/readyz").is_some_and(|r| r.0 == 200)
     }));
     let t = command(&config, &["trigger", "trending", "--wait"], &env)
         .output()

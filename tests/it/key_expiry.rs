@@ -3,26 +3,19 @@
 //! and renews it only when a new entry would outlive it, so most spends skip
 //! the PEXPIREs; this pins that the renewal happens when it must.
 
-use crate::support;
-
 use std::time::{Duration, Instant};
 
 use quota_worker::config::Config;
 use quota_worker::quota::request_id;
-use support::{RedisServer, TestConfig};
 
-const CONFIG: &str = r#"
-[redis]
-key_prefix = "qw"
+use crate::support::{self, ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window};
 
-[credentials.c]
-secret_env = "C"
-windows = [{ units = 10, per = "6s" }]
-
-[endpoints.e]
-credential = "c"
-cost = 1
-"#;
+fn config() -> TestConfig {
+    ConfigBuilder::new()
+        .credential(Credential::env("c", "C").window(Window::sliding(10, "6s")))
+        .endpoint(Endpoint::new("e", "c", 1))
+        .write()
+}
 
 fn pttls(server: &RedisServer) -> Vec<(String, i64)> {
     let mut keys = server.keys("qw:*");
@@ -38,7 +31,7 @@ fn pttls(server: &RedisServer) -> Vec<(String, i64)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_outlive_their_newest_entry_by_a_window_then_expire() {
     let server = RedisServer::start();
-    let cfg = TestConfig::new(CONFIG, &[]);
+    let cfg = config();
     let limiter = support::limiter(&server, &Config::load(&cfg.path()).expect("config")).await;
     let spend = || async {
         let d = limiter

@@ -3,24 +3,23 @@
 //! its spends and the CLI's draw from one budget, and the `{request_id}`
 //! placeholder passed through unsubstituted is refused.
 
-use crate::support;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
-use support::{RedisServer, TestConfig};
 
-const CONFIG: &str = r#"
-[credentials.k]
-secret_env = "K"
-windows = [{ units = 10, per = "1h" }, { units = 100, per = "24h", kind = "fixed", timezone = "Europe/Berlin" }]
+use crate::support::{self, ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window};
 
-[endpoints.one]
-credential = "k"
-cost = 1
-windows = [{ units = 50, per = "10m" }]
-"#;
+fn config() -> TestConfig {
+    ConfigBuilder::new()
+        .credential(
+            Credential::env("k", "K")
+                .window(Window::sliding(10, "1h"))
+                .window(Window::fixed(100, "24h").timezone("Europe/Berlin")),
+        )
+        .endpoint(Endpoint::new("one", "k", 1).window(Window::sliding(50, "10m")))
+        .write()
+}
 
 fn client() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/spend_client.py")
@@ -53,7 +52,7 @@ fn cli_spend(cfg: &TestConfig, server: &RedisServer) -> i32 {
 #[test]
 fn python_and_cli_spend_from_the_same_windows() {
     let server = RedisServer::start();
-    let cfg = TestConfig::new(CONFIG, &[]);
+    let cfg = config();
     let out = cfg.run(&["keys", "one"], &[]);
     assert_eq!(out.status.code(), Some(0), "{}", support::stderr(&out));
     let spec = support::json(&out);
@@ -115,7 +114,7 @@ fn python_and_cli_spend_from_the_same_windows() {
 
 #[test]
 fn keys_follows_cost_and_refuses_what_can_never_fit() {
-    let cfg = TestConfig::new(CONFIG, &[]);
+    let cfg = config();
     let out = cfg.run(&["keys", "one", "--cost", "7"], &[]);
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(support::json(&out)["args"][2], "7");
@@ -129,7 +128,7 @@ fn keys_follows_cost_and_refuses_what_can_never_fit() {
 fn the_raw_placeholder_is_refused_on_a_fresh_redis_too() {
     // EVAL path (empty script cache), no spend recorded.
     let server = RedisServer::start();
-    let cfg = TestConfig::new(CONFIG, &[]);
+    let cfg = config();
     let out = cfg.run(&["keys", "one"], &[]);
     let spec_path = cfg.join("keys.json");
     std::fs::write(&spec_path, out.stdout).expect("write keys.json");

@@ -5,46 +5,34 @@
 //! under systemd). `[log] format = "json"` in the config does the same as the
 //! flag.
 
-use crate::support;
-use crate::support::ops;
-
 use std::time::Duration;
 
-use ops::{Proc, Upstream};
 use quota_worker::simulator::SimConfig;
 use serde_json::Value;
-use support::{RedisServer, TestConfig};
+
+use crate::support::daemon;
+use crate::support::process::Proc;
+use crate::support::upstream::Upstream;
+use crate::support::{
+    ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window, Worker,
+};
 
 const KEY: &str = "logs-sim-key";
 
 /// One region, three pages, two units: the task ends `quota_exhausted` at
 /// page 3 with 2 units spent.
-fn config(upstream: &str, log_section: &str) -> TestConfig {
-    let main = format!(
-        r#"jobs = "jobs/*.toml"
-{log_section}
-
-[redis]
-key_prefix = "qw"
-
-[worker]
-concurrency = 2
-shutdown_timeout = "2s"
-
-[metrics]
-listen = "off"
-
-[credentials.sim]
-secret_env = "SIM_KEY"
-windows = [{{ units = 2, per = "1h" }}]
-
-[endpoints."sim.videos"]
-credential = "sim"
-cost = 1
-"#
-    );
-    let job = ops::job_toml("trending", "sim.videos", upstream, &["US"], 3);
-    TestConfig::new(&main, &[("trending.toml", &job)])
+fn config(upstream: &str) -> ConfigBuilder {
+    ConfigBuilder::new()
+        .worker(Worker::default().concurrency(2).shutdown_timeout("2s"))
+        .credential(Credential::env("sim", "SIM_KEY").window(Window::sliding(2, "1h")))
+        .endpoint(Endpoint::new("sim.videos", "sim", 1))
+        .job(daemon::videos_job(
+            "trending",
+            "sim.videos",
+            upstream,
+            &["US"],
+            3,
+        ))
 }
 
 fn upstream() -> Upstream {
@@ -112,7 +100,7 @@ fn check_json_lines(lines: &[String]) -> Vec<serde_json::Map<String, Value>> {
 fn json_logs_are_one_object_per_line_and_outcomes_carry_job_item_page_units_retry_after() {
     let redis = RedisServer::start();
     let up = upstream();
-    let cfg = config(&up.base_url(), "");
+    let cfg = config(&up.base_url()).write();
     let (lines, _) = run(&cfg, &redis, &["--log-format", "json"], "debug");
     let objects = check_json_lines(&lines);
     let exhausted: Vec<_> = objects
@@ -146,7 +134,7 @@ fn json_logs_are_one_object_per_line_and_outcomes_carry_job_item_page_units_retr
 fn log_format_json_in_the_config_does_what_the_flag_does() {
     let redis = RedisServer::start();
     let up = upstream();
-    let cfg = config(&up.base_url(), "[log]\nformat = \"json\"");
+    let cfg = config(&up.base_url()).log_format("json").write();
     let (lines, _) = run(&cfg, &redis, &[], "info");
     let objects = check_json_lines(&lines);
     assert!(
@@ -162,7 +150,7 @@ fn log_format_json_in_the_config_does_what_the_flag_does() {
 fn text_logs_have_no_ansi_escapes_when_stderr_is_not_a_terminal() {
     let redis = RedisServer::start();
     let up = upstream();
-    let cfg = config(&up.base_url(), "");
+    let cfg = config(&up.base_url()).write();
     let (lines, cli) = run(&cfg, &redis, &[], "debug");
     for l in lines.iter().chain(cli.iter()) {
         assert!(!l.contains('\u{1b}'), "an ANSI escape in {l:?}");
@@ -194,7 +182,7 @@ fn text_logs_have_no_ansi_escapes_when_stderr_is_not_a_terminal() {
 #[test]
 fn json_logs_stay_json_when_the_daemon_cannot_start() {
     let redis = RedisServer::start();
-    let cfg = config("http://127.0.0.1:9", "");
+    let cfg = config("http://127.0.0.1:9").write();
     let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let listen = taken.local_addr().expect("addr").to_string();
     let url = redis.url();

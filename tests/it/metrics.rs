@@ -6,14 +6,19 @@
 //! in-flight tasks show tasks stuck on a silent upstream, and the spend
 //! latency histogram is there.
 
-use crate::support;
-use crate::support::ops;
-
 use std::time::{Duration, Instant};
 
-use ops::{Blackhole, Metrics, Proc, Upstream, scrape};
 use quota_worker::simulator::SimConfig;
-use support::{RedisServer, TestConfig, free_port, wait_until};
+
+use crate::support::daemon;
+use crate::support::http::{self, Metrics, scrape};
+use crate::support::process::Proc;
+use crate::support::redis_server::free_port_except;
+use crate::support::upstream::{Blackhole, Upstream};
+use crate::support::{
+    self, ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window, Worker, free_port,
+    wait_until,
+};
 
 const KEY: &str = "metrics-sim-key";
 const REGIONS: [&str; 4] = ["US", "GB", "DE", "FR"];
@@ -30,43 +35,17 @@ const TERMINAL: [&str; 5] = [
 ];
 
 fn config(upstream: &str, blackhole: &str) -> TestConfig {
-    let main = format!(
-        r#"jobs = "jobs/*.toml"
-
-[redis]
-key_prefix = "qw"
-
-[worker]
-concurrency = 8
-shutdown_timeout = "1s"
-
-[metrics]
-listen = "127.0.0.1:9464"
-
-[credentials.sim]
-secret_env = "SIM_KEY"
-windows = [{{ units = {UNITS}, per = "1h" }}]
-
-[credentials.slow]
-secret_env = "SIM_KEY"
-windows = [{{ units = 1000, per = "1h" }}]
-
-[endpoints."sim.videos"]
-credential = "sim"
-cost = 1
-
-[endpoints."slow.videos"]
-credential = "slow"
-cost = 1
-timeout = "120s"
-"#
-    );
-    let trending = ops::job_toml("trending", "sim.videos", upstream, &REGIONS, PAGES);
-    let stalled = ops::job_toml("stalled", "slow.videos", blackhole, &["XX", "YY"], 1);
-    TestConfig::new(
-        &main,
-        &[("trending.toml", &trending), ("stalled.toml", &stalled)],
-    )
+    let job = daemon::videos_job;
+    ConfigBuilder::new()
+        .worker(Worker::default().concurrency(8).shutdown_timeout("1s"))
+        .metrics_listen("127.0.0.1:9464")
+        .credential(Credential::env("sim", "SIM_KEY").window(Window::sliding(UNITS, "1h")))
+        .credential(Credential::env("slow", "SIM_KEY").window(Window::sliding(1000, "1h")))
+        .endpoint(Endpoint::new("sim.videos", "sim", 1))
+        .endpoint(Endpoint::new("slow.videos", "slow", 1).timeout("120s"))
+        .job(job("trending", "sim.videos", upstream, &REGIONS, PAGES))
+        .job(job("stalled", "slow.videos", blackhole, &["XX", "YY"], 1))
+        .write()
 }
 
 fn terminal_tasks(m: &Metrics, job: &str) -> f64 {
@@ -91,7 +70,7 @@ fn metrics_match_what_the_upstream_saw_and_are_consistent_across_daemons() {
     let cfg = config(&upstream.base_url(), &blackhole.base_url());
     let url = redis.url();
     let ports = [free_port(), 0];
-    let ports = [ports[0], ops::free_port_except(&ports)];
+    let ports = [ports[0], free_port_except(&ports)];
     let daemons: Vec<Proc> = ports
         .iter()
         .enumerate()
@@ -110,7 +89,10 @@ fn metrics_match_what_the_upstream_saw_and_are_consistent_across_daemons() {
         })
         .collect();
     for p in ports {
-        assert!(ops::wait_http(p, Duration::from_secs(20)), "metrics on {p}");
+        assert!(
+            http::wait_http(p, Duration::from_secs(20)),
+            "metrics on {p}"
+        );
     }
     let before = scrape(ports[0]);
     assert_eq!(

@@ -3,16 +3,16 @@
 //! real binary, three processes, a real redis-server and the simulated
 //! upstream over loopback.
 
-use crate::support;
-
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use support::RedisServer;
-use support::daemon::{
-    Daemon, JOB, REGIONS, Spec, Upstream, config, fixed_ticks, page_counts, redis_conn,
-    sink_records, tick_claims, wait_ticks_ended,
+use crate::support::daemon::{
+    self, JOB, REGIONS, fixed_ticks, sink_records, tick_claims, wait_ticks_ended,
 };
+use crate::support::process::Proc;
+use crate::support::redis_server::redis_conn;
+use crate::support::upstream::{Upstream, page_counts};
+use crate::support::{RedisServer, Worker};
 
 const PAGES: u32 = 3;
 const ITEMS_PER_PAGE: u32 = 2;
@@ -25,17 +25,15 @@ fn three_daemons_fan_each_tick_out_once_and_fetch_each_page_once() {
     // Five ticks 2 s apart at known times: the test knows exactly which
     // ticks exist, so "exactly once" can be checked, not just "at most".
     let (schedule, ticks) = fixed_ticks(TICKS, 2, Duration::from_secs(4));
-    let cfg = config(
-        &upstream.base_url(),
-        &Spec {
-            schedule,
-            max_pages: PAGES,
-            worker: "concurrency = 8\nrecover_after = \"6s\"",
-            ..Spec::default()
-        },
-    );
-    let mut daemons: Vec<Daemon> = (0..3)
-        .map(|i| Daemon::start(&format!("daemon-{i}"), &cfg, Some(&redis.url())))
+    let cfg = daemon::config(
+        daemon::job(&upstream.base_url())
+            .pages(PAGES)
+            .schedule(&schedule),
+    )
+    .worker(Worker::default().concurrency(8).recover_after("6s"))
+    .write();
+    let mut daemons: Vec<Proc> = (0..3)
+        .map(|i| Proc::daemon(&format!("daemon-{i}"), &cfg, Some(&redis.url()), &[]))
         .collect();
     for d in &mut daemons {
         d.wait_running(Duration::from_secs(10));
@@ -67,7 +65,7 @@ fn three_daemons_fan_each_tick_out_once_and_fetch_each_page_once() {
             .into_iter()
             .map(|(k, v)| (k.to_owned(), v))
             .collect();
-        let now: HashMap<String, i64> = support::daemon::tick_outcomes(&mut conn, *tick);
+        let now: HashMap<String, i64> = daemon::tick_outcomes(&mut conn, *tick);
         assert_eq!(now, expected, "tick {tick}: outcome hash {o:?} -> {now:?}");
     }
 

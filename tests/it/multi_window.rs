@@ -4,33 +4,27 @@
 //! that said no (1-based, credential windows first; of several, the one that
 //! frees last).
 
-use crate::support;
-
 use serde_json::Value;
-use support::{RedisServer, TestConfig};
 
-const CONFIG: &str = r#"
-[credentials.k]
-secret_env = "K"
-windows = [{ units = 25, per = "5s" }, { units = 300, per = "1m" }]
+use crate::support::{self, ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window};
 
-[credentials.m]
-secret_env = "M"
-windows = [{ units = 25, per = "1s" }, { units = 50, per = "1m" }]
-
-[endpoints.plain]
-credential = "k"
-cost = 5
-
-[endpoints.capped]
-credential = "k"
-cost = 5
-windows = [{ units = 10, per = "30s" }]
-
-[endpoints.bulk]
-credential = "m"
-cost = 25
-"#;
+fn config() -> TestConfig {
+    ConfigBuilder::new()
+        .credential(
+            Credential::env("k", "K")
+                .window(Window::sliding(25, "5s"))
+                .window(Window::sliding(300, "1m")),
+        )
+        .credential(
+            Credential::env("m", "M")
+                .window(Window::sliding(25, "1s"))
+                .window(Window::sliding(50, "1m")),
+        )
+        .endpoint(Endpoint::new("plain", "k", 5))
+        .endpoint(Endpoint::new("capped", "k", 5).window(Window::sliding(10, "30s")))
+        .endpoint(Endpoint::new("bulk", "m", 25))
+        .write()
+}
 
 fn spend(cfg: &TestConfig, server: &RedisServer, endpoint: &str) -> (i32, Value) {
     let out = cfg.run_on(server, &["spend", endpoint, "--json"]);
@@ -62,7 +56,7 @@ fn zcard(server: &RedisServer, key: &str) -> i64 {
 #[test]
 fn rejection_by_the_endpoint_window_records_nothing_in_the_credential_windows() {
     let server = RedisServer::start();
-    let cfg = TestConfig::new(CONFIG, &[]);
+    let cfg = config();
     for _ in 0..2 {
         assert_eq!(spend(&cfg, &server, "capped").0, 0);
     }
@@ -87,7 +81,7 @@ fn rejection_by_the_endpoint_window_records_nothing_in_the_credential_windows() 
 #[test]
 fn of_several_rejecting_windows_the_one_that_frees_last_is_named() {
     let server = RedisServer::start();
-    let cfg = TestConfig::new(CONFIG, &[]);
+    let cfg = config();
     assert_eq!(spend(&cfg, &server, "capped").0, 0);
     assert_eq!(spend(&cfg, &server, "capped").0, 0);
     for _ in 0..3 {
@@ -121,7 +115,7 @@ fn of_several_rejecting_windows_the_one_that_frees_last_is_named() {
 fn the_second_credential_window_is_numbered_two() {
     // m: 25/1s and 50/1m; `bulk` costs 25.
     let server = RedisServer::start();
-    let cfg = TestConfig::new(CONFIG, &[]);
+    let cfg = config();
     assert_eq!(spend(&cfg, &server, "bulk").0, 0);
     std::thread::sleep(std::time::Duration::from_millis(1_050));
     assert_eq!(spend(&cfg, &server, "bulk").0, 0);

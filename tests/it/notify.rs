@@ -5,59 +5,28 @@
 //! (`NotifyAccess=main` would drop anything else). The test plays systemd: it
 //! binds the datagram socket and records the sender of every message.
 
-use crate::support;
-use crate::support::ops;
-
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use ops::{NotifySocket, Proc, children_named, environ};
-use support::{RedisServer, TestConfig};
+use crate::support::daemon;
+use crate::support::notify::NotifySocket;
+use crate::support::process::Proc;
+use crate::support::procfs::{children_named, environ};
+use crate::support::{RedisServer, TestConfig, Window, Worker};
 
 /// WATCHDOG_USEC the tests announce: pings are due every 500 ms.
 const WATCHDOG_USEC: &str = "1000000";
 
 fn config(redis: Option<&str>, state_dir: &str) -> TestConfig {
-    let redis = match redis {
-        Some(url) => format!("url = \"{url}\"\n"),
-        None => String::new(),
-    };
-    let main = format!(
-        r#"jobs = "jobs/*.toml"
-state_dir = "{state_dir}"
-
-[redis]
-{redis}key_prefix = "qw"
-
-[worker]
-concurrency = 8
-shutdown_timeout = "5s"
-
-[metrics]
-listen = "off"
-
-[credentials.yt-key1]
-secret_env = "YT_KEY1"
-windows = [
-  {{ units = 9500, per = "24h" }},
-  {{ units = 600,  per = "1m" }},
-]
-
-[endpoints."youtube.videos.list"]
-credential = "yt-key1"
-cost = 1
-"#
-    );
     // A job whose schedule never fires while the test runs: the scheduler
     // loop runs (and beats) as in production, nothing is fetched.
-    let job = ops::job_toml(
-        "trending",
-        "youtube.videos.list",
-        "http://127.0.0.1:9",
-        &["US"],
-        1,
-    );
-    TestConfig::new(&main, &[("trending.toml", &job)])
+    let mut config = daemon::idle(daemon::yt_key1().window(Window::sliding(600, "1m")))
+        .state_dir(state_dir)
+        .worker(Worker::default().concurrency(8).shutdown_timeout("5s"));
+    if let Some(url) = redis {
+        config = config.redis_url(url);
+    }
+    config.write()
 }
 
 fn daemon(cfg: &TestConfig, notify: &NotifySocket, extra: &[(&str, &str)]) -> Proc {

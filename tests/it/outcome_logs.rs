@@ -3,73 +3,34 @@
 //! binary (`quota-worker run --log-format json`), fed by `quota-worker
 //! trigger --wait`, against the simulated upstream.
 
-use crate::support;
-
-use std::process::{Command, Stdio};
-use std::sync::Arc;
 use std::time::Duration;
 
 use quota_worker::config::Config;
-use quota_worker::quota::{Limiter, Quotas};
 use quota_worker::simulator::{SimConfig, Simulator};
 use serde_json::Value;
-use support::{RedisServer, TestConfig, collect_lines, stderr, stdout, wait_until};
 
-const CONFIG: &str = r#"
-jobs = "jobs/*.toml"
-
-[redis]
-url = "@REDIS@"
-
-[worker]
-concurrency = 1
-poll_interval = "20ms"
-shutdown_timeout = "5s"
-
-[metrics]
-listen = "off"
-
-[credentials.yt]
-secret_env = "QW_TEST_YT"
-windows = [{ units = 4, per = "1h" }]
-
-[endpoints."youtube.videos.list"]
-credential = "yt"
-cost = 1
-"#;
+use crate::support::pipeline::{YT_ENDPOINT, quick_worker, yt, yt_endpoint};
+use crate::support::process::Proc;
+use crate::support::{
+    ConfigBuilder, Job, RedisServer, Sink, TestConfig, Window, limiter, stderr, stdout,
+};
 
 /// Two regions of three pages against 4 units, one task at a time: the
 /// first region gets all three pages, the other one page before the window
 /// says no.
-const JOB: &str = r#"
-[trending]
-schedule = "0 0 0 1 1 * 2099"
-endpoint = "youtube.videos.list"
-fan_out = { region = ["US", "GB"] }
-
-[trending.request]
-url = "@SIM@/youtube/v3/videos"
-query = { chart = "mostPopular", regionCode = "{region}", maxResults = "2", key = "{secret}" }
-
-[trending.pagination]
-cursor = "/nextPageToken"
-param = "pageToken"
-max_pages = 3
-
-[trending.sink]
-kind = "jsonl"
-path = "data/{job}.jsonl"
-records = "/items"
-"#;
-
-struct Daemon(std::process::Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        // By pid: the child we spawned.
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+fn config(redis: &str, sim: &str) -> TestConfig {
+    ConfigBuilder::new()
+        .redis_url(redis)
+        .worker(quick_worker(1))
+        .credential(yt(Window::sliding(4, "1h")))
+        .endpoint(yt_endpoint())
+        .job(
+            Job::videos("trending", YT_ENDPOINT, sim)
+                .fan_out("region", ["US", "GB"])
+                .pages(3)
+                .sink(Sink::jsonl("data/{job}.jsonl").records("/items")),
+        )
+        .write()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -85,53 +46,16 @@ async fn every_outcome_is_a_structured_event_with_job_item_page_units_retry_afte
     )
     .await
     .expect("simulator");
-    let fill = |s: &str| {
-        s.replace("@REDIS@", &redis.url())
-            .replace("@SIM@", &sim.base_url())
-    };
-    let cfg = TestConfig::new(&fill(CONFIG), &[("trending.toml", &fill(JOB))]);
-    let env = [("QW_TEST_YT", "yt-key")];
+    let cfg = config(&redis.url(), &sim.base_url());
 
-    let mut child = Command::new(support::bin());
-    child
-        .arg("-c")
-        .arg(cfg.path())
-        .args(["--log-format", "json", "run"])
-        .env_remove("QUOTA_WORKER_REDIS_URL")
-        .env_remove("QUOTA_WORKER_METRICS_LISTEN")
-        .env("RUST_LOG", "info")
-        .envs(env)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    let mut daemon = Daemon(child.spawn().expect("spawn quota-worker run"));
-    let lines = collect_lines(daemon.0.stderr.take().expect("stderr"));
+    let mut daemon = Proc::start("daemon", &cfg, &["--log-format", "json", "run"], &[]);
     assert!(
-        wait_until(Duration::from_secs(20), || lines
-            .lock()
-            .expect("lines")
-            .iter()
-            .any(|l| l.contains("quota-worker running"))),
+        daemon.wait_log("quota-worker running", Duration::from_secs(20)),
         "daemon did not start: {:?}",
-        lines.lock().expect("lines")
+        daemon.stderr_lines()
     );
 
-    let out = tokio::task::spawn_blocking({
-        let path = cfg.path();
-        move || {
-            Command::new(support::bin())
-                .arg("-c")
-                .arg(path)
-                .args(["trigger", "trending", "--wait"])
-                .env_remove("QUOTA_WORKER_REDIS_URL")
-                .env("RUST_LOG", "warn")
-                .envs(env)
-                .output()
-                .expect("run trigger")
-        }
-    })
-    .await
-    .expect("trigger");
+    let out = tokio::task::block_in_place(|| cfg.run(&["trigger", "trending", "--wait"], &[]));
     assert!(out.status.success(), "trigger: {}", stderr(&out));
     let summary = stdout(&out);
     assert!(
@@ -141,35 +65,18 @@ async fn every_outcome_is_a_structured_event_with_job_item_page_units_retry_afte
 
     // What the window says, to check the event against.
     let config = Config::load_with_env(&cfg.path(), &|_| None).expect("config");
-    let conn = quota_worker::conn::connect(
-        &quota_worker::config::RedisUrl::new(redis.url()),
-        Duration::from_secs(2),
-        2,
-    )
-    .await
-    .expect("connect");
-    let limiter = Limiter::new(conn, Arc::new(Quotas::new(&config)), Duration::from_secs(2));
+    let limiter = limiter(&redis, &config).await;
     let used = limiter.peek("yt").await.expect("peek").windows[0].used;
     assert_eq!(used, 4);
 
     // SIGTERM by pid: a clean shutdown, exit 0.
-    // SAFETY: kill(2) on the child we spawned and still own.
-    unsafe { libc::kill(daemon.0.id() as i32, libc::SIGTERM) };
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    let status = loop {
-        if let Some(s) = daemon.0.try_wait().expect("wait") {
-            break s;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no exit after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    daemon.term();
+    let status = daemon
+        .wait_exit(Duration::from_secs(15))
+        .expect("no exit after SIGTERM");
     assert_eq!(status.code(), Some(0));
-    std::thread::sleep(Duration::from_millis(100));
 
-    let lines = lines.lock().expect("lines").clone();
+    let lines = daemon.stderr_lines();
     let events: Vec<Value> = lines
         .iter()
         .map(|l| {

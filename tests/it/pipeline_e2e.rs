@@ -4,14 +4,17 @@
 //! records the upstream served, and a task stopped by the quota is resumed by
 //! a later tick at the page it stopped at.
 
-use crate::support::pipeline;
-
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use pipeline::{Pipeline, Setup, kinds, pages_by_scope, served_ids, sink_ids};
 use quota_worker::simulator::{SimConfig, VIDEOS};
 use quota_worker::stats::OutcomeKind;
+
+use crate::support::pipeline::{
+    self, Pipeline, YT_ENDPOINT, kinds, quick_worker, sink_ids, yt, yt_endpoint,
+};
+use crate::support::upstream::{pages_by_scope, served_ids};
+use crate::support::{ConfigBuilder, Job, Sink, Window};
 
 const REGIONS: [&str; 8] = ["US", "GB", "DE", "FR", "IN", "BR", "AU", "CA"];
 /// Our window: 20 units per 4 s, against 24 units a tick (8 regions x 3 pages).
@@ -21,53 +24,24 @@ const PER: Duration = Duration::from_secs(4);
 /// admitted it: the upstream's own window is this much shorter than ours.
 const ARRIVAL_SLACK: Duration = Duration::from_millis(300);
 
-const CONFIG: &str = r#"
-jobs = "jobs/*.toml"
-
-[redis]
-url = "@REDIS@"
-
-[worker]
-concurrency = 4
-poll_interval = "20ms"
-shutdown_timeout = "5s"
-
-[metrics]
-listen = "off"
-
-[credentials.yt]
-secret_env = "QW_TEST_YT"
-windows = [{ units = 20, per = "4s" }]
-
-[endpoints."youtube.videos.list"]
-credential = "yt"
-cost = 1
-"#;
-
-/// Every 3 s: the second tick finds the first one's units still in the
-/// window, so a limiter that forgot them (per-tick counting, say) would let
-/// the upstream see 40 units in about 3 s.
-const TRENDING: &str = r#"
-[trending]
-schedule = "*/3 * * * * *"
-endpoint = "youtube.videos.list"
-fan_out = { region = ["US", "GB", "DE", "FR", "IN", "BR", "AU", "CA"] }
-on_quota_exhausted = "stop"
-
-[trending.request]
-url = "@SIM@/youtube/v3/videos"
-query = { chart = "mostPopular", regionCode = "{region}", part = "snippet", maxResults = "5", key = "{secret}" }
-
-[trending.pagination]
-cursor = "/nextPageToken"
-param = "pageToken"
-max_pages = 3
-
-[trending.sink]
-kind = "jsonl"
-path = "data/{job}/{region}/{date}.jsonl"
-records = "/items"
-"#;
+/// Our window against a fan-out of 8 regions × 3 pages, a tick every 3 s:
+/// the second tick finds the first one's units still in the window, so a
+/// limiter that forgot them (per-tick counting, say) would let the upstream
+/// see 40 units in about 3 s.
+fn config(sim: &str) -> ConfigBuilder {
+    ConfigBuilder::new()
+        .worker(quick_worker(4))
+        .credential(yt(Window::sliding(LIMIT, "4s")))
+        .endpoint(yt_endpoint())
+        .job(
+            Job::videos("trending", YT_ENDPOINT, sim)
+                .schedule("*/3 * * * * *")
+                .fan_out("region", REGIONS)
+                .on_quota_exhausted("stop")
+                .pages(3)
+                .sink(Sink::jsonl("data/{job}/{region}/{date}.jsonl").records("/items")),
+        )
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fan_out_runs_out_mid_run_never_overspends_and_resumes_at_the_page() {
@@ -77,14 +51,7 @@ async fn fan_out_runs_out_mid_run_never_overspends_and_resumes_at_the_page() {
         ..SimConfig::default()
     }
     .key("yt-key", LIMIT, PER - ARRIVAL_SLACK);
-    let mut p = Pipeline::start(Setup {
-        config: CONFIG,
-        jobs: vec![("trending.toml".into(), TRENDING.into())],
-        sim,
-        env: &[("QW_TEST_YT", "yt-key")],
-        base_dir: None,
-    })
-    .await;
+    let mut p = Pipeline::start(sim, config).await;
 
     // Run ticks until some item stopped mid-run (page >= 2) has been resumed
     // by a later tick and fetched from that page, and three ticks have ended.

@@ -3,60 +3,29 @@
 //! heartbeat), and a fan-out far larger than apalis-redis can promote at
 //! once drains completely, with apalis's scheduled set kept under our cap.
 
-use crate::support::pipeline;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use pipeline::{NEVER, Pipeline, Setup, kinds, toml_list};
 use quota_worker::queue::FEED_CAP;
 use quota_worker::simulator::SimConfig;
 use quota_worker::stats::OutcomeKind;
 
-fn config(worker: &str) -> String {
-    format!(
-        r#"
-jobs = "jobs/*.toml"
+use crate::support::pipeline::{Pipeline, YT_ENDPOINT, YT_KEY, kinds, yt, yt_endpoint};
+use crate::support::{ConfigBuilder, Job, Sink, Window, Worker};
 
-[redis]
-url = "@REDIS@"
-
-[worker]
-{worker}
-
-[metrics]
-listen = "off"
-
-[credentials.yt]
-secret_env = "QW_TEST_YT"
-windows = [{{ units = 1000000, per = "1h" }}]
-
-[endpoints."youtube.videos.list"]
-credential = "yt"
-cost = 1
-"#
-    )
-}
-
-fn job(name: &str, regions: &str, sink_path: &str) -> String {
-    format!(
-        r#"
-[{name}]
-schedule = "{NEVER}"
-endpoint = "youtube.videos.list"
-fan_out = {{ region = {regions} }}
-
-[{name}.request]
-url = "@SIM@/youtube/v3/videos"
-query = {{ chart = "mostPopular", regionCode = "{{region}}", maxResults = "1", key = "{{secret}}" }}
-
-[{name}.sink]
-kind = "jsonl"
-path = "{sink_path}"
-records = "/items"
-"#
-    )
+/// The job `name` over `regions`, one page of one record each, all into one
+/// file; a window with room for everything.
+fn config(sim: &str, worker: Worker, name: &str, regions: Vec<String>) -> ConfigBuilder {
+    ConfigBuilder::new()
+        .worker(worker)
+        .credential(yt(Window::sliding(1_000_000, "1h")))
+        .endpoint(yt_endpoint())
+        .job(
+            Job::videos(name, YT_ENDPOINT, sim)
+                .fan_out("region", regions)
+                .sink(Sink::jsonl("data/{job}.jsonl").records("/items")),
+        )
 }
 
 fn sim() -> SimConfig {
@@ -65,10 +34,8 @@ fn sim() -> SimConfig {
         items_per_page: 1,
         ..SimConfig::default()
     }
-    .key("yt-key", 1_000_000, Duration::from_secs(3600))
+    .key(YT_KEY, 1_000_000, Duration::from_secs(3600))
 }
-
-const ENV: &[(&str, &str)] = &[("QW_TEST_YT", "yt-key")];
 
 /// apalis pitfall 1 (idle pickup latency): a plain apalis-redis storage is
 /// woken only by its heartbeat, so a task pushed to an idle worker waited
@@ -77,15 +44,13 @@ const ENV: &[(&str, &str)] = &[("QW_TEST_YT", "yt-key")];
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn apalis_pitfall_1_idle_pickup_latency() {
     // The defaults: no poll_interval, recover_after (heartbeats) set.
-    let mut p = Pipeline::start(Setup {
-        config: &config("concurrency = 2"),
-        jobs: vec![(
-            "one.toml".into(),
-            job("one", r#"["US"]"#, "data/{job}.jsonl"),
-        )],
-        sim: sim(),
-        env: ENV,
-        base_dir: None,
+    let mut p = Pipeline::start(sim(), |sim| {
+        config(
+            sim,
+            Worker::default().concurrency(2),
+            "one",
+            vec!["US".into()],
+        )
     })
     .await;
     for idle in [Duration::from_secs(6), Duration::from_secs(4)] {
@@ -116,17 +81,17 @@ async fn apalis_pitfall_1_idle_pickup_latency() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn apalis_pitfall_4_ten_thousand_item_fan_out_drains() {
     const N: usize = 10_000;
-    let regions = toml_list((0..N).map(|i| format!("r{i:05}")));
-    let mut p = Pipeline::start(Setup {
-        config: &config(
-            r#"concurrency = 32
-poll_interval = "10ms"
-shutdown_timeout = "5s""#,
-        ),
-        jobs: vec![("big.toml".into(), job("big", &regions, "data/{job}.jsonl"))],
-        sim: sim(),
-        env: ENV,
-        base_dir: None,
+    let regions: Vec<String> = (0..N).map(|i| format!("r{i:05}")).collect();
+    let mut p = Pipeline::start(sim(), |sim| {
+        config(
+            sim,
+            Worker::default()
+                .concurrency(32)
+                .poll_interval("10ms")
+                .shutdown_timeout("5s"),
+            "big",
+            regions,
+        )
     })
     .await;
 

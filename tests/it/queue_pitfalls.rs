@@ -6,78 +6,32 @@
 //! explicit queue name (12), and an idle worker whose fetch outlasted the
 //! poll interval still wakes on the next one (13).
 
-use crate::support;
-use crate::support::pipeline;
-
 use std::time::{Duration, Instant};
 
-use pipeline::{NEVER, Pipeline, Setup, kinds, toml_list};
 use quota_worker::queue::{Origin, RETENTION, TaskArgs};
 use quota_worker::simulator::{Fault, SimConfig};
 
-fn config(worker: &str) -> String {
-    format!(
-        r#"
-jobs = "jobs/*.toml"
+use crate::support::pipeline::{Pipeline, YT_ENDPOINT, YT_KEY, kinds, yt, yt_endpoint};
+use crate::support::{self, ConfigBuilder, Job, Sink, Window, Worker};
 
-[redis]
-url = "@REDIS@"
-
-[worker]
-{worker}
-
-[metrics]
-listen = "off"
-
-[credentials.yt]
-secret_env = "QW_TEST_YT"
-windows = [{{ units = 100000, per = "1h" }}]
-
-[endpoints."youtube.videos.list"]
-credential = "yt"
-cost = 1
-timeout = "20s"
-"#
-    )
-}
-
-fn job(regions: &[&str]) -> String {
-    let regions = toml_list(regions.iter().map(|r| r.to_string()));
-    format!(
-        r#"
-[j]
-schedule = "{NEVER}"
-endpoint = "youtube.videos.list"
-fan_out = {{ region = {regions} }}
-
-[j.request]
-url = "@SIM@/youtube/v3/videos"
-query = {{ chart = "mostPopular", regionCode = "{{region}}", key = "{{secret}}" }}
-
-[j.sink]
-kind = "jsonl"
-path = "data/{{job}}.jsonl"
-records = "/items"
-"#
-    )
-}
-
-fn sim() -> SimConfig {
-    SimConfig {
+/// The job `j` over `regions`, one page of two records each.
+async fn start(worker: Worker, regions: &[&str]) -> Pipeline {
+    let sim = SimConfig {
         pages_per_query: 1,
         items_per_page: 2,
         ..SimConfig::default()
     }
-    .key("yt-key", 100_000, Duration::from_secs(3600))
-}
-
-async fn start(worker: &str, regions: &[&str]) -> Pipeline {
-    Pipeline::start(Setup {
-        config: &config(worker),
-        jobs: vec![("j.toml".into(), job(regions))],
-        sim: sim(),
-        env: &[("QW_TEST_YT", "yt-key")],
-        base_dir: None,
+    .key(YT_KEY, 100_000, Duration::from_secs(3600));
+    Pipeline::start(sim, |sim| {
+        ConfigBuilder::new()
+            .worker(worker)
+            .credential(yt(Window::sliding(100_000, "1h")))
+            .endpoint(yt_endpoint().timeout("20s"))
+            .job(
+                Job::videos("j", YT_ENDPOINT, sim)
+                    .fan_out("region", regions.iter().copied())
+                    .sink(Sink::jsonl("data/{job}.jsonl").records("/items")),
+            )
     })
     .await
 }
@@ -92,7 +46,11 @@ fn keys(pl: &Pipeline, pattern: &str) -> Vec<String> {
 /// waits in the queue alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn apalis_pitfall_5_trim_drops_finished_tasks_and_keeps_waiting_ones() {
-    let mut pl = start("concurrency = 4", &["US", "GB", "DE", "FR", "IN"]).await;
+    let mut pl = start(
+        Worker::default().concurrency(4),
+        &["US", "GB", "DE", "FR", "IN"],
+    )
+    .await;
     let tick = pl.trigger("j").await;
     let seen = pl.wait_tick("j", tick, 5, Duration::from_secs(20)).await;
     assert_eq!(kinds(&seen).get("done"), Some(&5), "{seen:?}");
@@ -162,7 +120,11 @@ async fn apalis_pitfall_5_trim_drops_finished_tasks_and_keeps_waiting_ones() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn apalis_pitfall_9_heartbeats_go_on_while_every_slot_is_busy() {
     // recover_after 3 s: a heartbeat every 0.6 s, dead after 1.8 s of silence.
-    let pl = start("concurrency = 1\nrecover_after = \"3s\"", &["US", "GB"]).await;
+    let pl = start(
+        Worker::default().concurrency(1).recover_after("3s"),
+        &["US", "GB"],
+    )
+    .await;
     pl.sim.inject(Fault::Delay(Duration::from_secs(4)), 2);
     let started = Instant::now();
     let tick = pl.trigger("j").await;
@@ -214,7 +176,7 @@ async fn apalis_pitfall_9_heartbeats_go_on_while_every_slot_is_busy() {
 /// died mid-push) is kept once, by our backlog and by apalis's HSETNX.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn apalis_pitfall_3_a_task_id_pushed_twice_runs_once() {
-    let pl = start("concurrency = 2", &["US"]).await;
+    let pl = start(Worker::default().concurrency(2), &["US"]).await;
     let task = TaskArgs::first(
         "j",
         1_000,
@@ -254,7 +216,7 @@ async fn apalis_pitfall_3_a_task_id_pushed_twice_runs_once() {
 /// apalis writes for us sits under `<prefix>:queue:`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn apalis_pitfall_12_queue_keys_use_the_explicit_name() {
-    let pl = start("concurrency = 2", &["US", "GB"]).await;
+    let pl = start(Worker::default().concurrency(2), &["US", "GB"]).await;
     let tick = pl.trigger("j").await;
     pl.wait_tick("j", tick, 2, Duration::from_secs(20)).await;
     let all = keys(&pl, "*");
@@ -282,7 +244,10 @@ async fn apalis_pitfall_12_queue_keys_use_the_explicit_name() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn apalis_pitfall_13_a_slow_empty_fetch_does_not_put_the_worker_to_sleep() {
     let mut pl = start(
-        "concurrency = 2\npoll_interval = \"10ms\"\nrecover_after = \"30s\"",
+        Worker::default()
+            .concurrency(2)
+            .poll_interval("10ms")
+            .recover_after("30s"),
         &["US"],
     )
     .await;

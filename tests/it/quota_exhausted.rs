@@ -4,67 +4,34 @@
 //! resumes at the page it stopped at, and waiting for quota never uses up
 //! its retry attempts.
 
-use crate::support::pipeline;
-
 use std::time::{Duration, Instant};
 
-use pipeline::{NEVER, Pipeline, Setup, kinds, pages_by_scope, toml_list};
 use quota_worker::quota::{Decision, request_id};
 use quota_worker::simulator::{Fault, SimConfig};
 use quota_worker::stats::{OutcomeKind, Stats};
 
-fn config(concurrency: u32, window: &str) -> String {
-    format!(
-        r#"
-jobs = "jobs/*.toml"
+use crate::support::pipeline::{
+    Pipeline, YT_ENDPOINT, YT_KEY, kinds, quick_worker, yt, yt_endpoint,
+};
+use crate::support::upstream::pages_by_scope;
+use crate::support::{ConfigBuilder, Job, Sink, Window};
 
-[redis]
-url = "@REDIS@"
-
-[worker]
-concurrency = {concurrency}
-poll_interval = "20ms"
-shutdown_timeout = "5s"
-
-[metrics]
-listen = "off"
-
-[credentials.yt]
-secret_env = "QW_TEST_YT"
-windows = [{window}]
-
-[endpoints."youtube.videos.list"]
-credential = "yt"
-cost = 1
-"#
-    )
+/// `concurrency` slots, the credential's one `window`, and `job`.
+fn config(concurrency: u32, window: Window, job: Job) -> ConfigBuilder {
+    ConfigBuilder::new()
+        .worker(quick_worker(concurrency))
+        .credential(yt(window))
+        .endpoint(yt_endpoint())
+        .job(job)
 }
 
-fn job(name: &str, regions: &str, max_pages: u32, on_exhausted: &str, retry: &str) -> String {
-    format!(
-        r#"
-[{name}]
-schedule = "{NEVER}"
-endpoint = "youtube.videos.list"
-fan_out = {{ region = {regions} }}
-on_quota_exhausted = "{on_exhausted}"
-retry = {retry}
-
-[{name}.request]
-url = "@SIM@/youtube/v3/videos"
-query = {{ chart = "mostPopular", regionCode = "{{region}}", maxResults = "2", key = "{{secret}}" }}
-
-[{name}.pagination]
-cursor = "/nextPageToken"
-param = "pageToken"
-max_pages = {max_pages}
-
-[{name}.sink]
-kind = "jsonl"
-path = "data/{{job}}.jsonl"
-records = "/items"
-"#
-    )
+/// The job `name` over `regions`, up to `max_pages` pages of two records.
+fn job(sim: &str, name: &str, regions: &[&str], max_pages: u32, on_exhausted: &str) -> Job {
+    Job::videos(name, YT_ENDPOINT, sim)
+        .fan_out("region", regions.iter().copied())
+        .on_quota_exhausted(on_exhausted)
+        .pages(max_pages)
+        .sink(Sink::jsonl("data/{job}.jsonl").records("/items"))
 }
 
 fn sim(pages: u32) -> SimConfig {
@@ -73,26 +40,22 @@ fn sim(pages: u32) -> SimConfig {
         items_per_page: 2,
         ..SimConfig::default()
     }
-    .key("yt-key", 1_000_000, Duration::from_secs(3600))
+    .key(YT_KEY, 1_000_000, Duration::from_secs(3600))
 }
-
-const ENV: &[(&str, &str)] = &[("QW_TEST_YT", "yt-key")];
 
 /// A window that is full for the next hour: 50 tasks on 2 worker slots all
 /// end `quota_exhausted` within seconds. Sleeping until the retry-after
 /// (about an hour) would take 25 hours; even one second per task would be 25 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fifty_tasks_on_an_exhausted_window_end_at_once_without_sleeping() {
-    let regions = toml_list((0..50).map(|i| format!("r{i:02}")));
-    let mut p = Pipeline::start(Setup {
-        config: &config(2, r#"{ units = 5, per = "1h" }"#),
-        jobs: vec![(
-            "flood.toml".into(),
-            job("flood", &regions, 3, "stop", r#"{ attempts = 3 }"#),
-        )],
-        sim: sim(3),
-        env: ENV,
-        base_dir: None,
+    let regions: Vec<String> = (0..50).map(|i| format!("r{i:02}")).collect();
+    let regions: Vec<&str> = regions.iter().map(String::as_str).collect();
+    let mut p = Pipeline::start(sim(3), |sim| {
+        config(
+            2,
+            Window::sliding(5, "1h"),
+            job(sim, "flood", &regions, 3, "stop").retry(3, None, None),
+        )
     })
     .await;
     // Fill the window: the next hour has no room.
@@ -152,15 +115,12 @@ async fn fifty_tasks_on_an_exhausted_window_end_at_once_without_sleeping() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn defer_reruns_at_the_retry_after_and_resumes_at_the_page() {
     let per = Duration::from_secs(3);
-    let mut p = Pipeline::start(Setup {
-        config: &config(2, r#"{ units = 2, per = "3s" }"#),
-        jobs: vec![(
-            "later.toml".into(),
-            job("later", r#"["US"]"#, 3, "defer", r#"{ attempts = 3 }"#),
-        )],
-        sim: sim(3),
-        env: ENV,
-        base_dir: None,
+    let mut p = Pipeline::start(sim(3), |sim| {
+        config(
+            2,
+            Window::sliding(2, "3s"),
+            job(sim, "later", &["US"], 3, "defer").retry(3, None, None),
+        )
     })
     .await;
     let tick = p.trigger("later").await;
@@ -215,15 +175,12 @@ async fn defer_reruns_at_the_retry_after_and_resumes_at_the_page() {
 /// three times (one unit per second, four pages) still ends `done`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn deferrals_never_use_up_retry_attempts() {
-    let mut p = Pipeline::start(Setup {
-        config: &config(2, r#"{ units = 1, per = "1s" }"#),
-        jobs: vec![(
-            "slow.toml".into(),
-            job("slow", r#"["US"]"#, 4, "defer", r#"{ attempts = 1 }"#),
-        )],
-        sim: sim(4),
-        env: ENV,
-        base_dir: None,
+    let mut p = Pipeline::start(sim(4), |sim| {
+        config(
+            2,
+            Window::sliding(1, "1s"),
+            job(sim, "slow", &["US"], 4, "defer").retry(1, None, None),
+        )
     })
     .await;
     let tick = p.trigger("slow").await;
@@ -251,21 +208,12 @@ async fn deferrals_never_use_up_retry_attempts() {
 /// none of the attempts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn deferrals_and_throttles_around_one_failure_still_end_done() {
-    let mut p = Pipeline::start(Setup {
-        config: &config(2, r#"{ units = 2, per = "1s" }"#),
-        jobs: vec![(
-            "mixed.toml".into(),
-            job(
-                "mixed",
-                r#"["US"]"#,
-                4,
-                "defer",
-                r#"{ attempts = 2, backoff = "100ms" }"#,
-            ),
-        )],
-        sim: sim(4),
-        env: ENV,
-        base_dir: None,
+    let mut p = Pipeline::start(sim(4), |sim| {
+        config(
+            2,
+            Window::sliding(2, "1s"),
+            job(sim, "mixed", &["US"], 4, "defer").retry(2, Some("100ms"), None),
+        )
     })
     .await;
     p.sim.inject(

@@ -2,31 +2,24 @@
 //! frees-in, per credential in config order (credential windows first, then
 //! each endpoint's), as a table or as the SPEC's JSON shape.
 
-use crate::support;
-
 use std::collections::BTreeSet;
 
 use serde_json::Value;
-use support::{RedisServer, TestConfig};
 
-const CONFIG: &str = r#"
-[credentials.k]
-secret_env = "K"
-windows = [{ units = 100, per = "1h" }, { units = 50, per = "24h", kind = "fixed" }]
+use crate::support::{self, ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window};
 
-[credentials.other]
-secret_env = "O"
-windows = [{ units = 7, per = "1m" }]
-
-[endpoints.e]
-credential = "k"
-cost = 10
-windows = [{ units = 30, per = "10m" }]
-
-[endpoints.o]
-credential = "other"
-cost = 1
-"#;
+fn config() -> TestConfig {
+    ConfigBuilder::new()
+        .credential(
+            Credential::env("k", "K")
+                .window(Window::sliding(100, "1h"))
+                .window(Window::fixed(50, "24h")),
+        )
+        .credential(Credential::env("other", "O").window(Window::sliding(7, "1m")))
+        .endpoint(Endpoint::new("e", "k", 10).window(Window::sliding(30, "10m")))
+        .endpoint(Endpoint::new("o", "other", 1))
+        .write()
+}
 
 const DAY_US: i64 = 86_400_000_000;
 
@@ -58,7 +51,7 @@ fn assert_within(what: &str, ms: &Value, until_us: i64, t0: i64, t1: i64) {
 #[test]
 fn quota_json_has_the_spec_shape_and_live_numbers() {
     let server = RedisServer::start();
-    let cfg = TestConfig::new(CONFIG, &[]);
+    let cfg = config();
     for _ in 0..2 {
         let out = cfg.run_on(&server, &["spend", "e"]);
         assert_eq!(out.status.code(), Some(0), "{}", support::stderr(&out));
@@ -157,7 +150,7 @@ fn quota_json_has_the_spec_shape_and_live_numbers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quota_table_reads_like_the_json() {
     let server = RedisServer::start();
-    let cfg = TestConfig::new(CONFIG, &[]);
+    let cfg = config();
     let out = cfg.run_on(&server, &["spend", "e"]);
     assert_eq!(out.status.code(), Some(0));
     let config = quota_worker::config::Config::load(&cfg.path()).expect("config");

@@ -8,17 +8,19 @@
 //! worker) and 8 (apalis's defaults bring a dead worker's tasks back after
 //! ~300 s).
 
-use crate::support;
-
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
 use quota_worker::simulator::Fault;
-use support::RedisServer;
-use support::daemon::{
-    Daemon, JOB, REGIONS, Spec, Upstream, config, ended, fixed_ticks, redis_conn, run_cli,
-    sink_records, tick_claims, tick_outcomes, wait_ticks_ended, workers,
+
+use crate::support::daemon::{
+    self, JOB, REGIONS, ended, fixed_ticks, sink_records, tick_claims, tick_outcomes,
+    wait_ticks_ended, workers,
 };
+use crate::support::process::{Proc, run_cli};
+use crate::support::redis_server::redis_conn;
+use crate::support::upstream::Upstream;
+use crate::support::{self, ConfigBuilder, RedisServer, Worker};
 
 const PAGES: u32 = 3;
 const ITEMS_PER_PAGE: u32 = 2;
@@ -42,20 +44,15 @@ struct Recovery {
 
 /// Two daemons; daemon A holds four of a tick's eight tasks mid-request
 /// (the other four done) when it is SIGKILLed; daemon B must finish them.
-fn kill_mid_tick(worker: &str) -> Recovery {
+fn kill_mid_tick(worker: Worker) -> Recovery {
     let redis = RedisServer::start();
     let upstream = Upstream::start(PAGES, ITEMS_PER_PAGE);
-    let cfg = config(
-        &upstream.base_url(),
-        &Spec {
-            max_pages: PAGES,
-            worker,
-            ..Spec::default()
-        },
-    );
+    let cfg = daemon::config(daemon::job(&upstream.base_url()).pages(PAGES))
+        .worker(worker)
+        .write();
     let mut conn = redis_conn(&redis.url());
     upstream.inject(Fault::Delay(Duration::from_secs(120)), 4);
-    let mut a = Daemon::start("daemon-a", &cfg, Some(&redis.url()));
+    let mut a = Proc::daemon("daemon-a", &cfg, Some(&redis.url()), &[]);
     a.wait_running(Duration::from_secs(10));
     wait_for(
         "daemon A's worker registered",
@@ -76,7 +73,7 @@ fn kill_mid_tick(worker: &str) -> Recovery {
         Duration::from_secs(15),
         || upstream.injected() == 4 && tick_outcomes(&mut conn, tick).get("done") == Some(&4),
     );
-    let mut b = Daemon::start("daemon-b", &cfg, Some(&redis.url()));
+    let mut b = Proc::daemon("daemon-b", &cfg, Some(&redis.url()), &[]);
     b.wait_running(Duration::from_secs(10));
 
     a.kill();
@@ -132,7 +129,7 @@ fn kill_mid_tick(worker: &str) -> Recovery {
 /// must bring them back within about 6 s.
 #[test]
 fn pitfall_8_sigkilled_daemon_tasks_are_picked_up_within_recover_after() {
-    let r = kill_mid_tick("concurrency = 8\nrecover_after = \"6s\"");
+    let r = kill_mid_tick(Worker::default().concurrency(8).recover_after("6s"));
     eprintln!(
         "MEASURE recover_after=6s: killed daemon's tasks re-queued {:?} after SIGKILL, all ended {:?} after it",
         r.requeued, r.done
@@ -157,7 +154,7 @@ fn pitfall_8_sigkilled_daemon_tasks_are_picked_up_within_recover_after() {
 /// 30 s by default".
 #[test]
 fn sigkilled_daemon_tasks_are_picked_up_within_30s_by_default() {
-    let r = kill_mid_tick("concurrency = 8");
+    let r = kill_mid_tick(Worker::default().concurrency(8));
     eprintln!(
         "MEASURE recover_after default (30s): killed daemon's tasks re-queued {:?} after SIGKILL, all ended {:?} after it",
         r.requeued, r.done
@@ -183,16 +180,14 @@ fn survive(label: &str, redis_args: &[&str], incident: impl FnOnce(&mut RedisSer
     let mut redis = RedisServer::start_with(redis_args);
     let upstream = Upstream::start(PAGES, ITEMS_PER_PAGE);
     let (schedule, ticks) = fixed_ticks(TICKS, 2, Duration::from_secs(4));
-    let cfg = config(
-        &upstream.base_url(),
-        &Spec {
-            schedule,
-            max_pages: PAGES,
-            worker: "concurrency = 8\nrecover_after = \"6s\"",
-            ..Spec::default()
-        },
-    );
-    let mut d = Daemon::start("daemon", &cfg, Some(&redis.url()));
+    let cfg = daemon::config(
+        daemon::job(&upstream.base_url())
+            .pages(PAGES)
+            .schedule(&schedule),
+    )
+    .worker(Worker::default().concurrency(8).recover_after("6s"))
+    .write();
+    let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
     d.wait_running(Duration::from_secs(10));
     // Two whole ticks first.
     let (ok, all) = wait_ticks_ended(
@@ -323,19 +318,24 @@ fn pitfall_7_client_kill_mid_run_workers_come_back_and_no_task_is_lost() {
 fn retry_after_a_redelivered_copy_found_the_item_busy_is_not_lost() {
     let redis = RedisServer::start();
     let upstream = Upstream::start(1, 2);
-    let cfg = config(
-        &upstream.base_url(),
-        &Spec {
-            regions: &["US"],
-            max_pages: 1,
-            worker: "concurrency = 1\nshutdown_timeout = \"30s\"\nrecover_after = \"6s\"",
-            request_timeout: "10s",
-            ..Spec::default()
-        },
-    );
+    let cfg = ConfigBuilder::new()
+        .credential(daemon::credential())
+        .endpoint(daemon::endpoint().timeout("10s"))
+        .job(
+            daemon::job(&upstream.base_url())
+                .fan_out("region", ["US"])
+                .pages(1),
+        )
+        .worker(
+            Worker::default()
+                .concurrency(1)
+                .shutdown_timeout("30s")
+                .recover_after("6s"),
+        )
+        .write();
     let mut conn = redis_conn(&redis.url());
     upstream.inject(Fault::Delay(Duration::from_secs(40)), 1);
-    let mut a = Daemon::start("daemon-a", &cfg, Some(&redis.url()));
+    let mut a = Proc::daemon("daemon-a", &cfg, Some(&redis.url()), &[]);
     a.wait_running(Duration::from_secs(10));
     let (code, out, err) = run_cli(
         &cfg,
@@ -350,7 +350,7 @@ fn retry_after_a_redelivered_copy_found_the_item_busy_is_not_lost() {
         Duration::from_secs(10),
         || upstream.injected() == 1,
     );
-    let mut b = Daemon::start("daemon-b", &cfg, Some(&redis.url()));
+    let mut b = Proc::daemon("daemon-b", &cfg, Some(&redis.url()), &[]);
     b.wait_running(Duration::from_secs(10));
     a.term();
 

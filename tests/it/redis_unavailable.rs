@@ -4,36 +4,21 @@
 //! exits 69. Paused Redis (SIGSTOP: it accepts connections but never
 //! answers): the same answers within about the `[redis] timeout`, no hang.
 
-use crate::support;
-
 use std::time::{Duration, Instant};
 
-use support::{RedisServer, TestConfig};
+use crate::support::{self, ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window};
 
 const TIMEOUT: Duration = Duration::from_millis(400);
 
-const CONFIG: &str = r#"
-[redis]
-timeout = "400ms"
-
-[credentials.k]
-secret_env = "K"
-windows = [{ units = 100, per = "1h" }]
-
-[endpoints.closed]
-credential = "k"
-cost = 1
-limiter_unavailable = "fail-closed"
-
-[endpoints.default]
-credential = "k"
-cost = 1
-
-[endpoints.open]
-credential = "k"
-cost = 1
-limiter_unavailable = "fail-open"
-"#;
+fn config() -> TestConfig {
+    ConfigBuilder::new()
+        .redis_timeout("400ms")
+        .credential(Credential::env("k", "K").window(Window::sliding(100, "1h")))
+        .endpoint(Endpoint::new("closed", "k", 1).limiter_unavailable("fail-closed"))
+        .endpoint(Endpoint::new("default", "k", 1))
+        .endpoint(Endpoint::new("open", "k", 1).limiter_unavailable("fail-open"))
+        .write()
+}
 
 /// Runs the binary, returning its exit code, stdout and how long it took.
 fn timed(cfg: &TestConfig, server: &RedisServer, args: &[&str]) -> (i32, String, Duration) {
@@ -76,7 +61,7 @@ fn assert_unavailable_answers(cfg: &TestConfig, server: &RedisServer, bound: Dur
 #[test]
 fn stopped_redis_fail_closed_exits_69_fail_open_is_unchecked() {
     let mut server = RedisServer::start();
-    let cfg = TestConfig::new(CONFIG, &[]);
+    let cfg = config();
     server.stop();
     assert_unavailable_answers(&cfg, &server, Duration::from_secs(5));
 
@@ -92,7 +77,7 @@ fn stopped_redis_fail_closed_exits_69_fail_open_is_unchecked() {
 #[test]
 fn paused_redis_gives_up_within_the_timeout() {
     let server = RedisServer::start();
-    let cfg = TestConfig::new(CONFIG, &[]);
+    let cfg = config();
     let (code, _, fast) = timed(&cfg, &server, &["spend", "closed"]);
     assert_eq!(code, 0);
 

@@ -3,71 +3,36 @@
 //! the upstream are refunded, a 5xx keeps its units (it may have been
 //! charged) unless the upstream reports what it really charged.
 
-use crate::support::pipeline;
-
 use std::time::Duration;
 
-use pipeline::{NEVER, Pipeline, Setup, kinds};
 use quota_worker::simulator::{Fault, SimConfig};
 use quota_worker::stats::OutcomeKind;
 
-fn config(endpoint_extra: &str) -> String {
-    format!(
-        r#"
-jobs = "jobs/*.toml"
+use crate::support::pipeline::{
+    Pipeline, YT_ENDPOINT, YT_KEY, kinds, quick_worker, yt, yt_endpoint,
+};
+use crate::support::{ConfigBuilder, Endpoint, Job, Sink, Window, free_port};
 
-[redis]
-url = "@REDIS@"
-
-[worker]
-concurrency = 2
-poll_interval = "20ms"
-shutdown_timeout = "5s"
-
-[metrics]
-listen = "off"
-
-[credentials.yt]
-secret_env = "QW_TEST_YT"
-windows = [{{ units = 1000, per = "1h" }}]
-
-[endpoints."youtube.videos.list"]
-credential = "yt"
-cost = 1
-timeout = "5s"
-{endpoint_extra}
-"#
-    )
-}
-
-fn job(base: &str, regions: &str) -> String {
-    format!(
-        r#"
-[flaky]
-schedule = "{NEVER}"
-endpoint = "youtube.videos.list"
-fan_out = {{ region = {regions} }}
-retry = {{ attempts = 3, backoff = "200ms" }}
-
-[flaky.request]
-url = "{base}/youtube/v3/videos"
-query = {{ chart = "mostPopular", regionCode = "{{region}}", maxResults = "2", key = "{{secret}}" }}
-
-[flaky.sink]
-kind = "jsonl"
-path = "data/{{job}}.jsonl"
-records = "/items"
-"#
-    )
-}
-
-async fn start(endpoint_extra: &str, base: &str, regions: &str, sim: SimConfig) -> Pipeline {
-    Pipeline::start(Setup {
-        config: &config(endpoint_extra),
-        jobs: vec![("flaky.toml".into(), job(base, regions))],
-        sim: sim.key("yt-key", 1000, Duration::from_secs(3600)),
-        env: &[("QW_TEST_YT", "yt-key")],
-        base_dir: None,
+/// The job `flaky` over `regions` against `base` (`None`: the simulator),
+/// three attempts 200 ms apart, on the endpoint `endpoint`.
+async fn start(
+    endpoint: Endpoint,
+    base: Option<&str>,
+    regions: &[&str],
+    sim: SimConfig,
+) -> Pipeline {
+    let sim = sim.key(YT_KEY, 1000, Duration::from_secs(3600));
+    Pipeline::start(sim, |sim| {
+        ConfigBuilder::new()
+            .worker(quick_worker(2))
+            .credential(yt(Window::sliding(1000, "1h")))
+            .endpoint(endpoint)
+            .job(
+                Job::videos("flaky", YT_ENDPOINT, base.unwrap_or(sim))
+                    .fan_out("region", regions.iter().copied())
+                    .retry(3, Some("200ms"), None)
+                    .sink(Sink::jsonl("data/{job}.jsonl").records("/items")),
+            )
     })
     .await
 }
@@ -82,7 +47,7 @@ fn sim() -> SimConfig {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn server_errors_are_retried_with_backoff_until_the_fault_clears() {
-    let mut p = start("", "@SIM@", r#"["US"]"#, sim()).await;
+    let mut p = start(yt_endpoint().timeout("5s"), None, &["US"], sim()).await;
     p.sim.inject(Fault::Status(503), 2);
     let tick = p.trigger("flaky").await;
     let evs = p.wait_tick("flaky", tick, 1, Duration::from_secs(10)).await;
@@ -127,7 +92,7 @@ async fn server_errors_are_retried_with_backoff_until_the_fault_clears() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn attempts_used_up_is_failed_and_server_errors_keep_their_units() {
-    let mut p = start("", "@SIM@", r#"["US"]"#, sim()).await;
+    let mut p = start(yt_endpoint().timeout("5s"), None, &["US"], sim()).await;
     p.sim.inject(Fault::Status(500), 3);
     let tick = p.trigger("flaky").await;
     let evs = p.wait_tick("flaky", tick, 1, Duration::from_secs(10)).await;
@@ -156,7 +121,14 @@ async fn attempts_used_up_is_failed_and_server_errors_keep_their_units() {
 /// given back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn unreachable_upstream_refunds_every_attempt() {
-    let mut p = start("", "@DEAD@", r#"["US", "GB", "DE"]"#, sim()).await;
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    let mut p = start(
+        yt_endpoint().timeout("5s"),
+        Some(&dead),
+        &["US", "GB", "DE"],
+        sim(),
+    )
+    .await;
     let tick = p.trigger("flaky").await;
     let evs = p.wait_tick("flaky", tick, 3, Duration::from_secs(15)).await;
     let k = kinds(&evs);
@@ -177,9 +149,9 @@ async fn unreachable_upstream_refunds_every_attempt() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn server_error_reporting_zero_cost_is_refunded() {
     let mut p = start(
-        r#"cost_header = "x-quota-cost""#,
-        "@SIM@",
-        r#"["US"]"#,
+        yt_endpoint().timeout("5s").cost_header("x-quota-cost"),
+        None,
+        &["US"],
         SimConfig {
             cost_header: true,
             ..sim()
@@ -217,9 +189,9 @@ async fn server_error_reporting_zero_cost_is_refunded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn ok_answer_is_settled_to_its_reported_cost() {
     let mut p = start(
-        r#"cost_header = "x-quota-cost""#,
-        "@SIM@",
-        r#"["US", "GB"]"#,
+        yt_endpoint().timeout("5s").cost_header("x-quota-cost"),
+        None,
+        &["US", "GB"],
         SimConfig {
             cost_header: true,
             ..sim()

@@ -2,23 +2,19 @@
 //! spend of the same cost would be admitted if nobody else spent, not merely
 //! when the oldest entry expires.
 
-use crate::support;
-
 use quota_worker::config::Config;
 use quota_worker::quota::{Decision, RejectedBy, Rejection};
-use support::{RedisServer, TestConfig};
+
+use crate::support::{self, ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window};
 
 const PER_US: i64 = 3_000_000;
 
-const CONFIG: &str = r#"
-[credentials.k]
-secret_env = "K"
-windows = [{ units = 10, per = "3s" }]
-
-[endpoints.e]
-credential = "k"
-cost = 3
-"#;
+fn config() -> TestConfig {
+    ConfigBuilder::new()
+        .credential(Credential::env("k", "K").window(Window::sliding(10, "3s")))
+        .endpoint(Endpoint::new("e", "k", 3))
+        .write()
+}
 
 fn rejected(d: Decision, what: &str) -> Rejection {
     match d {
@@ -30,7 +26,7 @@ fn rejected(d: Decision, what: &str) -> Rejection {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn weighted_retry_after_waits_for_enough_units_not_the_oldest_entry() {
     let server = RedisServer::start();
-    let cfg = TestConfig::new(CONFIG, &[]);
+    let cfg = config();
     let config = Config::load(&cfg.path()).expect("config");
     let limiter = support::limiter(&server, &config).await;
     let log = "qw:{k}:cred:s3000:log";
@@ -111,7 +107,7 @@ async fn retry_after_from_the_cli_matches_the_window() {
     // then a cost of 7 must wait for the second one (all three expire at
     // about the same time, so the bound is the window, within the burst).
     let server = RedisServer::start();
-    let cfg = TestConfig::new(CONFIG, &[]);
+    let cfg = config();
     for _ in 0..3 {
         let out = cfg.run_on(&server, &["spend", "e", "--json"]);
         assert_eq!(out.status.code(), Some(0), "{}", support::stderr(&out));

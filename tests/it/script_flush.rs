@@ -2,31 +2,30 @@
 //! never fails a spend: EVALSHA falls back to EVAL on NOSCRIPT, and the
 //! count stays exact while another client flushes the cache over and over.
 
-use crate::support;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use quota_worker::config::Config;
 use quota_worker::quota::{Decision, request_id};
-use support::{RedisServer, TestConfig};
 
-const CONFIG: &str = r#"
-[credentials.k]
-secret_env = "K"
-windows = [{ units = 600, per = "1h" }, { units = 5000, per = "24h", kind = "fixed" }]
+use crate::support::{self, ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window};
 
-[endpoints.one]
-credential = "k"
-cost = 1
-windows = [{ units = 1000, per = "10m" }]
-"#;
+fn config() -> TestConfig {
+    ConfigBuilder::new()
+        .credential(
+            Credential::env("k", "K")
+                .window(Window::sliding(600, "1h"))
+                .window(Window::fixed(5000, "24h")),
+        )
+        .endpoint(Endpoint::new("one", "k", 1).window(Window::sliding(1000, "10m")))
+        .write()
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn spends_survive_script_flush_with_exact_count() {
     let server = RedisServer::start();
-    let cfg = TestConfig::new(CONFIG, &[]);
+    let cfg = config();
     let config = Config::load(&cfg.path()).expect("config");
     let limiter = support::limiter(&server, &config).await;
 
@@ -92,7 +91,7 @@ async fn spends_survive_script_flush_with_exact_count() {
 fn cli_spend_after_script_flush() {
     // A fresh process meets an empty cache too (EVALSHA first, then EVAL).
     let server = RedisServer::start();
-    let cfg = TestConfig::new(CONFIG, &[]);
+    let cfg = config();
     for _ in 0..3 {
         let _: () = server.cmd(&["SCRIPT", "FLUSH"]);
         let out = cfg.run_on(&server, &["spend", "one", "--json"]);

@@ -8,15 +8,18 @@
 //! wrote, the `/metrics` page, every Redis key and value, and every file the
 //! run left behind are searched for the secret.
 
-use crate::support;
-use crate::support::ops;
-
 use std::path::Path;
 use std::time::Duration;
 
-use ops::{Proc, Upstream, command};
 use quota_worker::simulator::{Fault, SimConfig};
-use support::{RedisServer, TestConfig, free_port};
+
+use crate::support::daemon;
+use crate::support::http::{self, wait_http};
+use crate::support::process::{Proc, command};
+use crate::support::upstream::Upstream;
+use crate::support::{
+    self, ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window, Worker, free_port,
+};
 
 /// The credential's window: the `trending` job needs 12 units a tick (4
 /// regions × 3 pages) and the injected faults cost 4, so the quota runs out
@@ -24,66 +27,31 @@ use support::{RedisServer, TestConfig, free_port};
 const UNITS: u64 = 14;
 
 fn config(upstream: &str, closed: &str) -> TestConfig {
-    let main = format!(
-        r#"jobs = "jobs/*.toml"
-state_dir = "state"
-
-[redis]
-key_prefix = "qw"
-
-[worker]
-concurrency = 4
-shutdown_timeout = "2s"
-
-[metrics]
-listen = "127.0.0.1:9464"
-
-[credentials.yt]
-secret_env = "QW_SECRET_KEY"
-windows = [{{ units = {UNITS}, per = "1h" }}]
-
-[credentials.yt-spare]
-secret_env = "QW_SECRET_KEY"
-windows = [{{ units = 1000, per = "1h" }}]
-
-[credentials.wrong]
-secret_env = "QW_WRONG_KEY"
-windows = [{{ units = 1000, per = "1h" }}]
-
-[endpoints."yt.videos"]
-credential = "yt"
-cost = 1
-throttle_block = "1s"
-
-[endpoints."spare.videos"]
-credential = "yt-spare"
-cost = 1
-timeout = "2s"
-
-[endpoints."wrong.videos"]
-credential = "wrong"
-cost = 1
-"#
-    );
-    let trending = ops::job_toml(
-        "trending",
-        "yt.videos",
-        upstream,
-        &["US", "GB", "DE", "FR"],
-        3,
-    );
-    // Nothing listens there: connection refused, retried, then failed.
-    let unreachable = ops::job_toml("unreachable", "spare.videos", closed, &["US"], 1);
-    // The upstream answers 400 keyInvalid for this key.
-    let refused = ops::job_toml("refused", "wrong.videos", upstream, &["US"], 1);
-    TestConfig::new(
-        &main,
-        &[
-            ("trending.toml", &trending),
-            ("unreachable.toml", &unreachable),
-            ("refused.toml", &refused),
-        ],
-    )
+    let job = daemon::videos_job;
+    ConfigBuilder::new()
+        .state_dir("state")
+        .worker(Worker::default().concurrency(4).shutdown_timeout("2s"))
+        .metrics_listen("127.0.0.1:9464")
+        .credential(Credential::env("yt", "QW_SECRET_KEY").window(Window::sliding(UNITS, "1h")))
+        .credential(
+            Credential::env("yt-spare", "QW_SECRET_KEY").window(Window::sliding(1000, "1h")),
+        )
+        .credential(Credential::env("wrong", "QW_WRONG_KEY").window(Window::sliding(1000, "1h")))
+        .endpoint(Endpoint::new("yt.videos", "yt", 1).throttle_block("1s"))
+        .endpoint(Endpoint::new("spare.videos", "yt-spare", 1).timeout("2s"))
+        .endpoint(Endpoint::new("wrong.videos", "wrong", 1))
+        .job(job(
+            "trending",
+            "yt.videos",
+            upstream,
+            &["US", "GB", "DE", "FR"],
+            3,
+        ))
+        // Nothing listens there: connection refused, retried, then failed.
+        .job(job("unreachable", "spare.videos", closed, &["US"], 1))
+        // The upstream answers 400 keyInvalid for this key.
+        .job(job("refused", "wrong.videos", upstream, &["US"], 1))
+        .write()
 }
 
 /// Every line of output, labelled with where it came from.
@@ -225,7 +193,7 @@ fn never_leaks(format: &str) {
     let mut seen = Seen::default();
 
     let mut daemon = Proc::start("daemon", &cfg, &["--log-format", format, "run"], &env);
-    assert!(ops::wait_http(port, Duration::from_secs(20)));
+    assert!(wait_http(port, Duration::from_secs(20)));
 
     assert_eq!(cli(&mut seen, &cfg, format, &env, &["check"]), Some(0));
     assert_eq!(
@@ -328,11 +296,11 @@ fn never_leaks(format: &str) {
         Some(69)
     );
 
-    let metrics = ops::http_get(port, "/metrics").expect("/metrics");
+    let metrics = http::http_get(port, "/metrics").expect("/metrics");
     assert_eq!(metrics.0, 200);
     seen.add("/metrics", &metrics.1);
     for path in ["/healthz", "/readyz"] {
-        seen.add(path, &ops::http_get(port, path).expect("answers").1);
+        seen.add(path, &http::http_get(port, path).expect("answers").1);
     }
 
     daemon.term();

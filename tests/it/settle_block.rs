@@ -5,28 +5,24 @@
 //! rejection names no window: `rejecting_window` 0, `blocked: true`), and a
 //! shorter block never shortens a longer one.
 
-use crate::support;
-
 use std::time::Duration;
 
 use quota_worker::config::Config;
 use quota_worker::quota::{Decision, Limiter, RejectedBy, Rejection};
-use support::{RedisServer, TestConfig};
 
-const CONFIG: &str = r#"
-[credentials.k]
-secret_env = "K"
-windows = [{ units = 100, per = "1h" }, { units = 50, per = "24h", kind = "fixed" }]
+use crate::support::{self, ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window};
 
-[endpoints.e]
-credential = "k"
-cost = 10
-windows = [{ units = 40, per = "1h" }]
-
-[endpoints.f]
-credential = "k"
-cost = 5
-"#;
+fn config() -> TestConfig {
+    ConfigBuilder::new()
+        .credential(
+            Credential::env("k", "K")
+                .window(Window::sliding(100, "1h"))
+                .window(Window::fixed(50, "24h")),
+        )
+        .endpoint(Endpoint::new("e", "k", 10).window(Window::sliding(40, "1h")))
+        .endpoint(Endpoint::new("f", "k", 5))
+        .write()
+}
 
 /// The `used` of every window of `k`: [100/1h, 50/24h fixed, e's 40/1h].
 async fn used(limiter: &Limiter) -> Vec<u64> {
@@ -67,7 +63,7 @@ fn rejected(d: Decision) -> Rejection {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn settle_refunds_adjusts_and_ignores_unknown_ids() {
     let server = RedisServer::start();
-    let cfg = TestConfig::new(CONFIG, &[]);
+    let cfg = config();
     let limiter = support::limiter(&server, &Config::load(&cfg.path()).expect("config")).await;
 
     // Refund: the request never reached the upstream.
@@ -115,7 +111,7 @@ async fn settle_refunds_adjusts_and_ignores_unknown_ids() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_block_stops_every_endpoint_and_is_never_shortened() {
     let server = RedisServer::start();
-    let cfg = TestConfig::new(CONFIG, &[]);
+    let cfg = config();
     let limiter = support::limiter(&server, &Config::load(&cfg.path()).expect("config")).await;
 
     let blocked = limiter
@@ -173,7 +169,7 @@ async fn a_block_stops_every_endpoint_and_is_never_shortened() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_window_that_frees_after_the_block_is_named_instead() {
     let server = RedisServer::start();
-    let cfg = TestConfig::new(CONFIG, &[]);
+    let cfg = config();
     let limiter = support::limiter(&server, &Config::load(&cfg.path()).expect("config")).await;
     for id in ["a", "b", "c", "d"] {
         assert!(

@@ -4,17 +4,19 @@
 //! another daemon; and a daemon restarted at once after SIGTERM works
 //! normally (apalis pitfall 6: a worker restarted under the same name fails).
 
-use crate::support;
-
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use quota_worker::simulator::Fault;
-use support::RedisServer;
-use support::daemon::{
-    Daemon, JOB, REGIONS, Spec, Upstream, config, queue_state, redis_conn, run_cli, sink_records,
-    tick_claims, tick_outcomes, wait_ticks_ended, workers,
+
+use crate::support::daemon::{
+    self, JOB, REGIONS, queue_state, sink_records, tick_claims, tick_outcomes, wait_ticks_ended,
+    workers,
 };
+use crate::support::process::{Proc, run_cli};
+use crate::support::redis_server::redis_conn;
+use crate::support::upstream::Upstream;
+use crate::support::{self, RedisServer, Worker};
 
 const PAGES: u32 = 3;
 const ITEMS_PER_PAGE: u32 = 2;
@@ -54,17 +56,12 @@ fn sigterm_lets_running_tasks_finish_leaves_the_rest_queued_and_exits_0() {
     // daemon's hands instead of the queue would take 18 s or more to come
     // back, so a second daemon finishing the rest at once shows they were
     // really queued.
-    let cfg = config(
-        &upstream.base_url(),
-        &Spec {
-            max_pages: PAGES,
-            worker: "concurrency = 2\nshutdown_timeout = \"30s\"",
-            ..Spec::default()
-        },
-    );
+    let cfg = daemon::config(daemon::job(&upstream.base_url()).pages(PAGES))
+        .worker(Worker::default().concurrency(2).shutdown_timeout("30s"))
+        .write();
     let delay = Duration::from_secs(3);
     upstream.inject(Fault::Delay(delay), 2);
-    let mut a = Daemon::start("daemon-a", &cfg, Some(&redis.url()));
+    let mut a = Proc::daemon("daemon-a", &cfg, Some(&redis.url()), &[]);
     a.wait_running(Duration::from_secs(10));
     let tick = trigger(&cfg, &redis);
 
@@ -133,7 +130,7 @@ fn sigterm_lets_running_tasks_finish_leaves_the_rest_queued_and_exits_0() {
     assert_eq!(after.inflight, 0, "after shutdown: {after:?}");
 
     // A second daemon runs them, promptly.
-    let mut b = Daemon::start("daemon-b", &cfg, Some(&redis.url()));
+    let mut b = Proc::daemon("daemon-b", &cfg, Some(&redis.url()), &[]);
     let started = Instant::now();
     let (ok, all) = wait_ticks_ended(&mut conn, &[tick], 8, Duration::from_secs(15));
     assert!(ok, "the queued tasks did not run: {all:?}");
@@ -173,18 +170,21 @@ fn sigterm_lets_running_tasks_finish_leaves_the_rest_queued_and_exits_0() {
 fn shutdown_timeout_shorter_than_the_work_exits_0_and_another_daemon_finishes_it() {
     let redis = RedisServer::start();
     let upstream = Upstream::start(PAGES, ITEMS_PER_PAGE);
-    let cfg = config(
-        &upstream.base_url(),
-        &Spec {
-            regions: &["US"],
-            max_pages: PAGES,
-            worker: "concurrency = 1\nshutdown_timeout = \"2s\"\nrecover_after = \"6s\"",
-            ..Spec::default()
-        },
-    );
+    let cfg = daemon::config(
+        daemon::job(&upstream.base_url())
+            .fan_out("region", ["US"])
+            .pages(PAGES),
+    )
+    .worker(
+        Worker::default()
+            .concurrency(1)
+            .shutdown_timeout("2s")
+            .recover_after("6s"),
+    )
+    .write();
     // The first page hangs far longer than the shutdown timeout.
     upstream.inject(Fault::Delay(Duration::from_secs(25)), 1);
-    let mut a = Daemon::start("daemon-a", &cfg, Some(&redis.url()));
+    let mut a = Proc::daemon("daemon-a", &cfg, Some(&redis.url()), &[]);
     a.wait_running(Duration::from_secs(10));
     let tick = trigger(&cfg, &redis);
     wait_for(
@@ -208,7 +208,7 @@ fn shutdown_timeout_shorter_than_the_work_exits_0_and_another_daemon_finishes_it
     assert!(a.outcomes().is_empty());
 
     // Nothing is lost: another daemon runs the task.
-    let mut b = Daemon::start("daemon-b", &cfg, Some(&redis.url()));
+    let mut b = Proc::daemon("daemon-b", &cfg, Some(&redis.url()), &[]);
     let started = Instant::now();
     let (ok, all) = wait_ticks_ended(&mut conn, &[tick], 1, Duration::from_secs(40));
     assert!(ok, "the cut-off task was never finished: {all:?}");
@@ -240,18 +240,13 @@ fn shutdown_timeout_shorter_than_the_work_exits_0_and_another_daemon_finishes_it
 fn pitfall_6_daemon_restarted_at_once_after_sigterm_runs_tasks() {
     let redis = RedisServer::start();
     let upstream = Upstream::start(PAGES, ITEMS_PER_PAGE);
-    let cfg = config(
-        &upstream.base_url(),
-        &Spec {
-            max_pages: PAGES,
-            // 30 s recover_after: a stale registration would block for long.
-            worker: "concurrency = 4",
-            ..Spec::default()
-        },
-    );
+    let cfg = daemon::config(daemon::job(&upstream.base_url()).pages(PAGES))
+        // 30 s recover_after: a stale registration would block for long.
+        .worker(Worker::default().concurrency(4))
+        .write();
     let mut conn = redis_conn(&redis.url());
     let mut names_seen: Vec<String> = Vec::new();
-    let mut previous: Option<Daemon> = None;
+    let mut previous: Option<Proc> = None;
     for round in 0..3 {
         if let Some(mut d) = previous.take() {
             d.term();
@@ -259,7 +254,12 @@ fn pitfall_6_daemon_restarted_at_once_after_sigterm_runs_tasks() {
             assert_eq!(status.and_then(|s| s.code()), Some(0), "{}", d.label);
         }
         // Started the moment the previous one exited.
-        let mut d = Daemon::start(&format!("incarnation-{round}"), &cfg, Some(&redis.url()));
+        let mut d = Proc::daemon(
+            &format!("incarnation-{round}"),
+            &cfg,
+            Some(&redis.url()),
+            &[],
+        );
         d.wait_running(Duration::from_secs(10));
         let t = Instant::now();
         let (code, out, err) = run_cli(
@@ -308,15 +308,10 @@ fn pitfall_6_daemon_restarted_at_once_after_sigterm_runs_tasks() {
 /// a 3 s shutdown_timeout.
 fn sigterm_with_redis_unreachable(label: &str, break_redis: impl FnOnce(&mut RedisServer)) {
     let mut redis = RedisServer::start();
-    let cfg = config(
-        "http://127.0.0.1:9",
-        &Spec {
-            schedule: "* * * * * *".into(),
-            worker: "shutdown_timeout = \"3s\"\nrecover_after = \"6s\"",
-            ..Spec::default()
-        },
-    );
-    let mut d = Daemon::start("daemon", &cfg, Some(&redis.url()));
+    let cfg = daemon::config(daemon::job("http://127.0.0.1:9").schedule("* * * * * *"))
+        .worker(Worker::default().shutdown_timeout("3s").recover_after("6s"))
+        .write();
+    let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
     d.wait_running(Duration::from_secs(10));
     std::thread::sleep(Duration::from_millis(1_500));
     break_redis(&mut redis);
@@ -360,8 +355,8 @@ fn sigterm_with_redis_hung_exits_0_within_shutdown_timeout() {
 fn sigterm_while_waiting_for_redis_at_startup_exits_0_at_once() {
     let port = support::free_port();
     let url = format!("redis://127.0.0.1:{port}/0");
-    let cfg = config("http://127.0.0.1:9", &Spec::default());
-    let mut d = Daemon::start("daemon", &cfg, Some(&url));
+    let cfg = daemon::config(daemon::job("http://127.0.0.1:9")).write();
+    let mut d = Proc::daemon("daemon", &cfg, Some(&url), &[]);
     std::thread::sleep(Duration::from_millis(1_500));
     assert!(d.running(), "it waits for Redis: {}", d.log());
     d.term();

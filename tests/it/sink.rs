@@ -3,8 +3,6 @@
 //! upserts by key and its full-text index finds what the search fields hold,
 //! and only that.
 
-use crate::support;
-
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -14,56 +12,64 @@ use chrono::{DateTime, TimeZone, Utc};
 use quota_worker::config::{Config, Job};
 use quota_worker::sink::{self, Item, SinkError, Sinks};
 use serde_json::{Value, json};
-use support::TestConfig;
 
-const CONFIG: &str = r#"
-jobs = "jobs/*.toml"
+use crate::support::{
+    self, ConfigBuilder, Credential, Endpoint, Request, Sink, TestConfig, Window,
+};
 
-[credentials.k]
-secret_env = "K"
-windows = [{ units = 1000, per = "1h" }]
+/// A job of endpoint `ep` every half hour, fetching `url` into `sink`.
+fn sink_job(name: &str, url: &str, sink: Sink) -> support::Job {
+    support::Job::new(name, "ep")
+        .schedule("0 */30 * * * *")
+        .request(Request::get(url))
+        .sink(sink)
+}
 
-[endpoints.ep]
-credential = "k"
-cost = 1
-"#;
-
-const JOBS: &str = r#"
-[feed]
-schedule = "0 */30 * * * *"
-endpoint = "ep"
-fan_out = { region = ["US", "GB"] }
-request = { url = "https://example.test/feed?region={region}" }
-sink = { kind = "jsonl", path = "data/{job}/{region}/{date}.jsonl", records = "/items" }
-
-[whole]
-schedule = "0 */30 * * * *"
-endpoint = "ep"
-request = { url = "https://example.test/whole" }
-sink = { kind = "jsonl", path = "data/whole.jsonl" }
-
-[contended]
-schedule = "0 */30 * * * *"
-endpoint = "ep"
-request = { url = "https://example.test/c" }
-sink = { kind = "jsonl", path = "data/contended.jsonl", records = "/items" }
-
-["video.search-db"]
-schedule = "0 */30 * * * *"
-endpoint = "ep"
-fan_out = { region = ["US"] }
-request = { url = "https://example.test/v?region={region}" }
-sink = { kind = "sqlite", path = "db/{job}.db", records = "/items", key = "/id", search = ["/snippet/title", "/snippet/tags"] }
-
-[contended-db]
-schedule = "0 */30 * * * *"
-endpoint = "ep"
-request = { url = "https://example.test/d" }
-sink = { kind = "sqlite", path = "db/contended.db", records = "/items", search = ["/text"] }
-"#;
+/// Five jobs on one endpoint; `video.search-db` indexes `search`.
+fn jobs(search: &[&str]) -> ConfigBuilder {
+    ConfigBuilder::new()
+        .credential(Credential::env("k", "K").window(Window::sliding(1000, "1h")))
+        .endpoint(Endpoint::new("ep", "k", 1))
+        .job(
+            sink_job(
+                "feed",
+                "https://example.test/feed?region={region}",
+                Sink::jsonl("data/{job}/{region}/{date}.jsonl").records("/items"),
+            )
+            .fan_out("region", ["US", "GB"]),
+        )
+        .job(sink_job(
+            "whole",
+            "https://example.test/whole",
+            Sink::jsonl("data/whole.jsonl"),
+        ))
+        .job(sink_job(
+            "contended",
+            "https://example.test/c",
+            Sink::jsonl("data/contended.jsonl").records("/items"),
+        ))
+        .job(
+            sink_job(
+                "video.search-db",
+                "https://example.test/v?region={region}",
+                Sink::sqlite("db/{job}.db")
+                    .records("/items")
+                    .key("/id")
+                    .search(search),
+            )
+            .fan_out("region", ["US"]),
+        )
+        .job(sink_job(
+            "contended-db",
+            "https://example.test/d",
+            Sink::sqlite("db/contended.db")
+                .records("/items")
+                .search(&["/text"]),
+        ))
+}
 
 fn setup() -> (TestConfig, Config) {
-    let cfg = TestConfig::new(CONFIG, &[("jobs.toml", JOBS)]);
+    let cfg = jobs(&["/snippet/title", "/snippet/tags"]).write();
     let config = Config::load(&cfg.path()).expect("config loads");
     (cfg, config)
 }
@@ -624,7 +630,7 @@ async fn search_without_an_index_says_so() {
 
 #[tokio::test]
 async fn changing_the_search_fields_reindexes_stored_records() {
-    let (cfg, config) = setup();
+    let (mut cfg, config) = setup();
     let us = item(&[("region", "US")]);
     let page = json!({"items": [video("a", "cats", &[], "walrus")]});
     Sinks::new(config.dir.clone())
@@ -639,11 +645,7 @@ async fn changing_the_search_fields_reindexes_stored_records() {
     );
 
     // The operator indexes the description too; the daemon restarts.
-    let jobs = JOBS.replace(
-        r#"search = ["/snippet/title", "/snippet/tags"]"#,
-        r#"search = ["/snippet/title", "/snippet/description"]"#,
-    );
-    std::fs::write(cfg.join("jobs/jobs.toml"), jobs).expect("rewrite jobs");
+    cfg.rewrite(&jobs(&["/snippet/title", "/snippet/description"]));
     let config = Config::load(&cfg.path()).expect("config");
     Sinks::new(config.dir.clone())
         .write(

@@ -1,40 +1,24 @@
 //! Promise: a window is never overspent, whatever the number of concurrent
 //! spenders in one process or across processes.
 
-use crate::support;
-
-use std::sync::Arc;
-use std::time::Duration;
-
 use quota_worker::config::Config;
-use quota_worker::quota::{Decision, Limiter, Quotas, request_id};
-use support::{RedisServer, TestConfig};
+use quota_worker::quota::{Decision, request_id};
 
-const CONFIG: &str = r#"
-[credentials.k]
-secret_env = "K"
-windows = [{ units = 500, per = "1h" }]
+use crate::support::{
+    self, ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window, limiter,
+};
 
-[endpoints.one]
-credential = "k"
-cost = 1
-"#;
-
-async fn limiter(server: &RedisServer, config: &Config) -> Limiter {
-    let conn = quota_worker::conn::connect(
-        &quota_worker::config::RedisUrl::new(server.url()),
-        Duration::from_secs(2),
-        3,
-    )
-    .await
-    .expect("connect");
-    Limiter::new(conn, Arc::new(Quotas::new(config)), Duration::from_secs(2))
+fn config() -> TestConfig {
+    ConfigBuilder::new()
+        .credential(Credential::env("k", "K").window(Window::sliding(500, "1h")))
+        .endpoint(Endpoint::new("one", "k", 1))
+        .write()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixty_four_tasks_admit_exactly_the_limit() {
     let server = RedisServer::start();
-    let cfg = TestConfig::new(CONFIG, &[]);
+    let cfg = config();
     let config = Config::load(&cfg.path()).expect("config");
     let limiter = limiter(&server, &config).await;
     let mut handles = Vec::new();
@@ -65,7 +49,7 @@ async fn sixty_four_tasks_admit_exactly_the_limit() {
 #[test]
 fn four_processes_admit_exactly_the_limit() {
     let server = RedisServer::start();
-    let cfg = TestConfig::new(CONFIG, &[]);
+    let cfg = config();
     let children: Vec<_> = (0..4)
         .map(|_| {
             let path = cfg.path();

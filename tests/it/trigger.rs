@@ -3,14 +3,13 @@
 //! no daemon running it says so (a hint, not a silent hang), also when its
 //! output is not a terminal.
 
-use crate::support;
-
 use std::time::{Duration, Instant};
 
-use support::RedisServer;
-use support::daemon::{
-    Daemon, JOB, REGIONS, Spec, Upstream, config, redis_conn, run_cli, tick_claims, tick_outcomes,
-};
+use crate::support::daemon::{self, JOB, REGIONS, tick_claims, tick_outcomes};
+use crate::support::process::{Proc, run_cli};
+use crate::support::redis_server::redis_conn;
+use crate::support::upstream::Upstream;
+use crate::support::{self, RedisServer};
 
 const PAGES: u32 = 3;
 
@@ -18,14 +17,8 @@ const PAGES: u32 = 3;
 fn trigger_wait_prints_a_one_line_summary_and_exits_0() {
     let redis = RedisServer::start();
     let upstream = Upstream::start(PAGES, 2);
-    let cfg = config(
-        &upstream.base_url(),
-        &Spec {
-            max_pages: PAGES,
-            ..Spec::default()
-        },
-    );
-    let mut d = Daemon::start("daemon", &cfg, Some(&redis.url()));
+    let cfg = daemon::config(daemon::job(&upstream.base_url()).pages(PAGES)).write();
+    let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
     d.wait_running(Duration::from_secs(10));
 
     let t = Instant::now();
@@ -60,7 +53,7 @@ fn trigger_wait_prints_a_one_line_summary_and_exits_0() {
 #[test]
 fn trigger_without_wait_queues_and_exits_at_once() {
     let redis = RedisServer::start();
-    let cfg = config("http://127.0.0.1:9", &Spec::default());
+    let cfg = daemon::config(daemon::job("http://127.0.0.1:9")).write();
     let (code, out, err) = run_cli(
         &cfg,
         Some(&redis.url()),
@@ -86,8 +79,8 @@ fn trigger_without_wait_queues_and_exits_at_once() {
 #[test]
 fn trigger_wait_with_no_daemon_prints_the_hint_even_without_a_terminal() {
     let redis = RedisServer::start();
-    let cfg = config("http://127.0.0.1:9", &Spec::default());
-    let mut p = Daemon::spawn(
+    let cfg = daemon::config(daemon::job("http://127.0.0.1:9")).write();
+    let mut p = Proc::sim_cli(
         "trigger --wait",
         &cfg,
         Some(&redis.url()),
@@ -117,8 +110,8 @@ fn trigger_wait_with_no_daemon_prints_the_hint_even_without_a_terminal() {
 #[test]
 fn trigger_wait_says_why_when_redis_goes_away() {
     let mut redis = RedisServer::start();
-    let cfg = config("http://127.0.0.1:9", &Spec::default());
-    let mut p = Daemon::spawn(
+    let cfg = daemon::config(daemon::job("http://127.0.0.1:9")).write();
+    let mut p = Proc::sim_cli(
         "trigger --wait",
         &cfg,
         Some(&redis.url()),
@@ -134,7 +127,6 @@ fn trigger_wait_says_why_when_redis_goes_away() {
     );
     redis.kill();
     let status = p.wait_exit(Duration::from_secs(30));
-    p.drain_output();
     let err = p.log();
     assert_eq!(status.and_then(|s| s.code()), Some(69), "stderr:\n{err}");
     assert!(err.contains("Redis"), "stderr says Redis was lost:\n{err}");

@@ -6,11 +6,11 @@
 //! a stop timeout above the shutdown timeout, a credential for every
 //! `secret_file` the config reads from `$CREDENTIALS_DIRECTORY`.
 
-use crate::support;
-
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
+
+use crate::support;
 
 fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -4,79 +4,30 @@
 //! spender: `quota`, `spend`) until then, the upstream sees no request for
 //! that key meanwhile, and the task ends `upstream_throttled`.
 
-use crate::support;
-use crate::support::pipeline;
-
 use std::time::{Duration, Instant};
 
-use pipeline::{NEVER, Pipeline, Seen, Setup, kinds};
 use quota_worker::quota::{Decision, RejectedBy, request_id};
 use quota_worker::simulator::{Fault, SimConfig};
 use quota_worker::stats::OutcomeKind;
 
-fn config(endpoint_extra: &str) -> String {
-    format!(
-        r#"
-jobs = "jobs/*.toml"
+use crate::support::pipeline::{Pipeline, Seen, YT_ENDPOINT, kinds, quick_worker, yt, yt_endpoint};
+use crate::support::{self, ConfigBuilder, Endpoint, Job, Sink, Window};
 
-[redis]
-url = "@REDIS@"
+const FOUR: [&str; 4] = ["US", "GB", "DE", "FR"];
 
-[worker]
-concurrency = 2
-poll_interval = "20ms"
-shutdown_timeout = "5s"
-
-[metrics]
-listen = "off"
-
-[credentials.yt]
-secret_env = "QW_TEST_YT"
-windows = [{{ units = 1000, per = "1h" }}]
-
-[endpoints."youtube.videos.list"]
-credential = "yt"
-cost = 1
-{endpoint_extra}
-"#
-    )
-}
-
-fn job(regions: &str, max_pages: u32) -> String {
-    format!(
-        r#"
-[hot]
-schedule = "{NEVER}"
-endpoint = "youtube.videos.list"
-fan_out = {{ region = {regions} }}
-
-[hot.request]
-url = "@SIM@/youtube/v3/videos"
-query = {{ chart = "mostPopular", regionCode = "{{region}}", maxResults = "2", key = "{{secret}}" }}
-
-[hot.pagination]
-cursor = "/nextPageToken"
-param = "pageToken"
-max_pages = {max_pages}
-
-[hot.sink]
-kind = "jsonl"
-path = "data/{{job}}.jsonl"
-records = "/items"
-"#
-    )
-}
-
-const ENV: &[(&str, &str)] = &[("QW_TEST_YT", "yt-key")];
-const FOUR: &str = r#"["US", "GB", "DE", "FR"]"#;
-
-async fn start(endpoint_extra: &str, regions: &str, pages: u32, sim: SimConfig) -> Pipeline {
-    Pipeline::start(Setup {
-        config: &config(endpoint_extra),
-        jobs: vec![("hot.toml".into(), job(regions, pages))],
-        sim,
-        env: ENV,
-        base_dir: None,
+/// The job `hot` over `regions`, up to `pages` pages, on `endpoint`.
+async fn start(endpoint: Endpoint, regions: &[&str], pages: u32, sim: SimConfig) -> Pipeline {
+    Pipeline::start(sim, |sim| {
+        ConfigBuilder::new()
+            .worker(quick_worker(2))
+            .credential(yt(Window::sliding(1000, "1h")))
+            .endpoint(endpoint)
+            .job(
+                Job::videos("hot", YT_ENDPOINT, sim)
+                    .fan_out("region", regions.iter().copied())
+                    .pages(pages)
+                    .sink(Sink::jsonl("data/{job}.jsonl").records("/items")),
+            )
     })
     .await
 }
@@ -111,14 +62,7 @@ async fn assert_blocked(p: &Pipeline, at_most: Duration) -> Duration {
         }
         d => panic!("a spend during the block was {d:?}"),
     }
-    let out = std::process::Command::new(support::bin())
-        .arg("-c")
-        .arg(p.path().join("config.toml"))
-        .args(["quota", "yt", "--json"])
-        .env_remove("QUOTA_WORKER_REDIS_URL")
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("run quota");
+    let out = p.cli(&["quota", "yt", "--json"]);
     let json: serde_json::Value = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("quota --json: {e}: {}", support::stderr(&out)));
     let blocked_ms = json["credentials"][0]["blocked_for_ms"]
@@ -174,8 +118,8 @@ async fn assert_unblocked_after(p: &Pipeline, blocked_for: Duration) -> Vec<Seen
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn upstream_429_with_retry_after_blocks_the_credential_for_every_worker() {
     let mut p = start(
-        "",
-        FOUR,
+        yt_endpoint(),
+        &FOUR,
         1,
         sim(1).key("yt-key", 1000, Duration::from_secs(3600)),
     )
@@ -246,8 +190,8 @@ async fn upstream_429_with_retry_after_blocks_the_credential_for_every_worker() 
 async fn upstream_403_quota_exceeded_blocks_for_throttle_block() {
     // The upstream allows 2 units an hour; we think 1000.
     let mut p = start(
-        r#"throttle_block = "3s""#,
-        r#"["US"]"#,
+        yt_endpoint().throttle_block("3s"),
+        &["US"],
         3,
         sim(3).key("yt-key", 2, Duration::from_secs(3600)),
     )
@@ -278,8 +222,8 @@ async fn upstream_403_quota_exceeded_blocks_for_throttle_block() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn upstream_403_rate_limit_exceeded_blocks_the_credential() {
     let mut p = start(
-        r#"throttle_block = "2s""#,
-        FOUR,
+        yt_endpoint().throttle_block("2s"),
+        &FOUR,
         1,
         sim(1).key("yt-key", 1000, Duration::from_secs(3600)),
     )
@@ -306,8 +250,8 @@ async fn upstream_403_rate_limit_exceeded_blocks_the_credential() {
 async fn ratelimit_headers_at_zero_block_until_the_reset() {
     let per = Duration::from_secs(3);
     let mut p = start(
-        r#"ratelimit_headers = { remaining = "x-ratelimit-remaining", reset = "x-ratelimit-reset" }"#,
-        r#"["US"]"#,
+        yt_endpoint().ratelimit_headers("x-ratelimit-remaining", "x-ratelimit-reset"),
+        &["US"],
         3,
         SimConfig {
             ratelimit_headers: true,

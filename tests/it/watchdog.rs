@@ -4,49 +4,25 @@
 //! says why, while a healthy daemon beside it keeps pinging over the same
 //! period. systemd would then kill and restart the wedged one.
 
-use crate::support;
-use crate::support::ops;
-
 use std::time::{Duration, Instant};
 
-use ops::{NotifySocket, Proc, http_get};
 use quota_worker::ops::STALE_AFTER;
-use support::{RedisServer, TestConfig, free_port};
+
+use crate::support::daemon;
+use crate::support::http::{self, http_get};
+use crate::support::notify::NotifySocket;
+use crate::support::process::Proc;
+use crate::support::redis_server::free_port_except;
+use crate::support::{RedisServer, TestConfig, Worker, free_port};
 
 /// Pings are due every 500 ms.
 const WATCHDOG_USEC: &str = "1000000";
 
 fn config(url: &str) -> TestConfig {
-    let main = format!(
-        r#"jobs = "jobs/*.toml"
-
-[redis]
-url = "{url}"
-
-[worker]
-concurrency = 2
-shutdown_timeout = "2s"
-
-[metrics]
-listen = "off"
-
-[credentials.yt-key1]
-secret_env = "YT_KEY1"
-windows = [{{ units = 9500, per = "24h" }}]
-
-[endpoints."youtube.videos.list"]
-credential = "yt-key1"
-cost = 1
-"#
-    );
-    let job = ops::job_toml(
-        "trending",
-        "youtube.videos.list",
-        "http://127.0.0.1:9",
-        &["US"],
-        1,
-    );
-    TestConfig::new(&main, &[("trending.toml", &job)])
+    daemon::idle(daemon::yt_key1())
+        .redis_url(url)
+        .worker(Worker::default().concurrency(2).shutdown_timeout("2s"))
+        .write()
 }
 
 fn start(cfg: &TestConfig, notify: &NotifySocket, port: u16, fault: Option<&str>) -> Proc {
@@ -79,7 +55,7 @@ fn watchdog_pings_stop_when_the_scheduler_loop_is_wedged() {
     let cfg = config(&redis.url());
     let (healthy_n, wedged_n) = (NotifySocket::bind(), NotifySocket::bind());
     let healthy_port = free_port();
-    let wedged_port = ops::free_port_except(&[healthy_port]);
+    let wedged_port = free_port_except(&[healthy_port]);
     let mut healthy = start(&cfg, &healthy_n, healthy_port, None);
     let mut wedged = start(&cfg, &wedged_n, wedged_port, Some("wedge-scheduler"));
     let ready = wedged_n
@@ -88,7 +64,7 @@ fn watchdog_pings_stop_when_the_scheduler_loop_is_wedged() {
     healthy_n
         .wait_for("READY=1", 1, Duration::from_secs(20))
         .expect("the healthy daemon says READY=1");
-    assert!(ops::wait_http(wedged_port, Duration::from_secs(10)));
+    assert!(http::wait_http(wedged_port, Duration::from_secs(10)));
     assert!(
         wedged.wait_log(
             "fault injected: the scheduler loop is wedged",

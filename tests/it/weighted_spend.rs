@@ -2,31 +2,23 @@
 //! exactly 9 calls, and each call costs O(1) memory whatever its cost: one
 //! entry per window, not one per unit.
 
-use crate::support;
+use crate::support::{self, ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window};
 
-use support::{RedisServer, TestConfig};
-
-const CONFIG: &str = r#"
-[redis]
-key_prefix = "qw"
-
-[credentials.yt]
-secret_env = "YT"
-windows = [
-  { units = 950, per = "1h" },
-  { units = 5000, per = "24h", kind = "fixed", timezone = "America/Los_Angeles" },
-]
-
-[endpoints.search]
-credential = "yt"
-cost = 100
-windows = [{ units = 2000, per = "10m" }]
-"#;
+fn config() -> TestConfig {
+    ConfigBuilder::new()
+        .credential(
+            Credential::env("yt", "YT")
+                .window(Window::sliding(950, "1h"))
+                .window(Window::fixed(5000, "24h").timezone("America/Los_Angeles")),
+        )
+        .endpoint(Endpoint::new("search", "yt", 100).window(Window::sliding(2000, "10m")))
+        .write()
+}
 
 #[test]
 fn cost_100_on_950_units_admits_exactly_nine_with_one_entry_each() {
     let server = RedisServer::start();
-    let cfg = TestConfig::new(CONFIG, &[]);
+    let cfg = config();
 
     for i in 1..=9u64 {
         let out = cfg.run_on(&server, &["spend", "search", "--json"]);
@@ -94,7 +86,7 @@ fn cost_100_on_950_units_admits_exactly_nine_with_one_entry_each() {
 #[test]
 fn a_cost_that_can_never_fit_is_a_usage_error_and_touches_nothing() {
     let server = RedisServer::start();
-    let cfg = TestConfig::new(CONFIG, &[]);
+    let cfg = config();
     let out = cfg.run_on(&server, &["spend", "search", "--cost", "951", "--json"]);
     assert_eq!(out.status.code(), Some(64), "{}", support::stdout(&out));
     let err = support::stderr(&out);

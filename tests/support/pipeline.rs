@@ -1,16 +1,13 @@
-//! Test harness for the pipeline promises: the real daemon (`daemon::run`)
-//! in-process, on a real `redis-server` (`support::RedisServer`) and the real
-//! simulated upstream (`quota_worker::simulator`), with a config written to a
-//! temp dir. Every task outcome is collected with the instant it arrived.
-//!
-//! Config texts use three markers: `@REDIS@` (the server's URL), `@SIM@` (the
-//! simulator's base URL) and `@DEAD@` (a loopback URL nothing listens on).
-//! Jobs go to `jobs/*.toml`; `NEVER` is a cron schedule that does not fire
-//! during a test, for jobs that tests trigger themselves.
-#![allow(dead_code, unreachable_pub)]
+//! The daemon in this process (`daemon::run`, through [`InProcess`]) on a
+//! real `redis-server` and the real simulated upstream, with a config the
+//! test builds ([`ConfigBuilder`]); every task outcome is collected with the
+//! instant it arrived, for the pipeline promises (queue, retries, quota
+//! exhaustion, throttling) that read outcomes rather than logs. The presets
+//! [`yt`] and [`yt_endpoint`] are the credential and endpoint those tests
+//! share.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -25,11 +22,36 @@ use quota_worker::worker::OutcomeEvent;
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
-use crate::support::in_process::InProcess;
-use crate::support::{RedisServer, free_port};
+use super::config::{ConfigBuilder, Credential, Endpoint, TestConfig, Window, Worker};
+use super::in_process::InProcess;
+use super::redis_server::RedisServer;
 
-/// A cron schedule that never fires while a test runs.
-pub const NEVER: &str = "0 0 0 1 1 * 2099";
+/// The endpoint of [`yt_endpoint`].
+pub const YT_ENDPOINT: &str = "youtube.videos.list";
+/// The simulator's key for [`yt`], and the value of its `secret_env`.
+pub const YT_KEY: &str = "yt-key";
+
+/// The credential `yt` with one window, its secret [`YT_KEY`] in
+/// `QW_TEST_YT`.
+pub fn yt(window: Window) -> Credential {
+    Credential::env("yt", "QW_TEST_YT")
+        .secret(YT_KEY)
+        .window(window)
+}
+
+/// The endpoint [`YT_ENDPOINT`] on `yt`, cost 1.
+pub fn yt_endpoint() -> Endpoint {
+    Endpoint::new(YT_ENDPOINT, "yt", 1)
+}
+
+/// `concurrency` slots that look for tasks every 20 ms and get 5 s to drain:
+/// a pipeline test measures its tasks, not the poll interval.
+pub fn quick_worker(concurrency: u32) -> Worker {
+    Worker::default()
+        .concurrency(concurrency)
+        .poll_interval("20ms")
+        .shutdown_timeout("5s")
+}
 
 /// One outcome, and when the test saw it.
 #[derive(Debug, Clone)]
@@ -64,20 +86,6 @@ impl Seen {
     }
 }
 
-/// What a test sets up.
-pub struct Setup<'a> {
-    /// `config.toml`, with the markers above.
-    pub config: &'a str,
-    /// `jobs/<name>`, text (markers allowed).
-    pub jobs: Vec<(String, String)>,
-    /// The upstream.
-    pub sim: SimConfig,
-    /// Secret environment: variable -> value (the simulator's API keys).
-    pub env: &'a [(&'a str, &'a str)],
-    /// Where the config dir is made (default: the system temp dir).
-    pub base_dir: Option<PathBuf>,
-}
-
 /// A running daemon with its Redis and upstream.
 pub struct Pipeline {
     /// The Redis the daemon uses.
@@ -85,7 +93,7 @@ pub struct Pipeline {
     /// The upstream.
     pub sim: Simulator,
     /// The config directory (config.toml, jobs/, data/).
-    pub dir: tempfile::TempDir,
+    pub cfg: TestConfig,
     /// The loaded config.
     pub config: Arc<Config>,
     /// Counters the daemon fills in.
@@ -102,39 +110,23 @@ pub struct Pipeline {
     collector: JoinHandle<()>,
 }
 
-fn fill(text: &str, redis: &str, sim: &str, dead: &str) -> String {
-    text.replace("@REDIS@", redis)
-        .replace("@SIM@", sim)
-        .replace("@DEAD@", dead)
-}
-
 impl Pipeline {
-    /// Starts Redis, the simulator and the daemon; returns once the daemon
-    /// is ready.
-    pub async fn start(setup: Setup<'_>) -> Pipeline {
+    /// Starts Redis, the simulator (`sim`) and the daemon on the config
+    /// `config` builds from the simulator's base URL, with its `[redis] url`
+    /// set to the test's server; returns once the daemon is ready.
+    pub async fn start(sim: SimConfig, config: impl FnOnce(&str) -> ConfigBuilder) -> Pipeline {
         let redis = RedisServer::start();
-        let sim = Simulator::start(setup.sim).await.expect("start simulator");
-        let dead = format!("http://127.0.0.1:{}", free_port());
-        let dir = match &setup.base_dir {
-            Some(b) => tempfile::tempdir_in(b).expect("tempdir"),
-            None => tempfile::tempdir().expect("tempdir"),
-        };
-        let config_text = fill(setup.config, &redis.url(), &sim.base_url(), &dead);
-        std::fs::write(dir.path().join("config.toml"), config_text).expect("write config");
-        std::fs::create_dir_all(dir.path().join("jobs")).expect("mkdir jobs");
-        for (name, text) in &setup.jobs {
-            let text = fill(text, &redis.url(), &sim.base_url(), &dead);
-            std::fs::write(dir.path().join("jobs").join(name), text).expect("write job");
-        }
-        let env: BTreeMap<String, String> = setup
-            .env
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
+        let sim = Simulator::start(sim).await.expect("start simulator");
+        let cfg = config(&sim.base_url()).redis_url(&redis.url()).write();
+        let env: BTreeMap<String, String> = cfg
+            .env()
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
             .collect();
-        // Only the test's variables: no QUOTA_WORKER_* leaks in from outside.
+        // Only the config's secrets: no QUOTA_WORKER_* leaks in from outside.
         let lookup = |name: &str| env.get(name).cloned();
-        let config = Config::load_with_env(&dir.path().join("config.toml"), &lookup)
-            .unwrap_or_else(|e| panic!("config: {e:?}"));
+        let config =
+            Config::load_with_env(&cfg.path(), &lookup).unwrap_or_else(|e| panic!("config: {e:?}"));
         let secrets = config
             .secrets_with_env(&lookup)
             .unwrap_or_else(|e| panic!("secrets: {e:?}"));
@@ -187,7 +179,7 @@ impl Pipeline {
         Pipeline {
             redis,
             sim,
-            dir,
+            cfg,
             config,
             shared,
             limiter,
@@ -201,7 +193,7 @@ impl Pipeline {
 
     /// The config directory.
     pub fn path(&self) -> &Path {
-        self.dir.path()
+        self.cfg.dir.path()
     }
 
     /// Enqueues one tick of `job` now, as `quota-worker trigger` does.
@@ -221,6 +213,11 @@ impl Pipeline {
                 None => tick += 1,
             }
         }
+    }
+
+    /// Runs `quota-worker ARGS` on this config to completion.
+    pub fn cli(&self, args: &[&str]) -> std::process::Output {
+        self.cfg.run(args, &[])
     }
 
     /// A snapshot of every outcome so far.
@@ -322,47 +319,6 @@ impl Drop for Pipeline {
         // The daemon is asked to stop by InProcess's own Drop.
         self.collector.abort();
     }
-}
-
-/// A fan-out list for TOML: `["r0", "r1", ...]`.
-pub fn toml_list(values: impl IntoIterator<Item = String>) -> String {
-    let v: Vec<String> = values.into_iter().map(|s| format!("{s:?}")).collect();
-    format!("[{}]", v.join(", "))
-}
-
-/// Page numbers fetched per scope (region), in order: 1 for a first page,
-/// n for token `pn`.
-pub fn pages_by_scope(stats: &SimStats) -> BTreeMap<String, Vec<u32>> {
-    let mut out: BTreeMap<String, Vec<u32>> = BTreeMap::new();
-    for c in &stats.charges {
-        let n = match &c.page_token {
-            None => 1,
-            Some(t) => t
-                .strip_prefix('p')
-                .and_then(|n| n.parse().ok())
-                .unwrap_or_else(|| panic!("unexpected page token {t:?}")),
-        };
-        out.entry(c.scope.clone()).or_default().push(n);
-    }
-    out
-}
-
-/// The record ids the upstream served: `<scope>-p<n>-i<k>` for each charged
-/// page of `per_page` items.
-pub fn served_ids(stats: &SimStats, per_page: u32) -> Vec<String> {
-    let mut ids = Vec::new();
-    for c in &stats.charges {
-        let n = c
-            .page_token
-            .as_deref()
-            .and_then(|t| t.strip_prefix('p'))
-            .map_or(1, |n| n.parse::<u32>().expect("page token"));
-        for k in 1..=per_page {
-            ids.push(format!("{}-p{n}-i{k}", c.scope));
-        }
-    }
-    ids.sort();
-    ids
 }
 
 /// The record ids in sink lines (`record.id`), sorted.
