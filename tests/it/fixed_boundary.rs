@@ -6,6 +6,7 @@
 use quota_worker::config::Config;
 use quota_worker::quota::{Decision, Limiter, RejectedBy, request_id};
 
+use crate::support::machine;
 use crate::support::{self, ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window};
 
 const PER_US: i64 = 5_000_000;
@@ -41,6 +42,7 @@ async fn burst(limiter: &Limiter, endpoint: &str, n: usize) -> (usize, Option<u1
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bursts_around_a_boundary_fixed_admits_twice_the_limit_sliding_once() {
+    let _machine = machine::timing();
     // Redis's clock starts 1.5 s before a boundary, so the test need not wait
     // for one; the boundary is still found from Redis TIME below.
     let start = chrono::DateTime::parse_from_rfc3339("2026-01-01T00:00:03.500Z")

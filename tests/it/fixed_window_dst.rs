@@ -11,6 +11,7 @@ use chrono::{DateTime, Utc};
 use quota_worker::config::Config;
 use quota_worker::quota::{Decision, RejectedBy, request_id};
 
+use crate::support::machine;
 use crate::support::{self, ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window};
 
 fn at(s: &str) -> DateTime<Utc> {
@@ -94,6 +95,7 @@ async fn resets_at(per: &str, timezone: &str, start: &str, reset: &str, next_res
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn los_angeles_midnight_before_spring_forward_starts_a_23_hour_day() {
+    let _machine = machine::timing();
     // 2026-03-08: PST (UTC-8) until 02:00, then PDT (UTC-7). Midnight is
     // 08:00 UTC that day and 07:00 UTC the next.
     resets_at(
@@ -108,6 +110,7 @@ async fn los_angeles_midnight_before_spring_forward_starts_a_23_hour_day() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn los_angeles_midnight_before_fall_back_starts_a_25_hour_day() {
+    let _machine = machine::timing();
     // 2026-11-01: PDT until 02:00, then PST. Midnight is 07:00 UTC that day
     // and 08:00 UTC the next.
     resets_at(
@@ -122,6 +125,7 @@ async fn los_angeles_midnight_before_fall_back_starts_a_25_hour_day() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn los_angeles_after_spring_forward_next_midnight_is_in_pdt() {
+    let _machine = machine::timing();
     // 2026-03-08 23:59:58 PDT: the first midnight on summer time, 07:00 UTC
     // (an offset taken at the period's start, PST, would say 08:00).
     resets_at(
@@ -140,6 +144,7 @@ async fn los_angeles_after_spring_forward_next_midnight_is_in_pdt() {
 /// callers retried in a busy loop. The period ends when the clock jumps.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_reset_in_the_skipped_hour_is_the_jump_not_one_millisecond() {
+    let _machine = machine::timing();
     // Hourly windows; 01:59:58 PST, then 03:00 PDT (10:00 UTC); the next hour
     // starts at 04:00 PDT (11:00 UTC).
     resets_at(
@@ -158,6 +163,7 @@ async fn regression_reset_in_the_skipped_hour_is_the_jump_not_one_millisecond() 
 /// at the jump; that day has 23 hours.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_santiago_midnight_skipped_by_dst_resets_at_the_jump() {
+    let _machine = machine::timing();
     resets_at(
         "24h",
         "America/Santiago",
@@ -170,6 +176,7 @@ async fn regression_santiago_midnight_skipped_by_dst_resets_at_the_jump() {
 
 #[test]
 fn fake_clock_moves_redis_time() {
+    let _machine = machine::timing();
     // The harness this file relies on: Redis's TIME and key expiry follow the
     // shifted clock, and it runs in real time.
     let start = at("2026-03-08T07:59:58Z");

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::daemon;
 use crate::support::http::{self, http_get};
+use crate::support::machine;
 use crate::support::process::Proc;
 use crate::support::{RedisServer, TestConfig, Worker, free_port, wait_until};
 
@@ -46,6 +47,7 @@ fn status(port: u16, path: &str) -> Option<u16> {
 
 #[test]
 fn readyz_follows_redis_and_healthz_stays_up() {
+    let _machine = machine::timing();
     let mut redis = RedisServer::start();
     let cfg = config();
     let port = free_port();
@@ -130,6 +132,7 @@ fn readyz_follows_redis_and_healthz_stays_up() {
 /// `qw_redis_up 0`.
 #[test]
 fn metrics_scrape_stays_within_the_scrape_timeout_while_redis_hangs() {
+    let _machine = machine::timing();
     let redis = RedisServer::start();
     let cfg = config();
     let port = free_port();

@@ -13,6 +13,7 @@
 use quota_worker::config::Config;
 use quota_worker::quota::{Decision, RejectedBy, Rejection};
 
+use crate::support::machine;
 use crate::support::{self, ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window};
 
 fn config() -> TestConfig {
@@ -85,6 +86,7 @@ fn rejected(d: Decision) -> Rejection {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wholly_expired_window_of_100k_entries_is_dropped_and_counts_right() {
+    let _machine = machine::heavy();
     let server = RedisServer::start();
     let cfg = config();
     let limiter = support::limiter(&server, &Config::load(&cfg.path()).expect("config")).await;
@@ -108,6 +110,7 @@ async fn a_wholly_expired_window_of_100k_entries_is_dropped_and_counts_right() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partly_expired_100k_entries_are_evicted_in_batches_and_count_right() {
+    let _machine = machine::heavy();
     let server = RedisServer::start();
     let cfg = config();
     let limiter = support::limiter(&server, &Config::load(&cfg.path()).expect("config")).await;
@@ -163,6 +166,7 @@ async fn partly_expired_100k_entries_are_evicted_in_batches_and_count_right() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_window_of_200k_live_entries_answers_exactly() {
+    let _machine = machine::heavy();
     let server = RedisServer::start();
     let cfg = config();
     let limiter = support::limiter(&server, &Config::load(&cfg.path()).expect("config")).await;

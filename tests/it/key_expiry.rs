@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use quota_worker::config::Config;
 use quota_worker::quota::request_id;
 
+use crate::support::machine;
 use crate::support::{self, ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window};
 
 fn config() -> TestConfig {
@@ -30,6 +31,7 @@ fn pttls(server: &RedisServer) -> Vec<(String, i64)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_outlive_their_newest_entry_by_a_window_then_expire() {
+    let _machine = machine::timing();
     let server = RedisServer::start();
     let cfg = config();
     let limiter = support::limiter(&server, &Config::load(&cfg.path()).expect("config")).await;

@@ -6,9 +6,8 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use crate::support::daemon::{
-    self, JOB, REGIONS, fixed_ticks, sink_records, tick_claims, wait_ticks_ended,
-};
+use crate::support::daemon::{self, JOB, REGIONS, sink_records, tick_claims, wait_ticks_ended};
+use crate::support::machine;
 use crate::support::process::Proc;
 use crate::support::redis_server::redis_conn;
 use crate::support::upstream::{Upstream, page_counts};
@@ -20,24 +19,28 @@ const TICKS: u32 = 5;
 
 #[test]
 fn three_daemons_fan_each_tick_out_once_and_fetch_each_page_once() {
-    let redis = RedisServer::start();
-    let upstream = Upstream::start(PAGES, ITEMS_PER_PAGE);
+    let _machine = machine::timing();
     // Five ticks 2 s apart at known times: the test knows exactly which
     // ticks exist, so "exactly once" can be checked, not just "at most".
-    let (schedule, ticks) = fixed_ticks(TICKS, 2, Duration::from_secs(4));
-    let cfg = daemon::config(
-        daemon::job(&upstream.base_url())
-            .pages(PAGES)
-            .schedule(&schedule),
-    )
-    .worker(Worker::default().concurrency(8).recover_after("6s"))
-    .write();
-    let mut daemons: Vec<Proc> = (0..3)
-        .map(|i| Proc::daemon(&format!("daemon-{i}"), &cfg, Some(&redis.url()), &[]))
-        .collect();
-    for d in &mut daemons {
-        d.wait_running(Duration::from_secs(10));
-    }
+    let ((redis, upstream, cfg, mut daemons), ticks) =
+        daemon::start_before_first_tick(TICKS, 2, Duration::from_secs(4), |schedule| {
+            let redis = RedisServer::start();
+            let upstream = Upstream::start(PAGES, ITEMS_PER_PAGE);
+            let cfg = daemon::config(
+                daemon::job(&upstream.base_url())
+                    .pages(PAGES)
+                    .schedule(&schedule),
+            )
+            .worker(Worker::default().concurrency(8).recover_after("6s"))
+            .write();
+            let mut daemons: Vec<Proc> = (0..3)
+                .map(|i| Proc::daemon(&format!("daemon-{i}"), &cfg, Some(&redis.url()), &[]))
+                .collect();
+            for d in &mut daemons {
+                d.wait_running(Duration::from_secs(10));
+            }
+            (redis, upstream, cfg, daemons)
+        });
     let now = chrono::Utc::now().timestamp_millis();
     assert!(
         now < ticks[0],

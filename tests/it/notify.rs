@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::support::daemon;
+use crate::support::machine;
 use crate::support::notify::NotifySocket;
 use crate::support::process::Proc;
 use crate::support::procfs::{children_named, environ};
@@ -56,6 +57,7 @@ fn is_status_line(s: &str) -> bool {
 
 #[test]
 fn ready_then_watchdog_then_stopping_in_order_with_status_lines() {
+    let _machine = machine::timing();
     let redis = RedisServer::start();
     let state = tempfile::tempdir().expect("tempdir");
     let cfg = config(Some(&redis.url()), &state.path().display().to_string());

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use quota_worker::simulator::{SimConfig, VIDEOS};
 use quota_worker::stats::OutcomeKind;
 
+use crate::support::machine;
 use crate::support::pipeline::{
     self, Pipeline, YT_ENDPOINT, kinds, quick_worker, sink_ids, yt, yt_endpoint,
 };
@@ -45,6 +46,7 @@ fn config(sim: &str) -> ConfigBuilder {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fan_out_runs_out_mid_run_never_overspends_and_resumes_at_the_page() {
+    let _machine = machine::timing();
     let sim = SimConfig {
         pages_per_query: 3,
         items_per_page: 5,

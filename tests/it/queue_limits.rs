@@ -11,6 +11,7 @@ use quota_worker::queue::FEED_CAP;
 use quota_worker::simulator::SimConfig;
 use quota_worker::stats::OutcomeKind;
 
+use crate::support::machine;
 use crate::support::pipeline::{Pipeline, YT_ENDPOINT, YT_KEY, kinds, yt, yt_endpoint};
 use crate::support::{ConfigBuilder, Job, Sink, Window, Worker};
 
@@ -43,6 +44,7 @@ fn sim() -> SimConfig {
 /// or two, however long the daemon idled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn apalis_pitfall_1_idle_pickup_latency() {
+    let _machine = machine::timing();
     // The defaults: no poll_interval, recover_after (heartbeats) set.
     let mut p = Pipeline::start(sim(), |sim| {
         config(
@@ -80,6 +82,7 @@ async fn apalis_pitfall_1_idle_pickup_latency() {
 /// scheduled set at or under `FEED_CAP` all along.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn apalis_pitfall_4_ten_thousand_item_fan_out_drains() {
+    let _machine = machine::heavy();
     const N: usize = 10_000;
     let regions: Vec<String> = (0..N).map(|i| format!("r{i:05}")).collect();
     let mut p = Pipeline::start(sim(), |sim| {

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use quota_worker::queue::{Origin, RETENTION, TaskArgs};
 use quota_worker::simulator::{Fault, SimConfig};
 
+use crate::support::machine;
 use crate::support::pipeline::{Pipeline, YT_ENDPOINT, YT_KEY, kinds, yt, yt_endpoint};
 use crate::support::{self, ConfigBuilder, Job, Sink, Window, Worker};
 
@@ -119,6 +120,7 @@ async fn apalis_pitfall_5_trim_drops_finished_tasks_and_keeps_waiting_ones() {
 /// once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn apalis_pitfall_9_heartbeats_go_on_while_every_slot_is_busy() {
+    let _machine = machine::timing();
     // recover_after 3 s: a heartbeat every 0.6 s, dead after 1.8 s of silence.
     let pl = start(
         Worker::default().concurrency(1).recover_after("3s"),
@@ -243,6 +245,7 @@ async fn apalis_pitfall_12_queue_keys_use_the_explicit_name() {
 /// timer armed, so the task still starts within a few polls.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn apalis_pitfall_13_a_slow_empty_fetch_does_not_put_the_worker_to_sleep() {
+    let _machine = machine::timing();
     let mut pl = start(
         Worker::default()
             .concurrency(2)

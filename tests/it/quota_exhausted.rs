@@ -10,6 +10,7 @@ use quota_worker::quota::{Decision, request_id};
 use quota_worker::simulator::{Fault, SimConfig};
 use quota_worker::stats::{OutcomeKind, Stats};
 
+use crate::support::machine;
 use crate::support::pipeline::{
     Pipeline, YT_ENDPOINT, YT_KEY, kinds, quick_worker, yt, yt_endpoint,
 };
@@ -48,6 +49,7 @@ fn sim(pages: u32) -> SimConfig {
 /// (about an hour) would take 25 hours; even one second per task would be 25 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fifty_tasks_on_an_exhausted_window_end_at_once_without_sleeping() {
+    let _machine = machine::timing();
     let regions: Vec<String> = (0..50).map(|i| format!("r{i:02}")).collect();
     let regions: Vec<&str> = regions.iter().map(String::as_str).collect();
     let mut p = Pipeline::start(sim(3), |sim| {
@@ -114,6 +116,7 @@ async fn fifty_tasks_on_an_exhausted_window_end_at_once_without_sleeping() {
 /// frees, and fetches page 3 — pages 1 and 2 exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn defer_reruns_at_the_retry_after_and_resumes_at_the_page() {
+    let _machine = machine::timing();
     let per = Duration::from_secs(3);
     let mut p = Pipeline::start(sim(3), |sim| {
         config(

@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 use quota_worker::simulator::Fault;
 
 use crate::support::daemon::{
-    self, JOB, REGIONS, ended, fixed_ticks, sink_records, tick_claims, tick_outcomes,
-    wait_ticks_ended, workers,
+    self, JOB, REGIONS, ended, sink_records, tick_claims, tick_outcomes, wait_ticks_ended, workers,
 };
+use crate::support::machine;
 use crate::support::process::{Proc, run_cli};
 use crate::support::redis_server::redis_conn;
 use crate::support::upstream::Upstream;
@@ -129,6 +129,7 @@ fn kill_mid_tick(worker: Worker) -> Recovery {
 /// must bring them back within about 6 s.
 #[test]
 fn pitfall_8_sigkilled_daemon_tasks_are_picked_up_within_recover_after() {
+    let _machine = machine::timing();
     let r = kill_mid_tick(Worker::default().concurrency(8).recover_after("6s"));
     eprintln!(
         "MEASURE recover_after=6s: killed daemon's tasks re-queued {:?} after SIGKILL, all ended {:?} after it",
@@ -154,6 +155,7 @@ fn pitfall_8_sigkilled_daemon_tasks_are_picked_up_within_recover_after() {
 /// 30 s by default".
 #[test]
 fn sigkilled_daemon_tasks_are_picked_up_within_30s_by_default() {
+    let _machine = machine::timing();
     let r = kill_mid_tick(Worker::default().concurrency(8));
     eprintln!(
         "MEASURE recover_after default (30s): killed daemon's tasks re-queued {:?} after SIGKILL, all ended {:?} after it",
@@ -177,18 +179,21 @@ fn sigkilled_daemon_tasks_are_picked_up_within_30s_by_default() {
 /// each counted once, and the daemon keeps running.
 fn survive(label: &str, redis_args: &[&str], incident: impl FnOnce(&mut RedisServer)) {
     const TICKS: u32 = 9;
-    let mut redis = RedisServer::start_with(redis_args);
-    let upstream = Upstream::start(PAGES, ITEMS_PER_PAGE);
-    let (schedule, ticks) = fixed_ticks(TICKS, 2, Duration::from_secs(4));
-    let cfg = daemon::config(
-        daemon::job(&upstream.base_url())
-            .pages(PAGES)
-            .schedule(&schedule),
-    )
-    .worker(Worker::default().concurrency(8).recover_after("6s"))
-    .write();
-    let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
-    d.wait_running(Duration::from_secs(10));
+    let ((mut redis, upstream, _cfg, mut d), ticks) =
+        daemon::start_before_first_tick(TICKS, 2, Duration::from_secs(4), |schedule| {
+            let redis = RedisServer::start_with(redis_args);
+            let upstream = Upstream::start(PAGES, ITEMS_PER_PAGE);
+            let cfg = daemon::config(
+                daemon::job(&upstream.base_url())
+                    .pages(PAGES)
+                    .schedule(&schedule),
+            )
+            .worker(Worker::default().concurrency(8).recover_after("6s"))
+            .write();
+            let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
+            d.wait_running(Duration::from_secs(10));
+            (redis, upstream, cfg, d)
+        });
     // Two whole ticks first.
     let (ok, all) = wait_ticks_ended(
         &mut redis_conn(&redis.url()),
@@ -279,6 +284,7 @@ fn survive(label: &str, redis_args: &[&str], incident: impl FnOnce(&mut RedisSer
 /// restart (2 s down, AOF on) must not stop the daemon's work.
 #[test]
 fn pitfall_7_redis_restart_mid_run_workers_come_back_and_no_task_is_lost() {
+    let _machine = machine::timing();
     survive(
         "redis restart",
         &["--appendonly", "yes", "--appendfsync", "always"],
@@ -294,6 +300,7 @@ fn pitfall_7_redis_restart_mid_run_workers_come_back_and_no_task_is_lost() {
 /// once (`CLIENT KILL TYPE normal`), twice in a row.
 #[test]
 fn pitfall_7_client_kill_mid_run_workers_come_back_and_no_task_is_lost() {
+    let _machine = machine::timing();
     survive("client kill", &[], |redis| {
         for _ in 0..2 {
             let killed: i64 = redis.cmd(&["CLIENT", "KILL", "TYPE", "normal"]);
@@ -316,6 +323,7 @@ fn pitfall_7_client_kill_mid_run_workers_come_back_and_no_task_is_lost() {
 /// copy; then A's request times out and A queues the retry.
 #[test]
 fn retry_after_a_redelivered_copy_found_the_item_busy_is_not_lost() {
+    let _machine = machine::timing();
     let redis = RedisServer::start();
     let upstream = Upstream::start(1, 2);
     let cfg = ConfigBuilder::new()

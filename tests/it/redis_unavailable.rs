@@ -6,6 +6,7 @@
 
 use std::time::{Duration, Instant};
 
+use crate::support::machine;
 use crate::support::{self, ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window};
 
 const TIMEOUT: Duration = Duration::from_millis(400);
@@ -76,6 +77,7 @@ fn stopped_redis_fail_closed_exits_69_fail_open_is_unchecked() {
 
 #[test]
 fn paused_redis_gives_up_within_the_timeout() {
+    let _machine = machine::timing();
     let server = RedisServer::start();
     let cfg = config();
     let (code, _, fast) = timed(&cfg, &server, &["spend", "closed"]);

@@ -8,6 +8,7 @@ use std::time::Duration;
 use quota_worker::simulator::{Fault, SimConfig};
 use quota_worker::stats::OutcomeKind;
 
+use crate::support::machine;
 use crate::support::pipeline::{
     Pipeline, YT_ENDPOINT, YT_KEY, kinds, quick_worker, yt, yt_endpoint,
 };
@@ -47,6 +48,7 @@ fn sim() -> SimConfig {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn server_errors_are_retried_with_backoff_until_the_fault_clears() {
+    let _machine = machine::timing();
     let mut p = start(yt_endpoint().timeout("5s"), None, &["US"], sim()).await;
     p.sim.inject(Fault::Status(503), 2);
     let tick = p.trigger("flaky").await;

@@ -5,6 +5,7 @@
 use quota_worker::config::Config;
 use quota_worker::quota::{Decision, RejectedBy, Rejection};
 
+use crate::support::machine;
 use crate::support::{self, ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window};
 
 const PER_US: i64 = 3_000_000;
@@ -25,6 +26,7 @@ fn rejected(d: Decision, what: &str) -> Rejection {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn weighted_retry_after_waits_for_enough_units_not_the_oldest_entry() {
+    let _machine = machine::timing();
     let server = RedisServer::start();
     let cfg = config();
     let config = Config::load(&cfg.path()).expect("config");
@@ -103,6 +105,7 @@ async fn weighted_retry_after_waits_for_enough_units_not_the_oldest_entry() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_after_from_the_cli_matches_the_window() {
+    let _machine = machine::timing();
     // Same arithmetic through `spend --json`: three spends of 3 in one burst,
     // then a cost of 7 must wait for the second one (all three expire at
     // about the same time, so the bound is the window, within the burst).

@@ -10,6 +10,7 @@ use std::time::Duration;
 use quota_worker::config::Config;
 use quota_worker::quota::{Decision, Limiter, RejectedBy, Rejection};
 
+use crate::support::machine;
 use crate::support::{self, ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window};
 
 fn config() -> TestConfig {
@@ -110,6 +111,7 @@ async fn settle_refunds_adjusts_and_ignores_unknown_ids() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_block_stops_every_endpoint_and_is_never_shortened() {
+    let _machine = machine::timing();
     let server = RedisServer::start();
     let cfg = config();
     let limiter = support::limiter(&server, &Config::load(&cfg.path()).expect("config")).await;

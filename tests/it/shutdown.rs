@@ -13,6 +13,7 @@ use crate::support::daemon::{
     self, JOB, REGIONS, queue_state, sink_records, tick_claims, tick_outcomes, wait_ticks_ended,
     workers,
 };
+use crate::support::machine;
 use crate::support::process::{Proc, run_cli};
 use crate::support::redis_server::redis_conn;
 use crate::support::upstream::Upstream;
@@ -50,6 +51,7 @@ fn wait_for(what: &str, timeout: Duration, cond: impl FnMut() -> bool) {
 
 #[test]
 fn sigterm_lets_running_tasks_finish_leaves_the_rest_queued_and_exits_0() {
+    let _machine = machine::timing();
     let redis = RedisServer::start();
     let upstream = Upstream::start(PAGES, ITEMS_PER_PAGE);
     // Two slots, default recover_after (30 s): a task left in the stopped
@@ -168,6 +170,7 @@ fn sigterm_lets_running_tasks_finish_leaves_the_rest_queued_and_exits_0() {
 
 #[test]
 fn shutdown_timeout_shorter_than_the_work_exits_0_and_another_daemon_finishes_it() {
+    let _machine = machine::timing();
     let redis = RedisServer::start();
     let upstream = Upstream::start(PAGES, ITEMS_PER_PAGE);
     let cfg = daemon::config(
@@ -238,6 +241,7 @@ fn shutdown_timeout_shorter_than_the_work_exits_0_and_another_daemon_finishes_it
 /// once after SIGTERM takes tasks at once.
 #[test]
 fn pitfall_6_daemon_restarted_at_once_after_sigterm_runs_tasks() {
+    let _machine = machine::timing();
     let redis = RedisServer::start();
     let upstream = Upstream::start(PAGES, ITEMS_PER_PAGE);
     let cfg = daemon::config(daemon::job(&upstream.base_url()).pages(PAGES))
@@ -337,11 +341,13 @@ fn sigterm_with_redis_unreachable(label: &str, break_redis: impl FnOnce(&mut Red
 
 #[test]
 fn sigterm_with_redis_down_exits_0_within_shutdown_timeout() {
+    let _machine = machine::timing();
     sigterm_with_redis_unreachable("redis down", |r| r.kill());
 }
 
 #[test]
 fn sigterm_with_redis_hung_exits_0_within_shutdown_timeout() {
+    let _machine = machine::timing();
     sigterm_with_redis_unreachable("redis hung", |r| r.pause());
 }
 
@@ -353,6 +359,7 @@ fn sigterm_with_redis_hung_exits_0_within_shutdown_timeout() {
 /// action killed the daemon (no exit 0, no log line).
 #[test]
 fn sigterm_while_waiting_for_redis_at_startup_exits_0_at_once() {
+    let _machine = machine::timing();
     let port = support::free_port();
     let url = format!("redis://127.0.0.1:{port}/0");
     let cfg = daemon::config(daemon::job("http://127.0.0.1:9")).write();

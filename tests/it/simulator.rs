@@ -10,6 +10,8 @@ use reqwest::StatusCode;
 use reqwest::header::HeaderMap;
 use serde_json::Value;
 
+use crate::support::machine;
+
 const HOUR: Duration = Duration::from_secs(3600);
 
 struct Answer {
@@ -267,6 +269,7 @@ async fn concurrent_requests_never_overspend_a_key() {
 
 #[tokio::test]
 async fn windows_trail_and_the_rate_limit_says_rate_limit_exceeded() {
+    let _machine = machine::timing();
     let window = Duration::from_millis(500);
     let config = SimConfig {
         keys: vec![
@@ -382,6 +385,7 @@ async fn injected_faults_answer_as_told_and_are_not_charged() {
 
 #[tokio::test]
 async fn max_units_in_any_window_measures_what_was_charged() {
+    let _machine = machine::timing();
     let sim = Simulator::start(SimConfig::default().key("k", 10_000, HOUR))
         .await
         .expect("start");

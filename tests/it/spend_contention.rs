@@ -4,6 +4,7 @@
 use quota_worker::config::Config;
 use quota_worker::quota::{Decision, request_id};
 
+use crate::support::machine;
 use crate::support::{
     self, ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window, limiter,
 };
@@ -48,6 +49,7 @@ async fn sixty_four_tasks_admit_exactly_the_limit() {
 
 #[test]
 fn four_processes_admit_exactly_the_limit() {
+    let _machine = machine::heavy();
     let server = RedisServer::start();
     let cfg = config();
     let children: Vec<_> = (0..4)

@@ -10,6 +10,7 @@ use quota_worker::quota::{Decision, RejectedBy, request_id};
 use quota_worker::simulator::{Fault, SimConfig};
 use quota_worker::stats::OutcomeKind;
 
+use crate::support::machine;
 use crate::support::pipeline::{Pipeline, Seen, YT_ENDPOINT, kinds, quick_worker, yt, yt_endpoint};
 use crate::support::{self, ConfigBuilder, Endpoint, Job, Sink, Window};
 
@@ -117,6 +118,7 @@ async fn assert_unblocked_after(p: &Pipeline, blocked_for: Duration) -> Vec<Seen
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn upstream_429_with_retry_after_blocks_the_credential_for_every_worker() {
+    let _machine = machine::timing();
     let mut p = start(
         yt_endpoint(),
         &FOUR,
@@ -188,6 +190,7 @@ async fn upstream_429_with_retry_after_blocks_the_credential_for_every_worker() 
 /// tighter than ours. No Retry-After: the endpoint's `throttle_block`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn upstream_403_quota_exceeded_blocks_for_throttle_block() {
+    let _machine = machine::timing();
     // The upstream allows 2 units an hour; we think 1000.
     let mut p = start(
         yt_endpoint().throttle_block("3s"),
@@ -221,6 +224,7 @@ async fn upstream_403_quota_exceeded_blocks_for_throttle_block() {
 /// 403 `rateLimitExceeded` (YouTube's per-minute limit) blocks the same way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn upstream_403_rate_limit_exceeded_blocks_the_credential() {
+    let _machine = machine::timing();
     let mut p = start(
         yt_endpoint().throttle_block("2s"),
         &FOUR,
@@ -248,6 +252,7 @@ async fn upstream_403_rate_limit_exceeded_blocks_the_credential() {
 /// the upstream never has to refuse anything.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn ratelimit_headers_at_zero_block_until_the_reset() {
+    let _machine = machine::timing();
     let per = Duration::from_secs(3);
     let mut p = start(
         yt_endpoint().ratelimit_headers("x-ratelimit-remaining", "x-ratelimit-reset"),

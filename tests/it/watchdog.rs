@@ -10,6 +10,7 @@ use quota_worker::ops::STALE_AFTER;
 
 use crate::support::daemon;
 use crate::support::http::{self, http_get};
+use crate::support::machine;
 use crate::support::notify::NotifySocket;
 use crate::support::process::Proc;
 use crate::support::redis_server::free_port_except;
@@ -51,6 +52,7 @@ fn pings(n: &NotifySocket) -> Vec<Instant> {
 
 #[test]
 fn watchdog_pings_stop_when_the_scheduler_loop_is_wedged() {
+    let _machine = machine::timing();
     let redis = RedisServer::start();
     let cfg = config(&redis.url());
     let (healthy_n, wedged_n) = (NotifySocket::bind(), NotifySocket::bind());
@@ -151,6 +153,7 @@ fn watchdog_pings_stop_when_the_scheduler_loop_is_wedged() {
 /// nothing (the `STATUS=` line, which reads Redis, must not hold them up).
 #[test]
 fn watchdog_pings_keep_their_interval_while_redis_hangs() {
+    let _machine = machine::timing();
     let redis = RedisServer::start();
     let cfg = config(&redis.url());
     let notify = NotifySocket::bind();

@@ -14,11 +14,13 @@
 //! | [`notify`] | a `NOTIFY_SOCKET` that records who sent what |
 //! | [`http`] | `/metrics`, `/healthz`, `/readyz` over plain HTTP, and the Prometheus text format |
 //! | [`procfs`] | `/proc`: children, liveness, environment |
+//! | [`machine`] | which tests must not share the machine |
 
 pub mod config;
 pub mod daemon;
 pub mod http;
 pub mod in_process;
+pub mod machine;
 pub mod notify;
 pub mod pipeline;
 pub mod process;
