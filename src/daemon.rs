@@ -256,16 +256,18 @@ async fn run_on(
         health: shared.health.clone(),
         stats: shared.stats.clone(),
     };
+    let fetcher = Fetcher::new(&secrets)?;
     let worker = Arc::new(Worker {
         config: config.clone(),
         secrets,
         limiter,
         queue: queue.clone(),
         conn: queue_conn.clone(),
-        fetcher: Fetcher::new()?,
+        fetcher,
         sinks: Sinks::new(config.dir.clone()),
         stats: shared.stats.clone(),
         events: shared.events.clone(),
+        local_blocks: Default::default(),
         bench_skip_spend: opts.bench_skip_spend,
     });
     info!(

@@ -24,7 +24,7 @@ use chrono_tz::Tz;
 use indexmap::IndexMap;
 
 pub use error::{ConfigError, ConfigErrors, FieldPath, Seg, Source};
-pub use template::{Template, TemplateError};
+pub use template::{Expansion, Template, TemplateError};
 
 use raw::{RawConfig, RawEndpoint, RawJob, RawWindow};
 
@@ -74,6 +74,20 @@ pub struct RedisConfig {
     /// How long a spend waits for Redis before the endpoint's
     /// `limiter_unavailable` policy decides.
     pub timeout: Duration,
+    /// What `run` does on a Redis whose `maxmemory-policy` may evict keys.
+    pub unsafe_eviction: UnsafeEviction,
+}
+
+/// `[redis] unsafe_eviction`: a Redis that may evict keys under memory
+/// pressure loses window entries (and queue state) without a trace, so the
+/// windows admit more than their limit. See docs/redis.md.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UnsafeEviction {
+    /// `run` refuses to start (exit 78), `/readyz` answers 503 (the default).
+    #[default]
+    Refuse,
+    /// `run` starts and logs a warning; `/readyz` stays 200 and says why.
+    Warn,
 }
 
 /// A Redis URL. It may hold a password, so it only displays redacted.
@@ -324,6 +338,19 @@ pub struct Endpoint {
     pub ratelimit_headers: Option<RatelimitHeaders>,
     /// A response header carrying the request's actual cost in units.
     pub cost_header: Option<String>,
+    /// The largest response body read, in bytes; a larger one ends the task
+    /// `failed` (its units kept: the upstream answered).
+    pub max_body: u64,
+    /// The longest the upstream may block the credential for (Retry-After,
+    /// ratelimit reset); longer values are clamped to it and logged.
+    pub max_block: Duration,
+}
+
+impl Endpoint {
+    /// `max_body` when not configured: 16 MiB.
+    pub const DEFAULT_MAX_BODY: u64 = 16 * 1024 * 1024;
+    /// `max_block` when not configured: a day.
+    pub const DEFAULT_MAX_BLOCK: Duration = DAY;
 }
 
 /// Headers like GitHub's `x-ratelimit-remaining` / `x-ratelimit-reset`.
@@ -762,10 +789,22 @@ impl<'a> Loader<'a> {
             self.errors
                 .push(src.error(&p(&["redis", "key_prefix"]), NAME_RULE));
         }
+        let unsafe_eviction = match raw.redis.unsafe_eviction.as_deref().unwrap_or("refuse") {
+            "refuse" => UnsafeEviction::Refuse,
+            "warn" => UnsafeEviction::Warn,
+            other => {
+                self.errors.push(src.error(
+                    &p(&["redis", "unsafe_eviction"]),
+                    format!("unknown {other:?}: use \"refuse\" or \"warn\""),
+                ));
+                UnsafeEviction::Refuse
+            }
+        };
         let redis = RedisConfig {
             url,
             key_prefix,
             timeout: raw.redis.timeout.map_or(Duration::from_secs(1), |d| d.0),
+            unsafe_eviction,
         };
         if redis.timeout.is_zero() {
             self.errors
@@ -1109,6 +1148,30 @@ impl<'a> Loader<'a> {
                 }
             },
         });
+        let max_body = match re.max_body {
+            None => Endpoint::DEFAULT_MAX_BODY,
+            Some(raw::Size(n)) if n > 0 => n,
+            Some(_) => {
+                self.errors
+                    .push(src.error(&base.join("max_body"), "must be more than 0 bytes"));
+                Endpoint::DEFAULT_MAX_BODY
+            }
+        };
+        let throttle_block = re.throttle_block.map_or(Duration::from_secs(60), |d| d.0);
+        let max_block = re.max_block.map_or(Endpoint::DEFAULT_MAX_BLOCK, |d| d.0);
+        if max_block < Duration::from_secs(1) || max_block > Duration::from_secs(400 * 86_400) {
+            self.errors
+                .push(src.error(&base.join("max_block"), "must be between 1s and 400 days"));
+        } else if throttle_block > max_block {
+            self.errors.push(src.error(
+                &base.join("throttle_block"),
+                format!(
+                    "{} is longer than max_block ({}): raise max_block or lower throttle_block",
+                    fmt_duration(throttle_block),
+                    fmt_duration(max_block)
+                ),
+            ));
+        }
         Some(Endpoint {
             name: name.to_owned(),
             credential: re.credential.clone(),
@@ -1116,7 +1179,9 @@ impl<'a> Loader<'a> {
             limiter_unavailable,
             windows,
             timeout: re.timeout.map_or(Duration::from_secs(30), |d| d.0),
-            throttle_block: re.throttle_block.map_or(Duration::from_secs(60), |d| d.0),
+            throttle_block,
+            max_body,
+            max_block,
             quota_reasons: re.quota_reasons.clone().unwrap_or_else(|| {
                 [
                     "quotaExceeded",
@@ -1242,10 +1307,16 @@ impl<'a> Loader<'a> {
                 self.errors
                     .push(src.error(&at, "an empty list fans out to no tasks at all"));
             }
-            if let Some(v) = values.iter().find(|v| v.is_empty() || v.contains('\n')) {
+            // Control characters would reach URLs, headers and log lines.
+            if let Some(v) = values
+                .iter()
+                .find(|v| v.is_empty() || v.chars().any(char::is_control))
+            {
                 self.errors.push(src.error(
                     &at,
-                    format!("bad value {v:?}: values must be non-empty, one line"),
+                    format!(
+                        "bad value {v:?}: values must be non-empty, without control characters (CR, LF, tab, ESC, ...)"
+                    ),
                 ));
             }
             fan_out.push((key, values));
@@ -1372,11 +1443,23 @@ impl<'a> Loader<'a> {
                 Method::Get
             }
         };
-        for (k, _) in &req.headers {
+        for (k, v) in &req.headers {
             if reqwest::header::HeaderName::from_bytes(k.as_bytes()).is_err() {
                 self.errors.push(src.error(
                     &rbase.join("headers").join(k.as_str()),
                     format!("invalid header name {k:?}"),
+                ));
+            }
+            // The template's own text must make a valid value (a CR or LF
+            // in it would never send); placeholder values are checked per
+            // request.
+            let sample = Template::parse(v).map(|t| t.render(|_| Some("x")));
+            if let Ok(sample) = sample
+                && reqwest::header::HeaderValue::from_str(&sample).is_err()
+            {
+                self.errors.push(src.error(
+                    &rbase.join("headers").join(k.as_str()),
+                    "invalid header value: control characters (CR, LF, NUL, ...) cannot be sent in a header",
                 ));
             }
         }
