@@ -301,8 +301,8 @@ pub enum Reply {
     Redirect {
         /// HTTP status (301, 302, 303, 307, 308).
         status: u16,
-        /// The request it asks for.
-        next: Request,
+        /// The request it asks for (boxed: it is large and rare).
+        next: Box<Request>,
         /// What it says it charged, when the endpoint names a cost header.
         actual_cost: Option<u64>,
     },
@@ -510,7 +510,7 @@ fn path_segments(url: &Url) -> usize {
 /// A size as an operator writes it: "16 MiB", "512 KiB", "1000 B".
 pub fn fmt_size(bytes: u64) -> String {
     for (unit, len) in [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
-        if bytes >= len && bytes % len == 0 {
+        if bytes >= len && bytes.is_multiple_of(len) {
             return format!("{} {unit}", bytes / len);
         }
     }
@@ -644,7 +644,7 @@ async fn answer(endpoint: &Endpoint, req: &Request, mut resp: reqwest::Response)
         return match req.redirected(status, &headers) {
             Ok(next) => Reply::Redirect {
                 status,
-                next,
+                next: Box::new(next),
                 actual_cost,
             },
             Err(why) => Reply::RedirectRefused {

@@ -601,7 +601,7 @@ impl Worker {
                     // is spent at the top of the loop.
                     self.settle_reported(endpoint, &request_id, recorded, actual_cost, &mut p)
                         .await;
-                    redirect = Some(next);
+                    redirect = Some(*next);
                 }
                 Reply::RedirectRefused {
                     status,
