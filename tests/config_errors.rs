@@ -149,6 +149,16 @@ const CASES: &[Case] = &[
         field: "trending.sink.path",
         says: "{secret} may not appear here",
     },
+    // Regression (issue 12): "1M" was read as a month of 30.44 days.
+    Case {
+        what: "an ambiguous duration",
+        config: &[("per = \"1h\"", "per = \"1M\"")],
+        job: &[],
+        file: File::Config,
+        line: 5,
+        field: "credentials.yt.windows[0].per",
+        says: "months have no fixed length: write days, e.g. \"30d\"",
+    },
 ];
 
 fn write(case: &Case) -> TestConfig {
