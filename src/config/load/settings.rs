@@ -20,15 +20,13 @@ fn at(table: &str, field: &str) -> FieldPath {
 impl Loader<'_> {
     /// `[redis]`; `QUOTA_WORKER_REDIS_URL` overrides `url`.
     pub(super) fn redis(&mut self, src: &Source, raw: &RawRedis) -> RedisConfig {
-        let url = match (self.env)(REDIS_URL_ENV) {
-            Some(u) if !u.is_empty() => Some(RedisUrl(u)),
-            _ => raw.url.clone().map(RedisUrl),
+        let (url, from_env) = match (self.env)(REDIS_URL_ENV) {
+            Some(u) if !u.is_empty() => (Some(RedisUrl(u)), true),
+            _ => (raw.url.clone().map(RedisUrl), false),
         };
-        if let Some(u) = &url
-            && let Err(e) = redis::Client::open(u.expose())
-        {
-            let msg = format!("invalid Redis URL {u}: {:?}", e.kind());
-            self.error(src, &at("redis", "url"), msg);
+        if let Some(Err(msg)) = url.as_ref().map(RedisUrl::check) {
+            let env = from_env.then_some(REDIS_URL_ENV);
+            self.overridable_error(src, env, &at("redis", "url"), msg);
         }
         let key_prefix = raw
             .key_prefix
@@ -97,14 +95,22 @@ impl Loader<'_> {
         match listen {
             Ok(a) => MetricsConfig { listen: Some(a) },
             Err(msg) => {
-                if from_env {
-                    let msg = format!("{METRICS_LISTEN_ENV}: {msg}");
-                    self.errors.push(Source::file_error(src.path(), msg));
-                } else {
-                    self.error(src, &at("metrics", "listen"), msg);
-                }
+                let env = from_env.then_some(METRICS_LISTEN_ENV);
+                self.overridable_error(src, env, &at("metrics", "listen"), msg);
                 MetricsConfig { listen: None }
             }
+        }
+    }
+
+    /// An error in a value the environment variable `env` gave (named, as
+    /// it is in no file), else in the file's field `at`.
+    fn overridable_error(&mut self, src: &Source, env: Option<&str>, at: &FieldPath, msg: String) {
+        match env {
+            Some(var) => {
+                let msg = format!("{var}: {msg}");
+                self.errors.push(Source::file_error(src.path(), msg));
+            }
+            None => self.error(src, at, msg),
         }
     }
 
