@@ -68,7 +68,9 @@ pub(super) struct Dur(pub(super) Duration);
 impl<'de> Deserialize<'de> for Dur {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
-        parse_duration(&s).map(Dur).map_err(serde::de::Error::custom)
+        parse_duration(&s)
+            .map(Dur)
+            .map_err(serde::de::Error::custom)
     }
 }
 
@@ -133,7 +135,11 @@ mod tests {
         // Regression (issue 12): "1M" was a month of 30.44 days, one key from
         // "1m", and "1y" a year of 365.25 days.
         let err = |s: &str| parse_duration(s).unwrap_err();
-        assert!(err("1M").contains("months have no fixed length"), "{}", err("1M"));
+        assert!(
+            err("1M").contains("months have no fixed length"),
+            "{}",
+            err("1M")
+        );
         assert!(err("1M").contains("\"30d\""));
         assert!(err("2 months").contains("months"));
         assert!(err("1d 1M").contains("months"));

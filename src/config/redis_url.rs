@@ -5,7 +5,7 @@ use std::fmt;
 
 /// The schemes redis-rs 1.8 connects with (`redis::parse_redis_url`): TCP,
 /// TLS, and a Unix socket, each also under Valkey's name.
-pub const SCHEMES: &[&str] = &[
+pub(super) const SCHEMES: &[&str] = &[
     "redis",
     "rediss",
     "unix",

@@ -5,7 +5,8 @@ use std::path::Path;
 
 use indexmap::IndexMap;
 
-use super::{Loader, expand_vars};
+use super::{Loader, expand_vars, read_bounded};
+use crate::config::defaults::MAX_SECRET_FILE_BYTES as MAX_SECRET;
 use crate::config::raw::RawCredential;
 use crate::config::{
     ConfigError, Credential, EnvLookup, FieldPath, Location, Secret, SecretSource, Source,
@@ -86,7 +87,7 @@ pub(in crate::config) fn read_secret(
             Some(_) => Err(at.error(format!("environment variable {var} is empty"))),
             None => Err(at.error(format!("environment variable {var} is not set"))),
         },
-        SecretSource::File { path, at } => match std::fs::read_to_string(path) {
+        SecretSource::File { path, at } => match read_bounded(path, MAX_SECRET, "a secret file") {
             Ok(v) => {
                 let v = v.trim_end_matches(['\n', '\r']);
                 if v.is_empty() {

@@ -23,6 +23,7 @@ use chrono_tz::Tz;
 use indexmap::IndexMap;
 
 use super::choice::Choice;
+use super::defaults as d;
 use super::raw::RawConfig;
 use super::{Config, ConfigError, ConfigErrors, EnvLookup, FieldPath, Source};
 
@@ -148,9 +149,58 @@ impl<'a> Loader<'a> {
 
 /// Reads a config or job file.
 fn read_source(path: &Path) -> Result<Source, ConfigError> {
-    let text = std::fs::read_to_string(path)
+    let text = read_bounded(path, d::MAX_CONFIG_FILE_BYTES, "a config or job file")
         .map_err(|e| Source::file_error(path, format!("cannot read: {e}")))?;
     Ok(Source::new(path, text))
+}
+
+/// Reads a file of at most `limit` bytes (`what` names the kind of file in
+/// the error). Anything but a regular file is refused unopened: reading a
+/// device (`-c /dev/zero`) never ends, opening a FIFO blocks.
+fn read_bounded(path: &Path, limit: u64, what: &str) -> Result<String, String> {
+    use std::io::Read;
+    use std::os::unix::fs::FileTypeExt;
+
+    let too_big = |size: &str| {
+        let max = fmt_bytes(limit);
+        format!("it is {size}, more than the {max} {what} may have")
+    };
+    let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
+    let t = meta.file_type();
+    let kind = match () {
+        _ if t.is_file() => None,
+        _ if t.is_dir() => Some("a directory"),
+        _ if t.is_char_device() => Some("a character device"),
+        _ if t.is_block_device() => Some("a block device"),
+        _ if t.is_fifo() => Some("a FIFO"),
+        _ if t.is_socket() => Some("a socket"),
+        _ => Some("not a file"),
+    };
+    if let Some(kind) = kind {
+        return Err(format!("it is {kind}, not a regular file"));
+    }
+    if meta.len() > limit {
+        return Err(too_big(&format!("{} bytes", meta.len())));
+    }
+    // Bounded again while reading: the file may grow, and some (in /proc)
+    // say they are empty.
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(limit + 1).read_to_string(&mut text))
+        .map_err(|e| e.to_string())?;
+    if text.len() as u64 > limit {
+        return Err(too_big("larger"));
+    }
+    Ok(text)
+}
+
+/// "1 MiB", "64 KiB", "100 bytes".
+fn fmt_bytes(n: u64) -> String {
+    match n {
+        _ if n >= 1 << 20 && n.is_multiple_of(1 << 20) => format!("{} MiB", n >> 20),
+        _ if n >= 1 << 10 && n.is_multiple_of(1 << 10) => format!("{} KiB", n >> 10),
+        _ => format!("{n} bytes"),
+    }
 }
 
 /// The config file's directory, absolute where it exists: relative paths in
@@ -220,6 +270,32 @@ fn expand_vars(s: &str, env: EnvLookup<'_>) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_regular_files_within_the_limit_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f");
+        std::fs::write(&file, "x".repeat(100)).unwrap();
+        assert_eq!(read_bounded(&file, 100, "a file").unwrap().len(), 100);
+        let err = read_bounded(&file, 99, "a file").unwrap_err();
+        assert_eq!(
+            err,
+            "it is 100 bytes, more than the 99 bytes a file may have"
+        );
+        let err = read_bounded(dir.path(), 100, "a file").unwrap_err();
+        assert_eq!(err, "it is a directory, not a regular file");
+        let err = read_bounded(Path::new("/dev/zero"), 100, "a file").unwrap_err();
+        assert_eq!(err, "it is a character device, not a regular file");
+        // A FIFO would block the open: refused before it.
+        let fifo = dir.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid, NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let err = read_bounded(&fifo, 100, "a file").unwrap_err();
+        assert_eq!(err, "it is a FIFO, not a regular file");
+        assert_eq!(fmt_bytes(d::MAX_CONFIG_FILE_BYTES), "1 MiB");
+        assert_eq!(fmt_bytes(d::MAX_SECRET_FILE_BYTES), "64 KiB");
+    }
 
     #[test]
     fn expands_systemd_variables() {
