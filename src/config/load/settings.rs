@@ -10,7 +10,7 @@ use crate::config::defaults as d;
 use crate::config::raw::{RawLog, RawMetrics, RawRedis, RawWorker};
 use crate::config::{
     FieldPath, LogFormat, METRICS_LISTEN_ENV, MetricsConfig, REDIS_URL_ENV, RedisConfig, RedisUrl,
-    Source, WorkerConfig,
+    Source, WorkerConfig, fmt_duration,
 };
 
 fn at(table: &str, field: &str) -> FieldPath {
@@ -62,11 +62,9 @@ impl Loader<'_> {
             poll_interval: raw.poll_interval.map_or(d::POLL_INTERVAL, |t| t.0),
         };
         if worker.recover_after < d::MIN_RECOVER_AFTER {
-            self.error(
-                src,
-                &at("worker", "recover_after"),
-                "must be at least 3s (workers heartbeat every third of it)",
-            );
+            let min = fmt_duration(d::MIN_RECOVER_AFTER);
+            let msg = format!("must be at least {min} (workers heartbeat every third of it)");
+            self.error(src, &at("worker", "recover_after"), msg);
         }
         if worker.poll_interval.is_zero() {
             self.error(src, &at("worker", "poll_interval"), "must be more than 0");
