@@ -913,8 +913,8 @@ mod tests {
                 reset_is: ResetIs::EpochSeconds,
             }),
             cost_header: Some("x-quota-cost".into()),
-            max_body: Endpoint::DEFAULT_MAX_BODY,
-            max_block: Endpoint::DEFAULT_MAX_BLOCK,
+            max_body: crate::config::defaults::MAX_BODY,
+            max_block: crate::config::defaults::MAX_BLOCK,
         }
     }
 
