@@ -47,7 +47,8 @@ mod multi_daemon;
 mod recovery;
 mod shutdown;
 
-// Operations: systemd, metrics and health, logs, secrets.
+// Operations: systemd, metrics and health, logs, secrets, a hostile upstream.
+mod hardening;
 mod health;
 mod install;
 mod logs;

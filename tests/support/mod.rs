@@ -5,6 +5,7 @@
 //! | module | what |
 //! |---|---|
 //! | [`redis_server`] | a private `redis-server` on a free port: stop, kill, hang, restart, a shifted clock, a cluster of them |
+//! | [`hostile`] | an upstream that redirects anywhere, loops, and answers with huge, endless or echoing bodies (the hardening tests) |
 //! | [`upstream`] | the simulated metered API on its own runtime, a blackhole upstream, what the simulator saw |
 //! | [`config`] | the config builder: credentials, windows, endpoints, jobs, sinks rendered as the TOML files the real loader reads |
 //! | [`process`] | the one supervisor for the real binary: spawn on a config with an environment, read its logs, signal it by pid, its exit status |
@@ -18,6 +19,7 @@
 
 pub mod config;
 pub mod daemon;
+pub mod hostile;
 pub mod http;
 pub mod in_process;
 pub mod machine;
