@@ -11,6 +11,7 @@ use serde_json::Value;
 use crate::support::config::NEVER;
 use crate::support::daemon::TERMINAL;
 use crate::support::hostile::Hostile;
+use crate::support::http::http_get;
 use crate::support::process::{Proc, run_cli};
 use crate::support::upstream::KEY_ENV;
 use crate::support::{self, RedisServer, TestConfig, wait_until};
@@ -387,18 +388,11 @@ fn a_redis_that_may_evict_is_refused() {
     assert!(err.contains("allkeys-lru"), "{err}");
 }
 
-/// `GET /readyz` on the daemon's metrics port.
+/// `GET /readyz` on the daemon's metrics port; status 0 while nothing
+/// answers there. The daemon logs "running" before its metrics port
+/// listens, so a test polls until it does.
 fn readyz(port: u16) -> (u16, String) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(async {
-        let r = reqwest::get(format!("http://127.0.0.1:{port}/readyz"))
-            .await
-            .expect("readyz");
-        (r.status().as_u16(), r.text().await.expect("body"))
-    })
+    http_get(port, "/readyz").unwrap_or((0, String::new()))
 }
 
 /// Issue 9, High 3: with `unsafe_eviction = "warn"` the daemon runs, logs
