@@ -254,8 +254,14 @@ fn a_left_over_embedded_redis_is_replaced_not_adopted_and_its_state_kept() {
             .expect("redis-server"),
     );
     let left_pid = left.0.id();
+    // Started once it answers (its socket appears a moment before).
+    let url = format!("unix://{}", socket.display());
     assert!(
-        support::wait_until(Duration::from_secs(5), || socket.exists()),
+        support::wait_until(Duration::from_secs(5), || socket.exists()
+            && redis::Client::open(url.as_str())
+                .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(500)))
+                .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+                .is_ok()),
         "the left-over redis-server did not start"
     );
     spend(&cfg, 4);
