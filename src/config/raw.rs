@@ -1,25 +1,10 @@
 //! The config files exactly as written: serde types with unknown fields
-//! rejected. `super::load` turns them into the validated [`super::Config`].
-
-use std::time::Duration;
+//! rejected. [`super::load`] turns them into the validated [`super::Config`].
 
 use indexmap::IndexMap;
-use serde::{Deserialize, Deserializer};
+use serde::Deserialize;
 
-/// A duration written like "24h", "1m", "500ms".
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Dur(pub(super) Duration);
-
-impl<'de> Deserialize<'de> for Dur {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        humantime::parse_duration(s.trim()).map(Dur).map_err(|e| {
-            serde::de::Error::custom(format!(
-                "invalid duration {s:?} ({e}); write e.g. \"24h\", \"1m\", \"500ms\""
-            ))
-        })
-    }
-}
+use super::duration::Dur;
 
 /// `config/quota-worker.toml`.
 #[derive(Debug, Deserialize)]
