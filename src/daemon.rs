@@ -15,6 +15,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::config::{Config, RedisUrl, Secrets};
 use crate::embedded::{EmbeddedError, EmbeddedRedis};
+use crate::eviction::Eviction;
 use crate::fetch::Fetcher;
 use crate::keys::KeySpace;
 use crate::queue::{Origin, Queue, RETENTION, TaskArgs, Ticker};
@@ -37,6 +38,14 @@ pub enum DaemonError {
         /// The last error.
         #[source]
         source: redis::RedisError,
+    },
+    /// Redis may evict keys, and `[redis] unsafe_eviction` is "refuse".
+    #[error("Redis at {url}: {}", Eviction::unsafe_reason(policy))]
+    UnsafeEviction {
+        /// Where (password redacted).
+        url: RedisUrl,
+        /// Its `maxmemory-policy`.
+        policy: String,
     },
     /// The HTTP client could not be built (TLS roots, say).
     #[error("cannot build the HTTP client: {0}")]
@@ -238,6 +247,29 @@ async fn run_on(
         }
         r = connect => r?,
     };
+    let eviction_wait = config.redis.timeout.max(Duration::from_secs(2));
+    match crate::eviction::check(&mut limiter_conn.clone(), eviction_wait).await {
+        Eviction::Safe => {}
+        Eviction::Unsafe(policy) => match config.redis.unsafe_eviction {
+            crate::config::UnsafeEviction::Refuse => {
+                return Err(DaemonError::UnsafeEviction {
+                    url: url.clone(),
+                    policy,
+                });
+            }
+            crate::config::UnsafeEviction::Warn => warn!(
+                redis = %url,
+                policy,
+                "running on a Redis that may evict keys, because [redis] unsafe_eviction = \"warn\": {}",
+                Eviction::unsafe_reason(&policy)
+            ),
+        },
+        Eviction::Unknown(why) => warn!(
+            redis = %url,
+            why,
+            "cannot verify that Redis never evicts keys (CONFIG renamed or disabled?): make sure its maxmemory-policy is noeviction (docs/redis.md)"
+        ),
+    }
     let keys = KeySpace::new(config.redis.key_prefix.clone());
     let queue = Queue::new(
         queue_conn.clone(),
@@ -255,17 +287,20 @@ async fn run_on(
         queue: queue.clone(),
         health: shared.health.clone(),
         stats: shared.stats.clone(),
+        unsafe_eviction: config.redis.unsafe_eviction,
     };
+    let fetcher = Fetcher::new(&secrets)?;
     let worker = Arc::new(Worker {
         config: config.clone(),
         secrets,
         limiter,
         queue: queue.clone(),
         conn: queue_conn.clone(),
-        fetcher: Fetcher::new()?,
+        fetcher,
         sinks: Sinks::new(config.dir.clone()),
         stats: shared.stats.clone(),
         events: shared.events.clone(),
+        local_blocks: Default::default(),
         bench_skip_spend: opts.bench_skip_spend,
     });
     info!(

@@ -9,7 +9,8 @@
 //!   block, peek. Knows no HTTP and no queue.
 //! - [`keys`]: every Redis key name, in one place.
 //! - [`schedule`]: cron fire times and worst-case spending per window.
-//! - [`conn`], [`embedded`]: reaching Redis, or running one.
+//! - [`conn`], [`embedded`]: reaching Redis, or running one;
+//!   [`eviction`]: whether that Redis may evict the windows' keys.
 //! - [`simulator`]: a simulated metered API on loopback, for `demo` and the
 //!   integration tests; the daemon never imports it.
 //! - [`sink`]: where fetched records go: JSON lines files (whole-page
@@ -24,6 +25,7 @@ pub mod config;
 pub mod conn;
 pub mod daemon;
 pub mod embedded;
+pub mod eviction;
 pub mod fetch;
 pub mod keys;
 pub mod logging;

@@ -133,7 +133,7 @@ fn main() -> ExitCode {
     };
     let code = runtime.block_on(async {
         match args.command {
-            Command::Check => cli::check::run(&config, chrono::Utc::now()),
+            Command::Check => cli::check::run(&config, chrono::Utc::now()).await,
             Command::Spend {
                 endpoint,
                 cost,

@@ -93,7 +93,7 @@ fn describe() {
     describe_counter!("qw_records_total", "Records written to sinks by job");
     describe_counter!(
         "qw_upstream_responses_total",
-        "Upstream answers by endpoint and HTTP status (or unreached, timeout)"
+        "Upstream answers by endpoint and HTTP status (or unreached, timeout, unsent)"
     );
     describe_gauge!(
         "qw_queue_tasks",
@@ -131,6 +131,8 @@ pub struct OpsState {
     pub health: Arc<Health>,
     /// This daemon's counters.
     pub stats: Arc<Stats>,
+    /// Whether a Redis that may evict keys makes the daemon not ready.
+    pub unsafe_eviction: crate::config::UnsafeEviction,
 }
 
 /// Serves `/metrics`, `/healthz`, `/readyz` on `listen` until `stop`.
@@ -161,6 +163,7 @@ pub async fn serve(
 
 async fn readyz(State(s): State<OpsState>) -> impl IntoResponse {
     let mut problems = Vec::new();
+    let mut warnings = String::new();
     let mut conn = s.queue.connection();
     let ping = tokio::time::timeout(
         Duration::from_secs(1),
@@ -168,16 +171,27 @@ async fn readyz(State(s): State<OpsState>) -> impl IntoResponse {
     )
     .await;
     if !matches!(ping, Ok(Ok(_))) {
-        problems.push("redis unreachable");
+        problems.push("redis unreachable".to_owned());
+    } else if let crate::eviction::Eviction::Unsafe(policy) =
+        crate::eviction::check(&mut conn, Duration::from_secs(1)).await
+    {
+        // Read every time: a CONFIG SET after start changes the answer.
+        let reason = crate::eviction::Eviction::unsafe_reason(&policy);
+        match s.unsafe_eviction {
+            crate::config::UnsafeEviction::Refuse => problems.push(reason),
+            crate::config::UnsafeEviction::Warn => {
+                warnings = format!("warning (unsafe_eviction = \"warn\"): {reason}\n")
+            }
+        }
     }
     if !fresh(&s.health.scheduler, STALE_AFTER) {
-        problems.push("scheduler not running");
+        problems.push("scheduler not running".to_owned());
     }
     if s.health.worker.load(Ordering::Relaxed) == 0 {
-        problems.push("worker not running");
+        problems.push("worker not running".to_owned());
     }
     if problems.is_empty() {
-        (StatusCode::OK, "ready\n".to_owned())
+        (StatusCode::OK, format!("ready\n{warnings}"))
     } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,

@@ -13,18 +13,19 @@
 //! one item at once (`keys::item_lock`), and a done marker so a redelivered
 //! task does nothing (`keys::task_done`).
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::config::{Config, Endpoint, Job, OnQuotaExhausted, Secrets};
 use crate::conn::Lua;
-use crate::fetch::{Fetcher, Placeholders, Reply};
+use crate::fetch::{Fetcher, Placeholders, Reply, Request};
 use crate::keys::KeySpace;
 use crate::queue::{Origin, Queue, QueueError, TaskArgs};
 use crate::quota::{Decision, Limiter, QuotaError, RejectedBy};
@@ -39,6 +40,9 @@ const DONE_TTL: Duration = Duration::from_secs(86_400);
 /// task runs. A killed daemon's lock lapses within it, so it is also kept
 /// under half of `recover_after` (see [`Worker::lock_ttl`]).
 const LOCK_TTL: Duration = Duration::from_secs(10);
+/// The most units a request is ever settled to: Lua numbers are doubles,
+/// exact up to 2^53.
+const MAX_SETTLE: u64 = (1 << 53) - 1;
 /// Wait before a task that found its item busy tries again.
 const BUSY_RETRY: Duration = Duration::from_secs(2);
 
@@ -73,11 +77,46 @@ pub struct Worker {
     pub stats: Arc<Stats>,
     /// Where every outcome is also sent (the demo's live view), if anywhere.
     pub events: Option<tokio::sync::broadcast::Sender<OutcomeEvent>>,
+    /// Credentials this daemon holds blocked itself, because recording the
+    /// upstream's block in Redis failed.
+    pub local_blocks: LocalBlocks,
     /// Exists only for `benches/quota/e2e.rs` (see
     /// `daemon::RunOptions::bench_skip_spend`): every spend counts as
     /// admitted and unrecorded, without a call to Redis.
     #[doc(hidden)]
     pub bench_skip_spend: bool,
+}
+
+/// Credentials blocked in this process only: when Redis does not take a
+/// block (it is down, or the script failed), this daemon still spends
+/// nothing on the credential until the block's end. Other daemons do not
+/// see it; the upstream will throttle them too, and they block it themselves.
+#[derive(Debug, Default)]
+pub struct LocalBlocks(Mutex<HashMap<String, Instant>>);
+
+impl LocalBlocks {
+    /// Holds `credential` blocked for `wait` (never shortening a longer hold).
+    pub fn hold(&self, credential: &str, wait: Duration) {
+        let until = Instant::now() + wait;
+        let mut held = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let at = held.entry(credential.to_owned()).or_insert(until);
+        *at = (*at).max(until);
+    }
+
+    /// How long `credential` stays held, if it is.
+    pub fn left(&self, credential: &str) -> Option<Duration> {
+        let mut held = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let left = held
+            .get(credential)
+            .map(|until| until.saturating_duration_since(Instant::now()));
+        match left {
+            Some(d) if d.is_zero() => {
+                held.remove(credential);
+                None
+            }
+            other => other,
+        }
+    }
 }
 
 /// One task's outcome, for a live view.
@@ -322,12 +361,45 @@ impl Worker {
             units: 0,
         };
         let max_pages = job.max_pages();
+        // A same-origin redirect the upstream answered with: the next
+        // request of this page, spent like any other (fetch::MAX_REDIRECTS).
+        let mut redirect: Option<Request> = None;
 
         let outcome = loop {
             if p.page > max_pages {
                 // A checkpoint past max_pages (lowered since): the run is complete.
                 conn.del::<_, ()>(&cursor_key).await?;
                 break self.progress_outcome(OutcomeKind::Done, &p, "max_pages reached");
+            }
+            // Built before the spend: a request that cannot be built (a
+            // control character in an item, an unsendable header) is never
+            // sent, so nothing is spent for it.
+            let now = Utc::now();
+            let request = match redirect.take() {
+                Some(next) => next,
+                None => {
+                    let ph = Placeholders::new(job, &task.item, &secret, now);
+                    match self.fetcher.request(job, &ph, p.token.as_deref()) {
+                        Ok(r) => r,
+                        Err(e) => {
+                            break self
+                                .fail(&p, None, &format!("request not sent: {e}"))
+                                .await?;
+                        }
+                    }
+                }
+            };
+            if let Some(left) = self.local_blocks.left(&endpoint.credential) {
+                break self
+                    .wait_for_quota(
+                        task,
+                        job,
+                        &p,
+                        OutcomeKind::QuotaExhausted,
+                        left,
+                        "credential blocked by this daemon (Redis did not take the upstream's block)",
+                    )
+                    .await?;
             }
             let request_id = format!(
                 "{}:p{}:{}",
@@ -370,12 +442,7 @@ impl Worker {
             p.units += endpoint.cost.get();
             Stats::add(&self.stats.units, endpoint.cost.get());
 
-            let now = Utc::now();
-            let ph = Placeholders::new(job, &task.item, &secret, now);
-            let reply = self
-                .fetcher
-                .fetch(job, endpoint, &ph, p.token.as_deref())
-                .await;
+            let reply = self.fetcher.send(endpoint, &request).await;
             match reply {
                 Reply::Ok {
                     body,
@@ -388,10 +455,7 @@ impl Worker {
                     if let Some(u) = upstream.filter(|u| u.remaining == 0) {
                         // The upstream's own count says it is spent: nobody
                         // spends on this credential until it resets.
-                        self.limiter
-                            .block(&endpoint.credential, u.reset_in)
-                            .await
-                            .ok();
+                        self.block(endpoint, u.reset_in).await;
                         info!(credential = %endpoint.credential, blocked_ms = u.reset_in.as_millis() as u64,
                               "upstream reports its quota spent; credential blocked until its reset");
                     }
@@ -420,6 +484,16 @@ impl Worker {
                             .map(str::to_owned)
                     });
                     match next {
+                        Some(token) if p.token.as_deref() == Some(token.as_str()) => {
+                            // The same page again, for ever: each one spent.
+                            break self
+                                .fail(
+                                    &p,
+                                    Some(200),
+                                    "cursor repeated: the upstream sent the page token it was given",
+                                )
+                                .await?;
+                        }
                         Some(token) if p.page < max_pages => {
                             p.page += 1;
                             p.token = Some(token);
@@ -443,14 +517,9 @@ impl Worker {
                 } => {
                     self.settle_reported(endpoint, &request_id, recorded, actual_cost, &mut p)
                         .await;
-                    let block = retry_after
-                        .unwrap_or(endpoint.throttle_block)
-                        .max(Duration::from_millis(1));
                     let blocked = self
-                        .limiter
-                        .block(&endpoint.credential, block)
-                        .await
-                        .unwrap_or(block);
+                        .block(endpoint, retry_after.unwrap_or(endpoint.throttle_block))
+                        .await;
                     let why = format!(
                         "upstream answered {status}{}; credential blocked for {}",
                         reason.map(|r| format!(" ({r})")).unwrap_or_default(),
@@ -471,13 +540,7 @@ impl Worker {
                 }
                 Reply::Unreached { detail } => {
                     // Never reached the upstream: give the units back.
-                    if recorded {
-                        self.limiter
-                            .settle(&endpoint.name, &request_id, 0)
-                            .await
-                            .ok();
-                        p.units -= endpoint.cost.get();
-                    }
+                    self.refund(endpoint, &request_id, recorded, &mut p).await;
                     break self
                         .retry(
                             task,
@@ -531,6 +594,42 @@ impl Worker {
                     let why = format!("bad response: {detail}");
                     break self.fail(&p, Some(status), &why).await?;
                 }
+                Reply::Redirect {
+                    next, actual_cost, ..
+                } => {
+                    // An answer: this hop's units stay spent; the next hop
+                    // is spent at the top of the loop.
+                    self.settle_reported(endpoint, &request_id, recorded, actual_cost, &mut p)
+                        .await;
+                    redirect = Some(*next);
+                }
+                Reply::RedirectRefused {
+                    status,
+                    why,
+                    actual_cost,
+                } => {
+                    self.settle_reported(endpoint, &request_id, recorded, actual_cost, &mut p)
+                        .await;
+                    break self.fail(&p, Some(status), &why).await?;
+                }
+                Reply::TooLarge {
+                    status,
+                    limit,
+                    actual_cost,
+                } => {
+                    self.settle_reported(endpoint, &request_id, recorded, actual_cost, &mut p)
+                        .await;
+                    let why = format!(
+                        "response body over max_body {}; reading stopped there",
+                        crate::fetch::fmt_size(limit)
+                    );
+                    break self.fail(&p, Some(status), &why).await?;
+                }
+                Reply::Unsent { detail } => {
+                    self.refund(endpoint, &request_id, recorded, &mut p).await;
+                    let why = format!("request not sent (units refunded): {detail}");
+                    break self.fail(&p, None, &why).await?;
+                }
             }
         };
         if outcome.kind == OutcomeKind::Done && ran.is_none_or(|r| r < task.tick) {
@@ -567,14 +666,74 @@ impl Worker {
         actual: Option<u64>,
         p: &mut Progress,
     ) {
-        let Some(actual) = actual.filter(|a| recorded && *a != endpoint.cost.get()) else {
+        let cost = endpoint.cost.get();
+        let Some(reported) = actual.filter(|a| recorded && *a != cost) else {
             return;
         };
-        self.limiter
+        // More than the largest window fills every window: settling more
+        // says nothing new, and a huge number would fail the script (its
+        // numbers are doubles).
+        let most = self
+            .config
+            .windows_of(endpoint)
+            .iter()
+            .map(|(_, w)| w.units.get())
+            .max()
+            .unwrap_or(cost)
+            .max(cost)
+            .min(MAX_SETTLE);
+        let actual = reported.min(most);
+        if actual < reported {
+            warn!(endpoint = %endpoint.name, reported, settled = actual,
+                  "the upstream reported a cost above the largest window; settled to that window's units");
+        }
+        if actual == cost {
+            return;
+        }
+        match self
+            .limiter
             .settle(&endpoint.name, request_id, actual)
             .await
-            .ok();
-        p.units = p.units - endpoint.cost.get() + actual;
+        {
+            Ok(_) => p.units = p.units - cost + actual,
+            Err(e) => error!(endpoint = %endpoint.name, request_id, actual, error = %e,
+                             "could not settle a request to its reported cost; the windows keep the configured cost"),
+        }
+    }
+
+    /// Gives back the units of a request that never left.
+    async fn refund(
+        &self,
+        endpoint: &Endpoint,
+        request_id: &str,
+        recorded: bool,
+        p: &mut Progress,
+    ) {
+        if !recorded {
+            return;
+        }
+        match self.limiter.settle(&endpoint.name, request_id, 0).await {
+            Ok(_) => p.units -= endpoint.cost.get(),
+            Err(e) => error!(endpoint = %endpoint.name, request_id, error = %e,
+                             "could not refund a request that never left; its units stay spent"),
+        }
+    }
+
+    /// Blocks the endpoint's credential for `wait` (at most `max_block`)
+    /// and returns the block in force. A block Redis does not take is never
+    /// ignored: it is logged as an error and held by this daemon itself
+    /// ([`LocalBlocks`]), so no spend of this daemon goes through meanwhile.
+    async fn block(&self, endpoint: &Endpoint, wait: Duration) -> Duration {
+        let wait = wait.min(endpoint.max_block).max(Duration::from_millis(1));
+        match self.limiter.block(&endpoint.credential, wait).await {
+            Ok(blocked) => blocked,
+            Err(e) => {
+                error!(credential = %endpoint.credential, block_ms = wait.as_millis() as u64, error = %e,
+                       "could not record the upstream's block in Redis; this daemon holds the credential blocked itself");
+                self.local_blocks.hold(&endpoint.credential, wait);
+                wait
+            }
+        }
     }
 
     /// The item lock's lifetime: at most [`LOCK_TTL`], and under half of

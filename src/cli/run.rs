@@ -41,6 +41,9 @@ pub fn daemon_error(e: &DaemonError) -> Exit {
         | DaemonError::Embedded(EmbeddedError::Stale(_))
         | DaemonError::Unreachable { .. } => Exit::Unavailable,
         DaemonError::Embedded(EmbeddedError::PathTooLong(_)) => Exit::Config,
+        // Misconfigured, not unavailable: waiting will not fix it, an
+        // operator must (EX_CONFIG, like our own config errors).
+        DaemonError::UnsafeEviction { .. } => Exit::Config,
         DaemonError::Metrics { .. } => Exit::Unavailable,
         _ => Exit::Software,
     }

@@ -3,7 +3,9 @@
 //! error message that lists what is accepted. The loader positions the error
 //! at the field ([`super::load`]); `--log-format` reuses the same parser.
 
-use super::{LimiterUnavailable, LogFormat, Method, OnQuotaExhausted, ResetIs, SinkKind};
+use super::{
+    LimiterUnavailable, LogFormat, Method, OnQuotaExhausted, ResetIs, SinkKind, UnsafeEviction,
+};
 
 /// An enum written in the config as one of a fixed set of words.
 pub(crate) trait Choice: Copy + Sized + 'static {
@@ -48,6 +50,14 @@ impl Choice for LimiterUnavailable {
     const CHOICES: &'static [(&'static str, Self)] = &[
         ("fail-closed", LimiterUnavailable::FailClosed),
         ("fail-open", LimiterUnavailable::FailOpen),
+    ];
+}
+
+impl Choice for UnsafeEviction {
+    const WHAT: &'static str = "unsafe_eviction";
+    const CHOICES: &'static [(&'static str, Self)] = &[
+        ("refuse", UnsafeEviction::Refuse),
+        ("warn", UnsafeEviction::Warn),
     ];
 }
 

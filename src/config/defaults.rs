@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use chrono_tz::Tz;
 
-use super::{LimiterUnavailable, Method, OnQuotaExhausted, ResetIs};
+use super::{LimiterUnavailable, Method, OnQuotaExhausted, ResetIs, UnsafeEviction};
 
 // [redis]
 
@@ -15,6 +15,8 @@ use super::{LimiterUnavailable, Method, OnQuotaExhausted, ResetIs};
 pub const KEY_PREFIX: &str = "qw";
 /// `[redis] timeout`: how long a spend waits for Redis.
 pub const REDIS_TIMEOUT: Duration = Duration::from_secs(1);
+/// `[redis] unsafe_eviction`: a Redis that may evict keys is refused.
+pub const UNSAFE_EVICTION: UnsafeEviction = UnsafeEviction::Refuse;
 
 // [worker]
 
@@ -66,6 +68,10 @@ pub const QUOTA_REASONS: &[&str] = &[
 ];
 /// `ratelimit_headers.reset_is`.
 pub const RESET_IS: ResetIs = ResetIs::EpochSeconds;
+/// An endpoint's `max_body`: the largest response body read.
+pub const MAX_BODY: u64 = 16 << 20;
+/// An endpoint's `max_block`: the longest the upstream may block the credential.
+pub const MAX_BLOCK: Duration = Duration::from_secs(86_400);
 
 // jobs
 
@@ -97,6 +103,11 @@ pub const MIN_RECOVER_AFTER: Duration = Duration::from_secs(3);
 pub const MIN_WINDOW: Duration = Duration::from_millis(1);
 /// ...and at most.
 pub const MAX_WINDOW: Duration = Duration::from_secs(400 * 86_400);
+/// `max_block` at least...
+pub const MIN_MAX_BLOCK: Duration = Duration::from_secs(1);
+/// ...and at most (a block is milliseconds in the spend script, exact in a
+/// Lua double far beyond this).
+pub const MAX_MAX_BLOCK: Duration = MAX_WINDOW;
 
 #[cfg(test)]
 mod tests {
@@ -159,6 +170,11 @@ mod tests {
         says(c, f, "reset", &format!("{WINDOW_RESET:?}"));
         says_duration(c, f, "timeout", REQUEST_TIMEOUT);
         says_duration(c, f, "throttle_block", THROTTLE_BLOCK);
+        says_duration(c, f, "max_block", MAX_BLOCK);
+        says(c, f, "max_body", "\"16MiB\"");
+        assert_eq!(MAX_BODY, 16 * 1024 * 1024, "docs say 16MiB");
+        says(c, f, "unsafe_eviction", "\"refuse\"");
+        assert_eq!(UNSAFE_EVICTION, UnsafeEviction::Refuse, "docs say refuse");
         let reasons: Vec<String> = QUOTA_REASONS.iter().map(|r| format!("{r:?}")).collect();
         says(c, f, "quota_reasons", &format!("[{}]", reasons.join(", ")));
 

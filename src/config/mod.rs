@@ -36,7 +36,7 @@ use indexmap::IndexMap;
 pub use duration::{fmt_duration, parse_duration};
 pub use error::{ConfigError, ConfigErrors, FieldPath, Seg, Source};
 pub use redis_url::RedisUrl;
-pub use template::{Template, TemplateError};
+pub use template::{Expansion, Template, TemplateError};
 
 use choice::Choice;
 use load::{Loader, read_secret};
@@ -85,6 +85,20 @@ pub struct RedisConfig {
     /// How long a spend waits for Redis before the endpoint's
     /// `limiter_unavailable` policy decides.
     pub timeout: Duration,
+    /// What `run` does on a Redis whose `maxmemory-policy` may evict keys.
+    pub unsafe_eviction: UnsafeEviction,
+}
+
+/// `[redis] unsafe_eviction`: a Redis that may evict keys under memory
+/// pressure loses window entries (and queue state) without a trace, so the
+/// windows admit more than their limit. See docs/redis.md.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UnsafeEviction {
+    /// `run` refuses to start (exit 78), `/readyz` answers 503 (the default).
+    #[default]
+    Refuse,
+    /// `run` starts and logs a warning; `/readyz` stays 200 and says why.
+    Warn,
 }
 
 /// `[worker]`.
@@ -294,6 +308,12 @@ pub struct Endpoint {
     pub ratelimit_headers: Option<RatelimitHeaders>,
     /// A response header carrying the request's actual cost in units.
     pub cost_header: Option<String>,
+    /// The largest response body read, in bytes; a larger one ends the task
+    /// `failed` (its units kept: the upstream answered).
+    pub max_body: u64,
+    /// The longest the upstream may block the credential for (Retry-After,
+    /// ratelimit reset); longer values are clamped to it and logged.
+    pub max_block: Duration,
 }
 
 /// Headers like GitHub's `x-ratelimit-remaining` / `x-ratelimit-reset`.

@@ -8,8 +8,10 @@ use indexmap::IndexMap;
 
 use super::Loader;
 use crate::config::defaults as d;
-use crate::config::raw::{RawEndpoint, RawRatelimitHeaders};
-use crate::config::{Credential, Endpoint, FieldPath, RatelimitHeaders, Source, Window};
+use crate::config::raw::{RawEndpoint, RawRatelimitHeaders, Size};
+use crate::config::{
+    Credential, Endpoint, FieldPath, RatelimitHeaders, Source, Window, fmt_duration,
+};
 
 impl Loader<'_> {
     /// Every `[endpoints.NAME]`, in config order. An invalid one is left
@@ -73,6 +75,16 @@ impl Loader<'_> {
             .quota_reasons
             .clone()
             .unwrap_or_else(|| d::QUOTA_REASONS.iter().map(|&r| r.into()).collect());
+        let throttle_block = re.throttle_block.map_or(d::THROTTLE_BLOCK, |t| t.0);
+        let max_block = self.max_block(src, &base, re, throttle_block);
+        let max_body = match re.max_body {
+            None => d::MAX_BODY,
+            Some(Size(n)) if n > 0 => n,
+            Some(_) => {
+                self.error(src, &base.join("max_body"), "must be more than 0 bytes");
+                d::MAX_BODY
+            }
+        };
         Some(Endpoint {
             name: name.to_owned(),
             credential: re.credential.clone(),
@@ -80,11 +92,43 @@ impl Loader<'_> {
             limiter_unavailable,
             windows,
             timeout: re.timeout.map_or(d::REQUEST_TIMEOUT, |t| t.0),
-            throttle_block: re.throttle_block.map_or(d::THROTTLE_BLOCK, |t| t.0),
+            throttle_block,
             quota_reasons,
             ratelimit_headers,
             cost_header: re.cost_header.as_ref().map(|h| h.to_ascii_lowercase()),
+            max_body,
+            max_block,
         })
+    }
+
+    /// `max_block`, which `throttle_block` may not exceed (it would be
+    /// clamped on every use).
+    fn max_block(
+        &mut self,
+        src: &Source,
+        base: &FieldPath,
+        re: &RawEndpoint,
+        throttle_block: std::time::Duration,
+    ) -> std::time::Duration {
+        let max_block = re.max_block.map_or(d::MAX_BLOCK, |t| t.0);
+        if !(d::MIN_MAX_BLOCK..=d::MAX_MAX_BLOCK).contains(&max_block) {
+            let msg = format!(
+                "must be between {} and {}",
+                fmt_duration(d::MIN_MAX_BLOCK),
+                fmt_duration(d::MAX_MAX_BLOCK)
+            );
+            self.error(src, &base.join("max_block"), msg);
+            return d::MAX_BLOCK;
+        }
+        if throttle_block > max_block {
+            let msg = format!(
+                "{} is longer than max_block ({}): raise max_block or lower throttle_block",
+                fmt_duration(throttle_block),
+                fmt_duration(max_block)
+            );
+            self.error(src, &base.join("throttle_block"), msg);
+        }
+        max_block
     }
 
     /// A cost no window that applies can hold would never be admitted: a

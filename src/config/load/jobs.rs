@@ -182,8 +182,12 @@ impl Loader<'_> {
             if values.is_empty() {
                 self.error(src, &at, "an empty list fans out to no tasks at all");
             }
-            if let Some(v) = values.iter().find(|v| v.is_empty() || v.contains('\n')) {
-                let msg = format!("bad value {v:?}: values must be non-empty, one line");
+            // Control characters would reach URLs, headers and log lines.
+            let bad = |v: &&String| v.is_empty() || v.chars().any(char::is_control);
+            if let Some(v) = values.iter().find(bad) {
+                let msg = format!(
+                    "bad value {v:?}: values must be non-empty, without control characters (CR, LF, tab, ESC, ...)"
+                );
                 self.error(src, &at, msg);
             }
             out.push((key, values));

@@ -90,10 +90,22 @@ impl Loader<'_> {
         }
         let method = req.method.as_deref().map(str::to_ascii_uppercase);
         let method = self.pick_or(src, &base.join("method"), method.as_deref(), d::METHOD);
-        for k in req.headers.keys() {
+        for (k, v) in &req.headers {
+            let at = base.join("headers").join(k.as_str());
             if reqwest::header::HeaderName::from_bytes(k.as_bytes()).is_err() {
                 let msg = format!("invalid header name {k:?}");
-                self.error(src, &base.join("headers").join(k.as_str()), msg);
+                self.error(src, &at, msg);
+            }
+            // The template's own text must make a sendable value (a CR or
+            // LF in it never would); placeholder values are checked per
+            // request, before anything is spent.
+            let sample = Template::parse(v).map(|t| t.render(|_| Some("x")));
+            if sample.is_ok_and(|s| reqwest::header::HeaderValue::from_str(&s).is_err()) {
+                self.error(
+                    src,
+                    &at,
+                    "invalid header value: control characters (CR, LF, NUL, ...) cannot be sent in a header",
+                );
             }
         }
         Some(RequestTemplate {

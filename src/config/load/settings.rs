@@ -39,10 +39,17 @@ impl Loader<'_> {
         if timeout.is_zero() {
             self.error(src, &at("redis", "timeout"), "must be more than 0");
         }
+        let unsafe_eviction = self.pick_or(
+            src,
+            &at("redis", "unsafe_eviction"),
+            raw.unsafe_eviction.as_deref(),
+            d::UNSAFE_EVICTION,
+        );
         RedisConfig {
             url,
             key_prefix,
             timeout,
+            unsafe_eviction,
         }
     }
 
