@@ -14,7 +14,7 @@ use crate::config::{Endpoint, Job, Method, ResetIs, Secret};
 
 /// Values the request template's placeholders take for one task.
 #[derive(Debug, Clone)]
-pub struct Placeholders<'a> {
+pub(crate) struct Placeholders<'a> {
     /// The job's name: `{job}`.
     pub job: &'a str,
     /// The fan-out item: `{region}` and friends.
@@ -27,7 +27,7 @@ pub struct Placeholders<'a> {
 
 impl<'a> Placeholders<'a> {
     /// Placeholders for `job` and `item` at `now`.
-    pub fn new(
+    pub(crate) fn new(
         job: &'a Job,
         item: &'a [(String, String)],
         secret: &'a Secret,
@@ -57,7 +57,7 @@ impl<'a> Placeholders<'a> {
 
 /// The upstream's own report of its quota, from response headers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct UpstreamQuota {
+pub(crate) struct UpstreamQuota {
     /// Units it says are left.
     pub remaining: u64,
     /// When it says they reset.
@@ -66,7 +66,7 @@ pub struct UpstreamQuota {
 
 /// What the upstream answered, as the worker needs it.
 #[derive(Debug)]
-pub enum Reply {
+pub(crate) enum Reply {
     /// 2xx with a JSON body.
     Ok {
         /// The decoded body.
@@ -129,13 +129,13 @@ pub enum Reply {
 
 /// Sends requests for jobs. Cheap to clone (one connection pool).
 #[derive(Debug, Clone)]
-pub struct Fetcher {
+pub(crate) struct Fetcher {
     client: reqwest::Client,
 }
 
 impl Fetcher {
     /// A fetcher with rustls, a connect timeout, and a user agent.
-    pub fn new() -> Result<Self, reqwest::Error> {
+    pub(crate) fn new() -> Result<Self, reqwest::Error> {
         let client = reqwest::Client::builder()
             .user_agent(concat!("quota-worker/", env!("CARGO_PKG_VERSION")))
             .connect_timeout(Duration::from_secs(10))
@@ -145,7 +145,7 @@ impl Fetcher {
 
     /// Fetches one page of `job` for `ph`'s item; `cursor` is the page token
     /// from the previous page (none for the first).
-    pub async fn fetch(
+    pub(crate) async fn fetch(
         &self,
         job: &Job,
         endpoint: &Endpoint,
@@ -289,7 +289,7 @@ fn snippet(body: &[u8]) -> String {
 }
 
 /// Classifies a complete HTTP answer.
-pub fn classify(
+pub(crate) fn classify(
     endpoint: &Endpoint,
     status: u16,
     headers: &HeaderMap,

@@ -110,10 +110,10 @@ impl KeySpace {
         format!("{}:done:{task_id}", self.prefix)
     }
 
-    /// A pattern matching every quota key of the credential (for tests and
-    /// operators; never used on a hot path).
-    pub fn credential_pattern(&self, credential: &str) -> String {
-        format!("{}:*", self.credential(credential))
+    /// Where the queue's trim keeps its scan cursors between calls (hash:
+    /// apalis set -> SSCAN cursor), so each call takes one bounded step.
+    pub fn trim_cursors(&self) -> String {
+        format!("{}:trim", self.prefix)
     }
 }
 

@@ -1,8 +1,9 @@
 //! The task queue: apalis-redis, with our backlog in front of it and our own
 //! janitor behind it.
 //!
-//! Workarounds for apalis-redis 1.0 (see `../shared/notes/apalis-1.0.md`),
-//! each pinned by a test in `tests/queue.rs`:
+//! Workarounds for apalis-redis 1.0, each pinned by a regression test named
+//! after its pitfall (docs/queue.md lists the pitfalls, numbered, with the
+//! test that pins each):
 //! - every push lands in apalis's scheduled set, and a fetch promotes all due
 //!   tasks in one Lua `unpack` that fails past ~8,000: tasks wait in our
 //!   backlog and [`Queue::feed`] hands apalis at most [`FEED_CAP`] at a time;
@@ -376,7 +377,7 @@ impl Queue {
             .unwrap_or_default()
             .saturating_sub(retention)
             .as_secs();
-        let cursors = format!("{}:trim", self.keys.prefix());
+        let cursors = self.keys.trim_cursors();
         let (dropped, wrapped): (i64, i64) = TRIM
             .call()
             .key(self.apalis.done_jobs_set())

@@ -16,10 +16,10 @@ use tokio::sync::broadcast;
 use super::Exit;
 use crate::config::{Config, Secrets, Template, fmt_duration};
 use crate::daemon::{self, RunOptions, Shared};
+use crate::outcome::{OutcomeEvent, OutcomeKind};
 use crate::quota::{Limiter, Quotas};
 use crate::simulator::{SimConfig, Simulator};
-use crate::stats::{OutcomeKind, Stats};
-use crate::worker::OutcomeEvent;
+use crate::stats::Stats;
 
 /// Request URLs in `config/demo.toml` start with this; the demo points them at
 /// the simulator (the `.invalid` domain can never resolve to anything real).

@@ -22,6 +22,9 @@ use crate::quota::{Limiter, Quotas};
 pub enum Exit {
     /// Success.
     Ok = 0,
+    /// Something the command did failed for good (`trigger --wait`: a task
+    /// ended `failed`); not a sysexits code, as none says "it ran, and failed".
+    Failed = 1,
     /// EX_USAGE: bad command line (or a cost that can never fit).
     Usage = 64,
     /// EX_UNAVAILABLE: Redis (or another service) unreachable.

@@ -1,10 +1,23 @@
-//! Cron schedules: when a job fires, and how much it can spend per window.
+//! Cron schedules: when a job fires, how much it can spend per window, and
+//! where a tick becomes tasks.
+//!
+//! - this file: fire times, and worst-case spending per window (`check`);
+//! - [`fan_out`]: a tick's tasks, one per fan-out item (the daemon's
+//!   scheduler and `trigger` both use it);
+//! - [`scheduler`]: the daemon's loop that fires ticks and fans them out into
+//!   the queue, each tick claimed once across daemons.
+
+mod fan_out;
+mod scheduler;
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
 use crate::config::{Config, Job, Window, WindowKind};
+
+pub use fan_out::tick_tasks;
+pub(crate) use scheduler::Scheduler;
 
 /// The next `n` fire times of `job` after `after`.
 pub fn next_fires(job: &Job, after: DateTime<Utc>, n: usize) -> Vec<DateTime<Utc>> {
