@@ -27,7 +27,7 @@ pub enum OutcomeKind {
 
 impl OutcomeKind {
     /// Every kind, in display order.
-    pub const ALL: [OutcomeKind; 6] = [
+    pub(crate) const ALL: [OutcomeKind; 6] = [
         OutcomeKind::Done,
         OutcomeKind::QuotaExhausted,
         OutcomeKind::UpstreamThrottled,
@@ -98,7 +98,7 @@ impl Outcome {
     }
 
     /// Whether it ends its task's chain: no copy was queued to carry on.
-    pub fn is_terminal(&self) -> bool {
+    pub(crate) fn is_terminal(&self) -> bool {
         self.requeued_in.is_none()
     }
 

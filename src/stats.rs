@@ -25,22 +25,22 @@ pub struct Stats {
 
 impl Stats {
     /// Counts one outcome.
-    pub fn outcome(&self, kind: OutcomeKind) {
+    pub(crate) fn outcome(&self, kind: OutcomeKind) {
         self.outcomes[kind as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     /// How many of `kind`.
-    pub fn count(&self, kind: OutcomeKind) -> u64 {
+    pub(crate) fn count(&self, kind: OutcomeKind) -> u64 {
         self.outcomes[kind as usize].load(Ordering::Relaxed)
     }
 
     /// Adds `n` to a counter.
-    pub fn add(counter: &AtomicU64, n: u64) {
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Ordering::Relaxed);
     }
 
     /// Subtracts `n` from a counter.
-    pub fn sub(counter: &AtomicU64, n: u64) {
+    pub(crate) fn sub(counter: &AtomicU64, n: u64) {
         counter.fetch_sub(n, Ordering::Relaxed);
     }
 

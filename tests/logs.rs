@@ -210,7 +210,11 @@ fn json_logs_stay_json_when_the_daemon_cannot_start() {
         ],
     );
     let status = d.wait_exit(Duration::from_secs(30)).expect("exits");
-    assert_eq!(status.code(), Some(78), "EX_CONFIG: the config names an address this host cannot give");
+    assert_eq!(
+        status.code(),
+        Some(78),
+        "EX_CONFIG: the config names an address this host cannot give"
+    );
     let objects = check_json_lines(&d.stderr_lines());
     let fatal = objects
         .iter()

@@ -60,5 +60,8 @@ fn redis_unreachable_exits_69_after_its_patience() {
     d.drain_output();
     let err = d.log();
     assert_eq!(status.and_then(|s| s.code()), Some(69), "stderr:\n{err}");
-    assert!(err.contains("is unreachable"), "says Redis is unreachable:\n{err}");
+    assert!(
+        err.contains("is unreachable"),
+        "says Redis is unreachable:\n{err}"
+    );
 }

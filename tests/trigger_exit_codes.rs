@@ -160,5 +160,8 @@ fn the_tick_keeps_its_earliest_retry_moment() {
         counts.contains(&("quota_exhausted".into(), "2".into())),
         "{counts:?}"
     );
-    assert!(redis.cmd::<i64>(&["TTL", "qw:tick:j:1:outcomes"]) > 0, "expires");
+    assert!(
+        redis.cmd::<i64>(&["TTL", "qw:tick:j:1:outcomes"]) > 0,
+        "expires"
+    );
 }

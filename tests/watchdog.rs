@@ -97,7 +97,10 @@ async fn start_in_process(
         ..RunOptions::default()
     };
     let daemon = InProcess::start(Arc::new(config), secrets, opts).await;
-    let addr = *addr_rx.wait_for(Option::is_some).await.expect("metrics address");
+    let addr = *addr_rx
+        .wait_for(Option::is_some)
+        .await
+        .expect("metrics address");
     (daemon, addr.expect("bound").port())
 }
 
@@ -162,9 +165,14 @@ async fn watchdog_pings_stop_when_the_scheduler_loop_is_wedged() {
     });
     let (wedged_n, ready) = ready.await.expect("join");
     let ready = ready.expect("the wedged daemon still starts and says READY=1");
-    assert_eq!(healthy_n.count("READY=1"), 1, "the healthy daemon says READY=1");
+    assert_eq!(
+        healthy_n.count("READY=1"),
+        1,
+        "the healthy daemon says READY=1"
+    );
     assert!(
-        logs.text().contains("test hook: the scheduler loop is wedged"),
+        logs.text()
+            .contains("test hook: the scheduler loop is wedged"),
         "the hook took effect:\n{}",
         logs.text()
     );

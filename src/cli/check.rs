@@ -26,7 +26,7 @@ pub fn run(config: &Config, now: DateTime<Utc>) -> Exit {
 }
 
 /// The report, and how many warnings it has.
-pub fn report(config: &Config, now: DateTime<Utc>) -> (String, usize) {
+pub(crate) fn report(config: &Config, now: DateTime<Utc>) -> (String, usize) {
     let mut out = String::new();
     let mut warnings = Vec::new();
     out.push_str(&format!(

@@ -23,7 +23,7 @@ use crate::stats::Stats;
 
 /// Request URLs in `config/demo.toml` start with this; the demo points them at
 /// the simulator (the `.invalid` domain can never resolve to anything real).
-pub const DEMO_UPSTREAM: &str = "http://upstream.invalid";
+pub(crate) const DEMO_UPSTREAM: &str = "http://upstream.invalid";
 
 /// The demo's API keys (fake, for the simulator only) by credential.
 const KEYS: [(&str, &str); 2] = [("yt-demo-1", "demo-key-1"), ("yt-demo-2", "demo-key-2")];

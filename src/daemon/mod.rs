@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use crate::config::{Config, RedisUrl, Secrets};
-pub use crate::embedded::EmbeddedError;
+pub(crate) use crate::embedded::EmbeddedError;
 use crate::embedded::EmbeddedRedis;
 use crate::fetch::Fetcher;
 use crate::keys::KeySpace;

@@ -23,7 +23,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-pub use health::{Health, STALE_AFTER};
+pub use health::Health;
+pub use health::STALE_AFTER;
 pub(crate) use metrics::recorder;
 pub use notify::Notifier;
 
