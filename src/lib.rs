@@ -26,7 +26,7 @@
 //!   loop, once per tick across daemons); worst-case spending per window.
 //! - [`queue`]: the tasks in Redis — apalis-redis, our backlog in front of it,
 //!   our janitor behind it, and the workarounds for apalis's pitfalls.
-//! - [`worker`]: one task, page by page: spend → fetch → sink → checkpoint,
+//! - `worker`: one task, page by page: spend → fetch → sink → checkpoint,
 //!   and how it ends.
 //! - [`outcome`]: **where an outcome is defined** — `done`,
 //!   `quota_exhausted`, … and what each carries (retry-after, pages, units).
@@ -34,14 +34,14 @@
 //!   script (`lua/spend.lua`): spend, settle, block, peek. The CLI's `spend`,
 //!   the worker and the benchmarks call the same function.
 //! - [`keys`]: **where a Redis key is named** — every key name, in one place.
-//! - [`fetch`]: the upstream request (templates, pagination) and what its
+//! - `fetch`: the upstream request (templates, pagination) and what its
 //!   answer means (`Reply`: a page, throttled, a 5xx, ...).
 //! - [`sink`]: where records go: JSON lines files (whole-page appends, safe
 //!   across processes) or SQLite with an FTS5 index that serves search.
 //! - [`ops`]: Prometheus metrics, `/healthz`, `/readyz`, and the systemd
 //!   notify protocol (watchdog pings only while the daemon's loops beat).
 //! - [`stats`]: this process's counters (the demo's progress, the metrics).
-//! - [`conn`], [`embedded`]: reaching Redis, or running one.
+//! - [`conn`], `embedded`: reaching Redis, or running one.
 //! - [`logging`]: the log subscriber (text or JSON lines).
 //! - [`simulator`]: a simulated metered API on loopback, for `demo` and the
 //!   integration tests; the daemon never imports it.

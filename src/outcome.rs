@@ -2,7 +2,7 @@
 //! carries (pages, records, units, retry-after), and how a tick's outcomes are
 //! counted in Redis for `trigger --wait`.
 //!
-//! The worker decides an outcome ([`crate::worker`]); the counters
+//! The worker decides an outcome (`worker`); the counters
 //! ([`crate::stats`]), the metrics, the log line and `trigger --wait`
 //! ([`crate::cli::trigger`]) read it.
 

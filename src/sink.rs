@@ -296,7 +296,7 @@ fn render(template: &Template, job: &str, item: &Item, date: NaiveDate) -> PathB
 /// become `_`; `.`, `..` and the empty string become underscores (one per
 /// character, at least one), so a value can neither add a directory level nor
 /// climb out of one.
-pub(crate) fn sanitize(value: &str) -> String {
+pub fn sanitize(value: &str) -> String {
     match value {
         "" => "_".to_owned(),
         "." | ".." => "_".repeat(value.len()),

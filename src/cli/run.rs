@@ -1,6 +1,6 @@
 //! `quota-worker run`: scheduler and workers in the foreground until SIGTERM
 //! or SIGINT; exit 0 on a clean shutdown, else an exit code per cause
-//! ([`daemon_error`], docs/commands.md).
+//! (`daemon_error`, docs/commands.md).
 
 use std::sync::Arc;
 

@@ -1,6 +1,6 @@
 //! `quota-worker trigger JOB [--wait]`: enqueues one tick of JOB now; with
 //! `--wait`, shows a progress bar until its tasks end, then a one-line
-//! summary, and exits by how they ended ([`verdict`]).
+//! summary, and exits by how they ended (`verdict`).
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! The daemon: Redis (configured or embedded), the scheduler that fires cron
 //! ticks and fans them out ([`crate::schedule`]), the feeder that moves due
-//! tasks into apalis ([`feeder`]), the apalis worker that runs them
-//! ([`supervisor`], one task: [`crate::worker`]), and the metrics endpoint and
+//! tasks into apalis (`feeder`), the apalis worker that runs them
+//! (`supervisor`, one task: `crate::worker`), and the metrics endpoint and
 //! systemd notifications ([`crate::ops`]). [`run`] returns when `shutdown`
 //! resolves and the running tasks finished (or `shutdown_timeout` passed).
 

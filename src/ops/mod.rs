@@ -1,9 +1,9 @@
 //! Operations: Prometheus metrics, `/healthz` and `/readyz`, and the systemd
 //! notify protocol.
 //!
-//! - [`metrics`]: the recorder, and the gauges read from Redis at scrape time;
-//! - [`health`]: the daemon loops' liveness ([`Health`]) and `/readyz`;
-//! - [`notify`]: `READY=1`, `STOPPING=1`, `STATUS=`, and `WATCHDOG=1`, sent
+//! - `metrics`: the recorder, and the gauges read from Redis at scrape time;
+//! - `health`: the daemon loops' liveness ([`Health`]) and `/readyz`;
+//! - `notify`: `READY=1`, `STOPPING=1`, `STATUS=`, and `WATCHDOG=1`, sent
 //!   only while the scheduler and feeder loops keep beating: a wedged loop
 //!   stops the pings and systemd restarts the service.
 //!

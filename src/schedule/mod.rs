@@ -2,9 +2,9 @@
 //! where a tick becomes tasks.
 //!
 //! - this file: fire times, and worst-case spending per window (`check`);
-//! - [`fan_out`]: a tick's tasks, one per fan-out item (the daemon's
+//! - `fan_out`: a tick's tasks, one per fan-out item (the daemon's
 //!   scheduler and `trigger` both use it);
-//! - [`scheduler`]: the daemon's loop that fires ticks and fans them out into
+//! - `scheduler`: the daemon's loop that fires ticks and fans them out into
 //!   the queue, each tick claimed once across daemons.
 
 mod fan_out;
