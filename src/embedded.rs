@@ -206,6 +206,9 @@ impl EmbeddedRedis {
             .arg(&self.dir)
             .args(["--appendonly", "yes", "--appendfsync", "everysec"])
             .args(["--save", ""])
+            // Exactness needs every key kept (src/eviction.rs): under memory
+            // pressure writes fail loudly instead of windows vanishing.
+            .args(["--maxmemory-policy", "noeviction"])
             .arg("--logfile")
             .arg(&self.log)
             .stdin(Stdio::null())

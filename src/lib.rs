@@ -41,7 +41,8 @@
 //! - [`ops`]: Prometheus metrics, `/healthz`, `/readyz`, and the systemd
 //!   notify protocol (watchdog pings only while the daemon's loops beat).
 //! - [`stats`]: this process's counters (the demo's progress, the metrics).
-//! - [`conn`], `embedded`: reaching Redis, or running one.
+//! - [`conn`], `embedded`: reaching Redis, or running one; `eviction`:
+//!   whether that Redis may evict the windows' keys.
 //! - [`logging`]: the log subscriber (text or JSON lines).
 //! - [`simulator`]: a simulated metered API on loopback, for `demo` and the
 //!   integration tests; the daemon never imports it.
@@ -54,6 +55,7 @@ pub mod config;
 pub mod conn;
 pub mod daemon;
 pub(crate) mod embedded;
+pub(crate) mod eviction;
 pub(crate) mod fetch;
 pub mod keys;
 pub mod logging;

@@ -83,8 +83,9 @@ enum Command {
     },
 }
 
+/// The config's duration grammar, so `--for` reads like `per = "..."`.
 fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("{e} (write e.g. \"30s\", \"2m\")"))
+    quota_worker::config::parse_duration(s)
 }
 
 fn main() -> ExitCode {
@@ -132,7 +133,7 @@ fn main() -> ExitCode {
     };
     let code = runtime.block_on(async {
         match args.command {
-            Command::Check => cli::check::run(&config, chrono::Utc::now()),
+            Command::Check => cli::check::run(&config, chrono::Utc::now()).await,
             Command::Spend {
                 endpoint,
                 cost,

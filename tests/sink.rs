@@ -223,11 +223,11 @@ async fn fan_out_values_cannot_escape_the_sink_directory() {
     let feed = job(&config, "feed");
     let body = json!({"items": [{"id": 1}]});
     for (value, dir) in [
-        ("..", "__"),
-        (".", "_"),
-        ("../../../x", ".._.._.._x"),
-        ("/etc", "_etc"),
-        ("a\\b", "a_b"),
+        ("..", "%2E%2E"),
+        (".", "%2E"),
+        ("../../../x", "..%2F..%2F..%2Fx"),
+        ("/etc", "%2Fetc"),
+        ("a\\b", "a%5Cb"),
     ] {
         let it = item(&[("region", value)]);
         let path = sinks.path(feed, &it, at(0, 0).date_naive());

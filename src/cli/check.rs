@@ -1,16 +1,21 @@
 //! `quota-worker check`: validates the config, jobs and secrets (exit 78 when
 //! invalid), then shows each job's next fire times and worst-case cost, and
 //! per window the worst-case units the jobs can spend against its limit,
-//! warning when they cannot fit and when the quota would run out.
+//! warning when they cannot fit and when the quota would run out. When the
+//! configured Redis answers, its eviction policy is checked as `run` checks
+//! it (exit 78 when `run` would refuse to start).
+
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
 use super::Exit;
-use crate::config::{Config, Job, Scope, Window, fmt_duration};
+use crate::config::{Config, Job, Scope, UnsafeEviction, Window, fmt_duration};
+use crate::eviction::{self, Eviction};
 use crate::schedule;
 
 /// Runs the command at `now`.
-pub fn run(config: &Config, now: DateTime<Utc>) -> Exit {
+pub async fn run(config: &Config, now: DateTime<Utc>) -> Exit {
     if let Err(errors) = config.secrets() {
         for e in &errors.0 {
             eprintln!("error: {e}");
@@ -22,7 +27,49 @@ pub fn run(config: &Config, now: DateTime<Utc>) -> Exit {
         return Exit::Config;
     }
     print!("{}", report(config, now));
-    Exit::Ok
+    redis_eviction(config).await
+}
+
+/// Whether the configured Redis keeps every key, when it answers now.
+async fn redis_eviction(config: &Config) -> Exit {
+    let Some(url) = &config.redis.url else {
+        println!("\nredis: embedded, started with maxmemory-policy noeviction");
+        return Exit::Ok;
+    };
+    let wait = Duration::from_secs(2);
+    let Ok(mut conn) = crate::conn::connect(url, wait, 0).await else {
+        println!(
+            "\nredis: {url} does not answer now; its maxmemory-policy is checked when `run` starts"
+        );
+        return Exit::Ok;
+    };
+    match eviction::check(&mut conn, wait).await {
+        Eviction::Safe => {
+            println!("\nredis: {url}: maxmemory-policy noeviction");
+            Exit::Ok
+        }
+        Eviction::Unsafe(policy) => {
+            let reason = Eviction::unsafe_reason(&policy);
+            match config.redis.unsafe_eviction {
+                UnsafeEviction::Refuse => {
+                    eprintln!("error: Redis at {url}: {reason}; `run` refuses to start");
+                    Exit::Config
+                }
+                UnsafeEviction::Warn => {
+                    println!(
+                        "\nwarning: Redis at {url}: {reason} (unsafe_eviction = \"warn\": `run` starts anyway)"
+                    );
+                    Exit::Ok
+                }
+            }
+        }
+        Eviction::Unknown(why) => {
+            println!(
+                "\nwarning: Redis at {url}: its maxmemory-policy cannot be verified ({why}); make sure it is noeviction"
+            );
+            Exit::Ok
+        }
+    }
 }
 
 /// The report, warnings last.

@@ -50,9 +50,11 @@ pub(crate) fn daemon_error(e: &DaemonError) -> Exit {
             | EmbeddedError::Stale(_)
             | EmbeddedError::NoAnswer { .. },
         ) => Exit::Unavailable,
-        DaemonError::Metrics { .. } | DaemonError::Embedded(EmbeddedError::PathTooLong(_)) => {
-            Exit::Config
-        }
+        // Misconfigured, not unavailable: waiting will not fix it, an
+        // operator must (EX_CONFIG, like our own config errors).
+        DaemonError::Metrics { .. }
+        | DaemonError::UnsafeEviction { .. }
+        | DaemonError::Embedded(EmbeddedError::PathTooLong(_)) => Exit::Config,
         DaemonError::Embedded(EmbeddedError::Io { .. }) | DaemonError::Http(_) => Exit::Software,
     }
 }

@@ -20,6 +20,7 @@ use tracing::{info, warn};
 use crate::config::{Config, RedisUrl, Secrets};
 pub(crate) use crate::embedded::EmbeddedError;
 use crate::embedded::EmbeddedRedis;
+use crate::eviction::Eviction;
 use crate::fetch::Fetcher;
 use crate::keys::KeySpace;
 use crate::ops::{self, Health, Notifier, OpsState};
@@ -29,7 +30,7 @@ use crate::quota::{Limiter, Quotas};
 use crate::schedule::Scheduler;
 use crate::sink::Sinks;
 use crate::stats::Stats;
-use crate::worker::Worker;
+use crate::worker::{LocalBlocks, Worker};
 
 /// Why the daemon could not run.
 #[derive(Debug, thiserror::Error)]
@@ -45,6 +46,14 @@ pub enum DaemonError {
         /// The last error.
         #[source]
         source: redis::RedisError,
+    },
+    /// Redis may evict keys, and `[redis] unsafe_eviction` is "refuse".
+    #[error("Redis at {url}: {}", Eviction::unsafe_reason(policy))]
+    UnsafeEviction {
+        /// Where (password redacted).
+        url: RedisUrl,
+        /// Its `maxmemory-policy`.
+        policy: String,
     },
     /// The HTTP client could not be built (TLS roots, say).
     #[error("cannot build the HTTP client: {0}")]
@@ -161,16 +170,18 @@ impl Parts {
             config.redis.timeout,
         );
         let shared = &opts.shared;
+        let fetcher = Fetcher::new(&secrets)?;
         let worker = Arc::new(Worker {
             config: config.clone(),
             secrets,
             limiter: limiter.clone(),
             queue: queue.clone(),
             conn: queue_conn,
-            fetcher: Fetcher::new()?,
+            fetcher,
             sinks: Sinks::new(config.dir.clone()),
             stats: shared.stats.clone(),
             events: shared.events.clone(),
+            local_blocks: LocalBlocks::default(),
             skip_spend: opts.hooks.skip_spend,
         });
         let ops = OpsState {
@@ -178,6 +189,7 @@ impl Parts {
             queue: queue.clone(),
             health: shared.health.clone(),
             stats: shared.stats.clone(),
+            unsafe_eviction: config.redis.unsafe_eviction,
         };
         Ok(Parts { queue, worker, ops })
     }
@@ -255,6 +267,39 @@ async fn wedged(mut stop: watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 
+/// Refuses a Redis that may evict the windows' keys, unless the config says
+/// to run anyway (src/eviction.rs).
+async fn check_eviction(
+    url: &RedisUrl,
+    config: &Config,
+    conn: &ConnectionManager,
+) -> Result<(), DaemonError> {
+    let wait = config.redis.timeout.max(Duration::from_secs(2));
+    match crate::eviction::check(&mut conn.clone(), wait).await {
+        Eviction::Safe => {}
+        Eviction::Unsafe(policy) => match config.redis.unsafe_eviction {
+            crate::config::UnsafeEviction::Refuse => {
+                return Err(DaemonError::UnsafeEviction {
+                    url: url.clone(),
+                    policy,
+                });
+            }
+            crate::config::UnsafeEviction::Warn => warn!(
+                redis = %url,
+                policy,
+                "running on a Redis that may evict keys, because [redis] unsafe_eviction = \"warn\": {}",
+                Eviction::unsafe_reason(&policy)
+            ),
+        },
+        Eviction::Unknown(why) => warn!(
+            redis = %url,
+            why,
+            "cannot verify that Redis never evicts keys (CONFIG renamed or disabled?): make sure its maxmemory-policy is noeviction (docs/redis.md)"
+        ),
+    }
+    Ok(())
+}
+
 /// Connects the limiter's and the queue's Redis connections, retrying for 30 s.
 async fn connect(
     url: &RedisUrl,
@@ -330,6 +375,7 @@ async fn run_on(
         }
         r = connect(url, &config) => r?,
     };
+    check_eviction(url, &config, &limiter_conn).await?;
     let parts = Parts::new(&config, secrets, &opts, limiter_conn, queue_conn)?;
     info!(
         redis = %url,

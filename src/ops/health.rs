@@ -10,6 +10,8 @@ use axum::response::IntoResponse;
 use chrono::Utc;
 
 use super::OpsState;
+use crate::config::UnsafeEviction;
+use crate::eviction::{self, Eviction};
 
 /// A loop is healthy if it beat within this long (the feeder can sit in one
 /// Redis call for up to the queue connection's 10 s response timeout).
@@ -44,10 +46,12 @@ fn fresh(slot: &AtomicI64, within: Duration) -> bool {
     last > 0 && Utc::now().timestamp_millis() - last < within.as_millis() as i64
 }
 
-/// `/readyz`: 200 when Redis answers and the scheduler and worker run, else
-/// 503 naming what is wrong.
+/// `/readyz`: 200 when Redis answers (and may not evict keys, unless
+/// `unsafe_eviction = "warn"`) and the scheduler and worker run, else 503
+/// naming what is wrong.
 pub(super) async fn readyz(State(s): State<OpsState>) -> impl IntoResponse {
     let mut problems = Vec::new();
+    let mut warnings = String::new();
     let mut conn = s.queue.connection();
     let ping = tokio::time::timeout(
         Duration::from_secs(1),
@@ -55,16 +59,27 @@ pub(super) async fn readyz(State(s): State<OpsState>) -> impl IntoResponse {
     )
     .await;
     if !matches!(ping, Ok(Ok(_))) {
-        problems.push("redis unreachable");
+        problems.push("redis unreachable".to_owned());
+    } else if let Eviction::Unsafe(policy) =
+        eviction::check(&mut conn, Duration::from_secs(1)).await
+    {
+        // Read every time: a CONFIG SET after start changes the answer.
+        let reason = Eviction::unsafe_reason(&policy);
+        match s.unsafe_eviction {
+            UnsafeEviction::Refuse => problems.push(reason),
+            UnsafeEviction::Warn => {
+                warnings = format!("warning (unsafe_eviction = \"warn\"): {reason}\n")
+            }
+        }
     }
     if !fresh(&s.health.scheduler, STALE_AFTER) {
-        problems.push("scheduler not running");
+        problems.push("scheduler not running".to_owned());
     }
     if s.health.worker.load(Ordering::Relaxed) == 0 {
-        problems.push("worker not running");
+        problems.push("worker not running".to_owned());
     }
     if problems.is_empty() {
-        (StatusCode::OK, "ready\n".to_owned())
+        (StatusCode::OK, format!("ready\n{warnings}"))
     } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,

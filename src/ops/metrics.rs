@@ -80,7 +80,7 @@ fn describe() {
     describe_counter!("qw_records_total", "Records written to sinks by job");
     describe_counter!(
         "qw_upstream_responses_total",
-        "Upstream answers by endpoint and HTTP status (or unreached, timeout)"
+        "Upstream answers by endpoint and HTTP status (or unreached, timeout, unsent)"
     );
     describe_gauge!(
         "qw_queue_tasks",

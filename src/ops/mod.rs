@@ -43,6 +43,8 @@ pub(crate) struct OpsState {
     pub(crate) health: Arc<Health>,
     /// This daemon's counters.
     pub(crate) stats: Arc<Stats>,
+    /// Whether a Redis that may evict keys makes the daemon not ready.
+    pub(crate) unsafe_eviction: crate::config::UnsafeEviction,
 }
 
 /// Takes the metrics address, before anything else starts: an address this

@@ -14,13 +14,15 @@
 //! task does nothing (`keys::task_done`).
 //!
 //! - this file: a task's frame — claim the item, run, record the outcome;
-//! - [`page`]: the pages, one step at a time, one short arm per upstream answer;
-//! - [`lock`]: the item lock; [`guards`]: what undoes a running task's side
+//! - `page`: the pages, one step at a time, one short arm per upstream answer;
+//! - `spend`: the task's side of the quota — spend, settle, refund, block;
+//! - `lock`: the item lock; `guards`: what undoes a running task's side
 //!   effects however it ends, a panic included.
 
 mod guards;
 mod lock;
 mod page;
+mod spend;
 
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
@@ -41,6 +43,7 @@ use crate::sink::Sinks;
 use crate::stats::Stats;
 use guards::InFlight;
 use lock::{Claim, ItemLock};
+pub(crate) use spend::LocalBlocks;
 
 /// How long pagination checkpoints are kept when nothing resumes them.
 const CHECKPOINT_TTL: Duration = Duration::from_secs(7 * 86_400);
@@ -80,6 +83,9 @@ pub(crate) struct Worker {
     pub(crate) stats: Arc<Stats>,
     /// Where every outcome is also sent (the demo's live view), if anywhere.
     pub(crate) events: Option<tokio::sync::broadcast::Sender<OutcomeEvent>>,
+    /// Credentials this daemon holds blocked itself, because recording the
+    /// upstream's block in Redis failed.
+    pub(crate) local_blocks: LocalBlocks,
     /// The benchmark's "spend off" (`daemon::Hooks::skip_spend`): every
     /// spend counts as admitted and unrecorded, without a call to Redis.
     pub(crate) skip_spend: bool,

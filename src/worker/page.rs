@@ -14,24 +14,28 @@ use redis::AsyncCommands;
 use serde_json::Value;
 use tracing::info;
 
+use super::spend::{Admission, Spent};
 use super::{CHECKPOINT_TTL, Checkpoint, TaskError, Worker};
 use crate::config::{Endpoint, Job, OnQuotaExhausted, Secret, fmt_duration};
-use crate::fetch::{Placeholders, Reply, UpstreamQuota};
+use crate::fetch::{Placeholders, Reply, Request, UpstreamQuota};
 use crate::outcome::{Outcome, OutcomeKind};
 use crate::queue::{Origin, QueueError, TaskArgs};
-use crate::quota::{Decision, QuotaError, RejectedBy};
+use crate::quota::QuotaError;
 use crate::stats::Stats;
 
 /// Where a run is: its checkpoint's key and tick, the next page, and what
 /// it has done so far.
-struct Progress {
+pub(super) struct Progress {
     cursor_key: String,
     tick: i64,
-    page: u32,
+    pub(super) page: u32,
     token: Option<String>,
+    /// A same-origin redirect the upstream answered this page with: the
+    /// page's next request, spent like any other (`fetch::MAX_REDIRECTS`).
+    redirect: Option<Box<Request>>,
     pages: u32,
     records: u64,
-    units: u64,
+    pub(super) units: u64,
 }
 
 impl Progress {
@@ -55,28 +59,12 @@ enum Step {
 }
 
 /// What every page of one task's run shares.
-struct Run<'a> {
-    task: &'a TaskArgs,
-    job: &'a Job,
-    endpoint: &'a Endpoint,
+pub(super) struct Run<'a> {
+    pub(super) task: &'a TaskArgs,
+    pub(super) job: &'a Job,
+    pub(super) endpoint: &'a Endpoint,
     secret: Secret,
     max_pages: u32,
-}
-
-/// A page's spend, admitted.
-struct Spent {
-    /// The spend's request id, for a settle or refund.
-    request_id: String,
-    /// Whether the windows recorded it (not when Redis could not answer on a
-    /// `fail-open` endpoint): only a recorded spend is settled or refunded.
-    recorded: bool,
-}
-
-/// What a page's spend came to.
-enum Admission {
-    Spent(Spent),
-    /// The quota said no (or the limiter could not answer): the task ends.
-    Refused(Outcome),
 }
 
 /// Where this run starts, or why it does not run at all (it is superseded).
@@ -114,8 +102,14 @@ fn reported_cost(reply: &Reply) -> Option<u64> {
         Reply::Ok { actual_cost, .. }
         | Reply::Throttled { actual_cost, .. }
         | Reply::ServerError { actual_cost, .. }
-        | Reply::ClientError { actual_cost, .. } => *actual_cost,
-        Reply::BadBody { .. } | Reply::Unreached { .. } | Reply::TimedOut { .. } => None,
+        | Reply::ClientError { actual_cost, .. }
+        | Reply::Redirect { actual_cost, .. }
+        | Reply::RedirectRefused { actual_cost, .. }
+        | Reply::TooLarge { actual_cost, .. } => *actual_cost,
+        Reply::BadBody { .. }
+        | Reply::Unsent { .. }
+        | Reply::Unreached { .. }
+        | Reply::TimedOut { .. } => None,
     }
 }
 
@@ -163,6 +157,7 @@ impl Worker {
             tick: task.tick,
             page: start.page,
             token: start.token,
+            redirect: None,
             pages: 0,
             records: 0,
             units: 0,
@@ -184,12 +179,30 @@ impl Worker {
         Ok(outcome)
     }
 
-    /// One page: spend, fetch, and what the answer leads to.
+    /// One page (or one hop of a page's redirect): build the request,
+    /// spend, send, and what the answer leads to.
     async fn step(&self, run: &Run<'_>, mut p: Progress) -> Result<Step, TaskError> {
         if p.page > run.max_pages {
             // A checkpoint past max_pages (lowered since): the run is complete.
             return self.complete(&p, "max_pages reached").await;
         }
+        // Built before the spend: a request that cannot be built (a control
+        // character in an item, an unsendable header) is never sent, so
+        // nothing is spent for it.
+        let now = Utc::now();
+        let request = match p.redirect.take() {
+            Some(next) => *next,
+            None => {
+                let ph = Placeholders::new(run.job, &run.task.item, &run.secret, now);
+                match self.fetcher.request(run.job, &ph, p.token.as_deref()) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        let why = format!("request not sent: {e}");
+                        return Ok(Step::End(self.fail(&p, None, &why).await?));
+                    }
+                }
+            }
+        };
         let spent = match self.spend(run, &p).await? {
             Admission::Spent(spent) => spent,
             Admission::Refused(outcome) => return Ok(Step::End(outcome)),
@@ -198,12 +211,7 @@ impl Worker {
         p.units += cost;
         Stats::add(&self.stats.units, cost);
 
-        let now = Utc::now();
-        let ph = Placeholders::new(run.job, &run.task.item, &run.secret, now);
-        let reply = self
-            .fetcher
-            .fetch(run.job, run.endpoint, &ph, p.token.as_deref())
-            .await;
+        let reply = self.fetcher.send(run.endpoint, &request).await;
         self.settle_reported(run.endpoint, &spent, reported_cost(&reply), &mut p)
             .await;
         self.answer(run, p, &spent, reply, now).await
@@ -251,46 +259,27 @@ impl Worker {
                 let why = format!("bad response: {detail}");
                 self.fail(&p, Some(status), &why).await?
             }
+            // An answer: this hop's units stay spent; the next hop is spent
+            // by the next step, for the same page.
+            Reply::Redirect { next, .. } => {
+                p.redirect = Some(next);
+                return Ok(Step::Next(p));
+            }
+            Reply::RedirectRefused { status, why, .. } => self.fail(&p, Some(status), &why).await?,
+            Reply::TooLarge { status, limit, .. } => {
+                let why = format!(
+                    "response body over max_body {}; reading stopped there",
+                    crate::fetch::fmt_size(limit)
+                );
+                self.fail(&p, Some(status), &why).await?
+            }
+            Reply::Unsent { detail } => {
+                self.refund(run.endpoint, spent, &mut p).await;
+                let why = format!("request not sent (units refunded): {detail}");
+                self.fail(&p, None, &why).await?
+            }
         };
         Ok(Step::End(end))
-    }
-
-    /// Spends the page's cost from the endpoint's windows.
-    async fn spend(&self, run: &Run<'_>, p: &Progress) -> Result<Admission, TaskError> {
-        let request_id = format!(
-            "{}:p{}:{}",
-            run.task.id,
-            p.page,
-            &crate::quota::request_id()[..12]
-        );
-        let decision = if self.skip_spend {
-            Ok(Decision::Unchecked)
-        } else {
-            self.limiter
-                .spend(&run.endpoint.name, None, &request_id)
-                .await
-        };
-        let recorded = match decision {
-            Ok(Decision::Allowed { .. }) => true,
-            Ok(Decision::Unchecked) => false,
-            Ok(Decision::Rejected(r)) => {
-                Stats::add(&self.stats.rejected_spends, 1);
-                let why = match r.by {
-                    RejectedBy::Blocked => "credential blocked after the upstream throttled it",
-                    RejectedBy::Window(_) => "spend rejected by a quota window",
-                };
-                let kind = OutcomeKind::QuotaExhausted;
-                let o = self
-                    .wait_for_quota(run, p, kind, r.retry_after, why)
-                    .await?;
-                return Ok(Admission::Refused(o));
-            }
-            Err(e) => return Ok(Admission::Refused(self.limiter_down(run, p, &e).await?)),
-        };
-        Ok(Admission::Spent(Spent {
-            request_id,
-            recorded,
-        }))
     }
 
     /// A page came back: block the credential if the upstream's own count
@@ -305,9 +294,8 @@ impl Worker {
     ) -> Result<Step, TaskError> {
         if let Some(u) = upstream.filter(|u| u.remaining == 0) {
             // Nobody spends on this credential until the upstream resets.
-            let credential = &run.endpoint.credential;
-            self.limiter.block(credential, u.reset_in).await.ok();
-            info!(%credential, blocked_ms = u.reset_in.as_millis() as u64,
+            self.block(run.endpoint, u.reset_in).await;
+            info!(credential = %run.endpoint.credential, blocked_ms = u.reset_in.as_millis() as u64,
                   "upstream reports its quota spent; credential blocked until its reset");
         }
         match self.sinks.write(run.job, &run.task.item, body, now).await {
@@ -327,6 +315,11 @@ impl Worker {
         p.pages += 1;
         Stats::add(&self.stats.pages, 1);
         match next_token(run.job, body) {
+            Some(token) if p.token.as_deref() == Some(token.as_str()) => {
+                // The same page again, for ever: each one spent.
+                let why = "cursor repeated: the upstream sent the page token it was given";
+                Ok(Step::End(self.fail(&p, Some(200), why).await?))
+            }
             Some(token) if p.page < run.max_pages => {
                 p.page += 1;
                 p.token = Some(token);
@@ -347,14 +340,8 @@ impl Worker {
         retry_after: Option<Duration>,
         reason: Option<String>,
     ) -> Result<Outcome, TaskError> {
-        let block = retry_after
-            .unwrap_or(run.endpoint.throttle_block)
-            .max(Duration::from_millis(1));
-        let blocked = self
-            .limiter
-            .block(&run.endpoint.credential, block)
-            .await
-            .unwrap_or(block);
+        let wait = retry_after.unwrap_or(run.endpoint.throttle_block);
+        let blocked = self.block(run.endpoint, wait).await;
         let why = format!(
             "upstream answered {status}{}; credential blocked for {}",
             reason.map(|r| format!(" ({r})")).unwrap_or_default(),
@@ -387,38 +374,6 @@ impl Worker {
         Ok(o)
     }
 
-    /// The upstream said what a request really cost (a cost header, on any
-    /// answer): the windows and the task's count follow. Nothing to settle
-    /// for a spend that was not recorded (fail-open).
-    async fn settle_reported(
-        &self,
-        endpoint: &Endpoint,
-        spent: &Spent,
-        actual: Option<u64>,
-        p: &mut Progress,
-    ) {
-        let cost = endpoint.cost.get();
-        let Some(actual) = actual.filter(|a| spent.recorded && *a != cost) else {
-            return;
-        };
-        self.limiter
-            .settle(&endpoint.name, &spent.request_id, actual)
-            .await
-            .ok();
-        p.units = p.units - cost + actual;
-    }
-
-    /// The request never reached the upstream: its units go back.
-    async fn refund(&self, endpoint: &Endpoint, spent: &Spent, p: &mut Progress) {
-        if spent.recorded {
-            self.limiter
-                .settle(&endpoint.name, &spent.request_id, 0)
-                .await
-                .ok();
-            p.units -= endpoint.cost.get();
-        }
-    }
-
     /// Checkpoints the run: the next run of the item resumes at `p.page`.
     async fn save(&self, p: &Progress) -> Result<(), TaskError> {
         let cp = Checkpoint {
@@ -437,7 +392,7 @@ impl Worker {
     /// The quota (ours, or the upstream's) says wait `wait`: keep the
     /// checkpoint and end now; with `on_quota_exhausted = "defer"`, queue a
     /// copy for when it frees. Never sleeps, never counts as a failure.
-    async fn wait_for_quota(
+    pub(super) async fn wait_for_quota(
         &self,
         run: &Run<'_>,
         p: &Progress,
@@ -492,7 +447,7 @@ impl Worker {
 
     /// Redis could not answer the spend and the endpoint is fail-closed: come
     /// back later, without counting it as a failure.
-    async fn limiter_down(
+    pub(super) async fn limiter_down(
         &self,
         run: &Run<'_>,
         p: &Progress,
