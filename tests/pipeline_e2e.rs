@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use pipeline::{Pipeline, Setup, kinds, pages_by_scope, served_ids, sink_ids};
+use quota_worker::outcome::OutcomeKind;
 use quota_worker::simulator::{SimConfig, VIDEOS};
-use quota_worker::stats::OutcomeKind;
 
 const REGIONS: [&str; 8] = ["US", "GB", "DE", "FR", "IN", "BR", "AU", "CA"];
 /// Our window: 20 units per 4 s, against 24 units a tick (8 regions x 3 pages).

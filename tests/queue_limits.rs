@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use pipeline::{NEVER, Pipeline, Setup, kinds, toml_list};
+use quota_worker::outcome::OutcomeKind;
 use quota_worker::queue::FEED_CAP;
 use quota_worker::simulator::SimConfig;
-use quota_worker::stats::OutcomeKind;
 
 fn config(worker: &str) -> String {
     format!(

@@ -10,9 +10,10 @@ mod support;
 use std::time::{Duration, Instant};
 
 use pipeline::{NEVER, Pipeline, Setup, kinds, pages_by_scope, toml_list};
+use quota_worker::outcome::OutcomeKind;
 use quota_worker::quota::{Decision, request_id};
 use quota_worker::simulator::{Fault, SimConfig};
-use quota_worker::stats::{OutcomeKind, Stats};
+use quota_worker::stats::Stats;
 
 fn config(concurrency: u32, window: &str) -> String {
     format!(

@@ -9,8 +9,8 @@ mod support;
 use std::time::Duration;
 
 use pipeline::{NEVER, Pipeline, Setup, kinds};
+use quota_worker::outcome::OutcomeKind;
 use quota_worker::simulator::{Fault, SimConfig};
-use quota_worker::stats::OutcomeKind;
 
 fn config(endpoint_extra: &str) -> String {
     format!(

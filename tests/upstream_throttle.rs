@@ -10,9 +10,9 @@ mod support;
 use std::time::{Duration, Instant};
 
 use pipeline::{NEVER, Pipeline, Seen, Setup, kinds};
+use quota_worker::outcome::OutcomeKind;
 use quota_worker::quota::{Decision, RejectedBy, request_id};
 use quota_worker::simulator::{Fault, SimConfig};
-use quota_worker::stats::OutcomeKind;
 
 fn config(endpoint_extra: &str) -> String {
     format!(
