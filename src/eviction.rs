@@ -15,11 +15,11 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 
 /// The one policy that keeps every key.
-pub const SAFE_POLICY: &str = "noeviction";
+pub(crate) const SAFE_POLICY: &str = "noeviction";
 
 /// What the Redis says about its eviction policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Eviction {
+pub(crate) enum Eviction {
     /// `noeviction`: nothing is ever evicted.
     Safe,
     /// Keys may be evicted under memory pressure (the policy's name).
@@ -32,7 +32,7 @@ pub enum Eviction {
 impl Eviction {
     /// The problem in one sentence, with its fix: for `run`'s refusal,
     /// `check` and `/readyz`.
-    pub fn unsafe_reason(policy: &str) -> String {
+    pub(crate) fn unsafe_reason(policy: &str) -> String {
         format!(
             "Redis maxmemory-policy is {policy}: under memory pressure it evicts keys, the quota windows' among them, and the windows then admit more than their limits; set it to noeviction (`CONFIG SET maxmemory-policy noeviction` and `CONFIG REWRITE`, or `maxmemory-policy noeviction` in redis.conf), or set [redis] unsafe_eviction = \"warn\" to run anyway"
         )
@@ -40,7 +40,7 @@ impl Eviction {
 }
 
 /// Reads `maxmemory-policy` with `CONFIG GET`, waiting at most `timeout`.
-pub async fn check<C: ConnectionLike + Send>(conn: &mut C, timeout: Duration) -> Eviction {
+pub(crate) async fn check<C: ConnectionLike + Send>(conn: &mut C, timeout: Duration) -> Eviction {
     let mut cmd = redis::cmd("CONFIG");
     cmd.arg("GET").arg("maxmemory-policy");
     let get = cmd.query_async::<HashMap<String, String>>(conn);

@@ -41,14 +41,14 @@ use crate::config::{Endpoint, Expansion, Job, Method, ResetIs, Secret, Secrets};
 
 /// Redirects followed for one page at most (each one spent). The request
 /// before them makes `MAX_REDIRECTS + 1` upstream requests in all.
-pub const MAX_REDIRECTS: u32 = 3;
+pub(crate) const MAX_REDIRECTS: u32 = 3;
 
 /// Error answers (4xx, 5xx) are read this far at most: enough for the log
 /// and for a quota reason, never a reason to fail.
 const ERROR_BODY_LIMIT: u64 = 64 * 1024;
 
 /// What a scrubbed secret is replaced with.
-pub const REDACTED: &str = "[redacted]";
+pub(crate) const REDACTED: &str = "[redacted]";
 
 /// RFC 3986 unreserved characters stay; everything else is encoded
 /// (RFC 6570 simple expansion).
@@ -60,7 +60,7 @@ const SIMPLE: &AsciiSet = &NON_ALPHANUMERIC
 
 /// Values the request template's placeholders take for one task.
 #[derive(Debug, Clone)]
-pub struct Placeholders<'a> {
+pub(crate) struct Placeholders<'a> {
     /// The job's name: `{job}`.
     pub job: &'a str,
     /// The fan-out item: `{region}` and friends.
@@ -73,7 +73,7 @@ pub struct Placeholders<'a> {
 
 impl<'a> Placeholders<'a> {
     /// Placeholders for `job` and `item` at `now`.
-    pub fn new(
+    pub(crate) fn new(
         job: &'a Job,
         item: &'a [(String, String)],
         secret: &'a Secret,
@@ -103,7 +103,7 @@ impl<'a> Placeholders<'a> {
 
 /// The upstream's own report of its quota, from response headers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct UpstreamQuota {
+pub(crate) struct UpstreamQuota {
     /// Units it says are left.
     pub remaining: u64,
     /// When it says they reset (at most the endpoint's `max_block`).
@@ -113,7 +113,7 @@ pub struct UpstreamQuota {
 /// Where a request may go: the scheme, host and port of the job's request
 /// URL. Shown as `https://host:port`, never with a path or query.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Origin {
+pub(crate) struct Origin {
     scheme: String,
     host: String,
     port: Option<u16>,
@@ -143,7 +143,7 @@ impl fmt::Display for Origin {
 /// redirect within its origin. Its URL and headers may hold the secret, so
 /// it prints only its method, origin and hops.
 #[derive(Clone)]
-pub struct Request {
+pub(crate) struct Request {
     method: reqwest::Method,
     url: Url,
     headers: HeaderMap,
@@ -165,11 +165,6 @@ impl fmt::Debug for Request {
 }
 
 impl Request {
-    /// Redirects followed to get here (0 for the page's own request).
-    pub fn hops(&self) -> u32 {
-        self.hops
-    }
-
     /// The redirect this answer asks for, if it may be followed.
     fn redirected(&self, status: u16, headers: &HeaderMap) -> Result<Request, String> {
         let Some(location) = headers
@@ -219,7 +214,7 @@ impl Request {
 /// Why a request could not be built. Nothing was sent, so nothing needs to
 /// be spent: the task ends `failed` with this reason.
 #[derive(Debug, thiserror::Error)]
-pub enum BuildError {
+pub(crate) enum BuildError {
     /// A fan-out value holds a control character (CR, LF, NUL, ESC, ...).
     #[error("fan-out item {item} holds control characters; refused")]
     ControlChars {
@@ -246,7 +241,7 @@ pub enum BuildError {
 
 /// What the upstream answered, as the worker needs it.
 #[derive(Debug)]
-pub enum Reply {
+pub(crate) enum Reply {
     /// 2xx with a JSON body.
     Ok {
         /// The decoded body, every known secret scrubbed from its strings.
@@ -370,14 +365,14 @@ impl Reply {
 /// hex, `+` for spaces as forms write it) and JSON-escaped, since an
 /// upstream echoes the URL or the request in any of these forms.
 #[derive(Debug, Clone, Default)]
-pub struct Scrubber {
+pub(crate) struct Scrubber {
     /// One automaton for every form of every secret; `None` without secrets.
     matcher: Option<AhoCorasick>,
 }
 
 impl Scrubber {
     /// A scrubber for `secrets`.
-    pub fn new<'a>(secrets: impl IntoIterator<Item = &'a Secret>) -> Self {
+    pub(crate) fn new<'a>(secrets: impl IntoIterator<Item = &'a Secret>) -> Self {
         let mut forms: Vec<String> = Vec::new();
         for s in secrets {
             let s = s.expose();
@@ -412,7 +407,7 @@ impl Scrubber {
     }
 
     /// `text` with every secret replaced by [`REDACTED`].
-    pub fn scrub<'t>(&self, text: &'t str) -> Cow<'t, str> {
+    pub(crate) fn scrub<'t>(&self, text: &'t str) -> Cow<'t, str> {
         match &self.matcher {
             Some(m) if m.is_match(text) => {
                 let with: Vec<&str> = vec![REDACTED; m.patterns_len()];
@@ -423,7 +418,7 @@ impl Scrubber {
     }
 
     /// Scrubs every string of a JSON value (records, cursors) in place.
-    pub fn scrub_json(&self, value: &mut Value) {
+    pub(crate) fn scrub_json(&self, value: &mut Value) {
         if self.matcher.is_none() {
             return;
         }
@@ -508,7 +503,7 @@ fn path_segments(url: &Url) -> usize {
 }
 
 /// A size as an operator writes it: "16 MiB", "512 KiB", "1000 B".
-pub fn fmt_size(bytes: u64) -> String {
+pub(crate) fn fmt_size(bytes: u64) -> String {
     for (unit, len) in [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
         if bytes >= len && bytes.is_multiple_of(len) {
             return format!("{} {unit}", bytes / len);
@@ -521,13 +516,13 @@ pub fn fmt_size(bytes: u64) -> String {
 }
 
 /// `region=a\rb`: an item key fit for a log line.
-pub fn escaped_item(item: &[(String, String)]) -> String {
+pub(crate) fn escaped_item(item: &[(String, String)]) -> String {
     crate::queue::item_key(item).escape_debug().to_string()
 }
 
 /// Sends requests for jobs. Cheap to clone (one connection pool).
 #[derive(Debug, Clone)]
-pub struct Fetcher {
+pub(crate) struct Fetcher {
     client: reqwest::Client,
     scrubber: Arc<Scrubber>,
 }
@@ -536,7 +531,7 @@ impl Fetcher {
     /// A fetcher with rustls, a connect timeout and a user agent, that
     /// follows no redirect and sends no `Referer`, and scrubs `secrets` from
     /// whatever the upstream sends back.
-    pub fn new(secrets: &Secrets) -> Result<Self, reqwest::Error> {
+    pub(crate) fn new(secrets: &Secrets) -> Result<Self, reqwest::Error> {
         let client = reqwest::Client::builder()
             .user_agent(concat!("quota-worker/", env!("CARGO_PKG_VERSION")))
             .connect_timeout(Duration::from_secs(10))
@@ -549,14 +544,9 @@ impl Fetcher {
         })
     }
 
-    /// The scrubber for upstream text.
-    pub fn scrubber(&self) -> &Scrubber {
-        &self.scrubber
-    }
-
     /// The request for one page of `job` for `ph`'s item; `cursor` is the
     /// page token from the previous page (none for the first).
-    pub fn request(
+    pub(crate) fn request(
         &self,
         job: &Job,
         ph: &Placeholders<'_>,
@@ -614,7 +604,7 @@ impl Fetcher {
     }
 
     /// Sends `req` and classifies the answer.
-    pub async fn send(&self, endpoint: &Endpoint, req: &Request) -> Reply {
+    pub(crate) async fn send(&self, endpoint: &Endpoint, req: &Request) -> Reply {
         let mut rb = self
             .client
             .request(req.method.clone(), req.url.clone())
@@ -835,7 +825,7 @@ fn snippet(body: &[u8]) -> String {
 
 /// Classifies a complete HTTP answer (not a redirect: see [`Reply::Redirect`]).
 /// Its text is not yet scrubbed of secrets.
-pub fn classify(
+pub(crate) fn classify(
     endpoint: &Endpoint,
     status: u16,
     headers: &HeaderMap,

@@ -122,7 +122,7 @@ fn main() -> ExitCode {
         | Command::Check => "warn",
         _ => "info",
     };
-    quota_worker::logging::init_with_default(format, default_level);
+    quota_worker::logging::init(format, default_level);
 
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,

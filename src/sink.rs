@@ -184,11 +184,6 @@ impl Sinks {
         }
     }
 
-    /// The directory relative sink paths resolve against.
-    pub fn base_dir(&self) -> &Path {
-        &self.base_dir
-    }
-
     /// The file `job`'s records of `item` fetched on `date` (UTC) go to.
     pub fn path(&self, job: &Job, item: &Item, date: NaiveDate) -> PathBuf {
         self.base_dir.join(render_path(job, item, date))

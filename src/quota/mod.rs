@@ -6,7 +6,7 @@
 //! ([`Decision`]); a cost that can never fit is an error of its own
 //! ([`QuotaError::CostTooLarge`]), as in governor's `InsufficientCapacity`.
 
-pub mod tz;
+pub(crate) mod tz;
 
 use std::collections::HashMap;
 use std::num::NonZeroU64;
@@ -87,7 +87,7 @@ pub enum RejectedBy {
 
 impl RejectedBy {
     /// The spend script's `rejecting_window` (0 for a block).
-    pub fn window_number(self) -> usize {
+    pub(crate) fn window_number(self) -> usize {
         match self {
             RejectedBy::Window(n) => n,
             RejectedBy::Blocked => 0,
@@ -125,7 +125,7 @@ pub enum QuotaError {
 
 impl QuotaError {
     /// Whether the limiter itself could not answer (as opposed to a bad call).
-    pub fn is_unavailable(&self) -> bool {
+    pub(crate) fn is_unavailable(&self) -> bool {
         matches!(self, QuotaError::Timeout(_) | QuotaError::Unavailable(_))
     }
 
@@ -209,7 +209,7 @@ impl Plan {
     }
 
     /// The window with the fewest units.
-    pub fn smallest(&self) -> Option<&Window> {
+    pub(crate) fn smallest(&self) -> Option<&Window> {
         self.windows
             .iter()
             .map(|w| &w.window)
@@ -300,19 +300,23 @@ impl Quotas {
     }
 
     /// A credential's plan (all its windows).
-    pub fn credential(&self, name: &str) -> Result<&Plan, QuotaError> {
+    pub(crate) fn credential(&self, name: &str) -> Result<&Plan, QuotaError> {
         self.credentials
             .get(name)
             .ok_or_else(|| QuotaError::UnknownCredential(name.to_owned()))
     }
 
     /// Credential names, in config order.
-    pub fn credential_names(&self) -> impl Iterator<Item = &str> {
+    pub(crate) fn credential_names(&self) -> impl Iterator<Item = &str> {
         self.credentials.keys().map(String::as_str)
     }
 
     /// The cost a spend would charge, checked against the smallest window.
-    pub fn checked_cost(&self, endpoint: &str, cost: Option<u64>) -> Result<u64, QuotaError> {
+    pub(crate) fn checked_cost(
+        &self,
+        endpoint: &str,
+        cost: Option<u64>,
+    ) -> Result<u64, QuotaError> {
         let ep = self.endpoint(endpoint)?;
         let cost = cost.unwrap_or(ep.cost.get());
         if let Some(w) = ep.plan.smallest()

@@ -39,12 +39,14 @@ mod quota_exhausted;
 mod retries;
 mod sink;
 mod trigger;
+mod trigger_exit_codes;
 mod upstream_throttle;
 
 // Daemons as processes: several at once, restarts, signals, embedded Redis.
 mod embedded;
 mod multi_daemon;
 mod recovery;
+mod run_exit_codes;
 mod shutdown;
 
 // Operations: systemd, metrics and health, logs, secrets, a hostile upstream.

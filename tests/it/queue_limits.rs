@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use quota_worker::outcome::OutcomeKind;
 use quota_worker::queue::FEED_CAP;
 use quota_worker::simulator::SimConfig;
-use quota_worker::stats::OutcomeKind;
 
 use crate::support::machine;
 use crate::support::pipeline::{Pipeline, YT_ENDPOINT, YT_KEY, kinds, yt, yt_endpoint};

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
+use quota_worker::outcome::OutcomeKind;
 use quota_worker::simulator::{Fault, SimConfig};
-use quota_worker::stats::OutcomeKind;
 
 use crate::support::machine;
 use crate::support::pipeline::{

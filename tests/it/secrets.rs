@@ -226,7 +226,8 @@ fn never_leaks(format: &str) {
     for job in ["unreachable", "refused"] {
         assert_eq!(
             cli(&mut seen, &cfg, format, &env, &["trigger", job, "--wait"]),
-            Some(0)
+            Some(1),
+            "{job}: its task failed"
         );
     }
     // Faults on the way, then the quota runs out.
@@ -254,7 +255,8 @@ fn never_leaks(format: &str) {
             &env,
             &["trigger", "trending", "--wait"],
         );
-        assert_eq!(code, Some(0));
+        // 0, 75 or 1 by how this tick's tasks ended (trigger_exit_codes).
+        assert!(matches!(code, Some(0 | 1 | 75)), "{code:?}");
         let log = daemon.log();
         if has(&log, "done") && has(&log, "quota_exhausted") {
             break;

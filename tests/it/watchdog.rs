@@ -1,45 +1,84 @@
 //! The systemd watchdog tracks the daemon's loops, not a timer: when the
-//! scheduler loop is wedged (`QUOTA_WORKER_FAULT=wedge-scheduler`), the
-//! `WATCHDOG=1` pings stop within `ops::STALE_AFTER` (12 s) and `/readyz`
-//! says why, while a healthy daemon beside it keeps pinging over the same
-//! period. systemd would then kill and restart the wedged one.
+//! scheduler loop is wedged, the `WATCHDOG=1` pings stop within
+//! `ops::STALE_AFTER` (12 s) and `/readyz` says why, while a healthy daemon
+//! beside it keeps pinging over the same period. systemd would then kill and
+//! restart the wedged one.
+//!
+//! The wedge is the in-process test hook `daemon::Hooks::wedge_scheduler`:
+//! both daemons run in this process (`daemon::run`), each with its own notify
+//! socket (`Notifier::to`), as the product reads no test switch from its
+//! environment. A real systemd tripping `WatchdogSec` on a SIGSTOPped daemon
+//! is the systemd test's business (scripts/).
 
+use std::io::Write;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use quota_worker::ops::STALE_AFTER;
+use quota_worker::config::Config;
+use quota_worker::daemon::{Hooks, RunOptions};
+use quota_worker::ops::{Notifier, STALE_AFTER};
 
 use crate::support::daemon;
-use crate::support::http::{self, http_get};
+use crate::support::http::http_get;
+use crate::support::in_process::InProcess;
 use crate::support::machine;
 use crate::support::notify::NotifySocket;
 use crate::support::process::Proc;
-use crate::support::redis_server::free_port_except;
 use crate::support::{RedisServer, TestConfig, Worker, free_port};
 
 /// Pings are due every 500 ms.
 const WATCHDOG_USEC: &str = "1000000";
+const WATCHDOG: Duration = Duration::from_secs(1);
+const KEY: &str = "not-a-real-key";
 
-fn config(url: &str) -> TestConfig {
+fn config(url: &str, listen: &str) -> TestConfig {
     daemon::idle(daemon::yt_key1())
         .redis_url(url)
         .worker(Worker::default().concurrency(2).shutdown_timeout("2s"))
+        .metrics_listen(listen)
         .write()
 }
 
-fn start(cfg: &TestConfig, notify: &NotifySocket, port: u16, fault: Option<&str>) -> Proc {
+/// The binary, run as systemd would: `NOTIFY_SOCKET`, `WATCHDOG_USEC`.
+fn start(cfg: &TestConfig, notify: &NotifySocket, port: u16) -> Proc {
     let path = notify.path();
     let port = format!("127.0.0.1:{port}");
-    let mut env = vec![
+    let env = vec![
         ("NOTIFY_SOCKET", path.to_str().expect("utf-8 path")),
         ("WATCHDOG_USEC", WATCHDOG_USEC),
-        ("YT_KEY1", "not-a-real-key"),
+        ("YT_KEY1", KEY),
         ("QUOTA_WORKER_METRICS_LISTEN", port.as_str()),
     ];
-    if let Some(f) = fault {
-        env.push(("QUOTA_WORKER_FAULT", f));
-    }
-    let label = if fault.is_some() { "wedged" } else { "healthy" };
-    Proc::start(label, cfg, &["run"], &env)
+    Proc::start("daemon", cfg, &["run"], &env)
+}
+
+/// A daemon in this process, notifying `notify`; returns it and the port its
+/// metrics endpoint listens on.
+async fn start_in_process(
+    cfg: &TestConfig,
+    notify: &NotifySocket,
+    wedge_scheduler: bool,
+) -> (InProcess, u16) {
+    // Only the test's variables: nothing leaks in from whoever runs it.
+    let lookup = |name: &str| (name == "YT_KEY1").then(|| KEY.to_owned());
+    let config = Config::load_with_env(&cfg.path(), &lookup).expect("config");
+    let secrets = config.secrets_with_env(&lookup).expect("secrets");
+    let (addr_tx, mut addr_rx) = tokio::sync::watch::channel(None);
+    let opts = RunOptions {
+        metrics_addr: Some(addr_tx),
+        hooks: Hooks {
+            wedge_scheduler,
+            notify: Some(Notifier::to(notify.path(), Some(WATCHDOG))),
+            ..Hooks::default()
+        },
+        ..RunOptions::default()
+    };
+    let daemon = InProcess::start(Arc::new(config), secrets, opts).await;
+    let addr = *addr_rx
+        .wait_for(Option::is_some)
+        .await
+        .expect("metrics address");
+    (daemon, addr.expect("bound").port())
 }
 
 fn pings(n: &NotifySocket) -> Vec<Instant> {
@@ -50,29 +89,70 @@ fn pings(n: &NotifySocket) -> Vec<Instant> {
         .collect()
 }
 
-#[test]
-fn watchdog_pings_stop_when_the_scheduler_loop_is_wedged() {
+/// The log lines of everything on this thread, as a `tracing` subscriber.
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("logs").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().expect("logs")).into_owned()
+    }
+}
+
+/// Blocking HTTP off the runtime's thread, which serves the daemons.
+async fn get(port: u16, path: &'static str) -> Option<(u16, String)> {
+    tokio::task::spawn_blocking(move || http_get(port, path))
+        .await
+        .expect("http_get")
+}
+
+// A current-thread runtime: the daemons' tasks all run on the test's thread,
+// so the thread's log subscriber sees their lines.
+#[tokio::test]
+async fn watchdog_pings_stop_when_the_scheduler_loop_is_wedged() {
     let _machine = machine::timing();
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _logging = tracing::subscriber::set_default(subscriber);
+
     let redis = RedisServer::start();
-    let cfg = config(&redis.url());
+    let cfg = config(&redis.url(), "127.0.0.1:0");
     let (healthy_n, wedged_n) = (NotifySocket::bind(), NotifySocket::bind());
-    let healthy_port = free_port();
-    let wedged_port = free_port_except(&[healthy_port]);
-    let mut healthy = start(&cfg, &healthy_n, healthy_port, None);
-    let mut wedged = start(&cfg, &wedged_n, wedged_port, Some("wedge-scheduler"));
-    let ready = wedged_n
-        .wait_for("READY=1", 1, Duration::from_secs(20))
-        .expect("the wedged daemon still starts and says READY=1");
-    healthy_n
-        .wait_for("READY=1", 1, Duration::from_secs(20))
-        .expect("the healthy daemon says READY=1");
-    assert!(http::wait_http(wedged_port, Duration::from_secs(10)));
+    let (mut healthy, healthy_port) = start_in_process(&cfg, &healthy_n, false).await;
+    let (mut wedged, wedged_port) = start_in_process(&cfg, &wedged_n, true).await;
+    // Sent before `start` returns; the socket's reader thread has it at once.
+    let ready = tokio::task::spawn_blocking(move || {
+        let at = wedged_n.wait_for("READY=1", 1, Duration::from_secs(5));
+        (wedged_n, at)
+    });
+    let (wedged_n, ready) = ready.await.expect("join");
+    let ready = ready.expect("the wedged daemon still starts and says READY=1");
+    assert_eq!(
+        healthy_n.count("READY=1"),
+        1,
+        "the healthy daemon says READY=1"
+    );
     assert!(
-        wedged.wait_log(
-            "fault injected: the scheduler loop is wedged",
-            Duration::from_secs(5)
-        ),
-        "the fault was injected"
+        logs.text()
+            .contains("test hook: the scheduler loop is wedged"),
+        "the hook took effect:\n{}",
+        logs.text()
     );
 
     // Watch for STALE_AFTER plus a margin, then a quiet period long enough
@@ -80,7 +160,7 @@ fn watchdog_pings_stop_when_the_scheduler_loop_is_wedged() {
     let margin = Duration::from_secs(3);
     let quiet = Duration::from_secs(6);
     let end = ready + STALE_AFTER + margin + quiet;
-    std::thread::sleep(end.saturating_duration_since(Instant::now()));
+    tokio::time::sleep(end.saturating_duration_since(Instant::now())).await;
 
     let w = pings(&wedged_n);
     let h = pings(&healthy_n);
@@ -118,34 +198,25 @@ fn watchdog_pings_stop_when_the_scheduler_loop_is_wedged() {
         "healthy gap {max_gap:?}"
     );
 
-    // The wedged daemon says why, and is alive but not ready.
-    assert!(
-        wedged.wait_log("a loop stopped beating", Duration::from_secs(1)),
-        "the wedged daemon logs why it withholds the ping"
+    // The wedged daemon says why (once), and is alive but not ready.
+    let text = logs.text();
+    assert_eq!(
+        text.matches("a loop stopped beating").count(),
+        1,
+        "the wedged daemon, and only it, logs why it withholds the ping:\n{text}"
     );
-    let readyz = http_get(wedged_port, "/readyz");
+    let readyz = get(wedged_port, "/readyz").await;
     assert!(
         matches!(&readyz, Some((503, body)) if body.contains("scheduler not running")),
         "wedged /readyz: {readyz:?}"
     );
-    assert_eq!(http_get(wedged_port, "/healthz").map(|r| r.0), Some(200));
-    assert_eq!(http_get(healthy_port, "/readyz").map(|r| r.0), Some(200));
+    assert_eq!(get(wedged_port, "/healthz").await.map(|r| r.0), Some(200));
+    assert_eq!(get(healthy_port, "/readyz").await.map(|r| r.0), Some(200));
 
-    // A wedged scheduler does not block the shutdown.
-    wedged.term();
-    healthy.term();
-    assert_eq!(
-        wedged
-            .wait_exit(Duration::from_secs(10))
-            .and_then(|s| s.code()),
-        Some(0)
-    );
-    assert_eq!(
-        healthy
-            .wait_exit(Duration::from_secs(10))
-            .and_then(|s| s.code()),
-        Some(0)
-    );
+    // A wedged scheduler does not block the shutdown (`stop` asserts a clean
+    // exit within 30 s).
+    wedged.stop().await;
+    healthy.stop().await;
 }
 
 /// A Redis that hangs is `/readyz`'s business, not a reason for systemd to
@@ -155,10 +226,10 @@ fn watchdog_pings_stop_when_the_scheduler_loop_is_wedged() {
 fn watchdog_pings_keep_their_interval_while_redis_hangs() {
     let _machine = machine::timing();
     let redis = RedisServer::start();
-    let cfg = config(&redis.url());
+    let cfg = config(&redis.url(), "off");
     let notify = NotifySocket::bind();
     let port = free_port();
-    let mut d = start(&cfg, &notify, port, None);
+    let mut d = start(&cfg, &notify, port);
     let ready = notify
         .wait_for("READY=1", 1, Duration::from_secs(20))
         .expect("READY=1");

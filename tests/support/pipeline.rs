@@ -12,13 +12,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use quota_worker::config::{Config, RedisUrl};
-use quota_worker::daemon::{self, RunOptions, Shared};
+use quota_worker::daemon::{RunOptions, Shared};
 use quota_worker::keys::KeySpace;
+use quota_worker::outcome::OutcomeEvent;
+use quota_worker::outcome::OutcomeKind;
 use quota_worker::queue::{Origin, Queue};
 use quota_worker::quota::{CredentialUsage, Limiter, Quotas};
 use quota_worker::simulator::{SimConfig, SimStats, Simulator};
-use quota_worker::stats::OutcomeKind;
-use quota_worker::worker::OutcomeEvent;
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
@@ -202,7 +202,7 @@ impl Pipeline {
         let j = &self.config.jobs[job];
         let mut tick = chrono::Utc::now().timestamp_millis();
         loop {
-            let tasks = daemon::tick_tasks(j, tick, Origin::Trigger);
+            let tasks = quota_worker::schedule::tick_tasks(j, tick, Origin::Trigger);
             match self
                 .queue
                 .enqueue_tick(job, tick, &tasks, "test")

@@ -20,11 +20,10 @@ use super::upstream::{KEY_ENV, SIM_KEY};
 use super::{bin, wait_until};
 
 /// The environment variables a test must not inherit from whoever runs it.
-const SCRUBBED: [&str; 8] = [
+const SCRUBBED: [&str; 7] = [
     "QUOTA_WORKER_REDIS_URL",
     "QUOTA_WORKER_CONFIG",
     "QUOTA_WORKER_METRICS_LISTEN",
-    "QUOTA_WORKER_FAULT",
     "NOTIFY_SOCKET",
     "WATCHDOG_USEC",
     "WATCHDOG_PID",

@@ -1,4 +1,14 @@
-//! Cron schedules: when a job fires, and how much it can spend per window.
+//! Cron schedules: when a job fires, how much it can spend per window, and
+//! where a tick becomes tasks.
+//!
+//! - this file: fire times, and worst-case spending per window (`check`);
+//! - `fan_out`: a tick's tasks, one per fan-out item (the daemon's
+//!   scheduler and `trigger` both use it);
+//! - `scheduler`: the daemon's loop that fires ticks and fans them out into
+//!   the queue, each tick claimed once across daemons.
+
+mod fan_out;
+mod scheduler;
 
 use std::time::Duration;
 
@@ -6,8 +16,11 @@ use chrono::{DateTime, Utc};
 
 use crate::config::{Config, Job, Window, WindowKind};
 
+pub use fan_out::tick_tasks;
+pub(crate) use scheduler::Scheduler;
+
 /// The next `n` fire times of `job` after `after`.
-pub fn next_fires(job: &Job, after: DateTime<Utc>, n: usize) -> Vec<DateTime<Utc>> {
+pub(crate) fn next_fires(job: &Job, after: DateTime<Utc>, n: usize) -> Vec<DateTime<Utc>> {
     job.schedule
         .after(&after.with_timezone(&job.timezone))
         .take(n)
@@ -16,7 +29,7 @@ pub fn next_fires(job: &Job, after: DateTime<Utc>, n: usize) -> Vec<DateTime<Utc
 }
 
 /// Fire times of `job` in `[from, to)`, at most `cap` of them.
-pub fn fires_between(
+pub(crate) fn fires_between(
     job: &Job,
     from: DateTime<Utc>,
     to: DateTime<Utc>,
@@ -37,7 +50,7 @@ const TICK_CAP: usize = 200_000;
 /// The most ticks of `job` in any span `per` long, over the next two spans
 /// (or a week, whichever is longer). Schedules too dense to enumerate are
 /// extrapolated from their rate.
-pub fn worst_ticks(job: &Job, per: Duration, from: DateTime<Utc>) -> u64 {
+pub(crate) fn worst_ticks(job: &Job, per: Duration, from: DateTime<Utc>) -> u64 {
     let per_c = chrono::Duration::from_std(per).unwrap_or(chrono::Duration::MAX);
     let horizon = per_c.max(chrono::Duration::hours(84)) * 2;
     let fires = fires_between(job, from, from + horizon, TICK_CAP);
@@ -60,7 +73,7 @@ pub fn worst_ticks(job: &Job, per: Duration, from: DateTime<Utc>) -> u64 {
 }
 
 /// Worst-case units one run of `job` spends: items × max pages × cost.
-pub fn worst_per_run(config: &Config, job: &Job) -> u64 {
+pub(crate) fn worst_per_run(config: &Config, job: &Job) -> u64 {
     let cost = config.endpoints[&job.endpoint].cost.get();
     job.items()
         .saturating_mul(u64::from(job.max_pages()))
@@ -70,7 +83,7 @@ pub fn worst_per_run(config: &Config, job: &Job) -> u64 {
 /// When, starting from an empty window at `from` (for a fixed window: its next
 /// reset), the worst-case spending of `jobs` on `window` would run out: the
 /// first tick that no longer fits, and its job.
-pub fn exhausted_at<'a>(
+pub(crate) fn exhausted_at<'a>(
     config: &Config,
     jobs: &[&'a Job],
     window: &Window,
@@ -101,7 +114,7 @@ pub fn exhausted_at<'a>(
 }
 
 /// The next reset of a fixed window after `from`.
-pub fn next_reset(window: &Window, from: DateTime<Utc>) -> Option<DateTime<Utc>> {
+pub(crate) fn next_reset(window: &Window, from: DateTime<Utc>) -> Option<DateTime<Utc>> {
     let WindowKind::Fixed { reset, timezone } = &window.kind else {
         return None;
     };
