@@ -30,7 +30,7 @@ pub async fn connect(
 
 /// Like [`connect`], but connects on first use: an unreachable Redis surfaces
 /// as the first command's error, where the caller's policy handles it.
-pub fn connect_lazy(
+pub(crate) fn connect_lazy(
     url: &RedisUrl,
     timeout: Duration,
     retries: usize,

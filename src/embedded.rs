@@ -19,7 +19,7 @@ use tokio::process::{Child, Command};
 use crate::config::RedisUrl;
 
 /// The embedded Redis's socket in `state_dir`.
-pub fn socket_path(state_dir: &Path) -> PathBuf {
+pub(crate) fn socket_path(state_dir: &Path) -> PathBuf {
     state_dir.join("redis.sock")
 }
 
@@ -68,7 +68,7 @@ pub enum EmbeddedError {
 }
 
 /// A running embedded Redis.
-pub struct EmbeddedRedis {
+pub(crate) struct EmbeddedRedis {
     /// `None` only while it is being (re)started.
     child: Option<Child>,
     /// Its working directory (AOF).
@@ -149,7 +149,7 @@ async fn shut_down_stale(socket: &Path) -> Result<(), EmbeddedError> {
 
 impl EmbeddedRedis {
     /// Starts the embedded Redis of `state_dir`.
-    pub async fn start(state_dir: &Path) -> Result<Self, EmbeddedError> {
+    pub(crate) async fn start(state_dir: &Path) -> Result<Self, EmbeddedError> {
         let dir = state_dir.join("redis");
         std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
         let socket = socket_path(state_dir);
@@ -206,6 +206,9 @@ impl EmbeddedRedis {
             .arg(&self.dir)
             .args(["--appendonly", "yes", "--appendfsync", "everysec"])
             .args(["--save", ""])
+            // Exactness needs every key kept (src/eviction.rs): under memory
+            // pressure writes fail loudly instead of windows vanishing.
+            .args(["--maxmemory-policy", "noeviction"])
             .arg("--logfile")
             .arg(&self.log)
             .stdin(Stdio::null())
@@ -260,7 +263,7 @@ impl EmbeddedRedis {
     /// crash), starts it again on the same files (AOF: at most the last
     /// second of writes is lost), with backoff. Never returns: run it beside
     /// the daemon on the same task, drop it, then [`EmbeddedRedis::stop`].
-    pub async fn keep_running(&mut self) -> std::convert::Infallible {
+    pub(crate) async fn keep_running(&mut self) -> std::convert::Infallible {
         let mut backoff = Duration::from_millis(100);
         loop {
             let up_since = Instant::now();
@@ -290,12 +293,12 @@ impl EmbeddedRedis {
     }
 
     /// Its URL.
-    pub fn url(&self) -> RedisUrl {
+    pub(crate) fn url(&self) -> RedisUrl {
         RedisUrl::new(format!("unix://{}", self.socket.display()))
     }
 
     /// Stops it (SIGTERM: it flushes its AOF), waiting up to 10 s.
-    pub async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         if let Some(mut child) = self.child.take() {
             if let Some(pid) = child.id() {
                 // SAFETY: kill(2) on the pid of a child we own and have not reaped.

@@ -1,20 +1,66 @@
 //! Requests to the upstream: rendering a job's request template for one page,
 //! sending it, and classifying the answer into what the worker must do.
 //!
+//! Everything the upstream can make us do is bounded here (docs/security.md):
+//!
+//! - **Redirects** are never followed by the HTTP client. A 301, 302, 303,
+//!   307 or 308 to the origin (scheme, host, port) of the job's request URL
+//!   comes back as [`Reply::Redirect`] with the next request, which the
+//!   worker spends for like any other request, at most [`MAX_REDIRECTS`]
+//!   hops; one to another origin is never requested ([`Reply::RedirectRefused`]).
+//!   No `Referer` is ever sent.
+//! - **Bodies** are read chunk by chunk up to the endpoint's `max_body`
+//!   (a `Content-Length` over it is refused before reading anything).
+//! - **Waits** the upstream asks for (Retry-After, a ratelimit reset) are
+//!   clamped to the endpoint's `max_block`.
+//! - **Text** it sends back (error bodies, undecodable bodies, the strings of
+//!   a JSON body) has every known secret scrubbed ([`Scrubber`]) before it is
+//!   logged, stored or put in an error.
+//! - **URL placeholders** are percent-encoded as RFC 6570 simple expansion
+//!   does, so no value changes the URL's path, query or fragment (`{+name}`
+//!   opts out); an item whose values hold control characters is refused.
+//!
 //! The rendered URL carries the secret (`key={secret}`), so nothing here ever
-//! logs or returns it: errors are stripped of their URL before they leave.
+//! logs or returns it: errors are stripped of their URL before they leave,
+//! and a [`Request`] prints only its method and origin.
 
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
+use aho_corasick::{AhoCorasick, MatchKind};
 use chrono::{DateTime, Utc};
-use reqwest::header::HeaderMap;
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+use reqwest::Url;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
+use tracing::warn;
 
-use crate::config::{Endpoint, Job, Method, ResetIs, Secret};
+use crate::config::{Endpoint, Expansion, Job, Method, ResetIs, Secret, Secrets};
+
+/// Redirects followed for one page at most (each one spent). The request
+/// before them makes `MAX_REDIRECTS + 1` upstream requests in all.
+pub(crate) const MAX_REDIRECTS: u32 = 3;
+
+/// Error answers (4xx, 5xx) are read this far at most: enough for the log
+/// and for a quota reason, never a reason to fail.
+const ERROR_BODY_LIMIT: u64 = 64 * 1024;
+
+/// What a scrubbed secret is replaced with.
+pub(crate) const REDACTED: &str = "[redacted]";
+
+/// RFC 3986 unreserved characters stay; everything else is encoded
+/// (RFC 6570 simple expansion).
+const SIMPLE: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
 
 /// Values the request template's placeholders take for one task.
 #[derive(Debug, Clone)]
-pub struct Placeholders<'a> {
+pub(crate) struct Placeholders<'a> {
     /// The job's name: `{job}`.
     pub job: &'a str,
     /// The fan-out item: `{region}` and friends.
@@ -27,7 +73,7 @@ pub struct Placeholders<'a> {
 
 impl<'a> Placeholders<'a> {
     /// Placeholders for `job` and `item` at `now`.
-    pub fn new(
+    pub(crate) fn new(
         job: &'a Job,
         item: &'a [(String, String)],
         secret: &'a Secret,
@@ -41,7 +87,7 @@ impl<'a> Placeholders<'a> {
         }
     }
 
-    fn get(&self, name: &str) -> Option<&str> {
+    fn lookup(&self, name: &str) -> Option<&str> {
         match name {
             "job" => Some(self.job),
             "date" => Some(&self.date),
@@ -57,19 +103,148 @@ impl<'a> Placeholders<'a> {
 
 /// The upstream's own report of its quota, from response headers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct UpstreamQuota {
+pub(crate) struct UpstreamQuota {
     /// Units it says are left.
     pub remaining: u64,
-    /// When it says they reset.
+    /// When it says they reset (at most the endpoint's `max_block`).
     pub reset_in: Duration,
+}
+
+/// Where a request may go: the scheme, host and port of the job's request
+/// URL. Shown as `https://host:port`, never with a path or query.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Origin {
+    scheme: String,
+    host: String,
+    port: Option<u16>,
+}
+
+impl Origin {
+    fn of(url: &Url) -> Self {
+        Origin {
+            scheme: url.scheme().to_owned(),
+            host: url.host_str().unwrap_or("").to_owned(),
+            port: url.port_or_known_default(),
+        }
+    }
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}://{}", self.scheme, self.host)?;
+        match self.port {
+            Some(p) => write!(f, ":{p}"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// One upstream request, ready to send: the page's rendered template, or a
+/// redirect within its origin. Its URL and headers may hold the secret, so
+/// it prints only its method, origin and hops.
+#[derive(Clone)]
+pub(crate) struct Request {
+    method: reqwest::Method,
+    url: Url,
+    headers: HeaderMap,
+    body: Option<String>,
+    /// The job's request URL's origin: redirects may not leave it.
+    origin: Origin,
+    /// Redirects followed to get here.
+    hops: u32,
+}
+
+impl fmt::Debug for Request {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Request")
+            .field("method", &self.method)
+            .field("origin", &self.origin)
+            .field("hops", &self.hops)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Request {
+    /// The redirect this answer asks for, if it may be followed.
+    fn redirected(&self, status: u16, headers: &HeaderMap) -> Result<Request, String> {
+        let Some(location) = headers
+            .get(reqwest::header::LOCATION)
+            .and_then(|v| v.to_str().ok())
+        else {
+            return Err(format!(
+                "upstream answered {status} without a usable Location; not followed"
+            ));
+        };
+        let Ok(next) = self.url.join(location.trim()) else {
+            return Err(format!(
+                "upstream answered {status} with a Location that is not a URL; not followed"
+            ));
+        };
+        let to = Origin::of(&next);
+        if to != self.origin {
+            return Err(format!(
+                "redirect leaves the origin: upstream answered {status} to {to}, outside the job's origin {}; not requested",
+                self.origin
+            ));
+        }
+        if self.hops >= MAX_REDIRECTS {
+            return Err(format!(
+                "too many redirects: upstream answered {status} after {MAX_REDIRECTS} redirects were followed"
+            ));
+        }
+        // As browsers do: 303 turns into GET, and so do 301/302 after a
+        // POST; 307 and 308 repeat the method and body (same origin only).
+        let to_get = status == 303 || (matches!(status, 301 | 302) && self.method == "POST");
+        let (method, body) = if to_get && self.method != reqwest::Method::HEAD {
+            (reqwest::Method::GET, None)
+        } else {
+            (self.method.clone(), self.body.clone())
+        };
+        Ok(Request {
+            method,
+            url: next,
+            headers: self.headers.clone(),
+            body,
+            origin: self.origin.clone(),
+            hops: self.hops + 1,
+        })
+    }
+}
+
+/// Why a request could not be built. Nothing was sent, so nothing needs to
+/// be spent: the task ends `failed` with this reason.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum BuildError {
+    /// A fan-out value holds a control character (CR, LF, NUL, ESC, ...).
+    #[error("fan-out item {item} holds control characters; refused")]
+    ControlChars {
+        /// The item key, control characters escaped.
+        item: String,
+    },
+    /// The URL does not parse once its placeholders are filled in.
+    #[error("the request URL does not parse with this item's values: {0}")]
+    Url(String),
+    /// A value would change the URL's path (a whole segment of `.` or `..`).
+    #[error(
+        "a placeholder value would change the request URL's path (a value of \".\" or \"..\"?); refused"
+    )]
+    PathChanged,
+    /// A header's rendered value cannot be sent.
+    #[error(
+        "header {name}: the rendered value cannot be sent (control characters such as CR or LF)"
+    )]
+    Header {
+        /// The header's name.
+        name: String,
+    },
 }
 
 /// What the upstream answered, as the worker needs it.
 #[derive(Debug)]
-pub enum Reply {
+pub(crate) enum Reply {
     /// 2xx with a JSON body.
     Ok {
-        /// The decoded body.
+        /// The decoded body, every known secret scrubbed from its strings.
         body: Value,
         /// The request's actual cost, when the endpoint names a header for it.
         actual_cost: Option<u64>,
@@ -83,7 +258,9 @@ pub enum Reply {
     Throttled {
         /// HTTP status.
         status: u16,
-        /// How long it said to wait (Retry-After, or the ratelimit reset).
+        /// How long it said to wait (Retry-After, or the ratelimit reset),
+        /// at most the endpoint's `max_block`; `None` when it did not say
+        /// (or said nonsense): the endpoint's `throttle_block` applies.
         retry_after: Option<Duration>,
         /// The reason it gave (`quotaExceeded`, ...), if any.
         reason: Option<String>,
@@ -102,7 +279,7 @@ pub enum Reply {
     ClientError {
         /// HTTP status.
         status: u16,
-        /// The start of the body, for the log.
+        /// The start of the body, for the log (secrets scrubbed).
         detail: String,
         /// What it says it charged, when the endpoint names a cost header.
         actual_cost: Option<u64>,
@@ -111,7 +288,44 @@ pub enum Reply {
     BadBody {
         /// HTTP status.
         status: u16,
-        /// Why it did not decode.
+        /// Why it did not decode (secrets scrubbed).
+        detail: String,
+    },
+    /// A redirect within the origin, under the hop limit: `next` is one more
+    /// upstream request, spent like any other.
+    Redirect {
+        /// HTTP status (301, 302, 303, 307, 308).
+        status: u16,
+        /// The request it asks for (boxed: it is large and rare).
+        next: Box<Request>,
+        /// What it says it charged, when the endpoint names a cost header.
+        actual_cost: Option<u64>,
+    },
+    /// A redirect that is not followed: to another origin, past
+    /// [`MAX_REDIRECTS`], or without a usable `Location`. An answer, so its
+    /// units are kept.
+    RedirectRefused {
+        /// HTTP status.
+        status: u16,
+        /// Why, naming at most the origins (never a path or query).
+        why: String,
+        /// What it says it charged, when the endpoint names a cost header.
+        actual_cost: Option<u64>,
+    },
+    /// A body over the endpoint's `max_body`: reading stopped there. An
+    /// answer, so its units are kept.
+    TooLarge {
+        /// HTTP status.
+        status: u16,
+        /// The endpoint's `max_body`, bytes.
+        limit: u64,
+        /// What it says it charged, when the endpoint names a cost header.
+        actual_cost: Option<u64>,
+    },
+    /// The HTTP client refused to send it: it never left, so its units can
+    /// be refunded, and sending it again would fail the same way.
+    Unsent {
+        /// What failed (no URL, so no secret).
         detail: String,
     },
     /// The request never reached the upstream (connection refused, DNS, TLS
@@ -127,33 +341,251 @@ pub enum Reply {
     },
 }
 
+impl Reply {
+    /// The label of `qw_upstream_responses_total`'s `status`.
+    fn status_label(&self) -> String {
+        match self {
+            Reply::Ok { status, .. }
+            | Reply::Throttled { status, .. }
+            | Reply::ServerError { status, .. }
+            | Reply::ClientError { status, .. }
+            | Reply::BadBody { status, .. }
+            | Reply::Redirect { status, .. }
+            | Reply::RedirectRefused { status, .. }
+            | Reply::TooLarge { status, .. } => status.to_string(),
+            Reply::Unsent { .. } => "unsent".into(),
+            Reply::Unreached { .. } => "unreached".into(),
+            Reply::TimedOut { .. } => "timeout".into(),
+        }
+    }
+}
+
+/// Removes every known secret from text the upstream sent back: each
+/// credential's secret as it is, percent-encoded (upper- and lower-case
+/// hex, `+` for spaces as forms write it) and JSON-escaped, since an
+/// upstream echoes the URL or the request in any of these forms.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Scrubber {
+    /// One automaton for every form of every secret; `None` without secrets.
+    matcher: Option<AhoCorasick>,
+}
+
+impl Scrubber {
+    /// A scrubber for `secrets`.
+    pub(crate) fn new<'a>(secrets: impl IntoIterator<Item = &'a Secret>) -> Self {
+        let mut forms: Vec<String> = Vec::new();
+        for s in secrets {
+            let s = s.expose();
+            if s.is_empty() {
+                continue;
+            }
+            let encoded = utf8_percent_encode(s, SIMPLE).to_string();
+            let json = serde_json::to_string(s).unwrap_or_default();
+            forms.extend([
+                s.to_owned(),
+                encoded.replace("%20", "+"),
+                lower_hex(&encoded),
+                // The quotes around it, not the escaped ones inside.
+                json.get(1..json.len().saturating_sub(1))
+                    .unwrap_or_default()
+                    .to_owned(),
+                encoded,
+            ]);
+        }
+        forms.retain(|f| !f.is_empty());
+        forms.sort();
+        forms.dedup();
+        let matcher = if forms.is_empty() {
+            None
+        } else {
+            AhoCorasick::builder()
+                .match_kind(MatchKind::LeftmostLongest)
+                .build(&forms)
+                .ok()
+        };
+        Scrubber { matcher }
+    }
+
+    /// `text` with every secret replaced by [`REDACTED`].
+    pub(crate) fn scrub<'t>(&self, text: &'t str) -> Cow<'t, str> {
+        match &self.matcher {
+            Some(m) if m.is_match(text) => {
+                let with: Vec<&str> = vec![REDACTED; m.patterns_len()];
+                Cow::Owned(m.replace_all(text, &with))
+            }
+            _ => Cow::Borrowed(text),
+        }
+    }
+
+    /// Scrubs every string of a JSON value (records, cursors) in place.
+    pub(crate) fn scrub_json(&self, value: &mut Value) {
+        if self.matcher.is_none() {
+            return;
+        }
+        match value {
+            Value::String(s) => {
+                if let Cow::Owned(clean) = self.scrub(s) {
+                    *s = clean;
+                }
+            }
+            Value::Array(items) => items.iter_mut().for_each(|v| self.scrub_json(v)),
+            Value::Object(map) => map.values_mut().for_each(|v| self.scrub_json(v)),
+            _ => {}
+        }
+    }
+
+    /// Scrubs every piece of upstream text a reply carries.
+    fn scrub_reply(&self, reply: &mut Reply) {
+        match reply {
+            Reply::Ok { body, .. } => self.scrub_json(body),
+            Reply::ClientError { detail, .. }
+            | Reply::BadBody { detail, .. }
+            | Reply::Unsent { detail }
+            | Reply::Unreached { detail }
+            | Reply::TimedOut { detail }
+            | Reply::RedirectRefused { why: detail, .. } => {
+                if let Cow::Owned(clean) = self.scrub(detail) {
+                    *detail = clean;
+                }
+            }
+            Reply::Throttled { .. }
+            | Reply::ServerError { .. }
+            | Reply::Redirect { .. }
+            | Reply::TooLarge { .. } => {}
+        }
+    }
+}
+
+/// `%2F` → `%2f`: the other spelling of the same encoding.
+fn lower_hex(encoded: &str) -> String {
+    let mut out = String::with_capacity(encoded.len());
+    let mut hex_left = 0;
+    for c in encoded.chars() {
+        if c == '%' {
+            hex_left = 2;
+            out.push(c);
+        } else if hex_left > 0 {
+            hex_left -= 1;
+            out.push(c.to_ascii_lowercase());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// A value as RFC 6570 expands it into a URL.
+fn expand(value: &str, how: Expansion) -> Cow<'_, str> {
+    match how {
+        Expansion::Simple => utf8_percent_encode(value, SIMPLE).into(),
+        Expansion::Reserved => {
+            // Unreserved and reserved characters and %XX triplets stay.
+            const KEEP: &[u8] = b"-._~:/?#[]@!$&'()*+,;=";
+            let bytes = value.as_bytes();
+            let mut out = String::with_capacity(value.len());
+            for (i, &b) in bytes.iter().enumerate() {
+                let triplet = b == b'%'
+                    && bytes.get(i + 1).is_some_and(u8::is_ascii_hexdigit)
+                    && bytes.get(i + 2).is_some_and(u8::is_ascii_hexdigit);
+                if b.is_ascii_alphanumeric() || KEEP.contains(&b) || triplet {
+                    out.push(b as char);
+                } else {
+                    out.push_str(&format!("%{b:02X}"));
+                }
+            }
+            Cow::Owned(out)
+        }
+    }
+}
+
+fn path_segments(url: &Url) -> usize {
+    url.path_segments().map_or(0, Iterator::count)
+}
+
+/// A size as an operator writes it: "16 MiB", "512 KiB", "1000 B".
+pub(crate) fn fmt_size(bytes: u64) -> String {
+    for (unit, len) in [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
+        if bytes >= len && bytes.is_multiple_of(len) {
+            return format!("{} {unit}", bytes / len);
+        }
+    }
+    if bytes >= 1 << 10 {
+        return bytesize::ByteSize(bytes).display().iec().to_string();
+    }
+    format!("{bytes} B")
+}
+
+/// `region=a\rb`: an item key fit for a log line.
+pub(crate) fn escaped_item(item: &[(String, String)]) -> String {
+    crate::queue::item_key(item).escape_debug().to_string()
+}
+
 /// Sends requests for jobs. Cheap to clone (one connection pool).
 #[derive(Debug, Clone)]
-pub struct Fetcher {
+pub(crate) struct Fetcher {
     client: reqwest::Client,
+    scrubber: Arc<Scrubber>,
 }
 
 impl Fetcher {
-    /// A fetcher with rustls, a connect timeout, and a user agent.
-    pub fn new() -> Result<Self, reqwest::Error> {
+    /// A fetcher with rustls, a connect timeout and a user agent, that
+    /// follows no redirect and sends no `Referer`, and scrubs `secrets` from
+    /// whatever the upstream sends back.
+    pub(crate) fn new(secrets: &Secrets) -> Result<Self, reqwest::Error> {
         let client = reqwest::Client::builder()
             .user_agent(concat!("quota-worker/", env!("CARGO_PKG_VERSION")))
             .connect_timeout(Duration::from_secs(10))
+            .redirect(reqwest::redirect::Policy::none())
+            .referer(false)
             .build()?;
-        Ok(Fetcher { client })
+        Ok(Fetcher {
+            client,
+            scrubber: Arc::new(Scrubber::new(secrets.values())),
+        })
     }
 
-    /// Fetches one page of `job` for `ph`'s item; `cursor` is the page token
-    /// from the previous page (none for the first).
-    pub async fn fetch(
+    /// The request for one page of `job` for `ph`'s item; `cursor` is the
+    /// page token from the previous page (none for the first).
+    pub(crate) fn request(
         &self,
         job: &Job,
-        endpoint: &Endpoint,
         ph: &Placeholders<'_>,
         cursor: Option<&str>,
-    ) -> Reply {
+    ) -> Result<Request, BuildError> {
+        if ph.item.iter().any(|(_, v)| v.chars().any(char::is_control)) {
+            return Err(BuildError::ControlChars {
+                item: escaped_item(ph.item),
+            });
+        }
         let req = &job.request;
-        let url = req.url.render(|k| ph.get(k));
+        let rendered = req.url.render_with(|k| ph.lookup(k), expand);
+        let mut url = Url::parse(&rendered).map_err(|e| BuildError::Url(e.to_string()))?;
+        // Simple expansion encodes '/', so only a whole segment of "." or
+        // ".." (which URL parsing removes) can change the path's shape.
+        if !req.url.has_reserved() {
+            let shape = Url::parse(&req.url.render(|_| Some("x"))).map(|u| path_segments(&u));
+            if shape.ok() != Some(path_segments(&url)) {
+                return Err(BuildError::PathChanged);
+            }
+        }
+        let mut query: Vec<(&str, String)> = req
+            .query
+            .iter()
+            .map(|(k, t)| (k.as_str(), t.render(|n| ph.lookup(n))))
+            .collect();
+        if let (Some(p), Some(c)) = (&job.pagination, cursor) {
+            query.push((p.param.as_str(), c.to_owned()));
+        }
+        if !query.is_empty() {
+            url.query_pairs_mut().extend_pairs(query);
+        }
+        let mut headers = HeaderMap::new();
+        for (k, t) in &req.headers {
+            let bad = || BuildError::Header { name: k.clone() };
+            let name = HeaderName::from_bytes(k.as_bytes()).map_err(|_| bad())?;
+            let value = HeaderValue::from_str(&t.render(|n| ph.lookup(n))).map_err(|_| bad())?;
+            headers.append(name, value);
+        }
         let method = match req.method {
             Method::Get => reqwest::Method::GET,
             Method::Post => reqwest::Method::POST,
@@ -161,56 +593,112 @@ impl Fetcher {
             Method::Patch => reqwest::Method::PATCH,
             Method::Delete => reqwest::Method::DELETE,
         };
-        let mut query: Vec<(String, String)> = req
-            .query
-            .iter()
-            .map(|(k, t)| (k.clone(), t.render(|n| ph.get(n))))
-            .collect();
-        if let (Some(p), Some(c)) = (&job.pagination, cursor) {
-            query.push((p.param.clone(), c.to_owned()));
-        }
+        Ok(Request {
+            method,
+            origin: Origin::of(&url),
+            url,
+            headers,
+            body: req.body.as_ref().map(|b| b.render(|n| ph.lookup(n))),
+            hops: 0,
+        })
+    }
+
+    /// Sends `req` and classifies the answer.
+    pub(crate) async fn send(&self, endpoint: &Endpoint, req: &Request) -> Reply {
         let mut rb = self
             .client
-            .request(method, url)
-            .query(&query)
+            .request(req.method.clone(), req.url.clone())
+            .headers(req.headers.clone())
             .timeout(endpoint.timeout);
-        for (k, t) in &req.headers {
-            rb = rb.header(k.as_str(), t.render(|n| ph.get(n)));
-        }
         if let Some(b) = &req.body {
-            rb = rb.body(b.render(|n| ph.get(n)));
+            rb = rb.body(b.clone());
         }
-        let reply = match rb.send().await {
+        let mut reply = match rb.send().await {
             Err(e) => transport_error(e),
-            Ok(resp) => {
-                let status = resp.status().as_u16();
-                let headers = resp.headers().clone();
-                match resp.bytes().await {
-                    Ok(bytes) => classify(endpoint, status, &headers, &bytes, Utc::now()),
-                    Err(e) => transport_error(e),
-                }
-            }
+            Ok(resp) => answer(endpoint, req, resp).await,
         };
-        let status = match &reply {
-            Reply::Ok { status, .. }
-            | Reply::Throttled { status, .. }
-            | Reply::ServerError { status, .. }
-            | Reply::ClientError { status, .. }
-            | Reply::BadBody { status, .. } => status.to_string(),
-            Reply::Unreached { .. } => "unreached".into(),
-            Reply::TimedOut { .. } => "timeout".into(),
-        };
-        metrics::counter!("qw_upstream_responses_total", "endpoint" => endpoint.name.clone(), "status" => status)
+        self.scrubber.scrub_reply(&mut reply);
+        metrics::counter!("qw_upstream_responses_total", "endpoint" => endpoint.name.clone(), "status" => reply.status_label())
             .increment(1);
         reply
     }
+}
+
+/// Reads and classifies one answer to `req`.
+async fn answer(endpoint: &Endpoint, req: &Request, mut resp: reqwest::Response) -> Reply {
+    let status = resp.status().as_u16();
+    let headers = std::mem::take(resp.headers_mut());
+    if matches!(status, 301 | 302 | 303 | 307 | 308) {
+        // The body of a redirect is never read: the connection goes.
+        let actual_cost = cost(endpoint, &headers);
+        return match req.redirected(status, &headers) {
+            Ok(next) => Reply::Redirect {
+                status,
+                next: Box::new(next),
+                actual_cost,
+            },
+            Err(why) => Reply::RedirectRefused {
+                status,
+                why,
+                actual_cost,
+            },
+        };
+    }
+    let success = (200..300).contains(&status);
+    let limit = if success {
+        endpoint.max_body
+    } else {
+        endpoint.max_body.min(ERROR_BODY_LIMIT)
+    };
+    let too_large = Reply::TooLarge {
+        status,
+        limit: endpoint.max_body,
+        actual_cost: cost(endpoint, &headers),
+    };
+    if success && resp.content_length().is_some_and(|n| n > limit) {
+        return too_large;
+    }
+    let body = match read_body(&mut resp, limit).await {
+        Ok(Body::Whole(b)) => b,
+        // An error answer's start is all the log needs.
+        Ok(Body::Over(b)) if !success => b,
+        Ok(Body::Over(_)) => return too_large,
+        Err(e) => return transport_error(e),
+    };
+    classify(endpoint, status, &headers, &body, Utc::now())
+}
+
+/// A body as read: all of it, or the first `limit` bytes of a longer one.
+enum Body {
+    Whole(Vec<u8>),
+    Over(Vec<u8>),
+}
+
+/// Reads the body chunk by chunk, never holding more than `limit` bytes;
+/// dropping the response on `Over` closes the connection.
+async fn read_body(resp: &mut reqwest::Response, limit: u64) -> Result<Body, reqwest::Error> {
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    let hint = resp.content_length().unwrap_or(0).min(1 << 20) as usize;
+    let mut buf = Vec::with_capacity(hint.min(limit));
+    while let Some(chunk) = resp.chunk().await? {
+        let room = limit - buf.len();
+        if chunk.len() > room {
+            buf.extend_from_slice(&chunk[..room]);
+            return Ok(Body::Over(buf));
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    Ok(Body::Whole(buf))
 }
 
 fn transport_error(e: reqwest::Error) -> Reply {
     // The URL holds the secret: drop it before the error is printed anywhere.
     let e = e.without_url();
     let detail = error_chain(&e);
-    if e.is_timeout() {
+    if e.is_builder() {
+        // Refused before anything was sent (an invalid request).
+        Reply::Unsent { detail }
+    } else if e.is_timeout() {
         Reply::TimedOut { detail }
     } else if e.is_connect() {
         Reply::Unreached { detail }
@@ -231,23 +719,63 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
+/// A header's whole number; digits beyond `u64` read as `u64::MAX` (the
+/// callers bound it), anything else as absent.
 fn header_u64(headers: &HeaderMap, name: &str) -> Option<u64> {
-    headers.get(name)?.to_str().ok()?.trim().parse().ok()
+    digits(headers.get(name)?.to_str().ok()?.trim())
 }
 
-/// `Retry-After`: delta seconds or an HTTP date.
-fn retry_after(headers: &HeaderMap, now: DateTime<Utc>) -> Option<Duration> {
-    let v = headers
-        .get(reqwest::header::RETRY_AFTER)?
-        .to_str()
-        .ok()?
-        .trim();
-    if let Ok(secs) = v.parse::<u64>() {
-        return Some(Duration::from_secs(secs));
+fn digits(v: &str) -> Option<u64> {
+    if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
     }
-    let at = httpdate::parse_http_date(v).ok()?;
-    let at: DateTime<Utc> = at.into();
-    Some((at - now).to_std().unwrap_or(Duration::ZERO))
+    Some(v.parse().unwrap_or(u64::MAX))
+}
+
+fn cost(endpoint: &Endpoint, headers: &HeaderMap) -> Option<u64> {
+    endpoint
+        .cost_header
+        .as_deref()
+        .and_then(|h| header_u64(headers, h))
+}
+
+/// A wait the upstream asked for, at most the endpoint's `max_block`; a
+/// clamped value is logged as it was written.
+fn bounded(endpoint: &Endpoint, header: &str, raw: &str, wait: Duration) -> Duration {
+    if wait <= endpoint.max_block {
+        return wait;
+    }
+    let raw: String = raw.chars().take(64).collect();
+    warn!(
+        endpoint = %endpoint.name,
+        header,
+        raw = %raw.escape_debug(),
+        max_block_ms = endpoint.max_block.as_millis() as u64,
+        "the upstream asked for a longer wait than max_block; clamped to max_block"
+    );
+    endpoint.max_block
+}
+
+/// `Retry-After`: delta seconds or an HTTP date, at most `max_block`;
+/// anything else is `None` (the endpoint's `throttle_block` applies).
+fn retry_after(endpoint: &Endpoint, headers: &HeaderMap, now: DateTime<Utc>) -> Option<Duration> {
+    let raw = headers.get(reqwest::header::RETRY_AFTER)?;
+    let v = raw.to_str().unwrap_or("").trim();
+    let wait = if let Some(secs) = digits(v) {
+        Duration::from_secs(secs)
+    } else if let Ok(at) = httpdate::parse_http_date(v) {
+        let at: DateTime<Utc> = at.into();
+        (at - now).to_std().unwrap_or(Duration::ZERO)
+    } else {
+        // Not logged as written: it could be anything.
+        warn!(
+            endpoint = %endpoint.name,
+            throttle_block_ms = endpoint.throttle_block.as_millis() as u64,
+            "Retry-After is neither seconds nor an HTTP date; using throttle_block"
+        );
+        return None;
+    };
+    Some(bounded(endpoint, "retry-after", v, wait))
 }
 
 fn upstream_quota(
@@ -257,14 +785,21 @@ fn upstream_quota(
 ) -> Option<UpstreamQuota> {
     let h = endpoint.ratelimit_headers.as_ref()?;
     let remaining = header_u64(headers, &h.remaining)?;
-    let reset = header_u64(headers, &h.reset)?;
+    let raw = headers.get(h.reset.as_str())?.to_str().ok()?.trim();
+    let reset = digits(raw)?;
     let reset_in = match h.reset_is {
         ResetIs::DeltaSeconds => Duration::from_secs(reset),
         ResetIs::EpochSeconds => {
-            let secs = (reset as i64).saturating_sub(now.timestamp()).max(0) as u64;
+            let secs = (i128::from(reset) - i128::from(now.timestamp())).max(0);
             // Round up: the reset second itself is not yet free.
-            Duration::from_secs(secs + 1)
+            Duration::from_secs(u64::try_from(secs).unwrap_or(u64::MAX).saturating_add(1))
         }
+    };
+    // Only a spent quota blocks on the reset, so only then is a clamp news.
+    let reset_in = if remaining == 0 {
+        bounded(endpoint, &h.reset, raw, reset_in)
+    } else {
+        reset_in.min(endpoint.max_block)
     };
     Some(UpstreamQuota {
         remaining,
@@ -288,8 +823,9 @@ fn snippet(body: &[u8]) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-/// Classifies a complete HTTP answer.
-pub fn classify(
+/// Classifies a complete HTTP answer (not a redirect: see [`Reply::Redirect`]).
+/// Its text is not yet scrubbed of secrets.
+pub(crate) fn classify(
     endpoint: &Endpoint,
     status: u16,
     headers: &HeaderMap,
@@ -298,10 +834,13 @@ pub fn classify(
 ) -> Reply {
     let upstream = upstream_quota(endpoint, headers, now);
     // Any answer may say what it cost, errors included (often 0).
-    let actual_cost = endpoint
-        .cost_header
-        .as_deref()
-        .and_then(|h| header_u64(headers, h));
+    let actual_cost = cost(endpoint, headers);
+    let throttled = |status, reason| Reply::Throttled {
+        status,
+        retry_after: retry_after(endpoint, headers, now).or(upstream.map(|u| u.reset_in)),
+        reason,
+        actual_cost,
+    };
     match status {
         200..=299 => match serde_json::from_slice::<Value>(body) {
             Ok(body) => Reply::Ok {
@@ -315,22 +854,12 @@ pub fn classify(
                 detail: format!("not JSON ({e}): {}", snippet(body)),
             },
         },
-        429 => Reply::Throttled {
-            status,
-            retry_after: retry_after(headers, now).or(upstream.map(|u| u.reset_in)),
-            reason: quota_reason(body, &endpoint.quota_reasons),
-            actual_cost,
-        },
+        429 => throttled(status, quota_reason(body, &endpoint.quota_reasons)),
         403 => {
             let reason = quota_reason(body, &endpoint.quota_reasons);
             let exhausted = upstream.is_some_and(|u| u.remaining == 0);
             if reason.is_some() || exhausted {
-                Reply::Throttled {
-                    status,
-                    retry_after: retry_after(headers, now).or(upstream.map(|u| u.reset_in)),
-                    reason,
-                    actual_cost,
-                }
+                throttled(status, reason)
             } else {
                 Reply::ClientError {
                     status,
@@ -374,6 +903,8 @@ mod tests {
                 reset_is: ResetIs::EpochSeconds,
             }),
             cost_header: Some("x-quota-cost".into()),
+            max_body: crate::config::defaults::MAX_BODY,
+            max_block: crate::config::defaults::MAX_BLOCK,
         }
     }
 
@@ -426,6 +957,56 @@ mod tests {
         ));
     }
 
+    /// Regression (issue 9, item 4): Retry-After 999999999 blocked a
+    /// credential for 31 years; u64::MAX failed the block script; an epoch
+    /// reset past i64 went negative. Every upstream wait is at most
+    /// `max_block`, and nonsense is no wait at all (throttle_block applies).
+    #[test]
+    fn upstream_waits_are_clamped_to_max_block() {
+        let now = Utc::now();
+        let ep = endpoint();
+        for raw in [
+            "999999999",
+            "18446744073709551615",
+            "99999999999999999999999999",
+            "Fri, 31 Dec 9999 23:59:59 GMT",
+        ] {
+            let mut h = HeaderMap::new();
+            h.insert("retry-after", HeaderValue::from_str(raw).unwrap());
+            let r = classify(&ep, 429, &h, b"", now);
+            assert!(
+                matches!(r, Reply::Throttled { retry_after: Some(d), .. } if d == ep.max_block),
+                "{raw}: {r:?}"
+            );
+        }
+        for raw in ["-5", "soon", "1.5", ""] {
+            let mut h = HeaderMap::new();
+            h.insert("retry-after", HeaderValue::from_str(raw).unwrap());
+            let r = classify(&ep, 429, &h, b"", now);
+            assert!(
+                matches!(
+                    r,
+                    Reply::Throttled {
+                        retry_after: None,
+                        ..
+                    }
+                ),
+                "{raw}: {r:?}"
+            );
+        }
+        let mut h = HeaderMap::new();
+        h.insert("x-ratelimit-remaining", HeaderValue::from_static("0"));
+        h.insert(
+            "x-ratelimit-reset",
+            HeaderValue::from_static("18446744073709551615"),
+        );
+        let r = classify(&ep, 200, &h, b"{}", now);
+        assert!(
+            matches!(r, Reply::Ok { upstream: Some(u), .. } if u.reset_in == ep.max_block),
+            "{r:?}"
+        );
+    }
+
     /// Regression: a 5xx's reported cost was dropped, so its units could
     /// never be settled to what the upstream said it charged.
     #[test]
@@ -472,5 +1053,44 @@ mod tests {
         ));
         let r = classify(&endpoint(), 404, &HeaderMap::new(), b"nope", Utc::now());
         assert!(matches!(r, Reply::ClientError { status: 404, .. }));
+    }
+
+    #[test]
+    fn simple_expansion_keeps_only_unreserved_characters() {
+        let e = |v| expand(v, Expansion::Simple).into_owned();
+        assert_eq!(e("../../etc/x"), "..%2F..%2Fetc%2Fx");
+        assert_eq!(e("&key=evil"), "%26key%3Devil");
+        assert_eq!(e("a?b#c d%"), "a%3Fb%23c%20d%25");
+        assert_eq!(e("Zürich-1_~."), "Z%C3%BCrich-1_~.");
+        let r = |v| expand(v, Expansion::Reserved).into_owned();
+        assert_eq!(r("a/b?c=d&e#f"), "a/b?c=d&e#f");
+        assert_eq!(r("%41 %zz"), "%41%20%25zz");
+    }
+
+    #[test]
+    fn scrubber_finds_every_spelling() {
+        let s = Scrubber::new([&Secret::new("k/y+z ä\"")]);
+        for text in [
+            "k/y+z ä\"",
+            "k%2Fy%2Bz%20%C3%A4%22",
+            "k%2fy%2bz%20%c3%a4%22",
+            "k%2Fy%2Bz+%C3%A4%22",
+            "k/y+z ä\\\"",
+        ] {
+            let line = format!("GET /x?key={text}&a=1");
+            assert_eq!(
+                s.scrub(&line),
+                format!("GET /x?key={REDACTED}&a=1"),
+                "{text}"
+            );
+        }
+        let mut v =
+            serde_json::json!({"a": ["x k/y+z ä\" y", 1], "b": {"c": "k%2Fy%2Bz%20%C3%A4%22"}});
+        s.scrub_json(&mut v);
+        assert_eq!(
+            v,
+            serde_json::json!({"a": [format!("x {REDACTED} y"), 1], "b": {"c": REDACTED}})
+        );
+        assert_eq!(Scrubber::default().scrub("anything"), "anything");
     }
 }

@@ -26,29 +26,24 @@ impl KeySpace {
         }
     }
 
-    /// The prefix.
-    pub fn prefix(&self) -> &str {
-        &self.prefix
-    }
-
     fn credential(&self, credential: &str) -> String {
         format!("{}:{{{credential}}}", self.prefix)
     }
 
     /// When the credential's upstream block ends (µs since the epoch).
-    pub fn blocked(&self, credential: &str) -> String {
+    pub(crate) fn blocked(&self, credential: &str) -> String {
         format!("{}:blocked", self.credential(credential))
     }
 
     /// The latest Redis time a spend on the credential saw.
-    pub fn clock(&self, credential: &str) -> String {
+    pub(crate) fn clock(&self, credential: &str) -> String {
         format!("{}:clock", self.credential(credential))
     }
 
     /// The keys of one window, as the spend script expects them: a sliding
     /// or bucket window's counters, id log, entry stream and settled entries
     /// (layout v2), or a fixed window's state hash (unchanged since v1).
-    pub fn window(&self, credential: &str, scope: &Scope, window: &Window) -> Vec<String> {
+    pub(crate) fn window(&self, credential: &str, scope: &Scope, window: &Window) -> Vec<String> {
         let scope = match scope {
             Scope::Credential => "cred".to_owned(),
             Scope::Endpoint(e) => format!("ep:{e}"),
@@ -69,59 +64,59 @@ impl KeySpace {
 
     /// The apalis-redis queue name; apalis builds its own keys from it
     /// (`<prefix>:queue:active`, `...:scheduled`, ...).
-    pub fn queue(&self) -> String {
+    pub(crate) fn queue(&self) -> String {
         format!("{}:queue", self.prefix)
     }
 
     /// Tasks waiting to enter the apalis queue (zset: task id -> run at, ms).
-    pub fn backlog(&self) -> String {
+    pub(crate) fn backlog(&self) -> String {
         format!("{}:backlog", self.prefix)
     }
 
     /// Their payloads (hash: task id -> JSON).
-    pub fn backlog_data(&self) -> String {
+    pub(crate) fn backlog_data(&self) -> String {
         format!("{}:backlog:data", self.prefix)
     }
 
     /// Backlog tasks being handed to apalis (zset: task id -> lease end, ms).
-    pub fn backlog_feeding(&self) -> String {
+    pub(crate) fn backlog_feeding(&self) -> String {
         format!("{}:backlog:feeding", self.prefix)
     }
 
     /// The claim that one daemon fans out `job`'s tick at `tick_ms`.
-    pub fn tick_claim(&self, job: &str, tick_ms: i64) -> String {
+    pub(crate) fn tick_claim(&self, job: &str, tick_ms: i64) -> String {
         format!("{}:tick:{job}:{tick_ms}", self.prefix)
     }
 
     /// Outcome counts of one tick's tasks (hash: outcome -> count, plus "#items").
-    pub fn tick_outcomes(&self, job: &str, tick_ms: i64) -> String {
+    pub(crate) fn tick_outcomes(&self, job: &str, tick_ms: i64) -> String {
         format!("{}:tick:{job}:{tick_ms}:outcomes", self.prefix)
     }
 
     /// The pagination checkpoint of one job's fan-out item.
-    pub fn cursor(&self, job: &str, item: &str) -> String {
+    pub(crate) fn cursor(&self, job: &str, item: &str) -> String {
         format!("{}:cursor:{job}:{item}", self.prefix)
     }
 
     /// The newest tick whose run of one job's fan-out item completed.
-    pub fn item_ran(&self, job: &str, item: &str) -> String {
+    pub(crate) fn item_ran(&self, job: &str, item: &str) -> String {
         format!("{}:ran:{job}:{item}", self.prefix)
     }
 
     /// Held while a task works on one job's fan-out item (value: task id).
-    pub fn item_lock(&self, job: &str, item: &str) -> String {
+    pub(crate) fn item_lock(&self, job: &str, item: &str) -> String {
         format!("{}:lock:{job}:{item}", self.prefix)
     }
 
     /// Set when a task has ended for good, so a redelivered copy does nothing.
-    pub fn task_done(&self, task_id: &str) -> String {
+    pub(crate) fn task_done(&self, task_id: &str) -> String {
         format!("{}:done:{task_id}", self.prefix)
     }
 
-    /// A pattern matching every quota key of the credential (for tests and
-    /// operators; never used on a hot path).
-    pub fn credential_pattern(&self, credential: &str) -> String {
-        format!("{}:*", self.credential(credential))
+    /// Where the queue's trim keeps its scan cursors between calls (hash:
+    /// apalis set -> SSCAN cursor), so each call takes one bounded step.
+    pub(crate) fn trim_cursors(&self) -> String {
+        format!("{}:trim", self.prefix)
     }
 }
 

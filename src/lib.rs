@@ -1,20 +1,51 @@
 //! quota-worker: cron-scheduled ingestion from metered APIs, spending weighted
 //! quota units from shared, exact sliding windows in Redis before every request.
 //!
-//! # Layout
+//! # How data flows
+//!
+//! ```text
+//! config ─> daemon ─> schedule: cron tick ─> fan-out ─> queue (tasks, in Redis)
+//!              │                                           │
+//!              │        worker: one task ─> quota: spend ─> fetch: request ─> sink: records
+//!              │              └─> outcome (done, quota_exhausted, ...) ─> stats, metrics, log
+//!              └─> ops: metrics, /readyz, systemd notify
+//! ```
+//!
+//! Config in; tick → tasks → spends → requests → records out. Nothing flows
+//! back up: `quota` knows no HTTP and no queue, `fetch` knows no Redis, `ops`
+//! knows no daemon.
+//!
+//! # Where things are
 //!
 //! - [`config`]: the config files, parsed and validated (errors name file,
 //!   line, field); everything else reads it.
-//! - [`quota`]: quota windows and the spend (`lua/spend.lua`): spend, settle,
-//!   block, peek. Knows no HTTP and no queue.
-//! - [`keys`]: every Redis key name, in one place.
-//! - [`schedule`]: cron fire times and worst-case spending per window.
-//! - [`conn`], [`embedded`]: reaching Redis, or running one.
+//! - [`daemon`]: `quota-worker run` — starts Redis (or connects to it) and the
+//!   loops below, and stops them on shutdown.
+//! - [`schedule`]: when a job fires (cron) and **where a tick is fanned out**
+//!   into tasks (`schedule::tick_tasks`, the daemon's `schedule::Scheduler`
+//!   loop, once per tick across daemons); worst-case spending per window.
+//! - [`queue`]: the tasks in Redis — apalis-redis, our backlog in front of it,
+//!   our janitor behind it, and the workarounds for apalis's pitfalls.
+//! - `worker`: one task, page by page: spend → fetch → sink → checkpoint,
+//!   and how it ends.
+//! - [`outcome`]: **where an outcome is defined** — `done`,
+//!   `quota_exhausted`, … and what each carries (retry-after, pages, units).
+//! - [`quota`]: **where a spend is decided** — the windows and the spend
+//!   script (`lua/spend.lua`): spend, settle, block, peek. The CLI's `spend`,
+//!   the worker and the benchmarks call the same function.
+//! - [`keys`]: **where a Redis key is named** — every key name, in one place.
+//! - `fetch`: the upstream request (templates, pagination) and what its
+//!   answer means (`Reply`: a page, throttled, a 5xx, ...).
+//! - [`sink`]: where records go: JSON lines files (whole-page appends, safe
+//!   across processes) or SQLite with an FTS5 index that serves search.
+//! - [`ops`]: Prometheus metrics, `/healthz`, `/readyz`, and the systemd
+//!   notify protocol (watchdog pings only while the daemon's loops beat).
+//! - [`stats`]: this process's counters (the demo's progress, the metrics).
+//! - [`conn`], `embedded`: reaching Redis, or running one; `eviction`:
+//!   whether that Redis may evict the windows' keys.
+//! - [`logging`]: the log subscriber (text or JSON lines).
 //! - [`simulator`]: a simulated metered API on loopback, for `demo` and the
 //!   integration tests; the daemon never imports it.
-//! - [`sink`]: where fetched records go: JSON lines files (whole-page
-//!   appends, safe across processes) or SQLite with an FTS5 index that
-//!   serves search locally.
 //! - [`cli`]: one file per command; `main.rs` only parses and dispatches.
 #![warn(missing_docs, unreachable_pub)]
 #![deny(clippy::await_holding_lock)]
@@ -23,15 +54,17 @@ pub mod cli;
 pub mod config;
 pub mod conn;
 pub mod daemon;
-pub mod embedded;
-pub mod fetch;
+pub(crate) mod embedded;
+pub(crate) mod eviction;
+pub(crate) mod fetch;
 pub mod keys;
 pub mod logging;
 pub mod ops;
+pub mod outcome;
 pub mod queue;
 pub mod quota;
 pub mod schedule;
 pub mod simulator;
 pub mod sink;
 pub mod stats;
-pub mod worker;
+pub(crate) mod worker;

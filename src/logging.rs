@@ -1,6 +1,7 @@
 //! Logs: tracing to stderr, compact text by default (no colours unless stderr
 //! is a terminal, so journald gets clean lines) or one JSON object per line.
-//! The level comes from `RUST_LOG` (default `info`).
+//! The level comes from `RUST_LOG` (default: `info` for `run`, `warn` for the
+//! commands that print their own output).
 
 use std::io::IsTerminal;
 
@@ -8,15 +9,10 @@ use tracing_subscriber::EnvFilter;
 
 use crate::config::LogFormat;
 
-/// Installs the global subscriber at level `info` unless `RUST_LOG` says
-/// otherwise. Calling it twice keeps the first.
-pub fn init(format: LogFormat) {
-    init_with_default(format, "info");
-}
-
-/// Like [`init`], with another default filter (the demo prints its own view
-/// and keeps only warnings from the log).
-pub fn init_with_default(format: LogFormat, default: &str) {
+/// Installs the global subscriber: `RUST_LOG` if set, else `default` (the
+/// commands that print their own output keep only warnings). Calling it twice
+/// keeps the first.
+pub fn init(format: LogFormat, default: &str) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

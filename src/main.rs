@@ -89,8 +89,9 @@ enum Command {
     },
 }
 
+/// The config's duration grammar, so `--for` reads like `per = "..."`.
 fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("{e} (write e.g. \"30s\", \"2m\")"))
+    quota_worker::config::parse_duration(s)
 }
 
 fn main() -> ExitCode {
@@ -127,7 +128,7 @@ fn main() -> ExitCode {
         | Command::Check => "warn",
         _ => "info",
     };
-    quota_worker::logging::init_with_default(format, default_level);
+    quota_worker::logging::init(format, default_level);
 
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
@@ -138,7 +139,7 @@ fn main() -> ExitCode {
     };
     let code = runtime.block_on(async {
         match args.command {
-            Command::Check => cli::check::run(&config, chrono::Utc::now()),
+            Command::Check => cli::check::run(&config, chrono::Utc::now()).await,
             Command::Spend {
                 endpoint,
                 cost,

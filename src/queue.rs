@@ -1,8 +1,9 @@
 //! The task queue: apalis-redis, with our backlog in front of it and our own
 //! janitor behind it.
 //!
-//! Workarounds for apalis-redis 1.0 (see `../shared/notes/apalis-1.0.md`),
-//! each pinned by a test in `tests/queue.rs`:
+//! Workarounds for apalis-redis 1.0, each pinned by a regression test named
+//! after its pitfall (docs/queue.md lists the pitfalls, numbered, with the
+//! test that pins each):
 //! - every push lands in apalis's scheduled set, and a fetch promotes all due
 //!   tasks in one Lua `unpack` that fails past ~8,000: tasks wait in our
 //!   backlog and [`Queue::feed`] hands apalis at most [`FEED_CAP`] at a time;
@@ -48,12 +49,12 @@ pub const RETENTION: Duration = Duration::from_secs(3_600);
 /// later. This strategy drains every tick that is due and returns only once
 /// its timer is pending, so a wake-up is always armed.
 #[derive(Debug)]
-pub struct Ticker(tokio::time::Interval);
+pub(crate) struct Ticker(tokio::time::Interval);
 
 impl Ticker {
     /// Ticks every `every` (a tick missed while a fetch ran is not made up).
     /// Must be called within the tokio runtime.
-    pub fn new(every: Duration) -> Self {
+    pub(crate) fn new(every: Duration) -> Self {
         let mut interval = tokio::time::interval(every);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         Ticker(interval)
@@ -157,7 +158,7 @@ impl TaskArgs {
     /// (apalis for as long as it keeps the task's data, an hour), so a
     /// retry named like a busy copy queued by a redelivered copy of the same
     /// task was dropped, and the task was lost.
-    pub fn again(&self, origin: Origin) -> Self {
+    pub(crate) fn again(&self, origin: Origin) -> Self {
         let mut next = self.clone();
         next.origin = origin;
         next.seq += 1;
@@ -181,13 +182,13 @@ impl TaskArgs {
     }
 
     /// The item as one string: `region=US,lang=en` (`-` for no fan-out).
-    pub fn item_key(&self) -> String {
+    pub(crate) fn item_key(&self) -> String {
         item_key(&self.item)
     }
 }
 
 /// A fan-out item as one string, for keys and logs.
-pub fn item_key(item: &[(String, String)]) -> String {
+pub(crate) fn item_key(item: &[(String, String)]) -> String {
     if item.is_empty() {
         return "-".into();
     }
@@ -254,17 +255,17 @@ impl Queue {
     }
 
     /// A storage for a worker.
-    pub fn storage(&self) -> RedisStorage<TaskArgs> {
+    pub(crate) fn storage(&self) -> RedisStorage<TaskArgs> {
         RedisStorage::new(self.conn.clone()).with_config(self.apalis.clone())
     }
 
     /// The queue's Redis connection (a cheap clone).
-    pub fn connection(&self) -> ConnectionManager {
+    pub(crate) fn connection(&self) -> ConnectionManager {
         self.conn.clone()
     }
 
     /// The key space.
-    pub fn keys(&self) -> &KeySpace {
+    pub(crate) fn keys(&self) -> &KeySpace {
         &self.keys
     }
 
@@ -376,7 +377,7 @@ impl Queue {
             .unwrap_or_default()
             .saturating_sub(retention)
             .as_secs();
-        let cursors = format!("{}:trim", self.keys.prefix());
+        let cursors = self.keys.trim_cursors();
         let (dropped, wrapped): (i64, i64) = TRIM
             .call()
             .key(self.apalis.done_jobs_set())

@@ -12,10 +12,12 @@
 //!
 //! `sink.path` is a [`Template`] with `{job}`, `{date}` (the fetch's UTC day,
 //! `YYYY-MM-DD`) and the fan-out keys. Values come from outside the operator's
-//! template, so each is [sanitized](sanitize) into one plain path component:
-//! `/`, `\` and NUL become `_`, and `.`, `..` or an empty value become
-//! underscores, so no value can climb out of the directory the template
-//! names. Relative paths resolve against the config file's directory.
+//! template, so each is [encoded](sanitize) into one plain path component,
+//! injectively (two different values never share a file): `%`, `/`, `\`
+//! and control characters are percent-encoded (`a/b` → `a%2Fb`), and a
+//! whole `.` or `..` becomes `%2E` or `%2E%2E`, an empty value `%`, so no
+//! value can climb out of the directory the template names. Relative paths
+//! resolve against the config file's directory.
 //!
 //! # JSON lines: what concurrent appends guarantee
 //!
@@ -182,11 +184,6 @@ impl Sinks {
         }
     }
 
-    /// The directory relative sink paths resolve against.
-    pub fn base_dir(&self) -> &Path {
-        &self.base_dir
-    }
-
     /// The file `job`'s records of `item` fetched on `date` (UTC) go to.
     pub fn path(&self, job: &Job, item: &Item, date: NaiveDate) -> PathBuf {
         self.base_dir.join(render_path(job, item, date))
@@ -297,15 +294,28 @@ fn render(template: &Template, job: &str, item: &Item, date: NaiveDate) -> PathB
     PathBuf::from(rendered)
 }
 
-/// Makes `value` safe as (part of) one path component: `/`, `\` and NUL
-/// become `_`; `.`, `..` and the empty string become underscores (one per
-/// character, at least one), so a value can neither add a directory level nor
-/// climb out of one.
+/// Makes `value` safe as (part of) one path component, so that it can
+/// neither add a directory level nor climb out of one, and injectively, so
+/// that two values never name one file: `%`, `/`, `\` and control
+/// characters become `%XX` (upper-case hex); a whole `.` or `..` becomes
+/// `%2E` or `%2E%2E`, the empty string `%` (every other `%` in the result
+/// starts an `%XX`, so each result decodes to one value).
 pub fn sanitize(value: &str) -> String {
     match value {
-        "" => "_".to_owned(),
-        "." | ".." => "_".repeat(value.len()),
-        _ => value.replace(['/', '\\', '\0'], "_"),
+        "" => "%".to_owned(),
+        "." => "%2E".to_owned(),
+        ".." => "%2E%2E".to_owned(),
+        _ => {
+            let mut out = String::with_capacity(value.len());
+            for c in value.chars() {
+                if matches!(c, '%' | '/' | '\\') || c.is_ascii_control() {
+                    out.push_str(&format!("%{:02X}", c as u32));
+                } else {
+                    out.push(c);
+                }
+            }
+            out
+        }
     }
 }
 
@@ -819,20 +829,23 @@ mod tests {
     #[test]
     fn values_never_leave_their_path_component() {
         let t = "data/{region}/x.jsonl";
-        assert_eq!(path(t, "j", &[("region", "..")]), "data/__/x.jsonl");
-        assert_eq!(path(t, "j", &[("region", ".")]), "data/_/x.jsonl");
-        assert_eq!(path(t, "j", &[("region", "")]), "data/_/x.jsonl");
+        assert_eq!(path(t, "j", &[("region", "..")]), "data/%2E%2E/x.jsonl");
+        assert_eq!(path(t, "j", &[("region", ".")]), "data/%2E/x.jsonl");
+        assert_eq!(path(t, "j", &[("region", "")]), "data/%/x.jsonl");
         assert_eq!(
             path(t, "j", &[("region", "../../etc/passwd")]),
-            "data/.._.._etc_passwd/x.jsonl"
+            "data/..%2F..%2Fetc%2Fpasswd/x.jsonl"
         );
-        assert_eq!(path(t, "j", &[("region", "/abs")]), "data/_abs/x.jsonl");
-        assert_eq!(path(t, "j", &[("region", "a\\b\0c")]), "data/a_b_c/x.jsonl");
+        assert_eq!(path(t, "j", &[("region", "/abs")]), "data/%2Fabs/x.jsonl");
+        assert_eq!(
+            path(t, "j", &[("region", "a\\b\0c\r\u{1b}")]),
+            "data/a%5Cb%00c%0D%1B/x.jsonl"
+        );
         // Dots inside a name are fine: only whole "." and ".." climb.
         assert_eq!(path(t, "j", &[("region", "...")]), "data/.../x.jsonl");
         assert_eq!(path(t, "j", &[("region", "v1.2")]), "data/v1.2/x.jsonl");
-        // The job name is sanitized too.
-        assert_eq!(path("{job}.db", "..", &[]), "__.db");
+        // The job name is encoded too.
+        assert_eq!(path("{job}.db", "..", &[]), "%2E%2E.db");
         // Every rendered path stays a plain relative path under data/.
         for v in ["..", ".", "../..", "a/../..", "/", "\\..\\", "\0"] {
             let p = PathBuf::from(path(t, "j", &[("region", v)]));
@@ -845,6 +858,23 @@ mod tests {
                 "{v:?} -> {}",
                 p.display()
             );
+        }
+    }
+
+    /// Regression (issue 9): `a/b` and `a_b` both wrote `a_b.jsonl`, so two
+    /// items' records mixed in one file. The encoding is injective.
+    #[test]
+    fn sink_paths_are_injective() {
+        let values = [
+            "a/b", "a_b", "a%2Fb", "a%b", "a\\b", "", "%", ".", "..", "%2E", "_", "__", "a\rb",
+            "a%0Db", "a\0b", "a%00b",
+        ];
+        let mut seen = HashMap::new();
+        for v in values {
+            let encoded = sanitize(v);
+            if let Some(other) = seen.insert(encoded.clone(), v) {
+                panic!("{v:?} and {other:?} both encode to {encoded:?}");
+            }
         }
     }
 

@@ -3,55 +3,12 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Task outcomes, as SPEC "Task outcomes" names them, plus the internal ones.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum OutcomeKind {
-    /// All pages fetched.
-    Done,
-    /// A spend was rejected.
-    QuotaExhausted,
-    /// The upstream said 429 (or 403 with a quota reason).
-    UpstreamThrottled,
-    /// A network error, timeout or 5xx: queued again with backoff.
-    Retrying,
-    /// Other 4xx, bad response, or attempts used up.
-    Failed,
-    /// A continuation whose run a newer tick's task took over.
-    Superseded,
-}
-
-impl OutcomeKind {
-    /// Every kind, in display order.
-    pub const ALL: [OutcomeKind; 6] = [
-        OutcomeKind::Done,
-        OutcomeKind::QuotaExhausted,
-        OutcomeKind::UpstreamThrottled,
-        OutcomeKind::Retrying,
-        OutcomeKind::Failed,
-        OutcomeKind::Superseded,
-    ];
-
-    /// The name used in logs, metrics and `trigger --wait`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OutcomeKind::Done => "done",
-            OutcomeKind::QuotaExhausted => "quota_exhausted",
-            OutcomeKind::UpstreamThrottled => "upstream_throttled",
-            OutcomeKind::Retrying => "retrying",
-            OutcomeKind::Failed => "failed",
-            OutcomeKind::Superseded => "superseded",
-        }
-    }
-
-    fn index(self) -> usize {
-        self as usize
-    }
-}
+use crate::outcome::OutcomeKind;
 
 /// Counters; all relaxed (they are reports, not synchronisation).
 #[derive(Debug, Default)]
 pub struct Stats {
-    outcomes: [AtomicU64; 6],
+    outcomes: [AtomicU64; OutcomeKind::ALL.len()],
     /// Pages fetched (2xx).
     pub pages: AtomicU64,
     /// Records written to sinks.
@@ -68,22 +25,22 @@ pub struct Stats {
 
 impl Stats {
     /// Counts one outcome.
-    pub fn outcome(&self, kind: OutcomeKind) {
-        self.outcomes[kind.index()].fetch_add(1, Ordering::Relaxed);
+    pub(crate) fn outcome(&self, kind: OutcomeKind) {
+        self.outcomes[kind as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     /// How many of `kind`.
-    pub fn count(&self, kind: OutcomeKind) -> u64 {
-        self.outcomes[kind.index()].load(Ordering::Relaxed)
+    pub(crate) fn count(&self, kind: OutcomeKind) -> u64 {
+        self.outcomes[kind as usize].load(Ordering::Relaxed)
     }
 
     /// Adds `n` to a counter.
-    pub fn add(counter: &AtomicU64, n: u64) {
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Ordering::Relaxed);
     }
 
     /// Subtracts `n` from a counter.
-    pub fn sub(counter: &AtomicU64, n: u64) {
+    pub(crate) fn sub(counter: &AtomicU64, n: u64) {
         counter.fetch_sub(n, Ordering::Relaxed);
     }
 

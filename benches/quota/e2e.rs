@@ -2,7 +2,7 @@
 //! through the whole daemon — tick → fan-out → queue → spend → HTTP to the
 //! simulated upstream (on loopback, answering at once) → jsonl sink — with
 //! the spend step on, and with it switched off by the bench-only
-//! `RunOptions::bench_skip_spend`, at `concurrency` 8 and 32.
+//! test hook `daemon::Hooks::skip_spend`, at `concurrency` 8 and 32.
 //!
 //! Every run is a fresh daemon (`daemon::run`, in this process) on this
 //! section's own `redis-server` (FLUSHALL between runs), a fresh simulator
@@ -23,13 +23,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use quota_worker::config::{Config, RedisUrl};
-use quota_worker::daemon::{self, RunOptions, Shared};
+use quota_worker::daemon::{Hooks, RunOptions, Shared};
 use quota_worker::keys::KeySpace;
+use quota_worker::outcome::OutcomeEvent;
+use quota_worker::outcome::OutcomeKind;
 use quota_worker::queue::{Origin, Queue};
 use quota_worker::quota::{Limiter, Quotas};
 use quota_worker::simulator::{SimConfig, Simulator};
-use quota_worker::stats::OutcomeKind;
-use quota_worker::worker::OutcomeEvent;
 use redis::aio::ConnectionManager;
 use serde::Serialize;
 use tokio::sync::{broadcast, oneshot};
@@ -54,7 +54,7 @@ const POLL: &str = "10ms";
 /// 13 this way (one 2,000-task run in five to ten started one heartbeat,
 /// 6.00 s, late: apalis's interval strategy lost its wake-up when a fetch
 /// outlasted `poll_interval` behind the fan-out's script). `queue::Ticker`
-/// fixes it (`tests/queue_pitfalls.rs`); should a stall come back, such a
+/// fixes it (`tests/it/queue_pitfalls.rs`); should a stall come back, such a
 /// run is cut short, counted in the report, and run again (at most 3 tries).
 const STALL: Duration = Duration::from_secs(1);
 /// The limiter's target: at most this share of end-to-end throughput.
@@ -284,7 +284,7 @@ pub async fn run(ctx: &Ctx) -> Section {
          reaches; one job fans out {n} items × 1 page (cost {COST}) to a jsonl sink (which syncs every \
          page), `poll_interval` {POLL}, no log subscriber. Tasks/s = {n} ÷ time from the tick's fan-out \
          to the {n}th `done`; every run checked: upstream requests = sink lines = {n}, units recorded = \
-         {n} × {COST} with the spend on, 0 with it off (`RunOptions::bench_skip_spend`). {rounds} rounds; \
+         {n} × {COST} with the spend on, 0 with it off (the hook `daemon::Hooks::skip_spend`). {rounds} rounds; \
          on and off back to back, first in turn, pair order rotated; tasks/s are medians (range in \
          brackets), on ÷ off is the median of the per-round ratios. CPU is the change in user + sys time \
          of redis-server (`INFO cpu`) and of this process (`getrusage`) over the run.\n"
@@ -592,7 +592,10 @@ async fn run_once(
             events: Some(events),
             ..Shared::default()
         },
-        bench_skip_spend: !spend,
+        hooks: Hooks {
+            skip_spend: !spend,
+            ..Hooks::default()
+        },
         ..RunOptions::default()
     };
     let mut daemon = InProcess::start(config.clone(), secrets, opts).await;
@@ -620,7 +623,7 @@ async fn run_once(
     // What the scheduler does on a tick: fan out, claim the tick, enqueue.
     let t0 = Instant::now();
     let tick = chrono::Utc::now().timestamp_millis();
-    let tasks = daemon::tick_tasks(job, tick, Origin::Tick);
+    let tasks = quota_worker::schedule::tick_tasks(job, tick, Origin::Tick);
     let queued = queue
         .enqueue_tick(JOB, tick, &tasks, "bench")
         .await

@@ -1,16 +1,21 @@
 //! `quota-worker check`: validates the config, jobs and secrets (exit 78 when
 //! invalid), then shows each job's next fire times and worst-case cost, and
 //! per window the worst-case units the jobs can spend against its limit,
-//! warning when they cannot fit and when the quota would run out.
+//! warning when they cannot fit and when the quota would run out. When the
+//! configured Redis answers, its eviction policy is checked as `run` checks
+//! it (exit 78 when `run` would refuse to start).
+
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
 use super::Exit;
-use crate::config::{Config, Job, Reserve, Scope, fmt_duration};
+use crate::config::{Config, Job, Reserve, Scope, UnsafeEviction, Window, fmt_duration};
+use crate::eviction::{self, Eviction};
 use crate::schedule;
 
 /// Runs the command at `now`.
-pub fn run(config: &Config, now: DateTime<Utc>) -> Exit {
+pub async fn run(config: &Config, now: DateTime<Utc>) -> Exit {
     if let Err(errors) = config.secrets() {
         for e in &errors.0 {
             eprintln!("error: {e}");
@@ -21,142 +26,215 @@ pub fn run(config: &Config, now: DateTime<Utc>) -> Exit {
         );
         return Exit::Config;
     }
-    print!("{}", report(config, now).0);
-    Exit::Ok
+    print!("{}", report(config, now));
+    redis_eviction(config).await
 }
 
-/// The report, and how many warnings it has.
-pub fn report(config: &Config, now: DateTime<Utc>) -> (String, usize) {
-    let mut out = String::new();
-    let mut warnings = Vec::new();
-    out.push_str(&format!(
+/// Whether the configured Redis keeps every key, when it answers now.
+async fn redis_eviction(config: &Config) -> Exit {
+    let Some(url) = &config.redis.url else {
+        println!("\nredis: embedded, started with maxmemory-policy noeviction");
+        return Exit::Ok;
+    };
+    let wait = Duration::from_secs(2);
+    let Ok(mut conn) = crate::conn::connect(url, wait, 0).await else {
+        println!(
+            "\nredis: {url} does not answer now; its maxmemory-policy is checked when `run` starts"
+        );
+        return Exit::Ok;
+    };
+    match eviction::check(&mut conn, wait).await {
+        Eviction::Safe => {
+            println!("\nredis: {url}: maxmemory-policy noeviction");
+            Exit::Ok
+        }
+        Eviction::Unsafe(policy) => {
+            let reason = Eviction::unsafe_reason(&policy);
+            match config.redis.unsafe_eviction {
+                UnsafeEviction::Refuse => {
+                    eprintln!("error: Redis at {url}: {reason}; `run` refuses to start");
+                    Exit::Config
+                }
+                UnsafeEviction::Warn => {
+                    println!(
+                        "\nwarning: Redis at {url}: {reason} (unsafe_eviction = \"warn\": `run` starts anyway)"
+                    );
+                    Exit::Ok
+                }
+            }
+        }
+        Eviction::Unknown(why) => {
+            println!(
+                "\nwarning: Redis at {url}: its maxmemory-policy cannot be verified ({why}); make sure it is noeviction"
+            );
+            Exit::Ok
+        }
+    }
+}
+
+/// The report, warnings last.
+fn report(config: &Config, now: DateTime<Utc>) -> String {
+    let mut out = format!(
         "{}: valid ({} credential(s), {} endpoint(s), {} job(s))\n",
         config.path.display(),
         config.credentials.len(),
         config.endpoints.len(),
         config.jobs.len()
-    ));
-
+    );
     for job in config.jobs.values() {
-        let ep = &config.endpoints[&job.endpoint];
-        out.push_str(&format!(
-            "\njob {} ({}): endpoint {}, {} task(s) per tick, worst case {} units per run ({} item(s) x {} page(s) x {} unit(s))\n",
-            job.name,
-            job.file.display(),
-            ep.name,
-            job.items(),
-            schedule::worst_per_run(config, job),
-            job.items(),
-            job.max_pages(),
-            ep.cost
-        ));
-        let next: Vec<String> = schedule::next_fires(job, now, 3)
-            .iter()
-            .map(|t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string())
-            .collect();
-        if job.reserve != Reserve::NONE {
-            out.push_str(&format!(
-                "  reserve: {} of every window stays free for others\n",
-                job.reserve
-            ));
-        }
-        out.push_str(&format!(
-            "  next: {} ({} {})\n",
-            if next.is_empty() {
-                "never".into()
-            } else {
-                next.join(", ")
-            },
-            job.schedule.source(),
-            job.timezone
-        ));
+        out.push_str(&job_lines(config, job, now));
     }
-
+    let mut warnings = Vec::new();
     for cred in config.credentials.values() {
         out.push_str(&format!("\ncredential {}\n", cred.name));
-        let cred_jobs: Vec<&Job> = config
-            .jobs
-            .values()
-            .filter(|j| config.endpoints[&j.endpoint].credential == cred.name)
-            .collect();
-        let mut rows: Vec<(Scope, &crate::config::Window, Vec<&Job>)> = cred
-            .windows
-            .iter()
-            .map(|w| (Scope::Credential, w, cred_jobs.clone()))
-            .collect();
-        for ep in config
-            .endpoints
-            .values()
-            .filter(|e| e.credential == cred.name)
-        {
-            let jobs: Vec<&Job> = cred_jobs
-                .iter()
-                .copied()
-                .filter(|j| j.endpoint == ep.name)
-                .collect();
-            for w in &ep.windows {
-                rows.push((Scope::Endpoint(ep.name.clone()), w, jobs.clone()));
-            }
-        }
+        let rows = window_rows(config, &cred.name, &cred.windows);
         let scope_w = rows
             .iter()
-            .map(|r| r.0.to_string().len())
+            .map(|r| r.scope.to_string().len())
             .max()
             .unwrap_or(0);
-        let win_w = rows.iter().map(|r| r.1.describe().len()).max().unwrap_or(0);
-        for (scope, w, jobs) in rows {
-            let worst: u64 = jobs
-                .iter()
-                .map(|j| {
-                    schedule::worst_ticks(j, w.per, now)
-                        .saturating_mul(schedule::worst_per_run(config, j))
-                })
-                .fold(0, u64::saturating_add);
-            let pct = worst as f64 * 100.0 / w.units.get() as f64;
-            let verdict = if worst > w.units.get() {
-                "DOES NOT FIT"
-            } else {
-                "fits"
-            };
-            out.push_str(&format!(
-                "  {:<scope_w$}  {:<win_w$}  worst case {worst:>9} units per {:<6} {pct:>6.1}%  {verdict}\n",
-                scope.to_string(),
-                w.describe(),
-                fmt_duration(w.per)
-            ));
-            // A job's reserve: what its spends leave free in this window.
-            for j in jobs.iter().filter(|j| j.reserve != Reserve::NONE) {
-                out.push_str(&format!(
-                    "  {:<scope_w$}  {:<win_w$}  job {} keeps {} free: spends up to {} of {} units\n",
-                    "",
-                    "",
-                    j.name,
-                    j.reserve,
-                    w.admits(j.reserve),
-                    w.units
-                ));
-            }
-            if worst > w.units.get() {
-                let mut msg = format!(
-                    "credential {} {scope} window {}: the jobs can spend up to {worst} units per {}, more than its {}",
-                    cred.name,
-                    w.describe(),
-                    fmt_duration(w.per),
-                    w.units
-                );
-                if let Some((at, job)) = schedule::exhausted_at(config, &jobs, w, now) {
-                    msg.push_str(&format!(
-                        "; starting from an empty window, it runs out at {} (a tick of job {}), and later tasks end as quota_exhausted",
-                        at.format("%Y-%m-%d %H:%M UTC"),
-                        job.name
-                    ));
-                }
-                warnings.push(msg);
-            }
+        let win_w = rows
+            .iter()
+            .map(|r| r.window.describe().len())
+            .max()
+            .unwrap_or(0);
+        for row in rows {
+            let (line, warning) = row.report(config, &cred.name, now, (scope_w, win_w));
+            out.push_str(&line);
+            warnings.extend(warning);
         }
     }
     for w in &warnings {
         out.push_str(&format!("\nwarning: {w}\n"));
     }
-    (out, warnings.len())
+    out
+}
+
+/// A job's worst-case cost per run and its next fire times.
+fn job_lines(config: &Config, job: &Job, now: DateTime<Utc>) -> String {
+    let ep = &config.endpoints[&job.endpoint];
+    let next: Vec<String> = schedule::next_fires(job, now, 3)
+        .iter()
+        .map(|t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string())
+        .collect();
+    let reserve = if job.reserve == Reserve::NONE {
+        String::new()
+    } else {
+        format!(
+            "  reserve: {} of every window stays free for others\n",
+            job.reserve
+        )
+    };
+    format!(
+        "\njob {} ({}): endpoint {}, {} task(s) per tick, worst case {} units per run ({} item(s) x {} page(s) x {} unit(s))\n{reserve}  next: {} ({} {})\n",
+        job.name,
+        job.file.display(),
+        ep.name,
+        job.items(),
+        schedule::worst_per_run(config, job),
+        job.items(),
+        job.max_pages(),
+        ep.cost,
+        if next.is_empty() {
+            "never".into()
+        } else {
+            next.join(", ")
+        },
+        job.schedule.source(),
+        job.timezone
+    )
+}
+
+/// One window of a credential (its own, or one of its endpoints'), and the
+/// jobs that spend from it.
+struct Row<'a> {
+    scope: Scope,
+    window: &'a Window,
+    jobs: Vec<&'a Job>,
+}
+
+/// The credential's windows, then each of its endpoints' windows.
+fn window_rows<'a>(config: &'a Config, credential: &str, own: &'a [Window]) -> Vec<Row<'a>> {
+    let cred_jobs: Vec<&Job> = config
+        .jobs
+        .values()
+        .filter(|j| config.endpoints[&j.endpoint].credential == credential)
+        .collect();
+    let mut rows: Vec<Row<'a>> = own
+        .iter()
+        .map(|window| Row {
+            scope: Scope::Credential,
+            window,
+            jobs: cred_jobs.clone(),
+        })
+        .collect();
+    for ep in (config.endpoints.values()).filter(|e| e.credential == credential) {
+        let jobs: Vec<&Job> = (cred_jobs.iter().copied())
+            .filter(|j| j.endpoint == ep.name)
+            .collect();
+        rows.extend(ep.windows.iter().map(|window| Row {
+            scope: Scope::Endpoint(ep.name.clone()),
+            window,
+            jobs: jobs.clone(),
+        }));
+    }
+    rows
+}
+
+impl Row<'_> {
+    /// Its line (columns `widths` wide), and a warning when the jobs'
+    /// worst case does not fit.
+    fn report(
+        &self,
+        config: &Config,
+        credential: &str,
+        now: DateTime<Utc>,
+        (scope_w, win_w): (usize, usize),
+    ) -> (String, Option<String>) {
+        let (scope, w) = (&self.scope, self.window);
+        let worst: u64 = (self.jobs.iter())
+            .map(|j| {
+                schedule::worst_ticks(j, w.per, now)
+                    .saturating_mul(schedule::worst_per_run(config, j))
+            })
+            .fold(0, u64::saturating_add);
+        let pct = worst as f64 * 100.0 / w.units.get() as f64;
+        let fits = worst <= w.units.get();
+        let mut line = format!(
+            "  {:<scope_w$}  {:<win_w$}  worst case {worst:>9} units per {:<6} {pct:>6.1}%  {}\n",
+            scope.to_string(),
+            w.describe(),
+            fmt_duration(w.per),
+            if fits { "fits" } else { "DOES NOT FIT" }
+        );
+        // A job's reserve: what its spends leave free in this window.
+        for j in self.jobs.iter().filter(|j| j.reserve != Reserve::NONE) {
+            line.push_str(&format!(
+                "  {:<scope_w$}  {:<win_w$}  job {} keeps {} free: spends up to {} of {} units\n",
+                "",
+                "",
+                j.name,
+                j.reserve,
+                w.admits(j.reserve),
+                w.units
+            ));
+        }
+        if fits {
+            return (line, None);
+        }
+        let mut msg = format!(
+            "credential {credential} {scope} window {}: the jobs can spend up to {worst} units per {}, more than its {}",
+            w.describe(),
+            fmt_duration(w.per),
+            w.units
+        );
+        if let Some((at, job)) = schedule::exhausted_at(config, &self.jobs, w, now) {
+            msg.push_str(&format!(
+                "; starting from an empty window, it runs out at {} (a tick of job {}), and later tasks end as quota_exhausted",
+                at.format("%Y-%m-%d %H:%M UTC"),
+                job.name
+            ));
+        }
+        (line, Some(msg))
+    }
 }

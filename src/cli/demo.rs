@@ -16,14 +16,14 @@ use tokio::sync::broadcast;
 use super::Exit;
 use crate::config::{Config, Secrets, Template, fmt_duration};
 use crate::daemon::{self, RunOptions, Shared};
+use crate::outcome::{OutcomeEvent, OutcomeKind};
 use crate::quota::{Limiter, Quotas};
-use crate::simulator::{SimConfig, Simulator};
-use crate::stats::{OutcomeKind, Stats};
-use crate::worker::OutcomeEvent;
+use crate::simulator::{SimConfig, SimStats, Simulator};
+use crate::stats::Stats;
 
 /// Request URLs in `config/demo.toml` start with this; the demo points them at
 /// the simulator (the `.invalid` domain can never resolve to anything real).
-pub const DEMO_UPSTREAM: &str = "http://upstream.invalid";
+pub(crate) const DEMO_UPSTREAM: &str = "http://upstream.invalid";
 
 /// The demo's API keys (fake, for the simulator only) by credential.
 const KEYS: [(&str, &str); 2] = [("yt-demo-1", "demo-key-1"), ("yt-demo-2", "demo-key-2")];
@@ -45,18 +45,39 @@ pub async fn run(mut config: Config, duration: Duration, out_dir: &Path) -> Exit
             return Exit::Unavailable;
         }
     };
-    // Point the jobs at the simulator, and keep all state in a fresh directory.
+    if let Err(code) = point_at(&mut config, &sim.base_url(), out_dir) {
+        return code;
+    }
+    let secrets = match demo_secrets(&config) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Exit::Config;
+        }
+    };
+    let config = Arc::new(config);
+    print_intro(&config, &sim.base_url(), duration, out_dir);
+    let shared = Shared::default();
+    let ran = run_daemon(config.clone(), secrets, shared.clone(), duration).await;
+    let stats = sim.stats();
+    sim.shutdown().await;
+    let ran = match ran {
+        Ok(ran) => ran,
+        Err(code) => return code,
+    };
+    print_summary(&shared.stats, &ran, out_dir);
+    upstream_summary(&stats)
+}
+
+/// Points the jobs at the simulator, and keeps all state in `out_dir`.
+fn point_at(config: &mut Config, sim_url: &str, out_dir: &Path) -> Result<(), Exit> {
     for job in config.jobs.values_mut() {
-        let src = job
-            .request
-            .url
-            .source()
-            .replacen(DEMO_UPSTREAM, &sim.base_url(), 1);
+        let src = (job.request.url.source()).replacen(DEMO_UPSTREAM, sim_url, 1);
         match Template::parse(&src) {
             Ok(t) => job.request.url = t,
             Err(e) => {
                 eprintln!("error: demo job {}: {e}", job.name);
-                return Exit::Config;
+                return Err(Exit::Config);
             }
         }
     }
@@ -64,6 +85,11 @@ pub async fn run(mut config: Config, duration: Duration, out_dir: &Path) -> Exit
     config.state_dir = out_dir.join("state");
     config.redis.url = None;
     config.metrics.listen = None;
+    Ok(())
+}
+
+/// The demo's fake API keys, as the credentials' `secret_env` would give them.
+fn demo_secrets(config: &Config) -> Result<Secrets, crate::config::ConfigErrors> {
     let lookup = |var: &str| {
         config
             .credentials
@@ -72,19 +98,13 @@ pub async fn run(mut config: Config, duration: Duration, out_dir: &Path) -> Exit
             .and_then(|c| KEYS.iter().find(|(name, _)| *name == c.name))
             .map(|(_, key)| (*key).to_owned())
     };
-    let secrets: Secrets = match config.secrets_with_env(&lookup) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return Exit::Config;
-        }
-    };
-    let config = Arc::new(config);
+    config.secrets_with_env(&lookup)
+}
 
+fn print_intro(config: &Config, sim_url: &str, duration: Duration, out_dir: &Path) {
     println!(
-        "quota-worker demo: {} job(s) against a simulated YouTube-like API at {}",
+        "quota-worker demo: {} job(s) against a simulated YouTube-like API at {sim_url}",
         config.jobs.len(),
-        sim.base_url()
     );
     for (cred, key) in KEYS {
         if let Some(c) = config.credentials.get(cred) {
@@ -116,11 +136,28 @@ pub async fn run(mut config: Config, duration: Duration, out_dir: &Path) -> Exit
         fmt_duration(duration),
         out_dir.display()
     );
+}
 
+/// What a demo run came to.
+struct Ran {
+    started: Instant,
+    interrupted: bool,
+    /// Each window's usage at the end, read before the daemon stopped its Redis.
+    usage: String,
+}
+
+/// Runs the daemon, with the live view and a progress line, until
+/// `duration` passes or SIGINT/SIGTERM.
+async fn run_daemon(
+    config: Arc<Config>,
+    secrets: Secrets,
+    shared: Shared,
+    duration: Duration,
+) -> Result<Ran, Exit> {
     let (tx, rx) = broadcast::channel(4096);
     let shared = Shared {
         events: Some(tx),
-        ..Shared::default()
+        ..shared
     };
     let (ready_tx, mut ready_rx) = tokio::sync::watch::channel(false);
     let opts = RunOptions {
@@ -130,28 +167,19 @@ pub async fn run(mut config: Config, duration: Duration, out_dir: &Path) -> Exit
     };
     let started = Instant::now();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let daemon = tokio::spawn(daemon::run(
-        config.clone(),
-        Arc::new(secrets),
-        opts,
-        async move {
-            let _ = stop_rx.await;
-        },
-    ));
-    let _ = ready_rx.wait_for(|r| *r).await;
-    let limiter = match limiter_for(&config).await {
-        Some(l) => l,
-        None => {
-            let _ = stop_tx.send(());
-            let _ = daemon.await;
-            return Exit::Unavailable;
-        }
+    let stop = async move {
+        let _ = stop_rx.await;
     };
-
+    let daemon = tokio::spawn(daemon::run(config.clone(), Arc::new(secrets), opts, stop));
+    let _ = ready_rx.wait_for(|r| *r).await;
+    let Some(limiter) = limiter_for(&config).await else {
+        let _ = stop_tx.send(());
+        let _ = daemon.await;
+        return Err(Exit::Unavailable);
+    };
     let view = tokio::spawn(live_view(rx, started));
-    let deadline = started + duration;
     let interrupted = tokio::select! {
-        _ = tokio::time::sleep_until(deadline.into()) => false,
+        _ = tokio::time::sleep_until((started + duration).into()) => false,
         _ = super::run::shutdown_signal() => true,
         _ = progress(&shared.stats, &limiter, started) => false,
     };
@@ -160,17 +188,21 @@ pub async fn run(mut config: Config, duration: Duration, out_dir: &Path) -> Exit
     let _ = stop_tx.send(());
     let result = daemon.await;
     view.abort();
-    let stats = sim.stats();
-    sim.shutdown().await;
     if let Ok(Err(e)) = &result {
-        return super::run::daemon_error(e);
+        return Err(super::run::daemon_error(e));
     }
+    Ok(Ran {
+        started,
+        interrupted,
+        usage,
+    })
+}
 
-    let s = &shared.stats;
+fn print_summary(s: &Stats, ran: &Ran, out_dir: &Path) {
     println!(
         "\n=== demo summary ({}{}) ===",
-        fmt_duration(started.elapsed()),
-        if interrupted { ", interrupted" } else { "" }
+        fmt_duration(ran.started.elapsed()),
+        if ran.interrupted { ", interrupted" } else { "" }
     );
     let outcomes: Vec<String> = OutcomeKind::ALL
         .iter()
@@ -184,7 +216,12 @@ pub async fn run(mut config: Config, duration: Duration, out_dir: &Path) -> Exit
         out_dir.join("data").display()
     );
     println!("units spent vs. each window (now, live from Redis):");
-    print!("{usage}");
+    print!("{}", ran.usage);
+}
+
+/// What the upstream saw, per key; exit 70 if it answered a quota error
+/// (the limiter let too much through).
+fn upstream_summary(stats: &SimStats) -> Exit {
     println!("what the upstream saw, per key:");
     let mut quota_errors = 0;
     for k in sim_config().keys {

@@ -22,6 +22,9 @@ use crate::quota::{Limiter, Quotas};
 pub enum Exit {
     /// Success.
     Ok = 0,
+    /// Something the command did failed for good (`trigger --wait`: a task
+    /// ended `failed`); not a sysexits code, as none says "it ran, and failed".
+    Failed = 1,
     /// EX_USAGE: bad command line (or a cost that can never fit).
     Usage = 64,
     /// EX_UNAVAILABLE: Redis (or another service) unreachable.
@@ -64,7 +67,7 @@ pub fn load(path: &Path) -> Result<Config, Exit> {
 
 /// The URL to reach Redis at: the configured one, or the embedded Redis's
 /// socket in the state directory.
-pub fn redis_url(config: &Config) -> config::RedisUrl {
+pub(crate) fn redis_url(config: &Config) -> config::RedisUrl {
     match &config.redis.url {
         Some(u) => u.clone(),
         None => config::RedisUrl::new(format!(
@@ -76,7 +79,7 @@ pub fn redis_url(config: &Config) -> config::RedisUrl {
 
 /// A limiter for `quotas` on the configured Redis. It connects on first use,
 /// so an unreachable Redis meets the endpoint's `limiter_unavailable` policy.
-pub fn limiter(config: &Config, quotas: Arc<Quotas>) -> Result<Limiter, Exit> {
+pub(crate) fn limiter(config: &Config, quotas: Arc<Quotas>) -> Result<Limiter, Exit> {
     let url = redis_url(config);
     match crate::conn::connect_lazy(&url, config.redis.timeout, 1) {
         Ok(conn) => Ok(Limiter::new(conn, quotas, config.redis.timeout)),
@@ -88,7 +91,7 @@ pub fn limiter(config: &Config, quotas: Arc<Quotas>) -> Result<Limiter, Exit> {
 }
 
 /// Prints a limiter error and picks its exit code.
-pub fn quota_error(config: &Config, e: &crate::quota::QuotaError) -> Exit {
+pub(crate) fn quota_error(config: &Config, e: &crate::quota::QuotaError) -> Exit {
     use crate::quota::QuotaError as Q;
     if e.is_unavailable() {
         eprintln!("error: Redis at {}: {e}", redis_url(config));

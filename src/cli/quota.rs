@@ -44,7 +44,7 @@ pub async fn run(config: &Config, credential: Option<&str>, as_json: bool) -> Ex
 }
 
 /// The `--json` shape of SPEC "Command line".
-pub fn to_json(usages: &[CredentialUsage]) -> serde_json::Value {
+pub(crate) fn to_json(usages: &[CredentialUsage]) -> serde_json::Value {
     let creds: Vec<_> = usages
         .iter()
         .map(|u| {
@@ -71,7 +71,7 @@ pub fn to_json(usages: &[CredentialUsage]) -> serde_json::Value {
 }
 
 /// A readable table per credential.
-pub fn table(usages: &[CredentialUsage]) -> String {
+pub(crate) fn table(usages: &[CredentialUsage]) -> String {
     let mut out = String::new();
     for u in usages {
         let blocked = if u.blocked_for.is_zero() {

@@ -1,5 +1,6 @@
 //! `quota-worker run`: scheduler and workers in the foreground until SIGTERM
-//! or SIGINT; exit 0 on a clean shutdown.
+//! or SIGINT; exit 0 on a clean shutdown, else an exit code per cause
+//! (`daemon_error`, docs/commands.md).
 
 use std::sync::Arc;
 
@@ -12,7 +13,7 @@ use crate::embedded::EmbeddedError;
 /// this is called, not when the future is first polled: a SIGTERM while the
 /// daemon still starts (waiting for Redis, say) is a clean shutdown too, not
 /// the default action's death by signal.
-pub fn shutdown_signal() -> impl Future<Output = ()> + Send {
+pub(crate) fn shutdown_signal() -> impl Future<Output = ()> + Send {
     use tokio::signal::unix::{SignalKind, signal};
     let term = signal(SignalKind::terminate());
     let int = signal(SignalKind::interrupt());
@@ -33,16 +34,28 @@ pub fn shutdown_signal() -> impl Future<Output = ()> + Send {
 /// Maps a daemon error to an exit code, logging it: through the log, so that
 /// with `--log-format json` the one line that says why the daemon stopped is
 /// JSON like every other line a log shipper reads.
-pub fn daemon_error(e: &DaemonError) -> Exit {
+///
+/// Per sysexits(3): a service the daemon needs that is missing or does not
+/// answer (Redis, `redis-server`) is EX_UNAVAILABLE (69); what the config
+/// asks for and this host cannot give (a metrics address in use or not
+/// local, a state directory too deep for a Unix socket) is EX_CONFIG (78),
+/// fixed by changing the config, not by waiting; the rest is EX_SOFTWARE (70).
+pub(crate) fn daemon_error(e: &DaemonError) -> Exit {
     tracing::error!(error = %e, "quota-worker cannot run");
     match e {
-        DaemonError::Embedded(EmbeddedError::NotInstalled)
-        | DaemonError::Embedded(EmbeddedError::InUse(_))
-        | DaemonError::Embedded(EmbeddedError::Stale(_))
-        | DaemonError::Unreachable { .. } => Exit::Unavailable,
-        DaemonError::Embedded(EmbeddedError::PathTooLong(_)) => Exit::Config,
-        DaemonError::Metrics { .. } => Exit::Unavailable,
-        _ => Exit::Software,
+        DaemonError::Unreachable { .. }
+        | DaemonError::Embedded(
+            EmbeddedError::NotInstalled
+            | EmbeddedError::InUse(_)
+            | EmbeddedError::Stale(_)
+            | EmbeddedError::NoAnswer { .. },
+        ) => Exit::Unavailable,
+        // Misconfigured, not unavailable: waiting will not fix it, an
+        // operator must (EX_CONFIG, like our own config errors).
+        DaemonError::Metrics { .. }
+        | DaemonError::UnsafeEviction { .. }
+        | DaemonError::Embedded(EmbeddedError::PathTooLong(_)) => Exit::Config,
+        DaemonError::Embedded(EmbeddedError::Io { .. }) | DaemonError::Http(_) => Exit::Software,
     }
 }
 
@@ -57,12 +70,7 @@ pub async fn run(config: Config) -> Exit {
             return Exit::Config;
         }
     };
-    // Test-only fault injection for the watchdog (see daemon::RunOptions).
-    let wedge_scheduler = std::env::var("QUOTA_WORKER_FAULT").is_ok_and(|f| f == "wedge-scheduler");
-    let opts = RunOptions {
-        wedge_scheduler,
-        ..RunOptions::default()
-    };
+    let opts = RunOptions::default();
     match daemon::run(Arc::new(config), Arc::new(secrets), opts, shutdown_signal()).await {
         Ok(()) => Exit::Ok,
         Err(e) => daemon_error(&e),

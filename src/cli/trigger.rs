@@ -1,16 +1,19 @@
 //! `quota-worker trigger JOB [--wait]`: enqueues one tick of JOB now; with
-//! `--wait`, shows a progress bar until its tasks end, then a one-line summary.
+//! `--wait`, shows a progress bar until its tasks end, then a one-line
+//! summary, and exits by how they ended (`verdict`).
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
+use redis::aio::ConnectionManager;
 
 use super::Exit;
-use crate::config::{Config, fmt_duration};
-use crate::daemon::tick_tasks;
+use crate::config::{Config, Job, RedisUrl, fmt_duration};
 use crate::keys::KeySpace;
+use crate::outcome::{DEFERRED, OutcomeKind, RETRY_AT_MS, RETRYING};
 use crate::queue::{Origin, Queue};
-use crate::stats::OutcomeKind;
+use crate::schedule::tick_tasks;
 
 /// Outcomes that end a task's chain (retrying and deferred do not).
 const TERMINAL: [OutcomeKind; 5] = [
@@ -20,6 +23,9 @@ const TERMINAL: [OutcomeKind; 5] = [
     OutcomeKind::Failed,
     OutcomeKind::Superseded,
 ];
+
+/// A tick's outcome hash: field -> count (and `#` fields, see `outcome`).
+type Counts = HashMap<String, u64>;
 
 /// Runs the command.
 pub async fn run(config: &Config, job_name: &str, wait: bool) -> Exit {
@@ -60,60 +66,65 @@ pub async fn run(config: &Config, job_name: &str, wait: bool) -> Exit {
     if !wait {
         return Exit::Ok;
     }
-    let total = job.items();
-    let bar = ProgressBar::new(total);
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} ended  {msg}",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    let outcomes_key = keys.tick_outcomes(&job.name, tick);
-    let mut conn = conn;
-    let mut quiet_for = 0u32;
-    loop {
-        let counts: std::collections::HashMap<String, u64> =
-            match redis::AsyncCommands::hgetall(&mut conn, &outcomes_key).await {
+    let tick = Tick {
+        job,
+        tick,
+        outcomes: keys.tick_outcomes(&job.name, tick),
+        url,
+    };
+    match tick.wait(conn).await {
+        Ok(counts) => verdict(&counts),
+        Err(code) => code,
+    }
+}
+
+/// One triggered tick, waited for.
+struct Tick<'a> {
+    job: &'a Job,
+    tick: i64,
+    /// Its outcome hash's key.
+    outcomes: String,
+    url: RedisUrl,
+}
+
+impl Tick<'_> {
+    /// Shows progress until every task of the tick ended, prints the summary,
+    /// and returns the final counts.
+    async fn wait(&self, mut conn: ConnectionManager) -> Result<Counts, Exit> {
+        let total = self.job.items();
+        let bar = ProgressBar::new(total);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} ended  {msg}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        let mut polls = 0u32;
+        loop {
+            let counts = match self.read(&mut conn).await {
                 Ok(c) => c,
                 Err(e) => {
                     // Not through the bar: it draws nothing when stderr is
                     // not a terminal (scripts, CI), and this must be seen.
                     bar.finish_and_clear();
+                    let (url, tick) = (&self.url, self.tick);
                     eprintln!("error: lost Redis at {url} while waiting for tick {tick}: {e}");
-                    return Exit::Unavailable;
+                    return Err(Exit::Unavailable);
                 }
             };
-        let ended: u64 = TERMINAL
-            .iter()
-            .map(|k| counts.get(k.as_str()).copied().unwrap_or(0))
-            .sum();
-        let summary = summarize(&counts);
-        bar.set_position(ended.min(total));
-        bar.set_message(summary.clone());
-        if ended >= total {
-            bar.finish_and_clear();
-            let retry = counts
-                .get("#retry_after_ms")
-                .filter(|_| {
-                    counts.contains_key("quota_exhausted")
-                        || counts.contains_key("upstream_throttled")
-                })
-                .map(|ms| {
-                    format!(
-                        " (retry after {})",
-                        fmt_duration(Duration::from_millis(*ms))
-                    )
-                })
-                .unwrap_or_default();
-            println!(
-                "{} tick {tick}: {total} task(s) ended: {summary}{retry}",
-                job.name
-            );
-            return Exit::Ok;
-        }
-        if ended == 0 && counts.keys().all(|k| k.starts_with('#')) {
-            quiet_for += 1;
-            if quiet_for == 50 {
+            let ended: u64 = TERMINAL.iter().map(|k| count(&counts, *k)).sum();
+            let summary = summarize(&counts);
+            bar.set_position(ended.min(total));
+            bar.set_message(summary.clone());
+            if ended >= total {
+                bar.finish_and_clear();
+                let retry = retry_after(&counts, &mut conn).await;
+                let (name, tick) = (&self.job.name, self.tick);
+                println!("{name} tick {tick}: {total} task(s) ended: {summary}{retry}");
+                return Ok(counts);
+            }
+            polls += 1;
+            if polls == 50 && counts.keys().all(|k| k.starts_with('#')) {
                 // `bar.println` is a no-op on a hidden bar (stderr not a
                 // terminal): the hint must reach scripts and CI logs too.
                 bar.suspend(|| {
@@ -122,12 +133,54 @@ pub async fn run(config: &Config, job_name: &str, wait: bool) -> Exit {
                     )
                 });
             }
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    async fn read(&self, conn: &mut ConnectionManager) -> redis::RedisResult<Counts> {
+        redis::AsyncCommands::hgetall(conn, &self.outcomes).await
     }
 }
 
-fn summarize(counts: &std::collections::HashMap<String, u64>) -> String {
+fn count(counts: &Counts, kind: OutcomeKind) -> u64 {
+    counts.get(kind.as_str()).copied().unwrap_or(0)
+}
+
+/// The exit code of a tick whose tasks all ended (SPEC Part 2, "`trigger
+/// --wait` exit codes"): 1 when any failed (coming back later will not fix
+/// it, so it wins); else 75 (EX_TEMPFAIL) when any ended on a quota's "no";
+/// else 0 (all `done` or `superseded`).
+fn verdict(counts: &Counts) -> Exit {
+    if count(counts, OutcomeKind::Failed) > 0 {
+        Exit::Failed
+    } else if count(counts, OutcomeKind::QuotaExhausted) > 0
+        || count(counts, OutcomeKind::UpstreamThrottled) > 0
+    {
+        Exit::TempFail
+    } else {
+        Exit::Ok
+    }
+}
+
+/// " (retry after 41m 2s)" when a task ended on a quota's "no": the earliest
+/// moment any of them may retry (`lua/finish.lua` keeps it on Redis's clock,
+/// so it is measured against Redis's clock here too).
+async fn retry_after(counts: &Counts, conn: &mut ConnectionManager) -> String {
+    let quota =
+        count(counts, OutcomeKind::QuotaExhausted) + count(counts, OutcomeKind::UpstreamThrottled);
+    let Some(at) = counts.get(RETRY_AT_MS).filter(|_| quota > 0) else {
+        return String::new();
+    };
+    let now_ms = match redis::cmd("TIME").query_async::<(u64, u64)>(conn).await {
+        Ok((s, us)) => s * 1000 + us / 1000,
+        // The summary is printed anyway; only its clock is unknown.
+        Err(_) => chrono::Utc::now().timestamp_millis().max(0) as u64,
+    };
+    let wait = Duration::from_millis(at.saturating_sub(now_ms));
+    format!(" (retry after {})", fmt_duration(wait))
+}
+
+fn summarize(counts: &Counts) -> String {
     let mut parts: Vec<String> = OutcomeKind::ALL
         .iter()
         .filter(|k| **k != OutcomeKind::Retrying)
@@ -137,7 +190,7 @@ fn summarize(counts: &std::collections::HashMap<String, u64>) -> String {
                 .map(|n| format!("{n} {}", k.as_str()))
         })
         .collect();
-    for (field, label) in [("~retrying", "retries"), ("~deferred", "deferrals")] {
+    for (field, label) in [(RETRYING, "retries"), (DEFERRED, "deferrals")] {
         if let Some(n) = counts.get(field) {
             parts.push(format!("{n} {label}"));
         }
@@ -146,5 +199,29 @@ fn summarize(counts: &std::collections::HashMap<String, u64>) -> String {
         "waiting for workers".into()
     } else {
         parts.join(", ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counts(pairs: &[(&str, u64)]) -> Counts {
+        pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+    }
+
+    #[test]
+    fn the_exit_code_says_how_the_tick_ended() {
+        let ok = counts(&[("#items", 3), ("done", 2), ("superseded", 1), (RETRYING, 4)]);
+        assert_eq!(verdict(&ok), Exit::Ok);
+        let quota = counts(&[("done", 2), ("quota_exhausted", 1)]);
+        assert_eq!(verdict(&quota), Exit::TempFail);
+        let throttled = counts(&[("done", 2), ("upstream_throttled", 1)]);
+        assert_eq!(verdict(&throttled), Exit::TempFail);
+        let failed = counts(&[("done", 2), ("failed", 1)]);
+        assert_eq!(verdict(&failed), Exit::Failed);
+        // Waiting for quota cannot fix a failure: 1 wins over 75.
+        let both = counts(&[("quota_exhausted", 1), ("failed", 1)]);
+        assert_eq!(verdict(&both), Exit::Failed);
     }
 }

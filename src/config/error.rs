@@ -193,14 +193,7 @@ impl Source {
         let span = DeTable::parse(&self.text)
             .ok()
             .and_then(|doc| span_of(doc.get_ref(), &path.0));
-        let (line, column) = span.map_or((1, 1), |s| self.line_col(s.start));
-        ConfigError {
-            file: self.path.clone(),
-            line,
-            column,
-            field: path.to_string(),
-            message: message.into(),
-        }
+        self.at(span.map(|s| s.start), path, message.into())
     }
 
     /// Turns a serde/TOML error into a positioned one, naming the field whose
@@ -212,13 +205,22 @@ impl Source {
             (Some(span), Err(_)) => FieldPath(path_by_text(&self.text, span.start)),
             _ => FieldPath::default(),
         };
-        let (line, column) = span.map_or((1, 1), |s| self.line_col(s.start));
+        self.at(
+            span.map(|s| s.start),
+            &path,
+            err.message().trim().to_owned(),
+        )
+    }
+
+    /// An error at byte `offset` (the file's start when unknown).
+    fn at(&self, offset: Option<usize>, path: &FieldPath, message: String) -> ConfigError {
+        let (line, column) = offset.map_or((1, 1), |o| self.line_col(o));
         ConfigError {
             file: self.path.clone(),
             line,
             column,
             field: path.to_string(),
-            message: err.message().trim().to_owned(),
+            message,
         }
     }
 

@@ -1,23 +1,37 @@
 //! The config files exactly as written: serde types with unknown fields
-//! rejected. `super::load` turns them into the validated [`super::Config`].
-
-use std::time::Duration;
+//! rejected. [`super::load`] turns them into the validated [`super::Config`].
 
 use indexmap::IndexMap;
 use serde::{Deserialize, Deserializer};
 
-/// A duration written like "24h", "1m", "500ms".
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Dur(pub(super) Duration);
+use super::duration::Dur;
 
-impl<'de> Deserialize<'de> for Dur {
+/// A size in bytes written like "16MiB", "512KiB", "20MB" (binary and
+/// decimal units, as `bytesize` reads them) or as a plain integer of bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Size(pub(super) u64);
+
+impl<'de> Deserialize<'de> for Size {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        humantime::parse_duration(s.trim()).map(Dur).map_err(|e| {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Written {
+            Bytes(u64),
+            Text(String),
+        }
+        let bad = |what: &dyn std::fmt::Display| {
             serde::de::Error::custom(format!(
-                "invalid duration {s:?} ({e}); write e.g. \"24h\", \"1m\", \"500ms\""
+                "invalid size {what}; write e.g. \"16MiB\", \"512KiB\" or \"20MB\""
             ))
-        })
+        };
+        match Written::deserialize(d)? {
+            Written::Bytes(n) => Ok(Size(n)),
+            Written::Text(s) => s
+                .trim()
+                .parse::<bytesize::ByteSize>()
+                .map(|b| Size(b.as_u64()))
+                .map_err(|_| bad(&format_args!("{s:?}"))),
+        }
     }
 }
 
@@ -47,6 +61,7 @@ pub(super) struct RawRedis {
     pub(super) url: Option<String>,
     pub(super) key_prefix: Option<String>,
     pub(super) timeout: Option<Dur>,
+    pub(super) unsafe_eviction: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -102,6 +117,8 @@ pub(super) struct RawEndpoint {
     pub(super) quota_reasons: Option<Vec<String>>,
     pub(super) ratelimit_headers: Option<RawRatelimitHeaders>,
     pub(super) cost_header: Option<String>,
+    pub(super) max_body: Option<Size>,
+    pub(super) max_block: Option<Dur>,
 }
 
 #[derive(Debug, Deserialize)]

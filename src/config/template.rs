@@ -1,6 +1,9 @@
 //! `{placeholder}` templates: request URLs, query values, headers, bodies and
-//! sink paths. `{{` and `}}` stand for literal braces.
+//! sink paths. `{{` and `}}` stand for literal braces. `{+name}` is the
+//! reserved expansion of RFC 6570: in a request URL its value keeps `/`, `?`,
+//! `&` and the other reserved characters (see [`Expansion`]).
 
+use std::borrow::Cow;
 use std::fmt;
 
 /// A parsed template: literal text and placeholders, in order.
@@ -13,7 +16,18 @@ pub struct Template {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Part {
     Lit(String),
-    Var(String),
+    Var(String, Expansion),
+}
+
+/// How a placeholder's value goes into a request URL (RFC 6570 section 3.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expansion {
+    /// `{name}`: every character but the unreserved ones is percent-encoded,
+    /// so no value can change the URL's structure.
+    Simple,
+    /// `{+name}`: reserved characters (`/`, `?`, `#`, `&`, ...) and
+    /// percent-encoded triplets are kept as written.
+    Reserved,
 }
 
 /// Why a template does not parse.
@@ -49,7 +63,10 @@ impl Template {
                 '{' => {
                     let rest = &source[i + 1..];
                     let end = rest.find('}').ok_or(TemplateError::Unclosed(i))?;
-                    let name = &rest[..end];
+                    let (name, expansion) = match rest[..end].strip_prefix('+') {
+                        Some(name) => (name, Expansion::Reserved),
+                        None => (&rest[..end], Expansion::Simple),
+                    };
                     let ok = !name.is_empty()
                         && name
                             .chars()
@@ -60,7 +77,7 @@ impl Template {
                     if !lit.is_empty() {
                         parts.push(Part::Lit(std::mem::take(&mut lit)));
                     }
-                    parts.push(Part::Var(name.to_owned()));
+                    parts.push(Part::Var(name.to_owned(), expansion));
                     for _ in 0..=end {
                         chars.next();
                     }
@@ -81,7 +98,7 @@ impl Template {
     /// The placeholders it uses, in order (with repeats).
     pub fn placeholders(&self) -> impl Iterator<Item = &str> {
         self.parts.iter().filter_map(|p| match p {
-            Part::Var(v) => Some(v.as_str()),
+            Part::Var(v, _) => Some(v.as_str()),
             Part::Lit(_) => None,
         })
     }
@@ -91,14 +108,32 @@ impl Template {
         self.placeholders().any(|p| p == name)
     }
 
+    /// Whether it has a `{+name}` placeholder.
+    pub fn has_reserved(&self) -> bool {
+        self.parts
+            .iter()
+            .any(|p| matches!(p, Part::Var(_, Expansion::Reserved)))
+    }
+
     /// Renders with `lookup`; a placeholder it has no value for renders empty
-    /// (config validation makes sure that cannot happen).
+    /// (config validation makes sure that cannot happen). Values go in as
+    /// they are, `{+name}` or not.
     pub fn render<'a>(&self, lookup: impl Fn(&str) -> Option<&'a str>) -> String {
+        self.render_with(lookup, |v, _| Cow::Borrowed(v))
+    }
+
+    /// Renders with `lookup`, each value passed through `escape` with the
+    /// placeholder's [`Expansion`] (a request URL percent-encodes them).
+    pub fn render_with<'a>(
+        &self,
+        lookup: impl Fn(&str) -> Option<&'a str>,
+        escape: impl Fn(&'a str, Expansion) -> Cow<'a, str>,
+    ) -> String {
         let mut out = String::with_capacity(self.source.len());
         for p in &self.parts {
             match p {
                 Part::Lit(s) => out.push_str(s),
-                Part::Var(v) => out.push_str(lookup(v).unwrap_or("")),
+                Part::Var(v, e) => out.push_str(&escape(lookup(v).unwrap_or(""), *e)),
             }
         }
         out
@@ -130,6 +165,26 @@ mod tests {
             _ => None,
         });
         assert_eq!(out, "data/trending/US/{x}.jsonl");
+    }
+
+    #[test]
+    fn reserved_placeholders_parse_and_say_so() {
+        let t = Template::parse("https://h/{+path}/{id}").unwrap();
+        assert_eq!(t.placeholders().collect::<Vec<_>>(), ["path", "id"]);
+        assert!(t.has_reserved());
+        let out = t.render_with(
+            |k| Some(if k == "path" { "a/b" } else { "c/d" }),
+            |v, e| match e {
+                Expansion::Reserved => Cow::Borrowed(v),
+                Expansion::Simple => Cow::Owned(v.replace('/', "%2F")),
+            },
+        );
+        assert_eq!(out, "https://h/a/b/c%2Fd");
+        assert!(!Template::parse("{a}").unwrap().has_reserved());
+        assert!(matches!(
+            Template::parse("{+}"),
+            Err(TemplateError::BadName(_))
+        ));
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! [`Limiter::sync`] records drift when the upstream reports fewer units left
 //! than a window would admit.
 
-pub mod tz;
+pub(crate) mod tz;
 
 use std::collections::HashMap;
 use std::num::NonZeroU64;
@@ -106,7 +106,7 @@ pub enum RejectedBy {
 
 impl RejectedBy {
     /// The spend script's `rejecting_window` (0 for a block).
-    pub fn window_number(self) -> usize {
+    pub(crate) fn window_number(self) -> usize {
         match self {
             RejectedBy::Window(n) => n,
             RejectedBy::Blocked => 0,
@@ -152,7 +152,7 @@ pub enum QuotaError {
 
 impl QuotaError {
     /// Whether the limiter itself could not answer (as opposed to a bad call).
-    pub fn is_unavailable(&self) -> bool {
+    pub(crate) fn is_unavailable(&self) -> bool {
         matches!(self, QuotaError::Timeout(_) | QuotaError::Unavailable(_))
     }
 
@@ -239,7 +239,7 @@ impl Plan {
     }
 
     /// The window that admits the fewest units to a spend with `reserve`.
-    pub fn tightest(&self, reserve: Reserve) -> Option<&Window> {
+    pub(crate) fn tightest(&self, reserve: Reserve) -> Option<&Window> {
         self.windows
             .iter()
             .map(|w| &w.window)
@@ -330,14 +330,14 @@ impl Quotas {
     }
 
     /// A credential's plan (all its windows).
-    pub fn credential(&self, name: &str) -> Result<&Plan, QuotaError> {
+    pub(crate) fn credential(&self, name: &str) -> Result<&Plan, QuotaError> {
         self.credentials
             .get(name)
             .ok_or_else(|| QuotaError::UnknownCredential(name.to_owned()))
     }
 
     /// Credential names, in config order.
-    pub fn credential_names(&self) -> impl Iterator<Item = &str> {
+    pub(crate) fn credential_names(&self) -> impl Iterator<Item = &str> {
         self.credentials.keys().map(String::as_str)
     }
 
@@ -365,7 +365,7 @@ impl Quotas {
 
     /// The cost a spend would charge, checked against the window that admits
     /// the fewest units with `reserve` kept free.
-    pub fn checked_cost(
+    pub(crate) fn checked_cost(
         &self,
         endpoint: &str,
         cost: Option<u64>,

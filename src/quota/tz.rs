@@ -12,7 +12,7 @@ use chrono_tz::Tz;
 /// How far ahead the table reaches. The daemon rebuilds it at every start; only
 /// a `keys` printout kept for years would go stale (it then keeps the last
 /// offset, off by at most the DST shift).
-pub const YEARS_AHEAD: i32 = 10;
+pub(crate) const YEARS_AHEAD: i32 = 10;
 
 fn offset_ms(tz: Tz, at_ms: i64) -> i64 {
     let at = DateTime::<Utc>::from_timestamp_millis(at_ms).unwrap_or_default();
@@ -25,7 +25,7 @@ fn offset_ms(tz: Tz, at_ms: i64) -> i64 {
 
 /// `"<offset_ms>|<utc_ms>|<offset_ms>|..."`: the offset in force at the start
 /// of the range, then each change and the offset it brings, ascending.
-pub fn table(tz: Tz, now: DateTime<Utc>) -> String {
+pub(crate) fn table(tz: Tz, now: DateTime<Utc>) -> String {
     let start = Utc
         .with_ymd_and_hms(now.year() - 1, 1, 1, 0, 0, 0)
         .single()

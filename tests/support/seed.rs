@@ -9,10 +9,12 @@ use super::RedisServer;
 pub const SEED: &str = include_str!("seed_window.lua");
 
 /// The script that takes a window's newest entry back (`pop_newest.lua`).
+#[allow(dead_code, reason = "the benchmark uses it, the tests do not")]
 pub const POP: &str = include_str!("pop_newest.lua");
 
 /// The command that takes entry `id`, the newest of the window `keys`
 /// (meta, log, ts, adj), back out, as if never spent; returns its units.
+#[allow(dead_code, reason = "the benchmark uses it, the tests do not")]
 pub fn pop_cmd(keys: &[String], id: &str) -> redis::Cmd {
     let mut c = redis::cmd("EVAL");
     c.arg(POP).arg(4).arg(keys).arg(id);
@@ -67,10 +69,12 @@ impl Seed<'_> {
 }
 
 /// The read-only snapshot script (`snapshot_window.lua`).
+#[allow(dead_code, reason = "the benchmark uses it, the tests do not")]
 pub const SNAPSHOT: &str = include_str!("snapshot_window.lua");
 
 /// One window's entries at one instant: what each request id was charged
 /// and when (µs, Redis time).
+#[allow(dead_code, reason = "the benchmark uses it, the tests do not")]
 pub fn snapshot_cmd(keys: &[String]) -> redis::Cmd {
     let mut c = redis::cmd("EVAL");
     c.arg(SNAPSHOT).arg(4).arg(keys);
@@ -79,6 +83,7 @@ pub fn snapshot_cmd(keys: &[String]) -> redis::Cmd {
 
 /// Decodes [`snapshot_cmd`]'s reply: request id -> (spend time µs, units),
 /// for every id whose entry the snapshot holds with its predecessor.
+#[allow(dead_code, reason = "the benchmark uses it, the tests do not")]
 pub fn snapshot_entries(
     (base, ids, entries): (i64, Vec<(String, f64)>, Vec<i64>),
 ) -> std::collections::HashMap<String, (i64, u64)> {

@@ -1,0 +1,195 @@
+//! Every default the config applies to a field left out, and the limits it
+//! checks, in one place. The loader reads them from here; where
+//! `docs/configuration.md` quotes one, a test below keeps the two equal.
+
+use std::num::{NonZeroU32, NonZeroUsize};
+use std::time::Duration;
+
+use chrono_tz::Tz;
+
+use super::{LimiterUnavailable, Method, OnQuotaExhausted, ResetIs, UnsafeEviction};
+
+// [redis]
+
+/// `[redis] key_prefix`: every key the product writes starts with it.
+pub const KEY_PREFIX: &str = "qw";
+/// `[redis] timeout`: how long a spend waits for Redis.
+pub const REDIS_TIMEOUT: Duration = Duration::from_secs(1);
+/// `[redis] unsafe_eviction`: a Redis that may evict keys is refused.
+pub const UNSAFE_EVICTION: UnsafeEviction = UnsafeEviction::Refuse;
+
+// [worker]
+
+/// `[worker] concurrency`.
+pub const CONCURRENCY: NonZeroUsize = NonZeroUsize::new(8).expect("8 > 0");
+/// `[worker] shutdown_timeout`.
+pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
+/// `[worker] recover_after`: a killed daemon's tasks are picked up within it.
+pub const RECOVER_AFTER: Duration = Duration::from_secs(30);
+/// `[worker] poll_interval`.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(200);
+
+// [metrics]
+
+/// `[metrics] listen`.
+pub const METRICS_LISTEN: &str = "127.0.0.1:9464";
+/// `[metrics] listen` values that turn the listener off.
+pub const METRICS_OFF: &[&str] = &["", "off"];
+
+// state_dir
+
+/// `state_dir` when neither the config nor systemd's `$STATE_DIRECTORY`
+/// gives one, relative to the config directory.
+pub const STATE_DIR: &str = "state";
+
+// windows
+
+/// A window's `kind`.
+pub const WINDOW_KIND: &str = "sliding";
+/// A fixed window's `reset`, local time of day.
+pub const WINDOW_RESET: &str = "00:00";
+/// A fixed window's `timezone`.
+pub const WINDOW_TIMEZONE: Tz = Tz::UTC;
+
+// [endpoints.*]
+
+/// An endpoint's `limiter_unavailable`: never risk the upstream's quota.
+pub const LIMITER_UNAVAILABLE: LimiterUnavailable = LimiterUnavailable::FailClosed;
+/// An endpoint's request `timeout`.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// An endpoint's `throttle_block`.
+pub const THROTTLE_BLOCK: Duration = Duration::from_secs(60);
+/// An endpoint's `quota_reasons`: YouTube's 403 reasons that mean "quota".
+pub const QUOTA_REASONS: &[&str] = &[
+    "quotaExceeded",
+    "rateLimitExceeded",
+    "dailyLimitExceeded",
+    "userRateLimitExceeded",
+];
+/// `ratelimit_headers.reset_is`.
+pub const RESET_IS: ResetIs = ResetIs::EpochSeconds;
+/// An endpoint's `max_body`: the largest response body read.
+pub const MAX_BODY: u64 = 16 << 20;
+/// An endpoint's `max_block`: the longest the upstream may block the credential.
+pub const MAX_BLOCK: Duration = Duration::from_secs(86_400);
+
+// jobs
+
+/// A job's `timezone`, the one its schedule is read in.
+pub const JOB_TIMEZONE: Tz = Tz::UTC;
+/// A job's `on_quota_exhausted`.
+pub const ON_QUOTA_EXHAUSTED: OnQuotaExhausted = OnQuotaExhausted::Stop;
+/// `[job.request] method`.
+pub const METHOD: Method = Method::Get;
+/// `[job.sink] records`: the whole body is one record.
+pub const SINK_RECORDS: &str = "";
+/// `retry.attempts`, the first one included.
+pub const RETRY_ATTEMPTS: NonZeroU32 = NonZeroU32::new(5).expect("5 > 0");
+/// `retry.backoff`, doubled each time.
+pub const RETRY_BACKOFF: Duration = Duration::from_secs(1);
+/// `retry.max_backoff`.
+pub const RETRY_MAX_BACKOFF: Duration = Duration::from_secs(300);
+
+// Limits
+
+/// The largest config or job file the loader reads: far above any real one,
+/// small enough that a wrong path (a device, a log) fails at once.
+pub const MAX_CONFIG_FILE_BYTES: u64 = 1 << 20;
+/// The largest secret file the loader reads (tokens, JSON keys).
+pub const MAX_SECRET_FILE_BYTES: u64 = 64 << 10;
+/// `recover_after` at least: workers heartbeat every third of it.
+pub const MIN_RECOVER_AFTER: Duration = Duration::from_secs(3);
+/// A window's `per`, at least...
+pub const MIN_WINDOW: Duration = Duration::from_millis(1);
+/// ...and at most.
+pub const MAX_WINDOW: Duration = Duration::from_secs(400 * 86_400);
+/// `max_block` at least...
+pub const MIN_MAX_BLOCK: Duration = Duration::from_secs(1);
+/// ...and at most (a block is milliseconds in the spend script, exact in a
+/// Lua double far beyond this).
+pub const MAX_MAX_BLOCK: Duration = MAX_WINDOW;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::parse_duration;
+
+    /// What the docs write after every `key = `, up to the end of the value
+    /// (a quoted string, a number, or a `{ ... }` / `[ ... ]` on one line).
+    fn written<'a>(docs: &'a str, key: &str) -> Vec<&'a str> {
+        let needle = format!("{key} = ");
+        docs.match_indices(&needle)
+            .filter(|(i, _)| {
+                // `backoff = ` is not `max_backoff = `.
+                let before = docs[..*i].chars().next_back();
+                !before.is_some_and(|c| c.is_alphanumeric() || c == '_')
+            })
+            .map(|(i, _)| {
+                let rest = &docs[i + needle.len()..];
+                let end = match rest.chars().next() {
+                    Some('"') => rest[1..].find('"').map_or(rest.len(), |e| e + 2),
+                    Some('[') => rest.find(']').map_or(rest.len(), |e| e + 1),
+                    Some('{') => rest.find('}').map_or(rest.len(), |e| e + 1),
+                    _ => rest.find([' ', ',', '\n']).unwrap_or(rest.len()),
+                };
+                &rest[..end]
+            })
+            .collect()
+    }
+
+    fn says(docs: &str, file: &str, key: &str, want: &str) {
+        let seen = written(docs, key);
+        assert!(
+            seen.contains(&want),
+            "docs/{file}.md should say {key} = {want}; it says {seen:?}"
+        );
+    }
+
+    fn says_duration(docs: &str, file: &str, key: &str, want: Duration) {
+        let seen = written(docs, key);
+        let same = |v: &&str| parse_duration(v.trim_matches('"')) == Ok(want);
+        assert!(
+            seen.iter().any(same),
+            "docs/{file}.md should say {key} = {want:?}; it says {seen:?}"
+        );
+    }
+
+    /// The reference quotes these defaults; they must not drift apart.
+    #[test]
+    fn the_docs_quote_the_defaults() {
+        let c = include_str!("../../docs/configuration.md");
+        let f = "configuration";
+        says(c, f, "key_prefix", &format!("{KEY_PREFIX:?}"));
+        says_duration(c, f, "timeout", REDIS_TIMEOUT);
+        says(c, f, "concurrency", &CONCURRENCY.to_string());
+        says_duration(c, f, "shutdown_timeout", SHUTDOWN_TIMEOUT);
+        says_duration(c, f, "recover_after", RECOVER_AFTER);
+        says_duration(c, f, "poll_interval", POLL_INTERVAL);
+        says(c, f, "listen", &format!("{METRICS_LISTEN:?}"));
+        says(c, f, "state_dir", &format!("{STATE_DIR:?}"));
+        says(c, f, "reset", &format!("{WINDOW_RESET:?}"));
+        says_duration(c, f, "timeout", REQUEST_TIMEOUT);
+        says_duration(c, f, "throttle_block", THROTTLE_BLOCK);
+        says_duration(c, f, "max_block", MAX_BLOCK);
+        says(c, f, "max_body", "\"16MiB\"");
+        assert_eq!(MAX_BODY, 16 * 1024 * 1024, "docs say 16MiB");
+        says(c, f, "unsafe_eviction", "\"refuse\"");
+        assert_eq!(UNSAFE_EVICTION, UnsafeEviction::Refuse, "docs say refuse");
+        let reasons: Vec<String> = QUOTA_REASONS.iter().map(|r| format!("{r:?}")).collect();
+        says(c, f, "quota_reasons", &format!("[{}]", reasons.join(", ")));
+
+        let j = include_str!("../../docs/jobs.md");
+        let f = "jobs";
+        says(j, f, "timezone", &format!("{:?}", JOB_TIMEZONE.name()));
+        says(j, f, "method", &format!("{:?}", METHOD.as_str()));
+        let retry = written(j, "retry");
+        let retry = retry.first().expect("docs/jobs.md shows retry");
+        for (key, want) in [
+            ("backoff", RETRY_BACKOFF),
+            ("max_backoff", RETRY_MAX_BACKOFF),
+        ] {
+            says_duration(retry, f, key, want);
+        }
+        says(retry, f, "attempts", &RETRY_ATTEMPTS.to_string());
+    }
+}

@@ -1,0 +1,182 @@
+//! `[endpoints.*]`: the credential each is charged to, its cost (which must
+//! fit the smallest window that applies), its own windows and how it reads
+//! the upstream's answers.
+
+use std::num::NonZeroU64;
+
+use indexmap::IndexMap;
+
+use super::Loader;
+use crate::config::defaults as d;
+use crate::config::raw::{RawEndpoint, RawRatelimitHeaders, Size};
+use crate::config::{
+    Credential, Endpoint, FieldPath, RatelimitHeaders, Source, Window, fmt_duration,
+};
+
+impl Loader<'_> {
+    /// Every `[endpoints.NAME]`, in config order. An invalid one is left
+    /// out and remembered, so the jobs naming it are not told it is unknown.
+    pub(super) fn endpoints(
+        &mut self,
+        src: &Source,
+        raw: &IndexMap<String, RawEndpoint>,
+        credentials: &IndexMap<String, Credential>,
+    ) -> IndexMap<String, Endpoint> {
+        let mut out = IndexMap::new();
+        for (name, re) in raw {
+            match self.endpoint(src, name, re, credentials) {
+                Some(e) => {
+                    out.insert(name.clone(), e);
+                }
+                None => {
+                    self.invalid_endpoints.insert(name.clone());
+                }
+            }
+        }
+        out
+    }
+
+    fn endpoint(
+        &mut self,
+        src: &Source,
+        name: &str,
+        re: &RawEndpoint,
+        credentials: &IndexMap<String, Credential>,
+    ) -> Option<Endpoint> {
+        let base = FieldPath::new(["endpoints", name]);
+        self.check_name(src, &base, "endpoint", name);
+        let windows = self.windows(src, &base.join("windows"), &re.windows);
+        let Some(cred) = credentials.get(&re.credential) else {
+            let known: Vec<_> = credentials.keys().map(String::as_str).collect();
+            let msg = format!(
+                "unknown credential {:?} (known: {})",
+                re.credential,
+                known.join(", ")
+            );
+            self.error(src, &base.join("credential"), msg);
+            return None;
+        };
+        let Some(cost) = NonZeroU64::new(re.cost) else {
+            self.error(src, &base.join("cost"), "must be at least 1");
+            return None;
+        };
+        self.check_cost_fits(src, &base, cost, cred, &windows);
+        let limiter_unavailable = self.pick_or(
+            src,
+            &base.join("limiter_unavailable"),
+            re.limiter_unavailable.as_deref(),
+            d::LIMITER_UNAVAILABLE,
+        );
+        let ratelimit_headers = re
+            .ratelimit_headers
+            .as_ref()
+            .map(|h| self.ratelimit_headers(src, &base.join("ratelimit_headers"), h));
+        let quota_reasons = re
+            .quota_reasons
+            .clone()
+            .unwrap_or_else(|| d::QUOTA_REASONS.iter().map(|&r| r.into()).collect());
+        let throttle_block = re.throttle_block.map_or(d::THROTTLE_BLOCK, |t| t.0);
+        let max_block = self.max_block(src, &base, re, throttle_block);
+        let max_body = match re.max_body {
+            None => d::MAX_BODY,
+            Some(Size(n)) if n > 0 => n,
+            Some(_) => {
+                self.error(src, &base.join("max_body"), "must be more than 0 bytes");
+                d::MAX_BODY
+            }
+        };
+        Some(Endpoint {
+            name: name.to_owned(),
+            credential: re.credential.clone(),
+            cost,
+            limiter_unavailable,
+            windows,
+            timeout: re.timeout.map_or(d::REQUEST_TIMEOUT, |t| t.0),
+            throttle_block,
+            quota_reasons,
+            ratelimit_headers,
+            cost_header: re.cost_header.as_ref().map(|h| h.to_ascii_lowercase()),
+            max_body,
+            max_block,
+        })
+    }
+
+    /// `max_block`, which `throttle_block` may not exceed (it would be
+    /// clamped on every use).
+    fn max_block(
+        &mut self,
+        src: &Source,
+        base: &FieldPath,
+        re: &RawEndpoint,
+        throttle_block: std::time::Duration,
+    ) -> std::time::Duration {
+        let max_block = re.max_block.map_or(d::MAX_BLOCK, |t| t.0);
+        if !(d::MIN_MAX_BLOCK..=d::MAX_MAX_BLOCK).contains(&max_block) {
+            let msg = format!(
+                "must be between {} and {}",
+                fmt_duration(d::MIN_MAX_BLOCK),
+                fmt_duration(d::MAX_MAX_BLOCK)
+            );
+            self.error(src, &base.join("max_block"), msg);
+            return d::MAX_BLOCK;
+        }
+        if throttle_block > max_block {
+            let msg = format!(
+                "{} is longer than max_block ({}): raise max_block or lower throttle_block",
+                fmt_duration(throttle_block),
+                fmt_duration(max_block)
+            );
+            self.error(src, &base.join("throttle_block"), msg);
+        }
+        max_block
+    }
+
+    /// A cost no window that applies can hold would never be admitted: a
+    /// config error, not a task that waits forever.
+    fn check_cost_fits(
+        &mut self,
+        src: &Source,
+        base: &FieldPath,
+        cost: NonZeroU64,
+        cred: &Credential,
+        own: &[Window],
+    ) {
+        match cred.windows.iter().chain(own).min_by_key(|w| w.units) {
+            None => {
+                let msg = format!(
+                    "no quota window applies: give credential {:?} or this endpoint `windows`",
+                    cred.name
+                );
+                self.error(src, base, msg);
+            }
+            Some(w) if cost > w.units => {
+                let msg = format!(
+                    "cost {cost} is more than the smallest window that applies ({}): no request could ever be admitted",
+                    w.describe()
+                );
+                self.error(src, &base.join("cost"), msg);
+            }
+            Some(_) => {}
+        }
+    }
+
+    /// `ratelimit_headers = { remaining, reset, reset_is }`; header names
+    /// are matched lower-case.
+    fn ratelimit_headers(
+        &mut self,
+        src: &Source,
+        at: &FieldPath,
+        h: &RawRatelimitHeaders,
+    ) -> RatelimitHeaders {
+        RatelimitHeaders {
+            remaining: h.remaining.to_ascii_lowercase(),
+            reset: h.reset.to_ascii_lowercase(),
+            reset_is: self.pick_or(
+                src,
+                &at.join("reset_is"),
+                h.reset_is.as_deref(),
+                d::RESET_IS,
+            ),
+        }
+    }
+}

@@ -1,0 +1,294 @@
+//! The job files the `jobs` glob names, and each job's own fields: schedule,
+//! time zone, endpoint, fan-out, retries and pagination. Its request and
+//! sink tables are in [`super::request`] and [`super::sink`].
+
+use std::num::NonZeroU32;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use indexmap::IndexMap;
+
+use super::request::Placeholders;
+use super::{Loader, NAME_RULE, read_source, valid_name};
+use crate::config::defaults as d;
+use crate::config::raw::{RawJob, RawPagination, RawRetry};
+use crate::config::{Endpoint, FieldPath, Job, Pagination, Reserve, Retry, Source};
+
+/// Fan-out keys the product fills itself.
+const RESERVED_KEYS: [&str; 4] = ["secret", "date", "job", "item"];
+
+impl Loader<'_> {
+    /// Every job of every file `pattern` matches, in file then config order.
+    pub(super) fn jobs(
+        &mut self,
+        src: &Source,
+        dir: &Path,
+        pattern: &str,
+        endpoints: &IndexMap<String, Endpoint>,
+    ) -> IndexMap<String, Job> {
+        let mut jobs = IndexMap::new();
+        let paths = match glob::glob(&dir.join(pattern).to_string_lossy()) {
+            Ok(paths) => paths,
+            Err(e) => {
+                let msg = format!("bad glob {pattern:?}: {e}");
+                self.error(src, &FieldPath::new(["jobs"]), msg);
+                return jobs;
+            }
+        };
+        let mut files: Vec<PathBuf> = paths
+            .filter_map(Result::ok)
+            .map(|p| normalize(&p))
+            .collect();
+        files.sort();
+        for file in files {
+            self.job_file(&file, endpoints, &mut jobs);
+        }
+        jobs
+    }
+
+    /// One job file: a table of jobs. A name already defined elsewhere is
+    /// an error, not an override.
+    fn job_file(
+        &mut self,
+        file: &Path,
+        endpoints: &IndexMap<String, Endpoint>,
+        jobs: &mut IndexMap<String, Job>,
+    ) {
+        let src = match read_source(file) {
+            Ok(s) => s,
+            Err(e) => return self.errors.push(e),
+        };
+        let raw: IndexMap<String, RawJob> = match toml::from_str(src.text()) {
+            Ok(r) => r,
+            Err(e) => return self.errors.push(src.from_toml(&e)),
+        };
+        for (name, rj) in raw {
+            if let Some(prev) = jobs.get(&name) {
+                let msg = format!("job {name:?} is also defined in {}", prev.file.display());
+                self.error(&src, &FieldPath::new([name.as_str()]), msg);
+                continue;
+            }
+            if let Some(job) = self.job(&src, &name, rj, endpoints) {
+                jobs.insert(name, job);
+            }
+        }
+    }
+
+    /// `[NAME]` in a job file, with its request, pagination, sink and retry
+    /// tables; `None` when anything in it is wrong (reported).
+    fn job(
+        &mut self,
+        src: &Source,
+        name: &str,
+        rj: RawJob,
+        endpoints: &IndexMap<String, Endpoint>,
+    ) -> Option<Job> {
+        let base = FieldPath::new([name]);
+        let errors_before = self.errors.len();
+        self.check_name(src, &base, "job", name);
+        let schedule = self.schedule(src, &base.join("schedule"), &rj.schedule);
+        let timezone = self.timezone(
+            src,
+            &base.join("timezone"),
+            rj.timezone.as_deref(),
+            d::JOB_TIMEZONE,
+            "Europe/Berlin",
+        );
+        let endpoint_valid =
+            self.job_endpoint(src, &base.join("endpoint"), &rj.endpoint, endpoints);
+        let fan_out = self.fan_out(src, &base.join("fan_out"), rj.fan_out);
+        let on_quota_exhausted = self.pick_or(
+            src,
+            &base.join("on_quota_exhausted"),
+            rj.on_quota_exhausted.as_deref(),
+            d::ON_QUOTA_EXHAUSTED,
+        );
+        let places = Placeholders::of(&fan_out);
+        let request = self.request(src, &base.join("request"), &rj.request, &places);
+        let pagination = rj
+            .pagination
+            .as_ref()
+            .and_then(|p| self.pagination(src, &base.join("pagination"), p));
+        let sink = self.sink(src, &base.join("sink"), rj.sink, &places);
+        let retry = self.retry(src, &base.join("retry"), rj.retry.as_ref());
+        let endpoint = endpoints.get(&rj.endpoint);
+        let reserve = self.reserve(src, &base.join("reserve"), rj.reserve.as_deref(), endpoint);
+
+        if self.errors.len() > errors_before || !endpoint_valid {
+            return None;
+        }
+        Some(Job {
+            name: name.to_owned(),
+            file: src.path().to_owned(),
+            schedule: schedule?,
+            timezone,
+            endpoint: rj.endpoint,
+            fan_out,
+            on_quota_exhausted,
+            request: request?,
+            pagination,
+            sink: sink?,
+            retry,
+            reserve,
+        })
+    }
+
+    /// `reserve = "20%"`: a whole percent, and with it kept free the
+    /// endpoint's cost must still fit every window its spends touch.
+    fn reserve(
+        &mut self,
+        src: &Source,
+        at: &FieldPath,
+        raw: Option<&str>,
+        endpoint: Option<&Endpoint>,
+    ) -> Reserve {
+        let reserve = match raw.map(str::parse::<Reserve>) {
+            None => return Reserve::NONE,
+            Some(Ok(r)) => r,
+            Some(Err(e)) => {
+                self.error(src, at, e);
+                return Reserve::NONE;
+            }
+        };
+        let Some(ep) = endpoint else {
+            return reserve;
+        };
+        let own = self.credential_windows.get(&ep.credential);
+        let tightest =
+            (own.into_iter().flatten().chain(&ep.windows)).min_by_key(|w| w.admits(reserve));
+        if let Some(w) = tightest.filter(|w| ep.cost.get() > w.admits(reserve)) {
+            let msg = format!(
+                "with {reserve} kept free, window {} admits {} units at most, less than {}'s cost {}: no request could ever be admitted",
+                w.describe(),
+                w.admits(reserve),
+                ep.name,
+                ep.cost
+            );
+            self.error(src, at, msg);
+        }
+        reserve
+    }
+
+    /// `schedule`: cron with seconds first.
+    fn schedule(&mut self, src: &Source, at: &FieldPath, raw: &str) -> Option<cron::Schedule> {
+        cron::Schedule::from_str(raw.trim())
+            .map_err(|e| {
+                let msg = format!(
+                    "bad cron expression {raw:?}: {e} (six or seven fields, seconds first: \"0 */30 * * * *\")"
+                );
+                self.error(src, at, msg);
+            })
+            .ok()
+    }
+
+    /// `endpoint`: whether it names a valid endpoint. One that is defined
+    /// but invalid was reported already and is not reported again.
+    fn job_endpoint(
+        &mut self,
+        src: &Source,
+        at: &FieldPath,
+        name: &str,
+        endpoints: &IndexMap<String, Endpoint>,
+    ) -> bool {
+        if endpoints.contains_key(name) {
+            return true;
+        }
+        if !self.invalid_endpoints.contains(name) {
+            let known: Vec<_> = endpoints.keys().map(String::as_str).collect();
+            let msg = format!("unknown endpoint {name:?} (known: {})", known.join(", "));
+            self.error(src, at, msg);
+        }
+        false
+    }
+
+    /// `fan_out = { key = [values] }`: each key a placeholder, each list
+    /// non-empty.
+    fn fan_out(
+        &mut self,
+        src: &Source,
+        base: &FieldPath,
+        raw: IndexMap<String, Vec<String>>,
+    ) -> Vec<(String, Vec<String>)> {
+        let mut out = Vec::new();
+        for (key, values) in raw {
+            let at = base.join(key.as_str());
+            if !valid_name(&key) || RESERVED_KEYS.contains(&key.as_str()) {
+                let msg = format!(
+                    "bad fan-out key {key:?}: {NAME_RULE}; secret, date, job and item are taken"
+                );
+                self.error(src, &at, msg);
+            }
+            if values.is_empty() {
+                self.error(src, &at, "an empty list fans out to no tasks at all");
+            }
+            // Control characters would reach URLs, headers and log lines.
+            let bad = |v: &&String| v.is_empty() || v.chars().any(char::is_control);
+            if let Some(v) = values.iter().find(bad) {
+                let msg = format!(
+                    "bad value {v:?}: values must be non-empty, without control characters (CR, LF, tab, ESC, ...)"
+                );
+                self.error(src, &at, msg);
+            }
+            out.push((key, values));
+        }
+        out
+    }
+
+    /// `[NAME.pagination]`.
+    fn pagination(
+        &mut self,
+        src: &Source,
+        base: &FieldPath,
+        p: &RawPagination,
+    ) -> Option<Pagination> {
+        self.check_pointer(src, &base.join("cursor"), &p.cursor, true, "/nextPageToken");
+        if p.param.is_empty() {
+            let msg = "must name the query parameter that carries the cursor";
+            self.error(src, &base.join("param"), msg);
+        }
+        let Some(max_pages) = NonZeroU32::new(p.max_pages) else {
+            self.error(src, &base.join("max_pages"), "must be at least 1");
+            return None;
+        };
+        Some(Pagination {
+            cursor: p.cursor.clone(),
+            param: p.param.clone(),
+            max_pages,
+        })
+    }
+
+    /// `retry = { attempts, backoff, max_backoff }`, each defaulted alone.
+    fn retry(&mut self, src: &Source, base: &FieldPath, raw: Option<&RawRetry>) -> Retry {
+        let Some(r) = raw else {
+            return Retry::default();
+        };
+        let attempts = r.attempts.map_or(Some(d::RETRY_ATTEMPTS), NonZeroU32::new);
+        let attempts = attempts.unwrap_or_else(|| {
+            self.error(src, &base.join("attempts"), "must be at least 1");
+            d::RETRY_ATTEMPTS
+        });
+        Retry {
+            attempts,
+            backoff: r.backoff.map_or(d::RETRY_BACKOFF, |b| b.0),
+            max_backoff: r.max_backoff.map_or(d::RETRY_MAX_BACKOFF, |b| b.0),
+        }
+    }
+}
+
+/// `a/b/../c` → `a/c`, without touching the file system.
+fn normalize(p: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            Component::ParentDir
+                if matches!(out.components().next_back(), Some(Component::Normal(_))) =>
+            {
+                out.pop();
+            }
+            Component::CurDir => {}
+            c => out.push(c),
+        }
+    }
+    out
+}

@@ -1,0 +1,146 @@
+//! The daemon's own tables: `[redis]`, `[worker]`, `[metrics]`, `[log]` and
+//! `state_dir`, with the environment overrides that apply to them.
+
+use std::net::SocketAddr;
+use std::num::NonZeroUsize;
+use std::path::{Path, PathBuf};
+
+use super::{Loader, NAME_RULE, expand_vars, valid_name};
+use crate::config::defaults as d;
+use crate::config::raw::{RawLog, RawMetrics, RawRedis, RawWorker};
+use crate::config::{
+    FieldPath, LogFormat, METRICS_LISTEN_ENV, MetricsConfig, REDIS_URL_ENV, RedisConfig, RedisUrl,
+    Source, WorkerConfig, fmt_duration,
+};
+
+fn at(table: &str, field: &str) -> FieldPath {
+    FieldPath::new([table, field])
+}
+
+impl Loader<'_> {
+    /// `[redis]`; `QUOTA_WORKER_REDIS_URL` overrides `url`.
+    pub(super) fn redis(&mut self, src: &Source, raw: &RawRedis) -> RedisConfig {
+        let (url, from_env) = match (self.env)(REDIS_URL_ENV) {
+            Some(u) if !u.is_empty() => (Some(RedisUrl(u)), true),
+            _ => (raw.url.clone().map(RedisUrl), false),
+        };
+        if let Some(Err(msg)) = url.as_ref().map(RedisUrl::check) {
+            let env = from_env.then_some(REDIS_URL_ENV);
+            self.overridable_error(src, env, &at("redis", "url"), msg);
+        }
+        let key_prefix = raw
+            .key_prefix
+            .clone()
+            .unwrap_or_else(|| d::KEY_PREFIX.into());
+        if !valid_name(&key_prefix) {
+            self.error(src, &at("redis", "key_prefix"), NAME_RULE);
+        }
+        let timeout = raw.timeout.map_or(d::REDIS_TIMEOUT, |t| t.0);
+        if timeout.is_zero() {
+            self.error(src, &at("redis", "timeout"), "must be more than 0");
+        }
+        let unsafe_eviction = self.pick_or(
+            src,
+            &at("redis", "unsafe_eviction"),
+            raw.unsafe_eviction.as_deref(),
+            d::UNSAFE_EVICTION,
+        );
+        RedisConfig {
+            url,
+            key_prefix,
+            timeout,
+            unsafe_eviction,
+        }
+    }
+
+    /// `[worker]`.
+    pub(super) fn worker(&mut self, src: &Source, raw: &RawWorker) -> WorkerConfig {
+        let concurrency = raw
+            .concurrency
+            .map_or(Some(d::CONCURRENCY), NonZeroUsize::new);
+        let concurrency = concurrency.unwrap_or_else(|| {
+            self.error(src, &at("worker", "concurrency"), "must be at least 1");
+            NonZeroUsize::MIN
+        });
+        let worker = WorkerConfig {
+            concurrency,
+            shutdown_timeout: raw.shutdown_timeout.map_or(d::SHUTDOWN_TIMEOUT, |t| t.0),
+            recover_after: raw.recover_after.map_or(d::RECOVER_AFTER, |t| t.0),
+            poll_interval: raw.poll_interval.map_or(d::POLL_INTERVAL, |t| t.0),
+        };
+        if worker.recover_after < d::MIN_RECOVER_AFTER {
+            let min = fmt_duration(d::MIN_RECOVER_AFTER);
+            let msg = format!("must be at least {min} (workers heartbeat every third of it)");
+            self.error(src, &at("worker", "recover_after"), msg);
+        }
+        if worker.poll_interval.is_zero() {
+            self.error(src, &at("worker", "poll_interval"), "must be more than 0");
+        }
+        worker
+    }
+
+    /// `[metrics]`; `QUOTA_WORKER_METRICS_LISTEN` overrides `listen`.
+    pub(super) fn metrics(&mut self, src: &Source, raw: &RawMetrics) -> MetricsConfig {
+        let (listen, from_env) = match (self.env)(METRICS_LISTEN_ENV) {
+            Some(l) => (l, true),
+            None => (
+                raw.listen.as_deref().unwrap_or(d::METRICS_LISTEN).into(),
+                false,
+            ),
+        };
+        if d::METRICS_OFF.contains(&listen.as_str()) {
+            return MetricsConfig { listen: None };
+        }
+        let listen = listen.parse::<SocketAddr>().map_err(|e| {
+            format!(
+                "invalid listen address {listen:?}: {e} (write e.g. \"{}\", or \"off\")",
+                d::METRICS_LISTEN
+            )
+        });
+        match listen {
+            Ok(a) => MetricsConfig { listen: Some(a) },
+            Err(msg) => {
+                let env = from_env.then_some(METRICS_LISTEN_ENV);
+                self.overridable_error(src, env, &at("metrics", "listen"), msg);
+                MetricsConfig { listen: None }
+            }
+        }
+    }
+
+    /// An error in a value the environment variable `env` gave (named, as
+    /// it is in no file), else in the file's field `at`.
+    fn overridable_error(&mut self, src: &Source, env: Option<&str>, at: &FieldPath, msg: String) {
+        match env {
+            Some(var) => {
+                let msg = format!("{var}: {msg}");
+                self.errors.push(Source::file_error(src.path(), msg));
+            }
+            None => self.error(src, at, msg),
+        }
+    }
+
+    /// `[log]`.
+    pub(super) fn log(&mut self, src: &Source, raw: &RawLog) -> Option<LogFormat> {
+        let format = raw.format.as_deref()?;
+        self.pick(src, &at("log", "format"), format)
+    }
+
+    /// `state_dir`: the config's, else systemd's `$STATE_DIRECTORY`, else
+    /// `state` next to the config file.
+    pub(super) fn state_dir(&mut self, src: &Source, dir: &Path, raw: Option<&str>) -> PathBuf {
+        let Some(written) = raw else {
+            return match (self.env)("STATE_DIRECTORY") {
+                // systemd passes one directory per StateDirectory= entry.
+                Some(s) if !s.is_empty() => PathBuf::from(s.split(':').next().unwrap_or(&s)),
+                _ => dir.join(d::STATE_DIR),
+            };
+        };
+        match expand_vars(written, self.env) {
+            Ok(s) => dir.join(s),
+            Err(e) => {
+                self.error(src, &FieldPath::new(["state_dir"]), e);
+                dir.join(d::STATE_DIR)
+            }
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! `windows = [...]` of a credential or an endpoint: units, period and kind
+//! (sliding, fixed with a reset time and a time zone, or a bucket).
+
+use std::collections::BTreeSet;
+use std::num::NonZeroU64;
+use std::time::Duration;
+
+use super::Loader;
+use crate::config::choice::WindowKindName;
+use crate::config::defaults as d;
+use crate::config::raw::RawWindow;
+use crate::config::{FieldPath, Source, Window, WindowKind, fmt_duration};
+
+const DAY: Duration = Duration::from_secs(86_400);
+
+impl Loader<'_> {
+    /// A window list, in config order; no two of one kind and period.
+    pub(super) fn windows(
+        &mut self,
+        src: &Source,
+        base: &FieldPath,
+        raw: &[RawWindow],
+    ) -> Vec<Window> {
+        let mut out: Vec<Window> = Vec::new();
+        let mut seen = BTreeSet::new();
+        for (i, rw) in raw.iter().enumerate() {
+            let at = base.join(i);
+            let Some(w) = self.window(src, &at, rw) else {
+                continue;
+            };
+            if !seen.insert((w.kind_name(), w.per)) {
+                let (kind, per) = (w.kind_name(), fmt_duration(w.per));
+                let msg = format!("two {kind} windows of {per} in one list: merge them");
+                self.error(src, &at, msg);
+                continue;
+            }
+            out.push(w);
+        }
+        out
+    }
+
+    /// One `{ units, per, kind, reset, timezone }`.
+    fn window(&mut self, src: &Source, at: &FieldPath, rw: &RawWindow) -> Option<Window> {
+        let Some(units) = NonZeroU64::new(rw.units) else {
+            self.error(src, &at.join("units"), "must be at least 1");
+            return None;
+        };
+        let per = rw.per.0;
+        if per < d::MIN_WINDOW || per > d::MAX_WINDOW {
+            let (min, max) = (fmt_duration(d::MIN_WINDOW), fmt_duration(d::MAX_WINDOW));
+            self.error(
+                src,
+                &at.join("per"),
+                format!("must be between {min} and {max}"),
+            );
+            return None;
+        }
+        if !per.subsec_nanos().is_multiple_of(1_000_000) {
+            self.error(src, &at.join("per"), "must be whole milliseconds");
+            return None;
+        }
+        let kind = rw.kind.as_deref().unwrap_or(d::WINDOW_KIND);
+        let kind = match self.pick(src, &at.join("kind"), kind)? {
+            WindowKindName::Sliding => self.sliding(src, at, rw),
+            WindowKindName::Fixed => self.fixed(src, at, rw, per),
+            WindowKindName::Bucket => self.bucket(src, at, rw, units, per),
+        };
+        Some(Window { units, per, kind })
+    }
+
+    /// `kind = "sliding"`: it has no reset, so `reset` and `timezone` are
+    /// mistakes.
+    fn sliding(&mut self, src: &Source, at: &FieldPath, rw: &RawWindow) -> WindowKind {
+        for (field, v) in [("reset", &rw.reset), ("timezone", &rw.timezone)] {
+            if v.is_some() {
+                let msg = "only fixed windows reset; add kind = \"fixed\" or remove it";
+                self.error(src, &at.join(field), msg);
+            }
+        }
+        WindowKind::Sliding
+    }
+
+    /// `kind = "bucket"`: a leaky bucket refills continuously, so it has no
+    /// reset; the spend script keeps its level exact in units x
+    /// milliseconds, below 2^53.
+    fn bucket(
+        &mut self,
+        src: &Source,
+        at: &FieldPath,
+        rw: &RawWindow,
+        units: NonZeroU64,
+        per: Duration,
+    ) -> WindowKind {
+        for (field, v) in [("reset", &rw.reset), ("timezone", &rw.timezone)] {
+            if v.is_some() {
+                let msg = "only fixed windows reset; a bucket refills continuously";
+                self.error(src, &at.join(field), msg);
+            }
+        }
+        if u128::from(units.get()) * per.as_millis() >= 1 << 53 {
+            let msg = "a bucket's units x per (in ms) must stay below 2^53: lower units or per";
+            self.error(src, at, msg);
+        }
+        WindowKind::Bucket
+    }
+
+    /// `kind = "fixed"`: calendar periods from `reset` in `timezone`.
+    fn fixed(&mut self, src: &Source, at: &FieldPath, rw: &RawWindow, per: Duration) -> WindowKind {
+        let (per_ms, day_ms) = (per.as_millis(), DAY.as_millis());
+        if !(day_ms.is_multiple_of(per_ms) || per_ms.is_multiple_of(day_ms)) {
+            let msg =
+                "a fixed window's period must divide a day (\"1h\", \"15m\") or be whole days";
+            self.error(src, &at.join("per"), msg);
+        }
+        let reset_src = rw.reset.as_deref().unwrap_or(d::WINDOW_RESET);
+        let reset = parse_reset(reset_src).unwrap_or_else(|| {
+            let msg = format!("invalid reset time {reset_src:?}: write \"HH:MM\" or \"HH:MM:SS\"");
+            self.error(src, &at.join("reset"), msg);
+            Duration::ZERO
+        });
+        let timezone = self.timezone(
+            src,
+            &at.join("timezone"),
+            rw.timezone.as_deref(),
+            d::WINDOW_TIMEZONE,
+            "America/Los_Angeles",
+        );
+        WindowKind::Fixed { reset, timezone }
+    }
+}
+
+/// "HH:MM" or "HH:MM:SS" as an offset from midnight.
+fn parse_reset(s: &str) -> Option<Duration> {
+    let mut it = s.split(':');
+    let h: u64 = it.next()?.parse().ok()?;
+    let m: u64 = it.next()?.parse().ok()?;
+    let sec: u64 = it.next().map_or(Some(0), |x| x.parse().ok())?;
+    if it.next().is_some() || h > 23 || m > 59 || sec > 59 {
+        return None;
+    }
+    Some(Duration::from_secs(h * 3600 + m * 60 + sec))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reset_times_parse() {
+        assert_eq!(parse_reset("00:00"), Some(Duration::ZERO));
+        assert_eq!(
+            parse_reset("09:30:15"),
+            Some(Duration::from_secs(9 * 3600 + 1800 + 15))
+        );
+        assert_eq!(parse_reset("24:00"), None);
+        assert_eq!(parse_reset("9"), None);
+    }
+}

@@ -1,0 +1,418 @@
+//! The daemon: Redis (configured or embedded), the scheduler that fires cron
+//! ticks and fans them out ([`crate::schedule`]), the feeder that moves due
+//! tasks into apalis (`feeder`), the apalis worker that runs them
+//! (`supervisor`, one task: `crate::worker`), and the metrics endpoint and
+//! systemd notifications ([`crate::ops`]). [`run`] returns when `shutdown`
+//! resolves and the running tasks finished (or `shutdown_timeout` passed).
+
+mod feeder;
+mod supervisor;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+use crate::config::{Config, RedisUrl, Secrets};
+pub(crate) use crate::embedded::EmbeddedError;
+use crate::embedded::EmbeddedRedis;
+use crate::eviction::Eviction;
+use crate::fetch::Fetcher;
+use crate::keys::KeySpace;
+use crate::ops::{self, Health, Notifier, OpsState};
+use crate::outcome::OutcomeEvent;
+use crate::queue::Queue;
+use crate::quota::{Limiter, Quotas};
+use crate::schedule::Scheduler;
+use crate::sink::Sinks;
+use crate::stats::Stats;
+use crate::worker::{LocalBlocks, Worker};
+
+/// Why the daemon could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// The embedded Redis did not start.
+    #[error(transparent)]
+    Embedded(#[from] EmbeddedError),
+    /// Redis stayed unreachable at startup.
+    #[error("Redis at {url} is unreachable: {source}")]
+    Unreachable {
+        /// Where (password redacted).
+        url: RedisUrl,
+        /// The last error.
+        #[source]
+        source: redis::RedisError,
+    },
+    /// Redis may evict keys, and `[redis] unsafe_eviction` is "refuse".
+    #[error("Redis at {url}: {}", Eviction::unsafe_reason(policy))]
+    UnsafeEviction {
+        /// Where (password redacted).
+        url: RedisUrl,
+        /// Its `maxmemory-policy`.
+        policy: String,
+    },
+    /// The HTTP client could not be built (TLS roots, say).
+    #[error("cannot build the HTTP client: {0}")]
+    Http(#[from] reqwest::Error),
+    /// The metrics endpoint cannot listen on its address (in use by another
+    /// process, not an address of this host, not allowed): the config asks
+    /// for what this host cannot give.
+    #[error(
+        "metrics cannot listen on {addr}: {source} (set [metrics] listen, QUOTA_WORKER_METRICS_LISTEN, or \"off\")"
+    )]
+    Metrics {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// What a running daemon shares with its caller (the CLI, the demo, tests).
+#[derive(Debug, Clone, Default)]
+pub struct Shared {
+    /// Counters.
+    pub stats: Arc<Stats>,
+    /// Loop liveness.
+    pub health: Arc<Health>,
+    /// Every task outcome is sent here too, when set.
+    pub events: Option<tokio::sync::broadcast::Sender<OutcomeEvent>>,
+}
+
+/// Options beyond the config.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Counters and liveness to fill in (the caller keeps a clone to read them).
+    pub shared: Shared,
+    /// Called once Redis answers and the worker is running.
+    pub ready: Option<watch::Sender<bool>>,
+    /// Where the metrics endpoint listens, once it does.
+    pub metrics_addr: Option<watch::Sender<Option<std::net::SocketAddr>>>,
+    /// Test hooks: see [`Hooks`]. Default: none.
+    #[doc(hidden)]
+    pub hooks: Hooks,
+}
+
+/// Test and benchmark hooks. Only a caller in the same process (a test, a
+/// benchmark) can set them: no config field, flag or environment variable
+/// reaches them, and the CLI always passes the default (all off).
+#[doc(hidden)]
+#[derive(Debug, Clone, Default)]
+pub struct Hooks {
+    /// The scheduler loop beats once, then waits for shutdown without firing
+    /// a tick: a wedged loop, for the watchdog test.
+    pub wedge_scheduler: bool,
+    /// Workers treat every spend as admitted without calling Redis (nothing
+    /// recorded, so nothing settled or refunded): the end-to-end benchmark's
+    /// "spend off", to measure what the limiter costs.
+    pub skip_spend: bool,
+    /// Where systemd notify messages go, instead of `NOTIFY_SOCKET` and
+    /// `WATCHDOG_USEC`: a process's environment is shared by every daemon a
+    /// test runs in it.
+    pub notify: Option<Notifier>,
+}
+
+async fn connect_with_retry(
+    url: &RedisUrl,
+    timeout: Duration,
+    patience: Duration,
+) -> Result<redis::aio::ConnectionManager, DaemonError> {
+    let deadline = tokio::time::Instant::now() + patience;
+    let mut wait = Duration::from_millis(100);
+    loop {
+        match crate::conn::connect(url, timeout, 2).await {
+            Ok(c) => return Ok(c),
+            Err(e) if tokio::time::Instant::now() + wait < deadline => {
+                warn!(url = %url, error = %e, "Redis unreachable; retrying");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(5));
+            }
+            Err(source) => {
+                return Err(DaemonError::Unreachable {
+                    url: url.clone(),
+                    source,
+                });
+            }
+        }
+    }
+}
+
+/// The parts of a running daemon that its loops share.
+struct Parts {
+    queue: Queue,
+    worker: Arc<Worker>,
+    /// What the metrics endpoint and the notifier read.
+    ops: OpsState,
+}
+
+impl Parts {
+    fn new(
+        config: &Arc<Config>,
+        secrets: Arc<Secrets>,
+        opts: &RunOptions,
+        limiter_conn: ConnectionManager,
+        queue_conn: ConnectionManager,
+    ) -> Result<Self, DaemonError> {
+        let keys = KeySpace::new(config.redis.key_prefix.clone());
+        let queue = Queue::new(
+            queue_conn.clone(),
+            keys.clone(),
+            config.worker.recover_after,
+        );
+        let limiter = Limiter::new(
+            limiter_conn,
+            Arc::new(Quotas::new(config)),
+            config.redis.timeout,
+        );
+        let shared = &opts.shared;
+        let fetcher = Fetcher::new(&secrets)?;
+        let worker = Arc::new(Worker {
+            config: config.clone(),
+            secrets,
+            limiter: limiter.clone(),
+            queue: queue.clone(),
+            conn: queue_conn,
+            fetcher,
+            sinks: Sinks::new(config.dir.clone()),
+            stats: shared.stats.clone(),
+            events: shared.events.clone(),
+            local_blocks: LocalBlocks::default(),
+            skip_spend: opts.hooks.skip_spend,
+        });
+        let ops = OpsState {
+            limiter,
+            queue: queue.clone(),
+            health: shared.health.clone(),
+            stats: shared.stats.clone(),
+            unsafe_eviction: config.redis.unsafe_eviction,
+        };
+        Ok(Parts { queue, worker, ops })
+    }
+}
+
+/// The daemon's loops, running.
+struct Loops {
+    scheduler: JoinHandle<()>,
+    feeder: JoinHandle<()>,
+    workers: JoinHandle<()>,
+}
+
+impl Loops {
+    fn spawn(
+        config: &Arc<Config>,
+        parts: &Parts,
+        hooks: &Hooks,
+        stop: &watch::Receiver<bool>,
+    ) -> Self {
+        let health = parts.ops.health.clone();
+        let scheduler = if hooks.wedge_scheduler {
+            tokio::spawn(wedged(stop.clone()))
+        } else {
+            let who = format!("{}:{}", supervisor::hostname(), std::process::id());
+            tokio::spawn(
+                Scheduler {
+                    queue: parts.queue.clone(),
+                    health: health.clone(),
+                    who,
+                    stop: stop.clone(),
+                }
+                .run(config.clone()),
+            )
+        };
+        let feeder = tokio::spawn(feeder::run(
+            parts.queue.clone(),
+            config.worker.poll_interval,
+            health.clone(),
+            stop.clone(),
+        ));
+        let workers = tokio::spawn(supervisor::run(
+            config.clone(),
+            parts.queue.clone(),
+            parts.worker.clone(),
+            health,
+            stop.clone(),
+        ));
+        Loops {
+            scheduler,
+            feeder,
+            workers,
+        }
+    }
+
+    /// Waits for the loops to end after `stop`: the running tasks get the
+    /// shutdown timeout; unfinished ones stay queued.
+    async fn join(self, config: &Config, stats: &Stats) {
+        let _ = self.scheduler.await;
+        let _ = self.feeder.await;
+        let drain = config.worker.shutdown_timeout + Duration::from_secs(1);
+        match tokio::time::timeout(drain, self.workers).await {
+            Ok(_) => info!("all running tasks finished"),
+            Err(_) => warn!(
+                in_flight = Stats::get(&stats.in_flight),
+                "shutdown timeout passed; unfinished tasks stay queued and another daemon (or the next start) picks them up"
+            ),
+        }
+    }
+}
+
+/// The scheduler loop, wedged ([`Hooks::wedge_scheduler`]): it beat once
+/// (at the start, in `run_on`) and never again.
+async fn wedged(mut stop: watch::Receiver<bool>) {
+    warn!("test hook: the scheduler loop is wedged");
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+/// Refuses a Redis that may evict the windows' keys, unless the config says
+/// to run anyway (src/eviction.rs).
+async fn check_eviction(
+    url: &RedisUrl,
+    config: &Config,
+    conn: &ConnectionManager,
+) -> Result<(), DaemonError> {
+    let wait = config.redis.timeout.max(Duration::from_secs(2));
+    match crate::eviction::check(&mut conn.clone(), wait).await {
+        Eviction::Safe => {}
+        Eviction::Unsafe(policy) => match config.redis.unsafe_eviction {
+            crate::config::UnsafeEviction::Refuse => {
+                return Err(DaemonError::UnsafeEviction {
+                    url: url.clone(),
+                    policy,
+                });
+            }
+            crate::config::UnsafeEviction::Warn => warn!(
+                redis = %url,
+                policy,
+                "running on a Redis that may evict keys, because [redis] unsafe_eviction = \"warn\": {}",
+                Eviction::unsafe_reason(&policy)
+            ),
+        },
+        Eviction::Unknown(why) => warn!(
+            redis = %url,
+            why,
+            "cannot verify that Redis never evicts keys (CONFIG renamed or disabled?): make sure its maxmemory-policy is noeviction (docs/redis.md)"
+        ),
+    }
+    Ok(())
+}
+
+/// Connects the limiter's and the queue's Redis connections, retrying for 30 s.
+async fn connect(
+    url: &RedisUrl,
+    config: &Config,
+) -> Result<(ConnectionManager, ConnectionManager), DaemonError> {
+    let patience = Duration::from_secs(30);
+    let limiter_conn = connect_with_retry(url, config.redis.timeout, patience).await?;
+    // apalis-redis kills its worker on any Redis error, a response timeout
+    // included (apalis-redis #76): give the queue's connection patience.
+    let queue_conn = connect_with_retry(url, Duration::from_secs(10), patience).await?;
+    Ok((limiter_conn, queue_conn))
+}
+
+/// Runs the daemon until `shutdown` resolves.
+pub async fn run(
+    config: Arc<Config>,
+    secrets: Arc<Secrets>,
+    opts: RunOptions,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), DaemonError> {
+    // Shutdown is heard from the start: while waiting for Redis, too.
+    let mut shutdown = std::pin::pin!(shutdown);
+    let embedded = match &config.redis.url {
+        Some(_) => None,
+        None => tokio::select! {
+            _ = shutdown.as_mut() => return Ok(()),
+            r = EmbeddedRedis::start(&config.state_dir) => Some(r?),
+        },
+    };
+    let url = match (&config.redis.url, &embedded) {
+        (Some(u), _) => u.clone(),
+        (None, Some(e)) => e.url(),
+        (None, None) => unreachable!("embedded started above"),
+    };
+    let Some(mut embedded) = embedded else {
+        return run_on(config, secrets, opts, shutdown, &url).await;
+    };
+    // The embedded redis-server is restarted if it dies under us (the OOM
+    // killer, a crash): the daemon has no other Redis. Watched on this very
+    // task, not a spawned one, so a restarted server is a child of the same
+    // thread as the first, which PR_SET_PDEATHSIG ties its life to.
+    let result = tokio::select! {
+        r = run_on(config, secrets, opts, shutdown, &url) => r,
+        never = embedded.keep_running() => match never {},
+    };
+    embedded.stop().await;
+    info!("embedded Redis stopped");
+    result
+}
+
+async fn run_on(
+    config: Arc<Config>,
+    secrets: Arc<Secrets>,
+    opts: RunOptions,
+    shutdown: impl Future<Output = ()> + Send,
+    url: &RedisUrl,
+) -> Result<(), DaemonError> {
+    let mut shutdown = std::pin::pin!(shutdown);
+    // Taken first: an address this host cannot listen on is said at once,
+    // not after waiting up to 30 s for Redis.
+    let metrics = match config.metrics.listen {
+        Some(addr) => Some(
+            ops::bind(addr)
+                .await
+                .map_err(|source| DaemonError::Metrics { addr, source })?,
+        ),
+        None => None,
+    };
+    let (limiter_conn, queue_conn) = tokio::select! {
+        _ = shutdown.as_mut() => {
+            info!("shut down while waiting for Redis");
+            return Ok(());
+        }
+        r = connect(url, &config) => r?,
+    };
+    check_eviction(url, &config, &limiter_conn).await?;
+    let parts = Parts::new(&config, secrets, &opts, limiter_conn, queue_conn)?;
+    info!(
+        redis = %url,
+        jobs = config.jobs.len(),
+        concurrency = config.worker.concurrency.get(),
+        recover_after_ms = config.worker.recover_after.as_millis() as u64,
+        "quota-worker running"
+    );
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    // The loops count as alive from the start; they beat from here on.
+    Health::beat(&parts.ops.health.scheduler);
+    Health::beat(&parts.ops.health.feeder);
+    if let (Some(listener), Some(addr)) = (metrics, config.metrics.listen) {
+        let bound = ops::serve(listener, parts.ops.clone(), stop_rx.clone())
+            .map_err(|source| DaemonError::Metrics { addr, source })?;
+        if let Some(tx) = &opts.metrics_addr {
+            let _ = tx.send(Some(bound));
+        }
+    }
+    let loops = Loops::spawn(&config, &parts, &opts.hooks, &stop_rx);
+    if let Some(ready) = &opts.ready {
+        let _ = ready.send(true);
+    }
+    let notifier = opts.hooks.notify.clone().unwrap_or_else(Notifier::from_env);
+    notifier.ready();
+    let concurrency = config.worker.concurrency.get();
+    let notify = tokio::spawn(notifier.clone().run(parts.ops, concurrency, stop_rx));
+
+    shutdown.await;
+    notifier.stopping();
+    info!(
+        timeout_ms = config.worker.shutdown_timeout.as_millis() as u64,
+        "shutting down: no new tasks; running ones get the shutdown timeout"
+    );
+    let _ = stop_tx.send(true);
+    let _ = notify.await;
+    loops.join(&config, &opts.shared.stats).await;
+    Ok(())
+}

@@ -1,0 +1,155 @@
+//! Prometheus metrics: the process's recorder, what each metric means, and
+//! the gauges read from Redis at scrape time (window usage, queue depth), so
+//! every daemon reports the same shared numbers. Counters are recorded where
+//! things happen (spends in [`crate::quota`], outcomes in [`crate::worker`],
+//! upstream answers in [`crate::fetch`]).
+
+use std::sync::OnceLock;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use tracing::warn;
+
+use super::{OpsState, REDIS_READ_BUDGET, peek_all};
+use crate::stats::Stats;
+
+/// Spend latency buckets, seconds: a local Redis answers in well under 1 ms.
+const SPEND_BUCKETS: [f64; 12] = [
+    0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0,
+];
+
+static RECORDER: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+
+/// The process's Prometheus recorder, installed on first use. `None` if
+/// another recorder was installed first (then metrics are not exported).
+pub(crate) fn recorder() -> Option<&'static PrometheusHandle> {
+    RECORDER
+        .get_or_init(|| {
+            let builder = PrometheusBuilder::new()
+                .set_buckets_for_metric(
+                    Matcher::Full("qw_spend_duration_seconds".into()),
+                    &SPEND_BUCKETS,
+                )
+                .ok()?;
+            let handle = builder.install_recorder().ok()?;
+            describe();
+            Some(handle)
+        })
+        .as_ref()
+}
+
+/// `# HELP` lines: what each metric means (docs/metrics.md).
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(
+        "qw_spends_total",
+        "Spends by credential, endpoint and result (allowed, rejected, unchecked = fail-open without Redis, error)"
+    );
+    describe_counter!(
+        "qw_drift_units_total",
+        "Units recorded as drift: the upstream reported fewer left than a mirrored window would admit"
+    );
+    describe_counter!(
+        "qw_units_spent_total",
+        "Units admitted by this daemon's spends, at the endpoint's configured cost"
+    );
+    describe_histogram!(
+        "qw_spend_duration_seconds",
+        "Time of one spend (one Redis round trip), seconds"
+    );
+    describe_gauge!(
+        "qw_window_used_units",
+        "Units used in the window now, read from Redis at scrape time (the same on every daemon)"
+    );
+    describe_gauge!(
+        "qw_window_remaining_units",
+        "Units left in the window now, read from Redis at scrape time"
+    );
+    describe_gauge!("qw_window_limit_units", "The window's configured units");
+    describe_gauge!(
+        "qw_window_frees_in_seconds",
+        "Seconds until the oldest spend leaves the window (sliding) or it resets (fixed)"
+    );
+    describe_gauge!(
+        "qw_credential_blocked_seconds",
+        "Seconds the credential stays blocked after an upstream 429 (0 = not blocked)"
+    );
+    describe_counter!(
+        "qw_tasks_total",
+        "Task outcomes of this daemon by job: done, quota_exhausted, upstream_throttled, retrying, failed, superseded"
+    );
+    describe_counter!("qw_pages_total", "Pages fetched (2xx) by job");
+    describe_counter!("qw_records_total", "Records written to sinks by job");
+    describe_counter!(
+        "qw_upstream_responses_total",
+        "Upstream answers by endpoint and HTTP status (or unreached, timeout, unsent)"
+    );
+    describe_gauge!(
+        "qw_queue_tasks",
+        "Tasks in the shared queue by state (backlog, queued, in_flight), read from Redis at scrape time"
+    );
+    describe_gauge!("qw_tasks_in_flight", "Tasks this daemon is running now");
+    describe_gauge!(
+        "qw_redis_up",
+        "1 if this scrape read the windows and the queue from Redis; 0 if not (those gauges then hold their last values)"
+    );
+}
+
+pub(super) async fn metrics(State(s): State<OpsState>) -> impl IntoResponse {
+    let Some(handle) = recorder() else {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "metrics recorder unavailable\n".to_owned(),
+        );
+    };
+    refresh_gauges(&s).await;
+    (StatusCode::OK, handle.render())
+}
+
+/// Shared numbers, read from Redis now. When Redis cannot answer in time the
+/// gauges keep their last values and `qw_redis_up` says 0.
+async fn refresh_gauges(s: &OpsState) {
+    let depth = async {
+        match tokio::time::timeout(REDIS_READ_BUDGET, s.queue.depth()).await {
+            Ok(Ok(d)) => Some(d),
+            Ok(Err(e)) => {
+                warn!(error = %e, "metrics: cannot read queue depth");
+                None
+            }
+            Err(_) => {
+                warn!("metrics: reading queue depth timed out");
+                None
+            }
+        }
+    };
+    let (usages, depth) = tokio::join!(peek_all(&s.limiter), depth);
+    let mut up = depth.is_some();
+    for (name, usage) in usages {
+        let Some(u) = usage else {
+            up = false;
+            continue;
+        };
+        metrics::gauge!("qw_credential_blocked_seconds", "credential" => name.clone())
+            .set(u.blocked_for.as_secs_f64());
+        for w in &u.windows {
+            let labels = [
+                ("credential", name.clone()),
+                ("scope", w.scope.to_string()),
+                ("window", w.window.describe()),
+            ];
+            metrics::gauge!("qw_window_used_units", &labels).set(w.used as f64);
+            metrics::gauge!("qw_window_remaining_units", &labels).set(w.remaining as f64);
+            metrics::gauge!("qw_window_limit_units", &labels).set(w.window.units.get() as f64);
+            metrics::gauge!("qw_window_frees_in_seconds", &labels).set(w.frees_in.as_secs_f64());
+        }
+    }
+    if let Some(d) = depth {
+        metrics::gauge!("qw_queue_tasks", "state" => "backlog").set(d.backlog as f64);
+        metrics::gauge!("qw_queue_tasks", "state" => "queued").set(d.queued as f64);
+        metrics::gauge!("qw_queue_tasks", "state" => "in_flight").set(d.in_flight as f64);
+    }
+    metrics::gauge!("qw_redis_up").set(if up { 1.0 } else { 0.0 });
+    metrics::gauge!("qw_tasks_in_flight").set(Stats::get(&s.stats.in_flight) as f64);
+}

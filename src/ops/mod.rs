@@ -1,0 +1,111 @@
+//! Operations: Prometheus metrics, `/healthz` and `/readyz`, and the systemd
+//! notify protocol.
+//!
+//! - `metrics`: the recorder, and the gauges read from Redis at scrape time;
+//! - `health`: the daemon loops' liveness ([`Health`]) and `/readyz`;
+//! - `notify`: `READY=1`, `STOPPING=1`, `STATUS=`, and `WATCHDOG=1`, sent
+//!   only while the scheduler and feeder loops keep beating: a wedged loop
+//!   stops the pings and systemd restarts the service.
+//!
+//! The daemon ([`crate::daemon`]) starts all of it; nothing here knows the daemon.
+
+mod health;
+mod metrics;
+mod notify;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::get;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+pub use health::Health;
+pub use health::STALE_AFTER;
+pub(crate) use metrics::recorder;
+pub use notify::Notifier;
+
+use crate::queue::Queue;
+use crate::quota::{CredentialUsage, Limiter};
+use crate::stats::Stats;
+
+/// What the HTTP endpoints and the `STATUS=` line read.
+#[derive(Clone)]
+pub(crate) struct OpsState {
+    /// For window gauges and the readiness ping.
+    pub(crate) limiter: Limiter,
+    /// For queue depth.
+    pub(crate) queue: Queue,
+    /// Loop liveness.
+    pub(crate) health: Arc<Health>,
+    /// This daemon's counters.
+    pub(crate) stats: Arc<Stats>,
+    /// Whether a Redis that may evict keys makes the daemon not ready.
+    pub(crate) unsafe_eviction: crate::config::UnsafeEviction,
+}
+
+/// Takes the metrics address, before anything else starts: an address this
+/// host cannot listen on is said at once, not after waiting for Redis.
+pub(crate) async fn bind(listen: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(listen).await
+}
+
+/// Serves `/metrics`, `/healthz`, `/readyz` on `listener` until `stop`.
+/// Returns the bound address (for `listen = "127.0.0.1:0"`).
+pub(crate) fn serve(
+    listener: TcpListener,
+    state: OpsState,
+    mut stop: watch::Receiver<bool>,
+) -> std::io::Result<SocketAddr> {
+    let addr = listener.local_addr()?;
+    recorder();
+    let app = Router::new()
+        .route("/metrics", get(metrics::metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(health::readyz))
+        .with_state(state);
+    tokio::spawn(async move {
+        let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+            let _ = stop.wait_for(|s| *s).await;
+        });
+        if let Err(e) = server.await {
+            warn!(error = %e, "metrics server stopped");
+        }
+    });
+    info!(%addr, "metrics listening: /metrics /healthz /readyz");
+    Ok(addr)
+}
+
+/// How long one scrape (or one `STATUS=` line) may wait for Redis, all reads
+/// together. Prometheus's default scrape timeout is 10 s; a hung Redis must
+/// not take the counters' scrape down with it (the queue's connection alone
+/// waits up to 10 s for an answer).
+pub(crate) const REDIS_READ_BUDGET: Duration = Duration::from_secs(2);
+
+/// Each credential's windows, read from Redis now, all at once and within
+/// [`REDIS_READ_BUDGET`]; `None` for a credential that could not be read.
+pub(crate) async fn peek_all(limiter: &Limiter) -> Vec<(String, Option<CredentialUsage>)> {
+    let names: Vec<String> = limiter
+        .quotas()
+        .credential_names()
+        .map(str::to_owned)
+        .collect();
+    let reads = names.iter().map(|name| async move {
+        match tokio::time::timeout(REDIS_READ_BUDGET, limiter.peek(name)).await {
+            Ok(Ok(u)) => Some(u),
+            Ok(Err(e)) => {
+                warn!(credential = %name, error = %e, "cannot read the windows");
+                None
+            }
+            Err(_) => {
+                warn!(credential = %name, budget_ms = REDIS_READ_BUDGET.as_millis() as u64, "reading the windows timed out");
+                None
+            }
+        }
+    });
+    let usages = futures::future::join_all(reads).await;
+    names.into_iter().zip(usages).collect()
+}

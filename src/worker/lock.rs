@@ -1,0 +1,117 @@
+//! The item lock (`lua/item_lock.lua`): one task at a time per job fan-out
+//! item. Claimed before the first spend (in the same round trip: whether the
+//! task already ended, the item's checkpoint, its newest completed tick),
+//! renewed in the background while the task runs, released when it ends.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use tracing::warn;
+
+use super::Checkpoint;
+use super::guards::Renewer;
+use crate::config::Job;
+use crate::conn::Lua;
+use crate::keys::KeySpace;
+use crate::queue::TaskArgs;
+
+static ITEM_LOCK: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("../../lua/item_lock.lua")));
+
+/// What claiming the item found.
+pub(super) enum Claim {
+    /// The task (or the step it stands for) already ended.
+    AlreadyDone,
+    /// Another task holds the item (or a dead one's lock has yet to expire).
+    Busy,
+    /// Ours: where the item's interrupted run stands, and the newest tick
+    /// whose run completed the item.
+    Held {
+        saved: Option<Checkpoint>,
+        ran: Option<i64>,
+    },
+}
+
+/// One task's hold on one item.
+pub(super) struct ItemLock {
+    key: String,
+    /// Unique per run, so a late release never frees another run's hold.
+    value: String,
+    ttl: Duration,
+}
+
+impl ItemLock {
+    pub(super) fn new(keys: &KeySpace, job: &Job, task: &TaskArgs, ttl: Duration) -> Self {
+        ItemLock {
+            key: keys.item_lock(&job.name, &task.item_key()),
+            value: format!("{}#{}", task.id, crate::quota::request_id()),
+            ttl,
+        }
+    }
+
+    /// One round trip: done marker, lock, checkpoint, completed tick.
+    pub(super) async fn claim(
+        &self,
+        conn: &mut ConnectionManager,
+        keys: &KeySpace,
+        job: &Job,
+        task: &TaskArgs,
+    ) -> redis::RedisResult<Claim> {
+        let item = task.item_key();
+        let reply: Vec<String> = ITEM_LOCK
+            .call()
+            .key(&self.key)
+            .key(keys.task_done(&task.root))
+            .key(keys.cursor(&job.name, &item))
+            .key(keys.item_ran(&job.name, &item))
+            .arg("claim")
+            .arg(&self.value)
+            .arg(self.ttl.as_millis() as u64)
+            .invoke(conn)
+            .await?;
+        Ok(match reply.as_slice() {
+            [state] if state == "0" => Claim::AlreadyDone,
+            [_, saved, ran] => Claim::Held {
+                saved: serde_json::from_str::<Checkpoint>(saved).ok(),
+                ran: ran.parse::<i64>().ok(),
+            },
+            _ => Claim::Busy,
+        })
+    }
+
+    /// Renews the lock every third of its TTL until the returned guard is
+    /// dropped, so a long request keeps the item and a killed daemon's (or a
+    /// panicked task's) lock lapses within its TTL.
+    pub(super) fn keep_renewed(&self, mut conn: ConnectionManager) -> Renewer {
+        let (key, value, ttl) = (self.key.clone(), self.value.clone(), self.ttl);
+        Renewer::spawn(async move {
+            loop {
+                tokio::time::sleep(ttl / 3).await;
+                let renewed = ITEM_LOCK
+                    .call()
+                    .key(&key)
+                    .arg("renew")
+                    .arg(&value)
+                    .arg(ttl.as_millis() as u64)
+                    .invoke::<i64>(&mut conn)
+                    .await;
+                if let Ok(0) = renewed {
+                    warn!(lock = %key, "lost the item lock (expired under a stalled Redis?)");
+                }
+            }
+        })
+    }
+
+    /// Frees the item, if it is still ours.
+    pub(super) async fn release(&self, conn: &mut ConnectionManager) -> redis::RedisResult<()> {
+        ITEM_LOCK
+            .call()
+            .key(&self.key)
+            .arg("release")
+            .arg(&self.value)
+            .invoke::<i64>(conn)
+            .await
+            .map(drop)
+    }
+}

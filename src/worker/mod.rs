@@ -1,0 +1,264 @@
+//! One task, start to end: for each page, spend → fetch → sink → checkpoint,
+//! and stop cleanly with the retry-after when the quota says no.
+//!
+//! Outcomes follow SPEC "Task outcomes" ([`crate::outcome`]). A task never
+//! sleeps waiting for quota: a rejected spend ends it at once
+//! (`quota_exhausted`), and with `on_quota_exhausted = "defer"` a copy is
+//! queued to run at the retry-after. Retries (network errors, timeouts, 5xx)
+//! are queued copies too, with exponential backoff and bounded attempts;
+//! waiting for quota never uses an attempt.
+//!
+//! Redis holds the state that must survive this process: the item's
+//! pagination checkpoint (`keys::cursor`), a lock so two tasks never work on
+//! one item at once (`keys::item_lock`), and a done marker so a redelivered
+//! task does nothing (`keys::task_done`).
+//!
+//! - this file: a task's frame — claim the item, run, record the outcome;
+//! - `page`: the pages, one step at a time, one short arm per upstream answer;
+//! - `spend`: the task's side of the quota — spend, settle, refund, block;
+//! - `lock`: the item lock; `guards`: what undoes a running task's side
+//!   effects however it ends, a panic included.
+
+mod guards;
+mod lock;
+mod page;
+mod spend;
+
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use redis::AsyncCommands;
+use redis::aio::ConnectionManager;
+use serde::{Deserialize, Serialize};
+use tracing::{info, warn};
+
+use crate::config::{Config, Job, Secrets};
+use crate::conn::Lua;
+use crate::fetch::Fetcher;
+use crate::keys::KeySpace;
+use crate::outcome::{Outcome, OutcomeEvent, OutcomeKind};
+use crate::queue::{Origin, Queue, QueueError, TaskArgs};
+use crate::quota::Limiter;
+use crate::sink::Sinks;
+use crate::stats::Stats;
+use guards::InFlight;
+use lock::{Claim, ItemLock};
+pub(crate) use spend::LocalBlocks;
+
+/// How long pagination checkpoints are kept when nothing resumes them.
+const CHECKPOINT_TTL: Duration = Duration::from_secs(7 * 86_400);
+/// How long "this task already ended" is remembered (covers redelivery).
+const DONE_TTL: Duration = Duration::from_secs(86_400);
+/// The item lock's longest lifetime; renewed every third of it while the
+/// task runs. A killed daemon's lock lapses within it, so it is also kept
+/// under half of `recover_after` (see [`Worker::lock_ttl`]).
+const LOCK_TTL: Duration = Duration::from_secs(10);
+/// Wait before a task that found its item busy tries again.
+const BUSY_RETRY: Duration = Duration::from_secs(2);
+
+static FINISH: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../../lua/finish.lua")));
+
+/// Where the next page of an item's run starts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Checkpoint {
+    /// The tick whose run this is.
+    pub(crate) tick: i64,
+    /// The next page's number (1 = first).
+    pub(crate) page: u32,
+    /// The cursor to send for it (none for page 1).
+    pub(crate) token: Option<String>,
+}
+
+/// Everything a task needs; shared by all of one daemon's tasks.
+pub(crate) struct Worker {
+    pub(crate) config: Arc<Config>,
+    pub(crate) secrets: Arc<Secrets>,
+    pub(crate) limiter: Limiter,
+    /// For retries and deferrals.
+    pub(crate) queue: Queue,
+    /// For checkpoints, locks and markers.
+    pub(crate) conn: ConnectionManager,
+    pub(crate) fetcher: Fetcher,
+    pub(crate) sinks: Sinks,
+    pub(crate) stats: Arc<Stats>,
+    /// Where every outcome is also sent (the demo's live view), if anywhere.
+    pub(crate) events: Option<tokio::sync::broadcast::Sender<OutcomeEvent>>,
+    /// Credentials this daemon holds blocked itself, because recording the
+    /// upstream's block in Redis failed.
+    pub(crate) local_blocks: LocalBlocks,
+    /// The benchmark's "spend off" (`daemon::Hooks::skip_spend`): every
+    /// spend counts as admitted and unrecorded, without a call to Redis.
+    pub(crate) skip_spend: bool,
+}
+
+/// Why a task could not finish its bookkeeping: Redis went away. The task is
+/// then left to apalis, which redelivers it; nothing is lost.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum TaskError {
+    /// Redis failed.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// The queue failed.
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+}
+
+/// Runs of one task that did nothing: a duplicate delivery, or a busy item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Skip {
+    /// This task (or the step it stands for) already ended.
+    AlreadyDone,
+    /// Another task holds the item; a copy was queued to try again.
+    Busy,
+}
+
+/// What running a task amounted to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Ran {
+    /// It ran and ended with an outcome.
+    Ended(Outcome),
+    /// It did nothing.
+    Skipped(Skip),
+}
+
+impl Worker {
+    fn keys(&self) -> &KeySpace {
+        self.queue.keys()
+    }
+
+    /// Runs one task: claims its item, runs its pages while holding it,
+    /// records the outcome, frees the item.
+    pub(crate) async fn run(&self, task: &TaskArgs) -> Result<Ran, TaskError> {
+        let Some(job) = self.config.jobs.get(&task.job) else {
+            return self.job_gone(task).await;
+        };
+        let mut conn = self.conn.clone();
+        let lock = ItemLock::new(self.keys(), job, task, self.lock_ttl());
+        let (saved, ran) = match lock.claim(&mut conn, self.keys(), job, task).await? {
+            Claim::Held { saved, ran } => (saved, ran),
+            Claim::AlreadyDone => return Ok(Ran::Skipped(Skip::AlreadyDone)),
+            Claim::Busy => {
+                // Come back shortly, as the same step.
+                self.queue
+                    .enqueue(&[(task.again(Origin::Busy), BUSY_RETRY)])
+                    .await?;
+                Stats::add(&self.stats.requeued, 1);
+                return Ok(Ran::Skipped(Skip::Busy));
+            }
+        };
+        let result = {
+            // Undone when this block ends, however it ends (guards.rs).
+            let _renewer = lock.keep_renewed(self.conn.clone());
+            let _in_flight = InFlight::enter(&self.stats.in_flight);
+            self.run_held(task, job, saved, ran).await
+        };
+        let unlock = lock.release(&mut conn).await;
+        let outcome = result?;
+        unlock?;
+        Ok(Ran::Ended(outcome))
+    }
+
+    /// A task of a job that is no longer configured fails (once).
+    async fn job_gone(&self, task: &TaskArgs) -> Result<Ran, TaskError> {
+        let done = self.keys().task_done(&task.root);
+        if self.conn.clone().exists::<_, bool>(done).await? {
+            return Ok(Ran::Skipped(Skip::AlreadyDone));
+        }
+        let why = format!("job {:?} is not in the configuration any more", task.job);
+        let outcome = Outcome::new(OutcomeKind::Failed, 0, why);
+        self.finish(task, None, &outcome).await?;
+        Ok(Ran::Ended(outcome))
+    }
+
+    /// The item lock's lifetime: at most [`LOCK_TTL`], and under half of
+    /// `recover_after`, so a killed daemon's items are free by the time its
+    /// tasks are handed to another daemon.
+    fn lock_ttl(&self) -> Duration {
+        LOCK_TTL
+            .min(self.config.worker.recover_after / 2)
+            .max(Duration::from_millis(300))
+    }
+
+    /// Records the outcome: the done marker, the tick's counts (and the
+    /// earliest retry-after, `lua/finish.lua`), the counters, the log line.
+    async fn finish(
+        &self,
+        task: &TaskArgs,
+        job: Option<&Job>,
+        o: &Outcome,
+    ) -> Result<(), TaskError> {
+        let keys = self.keys();
+        // Only an outcome that ends its chain on a quota's "no" tells
+        // `trigger --wait` when to come back; a deferred one comes back by itself.
+        let retry_after_ms = match o.retry_after {
+            Some(d) if o.is_terminal() && o.kind.is_quota() => (d.as_millis() as u64).to_string(),
+            _ => String::new(),
+        };
+        FINISH
+            .call()
+            .key(keys.task_done(&task.root))
+            .key(keys.tick_outcomes(&task.job, task.tick))
+            .arg(o.kind.as_str())
+            .arg(o.tick_field())
+            .arg(DONE_TTL.as_secs())
+            .arg(retry_after_ms)
+            .invoke::<()>(&mut self.conn.clone())
+            .await?;
+        self.stats.outcome(o.kind);
+        metrics::counter!("qw_tasks_total", "qw_job" => task.job.clone(), "outcome" => o.kind.as_str())
+            .increment(1);
+        if o.pages > 0 {
+            metrics::counter!("qw_pages_total", "qw_job" => task.job.clone())
+                .increment(u64::from(o.pages));
+            metrics::counter!("qw_records_total", "qw_job" => task.job.clone())
+                .increment(o.records);
+        }
+        if !o.is_terminal() {
+            Stats::add(&self.stats.requeued, 1);
+        }
+        log_outcome(task, job, o);
+        if let Some(tx) = &self.events {
+            // Nobody listening is fine.
+            let _ = tx.send(OutcomeEvent {
+                job: task.job.clone(),
+                item: task.item_key(),
+                tick: task.tick,
+                outcome: o.clone(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Every outcome is one structured line: job, item, page, units, retry-after.
+fn log_outcome(task: &TaskArgs, job: Option<&Job>, o: &Outcome) {
+    let item = task.item_key();
+    let retry_after_ms = o.retry_after.map(|d| d.as_millis() as u64);
+    let requeued_in_ms = o.requeued_in.map(|d| d.as_millis() as u64);
+    let endpoint = job.map(|j| j.endpoint.as_str()).unwrap_or("-");
+    macro_rules! line {
+        ($level:ident) => {
+            $level!(
+                outcome = o.kind.as_str(),
+                job = %task.job,
+                item = %item,
+                tick = task.tick,
+                task = %task.id,
+                endpoint,
+                page = o.page,
+                pages = o.pages,
+                records = o.records,
+                units = o.units,
+                retry_after_ms,
+                requeued_in_ms,
+                status = o.status,
+                "{}",
+                o.detail
+            )
+        };
+    }
+    match o.kind {
+        OutcomeKind::Failed => line!(warn),
+        _ => line!(info),
+    }
+}

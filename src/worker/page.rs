@@ -1,0 +1,523 @@
+//! The pages of one task's run, one step at a time. A step spends for one
+//! page, fetches it and turns the upstream's answer into a [`Step`]: go on
+//! with the next page, or end with an [`Outcome`].
+//!
+//! Each kind of answer ([`Reply`]) is one short arm of [`Worker::answer`]; a
+//! new kind is one more arm there, ending the task through one of the
+//! helpers below (`fail`, `retry`, `wait_for_quota`) or going on with the
+//! next page.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use redis::AsyncCommands;
+use serde_json::Value;
+use tracing::info;
+
+use super::spend::{Admission, Spent};
+use super::{CHECKPOINT_TTL, Checkpoint, TaskError, Worker};
+use crate::config::{Endpoint, Job, OnQuotaExhausted, Secret, fmt_duration};
+use crate::fetch::{Placeholders, Reply, Request, UpstreamQuota};
+use crate::outcome::{Outcome, OutcomeKind};
+use crate::queue::{Origin, QueueError, TaskArgs};
+use crate::quota::QuotaError;
+use crate::stats::Stats;
+
+/// Where a run is: its checkpoint's key and tick, the next page, and what
+/// it has done so far.
+pub(super) struct Progress {
+    cursor_key: String,
+    tick: i64,
+    pub(super) page: u32,
+    token: Option<String>,
+    /// A same-origin redirect the upstream answered this page with: the
+    /// page's next request, spent like any other (`fetch::MAX_REDIRECTS`).
+    redirect: Option<Box<Request>>,
+    pages: u32,
+    records: u64,
+    pub(super) units: u64,
+}
+
+impl Progress {
+    /// An outcome that reports what the run did.
+    fn outcome(&self, kind: OutcomeKind, detail: impl Into<String>) -> Outcome {
+        Outcome {
+            pages: self.pages,
+            records: self.records,
+            units: self.units,
+            ..Outcome::new(kind, self.page, detail)
+        }
+    }
+}
+
+/// What one page step leads to.
+enum Step {
+    /// Go on with the next page.
+    Next(Progress),
+    /// The task ends.
+    End(Outcome),
+}
+
+/// What every page of one task's run shares.
+pub(super) struct Run<'a> {
+    pub(super) task: &'a TaskArgs,
+    pub(super) job: &'a Job,
+    pub(super) endpoint: &'a Endpoint,
+    secret: Secret,
+    max_pages: u32,
+}
+
+/// Where this run starts, or why it does not run at all (it is superseded).
+///
+/// A fresh task resumes any interrupted run of its item (and takes it over);
+/// a continuation (retry, deferral) resumes only its own tick's run. A copy
+/// of an older tick's task (redelivered after an incident, or long queued)
+/// whose item a run of this tick or a newer one already completed does not
+/// run: fetching it again would spend quota on older data.
+fn start_at(
+    task: &TaskArgs,
+    saved: Option<Checkpoint>,
+    ran: Option<i64>,
+) -> Result<Checkpoint, &'static str> {
+    let own_run = saved.as_ref().is_some_and(|cp| cp.tick == task.tick);
+    if ran.is_some_and(|r| r >= task.tick) && !own_run {
+        return Err("a run of this or a newer tick already completed this item");
+    }
+    match (task.continuation, saved) {
+        (false, Some(cp)) => Ok(cp),
+        (false, None) => Ok(Checkpoint {
+            tick: task.tick,
+            page: 1,
+            token: None,
+        }),
+        (true, Some(cp)) if cp.tick == task.tick => Ok(cp),
+        (true, _) => Err("a newer tick's task took over this item's run"),
+    }
+}
+
+/// What the upstream says a request cost, on any answer that says it.
+/// Exhaustive on purpose: a new kind of answer must decide whether it carries a cost.
+fn reported_cost(reply: &Reply) -> Option<u64> {
+    match reply {
+        Reply::Ok { actual_cost, .. }
+        | Reply::Throttled { actual_cost, .. }
+        | Reply::ServerError { actual_cost, .. }
+        | Reply::ClientError { actual_cost, .. }
+        | Reply::Redirect { actual_cost, .. }
+        | Reply::RedirectRefused { actual_cost, .. }
+        | Reply::TooLarge { actual_cost, .. } => *actual_cost,
+        Reply::BadBody { .. }
+        | Reply::Unsent { .. }
+        | Reply::Unreached { .. }
+        | Reply::TimedOut { .. } => None,
+    }
+}
+
+/// The next page's token in a page's body, if the job pages and there is one.
+fn next_token(job: &Job, body: &Value) -> Option<String> {
+    let pagination = job.pagination.as_ref()?;
+    body.pointer(&pagination.cursor)
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+}
+
+impl Worker {
+    /// Runs the task's pages while it holds its item, and records the outcome.
+    pub(super) async fn run_held(
+        &self,
+        task: &TaskArgs,
+        job: &Job,
+        saved: Option<Checkpoint>,
+        ran: Option<i64>,
+    ) -> Result<Outcome, TaskError> {
+        let item = task.item_key();
+        let start = match start_at(task, saved, ran) {
+            Ok(start) => start,
+            Err(why) => {
+                let outcome = Outcome::new(OutcomeKind::Superseded, 0, why);
+                self.finish(task, Some(job), &outcome).await?;
+                return Ok(outcome);
+            }
+        };
+        let endpoint = &self.config.endpoints[&job.endpoint];
+        let run = Run {
+            task,
+            job,
+            endpoint,
+            secret: self
+                .secrets
+                .get(&endpoint.credential)
+                .cloned()
+                .unwrap_or_else(|| Secret::new("")),
+            max_pages: job.max_pages(),
+        };
+        let mut p = Progress {
+            cursor_key: self.keys().cursor(&job.name, &item),
+            tick: task.tick,
+            page: start.page,
+            token: start.token,
+            redirect: None,
+            pages: 0,
+            records: 0,
+            units: 0,
+        };
+        let outcome = loop {
+            match self.step(&run, p).await? {
+                Step::Next(next) => p = next,
+                Step::End(outcome) => break outcome,
+            }
+        };
+        if outcome.kind == OutcomeKind::Done && ran.is_none_or(|r| r < task.tick) {
+            let ran_key = self.keys().item_ran(&job.name, &item);
+            self.conn
+                .clone()
+                .set_ex::<_, _, ()>(&ran_key, task.tick, CHECKPOINT_TTL.as_secs())
+                .await?;
+        }
+        self.finish(task, Some(job), &outcome).await?;
+        Ok(outcome)
+    }
+
+    /// One page (or one hop of a page's redirect): build the request,
+    /// spend, send, and what the answer leads to.
+    async fn step(&self, run: &Run<'_>, mut p: Progress) -> Result<Step, TaskError> {
+        if p.page > run.max_pages {
+            // A checkpoint past max_pages (lowered since): the run is complete.
+            return self.complete(&p, "max_pages reached").await;
+        }
+        // Built before the spend: a request that cannot be built (a control
+        // character in an item, an unsendable header) is never sent, so
+        // nothing is spent for it.
+        let now = Utc::now();
+        let request = match p.redirect.take() {
+            Some(next) => *next,
+            None => {
+                let ph = Placeholders::new(run.job, &run.task.item, &run.secret, now);
+                match self.fetcher.request(run.job, &ph, p.token.as_deref()) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        let why = format!("request not sent: {e}");
+                        return Ok(Step::End(self.fail(&p, None, &why).await?));
+                    }
+                }
+            }
+        };
+        let spent = match self.spend(run, &p).await? {
+            Admission::Spent(spent) => spent,
+            Admission::Refused(outcome) => return Ok(Step::End(outcome)),
+        };
+        let cost = run.endpoint.cost.get();
+        p.units += cost;
+        Stats::add(&self.stats.units, cost);
+
+        let reply = self.fetcher.send(run.endpoint, &request).await;
+        self.settle_reported(run.endpoint, &spent, reported_cost(&reply), &mut p)
+            .await;
+        self.answer(run, p, &spent, reply, now).await
+    }
+
+    /// What an upstream answer leads to: one arm per kind of answer.
+    async fn answer(
+        &self,
+        run: &Run<'_>,
+        mut p: Progress,
+        spent: &Spent,
+        reply: Reply,
+        now: DateTime<Utc>,
+    ) -> Result<Step, TaskError> {
+        let end = match reply {
+            Reply::Ok { body, upstream, .. } => {
+                return self.page_fetched(run, p, &body, upstream, now).await;
+            }
+            Reply::Throttled {
+                status,
+                retry_after,
+                reason,
+                ..
+            } => self.throttled(run, &p, status, retry_after, reason).await?,
+            Reply::Unreached { detail } => {
+                self.refund(run.endpoint, spent, &mut p).await;
+                let why = format!("upstream unreachable (units refunded): {detail}");
+                self.retry(run, &p, None, &why).await?
+            }
+            Reply::TimedOut { detail } => {
+                let why = format!("no complete answer: {detail}");
+                self.retry(run, &p, None, &why).await?
+            }
+            // Its units are kept (it may have been charged) unless the
+            // upstream said what it charged (settled in `step`).
+            Reply::ServerError { status, .. } => {
+                let why = format!("upstream answered {status}");
+                self.retry(run, &p, Some(status), &why).await?
+            }
+            Reply::ClientError { status, detail, .. } => {
+                let why = format!("upstream answered {status}: {detail}");
+                self.fail(&p, Some(status), &why).await?
+            }
+            Reply::BadBody { status, detail } => {
+                let why = format!("bad response: {detail}");
+                self.fail(&p, Some(status), &why).await?
+            }
+            // An answer: this hop's units stay spent; the next hop is spent
+            // by the next step, for the same page.
+            Reply::Redirect { next, .. } => {
+                p.redirect = Some(next);
+                return Ok(Step::Next(p));
+            }
+            Reply::RedirectRefused { status, why, .. } => self.fail(&p, Some(status), &why).await?,
+            Reply::TooLarge { status, limit, .. } => {
+                let why = format!(
+                    "response body over max_body {}; reading stopped there",
+                    crate::fetch::fmt_size(limit)
+                );
+                self.fail(&p, Some(status), &why).await?
+            }
+            Reply::Unsent { detail } => {
+                self.refund(run.endpoint, spent, &mut p).await;
+                let why = format!("request not sent (units refunded): {detail}");
+                self.fail(&p, None, &why).await?
+            }
+        };
+        Ok(Step::End(end))
+    }
+
+    /// A page came back: block the credential if the upstream's own count
+    /// says it is spent, write the records, then the next page or the end.
+    async fn page_fetched(
+        &self,
+        run: &Run<'_>,
+        mut p: Progress,
+        body: &Value,
+        upstream: Option<UpstreamQuota>,
+        now: DateTime<Utc>,
+    ) -> Result<Step, TaskError> {
+        if let Some(u) = upstream.filter(|u| u.remaining == 0) {
+            // Nobody spends on this credential until the upstream resets.
+            self.block(run.endpoint, u.reset_in).await;
+            info!(credential = %run.endpoint.credential, blocked_ms = u.reset_in.as_millis() as u64,
+                  "upstream reports its quota spent; credential blocked until its reset");
+        }
+        match self.sinks.write(run.job, &run.task.item, body, now).await {
+            Ok(n) => {
+                p.records += n as u64;
+                Stats::add(&self.stats.records, n as u64);
+            }
+            Err(e) if e.is_bad_response() => {
+                let why = format!("bad response: {e}");
+                return Ok(Step::End(self.fail(&p, Some(200), &why).await?));
+            }
+            Err(e) => {
+                let why = format!("sink: {e}");
+                return Ok(Step::End(self.retry(run, &p, None, &why).await?));
+            }
+        }
+        p.pages += 1;
+        Stats::add(&self.stats.pages, 1);
+        match next_token(run.job, body) {
+            Some(token) if p.token.as_deref() == Some(token.as_str()) => {
+                // The same page again, for ever: each one spent.
+                let why = "cursor repeated: the upstream sent the page token it was given";
+                Ok(Step::End(self.fail(&p, Some(200), why).await?))
+            }
+            Some(token) if p.page < run.max_pages => {
+                p.page += 1;
+                p.token = Some(token);
+                self.save(&p).await?;
+                Ok(Step::Next(p))
+            }
+            _ => self.complete(&p, "all pages fetched").await,
+        }
+    }
+
+    /// The upstream refuses the credential for a while: block it for every
+    /// spender, then end as a quota's "no" does.
+    async fn throttled(
+        &self,
+        run: &Run<'_>,
+        p: &Progress,
+        status: u16,
+        retry_after: Option<Duration>,
+        reason: Option<String>,
+    ) -> Result<Outcome, TaskError> {
+        let wait = retry_after.unwrap_or(run.endpoint.throttle_block);
+        let blocked = self.block(run.endpoint, wait).await;
+        let why = format!(
+            "upstream answered {status}{}; credential blocked for {}",
+            reason.map(|r| format!(" ({r})")).unwrap_or_default(),
+            fmt_duration(blocked)
+        );
+        let kind = OutcomeKind::UpstreamThrottled;
+        let mut o = self.wait_for_quota(run, p, kind, blocked, &why).await?;
+        o.status = Some(status);
+        Ok(o)
+    }
+
+    /// The run is complete: its checkpoint goes.
+    async fn complete(&self, p: &Progress, why: &str) -> Result<Step, TaskError> {
+        self.conn.clone().del::<_, ()>(&p.cursor_key).await?;
+        Ok(Step::End(p.outcome(OutcomeKind::Done, why)))
+    }
+
+    /// A failure the response itself caused (a 4xx such as a stale page
+    /// token, a body that does not decode): retrying would repeat it, so the
+    /// checkpoint goes and the next run starts over.
+    async fn fail(
+        &self,
+        p: &Progress,
+        status: Option<u16>,
+        why: &str,
+    ) -> Result<Outcome, TaskError> {
+        self.conn.clone().del::<_, ()>(&p.cursor_key).await?;
+        let mut o = p.outcome(OutcomeKind::Failed, why);
+        o.status = status;
+        Ok(o)
+    }
+
+    /// Checkpoints the run: the next run of the item resumes at `p.page`.
+    async fn save(&self, p: &Progress) -> Result<(), TaskError> {
+        let cp = Checkpoint {
+            tick: p.tick,
+            page: p.page,
+            token: p.token.clone(),
+        };
+        let json = serde_json::to_string(&cp).map_err(QueueError::from)?;
+        self.conn
+            .clone()
+            .set_ex::<_, _, ()>(&p.cursor_key, json, CHECKPOINT_TTL.as_secs())
+            .await?;
+        Ok(())
+    }
+
+    /// The quota (ours, or the upstream's) says wait `wait`: keep the
+    /// checkpoint and end now; with `on_quota_exhausted = "defer"`, queue a
+    /// copy for when it frees. Never sleeps, never counts as a failure.
+    pub(super) async fn wait_for_quota(
+        &self,
+        run: &Run<'_>,
+        p: &Progress,
+        kind: OutcomeKind,
+        wait: Duration,
+        why: &str,
+    ) -> Result<Outcome, TaskError> {
+        self.save(p).await?;
+        let mut o = p.outcome(kind, why);
+        o.retry_after = Some(wait);
+        if run.job.on_quota_exhausted == OnQuotaExhausted::Defer {
+            o.requeued_in = Some(wait);
+            self.queue
+                .enqueue(&[(run.task.again(Origin::Defer), wait)])
+                .await?;
+        }
+        Ok(o)
+    }
+
+    /// A real failure: queue a retry with backoff, or fail when the attempts
+    /// are used up. Either way the checkpoint stays, so the next run resumes.
+    async fn retry(
+        &self,
+        run: &Run<'_>,
+        p: &Progress,
+        status: Option<u16>,
+        why: &str,
+    ) -> Result<Outcome, TaskError> {
+        self.save(p).await?;
+        let failures = run.task.failures + 1;
+        let attempts = run.job.retry.attempts;
+        if failures >= attempts.get() {
+            let why = format!("{why}; attempts used up ({failures} of {attempts})");
+            let mut o = p.outcome(OutcomeKind::Failed, why);
+            o.status = status;
+            return Ok(o);
+        }
+        let wait = run.job.retry.backoff_for(failures);
+        self.queue
+            .enqueue(&[(run.task.again(Origin::Retry), wait)])
+            .await?;
+        let why = format!(
+            "{why}; attempt {} of {attempts} in {}",
+            failures + 1,
+            fmt_duration(wait)
+        );
+        let mut o = p.outcome(OutcomeKind::Retrying, why);
+        o.status = status;
+        o.requeued_in = Some(wait);
+        Ok(o)
+    }
+
+    /// Redis could not answer the spend and the endpoint is fail-closed: come
+    /// back later, without counting it as a failure.
+    pub(super) async fn limiter_down(
+        &self,
+        run: &Run<'_>,
+        p: &Progress,
+        e: &QuotaError,
+    ) -> Result<Outcome, TaskError> {
+        self.save(p).await?;
+        let wait = Duration::from_secs(5);
+        self.queue
+            .enqueue(&[(run.task.again(Origin::Defer), wait)])
+            .await?;
+        let why = format!("limiter unavailable ({e}); endpoint is fail-closed, nothing sent");
+        let mut o = p.outcome(OutcomeKind::Retrying, why);
+        o.requeued_in = Some(wait);
+        Ok(o)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(tick: i64, continuation: bool) -> TaskArgs {
+        let t = TaskArgs::first("j", tick, 0, vec![], crate::queue::Origin::Tick);
+        if continuation {
+            t.again(Origin::Retry)
+        } else {
+            t
+        }
+    }
+
+    fn cp(tick: i64, page: u32) -> Checkpoint {
+        Checkpoint {
+            tick,
+            page,
+            token: Some(format!("t{page}")),
+        }
+    }
+
+    #[test]
+    fn a_fresh_task_starts_at_page_1_or_takes_over_an_interrupted_run() {
+        assert_eq!(
+            start_at(&task(10, false), None, None).map(|c| c.page),
+            Ok(1)
+        );
+        // An older tick's interrupted run is resumed where it stopped.
+        assert_eq!(
+            start_at(&task(10, false), Some(cp(5, 3)), Some(4)),
+            Ok(cp(5, 3))
+        );
+    }
+
+    #[test]
+    fn a_continuation_resumes_only_its_own_run() {
+        assert_eq!(
+            start_at(&task(10, true), Some(cp(10, 2)), None),
+            Ok(cp(10, 2))
+        );
+        assert!(start_at(&task(10, true), Some(cp(11, 2)), None).is_err());
+        assert!(start_at(&task(10, true), None, None).is_err());
+    }
+
+    #[test]
+    fn an_older_ticks_copy_of_a_completed_item_is_superseded() {
+        assert!(start_at(&task(10, false), None, Some(10)).is_err());
+        assert!(start_at(&task(10, false), None, Some(12)).is_err());
+        assert!(start_at(&task(10, false), None, Some(9)).is_ok());
+        // Its own run's checkpoint still wins (a redelivery mid-run).
+        assert_eq!(
+            start_at(&task(10, false), Some(cp(10, 2)), Some(10)),
+            Ok(cp(10, 2))
+        );
+    }
+}
