@@ -32,7 +32,7 @@ cost = 1
 
 [credentials.gap]
 secret_env = "G"
-windows = [{ units = 200000, per = "2s" }]
+windows = [{ units = 200000, per = "10s" }]
 
 [endpoints.g]
 credential = "gap"
@@ -212,35 +212,39 @@ async fn used_stays_exact_as_settled_entries_expire_after_an_idle_gap() {
     let server = RedisServer::start();
     let cfg = TestConfig::new(CONFIG, &[]);
     let limiter = support::limiter(&server, &Config::load(&cfg.path()).expect("config")).await;
-    let base = "qw:{gap}:cred:s2000";
+    let base = "qw:{gap}:cred:s10000";
+    let per = 10_000_000;
     let used = || async { limiter.peek("gap").await.expect("peek").windows[0].used };
 
-    // Settled spends (to 2 + 0 + 7 + 2 units), then 100k more entries.
-    for (id, cost, actual) in [("a", 5, 2), ("b", 5, 0), ("c", 3, 7), ("d", 2, 2)] {
-        assert!(
-            limiter
-                .spend("g", Some(cost), id)
-                .await
-                .expect("spend")
-                .is_allowed()
-        );
-        assert_eq!(limiter.settle("g", id, actual).await.expect("settle"), 1);
-    }
-    let newest = spend_time_us(&server, base, "d").expect("spent");
+    // 100k entries of 1 unit spent 6 s ago (a hundred per µs; writing them
+    // takes a second or two), four of them settled (to 0, 0, 0 and 5):
+    // 100,000 - 4 + 5 units.
+    let first = server.time_us() - 6_000_000;
     Seed {
         prefix: "old-",
         n: 100_000,
         cost: 1,
-        first_us: newest,
+        first_us: first,
         step_us: 1,
         group: 100,
-        per_ms: 2_000,
+        per_ms: 10_000,
     }
     .write(&server, base);
-    assert_eq!(used().await, 11 + 100_000);
-    // A second later a live spend, settled too; a second after that all the
-    // others expire (found by bisection, their adjustments with them).
-    server.sleep_until_us(newest + 1_000_000);
+    for (id, actual) in [
+        ("old-0000007", 0),
+        ("old-0050000", 0),
+        ("old-0099998", 0),
+        ("old-0099999", 5),
+    ] {
+        assert_eq!(
+            limiter.settle("g", id, actual).await.expect("settle"),
+            1,
+            "{id}"
+        );
+    }
+    assert_eq!(used().await, 100_000 - 4 + 5);
+    // A live spend, settled too; then all the others expire (found by
+    // bisection, their adjustments with them).
     assert!(
         limiter
             .spend("g", Some(6), "live")
@@ -250,8 +254,11 @@ async fn used_stays_exact_as_settled_entries_expire_after_an_idle_gap() {
     );
     assert_eq!(limiter.settle("g", "live", 4).await.expect("settle"), 1);
     let live = spend_time_us(&server, base, "live").expect("spent");
-    server.sleep_until_us(newest + 100 + 2_000_000);
-    assert!(server.time_us() < live + 1_900_000, "the test ran late");
+    assert!(
+        live < first + per,
+        "the seeding took too long: the old entries expired first"
+    );
+    server.sleep_until_us(first + 1_000 + per + 50_000);
     assert_eq!(used().await, 4, "only the live spend counts, as settled");
 
     // And a full window waits for exactly the live units.
@@ -262,7 +269,7 @@ async fn used_stays_exact_as_settled_entries_expire_after_an_idle_gap() {
             .expect("spend")
             .is_allowed()
     );
-    assert_waits_until(&server, &limiter, "g", 4, live + 2_000_000, "after the gap").await;
+    assert_waits_until(&server, &limiter, "g", 4, live + per, "after the gap").await;
     let fill = spend_time_us(&server, base, "fill").expect("spent");
-    assert_waits_until(&server, &limiter, "g", 5, fill + 2_000_000, "after the gap").await;
+    assert_waits_until(&server, &limiter, "g", 5, fill + per, "after the gap").await;
 }
