@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use chrono_tz::Tz;
 
+use super::choice::PageStyleName;
 use super::{LimiterUnavailable, Method, OnQuotaExhausted, ResetIs, UnsafeEviction};
 
 // [redis]
@@ -72,6 +73,8 @@ pub const RESET_IS: ResetIs = ResetIs::EpochSeconds;
 pub const MAX_BODY: u64 = 16 << 20;
 /// An endpoint's `max_block`: the longest the upstream may block the credential.
 pub const MAX_BLOCK: Duration = Duration::from_secs(86_400);
+/// An endpoint's `conditional`: no `If-None-Match` / `If-Modified-Since`.
+pub const CONDITIONAL: bool = false;
 
 // jobs
 
@@ -83,6 +86,17 @@ pub const ON_QUOTA_EXHAUSTED: OnQuotaExhausted = OnQuotaExhausted::Stop;
 pub const METHOD: Method = Method::Get;
 /// `[job.sink] records`: the whole body is one record.
 pub const SINK_RECORDS: &str = "";
+/// `[job.pagination] style`.
+pub(crate) const PAGE_STYLE: PageStyleName = PageStyleName::Cursor;
+/// `[job.pagination] start` of `style = "page"`: the first page's number.
+pub const PAGE_START: u64 = 1;
+/// `[job.pagination] step` of `style = "page"`.
+pub const PAGE_STEP: u64 = 1;
+/// `[job.pagination] continue`: every run starts at page 1.
+pub const PAGE_CONTINUE: bool = false;
+/// A job's `since_initial`: `{since}` before the item's first run that
+/// ended `done` is this long before the run.
+pub const SINCE_INITIAL: Duration = Duration::from_secs(86_400);
 /// `retry.attempts`, the first one included.
 pub const RETRY_ATTEMPTS: NonZeroU32 = NonZeroU32::new(5).expect("5 > 0");
 /// `retry.backoff`, doubled each time.
