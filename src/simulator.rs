@@ -241,6 +241,14 @@ pub enum Fault {
     Delay(Duration),
     /// Answer 200 `application/json` with the body `not json`.
     Garbage,
+    /// Answer `status` with a GitHub-style body, `{"message": message,
+    /// "documentation_url": ...}`, no error reasons.
+    Message {
+        /// The HTTP status (403, 429, ...).
+        status: u16,
+        /// The body's top-level `message`.
+        message: String,
+    },
 }
 
 /// One charged (2xx) request, as the upstream saw it.
@@ -459,7 +467,12 @@ impl Simulator {
     /// Marks every item updated now: a `since` before now sees them again,
     /// and every page's `ETag` changes.
     pub fn touch(&self) {
-        self.shared.lock().updated_at = Utc::now();
+        self.touch_at(Utc::now());
+    }
+
+    /// Marks every item updated at `at`.
+    pub fn touch_at(&self, at: DateTime<Utc>) {
+        self.shared.lock().updated_at = at;
     }
 
     /// Drops every fault not yet used.
@@ -1138,6 +1151,14 @@ async fn injected(
                 Ok(p) => axum::Json(p.body).into_response(),
                 Err(r) => r.into_response(),
             }
+        }
+        Fault::Message { status, message } => {
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::FORBIDDEN);
+            let body = json!({
+                "message": message,
+                "documentation_url": "https://docs.example/rate-limits",
+            });
+            (status, axum::Json(body)).into_response()
         }
         Fault::Garbage => (
             StatusCode::OK,

@@ -106,9 +106,9 @@ enum Onward {
 /// names no next page. `Err` is a bad response.
 fn onward(job: &Job, next: Next, written: usize) -> Result<Onward, String> {
     match (job.pagination.as_ref().map(|p| &p.style), next) {
-        (None, _) | (Some(_), Next::End) => Ok(Onward::Last),
         (Some(PageStyle::Page { .. }), _) if written == 0 => Ok(Onward::Last),
         (Some(PageStyle::Page { .. }), _) => Ok(Onward::To(None)),
+        (None, _) | (Some(_), Next::End) => Ok(Onward::Last),
         (Some(_), Next::At(token)) => Ok(Onward::To(Some(token))),
         (Some(_), Next::Bad(why)) => Err(why),
     }

@@ -208,7 +208,11 @@ impl Loader<'_> {
         base: &FieldPath,
         p: &RawPagination,
     ) -> Option<Pagination> {
-        let style = self.pick_or(src, &base.join("style"), p.style.as_deref(), d::PAGE_STYLE);
+        // An unknown style is one error, not one more per field it lacks.
+        let style = match p.style.as_deref() {
+            None => d::PAGE_STYLE,
+            Some(written) => self.pick(src, &base.join("style"), written)?,
+        };
         let (word, uses): (&str, &[&str]) = match style {
             PageStyleName::Cursor => ("cursor", &["cursor", "param"]),
             PageStyleName::NextUrl => ("next_url", &["next"]),

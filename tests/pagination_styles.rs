@@ -1,0 +1,240 @@
+//! Promise (SPEC Part 2 "Pagination styles", issue 12 item 1): every style
+//! — a cursor (string or number), a next URL (absolute or relative), the
+//! `Link` header, page numbers — fetches every page of an item exactly once
+//! per run, counted in the simulator's own request log; a next page on
+//! another origin is never requested; `continue = true` crawls `max_pages`
+//! deeper each run; and no key or value in Redis ever holds the secret that
+//! Meta puts into its next URLs, while the resumed run sends it again.
+
+mod paging;
+mod pipeline;
+mod support;
+
+use std::time::Duration;
+
+use paging::{GITHUB, META, NUMERIC, PAGES, PATH, RELATIVE, Style, config, job, once_each, sim};
+use pipeline::{Pipeline, Setup, kinds};
+use quota_worker::outcome::OutcomeKind;
+use quota_worker::simulator::{SimStyle, Simulator};
+
+const KEY: &str = "sim-key";
+const WIDE: &str = r#"{ units = 100000, per = "1h" }"#;
+const WAIT: Duration = Duration::from_secs(30);
+
+async fn start(
+    style: &Style,
+    pages: u32,
+    window: &str,
+    jobs: Vec<(String, String)>,
+    key: &str,
+) -> Pipeline {
+    let env = [(paging::KEY_ENV, key)];
+    Pipeline::start(Setup {
+        config: &config(window, ""),
+        jobs,
+        sim: sim(style.sim, pages, key),
+        env: &env,
+        base_dir: None,
+    })
+    .await
+}
+
+/// Each style, two runs of two items of three pages: each run asks for each
+/// page once (page numbers: and for the empty fourth), and writes each
+/// record once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_style_fetches_every_page_exactly_once_per_run() {
+    for style in [GITHUB, META, RELATIVE, PAGES, NUMERIC] {
+        let jobs = vec![job("crawl", &style, &["a", "b"], "", 10, "")];
+        let mut p = start(&style, 3, WIDE, jobs, KEY).await;
+        let last = if style.sim == SimStyle::PageNumber {
+            4
+        } else {
+            3
+        };
+        for run in 1..=2 {
+            let from = p.sim_stats().requests.len();
+            let tick = p.trigger("crawl").await;
+            let evs = p.wait_tick("crawl", tick, 2, WAIT).await;
+            assert!(
+                evs.iter().all(|s| s.kind() == OutcomeKind::Done),
+                "{} run {run}: {:?}\n{evs:#?}",
+                style.name,
+                kinds(&evs)
+            );
+            let stats = p.sim_stats();
+            assert_eq!(
+                stats.requests_per_page(from),
+                once_each(&["a", "b"], 1..=last),
+                "{} run {run}: requests per (item, page)",
+                style.name
+            );
+            println!(
+                "{}: run {run}: requests per (item, page) {:?}",
+                style.name,
+                stats.requests_per_page(from)
+            );
+            for s in &evs {
+                assert_eq!(s.ev.outcome.records, 6, "{}: {s:?}", style.name);
+                assert_eq!(s.ev.outcome.units, u64::from(last), "{}: {s:?}", style.name);
+            }
+        }
+        assert_eq!(p.sink_records().len(), 2 * 2 * 6, "{}", style.name);
+        p.stop().await;
+    }
+}
+
+/// A numeric cursor pages on (it silently ended paging as `done` after
+/// page 1 before issue 12), and is sent back as its decimal text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_numeric_cursor_pages_on() {
+    let jobs = vec![job("crawl", &NUMERIC, &["a"], "", 10, "")];
+    let mut p = start(&NUMERIC, 4, WIDE, jobs, KEY).await;
+    let tick = p.trigger("crawl").await;
+    let evs = p.wait_tick("crawl", tick, 1, WAIT).await;
+    assert_eq!(evs[0].kind(), OutcomeKind::Done, "{evs:?}");
+    assert_eq!(evs[0].ev.outcome.pages, 4);
+    let sent: Vec<Option<String>> = p
+        .sim_stats()
+        .requests
+        .iter()
+        .map(|r| {
+            r.query
+                .iter()
+                .find(|(k, _)| k == "page")
+                .map(|(_, v)| v.clone())
+        })
+        .collect();
+    assert_eq!(
+        sent,
+        [None, Some("2".into()), Some("3".into()), Some("4".into())]
+    );
+    p.stop().await;
+}
+
+/// A next URL or `Link` on another origin is never requested: a second
+/// listener, the one the upstream points at, sees nothing; the task ends
+/// `failed` ("next page leaves the origin") having spent only for the page
+/// that pointed there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_next_page_on_another_origin_is_never_requested() {
+    for style in [GITHUB, META] {
+        let foreign = Simulator::start(sim(style.sim, 3, KEY))
+            .await
+            .expect("foreign");
+        let env = [(paging::KEY_ENV, KEY)];
+        let mut upstream = sim(style.sim, 3, KEY);
+        upstream.next_origin = Some(foreign.base_url());
+        let mut p = Pipeline::start(Setup {
+            config: &config(WIDE, ""),
+            jobs: vec![job("crawl", &style, &["a", "b"], "", 10, "")],
+            sim: upstream,
+            env: &env,
+            base_dir: None,
+        })
+        .await;
+        let tick = p.trigger("crawl").await;
+        let evs = p.wait_tick("crawl", tick, 2, WAIT).await;
+        assert_eq!(evs.len(), 2, "{evs:?}");
+        for s in &evs {
+            let o = &s.ev.outcome;
+            assert_eq!(o.kind, OutcomeKind::Failed, "{}: {o:?}", style.name);
+            assert!(o.detail.contains("next page leaves the origin"), "{o:?}");
+            assert!(
+                o.detail.contains(&foreign.base_url()),
+                "names the origin: {o:?}"
+            );
+            assert!(!o.detail.contains(KEY), "no secret in the detail: {o:?}");
+            assert_eq!((o.pages, o.units), (1, 1), "{o:?}");
+        }
+        assert!(
+            foreign.stats().requests.is_empty(),
+            "{}: the foreign origin was reached: {:#?}",
+            style.name,
+            foreign.stats().requests
+        );
+        assert_eq!(p.sim_stats().requests.len(), 2, "page 1 of each item only");
+        assert_eq!(p.used("api").await, 2);
+        p.stop().await;
+        foreign.shutdown().await;
+    }
+}
+
+/// `continue = true`, `max_pages = 2`, five pages: run 1 fetches pages 1–2,
+/// run 2 pages 3–4, run 3 page 5 (the crawl is complete), run 4 starts
+/// again at page 1. Each run is `done`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn continue_crawls_max_pages_deeper_each_run() {
+    for style in [GITHUB, NUMERIC, PAGES] {
+        let jobs = vec![job("crawl", &style, &["a"], "", 2, "continue = true")];
+        let mut p = start(&style, 5, WIDE, jobs, KEY).await;
+        let expect: [&[u32]; 4] = if style.sim == SimStyle::PageNumber {
+            // Page 6 is the empty one that ends the crawl.
+            [&[1, 2], &[3, 4], &[5, 6], &[1, 2]]
+        } else {
+            [&[1, 2], &[3, 4], &[5], &[1, 2]]
+        };
+        for (run, pages) in expect.iter().enumerate() {
+            let from = p.sim_stats().requests.len();
+            let tick = p.trigger("crawl").await;
+            let evs = p.wait_tick("crawl", tick, 1, WAIT).await;
+            assert_eq!(evs[0].kind(), OutcomeKind::Done, "{}: {evs:?}", style.name);
+            let got: Vec<u32> = p.sim_stats().requests[from..]
+                .iter()
+                .map(|r| r.page.expect("a page"))
+                .collect();
+            assert_eq!(&got, pages, "{} run {}", style.name, run + 1);
+        }
+        p.stop().await;
+    }
+}
+
+/// Meta puts the token into `paging.next`. A run interrupted by the quota
+/// at page 3 keeps its next URL — with the token as `{secret}`: no key or
+/// value anywhere in Redis holds the secret in any spelling — and the next
+/// run resumes at page 3, the token sent again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_meta_next_url_is_stored_without_the_token_and_resumed_with_it() {
+    // `/` and `+` make the encoded spellings differ from the token.
+    let token = "EAAG/tok+en9";
+    let window = r#"{ units = 2, per = "2s" }"#;
+    let jobs = vec![job("media", &META, &["a"], r#", limit = "2""#, 10, "")];
+    let mut p = start(&META, 4, window, jobs, token).await;
+
+    let tick = p.trigger("media").await;
+    let evs = p.wait_tick("media", tick, 1, WAIT).await;
+    let o = &evs[0].ev.outcome;
+    assert_eq!(o.kind, OutcomeKind::QuotaExhausted, "{o:?}");
+    assert_eq!((o.pages, o.page), (2, 3), "{o:?}");
+
+    let everything = paging::everything_in(&p.redis.url());
+    assert!(
+        everything.iter().any(|v| v.contains("after=c3")),
+        "the checkpoint holds the next URL: {everything:#?}"
+    );
+    for spelling in paging::spellings(token) {
+        let leaks: Vec<&String> = everything
+            .iter()
+            .filter(|v| v.contains(&spelling))
+            .collect();
+        assert!(leaks.is_empty(), "{spelling:?} is in Redis: {leaks:#?}");
+    }
+
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let from = p.sim_stats().requests.len();
+    let tick = p.trigger("media").await;
+    let evs = p.wait_tick("media", tick, 1, WAIT).await;
+    let o = &evs[0].ev.outcome;
+    assert_eq!(o.kind, OutcomeKind::Done, "{o:?}");
+    let resumed = &p.sim_stats().requests[from..];
+    let pages: Vec<Option<u32>> = resumed.iter().map(|r| r.page).collect();
+    assert_eq!(pages, [Some(3), Some(4)], "resumed at page 3");
+    for r in resumed {
+        assert_eq!(r.key.as_deref(), Some(token), "the token sent again: {r:?}");
+        assert_eq!(r.status, 200, "{r:?}");
+        assert!(r.query.contains(&("limit".into(), "2".into())), "{r:?}");
+    }
+    assert_eq!(p.sim_stats().key(token).ok, 4);
+    let _ = PATH;
+    p.stop().await;
+}
