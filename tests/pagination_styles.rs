@@ -12,7 +12,7 @@ mod support;
 
 use std::time::Duration;
 
-use paging::{GITHUB, META, NUMERIC, PAGES, PATH, RELATIVE, Style, config, job, once_each, sim};
+use paging::{GITHUB, META, NUMERIC, PAGES, RELATIVE, Style, config, job, once_each, sim};
 use pipeline::{Pipeline, Setup, kinds};
 use quota_worker::outcome::OutcomeKind;
 use quota_worker::simulator::{SimStyle, Simulator};
@@ -235,6 +235,5 @@ async fn a_meta_next_url_is_stored_without_the_token_and_resumed_with_it() {
         assert!(r.query.contains(&("limit".into(), "2".into())), "{r:?}");
     }
     assert_eq!(p.sim_stats().key(token).ok, 4);
-    let _ = PATH;
     p.stop().await;
 }
