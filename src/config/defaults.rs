@@ -188,6 +188,7 @@ mod tests {
         says(c, f, "max_body", "\"16MiB\"");
         assert_eq!(MAX_BODY, 16 * 1024 * 1024, "docs say 16MiB");
         says(c, f, "unsafe_eviction", "\"refuse\"");
+        says(c, f, "conditional", &CONDITIONAL.to_string());
         assert_eq!(UNSAFE_EVICTION, UnsafeEviction::Refuse, "docs say refuse");
         let reasons: Vec<String> = QUOTA_REASONS.iter().map(|r| format!("{r:?}")).collect();
         says(c, f, "quota_reasons", &format!("[{}]", reasons.join(", ")));
@@ -196,6 +197,17 @@ mod tests {
         let f = "jobs";
         says(j, f, "timezone", &format!("{:?}", JOB_TIMEZONE.name()));
         says(j, f, "method", &format!("{:?}", METHOD.as_str()));
+        says_duration(j, f, "since_initial", SINCE_INITIAL);
+        says(j, f, "continue", &PAGE_CONTINUE.to_string());
+        let (start, step) = (PAGE_START, PAGE_STEP);
+        assert!(j.contains(&format!(
+            "`start` (default {start}), `step` (default {step})"
+        )));
+        assert_eq!(
+            PAGE_STYLE,
+            PageStyleName::Cursor,
+            "docs say cursor is the default"
+        );
         let retry = written(j, "retry");
         let retry = retry.first().expect("docs/jobs.md shows retry");
         for (key, want) in [
