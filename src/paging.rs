@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::config::{Secret, Template};
+use crate::sink::json_kind;
 
 /// A next-page cursor or URL as it is kept: the secret in it written as a
 /// placeholder (see the module doc). Never holds the secret itself.
@@ -84,7 +85,7 @@ pub(crate) fn cursor_at(body: &Value, pointer: &str) -> Result<Option<String>, S
         Some(Value::Number(n)) => Ok(Some(n.to_string())),
         Some(other) => Err(format!(
             "the cursor at {pointer:?} is {}, not a string or number",
-            kind(other)
+            json_kind(other)
         )),
     }
 }
@@ -98,19 +99,8 @@ pub(crate) fn url_at(body: &Value, pointer: &str) -> Result<Option<String>, Stri
         Some(Value::String(s)) => Ok(Some(s.trim().to_owned())),
         Some(other) => Err(format!(
             "the next URL at {pointer:?} is {}, not a string",
-            kind(other)
+            json_kind(other)
         )),
-    }
-}
-
-fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
     }
 }
 
