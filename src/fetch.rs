@@ -315,10 +315,10 @@ pub(crate) enum BuildError {
         "next page leaves the origin: the upstream's next page is on {to}, outside the job's origin {origin}; not requested"
     )]
     LeavesOrigin {
-        /// The next page's origin.
-        to: Origin,
-        /// The job's.
-        origin: Origin,
+        /// The next page's origin, secrets scrubbed (a host could hold one).
+        to: String,
+        /// The job's, likewise.
+        origin: String,
     },
     /// The stored cursor or next URL cannot be sent.
     #[error(transparent)]
@@ -716,8 +716,8 @@ impl Fetcher {
                 let rendered = next.render(ph.secret, true)?;
                 url = Url::parse(&rendered).map_err(|e| BuildError::NextUrl(e.to_string()))?;
                 origin.admits(&url).map_err(|to| BuildError::LeavesOrigin {
-                    to,
-                    origin: origin.clone(),
+                    to: self.scrubber.scrub(&to.to_string()).into_owned(),
+                    origin: self.scrubber.scrub(&origin.to_string()).into_owned(),
                 })?;
             }
             (at, style) => {
