@@ -9,9 +9,12 @@
 //! waiting for quota never uses an attempt.
 //!
 //! Redis holds the state that must survive this process: the item's
-//! pagination checkpoint (`keys::cursor`), a lock so two tasks never work on
-//! one item at once (`keys::item_lock`), and a done marker so a redelivered
-//! task does nothing (`keys::task_done`).
+//! pagination checkpoint (`keys::cursor`, which never holds the secret), a
+//! lock so two tasks never work on one item at once (`keys::item_lock`), a
+//! done marker so a redelivered task does nothing (`keys::task_done`), and
+//! what the item's last complete run leaves for its next one: its start,
+//! the next `{since}` (`keys::since`), and page 1's `ETag` / `Last-Modified`
+//! on a conditional endpoint (`keys::validators`).
 //!
 //! - this file: a task's frame — claim the item, run, record the outcome;
 //! - `page`: the pages, one step at a time, one short arm per upstream answer;

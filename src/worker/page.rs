@@ -6,6 +6,13 @@
 //! new kind is one more arm there, ending the task through one of the
 //! helpers below (`fail`, `retry`, `wait_for_quota`) or going on with the
 //! next page.
+//!
+//! Where the next page is comes from the answer (`fetch` reads it, by the
+//! job's pagination style, before the body is scrubbed) or, for
+//! `style = "page"`, from counting. A run is complete when no page is left:
+//! only then do `{since}` and the validators move on ([`Worker::complete`]);
+//! a run that stops at `max_pages` with `continue = true` keeps its
+//! checkpoint for the item's next run instead.
 
 use std::time::Duration;
 
