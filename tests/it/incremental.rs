@@ -6,41 +6,40 @@
 //! and costs `not_modified_cost` (0: the window's `used` does not move);
 //! `quota_reasons` also match an error's `message`.
 
-mod paging;
-mod pipeline;
-mod support;
-
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use paging::{GITHUB, NUMERIC, config, job, sim};
-use pipeline::{Pipeline, Setup};
 use quota_worker::outcome::OutcomeKind;
-use quota_worker::simulator::{Fault, Logged, SimStyle, Simulator};
-use support::daemon::{Daemon, run_cli};
-use support::{RedisServer, TestConfig};
+use quota_worker::simulator::{Fault, Logged, SimStyle};
+
+use crate::support::pipeline::Pipeline;
+use crate::support::process::{Proc, run_cli};
+use crate::support::styles::{API_KEY_ENV, GITHUB, NUMERIC, Style, config, job, sim};
+use crate::support::upstream::Upstream;
+use crate::support::{Endpoint, Job, RedisServer, Window, wait_until};
 
 const KEY: &str = "sim-key";
-const WIDE: &str = r#"{ units = 100000, per = "1h" }"#;
 const WAIT: Duration = Duration::from_secs(30);
 /// `{since}` and `{since_epoch}` in the query, as GitHub's `since` and a
 /// second parameter to compare it with.
-const SINCE: &str = r#", since = "{since}", since_epoch = "{since_epoch}""#;
+const SINCE: &[(&str, &str)] = &[("since", "{since}"), ("since_epoch", "{since_epoch}")];
 
+fn wide() -> Window {
+    Window::sliding(100_000, "1h")
+}
+
+/// The daemon in-process on `style`'s simulator of `pages` pages, the
+/// credential with `window`, the endpoint as `endpoint` makes it, running
+/// the job `job` builds from the simulator's base URL.
 async fn start(
-    style: SimStyle,
-    window: &str,
-    endpoint_extra: &str,
-    jobs: Vec<(String, String)>,
+    style: &Style,
     pages: u32,
+    window: Window,
+    endpoint: impl FnOnce(Endpoint) -> Endpoint,
+    job: impl FnOnce(&str) -> Job,
 ) -> Pipeline {
-    let env = [(paging::KEY_ENV, KEY)];
-    Pipeline::start(Setup {
-        config: &config(window, endpoint_extra),
-        jobs,
-        sim: sim(style, pages, KEY),
-        env: &env,
-        base_dir: None,
+    Pipeline::start(sim(style.sim, pages, KEY), |base| {
+        config(KEY, window, endpoint, [job(base)])
     })
     .await
 }
@@ -77,19 +76,25 @@ fn since_of(requests: &[Logged]) -> DateTime<Utc> {
     t
 }
 
-/// The whole seconds before `t`: a run's start is Redis's clock in whole
-/// seconds, so it is at most this much before the test's reading.
+/// The whole second before `t`: a run's start is Redis's clock in whole
+/// seconds, so it is at least this.
 fn floor(t: DateTime<Utc>) -> DateTime<Utc> {
     DateTime::from_timestamp(t.timestamp() - 1, 0).expect("time")
 }
 
 /// Run 1 asks for 24 h back; run 2 for the start of run 1 (and, the items
 /// not being updated since, gets one empty page); after the items change,
-/// run 3 gets them all again.
+/// run 3 gets them all again, asking from the start of run 2.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn since_is_the_start_of_the_items_last_done_run() {
-    let jobs = vec![job("issues", &GITHUB, &["o/a"], SINCE, 10, "")];
-    let mut p = start(SimStyle::Link, WIDE, "", jobs, 3).await;
+    let mut p = start(
+        &GITHUB,
+        3,
+        wide(),
+        |e| e,
+        |base| job("issues", &GITHUB, base, &["o/a"], SINCE, 10),
+    )
+    .await;
     // Updated before run 1 starts (`since` is "updated at or after").
     p.sim.touch_at(Utc::now() - chrono::Duration::hours(1));
 
@@ -134,16 +139,19 @@ async fn since_is_the_start_of_the_items_last_done_run() {
 /// A run stopped by the quota at page 3 and resumed later sends the
 /// `{since}` it started with (`since_initial = "2h"` back), and only once
 /// that run is done does the next one ask from its start — the start of
-/// the interrupted run, not of the one that finished it.
+/// the interrupted run, not of the one that finished it. (A cursor: every
+/// page's query is rendered from the template, so each page's `{since}` is
+/// the run's own; a next URL would carry page 1's along by itself.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_resumed_run_keeps_its_since() {
-    // A cursor: every page's query is rendered from the template, so the
-    // `{since}` each page sends is the run's own (a next URL would carry
-    // page 1's along by itself).
-    let (name, text) = job("issues", &NUMERIC, &["o/a"], SINCE, 10, "");
-    let text = text.replace("retry = {", "since_initial = \"2h\"\nretry = {");
-    let window = r#"{ units = 2, per = "2s" }"#;
-    let mut p = start(SimStyle::NumericCursor, window, "", vec![(name, text)], 4).await;
+    let mut p = start(
+        &NUMERIC,
+        4,
+        Window::sliding(2, "2s"),
+        |e| e,
+        |base| job("issues", &NUMERIC, base, &["o/a"], SINCE, 10).set("since_initial", "2h"),
+    )
+    .await;
 
     let before1 = Utc::now();
     let tick = p.trigger("issues").await;
@@ -155,6 +163,7 @@ async fn a_resumed_run_keeps_its_since() {
     let two_hours = chrono::Duration::hours(2);
     assert!(since1 >= floor(before1) - two_hours && since1 <= run1[0].time - two_hours);
 
+    // The window frees 2 s after the spends, which came before the end.
     tokio::time::sleep(Duration::from_millis(2100)).await;
     let tick = p.trigger("issues").await;
     let evs = p.wait_tick("issues", tick, 1, WAIT).await;
@@ -187,70 +196,39 @@ async fn a_resumed_run_keeps_its_since() {
 /// another 403 still fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn quota_reasons_match_an_error_message() {
-    let jobs = vec![job("issues", &GITHUB, &["o/a"], "", 10, "")];
-    let extra = "quota_reasons = [\"rate limit exceeded\"]\nthrottle_block = \"1m\"";
-    let mut p = start(SimStyle::Link, WIDE, extra, jobs, 1).await;
-    let message = "API rate limit exceeded for user ID 1. (But here's the good news: ...)";
-    p.sim.inject(
-        Fault::Message {
-            status: 403,
-            message: message.into(),
-        },
-        1,
-    );
-    let tick = p.trigger("issues").await;
-    let evs = p.wait_tick("issues", tick, 1, WAIT).await;
-    let o = &evs[0].ev.outcome;
-    assert_eq!(o.kind, OutcomeKind::UpstreamThrottled, "{o:?}");
-    assert!(o.detail.contains("(rate limit exceeded)"), "{o:?}");
-    let usage = p.peek("api").await;
-    assert!(usage.blocked_for > Duration::from_secs(50), "{usage:?}");
-    p.stop().await;
-
-    let jobs = vec![job("issues", &GITHUB, &["o/a"], "", 10, "")];
-    let mut p = start(SimStyle::Link, WIDE, extra, jobs, 1).await;
-    p.sim.inject(
-        Fault::Message {
-            status: 403,
-            message: "Resource not accessible by integration".into(),
-        },
-        1,
-    );
-    let tick = p.trigger("issues").await;
-    let evs = p.wait_tick("issues", tick, 1, WAIT).await;
-    assert_eq!(evs[0].kind(), OutcomeKind::Failed, "{evs:?}");
-    assert_eq!(p.peek("api").await.blocked_for, Duration::ZERO);
-    p.stop().await;
-}
-
-/// The simulator on a runtime of its own, for a test that drives the real
-/// binary synchronously.
-struct Upstream {
-    sim: Option<Simulator>,
-    rt: tokio::runtime::Runtime,
-}
-
-impl Upstream {
-    fn start(config: quota_worker::simulator::SimConfig) -> Self {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        let sim = rt.block_on(Simulator::start(config)).expect("simulator");
-        Upstream { sim: Some(sim), rt }
-    }
-
-    fn sim(&self) -> &Simulator {
-        self.sim.as_ref().expect("running")
-    }
-}
-
-impl Drop for Upstream {
-    fn drop(&mut self) {
-        if let Some(sim) = self.sim.take() {
-            self.rt.block_on(sim.shutdown());
+    let reasons = |e: Endpoint| {
+        e.set("quota_reasons", vec!["rate limit exceeded"])
+            .throttle_block("1m")
+    };
+    let issues = |base: &str| job("issues", &GITHUB, base, &["o/a"], &[], 10);
+    for (message, throttled) in [
+        (
+            "API rate limit exceeded for user ID 1. (But here's the good news: ...)",
+            true,
+        ),
+        ("Resource not accessible by integration", false),
+    ] {
+        let mut p = start(&GITHUB, 1, wide(), reasons, issues).await;
+        p.sim.inject(
+            Fault::Message {
+                status: 403,
+                message: message.into(),
+            },
+            1,
+        );
+        let tick = p.trigger("issues").await;
+        let evs = p.wait_tick("issues", tick, 1, WAIT).await;
+        let o = &evs[0].ev.outcome;
+        let blocked = p.peek("api").await.blocked_for;
+        if throttled {
+            assert_eq!(o.kind, OutcomeKind::UpstreamThrottled, "{o:?}");
+            assert!(o.detail.contains("(rate limit exceeded)"), "{o:?}");
+            assert!(blocked > Duration::from_secs(50), "{blocked:?}");
+        } else {
+            assert_eq!(o.kind, OutcomeKind::Failed, "{o:?}");
+            assert_eq!(blocked, Duration::ZERO);
         }
+        p.stop().await;
     }
 }
 
@@ -264,31 +242,23 @@ impl Drop for Upstream {
 fn a_304_is_done_writes_nothing_and_costs_not_modified_cost() {
     let mut sim_config = sim(SimStyle::Link, 3, KEY);
     sim_config.etag = true;
-    let upstream = Upstream::start(sim_config);
+    let upstream = Upstream::with(sim_config);
     let redis = RedisServer::start();
-    let fill = |t: &str| {
-        t.replace("@REDIS@", &redis.url())
-            .replace("@SIM@", &upstream.sim().base_url())
-    };
-    let (name, text) = job("issues", &GITHUB, &["o/a"], "", 10, "");
-    let cfg = TestConfig::new(
-        &fill(&config(WIDE, "conditional = true\nnot_modified_cost = 0")),
-        &[(&name, &fill(&text))],
-    );
-    let env = [(paging::KEY_ENV, KEY)];
-    let mut daemon = Daemon::start_with("daemon", &cfg, Some(&redis.url()), &env);
+    let conditional = |e: Endpoint| e.set("conditional", true).set("not_modified_cost", 0);
+    let issues = job("issues", &GITHUB, &upstream.base_url(), &["o/a"], &[], 10);
+    let cfg = config(KEY, wide(), conditional, [issues])
+        .redis_url(&redis.url())
+        .write();
+    let env = [(API_KEY_ENV, KEY)];
+    let mut daemon = Proc::daemon("daemon", &cfg, None, &env);
     daemon.wait_running(Duration::from_secs(30));
+    let cli = |args: &[&str]| run_cli(&cfg, None, args, WAIT);
     let trigger = |what: &str| {
-        let (code, out, err) = run_cli(
-            &cfg,
-            Some(&redis.url()),
-            &["trigger", "issues", "--wait"],
-            WAIT,
-        );
+        let (code, out, err) = cli(&["trigger", "issues", "--wait"]);
         assert_eq!(code, Some(0), "{what}: {out}\n{err}");
     };
     let used = || {
-        let (code, out, err) = run_cli(&cfg, Some(&redis.url()), &["quota", "api", "--json"], WAIT);
+        let (code, out, err) = cli(&["quota", "api", "--json"]);
         assert_eq!(code, Some(0), "{out}\n{err}");
         let v: serde_json::Value = serde_json::from_str(&out).expect("quota --json");
         v["credentials"][0]["windows"][0]["used"]
@@ -302,7 +272,7 @@ fn a_304_is_done_writes_nothing_and_costs_not_modified_cost() {
             .count()
     };
     let outcome = |n: usize| {
-        support::wait_until(Duration::from_secs(10), || daemon.outcomes().len() >= n);
+        wait_until(Duration::from_secs(10), || daemon.outcomes().len() >= n);
         daemon.outcomes()[n - 1].clone()
     };
 
@@ -315,7 +285,6 @@ fn a_304_is_done_writes_nothing_and_costs_not_modified_cost() {
     );
     assert_eq!(used(), 3);
     assert_eq!(lines(), 6);
-    let etag = upstream.sim().stats().requests[0].clone();
 
     trigger("run 2");
     let o = outcome(2);
@@ -330,7 +299,7 @@ fn a_304_is_done_writes_nothing_and_costs_not_modified_cost() {
     assert_eq!(o["status"], 304, "{o}");
     assert_eq!(used(), 3, "a 304 costs not_modified_cost = 0");
     assert_eq!(lines(), 6, "nothing written");
-    let stats = upstream.sim().stats();
+    let stats = upstream.stats();
     let r = &stats.requests[3];
     assert_eq!((r.page, r.status), (Some(1), 304), "{r:?}");
     assert!(
@@ -342,13 +311,12 @@ fn a_304_is_done_writes_nothing_and_costs_not_modified_cost() {
     assert_eq!(stats.requests.len(), 4, "run 2 made one request");
     assert_eq!(stats.charges.len(), 3, "the upstream charged no 304");
     println!(
-        "304: run 2 sent If-None-Match {:?} (page 1 of run 1 was answered at {}); units charged by the simulator for it: {}, window used before/after: 3/3",
+        "304: run 2 sent If-None-Match {:?}; units the simulator charged for it: {}; window used before/after: 3/3",
         r.if_none_match,
-        etag.time,
         stats.charges.len() - 3
     );
 
-    upstream.sim().touch();
+    upstream.touch();
     trigger("run 3");
     let o = outcome(3);
     assert_eq!(

@@ -6,35 +6,36 @@
 //! deeper each run; and no key or value in Redis ever holds the secret that
 //! Meta puts into its next URLs, while the resumed run sends it again.
 
-mod paging;
-mod pipeline;
-mod support;
-
 use std::time::Duration;
 
-use paging::{GITHUB, META, NUMERIC, PAGES, RELATIVE, Style, config, job, once_each, sim};
-use pipeline::{Pipeline, Setup, kinds};
 use quota_worker::outcome::OutcomeKind;
 use quota_worker::simulator::{SimStyle, Simulator};
 
+use crate::support::pipeline::{Pipeline, kinds};
+use crate::support::styles::{
+    self, GITHUB, META, NUMERIC, PAGES, RELATIVE, Style, config, job, once_each, sim,
+};
+use crate::support::{Job, Window};
+
 const KEY: &str = "sim-key";
-const WIDE: &str = r#"{ units = 100000, per = "1h" }"#;
 const WAIT: Duration = Duration::from_secs(30);
 
+fn wide() -> Window {
+    Window::sliding(100_000, "1h")
+}
+
+/// The daemon in-process on `style`'s simulator of `pages` pages, the
+/// credential's secret `key` with `window`, running the jobs `jobs` builds
+/// from the simulator's base URL.
 async fn start(
     style: &Style,
     pages: u32,
-    window: &str,
-    jobs: Vec<(String, String)>,
+    window: Window,
     key: &str,
+    jobs: impl FnOnce(&str) -> Vec<Job>,
 ) -> Pipeline {
-    let env = [(paging::KEY_ENV, key)];
-    Pipeline::start(Setup {
-        config: &config(window, ""),
-        jobs,
-        sim: sim(style.sim, pages, key),
-        env: &env,
-        base_dir: None,
+    Pipeline::start(sim(style.sim, pages, key), |base| {
+        config(key, window, |e| e, jobs(base))
     })
     .await
 }
@@ -45,8 +46,10 @@ async fn start(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_style_fetches_every_page_exactly_once_per_run() {
     for style in [GITHUB, META, RELATIVE, PAGES, NUMERIC] {
-        let jobs = vec![job("crawl", &style, &["a", "b"], "", 10, "")];
-        let mut p = start(&style, 3, WIDE, jobs, KEY).await;
+        let mut p = start(&style, 3, wide(), KEY, |base| {
+            vec![job("crawl", &style, base, &["a", "b"], &[], 10)]
+        })
+        .await;
         let last = if style.sim == SimStyle::PageNumber {
             4
         } else {
@@ -62,17 +65,16 @@ async fn every_style_fetches_every_page_exactly_once_per_run() {
                 style.name,
                 kinds(&evs)
             );
-            let stats = p.sim_stats();
+            let per_page = p.sim_stats().requests_per_page(from);
             assert_eq!(
-                stats.requests_per_page(from),
+                per_page,
                 once_each(&["a", "b"], 1..=last),
                 "{} run {run}: requests per (item, page)",
                 style.name
             );
             println!(
-                "{}: run {run}: requests per (item, page) {:?}",
-                style.name,
-                stats.requests_per_page(from)
+                "{}: run {run}: requests per (item, page) {per_page:?}",
+                style.name
             );
             for s in &evs {
                 assert_eq!(s.ev.outcome.records, 6, "{}: {s:?}", style.name);
@@ -88,8 +90,10 @@ async fn every_style_fetches_every_page_exactly_once_per_run() {
 /// page 1 before issue 12), and is sent back as its decimal text.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_numeric_cursor_pages_on() {
-    let jobs = vec![job("crawl", &NUMERIC, &["a"], "", 10, "")];
-    let mut p = start(&NUMERIC, 4, WIDE, jobs, KEY).await;
+    let mut p = start(&NUMERIC, 4, wide(), KEY, |base| {
+        vec![job("crawl", &NUMERIC, base, &["a"], &[], 10)]
+    })
+    .await;
     let tick = p.trigger("crawl").await;
     let evs = p.wait_tick("crawl", tick, 1, WAIT).await;
     assert_eq!(evs[0].kind(), OutcomeKind::Done, "{evs:?}");
@@ -122,15 +126,11 @@ async fn a_next_page_on_another_origin_is_never_requested() {
         let foreign = Simulator::start(sim(style.sim, 3, KEY))
             .await
             .expect("foreign");
-        let env = [(paging::KEY_ENV, KEY)];
         let mut upstream = sim(style.sim, 3, KEY);
         upstream.next_origin = Some(foreign.base_url());
-        let mut p = Pipeline::start(Setup {
-            config: &config(WIDE, ""),
-            jobs: vec![job("crawl", &style, &["a", "b"], "", 10, "")],
-            sim: upstream,
-            env: &env,
-            base_dir: None,
+        let mut p = Pipeline::start(upstream, |base| {
+            let j = job("crawl", &style, base, &["a", "b"], &[], 10);
+            config(KEY, wide(), |e| e, [j])
         })
         .await;
         let tick = p.trigger("crawl").await;
@@ -166,8 +166,10 @@ async fn a_next_page_on_another_origin_is_never_requested() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn continue_crawls_max_pages_deeper_each_run() {
     for style in [GITHUB, NUMERIC, PAGES] {
-        let jobs = vec![job("crawl", &style, &["a"], "", 2, "continue = true")];
-        let mut p = start(&style, 5, WIDE, jobs, KEY).await;
+        let mut p = start(&style, 5, wide(), KEY, |base| {
+            vec![job("crawl", &style, base, &["a"], &[], 2).pagination("continue", true)]
+        })
+        .await;
         let expect: [&[u32]; 4] = if style.sim == SimStyle::PageNumber {
             // Page 6 is the empty one that ends the crawl.
             [&[1, 2], &[3, 4], &[5, 6], &[1, 2]]
@@ -197,9 +199,10 @@ async fn continue_crawls_max_pages_deeper_each_run() {
 async fn a_meta_next_url_is_stored_without_the_token_and_resumed_with_it() {
     // `/` and `+` make the encoded spellings differ from the token.
     let token = "EAAG/tok+en9";
-    let window = r#"{ units = 2, per = "2s" }"#;
-    let jobs = vec![job("media", &META, &["a"], r#", limit = "2""#, 10, "")];
-    let mut p = start(&META, 4, window, jobs, token).await;
+    let mut p = start(&META, 4, Window::sliding(2, "2s"), token, |base| {
+        vec![job("media", &META, base, &["a"], &[("limit", "2")], 10)]
+    })
+    .await;
 
     let tick = p.trigger("media").await;
     let evs = p.wait_tick("media", tick, 1, WAIT).await;
@@ -207,12 +210,12 @@ async fn a_meta_next_url_is_stored_without_the_token_and_resumed_with_it() {
     assert_eq!(o.kind, OutcomeKind::QuotaExhausted, "{o:?}");
     assert_eq!((o.pages, o.page), (2, 3), "{o:?}");
 
-    let everything = paging::everything_in(&p.redis.url());
+    let everything = styles::everything_in(&p.redis.url());
     assert!(
         everything.iter().any(|v| v.contains("after=c3")),
         "the checkpoint holds the next URL: {everything:#?}"
     );
-    for spelling in paging::spellings(token) {
+    for spelling in styles::spellings(token) {
         let leaks: Vec<&String> = everything
             .iter()
             .filter(|v| v.contains(&spelling))
@@ -220,6 +223,7 @@ async fn a_meta_next_url_is_stored_without_the_token_and_resumed_with_it() {
         assert!(leaks.is_empty(), "{spelling:?} is in Redis: {leaks:#?}");
     }
 
+    // The window frees 2 s after the spends, which came before the end.
     tokio::time::sleep(Duration::from_millis(2100)).await;
     let from = p.sim_stats().requests.len();
     let tick = p.trigger("media").await;
