@@ -14,7 +14,7 @@ use quota_worker::simulator::{Fault, Logged, SimStyle};
 
 use crate::support::pipeline::Pipeline;
 use crate::support::process::{Proc, run_cli};
-use crate::support::styles::{API_KEY_ENV, GITHUB, NUMERIC, Style, config, job, sim};
+use crate::support::styles::{self, API_KEY_ENV, GITHUB, NUMERIC, Style, config, job, sim, wide};
 use crate::support::upstream::Upstream;
 use crate::support::{Endpoint, Job, RedisServer, Window, wait_until};
 
@@ -24,13 +24,9 @@ const WAIT: Duration = Duration::from_secs(30);
 /// second parameter to compare it with.
 const SINCE: &[(&str, &str)] = &[("since", "{since}"), ("since_epoch", "{since_epoch}")];
 
-fn wide() -> Window {
-    Window::sliding(100_000, "1h")
-}
-
 /// The daemon in-process on `style`'s simulator of `pages` pages, the
 /// credential with `window`, the endpoint as `endpoint` makes it, running
-/// the job `job` builds from the simulator's base URL.
+/// the job `job` builds.
 async fn start(
     style: &Style,
     pages: u32,
@@ -38,10 +34,7 @@ async fn start(
     endpoint: impl FnOnce(Endpoint) -> Endpoint,
     job: impl FnOnce(&str) -> Job,
 ) -> Pipeline {
-    Pipeline::start(sim(style.sim, pages, KEY), |base| {
-        config(KEY, window, endpoint, [job(base)])
-    })
-    .await
+    styles::pipeline(style, pages, KEY, window, endpoint, |base| vec![job(base)]).await
 }
 
 /// The `{since}` every request of `requests` sent (one value, checked

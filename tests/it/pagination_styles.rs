@@ -13,20 +13,15 @@ use quota_worker::simulator::{SimStyle, Simulator};
 
 use crate::support::pipeline::{Pipeline, kinds};
 use crate::support::styles::{
-    self, GITHUB, META, NUMERIC, PAGES, RELATIVE, Style, config, job, once_each, sim,
+    self, GITHUB, META, NUMERIC, PAGES, RELATIVE, Style, config, job, once_each, sim, wide,
 };
 use crate::support::{Job, Window};
 
 const KEY: &str = "sim-key";
 const WAIT: Duration = Duration::from_secs(30);
 
-fn wide() -> Window {
-    Window::sliding(100_000, "1h")
-}
-
 /// The daemon in-process on `style`'s simulator of `pages` pages, the
-/// credential's secret `key` with `window`, running the jobs `jobs` builds
-/// from the simulator's base URL.
+/// credential's secret `key` with `window`, running the jobs `jobs` builds.
 async fn start(
     style: &Style,
     pages: u32,
@@ -34,10 +29,7 @@ async fn start(
     key: &str,
     jobs: impl FnOnce(&str) -> Vec<Job>,
 ) -> Pipeline {
-    Pipeline::start(sim(style.sim, pages, key), |base| {
-        config(key, window, |e| e, jobs(base))
-    })
-    .await
+    styles::pipeline(style, pages, key, window, |e| e, jobs).await
 }
 
 /// Each style, two runs of two items of three pages: each run asks for each

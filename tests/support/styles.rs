@@ -10,6 +10,7 @@ use std::time::Duration;
 use quota_worker::simulator::{SimConfig, SimStyle};
 
 use super::config::{ConfigBuilder, Credential, Endpoint, Job, Request, Sink, Window, Worker};
+use super::pipeline::Pipeline;
 
 /// The environment variable the credential `api`'s secret comes from.
 pub const API_KEY_ENV: &str = "QW_TEST_API";
@@ -113,6 +114,29 @@ pub fn config(
         b = b.job(j);
     }
     b
+}
+
+/// A window with room for everything a test does.
+pub fn wide() -> Window {
+    Window::sliding(100_000, "1h")
+}
+
+/// The daemon in-process ([`Pipeline`]) on `style`'s simulator of `pages`
+/// pages, with [`config`] for the secret `key` and `window`, the endpoint as
+/// `endpoint` makes it, and the jobs `jobs` builds from the simulator's
+/// base URL.
+pub async fn pipeline(
+    style: &Style,
+    pages: u32,
+    key: &str,
+    window: Window,
+    endpoint: impl FnOnce(Endpoint) -> Endpoint,
+    jobs: impl FnOnce(&str) -> Vec<Job>,
+) -> Pipeline {
+    Pipeline::start(sim(style.sim, pages, key), |base| {
+        config(key, window, endpoint, jobs(base))
+    })
+    .await
 }
 
 /// `name` paging `base`'s [`PATH`] in `style`, fanned out over `repo =
