@@ -75,6 +75,8 @@ pub const MAX_BODY: u64 = 16 << 20;
 pub const MAX_BLOCK: Duration = Duration::from_secs(86_400);
 /// An endpoint's `conditional`: no `If-None-Match` / `If-Modified-Since`.
 pub const CONDITIONAL: bool = false;
+/// `throttle_at` (`accounting = "meta"`): the usage percentage that blocks.
+pub const THROTTLE_AT: u8 = 100;
 
 // jobs
 
