@@ -1,19 +1,24 @@
-//! A task's side of the quota: the spend before each request, the settle to
-//! what the upstream says a request cost, the refund of a request that never
-//! left, and the credential block when the upstream throttles, held by this
-//! daemon itself when Redis does not take it ([`LocalBlocks`]).
+//! A task's side of the quota: the spend before each request, and after
+//! its answer what the upstream's own accounting says ([`Worker::account`],
+//! the one place a [`Verdict`] is applied): the settle to what the request
+//! really cost, the resync of the `upstream = true` windows (drift), and
+//! the credential block when the upstream throttles, held by this daemon
+//! itself when Redis does not take it ([`LocalBlocks`]); and the refund of
+//! a request that never left.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use tracing::{error, warn};
+use tracing::{error, info, warn};
 
 use super::page::{Progress, Run};
 use super::{TaskError, Worker};
+use crate::accounting::{Block, Left, Verdict};
 use crate::config::Endpoint;
+use crate::fetch::Reply;
 use crate::outcome::{Outcome, OutcomeKind};
-use crate::quota::{Decision, RejectedBy};
+use crate::quota::{BlockFor, BlockReason, Decision, RejectedBy};
 use crate::stats::Stats;
 
 /// The most units a request is ever settled to: Lua numbers are doubles,
@@ -27,6 +32,66 @@ pub(super) struct Spent {
     /// Whether the windows recorded it (not when Redis could not answer on a
     /// `fail-open` endpoint): only a recorded spend is settled or refunded.
     recorded: bool,
+    /// Its units, counted as unanswered until the page's step ends.
+    flying: Flying,
+}
+
+/// Units this daemon has spent per credential whose requests have not been
+/// answered yet. An answer's "this much is left" was written before the
+/// upstream saw them, so a resync leaves room for them: otherwise the
+/// window would admit them twice (once in flight, once after the resync).
+#[derive(Debug, Default)]
+pub(crate) struct Unanswered(Mutex<HashMap<String, u64>>);
+
+impl Unanswered {
+    /// Counts `units` of `credential` until the returned guard drops.
+    fn fly(self: &Arc<Self>, credential: &str, units: u64) -> Flying {
+        let mut m = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        *m.entry(credential.to_owned()).or_default() += units;
+        Flying {
+            all: self.clone(),
+            credential: credential.to_owned(),
+            units,
+        }
+    }
+
+    /// The units of `credential` unanswered now.
+    fn units(&self, credential: &str) -> u64 {
+        let m = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        m.get(credential).copied().unwrap_or(0)
+    }
+}
+
+/// One request's units in [`Unanswered`], until dropped (however its task
+/// ends, a panic included).
+#[must_use = "the units count as unanswered only while this lives"]
+struct Flying {
+    all: Arc<Unanswered>,
+    credential: String,
+    units: u64,
+}
+
+impl Drop for Flying {
+    fn drop(&mut self) {
+        let mut m = self.all.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(n) = m.get_mut(&self.credential) {
+            *n = n.saturating_sub(self.units);
+            if *n == 0 {
+                m.remove(&self.credential);
+            }
+        }
+    }
+}
+
+/// A block the upstream's accounting asked for, as recorded.
+#[derive(Debug, Clone)]
+pub(super) struct Applied {
+    /// The block in force (this one, or a longer one already there).
+    pub(super) blocked: Duration,
+    /// Why.
+    pub(super) reason: BlockReason,
+    /// What the upstream said, for the outcome line.
+    pub(super) detail: Option<String>,
 }
 
 /// What a page's spend came to.
@@ -108,16 +173,77 @@ impl Worker {
             }
             Err(e) => return Ok(Admission::Refused(self.limiter_down(run, p, &e).await?)),
         };
+        let flying = (self.unanswered).fly(&run.endpoint.credential, run.endpoint.cost.get());
         Ok(Admission::Spent(Spent {
             request_id,
             recorded,
+            flying,
         }))
     }
 
-    /// The upstream said what a request really cost (a cost header, on any
-    /// answer): the windows and the task's count follow. Nothing to settle
-    /// for a spend that was not recorded (fail-open).
-    pub(super) async fn settle_reported(
+    /// Applies what an answer says about the upstream's quota, in this
+    /// order: settle the request to what it cost (a 304 the upstream did
+    /// not price costs `not_modified_cost`); then resync every
+    /// `upstream = true` window of the spend to what is left (after the
+    /// settle, which the upstream's count already holds); then block the
+    /// credential. Returns the block, if one was asked for.
+    pub(super) async fn account(
+        &self,
+        endpoint: &Endpoint,
+        spent: &Spent,
+        reply: &Reply,
+        verdict: Verdict,
+        p: &mut Progress,
+    ) -> Option<Applied> {
+        let cost = match reply {
+            Reply::NotModified { .. } => verdict.cost.or(Some(endpoint.not_modified_cost)),
+            _ => verdict.cost,
+        };
+        self.settle_reported(endpoint, spent, cost, p).await;
+        if let Some(left) = verdict.left {
+            self.resync(endpoint, spent, left).await;
+        }
+        let b = verdict.block?;
+        let blocked = self.block(endpoint, &b).await;
+        Some(Applied {
+            blocked,
+            reason: b.reason,
+            detail: b.detail,
+        })
+    }
+
+    /// Resyncs every `upstream = true` window of `endpoint`'s spend to what
+    /// the upstream says is left, less the units this daemon has in flight
+    /// on the credential besides this request (the upstream has not
+    /// counted them yet). A window that already admits no more records
+    /// nothing: drift only lowers what a window admits.
+    async fn resync(&self, endpoint: &Endpoint, spent: &Spent, left: Left) {
+        let credential = &endpoint.credential;
+        let others = (self.unanswered.units(credential)).saturating_sub(spent.flying.units);
+        for (scope, w) in self.config.windows_of(endpoint) {
+            if !w.upstream {
+                continue;
+            }
+            let target = left.of(w.units.get()).saturating_sub(others);
+            if target >= w.units.get() {
+                continue;
+            }
+            let synced = match self.limiter.quotas().window_index(credential, &scope, w) {
+                Ok(i) => self.limiter.sync(credential, i, target).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = synced {
+                warn!(credential = %credential, window = %w.describe(), error = %e,
+                      "could not resync a window to the upstream's count; it admits what it counted");
+            }
+        }
+    }
+
+    /// The upstream said what a request really cost (a cost header,
+    /// Shopify's `actualQueryCost`, on any answer): the windows and the
+    /// task's count follow. Nothing to settle for a spend that was not
+    /// recorded (fail-open).
+    async fn settle_reported(
         &self,
         endpoint: &Endpoint,
         spent: &Spent,
@@ -170,18 +296,33 @@ impl Worker {
         }
     }
 
-    /// Blocks the endpoint's credential for `wait` (at most `max_block`)
+    /// Blocks the endpoint's credential as `b` says (at most `max_block`)
     /// and returns the block in force. A block Redis does not take is never
     /// ignored: it is logged as an error and held by this daemon itself
     /// ([`LocalBlocks`]), so no spend of this daemon goes through meanwhile.
-    pub(super) async fn block(&self, endpoint: &Endpoint, wait: Duration) -> Duration {
-        let wait = wait.min(endpoint.max_block).max(Duration::from_millis(1));
-        match self.limiter.block(&endpoint.credential, wait).await {
-            Ok(blocked) => blocked,
+    async fn block(&self, endpoint: &Endpoint, b: &Block) -> Duration {
+        let bound = |d: Duration| d.min(endpoint.max_block).max(Duration::from_millis(1));
+        let for_ = match b.for_ {
+            BlockFor::Fixed(d) => BlockFor::Fixed(bound(d)),
+            BlockFor::Doubling { first, cap } => BlockFor::Doubling {
+                first: bound(first),
+                cap: bound(cap),
+            },
+        };
+        let credential = &endpoint.credential;
+        match self.limiter.block_because(credential, for_, b.reason).await {
+            Ok(blocked) => {
+                info!(credential = %credential, reason = %b.reason, blocked_ms = blocked.blocked_for.as_millis() as u64,
+                      streak = blocked.streak, "the upstream's accounting blocks the credential");
+                blocked.blocked_for
+            }
             Err(e) => {
-                error!(credential = %endpoint.credential, block_ms = wait.as_millis() as u64, error = %e,
+                let wait = match for_ {
+                    BlockFor::Fixed(d) | BlockFor::Doubling { first: d, .. } => d,
+                };
+                error!(credential = %credential, reason = %b.reason, block_ms = wait.as_millis() as u64, error = %e,
                        "could not record the upstream's block in Redis; this daemon holds the credential blocked itself");
-                self.local_blocks.hold(&endpoint.credential, wait);
+                self.local_blocks.hold(credential, wait);
                 wait
             }
         }
