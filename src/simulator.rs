@@ -720,7 +720,11 @@ impl Shared {
             None
         };
         if let Some(over) = over {
-            st.stats.keys.entry(quota.key.clone()).or_default().quota_errors += 1;
+            st.stats
+                .keys
+                .entry(quota.key.clone())
+                .or_default()
+                .quota_errors += 1;
             return Err(over);
         }
         record_charge(&mut st, quota, cost, page, query, now);
@@ -1021,11 +1025,19 @@ fn asked(shared: &Shared, path: &str, query: &[(String, String)]) -> (String, Op
     (scope.to_owned(), token_page(shared, token).ok())
 }
 
-/// The key a request comes with: query `key` or `access_token`, or
-/// `Authorization: Bearer KEY` (or `token KEY`, as GitHub also takes).
+/// The key a request comes with: query `key` or `access_token`,
+/// `X-Shopify-Access-Token`, or `Authorization: Bearer KEY` (or `token
+/// KEY`, as GitHub also takes).
 fn api_key(query: &[(String, String)], headers: &HeaderMap) -> Option<String> {
     if let Some(k) = param(query, "key").or_else(|| param(query, "access_token")) {
         return Some(k.to_owned());
+    }
+    // Shopify's own header.
+    if let Some(k) = headers
+        .get("x-shopify-access-token")
+        .and_then(|v| v.to_str().ok())
+    {
+        return Some(k.trim().to_owned());
     }
     let auth = headers.get(AUTHORIZATION)?.to_str().ok()?;
     let (scheme, key) = auth.split_once(' ')?;
@@ -1270,7 +1282,9 @@ async fn injected(
             }
             r
         }
-        Fault::GithubSecondary { retry_after_secs } => accounting::github_secondary(retry_after_secs),
+        Fault::GithubSecondary { retry_after_secs } => {
+            accounting::github_secondary(retry_after_secs)
+        }
         Fault::Garbage => (
             StatusCode::OK,
             [(CONTENT_TYPE, HeaderValue::from_static("application/json"))],

@@ -158,7 +158,7 @@ pub(crate) fn read(
             }
         }
     }
-    if status == 429 {
+    if status == 429 && !v.refused {
         let wait = retry_after(endpoint, headers, now).unwrap_or(endpoint.throttle_block);
         v.refuse(Block::fixed(wait, BlockReason::TooManyRequests));
     }

@@ -69,7 +69,10 @@ impl Meter {
                 start: None,
                 used: 0,
             },
-            SimAccounting::Shopify { .. } => Meter::Bucket { level: 0.0, at: now },
+            SimAccounting::Shopify { .. } => Meter::Bucket {
+                level: 0.0,
+                at: now,
+            },
             SimAccounting::Meta | SimAccounting::Google => Meter::Sliding(VecDeque::new()),
         }
     }
@@ -86,7 +89,8 @@ impl Meter {
             }
             Meter::Bucket { level, at } => {
                 let rate = q.units as f64 / q.per.as_secs_f64();
-                *level = (*level - now.saturating_duration_since(*at).as_secs_f64() * rate).max(0.0);
+                *level =
+                    (*level - now.saturating_duration_since(*at).as_secs_f64() * rate).max(0.0);
                 *at = now;
             }
             Meter::Sliding(w) => {
@@ -129,9 +133,9 @@ impl Meter {
     /// How long until `cost` fits, if nobody else spends.
     fn wait_for(&self, q: &KeyQuota, now: Instant, cost: u64) -> Duration {
         match self {
-            Meter::Fixed { start, .. } => {
-                start.map_or(Duration::ZERO, |s| (s + q.per).saturating_duration_since(now))
-            }
+            Meter::Fixed { start, .. } => start.map_or(Duration::ZERO, |s| {
+                (s + q.per).saturating_duration_since(now)
+            }),
             Meter::Bucket { level, .. } => {
                 let over = (level + cost as f64 - q.units as f64).max(0.0);
                 Duration::from_secs_f64(over * q.per.as_secs_f64() / q.units as f64)
@@ -237,7 +241,13 @@ fn cost_extension(q: &KeyQuota, requested: u64, actual: Option<u64>, left: u64) 
 }
 
 /// The style's answer to a request over the key's limit.
-fn over_limit(style: SimAccounting, q: &KeyQuota, cost: u64, left: u64, wait: Duration) -> Response {
+fn over_limit(
+    style: SimAccounting,
+    q: &KeyQuota,
+    cost: u64,
+    left: u64,
+    wait: Duration,
+) -> Response {
     match style {
         SimAccounting::Google => super::quota_exceeded(),
         SimAccounting::Github => {
@@ -346,7 +356,11 @@ pub(super) fn headers(shared: &Shared, q: &KeyQuota, headers: &mut HeaderMap) {
         SimAccounting::Meta => {
             // Whole percentages, rounded down, as Meta writes them.
             let pct = used.saturating_mul(100) / q.units.max(1);
-            let regain = if left == 0 { secs_ceil(frees_in).div_ceil(60).max(1) } else { 0 };
+            let regain = if left == 0 {
+                secs_ceil(frees_in).div_ceil(60).max(1)
+            } else {
+                0
+            };
             set(
                 "x-app-usage",
                 json!({ "call_count": pct / 2, "total_cputime": pct / 4, "total_time": pct / 4 })
@@ -403,7 +417,10 @@ mod tests {
         m.advance(&q, t0 + Duration::from_millis(500));
         m.charge(t0 + Duration::from_millis(500), 6);
         assert_eq!(m.left(&q), 0);
-        assert_eq!(m.wait_for(&q, t0 + Duration::from_millis(600), 1), Duration::from_millis(400));
+        assert_eq!(
+            m.wait_for(&q, t0 + Duration::from_millis(600), 1),
+            Duration::from_millis(400)
+        );
         m.advance(&q, t0 + Duration::from_millis(1000));
         assert_eq!(m.left(&q), 10);
     }

@@ -35,6 +35,11 @@ mod quota_report;
 mod redis_unavailable;
 
 // The pipeline: ticks, tasks, the queue and apalis, outcomes, sinks.
+mod accounting;
+mod accounting_github;
+mod accounting_ietf;
+mod accounting_meta;
+mod accounting_shopify;
 mod incremental;
 mod outcome_logs;
 mod pagination_styles;

@@ -134,6 +134,20 @@ impl Window {
         self.0.set("timezone", tz);
         self
     }
+
+    /// A leaky bucket: a burst of `units`, refilled at `units` per `per`
+    /// (`kind = "bucket"`).
+    pub fn bucket(units: u64, per: &str) -> Self {
+        let mut w = Self::sliding(units, per);
+        w.0.set("kind", "bucket");
+        w
+    }
+
+    /// `upstream = true`: it mirrors the upstream's own limit.
+    pub fn upstream(mut self) -> Self {
+        self.0.set("upstream", true);
+        self
+    }
 }
 
 /// `[credentials.NAME]`.
@@ -262,6 +276,12 @@ impl Request {
             t.set(k, *v);
         }
         self.0.set("query", t.table());
+        self
+    }
+
+    /// Any other field (`method`, `body`).
+    pub fn set(mut self, key: &str, value: impl Into<Value>) -> Self {
+        self.0.set(key, value);
         self
     }
 
