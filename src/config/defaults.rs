@@ -191,6 +191,7 @@ mod tests {
         assert_eq!(MAX_BODY, 16 * 1024 * 1024, "docs say 16MiB");
         says(c, f, "unsafe_eviction", "\"refuse\"");
         says(c, f, "conditional", &CONDITIONAL.to_string());
+        says(c, f, "throttle_at", &THROTTLE_AT.to_string());
         assert_eq!(UNSAFE_EVICTION, UnsafeEviction::Refuse, "docs say refuse");
         let reasons: Vec<String> = QUOTA_REASONS.iter().map(|r| format!("{r:?}")).collect();
         says(c, f, "quota_reasons", &format!("[{}]", reasons.join(", ")));

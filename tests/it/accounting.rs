@@ -277,3 +277,35 @@ fn retry_after_is_read_in_every_form_and_bounded() {
         throttled[0]
     );
 }
+
+/// docs/upstreams.md's worked configs (each a config file and a job file)
+/// load as written, each with its adapter and a mirrored window.
+#[test]
+fn the_worked_configs_in_the_docs_load() {
+    let doc = include_str!("../../docs/upstreams.md");
+    let blocks: Vec<&str> = doc
+        .split("```toml\n")
+        .skip(1)
+        .filter_map(|b| b.split("```").next())
+        .collect();
+    let pairs: Vec<(&str, &str)> = blocks
+        .windows(2)
+        .filter(|w| w[0].starts_with("# config/") && w[1].starts_with("# jobs/"))
+        .map(|w| (w[0], w[1]))
+        .collect();
+    assert_eq!(pairs.len(), 4, "GitHub, Shopify, Instagram, IETF");
+    for (config, job) in pairs {
+        let name = job
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .trim_start_matches("# jobs/");
+        let cfg = TestConfig::new(&format!("jobs = \"jobs/*.toml\"\n{config}"), &[(name, job)]);
+        let loaded = quota_worker::config::Config::load(&cfg.path())
+            .unwrap_or_else(|e| panic!("docs/upstreams.md, {name}: {e}"));
+        let e = loaded.endpoints.values().next().expect("an endpoint");
+        assert!(e.accounting.is_some(), "{name}");
+        let cred = &loaded.credentials[&e.credential];
+        assert!(cred.windows.iter().any(|w| w.upstream), "{name}");
+    }
+}
