@@ -10,7 +10,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use reqwest::header::HeaderMap;
 
-use super::{Block, Left, Verdict, bounded, digits, header_str, header_u64, retry_after};
+use super::{Answer, Block, Left, Verdict, bounded, digits, header_str, header_u64, retry_after};
 use crate::config::{Endpoint, ResetIs};
 use crate::quota::BlockReason;
 
@@ -43,12 +43,8 @@ fn ratelimit(
 }
 
 /// Reads an answer by the endpoint's generic fields.
-pub(crate) fn read(
-    endpoint: &Endpoint,
-    status: u16,
-    headers: &HeaderMap,
-    now: DateTime<Utc>,
-) -> Verdict {
+pub(crate) fn read(endpoint: &Endpoint, a: &Answer<'_>) -> Verdict {
+    let (status, headers, now) = (a.status, a.headers, a.now);
     let mut v = Verdict::default();
     let limit = ratelimit(endpoint, headers, now);
     if let Some((remaining, reset_in)) = limit {

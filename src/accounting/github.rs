@@ -22,7 +22,9 @@ use chrono::{DateTime, Utc};
 use reqwest::header::HeaderMap;
 use serde_json::Value;
 
-use super::{Block, Left, Verdict, header_str, header_u64, messages, retry_after, until_epoch};
+use super::{
+    Answer, Block, Left, Verdict, header_str, header_u64, messages, retry_after, until_epoch,
+};
 use crate::config::Endpoint;
 use crate::quota::{BlockFor, BlockReason};
 
@@ -74,13 +76,8 @@ fn says(body: &[u8]) -> Says {
 }
 
 /// Reads a GitHub answer.
-pub(crate) fn read(
-    endpoint: &Endpoint,
-    status: u16,
-    headers: &HeaderMap,
-    body: &[u8],
-    now: DateTime<Utc>,
-) -> Verdict {
+pub(crate) fn read(endpoint: &Endpoint, a: &Answer<'_>) -> Verdict {
+    let (status, headers, body, now) = (a.status, a.headers, a.body, a.now);
     let mut v = Verdict::default();
     let left = remaining(headers);
     v.left = left.map(Left::Units);

@@ -14,12 +14,11 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use reqwest::header::HeaderMap;
 use sfv::{BareItem, List, ListEntry, Parser};
 use tracing::debug;
 
-use super::{Block, Left, Verdict, bounded, retry_after};
+use super::{Answer, Block, Left, Verdict, bounded, retry_after};
 use crate::config::Endpoint;
 use crate::quota::BlockReason;
 
@@ -92,12 +91,8 @@ fn policy_quota(headers: &HeaderMap, name: &str) -> Option<u64> {
 }
 
 /// Reads an answer's `RateLimit` fields.
-pub(crate) fn read(
-    endpoint: &Endpoint,
-    status: u16,
-    headers: &HeaderMap,
-    now: DateTime<Utc>,
-) -> Verdict {
+pub(crate) fn read(endpoint: &Endpoint, a: &Answer<'_>) -> Verdict {
+    let (status, headers, now) = (a.status, a.headers, a.now);
     let mut v = Verdict::default();
     let limit = field(headers, RATELIMIT).and_then(|f| first_limit(&f));
     let mut at_zero = None;
@@ -138,6 +133,7 @@ mod tests {
     use super::*;
     use crate::config::Accounting;
     use crate::quota::BlockFor;
+    use chrono::Utc;
 
     #[test]
     fn the_first_listed_limit_is_read_from_structured_fields() {

@@ -19,7 +19,7 @@ use std::time::Duration;
 use reqwest::header::HeaderMap;
 use serde_json::Value;
 
-use super::{Block, Left, Verdict, bounded};
+use super::{Answer, Block, Left, Verdict, bounded};
 use crate::config::Endpoint;
 use crate::quota::BlockReason;
 
@@ -85,13 +85,8 @@ fn usage(headers: &HeaderMap) -> Usage {
 }
 
 /// Reads a Meta answer.
-pub(crate) fn read(
-    endpoint: &Endpoint,
-    status: u16,
-    headers: &HeaderMap,
-    body: &[u8],
-    throttle_at: u8,
-) -> Verdict {
+pub(crate) fn read(endpoint: &Endpoint, a: &Answer<'_>, throttle_at: u8) -> Verdict {
+    let (status, headers, body) = (a.status, a.headers, a.body);
     let u = usage(headers);
     let mut v = Verdict {
         left: u.percent.map(Left::UsedPercent),

@@ -115,6 +115,19 @@ impl Block {
     }
 }
 
+/// One answer as an adapter reads it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Answer<'a> {
+    /// HTTP status.
+    pub(crate) status: u16,
+    /// Its headers.
+    pub(crate) headers: &'a HeaderMap,
+    /// Its body as received (a redirect's is empty; an error's, its start).
+    pub(crate) body: &'a [u8],
+    /// When it came (for resets given as a time).
+    pub(crate) now: DateTime<Utc>,
+}
+
 /// Reads one answer (status, headers, body as received: a redirect's or a
 /// transport error's is empty) of `endpoint` by its `accounting`.
 pub(crate) fn read(
@@ -124,14 +137,18 @@ pub(crate) fn read(
     body: &[u8],
     now: DateTime<Utc>,
 ) -> Verdict {
+    let a = Answer {
+        status,
+        headers,
+        body,
+        now,
+    };
     let mut v = match endpoint.accounting {
-        None => generic::read(endpoint, status, headers, now),
-        Some(Accounting::Ietf) => ietf::read(endpoint, status, headers, now),
-        Some(Accounting::Github) => github::read(endpoint, status, headers, body, now),
-        Some(Accounting::ShopifyGraphql) => shopify::read(endpoint, headers, body, now),
-        Some(Accounting::Meta { throttle_at }) => {
-            meta::read(endpoint, status, headers, body, throttle_at)
-        }
+        None => generic::read(endpoint, &a),
+        Some(Accounting::Ietf) => ietf::read(endpoint, &a),
+        Some(Accounting::Github) => github::read(endpoint, &a),
+        Some(Accounting::ShopifyGraphql) => shopify::read(endpoint, &a),
+        Some(Accounting::Meta { throttle_at }) => meta::read(endpoint, &a, throttle_at),
     };
     if v.cost.is_none() {
         v.cost = endpoint

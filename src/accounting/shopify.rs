@@ -14,11 +14,9 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
-use reqwest::header::HeaderMap;
 use serde_json::Value;
 
-use super::{Block, Left, Verdict, bounded, retry_after};
+use super::{Answer, Block, Left, Verdict, bounded, retry_after};
 use crate::config::Endpoint;
 use crate::quota::BlockReason;
 
@@ -39,12 +37,8 @@ fn units(n: f64) -> u64 {
 }
 
 /// Reads a Shopify GraphQL answer.
-pub(crate) fn read(
-    endpoint: &Endpoint,
-    headers: &HeaderMap,
-    body: &[u8],
-    now: DateTime<Utc>,
-) -> Verdict {
+pub(crate) fn read(endpoint: &Endpoint, a: &Answer<'_>) -> Verdict {
+    let (headers, body, now) = (a.headers, a.body, a.now);
     let mut v = Verdict::default();
     let Ok(json) = serde_json::from_slice::<Value>(body) else {
         return v;
@@ -97,6 +91,8 @@ mod tests {
     use super::*;
     use crate::config::Accounting;
     use crate::quota::BlockFor;
+    use chrono::Utc;
+    use reqwest::header::HeaderMap;
 
     #[test]
     fn settles_to_the_actual_cost_and_resyncs_to_what_is_available() {
