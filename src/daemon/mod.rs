@@ -191,6 +191,7 @@ impl Parts {
             health: shared.health.clone(),
             stats: shared.stats.clone(),
             unsafe_eviction: config.redis.unsafe_eviction,
+            gauge_reads: Arc::default(),
         };
         Ok(Parts { queue, worker, ops })
     }
