@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use quota_worker::simulator::SimConfig;
 
 use crate::support::daemon;
-use crate::support::http::{self, Metrics, scrape};
+use crate::support::http::{self, Metrics, scrape, scrape_fresh};
 use crate::support::process::Proc;
 use crate::support::redis_server::free_port_except;
 use crate::support::upstream::{Blackhole, Upstream};
@@ -172,7 +172,7 @@ fn metrics_match_what_the_upstream_saw_and_are_consistent_across_daemons() {
     let sim = upstream.stats();
     let key = sim.key(KEY);
     let quota = support::json(&cfg.run_on(&redis, &["quota", "sim", "--json"]));
-    let m: Vec<Metrics> = ports.iter().map(|p| scrape(*p)).collect();
+    let m: Vec<Metrics> = ports.iter().map(|p| scrape_fresh(*p)).collect();
     let sum =
         |name: &str, want: &[(&str, &str)]| -> f64 { m.iter().map(|m| m.sum(name, want)).sum() };
 
@@ -341,12 +341,13 @@ fn metrics_match_what_the_upstream_saw_and_are_consistent_across_daemons() {
         key.units
     );
 
-    // A spend from another process shows on both at their next scrape.
+    // A spend from another process shows on both once their gauges are
+    // read again (at most a second later).
     let s = cfg.run_on(&redis, &["spend", "slow.videos", "--cost", "5"]);
     assert_eq!(s.status.code(), Some(0), "{s:?}");
     for p in ports {
         assert_eq!(
-            scrape(p).one(
+            scrape_fresh(p).one(
                 "qw_window_used_units",
                 &[("credential", "slow"), ("scope", "credential")]
             ),
