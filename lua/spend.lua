@@ -499,16 +499,21 @@ local function spend_main(KEYS, ARGV)
 
   local id = ARGV[2]
   local cost = tonumber(ARGV[3])
-  local rejected, remaining = false, nil
-  if op == 'spend' then
+  if op == 'spend' or op == 'settle' then
     if id == nil or id == '' or string.sub(id, 1, 1) == '#' or id == '{request_id}' then
       save_all()
       return redis.error_reply('ERR quota-worker: request id must be unique, non-empty, not start with "#" (got ' .. tostring(id) .. ')')
     end
-    if cost == nil or cost < 1 or cost >= MAXPOS or cost ~= floor(cost) then
+    -- A spend costs 1 or more, a settle 0 or more (a refund); both below
+    -- 2^53, as every count here: a larger one would be rounded.
+    local least = op == 'spend' and 1 or 0
+    if cost == nil or cost < least or cost >= MAXPOS or cost ~= floor(cost) then
       save_all()
-      return redis.error_reply('ERR quota-worker: spend cost must be a whole number from 1 to 2^53 - 1 (got ' .. tostring(ARGV[3]) .. ')')
+      return redis.error_reply('ERR quota-worker: ' .. op .. ' cost must be a whole number from ' .. least .. ' to 2^53 - 1 (got ' .. tostring(ARGV[3]) .. ')')
     end
+  end
+  local rejected, remaining = false, nil
+  if op == 'spend' then
     rejected = blocked_until > now
     for i = 1, nwin do
       local w = windows[i]
@@ -628,15 +633,7 @@ local function spend_main(KEYS, ARGV)
   -- ---------------------------------------------------------------- settle
 
   if op == 'settle' then
-    if id == nil or id == '' or string.sub(id, 1, 1) == '#' or id == '{request_id}' then
-      save_all()
-      return redis.error_reply('ERR quota-worker: request id must be unique, non-empty, not start with "#" (got ' .. tostring(id) .. ')')
-    end
-    -- Below 2^53 as every count here: a larger one would be rounded.
-    if cost == nil or cost < 0 or cost >= MAXPOS or cost ~= floor(cost) then
-      save_all()
-      return redis.error_reply('ERR quota-worker: settle cost must be a whole number from 0 to 2^53 - 1 (got ' .. tostring(ARGV[3]) .. ')')
-    end
+    -- id and cost were checked above.
 
     local function adj_parse(m)
       local c, h, d = match(m, '^(%d+):(%-?%d+):(%-?%d+)$')

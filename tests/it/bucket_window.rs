@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use quota_worker::config::Config;
-use quota_worker::quota::{Decision, RejectedBy, Rejection, request_id};
+use quota_worker::quota::{RejectedBy, request_id};
 
 use crate::support::{self, RedisServer, TestConfig, machine};
 
@@ -30,13 +30,6 @@ windows = [{ kind = "bucket", units = 10, per = "1s" }, { units = 15, per = "1h"
 credential = "both"
 cost = 1
 "#;
-
-fn rejected(d: Decision) -> Rejection {
-    match d {
-        Decision::Rejected(r) => r,
-        other => panic!("expected a rejection, got {other:?}"),
-    }
-}
 
 /// The level drains from the first spend of the burst on: a retry-after of
 /// `full` ms from then, asked `elapsed` ms later, is `full - elapsed`, within
@@ -71,7 +64,7 @@ async fn a_bucket_admits_its_burst_then_refills_at_its_rate_with_exact_retry_aft
         .expect("the first spend's time");
     let ms_since = |t: i64| (t - start) / 1000;
     let before = server.time_us();
-    let r = rejected(limiter.spend("gql", None, "x1").await.expect("spend"));
+    let r = support::rejected(limiter.spend("gql", None, "x1").await.expect("spend"));
     let after = server.time_us();
     assert_eq!(r.by, RejectedBy::Window(1));
     assert_eq!(r.remaining, 0);
@@ -85,7 +78,7 @@ async fn a_bucket_admits_its_burst_then_refills_at_its_rate_with_exact_retry_aft
 
     // Cost 3 waits for three units to refill: 300 ms.
     let before = server.time_us();
-    let r3 = rejected(limiter.spend("gql", Some(3), "x3").await.expect("spend"));
+    let r3 = support::rejected(limiter.spend("gql", Some(3), "x3").await.expect("spend"));
     let after = server.time_us();
     assert_refill(
         r3.retry_after.as_millis(),
@@ -117,15 +110,7 @@ async fn a_bucket_admits_its_burst_then_refills_at_its_rate_with_exact_retry_aft
     tokio::time::sleep(Duration::from_millis(2_000)).await;
     let u = limiter.peek("shop").await.expect("peek");
     assert_eq!((u.windows[0].used, u.windows[0].remaining), (0, 10));
-    for _ in 0..10 {
-        assert!(
-            limiter
-                .spend("gql", None, &request_id())
-                .await
-                .expect("spend")
-                .is_allowed()
-        );
-    }
+    support::admit_n(&limiter, "gql", 10).await;
     assert!(
         !limiter
             .spend("gql", None, &request_id())
@@ -154,7 +139,7 @@ async fn a_bucket_and_a_sliding_window_admit_all_or_nothing() {
             .expect("spend")
             .is_allowed()
     );
-    let r = rejected(limiter.spend("mixed", Some(2), "b").await.expect("spend"));
+    let r = support::rejected(limiter.spend("mixed", Some(2), "b").await.expect("spend"));
     assert_eq!(r.by, RejectedBy::Window(1), "the bucket");
     // The bucket drains a unit every 100 ms meanwhile, so its level is read
     // with that slack; that no window recorded b is exact.
@@ -168,7 +153,7 @@ async fn a_bucket_and_a_sliding_window_admit_all_or_nothing() {
     // Refilled, the sliding window (15 per hour) refuses: the bucket keeps
     // its level as it drains, nothing added.
     tokio::time::sleep(Duration::from_millis(1_100)).await;
-    let r = rejected(limiter.spend("mixed", Some(6), "c").await.expect("spend"));
+    let r = support::rejected(limiter.spend("mixed", Some(6), "c").await.expect("spend"));
     assert_eq!(r.by, RejectedBy::Window(2), "the hourly window");
     assert!(
         r.retry_after > Duration::from_secs(3_500),
@@ -224,7 +209,7 @@ async fn settling_a_bucket_spend_gives_units_back_at_once() {
             .expect("spend")
             .is_allowed()
     );
-    let r = rejected(limiter.spend("gql", Some(8), "s").await.expect("spend"));
+    let r = support::rejected(limiter.spend("gql", Some(8), "s").await.expect("spend"));
     assert_eq!(r.by, RejectedBy::Window(1));
 }
 

@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use quota_worker::config::Config;
-use quota_worker::quota::{Decision, Limiter, QuotaError, RejectedBy, Rejection};
+use quota_worker::quota::{Decision, Limiter, QuotaError, RejectedBy};
 
 use crate::support::machine;
 use crate::support::{self, ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window};
@@ -57,13 +57,6 @@ fn entries(server: &RedisServer) -> Vec<(String, i64)> {
         (k.to_owned(), n)
     })
     .collect()
-}
-
-fn rejected(d: Decision) -> Rejection {
-    match d {
-        Decision::Rejected(r) => r,
-        other => panic!("expected a rejection, got {other:?}"),
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -129,7 +122,7 @@ async fn a_block_stops_every_endpoint_and_is_never_shortened() {
 
     // e's tightest window is its own 40; f's the credential's 50.
     for (endpoint, room) in [("e", 40), ("f", 50)] {
-        let r = rejected(limiter.spend(endpoint, None, "x").await.expect("spend"));
+        let r = support::rejected(limiter.spend(endpoint, None, "x").await.expect("spend"));
         assert_eq!(r.by, RejectedBy::Blocked, "{endpoint}");
         let ms = r.retry_after.as_millis();
         assert!((1_300..=1_500).contains(&ms), "{endpoint}: {ms} ms");
@@ -158,7 +151,7 @@ async fn a_block_stops_every_endpoint_and_is_never_shortened() {
         .expect("block");
     assert!(kept > Duration::from_millis(500), "{kept:?}");
     std::thread::sleep(Duration::from_millis(300));
-    let r = rejected(limiter.spend("e", None, "x").await.expect("spend"));
+    let r = support::rejected(limiter.spend("e", None, "x").await.expect("spend"));
     assert_eq!(
         r.by,
         RejectedBy::Blocked,
@@ -192,7 +185,7 @@ async fn a_window_that_frees_after_the_block_is_named_instead() {
         .await
         .expect("block");
     // e's own 40/1h window is full and frees in an hour: after the block.
-    let r = rejected(limiter.spend("e", None, "x").await.expect("spend"));
+    let r = support::rejected(limiter.spend("e", None, "x").await.expect("spend"));
     assert_eq!(r.by, RejectedBy::Window(3));
     assert!(
         r.retry_after > Duration::from_secs(3_500),
@@ -200,7 +193,7 @@ async fn a_window_that_frees_after_the_block_is_named_instead() {
         r.retry_after
     );
     // f has room in its windows: the block is what stops it.
-    let r = rejected(limiter.spend("f", None, "x").await.expect("spend"));
+    let r = support::rejected(limiter.spend("f", None, "x").await.expect("spend"));
     assert_eq!(r.by, RejectedBy::Blocked);
 }
 
