@@ -2,7 +2,7 @@
 //! checks, in one place. The loader reads them from here; where
 //! `docs/configuration.md` quotes one, a test below keeps the two equal.
 
-use std::num::{NonZeroU32, NonZeroUsize};
+use std::num::{NonZeroU32, NonZeroU64, NonZeroUsize};
 use std::time::Duration;
 
 use chrono_tz::Tz;
@@ -28,6 +28,9 @@ pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
 pub const RECOVER_AFTER: Duration = Duration::from_secs(30);
 /// `[worker] poll_interval`.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(200);
+/// `[worker] fan_out_warn`: `check` warns about a tick of more tasks (each
+/// waits in Redis, about 400 bytes apiece, until a worker takes it).
+pub const FAN_OUT_WARN: u64 = 100_000;
 
 // [metrics]
 
@@ -83,6 +86,8 @@ pub const ON_QUOTA_EXHAUSTED: OnQuotaExhausted = OnQuotaExhausted::Stop;
 pub const METHOD: Method = Method::Get;
 /// `[job.sink] records`: the whole body is one record.
 pub const SINK_RECORDS: &str = "";
+/// `fan_out_from.max_items`: more rows and a tick fans out nothing.
+pub const FAN_OUT_MAX_ITEMS: NonZeroU64 = NonZeroU64::new(100_000).expect("> 0");
 /// `retry.attempts`, the first one included.
 pub const RETRY_ATTEMPTS: NonZeroU32 = NonZeroU32::new(5).expect("5 > 0");
 /// `retry.backoff`, doubled each time.

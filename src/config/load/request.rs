@@ -7,16 +7,19 @@ use crate::config::defaults as d;
 use crate::config::raw::RawRequest;
 use crate::config::{FieldPath, RequestTemplate, Source, Template};
 
-/// The placeholders a job's templates may use: its fan-out keys, `{job}`
+/// The placeholders a job's templates may use: its fan-out keys and
+/// `fan_out_from` columns, `{job}`
 /// and `{date}`, and `{secret}` where it is allowed.
 pub(super) struct Placeholders<'a> {
     fan_out: Vec<&'a str>,
 }
 
 impl<'a> Placeholders<'a> {
-    pub(super) fn of(fan_out: &'a [(String, Vec<String>)]) -> Self {
+    /// A job's: its `fan_out_from` columns, then its `fan_out` keys.
+    pub(super) fn of(columns: &'a [String], fan_out: &'a [(String, Vec<String>)]) -> Self {
+        let keys = fan_out.iter().map(|(k, _)| k.as_str());
         Placeholders {
-            fan_out: fan_out.iter().map(|(k, _)| k.as_str()).collect(),
+            fan_out: columns.iter().map(String::as_str).chain(keys).collect(),
         }
     }
 
