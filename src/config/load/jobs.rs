@@ -106,11 +106,15 @@ impl Loader<'_> {
             rj.on_quota_exhausted.as_deref(),
             d::ON_QUOTA_EXHAUSTED,
         );
+        let from_written = rj.fan_out_from.is_some();
         let fan_out_from = rj
             .fan_out_from
             .and_then(|raw| self.fan_out_from(src, &base.join("fan_out_from"), dir, raw, &fan_out));
         let columns = fan_out_from.as_ref().map_or(&[][..], |f| &f.columns[..]);
-        let places = Placeholders::of(columns, &fan_out);
+        // A source that failed (reported) leaves its columns unknown: its
+        // placeholders are not reported again.
+        let places = Placeholders::of(columns, &fan_out)
+            .with_unknown_columns(from_written && fan_out_from.is_none());
         let request = self.request(src, &base.join("request"), &rj.request, &places);
         let pagination = rj
             .pagination

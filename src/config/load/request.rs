@@ -12,6 +12,9 @@ use crate::config::{FieldPath, RequestTemplate, Source, Template};
 /// and `{date}`, and `{secret}` where it is allowed.
 pub(super) struct Placeholders<'a> {
     fan_out: Vec<&'a str>,
+    /// A `fan_out_from` whose columns could not be read (reported): any
+    /// name may be one of them, so none is reported again.
+    unknown_columns: bool,
 }
 
 impl<'a> Placeholders<'a> {
@@ -20,11 +23,19 @@ impl<'a> Placeholders<'a> {
         let keys = fan_out.iter().map(|(k, _)| k.as_str());
         Placeholders {
             fan_out: columns.iter().map(String::as_str).chain(keys).collect(),
+            unknown_columns: false,
         }
     }
 
+    /// Also any name: the job's `fan_out_from` failed to load (reported).
+    pub(super) fn with_unknown_columns(mut self, unknown: bool) -> Self {
+        self.unknown_columns = unknown;
+        self
+    }
+
     fn has(&self, name: &str, secret_ok: bool) -> bool {
-        self.fan_out.contains(&name)
+        (self.unknown_columns && name != "secret")
+            || self.fan_out.contains(&name)
             || name == "job"
             || name == "date"
             || (secret_ok && name == "secret")
