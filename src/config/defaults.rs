@@ -170,6 +170,7 @@ mod tests {
         says_duration(c, f, "shutdown_timeout", SHUTDOWN_TIMEOUT);
         says_duration(c, f, "recover_after", RECOVER_AFTER);
         says_duration(c, f, "poll_interval", POLL_INTERVAL);
+        says(c, f, "fan_out_warn", &FAN_OUT_WARN.to_string());
         says(c, f, "listen", &format!("{METRICS_LISTEN:?}"));
         says(c, f, "state_dir", &format!("{STATE_DIR:?}"));
         says(c, f, "reset", &format!("{WINDOW_RESET:?}"));
@@ -187,6 +188,7 @@ mod tests {
         let f = "jobs";
         says(j, f, "timezone", &format!("{:?}", JOB_TIMEZONE.name()));
         says(j, f, "method", &format!("{:?}", METHOD.as_str()));
+        says(j, f, "max_items", &FAN_OUT_MAX_ITEMS.to_string());
         let retry = written(j, "retry");
         let retry = retry.first().expect("docs/jobs.md shows retry");
         for (key, want) in [
