@@ -153,7 +153,7 @@ pub(crate) fn columns(source: &DataSource) -> Result<Vec<String>, SourceError> {
         DataSource::Sqlite { path, query } => {
             let conn = open_sqlite(path)?;
             let stmt = prepare(&conn, path, query)?;
-            Ok(stmt.column_names().into_iter().map(str::to_owned).collect())
+            Ok(stmt.column_names().map(str::to_owned).collect())
         }
     }
 }
@@ -420,7 +420,7 @@ fn read_sqlite(
 ) -> Result<(), SourceError> {
     let conn = open_sqlite(path)?;
     let mut stmt = prepare(&conn, path, query)?;
-    let now: Vec<String> = stmt.column_names().into_iter().map(str::to_owned).collect();
+    let now: Vec<String> = stmt.column_names().map(str::to_owned).collect();
     let order = column_order(path, &now, columns)?;
     let mut rows = stmt.query([]).map_err(|e| SourceError::sqlite(path, e))?;
     let mut n = 0u64;

@@ -247,11 +247,11 @@ impl Loader<'_> {
             (Err(e), Some(declared))
                 if e.is_missing() || matches!(e, source::SourceError::Sqlite { .. }) =>
             {
-                if let DataSource::Sqlite { query, .. } = &source {
-                    if !source::looks_read_only(query) {
-                        let e = source::SourceError::NotReadOnly;
-                        self.error(src, &base.join("query"), e.to_string());
-                    }
+                if let DataSource::Sqlite { query, .. } = &source
+                    && !source::looks_read_only(query)
+                {
+                    let e = source::SourceError::NotReadOnly;
+                    self.error(src, &base.join("query"), e.to_string());
                 }
                 declared
             }
