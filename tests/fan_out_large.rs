@@ -274,6 +274,7 @@ records = "/items"
             .map(|t| (t.id.clone(), serde_json::to_string(t).expect("json")))
             .collect()
     };
+    assert_eq!(FAN_OUT_CHUNK, 200, "the numbers below assume chunks of 200");
     let first = p
         .queue
         .fan_out_chunk(&dead, 0, false, &chunk(0))
@@ -307,7 +308,7 @@ records = "/items"
         matches!(
             lost,
             Chunk::Taken {
-                queued: Some(1000),
+                queued: Some(400),
                 ..
             }
         ),
