@@ -404,6 +404,15 @@ fn make_db(path: &Path) {
     .expect("fill db");
 }
 
+/// `check`'s report, which must exit 0.
+fn check_ok(cfg: &TestConfig, redis: &RedisServer) -> String {
+    let out = check(cfg, redis);
+    let text = support::stdout(&out);
+    let err = support::stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}{err}");
+    text
+}
+
 fn check(cfg: &TestConfig, redis: &RedisServer) -> std::process::Output {
     cfg.run(
         &["check"],
@@ -477,14 +486,7 @@ fn a_missing_source_needs_declared_columns_and_check_counts_rows() {
         &[("feed.toml", &sql_job(query, "columns = [\"channel\"]"))],
         9,
     );
-    let out = check(&cfg, &redis);
-    let text = support::stdout(&out);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{text}{}",
-        support::stderr(&out)
-    );
+    let text = check_ok(&cfg, &redis);
     assert!(text.contains("fan_out_from"), "{text}");
     assert!(text.contains("cannot be read now"), "{text}");
     assert!(text.contains("warning: job feed: cannot read"), "{text}");
@@ -492,14 +494,7 @@ fn a_missing_source_needs_declared_columns_and_check_counts_rows() {
 
     // Declared columns must match the source's.
     make_db(&cfg.join("data.db"));
-    let out = check(&cfg, &redis);
-    let text = support::stdout(&out);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{text}{}",
-        support::stderr(&out)
-    );
+    let text = check_ok(&cfg, &redis);
     assert!(text.contains("2 row(s) now"), "{text}");
     let cfg = bin_config(&[("feed.toml", &sql_job(query, "columns = [\"chan\"]"))], 9);
     make_db(&cfg.join("data.db"));
@@ -541,14 +536,7 @@ fn check_counts_csv_rows_and_warns_above_fan_out_warn() {
         9,
     );
     std::fs::write(cfg.join("channels.csv"), "channel\nUC1\nUC2\nUC3\n").expect("csv");
-    let out = check(&cfg, &redis);
-    let text = support::stdout(&out);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{text}{}",
-        support::stderr(&out)
-    );
+    let text = check_ok(&cfg, &redis);
     assert!(
         text.contains("3 row(s) now x 2 fan_out combination(s)"),
         "{text}"
