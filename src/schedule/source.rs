@@ -589,6 +589,34 @@ mod tests {
         assert!(!dir.path().join("nope.db").exists());
     }
 
+    /// A sink's database is in WAL mode: it reads while its writer has it
+    /// open, and after the writer closed it (and SQLite removed the -wal
+    /// and -shm files), read-only all the same.
+    #[test]
+    fn a_wal_database_reads_with_and_without_its_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sink.db");
+        let writer = Connection::open(&path).unwrap();
+        writer
+            .execute_batch(
+                "PRAGMA journal_mode = WAL;
+                 CREATE TABLE \"channels\" (record TEXT);
+                 INSERT INTO \"channels\" VALUES ('{\"c\": \"UC1\"}'), ('{\"c\": \"UC2\"}');",
+            )
+            .unwrap();
+        let source = DataSource::Sqlite {
+            path: path.clone(),
+            query: "SELECT json_extract(record, '$.c') AS channel FROM \"channels\"".into(),
+        };
+        let f = from(source.clone(), &["channel"], 10);
+        assert_eq!(read(&f).unwrap().count, 2);
+        drop(writer);
+        assert!(!dir.path().join("sink.db-wal").exists());
+        assert_eq!(columns(&source).unwrap(), ["channel"]);
+        let mut rows = read(&f).unwrap();
+        assert_eq!(all(&mut rows, 0), [["UC1"], ["UC2"]]);
+    }
+
     #[test]
     fn the_first_keyword_tells_a_read() {
         assert!(looks_read_only("  -- why\n /* c */ select a from t"));
