@@ -4,53 +4,41 @@
 //! resumes its tick where it stopped, and a daemon finishes a cron tick
 //! whose enqueuer died. Every item ends up queued exactly once.
 
-mod pipeline;
-mod support;
-
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use pipeline::{NEVER, Pipeline, Setup, kinds, toml_list};
 use quota_worker::outcome::OutcomeKind;
 use quota_worker::queue::{Chunk, FAN_OUT_CHUNK, Origin, TickFanOut};
 use quota_worker::simulator::SimConfig;
-use support::RedisServer;
-use support::daemon::{Daemon, redis_conn};
+
+use crate::support::machine;
+use crate::support::pipeline::{Pipeline, YT_ENDPOINT, YT_KEY, kinds, yt, yt_endpoint};
+use crate::support::process::{Proc, run_cli};
+use crate::support::redis_server::redis_conn;
+use crate::support::{self, ConfigBuilder, Job, RedisServer, Request, Sink, Window, Worker};
 
 /// Rows × langs: 200,000 tasks (max_items is 100,000 by default).
 const ROWS: usize = 100_000;
 const TASKS: usize = 2 * ROWS;
 
-const CONFIG: &str = r#"jobs = "jobs/*.toml"
-
-[metrics]
-listen = "off"
-
-[credentials.sim]
-secret_env = "QW_TEST_KEY"
-windows = [{ units = 1000000, per = "1h" }]
-
-[endpoints.videos]
-credential = "sim"
-cost = 1
-"#;
-
-const BIG: &str = r#"[big]
-schedule = "0 0 0 1 1 * 2099"
-endpoint = "videos"
-fan_out = { lang = ["en", "de"] }
-
-[big.fan_out_from]
-csv = "rows.csv"
-
-[big.request]
-url = "http://127.0.0.1:9/videos"
-query = { id = "{channel}", hl = "{lang}" }
-
-[big.sink]
-kind = "jsonl"
-path = "out/{job}.jsonl"
-"#;
+/// `big`: 100,000 CSV rows x 2 langs, never fired by itself; nothing runs it.
+fn big_config() -> ConfigBuilder {
+    let mut from = toml::map::Map::new();
+    from.insert("csv".into(), toml::Value::String("rows.csv".into()));
+    ConfigBuilder::new()
+        .credential(yt(Window::sliding(1_000_000, "1h")))
+        .endpoint(yt_endpoint())
+        .job(
+            Job::new("big", YT_ENDPOINT)
+                .request(
+                    Request::get("http://127.0.0.1:9/videos")
+                        .query(&[("id", "{channel}"), ("hl", "{lang}")]),
+                )
+                .fan_out("lang", ["en", "de"])
+                .set("fan_out_from", toml::Value::Table(from))
+                .sink(Sink::jsonl("out/{job}.jsonl")),
+        )
+}
 
 fn hget(conn: &mut redis::Connection, key: &str, field: &str) -> Option<u64> {
     redis::cmd("HGET")
@@ -65,8 +53,9 @@ fn hget(conn: &mut redis::Connection, key: &str, field: &str) -> Option<u64> {
 /// and every task id of the tick is queued exactly once (no second tick).
 #[test]
 fn a_large_trigger_killed_part_way_is_resumed_by_running_it_again() {
+    let _machine = machine::heavy();
     let redis = RedisServer::start();
-    let cfg = support::TestConfig::new(CONFIG, &[("big.toml", BIG)]);
+    let cfg = big_config().write();
     let mut csv = String::from("channel\n");
     for i in 0..ROWS {
         csv.push_str(&format!("UC{i:06}\n"));
@@ -75,12 +64,12 @@ fn a_large_trigger_killed_part_way_is_resumed_by_running_it_again() {
     let mut conn = redis_conn(&redis.url());
 
     let t0 = Instant::now();
-    let mut first = Daemon::spawn(
+    let url = redis.url();
+    let mut first = Proc::start(
         "trigger-1",
         &cfg,
-        Some(&redis.url()),
         &["trigger", "big"],
-        &[],
+        &[("QUOTA_WORKER_REDIS_URL", &url)],
     );
     // Kill it once some chunks, not all, are queued.
     let mut progress = None;
@@ -114,7 +103,7 @@ fn a_large_trigger_killed_part_way_is_resumed_by_running_it_again() {
 
     // Run it again: it waits for the dead one's lease, then goes on.
     let t1 = Instant::now();
-    let (code, out, err) = support::daemon::run_cli(
+    let (code, out, err) = run_cli(
         &cfg,
         Some(&redis.url()),
         &["trigger", "big"],
@@ -200,30 +189,8 @@ fn sim() -> SimConfig {
         items_per_page: 1,
         ..SimConfig::default()
     }
-    .key("yt-key", 1_000_000, Duration::from_secs(3600))
+    .key(YT_KEY, 1_000_000, Duration::from_secs(3600))
 }
-
-const PIPE_CONFIG: &str = r#"
-jobs = "jobs/*.toml"
-
-[redis]
-url = "@REDIS@"
-
-[worker]
-concurrency = 16
-poll_interval = "10ms"
-
-[metrics]
-listen = "off"
-
-[credentials.yt]
-secret_env = "QW_TEST_YT"
-windows = [{ units = 1000000, per = "1h" }]
-
-[endpoints.videos]
-credential = "yt"
-cost = 1
-"#;
 
 /// A cron tick's enqueuer dies after its first chunks (here: chunks queued
 /// under another daemon's name, which never comes back). A live daemon
@@ -233,30 +200,17 @@ cost = 1
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_daemon_finishes_a_tick_whose_enqueuer_died() {
     const N: usize = 2_000;
-    let regions = toml_list((0..N).map(|i| format!("r{i:04}")));
-    let job = format!(
-        r#"
-[big]
-schedule = "{NEVER}"
-endpoint = "videos"
-fan_out = {{ region = {regions} }}
-
-[big.request]
-url = "@SIM@/youtube/v3/videos"
-query = {{ chart = "mostPopular", regionCode = "{{region}}", maxResults = "1", key = "{{secret}}" }}
-
-[big.sink]
-kind = "jsonl"
-path = "data/{{job}}.jsonl"
-records = "/items"
-"#
-    );
-    let mut p = Pipeline::start(Setup {
-        config: PIPE_CONFIG,
-        jobs: vec![("big.toml".into(), job)],
-        sim: sim(),
-        env: &[("QW_TEST_YT", "yt-key")],
-        base_dir: None,
+    let regions: Vec<String> = (0..N).map(|i| format!("r{i:04}")).collect();
+    let mut p = Pipeline::start(sim(), |base| {
+        ConfigBuilder::new()
+            .worker(Worker::default().concurrency(16).poll_interval("10ms"))
+            .credential(yt(Window::sliding(1_000_000, "1h")))
+            .endpoint(yt_endpoint())
+            .job(
+                Job::videos("big", YT_ENDPOINT, base)
+                    .fan_out("region", regions)
+                    .sink(Sink::jsonl("data/{job}.jsonl").records("/items")),
+            )
     })
     .await;
     let tick = chrono::Utc::now().timestamp_millis();

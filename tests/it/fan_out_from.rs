@@ -6,43 +6,22 @@
 //! cannot be read, fans out nothing, is logged and counted, and the daemon
 //! keeps running. One job's SQLite sink feeds another job's fan-out.
 
-mod ops;
-mod pipeline;
-mod support;
-
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
 
-use pipeline::{NEVER, Pipeline, Setup, kinds};
 use quota_worker::outcome::OutcomeKind;
 use quota_worker::simulator::SimConfig;
-use support::daemon::{Daemon, KEY_ENV, SIM_KEY, redis_conn};
-use support::{RedisServer, TestConfig};
+use toml::Value;
 
-const CONFIG: &str = r#"
-jobs = "jobs/*.toml"
-
-[redis]
-url = "@REDIS@"
-
-[worker]
-concurrency = 4
-poll_interval = "20ms"
-
-[metrics]
-listen = "off"
-
-[credentials.yt]
-secret_env = "QW_TEST_YT"
-windows = [{ units = 1000000, per = "1h" }]
-
-[endpoints."videos"]
-credential = "yt"
-cost = 1
-"#;
-
-const ENV: &[(&str, &str)] = &[("QW_TEST_YT", "yt-key")];
+use crate::support::config::NEVER;
+use crate::support::pipeline::{
+    Pipeline, YT_ENDPOINT, YT_KEY, kinds, quick_worker, yt, yt_endpoint,
+};
+use crate::support::process::Proc;
+use crate::support::redis_server::redis_conn;
+use crate::support::upstream::{KEY_ENV, SIM_KEY, Upstream};
+use crate::support::{self, ConfigBuilder, Job, RedisServer, Request, Sink, TestConfig, Window};
 
 fn sim() -> SimConfig {
     SimConfig {
@@ -50,33 +29,51 @@ fn sim() -> SimConfig {
         items_per_page: 5,
         ..SimConfig::default()
     }
-    .key("yt-key", 1_000_000, Duration::from_secs(3600))
+    .key(YT_KEY, 1_000_000, Duration::from_secs(3600))
 }
 
-/// A job over the simulator's videos list; `extra` holds its fan-out
-/// tables. The simulator pages per `regionCode`, so `scope` names what each
+/// A job over the simulator's videos list, records into `sink`. The
+/// simulator pages per `regionCode`, so `scope` (a template) names what each
 /// task's request carried.
-fn job(name: &str, schedule: &str, scope: &str, extra: &str, sink: &str) -> String {
-    format!(
-        r#"
-[{name}]
-schedule = "{schedule}"
-endpoint = "videos"
-{extra}
+fn job(name: &str, base: &str, scope: &str, sink: Sink) -> Job {
+    Job::new(name, YT_ENDPOINT)
+        .request(Request::get(&format!("{base}/youtube/v3/videos")).query(&[
+            ("chart", "mostPopular"),
+            ("regionCode", scope),
+            ("maxResults", "5"),
+            ("key", "{secret}"),
+        ]))
+        .sink(sink.records("/items"))
+}
 
-[{name}.request]
-url = "@SIM@/youtube/v3/videos"
-query = {{ chart = "mostPopular", regionCode = "{scope}", maxResults = "5", key = "{{secret}}" }}
+fn jsonl() -> Sink {
+    Sink::jsonl("data/{job}.jsonl")
+}
 
-[{name}.sink]
-{sink}
-records = "/items"
-"#
+/// `fan_out_from = { ... }` from `(field, value)` pairs.
+fn from(fields: &[(&str, Value)]) -> Value {
+    Value::Table(
+        fields
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect(),
     )
 }
 
-const JSONL: &str = r#"kind = "jsonl"
-path = "data/{job}.jsonl""#;
+fn text(s: &str) -> Value {
+    Value::String(s.to_owned())
+}
+
+/// The config of the in-process tests: room for everything, quick workers.
+fn pipeline(jobs: Vec<Job>) -> ConfigBuilder {
+    jobs.into_iter().fold(
+        ConfigBuilder::new()
+            .worker(quick_worker(4))
+            .credential(yt(Window::sliding(1_000_000, "1h")))
+            .endpoint(yt_endpoint()),
+        ConfigBuilder::job,
+    )
+}
 
 /// The item keys of a tick's outcomes, sorted.
 fn items_of(p: &Pipeline, job: &str, tick: i64) -> Vec<String> {
@@ -146,25 +143,14 @@ async fn csv_items_fan_out_and_edits_apply_at_the_next_tick() {
     let dir = tempfile::tempdir().expect("tempdir");
     let csv = dir.path().join("channels.csv");
     write(&csv, "channel,region\nUC1,US\nUC2,GB\n");
-    let extra = format!(
-        "fan_out = {{ lang = [\"en\", \"de\"] }}\n[csv.fan_out_from]\ncsv = {:?}",
-        csv.display().to_string()
-    );
-    let mut p = Pipeline::start(Setup {
-        config: CONFIG,
-        jobs: vec![(
-            "csv.toml".into(),
-            job(
-                "csv",
-                "*/2 * * * * *",
-                "{channel}-{region}-{lang}",
-                &extra,
-                JSONL,
-            ),
-        )],
-        sim: sim(),
-        env: ENV,
-        base_dir: None,
+    let csv_path = csv.display().to_string();
+    let mut p = Pipeline::start(sim(), |base| {
+        pipeline(vec![
+            job("csv", base, "{channel}-{region}-{lang}", jsonl())
+                .schedule("*/2 * * * * *")
+                .fan_out("lang", ["en", "de"])
+                .set("fan_out_from", from(&[("csv", text(&csv_path))])),
+        ])
     })
     .await;
 
@@ -231,16 +217,12 @@ async fn rows_differing_in_one_column_are_different_items() {
         &csv,
         "channel,region\nUC1,US\nUC1,GB\n\"x,region=y\",z\nx,\"y,region=z\"\n",
     );
-    let extra = format!("[rows.fan_out_from]\ncsv = {:?}", csv.display().to_string());
-    let mut p = Pipeline::start(Setup {
-        config: CONFIG,
-        jobs: vec![(
-            "rows.toml".into(),
-            job("rows", NEVER, "{channel}/{region}", &extra, JSONL),
-        )],
-        sim: sim(),
-        env: ENV,
-        base_dir: None,
+    let csv_path = csv.display().to_string();
+    let mut p = Pipeline::start(sim(), |base| {
+        pipeline(vec![
+            job("rows", base, "{channel}/{region}", jsonl())
+                .set("fan_out_from", from(&[("csv", text(&csv_path))])),
+        ])
     })
     .await;
     let tick = p.trigger("rows").await;
@@ -266,33 +248,27 @@ async fn rows_differing_in_one_column_are_different_items() {
 /// loads, so `videos` declares its columns.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_sqlite_sink_feeds_another_jobs_fan_out() {
-    let sqlite = r#"kind = "sqlite"
-path = "data/playlists.db"
-key = "/id""#;
-    // The sink's layout (docs/jobs.md, "SQLite sinks"): a table named after
-    // the job, each record as JSON in `record`.
-    let from = r#"[videos.fan_out_from]
-sqlite = "data/playlists.db"
-query = """
+    // The sink's layout (docs/jobs.md, "Fan-out from data"): a table named
+    // after the job, each record as JSON in `record`.
+    let query = r#"
 SELECT DISTINCT json_extract(record, '$.snippet.channelId') AS channel
 FROM "channels" ORDER BY channel
-"""
-columns = ["channel"]"#;
-    let mut p = Pipeline::start(Setup {
-        config: CONFIG,
-        jobs: vec![
-            (
-                "channels.toml".into(),
-                job("channels", NEVER, "US", "", sqlite),
+"#;
+    let source = from(&[
+        ("sqlite", text("data/playlists.db")),
+        ("query", text(query)),
+        ("columns", Value::Array(vec![text("channel")])),
+    ]);
+    let mut p = Pipeline::start(sim(), |base| {
+        pipeline(vec![
+            job(
+                "channels",
+                base,
+                "US",
+                Sink::sqlite("data/playlists.db").key("/id"),
             ),
-            (
-                "videos.toml".into(),
-                job("videos", NEVER, "{channel}", from, JSONL),
-            ),
-        ],
-        sim: sim(),
-        env: ENV,
-        base_dir: None,
+            job("videos", base, "{channel}", jsonl()).set("fan_out_from", source),
+        ])
     })
     .await;
 
@@ -584,7 +560,7 @@ fn check_counts_csv_rows_and_warns_above_fan_out_warn() {
 #[test]
 fn a_bad_source_fans_out_nothing_and_the_daemon_keeps_running() {
     let redis = RedisServer::start();
-    let upstream = support::daemon::Upstream::start(1, 1);
+    let upstream = Upstream::start(1, 1);
     let port = support::free_port();
     let cfg = bin_config(
         &[("feed.toml", &CSV_JOB.replace("@SIM@", &upstream.base_url()))],
@@ -592,7 +568,7 @@ fn a_bad_source_fans_out_nothing_and_the_daemon_keeps_running() {
     );
     let csv = cfg.join("channels.csv");
     write(&csv, "channel\nUC1\n");
-    let mut d = Daemon::start_with("fan-out", &cfg, Some(&redis.url()), &[(KEY_ENV, SIM_KEY)]);
+    let mut d = Proc::daemon("fan-out", &cfg, Some(&redis.url()), &[]);
     d.wait_running(Duration::from_secs(20));
     let mut conn = redis_conn(&redis.url());
 
@@ -640,7 +616,7 @@ fn a_bad_source_fans_out_nothing_and_the_daemon_keeps_running() {
             before,
             "{says}: a bad tick fanned out"
         );
-        let m = ops::scrape(port);
+        let m = support::http::scrape(port);
         let errors = m.one("qw_fan_out_errors_total", &[("qw_job", "feed")]);
         assert!(
             errors >= errors_seen + 2.0,
