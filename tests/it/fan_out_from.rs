@@ -553,6 +553,42 @@ fn check_counts_csv_rows_and_warns_above_fan_out_warn() {
     );
 }
 
+/// A column may not take a placeholder the product fills, `{since}` and
+/// `{since_epoch}` (the item's last complete run) included: the load fails
+/// with exit 78 at the job's `fan_out_from.columns`, naming every taken name.
+#[test]
+fn a_column_named_like_a_product_placeholder_is_refused() {
+    let redis = RedisServer::start();
+    for column in ["since", "since_epoch", "secret"] {
+        let job = CSV_JOB
+            .replace("@SIM@", "http://127.0.0.1:9")
+            .replace("{channel}", "{lang}");
+        let cfg = bin_config(&[("feed.toml", &job)], 9);
+        std::fs::write(cfg.join("channels.csv"), format!("{column}\nx\n")).expect("csv");
+        let out = check(&cfg, &redis);
+        let err = support::stderr(&out);
+        assert_eq!(out.status.code(), Some(78), "{column}: {err}");
+        let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error: ")).collect();
+        assert_eq!(errors.len(), 1, "{column}: {err}");
+        assert!(
+            errors[0].contains(": feed.fan_out_from.columns: "),
+            "{}",
+            errors[0]
+        );
+        assert!(
+            errors[0].contains(&format!("column {column:?} cannot be a placeholder")),
+            "{}",
+            errors[0]
+        );
+        assert!(
+            errors[0].contains("secret, date, job, item, since, since_epoch are taken"),
+            "{}",
+            errors[0]
+        );
+    }
+    assert_eq!(redis.dbsize(), 0);
+}
+
 /// A tick whose source has too many rows, cannot be read or is not valid
 /// CSV fans out nothing; the error is logged and counted in
 /// `qw_fan_out_errors_total`, the daemon keeps running, and the next good
