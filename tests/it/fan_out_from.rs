@@ -11,26 +11,16 @@ use std::path::Path;
 use std::time::Duration;
 
 use quota_worker::outcome::OutcomeKind;
-use quota_worker::simulator::SimConfig;
 use toml::Value;
 
 use crate::support::config::NEVER;
 use crate::support::pipeline::{
-    Pipeline, YT_ENDPOINT, YT_KEY, kinds, quick_worker, yt, yt_endpoint,
+    Pipeline, YT_ENDPOINT, kinds, one_page_sim, quick_worker, yt, yt_endpoint,
 };
 use crate::support::process::Proc;
 use crate::support::redis_server::redis_conn;
 use crate::support::upstream::{KEY_ENV, SIM_KEY, Upstream};
 use crate::support::{self, ConfigBuilder, Job, RedisServer, Request, Sink, TestConfig, Window};
-
-fn sim() -> SimConfig {
-    SimConfig {
-        pages_per_query: 1,
-        items_per_page: 5,
-        ..SimConfig::default()
-    }
-    .key(YT_KEY, 1_000_000, Duration::from_secs(3600))
-}
 
 /// A job over the simulator's videos list, records into `sink`. The
 /// simulator pages per `regionCode`, so `scope` (a template) names what each
@@ -144,7 +134,7 @@ async fn csv_items_fan_out_and_edits_apply_at_the_next_tick() {
     let csv = dir.path().join("channels.csv");
     write(&csv, "channel,region\nUC1,US\nUC2,GB\n");
     let csv_path = csv.display().to_string();
-    let mut p = Pipeline::start(sim(), |base| {
+    let mut p = Pipeline::start(one_page_sim(5), |base| {
         pipeline(vec![
             job("csv", base, "{channel}-{region}-{lang}", jsonl())
                 .schedule("*/2 * * * * *")
@@ -218,7 +208,7 @@ async fn rows_differing_in_one_column_are_different_items() {
         "channel,region\nUC1,US\nUC1,GB\n\"x,region=y\",z\nx,\"y,region=z\"\n",
     );
     let csv_path = csv.display().to_string();
-    let mut p = Pipeline::start(sim(), |base| {
+    let mut p = Pipeline::start(one_page_sim(5), |base| {
         pipeline(vec![
             job("rows", base, "{channel}/{region}", jsonl())
                 .set("fan_out_from", from(&[("csv", text(&csv_path))])),
@@ -259,7 +249,7 @@ FROM "channels" ORDER BY channel
         ("query", text(query)),
         ("columns", Value::Array(vec![text("channel")])),
     ]);
-    let mut p = Pipeline::start(sim(), |base| {
+    let mut p = Pipeline::start(one_page_sim(5), |base| {
         pipeline(vec![
             job(
                 "channels",

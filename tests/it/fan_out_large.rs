@@ -9,10 +9,9 @@ use std::time::{Duration, Instant};
 
 use quota_worker::outcome::OutcomeKind;
 use quota_worker::queue::{Chunk, FAN_OUT_CHUNK, Origin, TickFanOut};
-use quota_worker::simulator::SimConfig;
 
 use crate::support::machine;
-use crate::support::pipeline::{Pipeline, YT_ENDPOINT, YT_KEY, kinds, yt, yt_endpoint};
+use crate::support::pipeline::{Pipeline, YT_ENDPOINT, kinds, one_page_sim, yt, yt_endpoint};
 use crate::support::process::{Proc, run_cli};
 use crate::support::redis_server::redis_conn;
 use crate::support::{self, ConfigBuilder, Job, RedisServer, Request, Sink, Window, Worker};
@@ -183,15 +182,6 @@ fn a_large_trigger_killed_part_way_is_resumed_by_running_it_again() {
     assert_eq!(fanning, 0);
 }
 
-fn sim() -> SimConfig {
-    SimConfig {
-        pages_per_query: 1,
-        items_per_page: 1,
-        ..SimConfig::default()
-    }
-    .key(YT_KEY, 1_000_000, Duration::from_secs(3600))
-}
-
 /// A cron tick's enqueuer dies after its first chunks (here: chunks queued
 /// under another daemon's name, which never comes back). A live daemon
 /// takes the rest over once the dead one's lease has run out, and every
@@ -201,7 +191,7 @@ fn sim() -> SimConfig {
 async fn a_daemon_finishes_a_tick_whose_enqueuer_died() {
     const N: usize = 2_000;
     let regions: Vec<String> = (0..N).map(|i| format!("r{i:04}")).collect();
-    let mut p = Pipeline::start(sim(), |base| {
+    let mut p = Pipeline::start(one_page_sim(1), |base| {
         ConfigBuilder::new()
             .worker(Worker::default().concurrency(16).poll_interval("10ms"))
             .credential(yt(Window::sliding(1_000_000, "1h")))
