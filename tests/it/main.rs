@@ -40,6 +40,8 @@ mod accounting_github;
 mod accounting_ietf;
 mod accounting_meta;
 mod accounting_shopify;
+mod fan_out_from;
+mod fan_out_large;
 mod incremental;
 mod outcome_logs;
 mod pagination_styles;

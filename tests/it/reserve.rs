@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use quota_worker::config::{Config, Reserve};
 use quota_worker::outcome::OutcomeKind;
-use quota_worker::quota::{Decision, QuotaError, RejectedBy, Rejection, request_id};
+use quota_worker::quota::{Decision, QuotaError, RejectedBy, request_id};
 use quota_worker::simulator::SimConfig;
 
 use crate::support::pipeline::{
@@ -43,13 +43,6 @@ fn half() -> Reserve {
     "50%".parse().expect("50%")
 }
 
-fn rejected(d: Decision) -> Rejection {
-    match d {
-        Decision::Rejected(r) => r,
-        other => panic!("expected a rejection, got {other:?}"),
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_50_percent_reserve_admits_half_and_plain_spends_take_the_rest() {
     let server = RedisServer::start();
@@ -67,7 +60,7 @@ async fn a_50_percent_reserve_admits_half_and_plain_spends_take_the_rest() {
             "reserved spend {i}: `remaining` is what this caller may still take"
         );
     }
-    let r = rejected(
+    let r = support::rejected(
         limiter
             .spend_reserved("e", None, "sixth", half())
             .await
@@ -134,7 +127,7 @@ async fn a_reserved_spend_waits_exactly_for_the_reduced_limit() {
     // cost 3 needs 4 (a's and b's). Plain, cost 4 fits at once.
     for (cost, frees) in [(1, "a"), (3, "b")] {
         let t0 = server.time_us();
-        let r = rejected(
+        let r = support::rejected(
             limiter
                 .spend_reserved("short", Some(cost), "r", half())
                 .await

@@ -103,7 +103,7 @@ fn strings<S: Into<String>>(values: impl IntoIterator<Item = S>) -> Value {
     )
 }
 
-/// `{ units = N, per = "1h" }`, sliding unless made fixed.
+/// `{ units = N, per = "1h" }`, sliding unless made fixed or a bucket.
 #[derive(Debug, Clone)]
 pub struct Window(Fields);
 
@@ -123,6 +123,14 @@ impl Window {
         w
     }
 
+    /// A burst of `units`, refilled continuously at `units / per`
+    /// (`kind = "bucket"`).
+    pub fn bucket(units: u64, per: &str) -> Self {
+        let mut w = Self::sliding(units, per);
+        w.0.set("kind", "bucket");
+        w
+    }
+
     /// When a fixed period starts (`"00:00"`).
     pub fn reset(mut self, at: &str) -> Self {
         self.0.set("reset", at);
@@ -133,14 +141,6 @@ impl Window {
     pub fn timezone(mut self, tz: &str) -> Self {
         self.0.set("timezone", tz);
         self
-    }
-
-    /// A leaky bucket: a burst of `units`, refilled at `units` per `per`
-    /// (`kind = "bucket"`).
-    pub fn bucket(units: u64, per: &str) -> Self {
-        let mut w = Self::sliding(units, per);
-        w.0.set("kind", "bucket");
-        w
     }
 
     /// `upstream = true`: it mirrors the upstream's own limit.

@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 pub use config::{
     ConfigBuilder, Credential, Endpoint, Job, Request, Sink, TestConfig, Window, Worker,
 };
-pub use redis_server::{RedisServer, free_port, limiter};
+pub use redis_server::{RedisServer, admit_n, free_port, limiter, rejected};
 
 /// The binary under test.
 pub fn bin() -> PathBuf {
