@@ -332,7 +332,11 @@ impl SimStats {
         counts: impl Fn(&str) -> bool,
     ) -> u64 {
         let mut per_period: HashMap<u64, u64> = HashMap::new();
-        for c in self.charges.iter().filter(|c| c.key == key && counts(&c.path)) {
+        for c in self
+            .charges
+            .iter()
+            .filter(|c| c.key == key && counts(&c.path))
+        {
             *per_period.entry(period_of(c.time, period)).or_default() += c.cost;
         }
         per_period.into_values().max().unwrap_or(0)

@@ -11,7 +11,7 @@
 //! - before the next page of the same job is written (by any task of this
 //!   process), so a job's pages reach the sink in fetch order;
 //! - by a retry loop that runs while this process has spooled pages
-//!   (every second at first, backing off to a minute while the sink still
+//!   (every second at first, backing off to every 10 s while the sink still
 //!   fails);
 //! - at start, when the spool holds pages left by an earlier run.
 //!
@@ -41,7 +41,7 @@ use crate::config::Job;
 
 /// The retry loop's first wait, and its longest.
 const FIRST_WAIT: Duration = Duration::from_secs(1);
-const LONGEST_WAIT: Duration = Duration::from_secs(60);
+const LONGEST_WAIT: Duration = Duration::from_secs(10);
 
 /// Where pages wait, and which jobs this process knows have some there.
 #[derive(Debug)]
