@@ -54,7 +54,7 @@ const POLL: &str = "10ms";
 /// 13 this way (one 2,000-task run in five to ten started one heartbeat,
 /// 6.00 s, late: apalis's interval strategy lost its wake-up when a fetch
 /// outlasted `poll_interval` behind the fan-out's script). `queue::Ticker`
-/// fixes it (`tests/queue_pitfalls.rs`); should a stall come back, such a
+/// fixes it (`tests/it/queue_pitfalls.rs`); should a stall come back, such a
 /// run is cut short, counted in the report, and run again (at most 3 tries).
 const STALL: Duration = Duration::from_secs(1);
 /// The limiter's target: at most this share of end-to-end throughput.

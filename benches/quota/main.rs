@@ -16,6 +16,8 @@
 //! directory and prints the markdown. Nothing here asserts a speed: the
 //! targets are checked and reported, met or not (BENCHMARKS.md).
 
+// The integration tests' support library; the benchmark uses a part of it.
+#[allow(dead_code, unused_imports)]
 #[path = "../../tests/support/mod.rs"]
 mod support;
 

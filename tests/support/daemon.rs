@@ -1,33 +1,25 @@
-//! The real `quota-worker run` as a child process, the simulated upstream it
-//! talks to over loopback, a config that wires them together, and readers for
-//! what the daemons leave behind (JSON log lines, tick claims and outcome
-//! hashes in Redis, sink files). Every daemon is stopped by its pid on `Drop`,
-//! and its log is printed when the test panics.
+//! The config the multi-process tests share (the credential `sim`, its
+//! endpoint `sim.videos` and the job [`JOB`] paging the simulator's videos
+//! per region into `data/trending/<region>.jsonl`), and readers for what
+//! the daemons leave behind: tick claims and outcome hashes in Redis, the
+//! queue's state, the sink's records.
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Datelike, Timelike, Utc};
-use quota_worker::simulator::{Fault, SimConfig, SimStats, Simulator};
 use serde_json::Value;
 
-use super::{TestConfig, bin};
+use super::config::{ConfigBuilder, Credential, Endpoint, Job, TestConfig, Window};
+use super::upstream::KEY_ENV;
 
-/// The API key the simulator accepts and the config's credential sends.
-pub const SIM_KEY: &str = "sim-key";
-/// The environment variable the credential's secret comes from.
-pub const KEY_ENV: &str = "QW_TEST_KEY";
-/// The job every config here defines.
+/// The job [`config`] defines.
 pub const JOB: &str = "trending";
-/// The key prefix every config here uses.
+/// The key prefix every config here uses (the default).
 pub const PREFIX: &str = "qw";
 /// Eight regions: the fan-out of SPEC's example job.
 pub const REGIONS: [&str; 8] = ["US", "GB", "DE", "FR", "IN", "BR", "AU", "CA"];
-/// A schedule that never fires while a test runs: ticks come from `trigger`.
-pub const NEVER: &str = "0 0 0 1 1 * 2099";
 /// Outcome fields of a tick hash that end a task's chain.
 pub const TERMINAL: [&str; 5] = [
     "done",
@@ -37,165 +29,62 @@ pub const TERMINAL: [&str; 5] = [
     "superseded",
 ];
 
-/// The simulated upstream, on its own runtime: the tests themselves are
-/// synchronous, they drive processes.
-pub struct Upstream {
-    sim: Option<Simulator>,
-    rt: tokio::runtime::Runtime,
+/// The credential `sim`: its secret in [`KEY_ENV`], room for everything.
+pub fn credential() -> Credential {
+    Credential::env("sim", KEY_ENV).window(Window::sliding(1_000_000, "1h"))
 }
 
-impl Upstream {
-    /// `pages` pages per query of `items` items, one key with room for
-    /// everything a test does.
-    pub fn start(pages: u32, items: u32) -> Self {
-        Self::with(
-            SimConfig {
-                pages_per_query: pages,
-                items_per_page: items,
-                ..SimConfig::default()
-            }
-            .key(SIM_KEY, 1_000_000, Duration::from_secs(3600)),
-        )
-    }
-
-    /// Starts it with `config`.
-    pub fn with(config: SimConfig) -> Self {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        let sim = rt
-            .block_on(Simulator::start(config))
-            .expect("start simulator");
-        Upstream { sim: Some(sim), rt }
-    }
-
-    fn sim(&self) -> &Simulator {
-        self.sim.as_ref().expect("simulator running")
-    }
-
-    /// `http://127.0.0.1:PORT`.
-    pub fn base_url(&self) -> String {
-        self.sim().base_url()
-    }
-
-    /// What it has seen so far.
-    pub fn stats(&self) -> SimStats {
-        self.sim().stats()
-    }
-
-    /// The next `count` requests get `fault`.
-    pub fn inject(&self, fault: Fault, count: u32) {
-        self.sim().inject(fault, count);
-    }
-
-    /// Requests answered by an injected fault so far (counted when the fault
-    /// is taken: a delayed request counts while it is still waiting).
-    pub fn injected(&self) -> u64 {
-        self.stats().key(SIM_KEY).injected
-    }
-
-    /// Charged (2xx) requests so far.
-    pub fn fetched(&self) -> usize {
-        self.stats().charges.len()
-    }
+/// The endpoint `sim.videos`, cost 1, 30 s request timeout.
+pub fn endpoint() -> Endpoint {
+    Endpoint::new("sim.videos", "sim", 1).timeout("30s")
 }
 
-impl Drop for Upstream {
-    fn drop(&mut self) {
-        // Dropping the simulator stops its server; the runtime goes after it.
-        self.sim.take();
-    }
+/// The job [`JOB`]: the simulator at `upstream`, per region of [`REGIONS`],
+/// at most 3 pages a run, never fired by its schedule.
+pub fn job(upstream: &str) -> Job {
+    Job::videos(JOB, "sim.videos", upstream)
+        .fan_out("region", REGIONS)
+        .pages(3)
 }
 
-/// Knobs of [`config`].
-pub struct Spec<'a> {
-    /// Cron expression of the job.
-    pub schedule: String,
-    /// Fan-out values of `region`.
-    pub regions: &'a [&'a str],
-    /// `max_pages`.
-    pub max_pages: u32,
-    /// Lines of the `[worker]` section.
-    pub worker: &'a str,
-    /// Lines at the top of the config (`state_dir = ...`).
-    pub top: &'a str,
-    /// The endpoint's request timeout.
-    pub request_timeout: &'a str,
+/// [`credential`], [`endpoint`] and `job` (usually [`job`], tuned). No
+/// `[redis] url`: daemons get theirs from `QUOTA_WORKER_REDIS_URL`, or run
+/// the embedded Redis.
+pub fn config(job: Job) -> ConfigBuilder {
+    ConfigBuilder::new()
+        .credential(credential())
+        .endpoint(endpoint())
+        .job(job)
 }
 
-impl Default for Spec<'_> {
-    fn default() -> Self {
-        Spec {
-            schedule: NEVER.into(),
-            regions: &REGIONS,
-            max_pages: 3,
-            worker: "",
-            top: "",
-            request_timeout: "30s",
-        }
-    }
+/// The simulator's videos of `regions` at `upstream`, up to `pages` pages
+/// a run, three attempts 100–200 ms apart: the job of the operations tests.
+pub fn videos_job(name: &str, endpoint: &str, upstream: &str, regions: &[&str], pages: u32) -> Job {
+    Job::videos(name, endpoint, upstream)
+        .fan_out("region", regions.iter().copied())
+        .pages(pages)
+        .retry(3, Some("100ms"), Some("200ms"))
 }
 
-/// A config directory: one credential, one endpoint, the job [`JOB`] paging
-/// the simulator's videos list per region into `data/trending/<region>.jsonl`.
-/// No `[redis] url`: daemons get [`Daemon::start`]'s URL from
-/// `QUOTA_WORKER_REDIS_URL`, or run the embedded Redis.
-pub fn config(upstream: &str, spec: &Spec<'_>) -> TestConfig {
-    let regions: Vec<String> = spec.regions.iter().map(|r| format!("{r:?}")).collect();
-    let main = format!(
-        r#"jobs = "jobs/*.toml"
-{top}
+/// The credential `yt-key1` (its secret in `YT_KEY1`), 9500 units a day.
+pub fn yt_key1() -> Credential {
+    Credential::env("yt-key1", "YT_KEY1").window(Window::sliding(9500, "24h"))
+}
 
-[redis]
-key_prefix = "{PREFIX}"
-
-[worker]
-{worker}
-
-[metrics]
-listen = "off"
-
-[credentials.sim]
-secret_env = "{KEY_ENV}"
-windows = [{{ units = 1000000, per = "1h" }}]
-
-[endpoints."sim.videos"]
-credential = "sim"
-cost = 1
-timeout = "{timeout}"
-"#,
-        top = spec.top,
-        worker = spec.worker,
-        timeout = spec.request_timeout,
-    );
-    let job = format!(
-        r#"[{JOB}]
-schedule = "{schedule}"
-endpoint = "sim.videos"
-fan_out = {{ region = [{regions}] }}
-
-[{JOB}.request]
-method = "GET"
-url = "{upstream}/youtube/v3/videos"
-query = {{ chart = "mostPopular", regionCode = "{{region}}", part = "snippet", maxResults = "50", key = "{{secret}}" }}
-
-[{JOB}.pagination]
-cursor = "/nextPageToken"
-param = "pageToken"
-max_pages = {max_pages}
-
-[{JOB}.sink]
-kind = "jsonl"
-path = "data/{{job}}/{{region}}.jsonl"
-records = "/items"
-"#,
-        schedule = spec.schedule,
-        regions = regions.join(", "),
-        max_pages = spec.max_pages,
-    );
-    TestConfig::new(&main, &[("trending.toml", &job)])
+/// A daemon with nothing to do: `credential`, the endpoint
+/// `youtube.videos.list` on it, and a job that never fires (its upstream is
+/// nowhere). Its loops run and beat as in production; nothing is fetched.
+pub fn idle(credential: Credential) -> ConfigBuilder {
+    ConfigBuilder::new()
+        .endpoint(Endpoint::new("youtube.videos.list", credential.name(), 1))
+        .credential(credential)
+        .job(videos_job(
+            "trending",
+            "youtube.videos.list",
+            "http://127.0.0.1:9",
+            &["US"],
+            1,
+        ))
 }
 
 /// `n` ticks `every_secs` apart (UTC, whole seconds, all in one minute, the
@@ -229,227 +118,33 @@ pub fn fixed_ticks(n: u32, every_secs: u32, lead: Duration) -> (String, Vec<i64>
     (cron, ticks.iter().map(|t| t.timestamp_millis()).collect())
 }
 
-/// A running `quota-worker run`.
-pub struct Daemon {
-    /// Names it in messages.
-    pub label: String,
-    child: Child,
-    status: Option<ExitStatus>,
-    stderr: Arc<Mutex<Vec<String>>>,
-    stdout: Arc<Mutex<Vec<String>>>,
-    readers: Vec<std::thread::JoinHandle<()>>,
-}
-
-/// Reads `r` line by line into a shared buffer, on a thread that ends at EOF.
-fn read_lines<R: std::io::Read + Send + 'static>(
-    r: R,
-) -> (Arc<Mutex<Vec<String>>>, std::thread::JoinHandle<()>) {
-    use std::io::BufRead;
-    let lines = Arc::new(Mutex::new(Vec::new()));
-    let out = lines.clone();
-    let handle = std::thread::spawn(move || {
-        for line in std::io::BufReader::new(r).lines().map_while(Result::ok) {
-            out.lock().expect("lines").push(line);
+/// Sets a test up with `start` (given the cron schedule of [`fixed_ticks`]`(n,
+/// every_secs, lead)`, it starts everything the test needs and returns once
+/// the daemons run) and returns what it started with the ticks' times, once
+/// the daemons ran before the first tick. On a machine so loaded that they
+/// came up after it, everything started is dropped (processes stopped by
+/// their pid) and set up afresh with later ticks, three times at most: a tick
+/// that fell due before the daemons ran says nothing about the product, and
+/// the tests that use this check every tick.
+pub fn start_before_first_tick<T>(
+    n: u32,
+    every_secs: u32,
+    lead: Duration,
+    mut start: impl FnMut(String) -> T,
+) -> (T, Vec<i64>) {
+    for attempt in 1..=3 {
+        let (schedule, ticks) = fixed_ticks(n, every_secs, lead);
+        let started = start(schedule);
+        let now = Utc::now().timestamp_millis();
+        if now < ticks[0] {
+            return (started, ticks);
         }
-    });
-    (lines, handle)
-}
-
-impl Daemon {
-    /// Starts `quota-worker run` on `cfg` with JSON logs at `info`, on the
-    /// Redis at `redis_url` (`None`: the config's, i.e. the embedded one).
-    pub fn start(label: &str, cfg: &TestConfig, redis_url: Option<&str>) -> Daemon {
-        Self::start_with(label, cfg, redis_url, &[])
-    }
-
-    /// Like [`Daemon::start`], with more environment.
-    pub fn start_with(
-        label: &str,
-        cfg: &TestConfig,
-        redis_url: Option<&str>,
-        env: &[(&str, &str)],
-    ) -> Daemon {
-        Self::spawn(label, cfg, redis_url, &["--log-format", "json", "run"], env)
-    }
-
-    /// Any command of the binary (`trigger JOB --wait`, ...) as a child whose
-    /// output is collected while it runs, with `-c cfg` and the same
-    /// environment as a daemon.
-    pub fn spawn(
-        label: &str,
-        cfg: &TestConfig,
-        redis_url: Option<&str>,
-        args: &[&str],
-        env: &[(&str, &str)],
-    ) -> Daemon {
-        let mut cmd = Command::new(bin());
-        cmd.arg("-c")
-            .arg(cfg.path())
-            .args(args)
-            .env_remove("QUOTA_WORKER_REDIS_URL")
-            .env_remove("QUOTA_WORKER_CONFIG")
-            .env_remove("QUOTA_WORKER_METRICS_LISTEN")
-            .env_remove("NOTIFY_SOCKET")
-            .env_remove("WATCHDOG_USEC")
-            .env_remove("WATCHDOG_PID")
-            .env("RUST_LOG", "info")
-            .env(KEY_ENV, SIM_KEY)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        if let Some(url) = redis_url {
-            cmd.env("QUOTA_WORKER_REDIS_URL", url);
-        }
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().expect("spawn quota-worker run");
-        let (stderr, e) = read_lines(child.stderr.take().expect("stderr"));
-        let (stdout, o) = read_lines(child.stdout.take().expect("stdout"));
-        Daemon {
-            label: label.to_owned(),
-            child,
-            status: None,
-            stderr,
-            stdout,
-            readers: vec![e, o],
-        }
-    }
-
-    /// Its pid.
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Whether it still runs (reaps it when it has exited).
-    pub fn running(&mut self) -> bool {
-        if self.status.is_none()
-            && let Ok(Some(s)) = self.child.try_wait()
-        {
-            self.status = Some(s);
-        }
-        self.status.is_none()
-    }
-
-    /// Sends `sig` to it, by pid, if it still runs.
-    pub fn signal(&mut self, sig: i32) {
-        if self.running() {
-            // SAFETY: kill(2) on the pid of a child we spawned and have not reaped.
-            unsafe { libc::kill(self.child.id() as i32, sig) };
-        }
-    }
-
-    /// SIGTERM.
-    pub fn term(&mut self) {
-        self.signal(libc::SIGTERM);
-    }
-
-    /// SIGKILL, and reap it.
-    pub fn kill(&mut self) {
-        self.signal(libc::SIGKILL);
-        let _ = self.wait_exit(Duration::from_secs(10));
-    }
-
-    /// Waits up to `timeout` for it to exit.
-    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        while self.running() {
-            if Instant::now() >= deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        self.status
-    }
-
-    /// After it exited: waits until its output is read to the end.
-    pub fn drain_output(&mut self) {
-        if !self.running() {
-            for r in self.readers.drain(..) {
-                let _ = r.join();
-            }
-        }
-    }
-
-    /// Its log (stderr) so far.
-    pub fn log(&self) -> String {
-        self.stderr.lock().expect("log").join("\n")
-    }
-
-    /// Its stdout so far.
-    pub fn stdout(&self) -> String {
-        self.stdout.lock().expect("stdout").join("\n")
-    }
-
-    /// Every JSON log line so far.
-    pub fn events(&self) -> Vec<Value> {
-        self.stderr
-            .lock()
-            .expect("log")
-            .iter()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .collect()
-    }
-
-    /// The log lines with `message`.
-    pub fn messages(&self, message: &str) -> Vec<Value> {
-        self.events()
-            .into_iter()
-            .filter(|e| e["message"].as_str() == Some(message))
-            .collect()
-    }
-
-    /// Every task outcome line so far.
-    pub fn outcomes(&self) -> Vec<Value> {
-        self.events()
-            .into_iter()
-            .filter(|e| e.get("outcome").is_some())
-            .collect()
-    }
-
-    /// Waits up to `timeout` for the daemon to say it runs.
-    pub fn wait_running(&mut self, timeout: Duration) {
-        let ok = super::wait_until(timeout, || {
-            !self.messages("quota-worker running").is_empty()
-        });
-        assert!(
-            ok,
-            "{} did not start within {timeout:?}; log:\n{}",
-            self.label,
-            self.log()
+        eprintln!(
+            "attempt {attempt}: the daemons ran {} ms after the first tick; setting up again",
+            now - ticks[0]
         );
     }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if self.running() {
-            // SAFETY: as in `signal`: our child, not yet reaped.
-            unsafe { libc::kill(self.child.id() as i32, libc::SIGKILL) };
-            let _ = self.child.wait();
-        }
-        // QW_TEST_LOGS=1 shows every daemon's log, not only a failed test's.
-        if std::thread::panicking() || std::env::var_os("QW_TEST_LOGS").is_some() {
-            let log = self.log();
-            let lines: Vec<&str> = log.lines().collect();
-            let tail = &lines[lines.len().saturating_sub(150)..];
-            eprintln!(
-                "----- {} (pid {}) log, last {} lines -----\n{}\n----- end of {} -----",
-                self.label,
-                self.child.id(),
-                tail.len(),
-                tail.join("\n"),
-                self.label
-            );
-        }
-    }
-}
-
-/// A synchronous connection to `url` (`redis://...` or `unix://...`).
-pub fn redis_conn(url: &str) -> redis::Connection {
-    redis::Client::open(url)
-        .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
-        .unwrap_or_else(|e| panic!("connect to {url}: {e}"))
+    panic!("three times the daemons took longer than {lead:?} to start");
 }
 
 /// The claimed ticks of [`JOB`]: tick ms → who claimed it.
@@ -505,7 +200,7 @@ pub fn wait_ticks_ended(
     }
 }
 
-/// Every record the sink wrote, as `(region, record id)`.
+/// Every record the sink of [`JOB`] wrote, as `(region, record id)`.
 pub fn sink_records(cfg: &TestConfig) -> Vec<(String, String)> {
     let dir = cfg.join(Path::new("data").join(JOB));
     let mut out = Vec::new();
@@ -527,59 +222,6 @@ pub fn sink_records(cfg: &TestConfig) -> Vec<(String, String)> {
         }
     }
     out
-}
-
-/// How many times each page of each region was fetched (charged), keyed by
-/// `(region, page token)` with `None` for the first page.
-pub fn page_counts(stats: &SimStats) -> HashMap<(String, Option<String>), usize> {
-    let mut counts = HashMap::new();
-    for (_, scope, token) in stats.fetched_pages() {
-        *counts.entry((scope, token)).or_insert(0) += 1;
-    }
-    counts
-}
-
-/// The pid of `parent`'s child running `comm`, if any (from `/proc`).
-pub fn child_pid(parent: u32, comm: &str) -> Option<u32> {
-    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // pid (comm) state ppid ...: comm may hold spaces, so split at the last ')'.
-        let Some((head, rest)) = stat.rsplit_once(')') else {
-            continue;
-        };
-        let name = head.split_once('(').map(|(_, n)| n).unwrap_or("");
-        let ppid = rest
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse::<u32>().ok());
-        if ppid == Some(parent) && name == comm {
-            return Some(pid);
-        }
-    }
-    None
-}
-
-/// Whether `pid` is a live process (a zombie waiting to be reaped is not).
-pub fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => {
-            let state = stat
-                .rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().next())
-                .unwrap_or("");
-            state != "Z" && state != "X"
-        }
-        Err(_) => false,
-    }
 }
 
 /// Where the tasks of [`PREFIX`]'s queue are.
@@ -636,21 +278,4 @@ pub fn workers(conn: &mut redis::Connection) -> Vec<String> {
         .arg(-1)
         .query(conn)
         .expect("ZRANGE workers")
-}
-
-/// Runs `quota-worker -c cfg ARGS` to completion (killed after `timeout`),
-/// returning its exit code (`None` if it had to be killed), stdout and stderr.
-pub fn run_cli(
-    cfg: &TestConfig,
-    redis_url: Option<&str>,
-    args: &[&str],
-    timeout: Duration,
-) -> (Option<i32>, String, String) {
-    let mut p = Daemon::spawn(&format!("{args:?}"), cfg, redis_url, args, &[]);
-    let status = p.wait_exit(timeout);
-    if status.is_none() {
-        p.kill();
-    }
-    p.drain_output();
-    (status.and_then(|s| s.code()), p.stdout(), p.log())
 }

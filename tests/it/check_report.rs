@@ -1,0 +1,137 @@
+//! Promise: `check` validates and then shows what the jobs can spend: each
+//! job's next fire times and worst-case units per run (items × pages × cost),
+//! and per window the worst case against its limit, warning when the jobs
+//! cannot fit and saying when, from an empty window, the quota runs out.
+//! Exit 0 when the configuration is valid, warnings or not.
+
+use chrono::{DateTime, Duration, DurationRound, Utc};
+
+use crate::support::{
+    self, ConfigBuilder, Credential, Endpoint, Job, Request, Sink, TestConfig, Window,
+};
+
+const SECRET: (&str, &str) = ("QW_TEST_CHECK_SECRET", "not-a-real-key");
+
+/// Two credentials on one secret, an endpoint each, and `job`.
+fn config(job: Job) -> TestConfig {
+    ConfigBuilder::new()
+        .credential(Credential::env("yt", SECRET.0).window(Window::sliding(9500, "24h")))
+        .endpoint(Endpoint::new("youtube.search.list", "yt", 100))
+        .credential(Credential::env("gh", SECRET.0).window(Window::sliding(5000, "1h")))
+        .endpoint(Endpoint::new("github.events", "gh", 1))
+        .job(job)
+        .write()
+}
+
+/// A search a minute per region, 100 units each: 800 units a run.
+fn search_job() -> Job {
+    Job::new("search", "youtube.search.list")
+        .schedule("0 * * * * *")
+        .fan_out("region", ["US", "GB", "DE", "FR", "IN", "BR", "AU", "CA"])
+        .request(
+            Request::get("https://www.googleapis.com/youtube/v3/search")
+                .query(&[("regionCode", "{region}"), ("key", "{secret}")]),
+        )
+        .sink(Sink::jsonl("data/{job}/{region}.jsonl"))
+}
+
+/// Events of eight repos twice an hour, up to 4 pages: 32 units a run.
+fn events_job() -> Job {
+    Job::new("events", "github.events")
+        .schedule("0 */30 * * * *")
+        .fan_out("repo", ["a", "b", "c", "d", "e", "f", "g", "h"])
+        .request(
+            Request::get("https://api.github.com/repos/x/{repo}/events")
+                .headers(&[("Authorization", "Bearer {secret}")]),
+        )
+        .paginate("/next", "page", 4)
+        .sink(Sink::jsonl("data/{job}/{repo}.jsonl"))
+}
+
+/// The `n`-th minute boundary strictly after `t`, as `check` prints it.
+fn minute_after(t: DateTime<Utc>, n: i32) -> String {
+    let floor = t.duration_trunc(Duration::minutes(1)).expect("trunc");
+    (floor + Duration::minutes(i64::from(n)))
+        .format("%Y-%m-%d %H:%M")
+        .to_string()
+}
+
+#[test]
+fn a_job_that_cannot_fit_is_warned_about_with_when_it_runs_out() {
+    let cfg = config(search_job());
+    let before = Utc::now();
+    let out = cfg.run(&["check"], &[SECRET]);
+    let after = Utc::now();
+    let text = support::stdout(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{text}{}",
+        support::stderr(&out)
+    );
+
+    assert!(
+        text.contains("worst case 800 units per run (8 item(s) x 1 page(s) x 100 unit(s))"),
+        "{text}"
+    );
+    // A tick a minute: 1440 a day, 800 units each.
+    let row = text
+        .lines()
+        .find(|l| l.contains("9500/24h"))
+        .unwrap_or_else(|| panic!("no row for the 9500/24h window:\n{text}"));
+    assert!(
+        row.contains("1152000") && row.contains("DOES NOT FIT"),
+        "{row}"
+    );
+
+    // 9500 / 800 = 11.9: the 12th tick runs out of quota.
+    let warning = text
+        .lines()
+        .find(|l| l.starts_with("warning:") && l.contains("9500/24h"))
+        .unwrap_or_else(|| panic!("no warning:\n{text}"));
+    assert!(warning.contains("credential yt"), "{warning}");
+    let when: Vec<String> = [before, after]
+        .iter()
+        .map(|t| format!("runs out at {} UTC", minute_after(*t, 12)))
+        .collect();
+    assert!(
+        when.iter().any(|w| warning.contains(w.as_str())),
+        "expected {:?} in: {warning}",
+        when[0]
+    );
+
+    // The next three fire times.
+    let next: Vec<String> = (1..=3).map(|n| minute_after(before, n)).collect();
+    let next_after: Vec<String> = (1..=3).map(|n| minute_after(after, n)).collect();
+    assert!(
+        [next, next_after]
+            .iter()
+            .any(|times| { times.iter().all(|t| text.contains(&format!("{t}:00 UTC"))) }),
+        "{text}"
+    );
+}
+
+#[test]
+fn jobs_that_fit_get_no_warning() {
+    let cfg = config(events_job());
+    let out = cfg.run(&["check"], &[SECRET]);
+    let text = support::stdout(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{text}{}",
+        support::stderr(&out)
+    );
+    assert!(
+        text.contains("worst case 32 units per run (8 item(s) x 4 page(s) x 1 unit(s))"),
+        "{text}"
+    );
+    // Two ticks an hour at most: 64 of 5000.
+    let row = text
+        .lines()
+        .find(|l| l.contains("5000/1h"))
+        .unwrap_or_else(|| panic!("no row for the 5000/1h window:\n{text}"));
+    assert!(row.contains(" 64 ") && row.contains("fits"), "{row}");
+    assert!(!text.contains("warning"), "{text}");
+    assert!(!text.contains("not-a-real-key"), "the secret leaked");
+}

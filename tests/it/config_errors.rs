@@ -1,0 +1,489 @@
+//! Promise: every configuration error is found before anything runs: the
+//! binary exits 78 with one error naming the file, the exact line and the
+//! field, and writes nothing to Redis. And what the loader reads and prints
+//! is bounded and safe: a config path that is a device or a huge file is
+//! refused before it is read; a Redis URL never prints its password, in any
+//! form redis-rs accepts; a malformed one says which forms are accepted; an
+//! ambiguous duration ("1M") says what to write instead.
+
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use crate::support::{self, RedisServer, TestConfig};
+
+const SECRET_ENV: &str = "QW_TEST_CONFIG_ERRORS_SECRET";
+
+// Line numbers matter below: keep these as they are.
+const CONFIG: &str = r#"jobs = "jobs/*.toml"
+
+[credentials.yt]
+secret_env = "QW_TEST_CONFIG_ERRORS_SECRET"
+windows = [{ units = 950, per = "1h" }]
+
+[endpoints.search]
+credential = "yt"
+cost = 100
+"#;
+
+const JOB: &str = r#"[trending]
+schedule = "0 */30 * * * *"
+endpoint = "search"
+fan_out = { region = ["US", "GB"] }
+
+[trending.request]
+url = "https://example.com/videos"
+query = { regionCode = "{region}", key = "{secret}" }
+
+[trending.sink]
+kind = "jsonl"
+path = "data/{job}/{region}.jsonl"
+"#;
+
+enum File {
+    Config,
+    Job,
+}
+
+struct Case {
+    what: &'static str,
+    /// (from, to) replacements in the config and the job file.
+    config: &'static [(&'static str, &'static str)],
+    job: &'static [(&'static str, &'static str)],
+    file: File,
+    line: usize,
+    field: &'static str,
+    says: &'static str,
+}
+
+const CASES: &[Case] = &[
+    // Regression (this one and the next two): the field read "(top level)".
+    Case {
+        what: "malformed TOML",
+        config: &[("cost = 100", "cost = 100 100")],
+        job: &[],
+        file: File::Config,
+        line: 9,
+        field: "endpoints.search.cost",
+        says: "",
+    },
+    Case {
+        what: "unknown field",
+        config: &[("cost = 100", "cost = 100\ncosts = 5")],
+        job: &[],
+        file: File::Config,
+        line: 10,
+        field: "endpoints.search.costs",
+        says: "unknown field `costs`",
+    },
+    Case {
+        what: "unknown field in a job file",
+        config: &[],
+        job: &[("fan_out =", "retry_count = 3\nfan_out =")],
+        file: File::Job,
+        line: 4,
+        field: "trending.retry_count",
+        says: "unknown field `retry_count`",
+    },
+    Case {
+        what: "unknown endpoint in a job",
+        config: &[],
+        job: &[("endpoint = \"search\"", "endpoint = \"serch\"")],
+        file: File::Job,
+        line: 3,
+        field: "trending.endpoint",
+        says: "unknown endpoint \"serch\"",
+    },
+    // Regression: the job using this (defined) endpoint was also reported,
+    // as "unknown endpoint \"search\" (known: )"; one error is expected.
+    Case {
+        what: "unknown credential",
+        config: &[("credential = \"yt\"", "credential = \"yt2\"")],
+        job: &[],
+        file: File::Config,
+        line: 8,
+        field: "endpoints.search.credential",
+        says: "unknown credential \"yt2\"",
+    },
+    Case {
+        what: "bad cron expression",
+        config: &[],
+        job: &[("0 */30 * * * *", "0 */30 * *")],
+        file: File::Job,
+        line: 2,
+        field: "trending.schedule",
+        says: "bad cron expression",
+    },
+    Case {
+        what: "cost larger than the smallest window",
+        config: &[("cost = 100", "cost = 951")],
+        job: &[],
+        file: File::Config,
+        line: 9,
+        field: "endpoints.search.cost",
+        says: "950/1h",
+    },
+    Case {
+        what: "cost larger than the endpoint's own window",
+        config: &[(
+            "cost = 100",
+            "cost = 100\nwindows = [{ units = 50, per = \"1m\" }]",
+        )],
+        job: &[],
+        file: File::Config,
+        line: 9,
+        field: "endpoints.search.cost",
+        says: "50/1m",
+    },
+    Case {
+        what: "placeholder with no value",
+        config: &[],
+        job: &[("{region}\", key", "{country}\", key")],
+        file: File::Job,
+        line: 8,
+        field: "trending.request.query.regionCode",
+        says: "{country} has no value",
+    },
+    Case {
+        what: "the secret in a file name",
+        config: &[],
+        job: &[("data/{job}", "data/{secret}")],
+        file: File::Job,
+        line: 12,
+        field: "trending.sink.path",
+        says: "{secret} may not appear here",
+    },
+    // Regression (issue 12): "1M" was read as a month of 30.44 days.
+    Case {
+        what: "an ambiguous duration",
+        config: &[("per = \"1h\"", "per = \"1M\"")],
+        job: &[],
+        file: File::Config,
+        line: 5,
+        field: "credentials.yt.windows[0].per",
+        says: "months have no fixed length: write days, e.g. \"30d\"",
+    },
+];
+
+fn write(case: &Case) -> TestConfig {
+    let mut config = CONFIG.to_owned();
+    for (from, to) in case.config {
+        assert!(config.contains(from), "{}: {from:?}", case.what);
+        config = config.replacen(from, to, 1);
+    }
+    let mut job = JOB.to_owned();
+    for (from, to) in case.job {
+        assert!(job.contains(from), "{}: {from:?}", case.what);
+        job = job.replacen(from, to, 1);
+    }
+    TestConfig::new(&config, &[("trending.toml", &job)])
+}
+
+fn file_of(cfg: &TestConfig, file: &File) -> PathBuf {
+    match file {
+        File::Config => cfg.path(),
+        File::Job => std::fs::canonicalize(cfg.join("jobs/trending.toml")).expect("job file"),
+    }
+}
+
+/// Where an error must be, and what it must say.
+struct Want<'a> {
+    what: &'a str,
+    file: PathBuf,
+    line: usize,
+    field: &'a str,
+    says: &'a str,
+}
+
+/// Runs `args`; expects exit 78 and exactly one error, as `want` says.
+fn expect_error(cfg: &TestConfig, server: &RedisServer, args: &[&str], want: &Want<'_>) {
+    let Want {
+        what,
+        file,
+        line,
+        field,
+        says,
+    } = want;
+    let out = cfg.run(
+        args,
+        &[
+            ("QUOTA_WORKER_REDIS_URL", &server.url()),
+            (SECRET_ENV, "not-a-real-key"),
+        ],
+    );
+    let err = support::stderr(&out);
+    assert_eq!(out.status.code(), Some(78), "{what}: {args:?}: {err}");
+    let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error: ")).collect();
+    assert_eq!(errors.len(), 1, "{what}: one error, not a cascade: {err}");
+    let at = format!("error: {}:{line}:", file.display());
+    assert!(
+        errors[0].starts_with(&at),
+        "{what}: expected {at}...; got: {}",
+        errors[0]
+    );
+    assert!(
+        errors[0].contains(&format!(": {field}: ")),
+        "{what}: expected the field {field}; got: {}",
+        errors[0]
+    );
+    assert!(errors[0].contains(says), "{what}: expected {says:?}: {err}");
+    assert!(
+        !err.contains("not-a-real-key"),
+        "{what}: the secret leaked: {err}"
+    );
+}
+
+#[test]
+fn the_base_config_is_valid() {
+    // So each case below fails for the reason it names.
+    let server = RedisServer::start();
+    let cfg = TestConfig::new(CONFIG, &[("trending.toml", JOB)]);
+    let out = cfg.run(
+        &["check"],
+        &[
+            ("QUOTA_WORKER_REDIS_URL", &server.url()),
+            (SECRET_ENV, "not-a-real-key"),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", support::stderr(&out));
+    assert_eq!(server.dbsize(), 0, "check does not write to Redis");
+}
+
+#[test]
+fn every_config_error_exits_78_at_its_file_line_and_field() {
+    let server = RedisServer::start();
+    for case in CASES {
+        let cfg = write(case);
+        for args in [
+            &["check"][..],
+            &["spend", "search", "--json"],
+            &["quota", "--json"],
+            &["keys", "search"],
+        ] {
+            let want = Want {
+                what: case.what,
+                file: file_of(&cfg, &case.file),
+                line: case.line,
+                field: case.field,
+                says: case.says,
+            };
+            expect_error(&cfg, &server, args, &want);
+        }
+    }
+    assert_eq!(server.dbsize(), 0, "config errors write nothing to Redis");
+}
+
+#[test]
+fn a_missing_secret_fails_check_at_its_field() {
+    let server = RedisServer::start();
+    let cfg = TestConfig::new(
+        &CONFIG.replace(SECRET_ENV, "QW_TEST_CONFIG_ERRORS_UNSET"),
+        &[("trending.toml", JOB)],
+    );
+    let want = Want {
+        what: "missing secret (env)",
+        file: cfg.path(),
+        line: 4,
+        field: "credentials.yt.secret_env",
+        says: "QW_TEST_CONFIG_ERRORS_UNSET is not set",
+    };
+    expect_error(&cfg, &server, &["check"], &want);
+
+    let cfg = TestConfig::new(
+        &CONFIG.replace(
+            "secret_env = \"QW_TEST_CONFIG_ERRORS_SECRET\"",
+            "secret_file = \"secrets/yt\"",
+        ),
+        &[("trending.toml", JOB)],
+    );
+    let want = Want {
+        what: "missing secret (file)",
+        file: cfg.path(),
+        line: 4,
+        field: "credentials.yt.secret_file",
+        says: "cannot read secret file",
+    };
+    expect_error(&cfg, &server, &["check"], &want);
+    std::fs::create_dir_all(cfg.join("secrets")).expect("mkdir");
+    std::fs::write(cfg.join("secrets/yt"), "AIza-test\n").expect("write secret");
+    let out = cfg.run(&["check"], &[("QUOTA_WORKER_REDIS_URL", &server.url())]);
+    assert_eq!(out.status.code(), Some(0), "{}", support::stderr(&out));
+    assert_eq!(server.dbsize(), 0);
+}
+
+/// The binary with `args`, its address space capped at 1 GiB so that a
+/// regression that reads a device to the end fails fast instead of taking
+/// the machine's memory.
+fn run_capped(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(support::bin());
+    cmd.args(args)
+        .env_remove("QUOTA_WORKER_REDIS_URL")
+        .env_remove("QUOTA_WORKER_CONFIG")
+        .env_remove("QUOTA_WORKER_METRICS_LISTEN")
+        .env("RUST_LOG", "warn");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    // SAFETY: setrlimit is async-signal-safe and touches only the child.
+    unsafe {
+        cmd.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: 1 << 30,
+                rlim_max: 1 << 30,
+            };
+            if libc::setrlimit(libc::RLIMIT_AS, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd.output().expect("run quota-worker")
+}
+
+/// Exit 78 and one `error:` line that starts with `file` and says `says`.
+fn assert_config_error(out: &Output, file: &str, says: &str) {
+    let err = support::stderr(out);
+    assert_eq!(out.status.code(), Some(78), "{err}");
+    let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error: ")).collect();
+    assert_eq!(errors.len(), 1, "one error: {err}");
+    assert!(
+        errors[0].starts_with(&format!("error: {file}")),
+        "names {file}: {err}"
+    );
+    assert!(errors[0].contains(says), "says {says:?}: {err}");
+}
+
+#[test]
+fn a_device_given_as_the_config_is_refused_unread() {
+    // Regression: `-c /dev/zero` read 2.1 GB before failing.
+    let out = run_capped(&["-c", "/dev/zero", "check"], &[]);
+    assert_config_error(&out, "/dev/zero", "not a regular file");
+}
+
+#[test]
+fn a_config_or_job_file_over_the_size_limit_is_refused() {
+    // 1 MiB of comments and one byte more: valid TOML, refused for its size.
+    let big = format!("{}\n", "#".repeat(1 << 20));
+    let cfg = TestConfig::new(&format!("{CONFIG}{big}"), &[("trending.toml", JOB)]);
+    let path = cfg.path();
+    let out = run_capped(
+        &["-c", path.to_str().expect("utf-8"), "check"],
+        &[(SECRET_ENV, "k")],
+    );
+    assert_config_error(&out, path.to_str().expect("utf-8"), "1 MiB");
+
+    let cfg = TestConfig::new(CONFIG, &[("trending.toml", &format!("{JOB}{big}"))]);
+    let job = std::fs::canonicalize(cfg.join("jobs/trending.toml")).expect("job file");
+    let out = cfg.run(&["check"], &[(SECRET_ENV, "k")]);
+    assert_config_error(&out, job.to_str().expect("utf-8"), "1 MiB");
+
+    // The same job file without the padding is valid: the size is the reason.
+    let cfg = TestConfig::new(CONFIG, &[("trending.toml", JOB)]);
+    let out = cfg.run(&["check"], &[(SECRET_ENV, "k")]);
+    assert_eq!(out.status.code(), Some(0), "{}", support::stderr(&out));
+}
+
+#[test]
+fn a_redis_url_never_prints_its_password_in_any_form() {
+    // Each URL points at nothing that answers, so `quota` prints it in its
+    // "Redis at URL: unreachable" error (exit 69).
+    let missing = tempfile::tempdir().expect("tempdir");
+    let sock = missing.path().join("r.sock");
+    let sock = sock.display();
+    let cases = [
+        "redis://user:hunter2-a@127.0.0.1:1/0".to_owned(),
+        "rediss://:hunter2-b@127.0.0.1:1/0".to_owned(),
+        format!("unix://{sock}?db=1&pass=hunter2-c"),
+        format!("redis+unix://{sock}?user=u&pass=hunter2-d"),
+        format!("unix://{sock}?password=hunter2-e"),
+        format!("valkey+unix://{sock}?pa%73s=hunter2-f"),
+    ];
+    let cfg = TestConfig::new(CONFIG, &[]);
+    for url in &cases {
+        let out = cfg.run(
+            &["quota", "--json"],
+            &[("QUOTA_WORKER_REDIS_URL", url), (SECRET_ENV, "k")],
+        );
+        let all = format!("{}{}", support::stdout(&out), support::stderr(&out));
+        assert_eq!(out.status.code(), Some(69), "{url}: {all}");
+        assert!(
+            all.contains("Redis at "),
+            "{url}: the URL is printed, so the test means something: {all}"
+        );
+        assert!(
+            !all.contains("hunter2"),
+            "{url}: the password leaked: {all}"
+        );
+    }
+}
+
+#[test]
+fn a_malformed_redis_url_names_the_accepted_forms() {
+    // In the file: positioned at redis.url.
+    let cfg = TestConfig::new(
+        &format!("{CONFIG}\n[redis]\nurl = \"http://127.0.0.1:6379\"\n"),
+        &[("trending.toml", JOB)],
+    );
+    let out = cfg.run(&["check"], &[(SECRET_ENV, "k")]);
+    let file = format!("{}:12:7: redis.url: ", cfg.path().display());
+    assert_config_error(&out, &file, "redis://");
+    for form in ["rediss://", "unix://", "redis+unix://"] {
+        assert!(support::stderr(&out).contains(form), "{form}");
+    }
+
+    // From the environment: named as such, and the password is not shown.
+    let cfg = TestConfig::new(CONFIG, &[("trending.toml", JOB)]);
+    let out = cfg.run(
+        &["check"],
+        &[
+            ("QUOTA_WORKER_REDIS_URL", "http://:hunter2@127.0.0.1:6379"),
+            (SECRET_ENV, "k"),
+        ],
+    );
+    assert_config_error(
+        &out,
+        &cfg.path().display().to_string(),
+        "QUOTA_WORKER_REDIS_URL",
+    );
+    let err = support::stderr(&out);
+    assert!(err.contains("rediss://"), "{err}");
+    assert!(!err.contains("hunter2"), "the password leaked: {err}");
+}
+
+#[test]
+fn ambiguous_durations_are_config_errors_that_say_what_to_write() {
+    for (per, says) in [
+        ("1M", "months have no fixed length"),
+        ("2months", "months have no fixed length"),
+        ("1y", "years have no fixed length"),
+        ("500us", "the smallest unit is ms"),
+        ("5x", "use ms, s, m, h, d or w"),
+    ] {
+        let cfg = TestConfig::new(
+            &CONFIG.replace("per = \"1h\"", &format!("per = \"{per}\"")),
+            &[("trending.toml", JOB)],
+        );
+        let out = cfg.run(&["check"], &[(SECRET_ENV, "k")]);
+        let file = format!("{}:5:", cfg.path().display());
+        assert_config_error(&out, &file, says);
+        assert!(
+            support::stderr(&out).contains(": credentials.yt.windows[0].per: "),
+            "{per}: names the field: {}",
+            support::stderr(&out)
+        );
+    }
+    // What the messages suggest is accepted.
+    for per in ["30d", "1m", "90 minutes", "1h 30m", "1.5h", "2w"] {
+        let cfg = TestConfig::new(
+            &CONFIG.replace("per = \"1h\"", &format!("per = \"{per}\"")),
+            &[("trending.toml", JOB)],
+        );
+        let out = cfg.run(&["check"], &[(SECRET_ENV, "k")]);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{per}: {}",
+            support::stderr(&out)
+        );
+    }
+}

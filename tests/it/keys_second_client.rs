@@ -1,0 +1,138 @@
+//! Promise: `quota-worker keys ENDPOINT` tells another program (here a Python
+//! script with a bare RESP client) exactly how to spend from the same windows:
+//! its spends and the CLI's draw from one budget, and the `{request_id}`
+//! placeholder passed through unsubstituted is refused.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+use crate::support::{self, ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window};
+
+fn config() -> TestConfig {
+    ConfigBuilder::new()
+        .credential(
+            Credential::env("k", "K")
+                .window(Window::sliding(10, "1h"))
+                .window(Window::fixed(100, "24h").timezone("Europe/Berlin")),
+        )
+        .endpoint(Endpoint::new("one", "k", 1).window(Window::sliding(50, "10m")))
+        .write()
+}
+
+fn client() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/spend_client.py")
+}
+
+/// Runs the Python client once; its JSON answer.
+fn python_spend(spec: &Path, server: &RedisServer, id: &str, raw: bool) -> Value {
+    let mut cmd = Command::new("python3");
+    cmd.arg(client())
+        .arg(spec)
+        .arg(server.port().to_string())
+        .arg(id);
+    if raw {
+        cmd.arg("--raw");
+    }
+    let out = cmd.output().expect("run python3");
+    assert!(
+        out.status.success(),
+        "python client failed: {}",
+        support::stderr(&out)
+    );
+    support::json(&out)
+}
+
+fn cli_spend(cfg: &TestConfig, server: &RedisServer) -> i32 {
+    let out = cfg.run_on(server, &["spend", "one", "--json"]);
+    out.status.code().expect("exit code")
+}
+
+#[test]
+fn python_and_cli_spend_from_the_same_windows() {
+    let server = RedisServer::start();
+    let cfg = config();
+    let out = cfg.run(&["keys", "one"], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", support::stderr(&out));
+    let spec = support::json(&out);
+
+    // The printout: the script file this binary runs, every key, the args.
+    let script = std::fs::read_to_string(spec["script"].as_str().expect("script path"))
+        .expect("the script file exists");
+    assert_eq!(script, quota_worker::quota::SCRIPT);
+    let keys: Vec<&str> = spec["keys"]
+        .as_array()
+        .expect("keys")
+        .iter()
+        .map(|k| k.as_str().expect("key"))
+        .collect();
+    assert_eq!(
+        keys.len(),
+        2 + 2 + 1 + 2,
+        "block, clock, then each window's"
+    );
+    assert!(keys.iter().all(|k| k.starts_with("qw:{k}:")), "{keys:?}");
+    let args = spec["args"].as_array().expect("args");
+    assert_eq!(args[0], "spend");
+    assert_eq!(args[1], "{request_id}");
+    assert_eq!(args[2], "1", "the endpoint's cost");
+    let spec_path = cfg.join("keys.json");
+    std::fs::write(&spec_path, out.stdout).expect("write keys.json");
+
+    // Interleaved: 5 through Python, 5 through the CLI, all admitted.
+    for i in 0..5 {
+        let j = python_spend(&spec_path, &server, &format!("py-{i}"), false);
+        assert_eq!(j["reply"][0], 1, "python spend {i}: {j}");
+        assert_eq!(j["sha1"], spec["sha1"], "the same script");
+        assert_eq!(cli_spend(&cfg, &server), 0, "cli spend {i}");
+    }
+    // The 11th is refused either way.
+    let j = python_spend(&spec_path, &server, "py-late", false);
+    assert_eq!(j["reply"][0], 0, "{j}");
+    assert_eq!(j["reply"][3], 1, "the 10/1h window refuses: {j}");
+    assert_eq!(cli_spend(&cfg, &server), 75);
+
+    let out = cfg.run_on(&server, &["quota", "--json"]);
+    let used: Vec<u64> = support::json(&out)["credentials"][0]["windows"]
+        .as_array()
+        .expect("windows")
+        .iter()
+        .map(|w| w["used"].as_u64().expect("used"))
+        .collect();
+    assert_eq!(used, [10, 10, 10]);
+
+    // A Python retry of a spend it already made is admitted, not charged.
+    let j = python_spend(&spec_path, &server, "py-0", false);
+    assert_eq!(j["reply"][0], 1, "{j}");
+
+    // Without substituting the request id, the script refuses to spend.
+    let j = python_spend(&spec_path, &server, "ignored", true);
+    let err = j["error"].as_str().unwrap_or_else(|| panic!("{j}"));
+    assert!(err.contains("request id must be unique"), "{err}");
+}
+
+#[test]
+fn keys_follows_cost_and_refuses_what_can_never_fit() {
+    let cfg = config();
+    let out = cfg.run(&["keys", "one", "--cost", "7"], &[]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(support::json(&out)["args"][2], "7");
+    let out = cfg.run(&["keys", "one", "--cost", "11"], &[]);
+    assert_eq!(out.status.code(), Some(64), "{}", support::stdout(&out));
+    let out = cfg.run(&["keys", "nope"], &[]);
+    assert_eq!(out.status.code(), Some(64));
+}
+
+#[test]
+fn the_raw_placeholder_is_refused_on_a_fresh_redis_too() {
+    // EVAL path (empty script cache), no spend recorded.
+    let server = RedisServer::start();
+    let cfg = config();
+    let out = cfg.run(&["keys", "one"], &[]);
+    let spec_path = cfg.join("keys.json");
+    std::fs::write(&spec_path, out.stdout).expect("write keys.json");
+    let j = python_spend(&spec_path, &server, "ignored", true);
+    assert!(j["error"].is_string(), "{j}");
+    assert_eq!(server.dbsize(), 0, "nothing recorded");
+}

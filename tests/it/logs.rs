@@ -1,0 +1,217 @@
+//! Logs an operator (and a log shipper, and journald) can read:
+//! `--log-format json` writes one JSON object per line, and a task's outcome
+//! is one line with its job, item, page, units and retry-after; the default
+//! text format has no ANSI escape codes when stderr is not a terminal (as
+//! under systemd). `[log] format = "json"` in the config does the same as the
+//! flag.
+
+use std::time::Duration;
+
+use quota_worker::simulator::SimConfig;
+use serde_json::Value;
+
+use crate::support::daemon;
+use crate::support::process::Proc;
+use crate::support::upstream::Upstream;
+use crate::support::{
+    ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window, Worker,
+};
+
+const KEY: &str = "logs-sim-key";
+
+/// One region, three pages, two units: the task ends `quota_exhausted` at
+/// page 3 with 2 units spent.
+fn config(upstream: &str) -> ConfigBuilder {
+    ConfigBuilder::new()
+        .worker(Worker::default().concurrency(2).shutdown_timeout("2s"))
+        .credential(Credential::env("sim", "SIM_KEY").window(Window::sliding(2, "1h")))
+        .endpoint(Endpoint::new("sim.videos", "sim", 1))
+        .job(daemon::videos_job(
+            "trending",
+            "sim.videos",
+            upstream,
+            &["US"],
+            3,
+        ))
+}
+
+fn upstream() -> Upstream {
+    Upstream::with(
+        SimConfig {
+            pages_per_query: 3,
+            items_per_page: 2,
+            ..SimConfig::default()
+        }
+        .key(KEY, 1_000, Duration::from_secs(3600)),
+    )
+}
+
+/// Runs the daemon on `cfg` with `args`, triggers the job and waits for its
+/// outcome, stops the daemon; returns its stderr lines and the CLI's.
+fn run(
+    cfg: &TestConfig,
+    redis: &RedisServer,
+    args: &[&str],
+    rust_log: &str,
+) -> (Vec<String>, Vec<String>) {
+    let url = redis.url();
+    let env = [
+        ("QUOTA_WORKER_REDIS_URL", url.as_str()),
+        ("SIM_KEY", KEY),
+        ("RUST_LOG", rust_log),
+    ];
+    let mut full: Vec<&str> = args.to_vec();
+    full.push("run");
+    let mut d = Proc::start("daemon", cfg, &full, &env);
+    let mut cli_args: Vec<&str> = args.to_vec();
+    cli_args.extend(["trigger", "trending", "--wait"]);
+    let mut t = Proc::start("trigger", cfg, &cli_args, &env);
+    let status = t
+        .wait_exit(Duration::from_secs(60))
+        .expect("trigger --wait ends");
+    // The job's quota runs out on purpose: `trigger --wait` exits 75.
+    assert_eq!(status.code(), Some(75), "trigger: {}", t.log());
+    d.term();
+    assert_eq!(
+        d.wait_exit(Duration::from_secs(15)).and_then(|s| s.code()),
+        Some(0)
+    );
+    let mut cli = t.stderr_lines();
+    cli.extend(t.stdout_lines());
+    (d.stderr_lines(), cli)
+}
+
+fn check_json_lines(lines: &[String]) -> Vec<serde_json::Map<String, Value>> {
+    assert!(!lines.is_empty(), "the daemon logged nothing");
+    lines
+        .iter()
+        .map(|l| match serde_json::from_str::<Value>(l) {
+            Ok(Value::Object(o)) => {
+                for field in ["timestamp", "level", "target"] {
+                    assert!(o.contains_key(field), "no {field} in {l}");
+                }
+                o
+            }
+            other => panic!("not one JSON object per line: {l:?} ({other:?})"),
+        })
+        .collect()
+}
+
+#[test]
+fn json_logs_are_one_object_per_line_and_outcomes_carry_job_item_page_units_retry_after() {
+    let redis = RedisServer::start();
+    let up = upstream();
+    let cfg = config(&up.base_url()).write();
+    let (lines, _) = run(&cfg, &redis, &["--log-format", "json"], "debug");
+    let objects = check_json_lines(&lines);
+    let exhausted: Vec<_> = objects
+        .iter()
+        .filter(|o| o.get("outcome").and_then(Value::as_str) == Some("quota_exhausted"))
+        .collect();
+    assert_eq!(
+        exhausted.len(),
+        1,
+        "one outcome line for the one task:\n{}",
+        lines.join("\n")
+    );
+    let o = exhausted[0];
+    assert_eq!(o["job"], "trending");
+    assert_eq!(o["item"], "region=US");
+    assert_eq!(o["page"], 3, "the page the spend was refused for");
+    assert_eq!(o["units"], 2, "the units this run spent");
+    let retry = o["retry_after_ms"]
+        .as_u64()
+        .expect("retry_after_ms is a number");
+    assert!(
+        retry > 3_500_000 && retry <= 3_600_000,
+        "retry-after is when the 1h window frees: {retry}"
+    );
+    assert_eq!(o["level"], "INFO");
+    assert!(o["message"].as_str().is_some_and(|m| !m.is_empty()));
+    assert_eq!(up.stats().key(KEY).units, 2);
+}
+
+#[test]
+fn log_format_json_in_the_config_does_what_the_flag_does() {
+    let redis = RedisServer::start();
+    let up = upstream();
+    let cfg = config(&up.base_url()).log_format("json").write();
+    let (lines, _) = run(&cfg, &redis, &[], "info");
+    let objects = check_json_lines(&lines);
+    assert!(
+        objects
+            .iter()
+            .any(|o| o.get("outcome").and_then(Value::as_str) == Some("quota_exhausted")),
+        "{}",
+        lines.join("\n")
+    );
+}
+
+#[test]
+fn text_logs_have_no_ansi_escapes_when_stderr_is_not_a_terminal() {
+    let redis = RedisServer::start();
+    let up = upstream();
+    let cfg = config(&up.base_url()).write();
+    let (lines, cli) = run(&cfg, &redis, &[], "debug");
+    for l in lines.iter().chain(cli.iter()) {
+        assert!(!l.contains('\u{1b}'), "an ANSI escape in {l:?}");
+        assert!(!l.starts_with('{'), "text format, not JSON: {l}");
+    }
+    let outcome = lines
+        .iter()
+        .find(|l| l.contains("outcome=\"quota_exhausted\""))
+        .unwrap_or_else(|| panic!("no quota_exhausted line:\n{}", lines.join("\n")));
+    for field in [
+        "job=trending",
+        "item=region=US",
+        "page=3",
+        "units=2",
+        "retry_after_ms=",
+    ] {
+        assert!(outcome.contains(field), "{field} missing from {outcome}");
+    }
+    assert!(outcome.contains(" INFO "), "level shown: {outcome}");
+    assert!(
+        lines.iter().any(|l| l.contains(" DEBUG ")),
+        "RUST_LOG=debug took effect"
+    );
+}
+
+/// Regression: a daemon that could not start (here: its metrics port taken)
+/// printed `error: ...` as plain text even with `--log-format json`, so the
+/// one line a log shipper most needs was the one it could not parse.
+#[test]
+fn json_logs_stay_json_when_the_daemon_cannot_start() {
+    let redis = RedisServer::start();
+    let cfg = config("http://127.0.0.1:9").write();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let listen = taken.local_addr().expect("addr").to_string();
+    let url = redis.url();
+    let mut d = Proc::start(
+        "daemon",
+        &cfg,
+        &["--log-format", "json", "run"],
+        &[
+            ("QUOTA_WORKER_REDIS_URL", url.as_str()),
+            ("QUOTA_WORKER_METRICS_LISTEN", listen.as_str()),
+            ("SIM_KEY", KEY),
+        ],
+    );
+    let status = d.wait_exit(Duration::from_secs(30)).expect("exits");
+    assert_eq!(
+        status.code(),
+        Some(78),
+        "EX_CONFIG: the config names an address this host cannot give"
+    );
+    let objects = check_json_lines(&d.stderr_lines());
+    let fatal = objects
+        .iter()
+        .find(|o| o["level"] == "ERROR")
+        .unwrap_or_else(|| panic!("no ERROR line:\n{}", d.log()));
+    let error = fatal["error"].as_str().expect("an error field");
+    assert!(
+        error.contains("metrics cannot listen") && error.contains(&listen),
+        "says why: {error}"
+    );
+    drop(taken);
+}

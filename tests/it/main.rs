@@ -1,0 +1,64 @@
+//! The integration tests: one binary, one module per promise, all on the
+//! one support library in `tests/support` (real `redis-server`s, the real
+//! simulator, the real binary). Linked once; its tests run side by side on
+//! as many threads as there are cores. docs/testing.md says where a new
+//! test goes.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+// The spend: windows, costs, exactness, and the Lua script's edge cases.
+mod clock_step_back;
+mod cluster;
+mod duplicate_request;
+mod fixed_boundary;
+mod fixed_window_dst;
+mod idle_eviction;
+mod key_expiry;
+mod multi_window;
+mod retry_after_exact;
+mod script_flush;
+mod settle_block;
+mod spend_contention;
+mod weighted_spend;
+
+// The command line and the configuration.
+mod check_report;
+mod cli_usage;
+mod config_errors;
+mod keys_second_client;
+mod quota_report;
+mod redis_unavailable;
+
+// The pipeline: ticks, tasks, the queue and apalis, outcomes, sinks.
+mod outcome_logs;
+mod pipeline_e2e;
+mod queue_limits;
+mod queue_pitfalls;
+mod quota_exhausted;
+mod retries;
+mod sink;
+mod trigger;
+mod trigger_exit_codes;
+mod upstream_throttle;
+
+// Daemons as processes: several at once, restarts, signals, embedded Redis.
+mod embedded;
+mod multi_daemon;
+mod recovery;
+mod run_exit_codes;
+mod shutdown;
+
+// Operations: systemd, metrics and health, logs, secrets, a hostile upstream.
+mod hardening;
+mod health;
+mod install;
+mod logs;
+mod metrics;
+mod notify;
+mod secrets;
+mod units;
+mod watchdog;
+
+// The simulated upstream the other tests rely on.
+mod simulator;

@@ -1,0 +1,357 @@
+//! `/metrics` tells the truth: during an end-to-end run of two daemons on one
+//! Redis (a job fanning out over four regions, three pages each, against the
+//! simulated upstream, the quota running out partway), the counters add up
+//! to what the upstream saw, the window gauges equal `quota --json` and are
+//! the same on both daemons (read from Redis at scrape time), queue depth and
+//! in-flight tasks show tasks stuck on a silent upstream, and the spend
+//! latency histogram is there.
+
+use std::time::{Duration, Instant};
+
+use quota_worker::simulator::SimConfig;
+
+use crate::support::daemon;
+use crate::support::http::{self, Metrics, scrape};
+use crate::support::process::Proc;
+use crate::support::redis_server::free_port_except;
+use crate::support::upstream::{Blackhole, Upstream};
+use crate::support::{
+    self, ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window, Worker, free_port,
+    wait_until,
+};
+
+const KEY: &str = "metrics-sim-key";
+const REGIONS: [&str; 4] = ["US", "GB", "DE", "FR"];
+const PAGES: u32 = 3;
+const ITEMS: u32 = 5;
+/// Fewer units than the job needs (4 regions × 3 pages = 12).
+const UNITS: u64 = 10;
+const TERMINAL: [&str; 5] = [
+    "done",
+    "quota_exhausted",
+    "upstream_throttled",
+    "failed",
+    "superseded",
+];
+
+fn config(upstream: &str, blackhole: &str) -> TestConfig {
+    let job = daemon::videos_job;
+    ConfigBuilder::new()
+        .worker(Worker::default().concurrency(8).shutdown_timeout("1s"))
+        .metrics_listen("127.0.0.1:9464")
+        .credential(Credential::env("sim", "SIM_KEY").window(Window::sliding(UNITS, "1h")))
+        .credential(Credential::env("slow", "SIM_KEY").window(Window::sliding(1000, "1h")))
+        .endpoint(Endpoint::new("sim.videos", "sim", 1))
+        .endpoint(Endpoint::new("slow.videos", "slow", 1).timeout("120s"))
+        .job(job("trending", "sim.videos", upstream, &REGIONS, PAGES))
+        .job(job("stalled", "slow.videos", blackhole, &["XX", "YY"], 1))
+        .write()
+}
+
+fn terminal_tasks(m: &Metrics, job: &str) -> f64 {
+    TERMINAL
+        .iter()
+        .map(|o| m.sum("qw_tasks_total", &[("qw_job", job), ("outcome", o)]))
+        .sum()
+}
+
+#[test]
+fn metrics_match_what_the_upstream_saw_and_are_consistent_across_daemons() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::with(
+        SimConfig {
+            pages_per_query: PAGES,
+            items_per_page: ITEMS,
+            ..SimConfig::default()
+        }
+        .key(KEY, 1_000_000, Duration::from_secs(3600)),
+    );
+    let blackhole = Blackhole::start();
+    let cfg = config(&upstream.base_url(), &blackhole.base_url());
+    let url = redis.url();
+    let ports = [free_port(), 0];
+    let ports = [ports[0], free_port_except(&ports)];
+    let daemons: Vec<Proc> = ports
+        .iter()
+        .enumerate()
+        .map(|(i, port)| {
+            let listen = format!("127.0.0.1:{port}");
+            Proc::start(
+                &format!("daemon-{i}"),
+                &cfg,
+                &["run"],
+                &[
+                    ("QUOTA_WORKER_REDIS_URL", url.as_str()),
+                    ("QUOTA_WORKER_METRICS_LISTEN", listen.as_str()),
+                    ("SIM_KEY", KEY),
+                ],
+            )
+        })
+        .collect();
+    for p in ports {
+        assert!(
+            http::wait_http(p, Duration::from_secs(20)),
+            "metrics on {p}"
+        );
+    }
+    let before = scrape(ports[0]);
+    assert_eq!(
+        before.one(
+            "qw_window_used_units",
+            &[("credential", "sim"), ("scope", "credential")]
+        ),
+        0.0
+    );
+    assert_eq!(
+        before.one(
+            "qw_window_limit_units",
+            &[
+                ("credential", "sim"),
+                ("scope", "credential"),
+                ("window", "10/1h")
+            ]
+        ),
+        UNITS as f64
+    );
+
+    // Two tasks that hang on a silent upstream: in flight until the end.
+    let t = cfg.run_on(&redis, &["trigger", "stalled"]);
+    assert_eq!(t.status.code(), Some(0), "{t:?}");
+    let mut last = None;
+    let stuck = wait_until(Duration::from_secs(20), || {
+        let m: Vec<Metrics> = ports.iter().map(|p| scrape(*p)).collect();
+        let own: f64 = m.iter().map(|m| m.one("qw_tasks_in_flight", &[])).sum();
+        let shared: Vec<f64> = m
+            .iter()
+            .map(|m| m.one("qw_queue_tasks", &[("state", "in_flight")]))
+            .collect();
+        last = Some((own, shared.clone()));
+        own == 2.0 && shared.iter().all(|s| *s == 2.0)
+    });
+    assert!(
+        stuck,
+        "two stalled tasks: in flight (sum of qw_tasks_in_flight, qw_queue_tasks{{state=\"in_flight\"}} per daemon) = {last:?}"
+    );
+
+    // The real run: 12 pages wanted, 10 units of quota.
+    let started = Instant::now();
+    let t = cfg.run_on(&redis, &["trigger", "trending"]);
+    assert_eq!(t.status.code(), Some(0), "{t:?}");
+    let ended = wait_until(Duration::from_secs(30), || {
+        ports
+            .iter()
+            .map(|p| terminal_tasks(&scrape(*p), "trending"))
+            .sum::<f64>()
+            == REGIONS.len() as f64
+    });
+    assert!(ended, "the trending tasks did not all end within 30 s");
+    eprintln!("run took {:?}", started.elapsed());
+
+    // apalis acknowledges a finished task just after its outcome is
+    // counted: wait for the queue to show only the two stalled tasks.
+    let mut last = None;
+    let settled = wait_until(Duration::from_secs(10), || {
+        let now: Vec<(f64, f64)> = ports
+            .iter()
+            .map(|p| {
+                let m = scrape(*p);
+                (
+                    m.one("qw_queue_tasks", &[("state", "in_flight")]),
+                    m.one("qw_tasks_in_flight", &[]),
+                )
+            })
+            .collect();
+        last = Some(now.clone());
+        now.iter().all(|(q, _)| *q == 2.0) && now.iter().map(|(_, o)| o).sum::<f64>() == 2.0
+    });
+    assert!(
+        settled,
+        "in flight (queue, own) per daemon after the run: {last:?}"
+    );
+
+    let sim = upstream.stats();
+    let key = sim.key(KEY);
+    let quota = support::json(&cfg.run_on(&redis, &["quota", "sim", "--json"]));
+    let m: Vec<Metrics> = ports.iter().map(|p| scrape(*p)).collect();
+    let sum =
+        |name: &str, want: &[(&str, &str)]| -> f64 { m.iter().map(|m| m.sum(name, want)).sum() };
+
+    // The upstream's view.
+    assert_eq!(
+        key.units, UNITS,
+        "the limiter let exactly the quota through"
+    );
+    assert_eq!(
+        sum(
+            "qw_upstream_responses_total",
+            &[("endpoint", "sim.videos"), ("status", "200")]
+        ),
+        key.ok as f64,
+        "2xx responses counted = 2xx the upstream sent"
+    );
+    assert_eq!(
+        sum("qw_upstream_responses_total", &[("endpoint", "sim.videos")]),
+        key.ok as f64,
+        "no other statuses were seen"
+    );
+    assert_eq!(
+        sum(
+            "qw_units_spent_total",
+            &[("credential", "sim"), ("endpoint", "sim.videos")]
+        ),
+        key.units as f64,
+        "units spent = units the upstream charged"
+    );
+    assert_eq!(
+        sum(
+            "qw_spends_total",
+            &[
+                ("credential", "sim"),
+                ("endpoint", "sim.videos"),
+                ("result", "allowed")
+            ]
+        ),
+        key.ok as f64
+    );
+    assert_eq!(
+        sum("qw_pages_total", &[("qw_job", "trending")]),
+        key.ok as f64
+    );
+    assert_eq!(
+        sum("qw_records_total", &[("qw_job", "trending")]),
+        (key.ok * u64::from(ITEMS)) as f64
+    );
+
+    // Outcomes: quota ran out partway; each exhausted task had one rejected spend.
+    let exhausted = sum(
+        "qw_tasks_total",
+        &[("qw_job", "trending"), ("outcome", "quota_exhausted")],
+    );
+    let done = sum(
+        "qw_tasks_total",
+        &[("qw_job", "trending"), ("outcome", "done")],
+    );
+    assert!(exhausted > 0.0, "some tasks ended quota_exhausted");
+    assert_eq!(exhausted + done, REGIONS.len() as f64);
+    assert_eq!(
+        sum(
+            "qw_spends_total",
+            &[("endpoint", "sim.videos"), ("result", "rejected")]
+        ),
+        exhausted
+    );
+
+    // The latency histogram: every spend is in it, on the daemon that made it.
+    let spends = sum("qw_spends_total", &[]);
+    assert!(
+        m.iter().any(|mm| !mm
+            .select(
+                "qw_spend_duration_seconds_bucket",
+                &[("endpoint", "sim.videos")]
+            )
+            .is_empty()),
+        "the spend latency histogram has buckets"
+    );
+    for mm in &m {
+        for ep in ["sim.videos", "slow.videos"] {
+            let made = mm.sum("qw_spends_total", &[("endpoint", ep)]);
+            let timed = mm.sum("qw_spend_duration_seconds_count", &[("endpoint", ep)]);
+            let inf = mm.sum(
+                "qw_spend_duration_seconds_bucket",
+                &[("endpoint", ep), ("le", "+Inf")],
+            );
+            assert_eq!((timed, inf), (made, made), "{ep}:\n{}", mm.text);
+            if made > 0.0 {
+                assert!(
+                    mm.text
+                        .contains("# TYPE qw_spend_duration_seconds histogram")
+                );
+            }
+        }
+    }
+    assert_eq!(sum("qw_spend_duration_seconds_count", &[]), spends);
+    assert!(
+        spends >= 10.0 + 2.0 + 1.0,
+        "allowed + stalled + rejected spends"
+    );
+
+    // Every metric says what it is.
+    for mm in &m {
+        assert_eq!(mm.one("qw_redis_up", &[]), 1.0);
+        for line in mm.text.lines().filter(|l| l.starts_with("# TYPE qw_")) {
+            let name = line.split_whitespace().nth(2).expect("a name");
+            assert!(
+                mm.text.contains(&format!("# HELP {name} ")),
+                "{name} has no # HELP line"
+            );
+        }
+    }
+
+    // The windows, as `quota --json` reads them, on both daemons alike.
+    let window = &quota["credentials"][0]["windows"][0];
+    let used = window["used"].as_f64().expect("used");
+    let remaining = window["remaining"].as_f64().expect("remaining");
+    assert_eq!(used, UNITS as f64);
+    let labels = [
+        ("credential", "sim"),
+        ("scope", "credential"),
+        ("window", "10/1h"),
+    ];
+    for mm in &m {
+        assert_eq!(
+            mm.one("qw_window_used_units", &labels),
+            used,
+            "used units:\n{}",
+            mm.text
+        );
+        assert_eq!(mm.one("qw_window_remaining_units", &labels), remaining);
+        assert_eq!(mm.one("qw_window_limit_units", &labels), UNITS as f64);
+        let frees = mm.one("qw_window_frees_in_seconds", &labels);
+        let want = window["frees_in_ms"].as_f64().expect("frees_in_ms") / 1000.0;
+        assert!(
+            frees > 0.0 && frees <= 3600.0 && (frees - want).abs() < 5.0,
+            "frees in {frees} s, quota says {want} s"
+        );
+        assert_eq!(
+            mm.one("qw_credential_blocked_seconds", &[("credential", "sim")]),
+            0.0
+        );
+        // The stalled job's credential: 2 units spent, 2 tasks in flight.
+        assert_eq!(
+            mm.one(
+                "qw_window_used_units",
+                &[("credential", "slow"), ("scope", "credential")]
+            ),
+            2.0
+        );
+        assert_eq!(mm.one("qw_queue_tasks", &[("state", "in_flight")]), 2.0);
+        assert_eq!(mm.one("qw_queue_tasks", &[("state", "backlog")]), 0.0);
+        assert_eq!(mm.one("qw_queue_tasks", &[("state", "queued")]), 0.0);
+    }
+    let own_in_flight: f64 = m.iter().map(|mm| mm.one("qw_tasks_in_flight", &[])).sum();
+    assert_eq!(own_in_flight, 2.0);
+
+    // Both daemons worked on the shared run (or at least neither lost count):
+    // each one's counters are its own, and only their sum matches upstream.
+    eprintln!(
+        "units spent per daemon: {:?}; upstream charged {}",
+        m.iter()
+            .map(|mm| mm.sum("qw_units_spent_total", &[("credential", "sim")]))
+            .collect::<Vec<_>>(),
+        key.units
+    );
+
+    // A spend from another process shows on both at their next scrape.
+    let s = cfg.run_on(&redis, &["spend", "slow.videos", "--cost", "5"]);
+    assert_eq!(s.status.code(), Some(0), "{s:?}");
+    for p in ports {
+        assert_eq!(
+            scrape(p).one(
+                "qw_window_used_units",
+                &[("credential", "slow"), ("scope", "credential")]
+            ),
+            7.0
+        );
+    }
+    drop(daemons);
+}

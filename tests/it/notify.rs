@@ -1,0 +1,297 @@
+//! The systemd notify protocol of `quota-worker run` (SPEC: `Type=notify`):
+//! `READY=1` once Redis answers and the workers run, `WATCHDOG=1` at half of
+//! `WATCHDOG_USEC`, `STATUS=` lines an operator reads in `systemctl status`,
+//! `STOPPING=1` on SIGTERM — in that order, all from the daemon's own pid
+//! (`NotifyAccess=main` would drop anything else). The test plays systemd: it
+//! binds the datagram socket and records the sender of every message.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use crate::support::daemon;
+use crate::support::machine;
+use crate::support::notify::NotifySocket;
+use crate::support::process::Proc;
+use crate::support::procfs::{children_named, environ};
+use crate::support::{RedisServer, TestConfig, Window, Worker};
+
+/// WATCHDOG_USEC the tests announce: pings are due every 500 ms.
+const WATCHDOG_USEC: &str = "1000000";
+
+fn config(redis: Option<&str>, state_dir: &str) -> TestConfig {
+    // A job whose schedule never fires while the test runs: the scheduler
+    // loop runs (and beats) as in production, nothing is fetched.
+    let mut config = daemon::idle(daemon::yt_key1().window(Window::sliding(600, "1m")))
+        .state_dir(state_dir)
+        .worker(Worker::default().concurrency(8).shutdown_timeout("5s"));
+    if let Some(url) = redis {
+        config = config.redis_url(url);
+    }
+    config.write()
+}
+
+fn daemon(cfg: &TestConfig, notify: &NotifySocket, extra: &[(&str, &str)]) -> Proc {
+    let path = notify.path();
+    let mut env = vec![
+        ("NOTIFY_SOCKET", path.to_str().expect("utf-8 path")),
+        ("WATCHDOG_USEC", WATCHDOG_USEC),
+        ("YT_KEY1", "not-a-real-key"),
+    ];
+    env.extend_from_slice(extra);
+    Proc::start("daemon", cfg, &["run"], &env)
+}
+
+fn is_status_line(s: &str) -> bool {
+    // "8 workers, 0 in flight, yt-key1 0/9500 units"
+    let Some(rest) = s.strip_prefix("8 workers, ") else {
+        return false;
+    };
+    let Some((in_flight, rest)) = rest.split_once(" in flight, yt-key1 ") else {
+        return false;
+    };
+    let Some(units) = rest.strip_suffix("/9500 units") else {
+        return false;
+    };
+    in_flight.parse::<u64>().is_ok() && units.parse::<u64>().is_ok()
+}
+
+#[test]
+fn ready_then_watchdog_then_stopping_in_order_with_status_lines() {
+    let _machine = machine::timing();
+    let redis = RedisServer::start();
+    let state = tempfile::tempdir().expect("tempdir");
+    let cfg = config(Some(&redis.url()), &state.path().display().to_string());
+    let notify = NotifySocket::bind();
+    let started = Instant::now();
+    let mut d = daemon(&cfg, &notify, &[]);
+
+    let ready = notify
+        .wait_for("READY=1", 1, Duration::from_secs(20))
+        .unwrap_or_else(|| panic!("no READY=1 within 20 s:\n{}", notify.dump(started)));
+    eprintln!(
+        "READY=1 {:.0} ms after start",
+        ready.duration_since(started).as_secs_f64() * 1000.0
+    );
+    assert!(
+        notify
+            .wait_for(
+                "STATUS=8 workers, 0 in flight, yt-key1 0/9500 units",
+                1,
+                Duration::from_secs(10)
+            )
+            .is_some(),
+        "no initial STATUS line:\n{}",
+        notify.dump(started)
+    );
+
+    // The STATUS line reads the shared windows live: a spend from the CLI
+    // shows up in the next one (they are refreshed every 5 s).
+    let spent = cfg.run_on(&redis, &["spend", "youtube.videos.list", "--cost", "412"]);
+    assert_eq!(spent.status.code(), Some(0), "{spent:?}");
+    assert!(
+        notify
+            .wait_for(
+                "STATUS=8 workers, 0 in flight, yt-key1 412/9500 units",
+                1,
+                Duration::from_secs(8)
+            )
+            .is_some(),
+        "the STATUS line did not show the 412 units spent:\n{}",
+        notify.dump(started)
+    );
+    // At least 3 s of pings.
+    let ready_plus = ready + Duration::from_secs(3);
+    std::thread::sleep(ready_plus.saturating_duration_since(Instant::now()));
+
+    let term_at = Instant::now();
+    d.term();
+    let stopping = notify
+        .wait_for("STOPPING=1", 1, Duration::from_secs(5))
+        .unwrap_or_else(|| panic!("no STOPPING=1 after SIGTERM:\n{}", notify.dump(started)));
+    let status = d
+        .wait_exit(Duration::from_secs(15))
+        .expect("daemon exits within shutdown_timeout after SIGTERM");
+    eprintln!(
+        "SIGTERM -> STOPPING=1: {:.1} ms; SIGTERM -> exit: {:.0} ms",
+        stopping.saturating_duration_since(term_at).as_secs_f64() * 1000.0,
+        term_at.elapsed().as_secs_f64() * 1000.0
+    );
+    assert_eq!(status.code(), Some(0), "clean shutdown exits 0");
+    assert!(
+        stopping.saturating_duration_since(term_at) < Duration::from_secs(1),
+        "STOPPING=1 must be sent as soon as the shutdown starts"
+    );
+
+    let notices = notify.notices();
+    let dump = notify.dump(started);
+    // Everything comes from the daemon itself.
+    for n in &notices {
+        assert_eq!(
+            n.pid,
+            Some(d.pid()),
+            "a notice not from the daemon:\n{dump}"
+        );
+    }
+    let lines: Vec<&str> = notices.iter().map(|n| n.line.as_str()).collect();
+    assert_eq!(
+        lines.first(),
+        Some(&"READY=1"),
+        "READY=1 comes first:\n{dump}"
+    );
+    assert_eq!(
+        lines.iter().filter(|l| **l == "READY=1").count(),
+        1,
+        "{dump}"
+    );
+    assert_eq!(
+        lines.iter().filter(|l| **l == "STOPPING=1").count(),
+        1,
+        "{dump}"
+    );
+    let stop_ix = lines
+        .iter()
+        .position(|l| *l == "STOPPING=1")
+        .expect("STOPPING=1");
+    // Several pings between READY and STOPPING, none far apart.
+    let pings: Vec<Instant> = notices[..stop_ix]
+        .iter()
+        .filter(|n| n.line == "WATCHDOG=1")
+        .map(|n| n.at)
+        .collect();
+    assert!(
+        pings.len() >= 5,
+        "expected several WATCHDOG=1 before STOPPING=1:\n{dump}"
+    );
+    let gaps: Vec<Duration> = pings.windows(2).map(|w| w[1] - w[0]).collect();
+    let max_gap = gaps.iter().max().copied().unwrap_or_default();
+    eprintln!("{} pings, largest gap {max_gap:?}", pings.len());
+    assert!(
+        max_gap < Duration::from_millis(900),
+        "pings must come at about half of WATCHDOG_USEC (1 s), well before it runs out; largest gap {max_gap:?}:\n{dump}"
+    );
+    assert!(
+        pings[0].duration_since(ready) < Duration::from_millis(900),
+        "the first ping follows READY=1 promptly:\n{dump}"
+    );
+    // Every message is one of the protocol's.
+    for l in &lines {
+        match l.split_once('=') {
+            Some(("READY" | "WATCHDOG" | "STOPPING", "1")) => {}
+            Some(("STATUS", s)) => assert!(is_status_line(s), "odd STATUS line {s:?}"),
+            _ => panic!("unexpected notify line {l:?}:\n{dump}"),
+        }
+    }
+}
+
+/// The real `redis-server` (`$REDIS_SERVER`, else the first on `PATH`).
+fn real_redis_server() -> PathBuf {
+    if let Some(p) = std::env::var_os("REDIS_SERVER") {
+        return PathBuf::from(p);
+    }
+    std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+        .map(|d| d.join("redis-server"))
+        .find(|p| p.is_file())
+        .expect("redis-server on PATH")
+}
+
+/// Regression: redis-server speaks the notify protocol itself. An embedded
+/// Redis that inherited `NOTIFY_SOCKET` (or the watchdog variables) could tell
+/// systemd the *service* is ready before the daemon is, or be taken for the
+/// main process; the daemon removes them from the child's environment.
+///
+/// The daemon finds a `redis-server` on `PATH` that the test put first: it
+/// records the environment it was given (redis-server's own
+/// `/proc/PID/environ` is overwritten by its process title) and runs the real
+/// one with `--supervised auto`, so that an inherited `NOTIFY_SOCKET` would
+/// also make it send its own `READY=1`, as a packaged redis.conf does.
+#[test]
+fn embedded_redis_does_not_inherit_notify_socket() {
+    let state = tempfile::tempdir().expect("tempdir");
+    let cfg = config(None, &state.path().display().to_string());
+    let shim_dir = tempfile::tempdir().expect("tempdir");
+    let env_dump = shim_dir.path().join("redis-server.env");
+    let shim = shim_dir.path().join("redis-server");
+    std::fs::write(
+        &shim,
+        format!(
+            "#!/bin/sh\nenv > '{}'\nexec '{}' \"$@\" --supervised auto\n",
+            env_dump.display(),
+            real_redis_server().display()
+        ),
+    )
+    .expect("write shim");
+    std::fs::set_permissions(&shim, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod shim");
+    let path = std::env::join_paths(std::iter::once(shim_dir.path().to_path_buf()).chain(
+        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
+    ))
+    .expect("PATH");
+    let notify = NotifySocket::bind();
+    let started = Instant::now();
+    let mut d = daemon(
+        &cfg,
+        &notify,
+        &[("PATH", path.to_str().expect("utf-8 PATH"))],
+    );
+    notify
+        .wait_for("READY=1", 1, Duration::from_secs(30))
+        .unwrap_or_else(|| panic!("no READY=1 within 30 s:\n{}", notify.dump(started)));
+
+    let children = children_named(d.pid(), "redis-server");
+    assert_eq!(
+        children.len(),
+        1,
+        "the daemon runs one embedded redis-server (children: {children:?})"
+    );
+    let env =
+        std::fs::read_to_string(&env_dump).expect("the shim ran and recorded its environment");
+    assert!(env.contains("PATH="), "a real environment dump:\n{env}");
+    for var in ["NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"] {
+        assert!(
+            !env.lines().any(|e| e.starts_with(&format!("{var}="))),
+            "the embedded redis-server inherited {var}:\n{env}"
+        );
+    }
+    // The daemon's own environment does hold them.
+    assert!(
+        environ(d.pid())
+            .iter()
+            .any(|e| e.starts_with("NOTIFY_SOCKET=")),
+        "the daemon was started with NOTIFY_SOCKET"
+    );
+
+    // Some pings, then a clean stop.
+    assert!(
+        notify
+            .wait_for("WATCHDOG=1", 3, Duration::from_secs(5))
+            .is_some(),
+        "{}",
+        notify.dump(started)
+    );
+    d.term();
+    assert!(
+        notify
+            .wait_for("STOPPING=1", 1, Duration::from_secs(5))
+            .is_some(),
+        "{}",
+        notify.dump(started)
+    );
+    let status = d.wait_exit(Duration::from_secs(20)).expect("daemon exits");
+    assert_eq!(status.code(), Some(0));
+    assert!(
+        children_named(d.pid(), "redis-server").is_empty()
+            && !std::path::Path::new(&format!("/proc/{}", children[0])).exists(),
+        "the embedded redis-server is stopped with the daemon"
+    );
+
+    let dump = notify.dump(started);
+    let notices = notify.notices();
+    assert_eq!(notify.count("READY=1"), 1, "exactly one READY=1:\n{dump}");
+    for n in &notices {
+        assert_eq!(
+            n.pid,
+            Some(d.pid()),
+            "a notify message from another process than the daemon:\n{dump}"
+        );
+    }
+}

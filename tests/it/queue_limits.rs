@@ -1,0 +1,204 @@
+//! Promise: the queue in front of the workers neither stalls nor wedges —
+//! a task pushed to an idle daemon starts at once (not at apalis's next
+//! heartbeat), and a fan-out far larger than apalis-redis can promote at
+//! once drains completely, with apalis's scheduled set kept under our cap.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use quota_worker::outcome::OutcomeKind;
+use quota_worker::queue::FEED_CAP;
+use quota_worker::simulator::SimConfig;
+
+use crate::support::machine;
+use crate::support::pipeline::{Pipeline, YT_ENDPOINT, YT_KEY, kinds, yt, yt_endpoint};
+use crate::support::{ConfigBuilder, Job, Sink, Window, Worker};
+
+/// The job `name` over `regions`, one page of one record each, all into one
+/// file; a window with room for everything.
+fn config(sim: &str, worker: Worker, name: &str, regions: Vec<String>) -> ConfigBuilder {
+    ConfigBuilder::new()
+        .worker(worker)
+        .credential(yt(Window::sliding(1_000_000, "1h")))
+        .endpoint(yt_endpoint())
+        .job(
+            Job::videos(name, YT_ENDPOINT, sim)
+                .fan_out("region", regions)
+                .sink(Sink::jsonl("data/{job}.jsonl").records("/items")),
+        )
+}
+
+fn sim() -> SimConfig {
+    SimConfig {
+        pages_per_query: 1,
+        items_per_page: 1,
+        ..SimConfig::default()
+    }
+    .key(YT_KEY, 1_000_000, Duration::from_secs(3600))
+}
+
+/// apalis pitfall 1 (idle pickup latency): a plain apalis-redis storage is
+/// woken only by its heartbeat, so a task pushed to an idle worker waited
+/// ~27 s. With the default `poll_interval`, it must start within a second
+/// or two, however long the daemon idled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn apalis_pitfall_1_idle_pickup_latency() {
+    let _machine = machine::timing();
+    // The defaults: no poll_interval, recover_after (heartbeats) set.
+    let mut p = Pipeline::start(sim(), |sim| {
+        config(
+            sim,
+            Worker::default().concurrency(2),
+            "one",
+            vec!["US".into()],
+        )
+    })
+    .await;
+    for idle in [Duration::from_secs(6), Duration::from_secs(4)] {
+        tokio::time::sleep(idle).await;
+        let t0 = Instant::now();
+        let tick = p.trigger("one").await;
+        let evs = p.wait_tick("one", tick, 1, Duration::from_secs(40)).await;
+        let took = evs.first().map(|s| s.at - t0);
+        println!("idle {idle:?}, then a task ended {took:?} after it was queued");
+        assert_eq!(
+            evs.first().map(|s| s.kind()),
+            Some(OutcomeKind::Done),
+            "{evs:?}"
+        );
+        let took = took.expect("an outcome");
+        assert!(
+            took < Duration::from_secs(2),
+            "after {idle:?} idle, a queued task took {took:?} to run"
+        );
+    }
+    p.stop().await;
+}
+
+/// apalis pitfall 4: more than ~8,000 due tasks in apalis's scheduled set
+/// wedge the queue (its fetch unpacks them all at once). A 10,000-item
+/// fan-out must drain completely, and our backlog + feeder must keep the
+/// scheduled set at or under `FEED_CAP` all along.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn apalis_pitfall_4_ten_thousand_item_fan_out_drains() {
+    let _machine = machine::heavy();
+    const N: usize = 10_000;
+    let regions: Vec<String> = (0..N).map(|i| format!("r{i:05}")).collect();
+    let mut p = Pipeline::start(sim(), |sim| {
+        config(
+            sim,
+            Worker::default()
+                .concurrency(32)
+                .poll_interval("10ms")
+                .shutdown_timeout("5s"),
+            "big",
+            regions,
+        )
+    })
+    .await;
+
+    // Sample apalis's scheduled set and active list while the tick drains.
+    let scheduled_key = p.queue.apalis_config().scheduled_jobs_set();
+    let active_key = p.queue.apalis_config().active_jobs_list();
+    let (max_sched, max_apalis, samples) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let done = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let url = p.redis.url();
+        let (max_sched, max_apalis, samples, done) = (
+            max_sched.clone(),
+            max_apalis.clone(),
+            samples.clone(),
+            done.clone(),
+        );
+        std::thread::spawn(move || {
+            let mut conn = redis::Client::open(url)
+                .and_then(|c| c.get_connection())
+                .expect("sampler connection");
+            while !done.load(Ordering::Relaxed) {
+                let (sched, active): (u64, u64) = redis::pipe()
+                    .zcard(&scheduled_key)
+                    .llen(&active_key)
+                    .query(&mut conn)
+                    .expect("sample");
+                max_sched.fetch_max(sched, Ordering::Relaxed);
+                max_apalis.fetch_max(sched + active, Ordering::Relaxed);
+                samples.fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        })
+    };
+
+    let t0 = Instant::now();
+    let tick = p.trigger("big").await;
+    let queued = t0.elapsed();
+    let mut last_report = Instant::now();
+    let (mut evs, mut progress) = (Vec::new(), (0, Instant::now()));
+    while t0.elapsed() < Duration::from_secs(600) {
+        evs = p.of_tick("big", tick);
+        if evs.len() >= N {
+            break;
+        }
+        // A wedged queue makes no progress at all: fail fast.
+        if evs.len() > progress.0 {
+            progress = (evs.len(), Instant::now());
+        } else if progress.1.elapsed() > Duration::from_secs(60) {
+            println!("10k drain: stalled at {} of {N}", evs.len());
+            break;
+        }
+        if last_report.elapsed() > Duration::from_secs(10) {
+            println!(
+                "10k drain: {} of {N} ended after {:.0} s",
+                evs.len(),
+                t0.elapsed().as_secs_f64()
+            );
+            last_report = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let took = t0.elapsed();
+    done.store(true, Ordering::Relaxed);
+    sampler.join().expect("sampler");
+    p.stop().await;
+
+    let rate = evs.len() as f64 / took.as_secs_f64();
+    println!(
+        "10k drain: {} tasks ended in {:.1} s ({rate:.0} tasks/s end to end: spend + fetch + sink + checkpoint; \
+         queued in {} ms); apalis scheduled set peaked at {} (scheduled + active {}), {} samples",
+        evs.len(),
+        took.as_secs_f64(),
+        queued.as_millis(),
+        max_sched.load(Ordering::Relaxed),
+        max_apalis.load(Ordering::Relaxed),
+        samples.load(Ordering::Relaxed)
+    );
+    assert_eq!(evs.len(), N, "not drained: {:?}", kinds(&evs));
+    assert!(
+        evs.iter().all(|s| s.kind() == OutcomeKind::Done),
+        "{:?}",
+        kinds(&evs)
+    );
+    let mut items: Vec<&str> = evs.iter().map(|s| s.ev.item.as_str()).collect();
+    items.sort();
+    items.dedup();
+    assert_eq!(items.len(), N, "each item ended exactly once");
+    assert!(samples.load(Ordering::Relaxed) > 10, "the sampler ran");
+    let peak = max_sched.load(Ordering::Relaxed);
+    assert!(peak > 0, "the sampler saw the queue in use");
+    assert!(
+        peak <= FEED_CAP as u64,
+        "apalis's scheduled set reached {peak} (cap {FEED_CAP})"
+    );
+    // What the upstream served is what the sink holds, once each.
+    let stats = p.sim_stats();
+    assert_eq!(stats.charges.len(), N);
+    assert!(stats.duplicate_pages().is_empty());
+    assert_eq!(p.sink_records().len(), N);
+    // Nothing left behind.
+    let depth = p.queue.depth().await.expect("depth");
+    assert_eq!((depth.backlog, depth.queued), (0, 0), "{depth:?}");
+}

@@ -1,0 +1,387 @@
+//! Promise: no task is lost when a daemon is SIGKILLed mid-tick (another
+//! daemon picks its tasks up within `[worker] recover_after`, 30 s by
+//! default), nor when Redis restarts or drops every client connection
+//! mid-run (the daemon's workers come back by themselves and it keeps
+//! running).
+//!
+//! Regression tests for apalis pitfalls 7 (any Redis error kills an apalis
+//! worker) and 8 (apalis's defaults bring a dead worker's tasks back after
+//! ~300 s).
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::{Duration, Instant};
+
+use quota_worker::simulator::Fault;
+
+use crate::support::daemon::{
+    self, JOB, REGIONS, ended, sink_records, tick_claims, tick_outcomes, wait_ticks_ended, workers,
+};
+use crate::support::machine;
+use crate::support::process::{Proc, run_cli};
+use crate::support::redis_server::redis_conn;
+use crate::support::upstream::Upstream;
+use crate::support::{self, ConfigBuilder, RedisServer, Worker};
+
+const PAGES: u32 = 3;
+const ITEMS_PER_PAGE: u32 = 2;
+const ITEMS: i64 = REGIONS.len() as i64;
+
+fn wait_for(what: &str, timeout: Duration, cond: impl FnMut() -> bool) {
+    assert!(
+        support::wait_until(timeout, cond),
+        "timed out after {timeout:?} waiting for {what}"
+    );
+}
+
+/// What [`kill_mid_tick`] measured.
+struct Recovery {
+    /// From SIGKILL until the dead daemon's worker was declared dead and its
+    /// tasks re-queued.
+    requeued: Duration,
+    /// From SIGKILL until the last of its tasks ended.
+    done: Duration,
+}
+
+/// Two daemons; daemon A holds four of a tick's eight tasks mid-request
+/// (the other four done) when it is SIGKILLed; daemon B must finish them.
+fn kill_mid_tick(worker: Worker) -> Recovery {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start(PAGES, ITEMS_PER_PAGE);
+    let cfg = daemon::config(daemon::job(&upstream.base_url()).pages(PAGES))
+        .worker(worker)
+        .write();
+    let mut conn = redis_conn(&redis.url());
+    upstream.inject(Fault::Delay(Duration::from_secs(120)), 4);
+    let mut a = Proc::daemon("daemon-a", &cfg, Some(&redis.url()), &[]);
+    a.wait_running(Duration::from_secs(10));
+    wait_for(
+        "daemon A's worker registered",
+        Duration::from_secs(10),
+        || workers(&mut conn).len() == 1,
+    );
+    let a_worker = workers(&mut conn)[0].clone();
+    let (code, out, err) = run_cli(
+        &cfg,
+        Some(&redis.url()),
+        &["trigger", JOB],
+        Duration::from_secs(20),
+    );
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    let tick = *tick_claims(&mut conn).keys().next().expect("a tick");
+    wait_for(
+        "four tasks done and four in flight on daemon A",
+        Duration::from_secs(15),
+        || upstream.injected() == 4 && tick_outcomes(&mut conn, tick).get("done") == Some(&4),
+    );
+    let mut b = Proc::daemon("daemon-b", &cfg, Some(&redis.url()), &[]);
+    b.wait_running(Duration::from_secs(10));
+
+    a.kill();
+    let killed = Instant::now();
+    let mut requeued = None;
+    let deadline = killed + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        if requeued.is_none() && !workers(&mut conn).contains(&a_worker) {
+            requeued = Some(killed.elapsed());
+        }
+        if ended(&tick_outcomes(&mut conn, tick)) >= ITEMS {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let done = killed.elapsed();
+    let o = tick_outcomes(&mut conn, tick);
+    assert_eq!(ended(&o), ITEMS, "not every task ended: {o:?}");
+    let requeued = requeued.expect("the killed daemon's worker was never declared dead");
+    std::thread::sleep(Duration::from_secs(1));
+    let o = tick_outcomes(&mut conn, tick);
+    assert_eq!(o.get("done"), Some(&ITEMS), "{o:?}");
+    assert_eq!(ended(&o), ITEMS, "a task ended twice: {o:?}");
+    assert_eq!(b.outcomes().len(), 4, "{:?}", b.outcomes());
+
+    // Every page once: the killed requests were never answered (so never
+    // charged); each page of each region is in the sink exactly once.
+    let stats = upstream.stats();
+    assert!(
+        stats.duplicate_pages().is_empty(),
+        "{:?}",
+        stats.duplicate_pages()
+    );
+    assert_eq!(stats.charges.len(), REGIONS.len() * PAGES as usize);
+    let records = sink_records(&cfg);
+    let distinct: HashSet<_> = records.iter().collect();
+    assert_eq!(
+        records.len(),
+        REGIONS.len() * (PAGES * ITEMS_PER_PAGE) as usize
+    );
+    assert_eq!(distinct.len(), records.len());
+
+    b.term();
+    assert_eq!(
+        b.wait_exit(Duration::from_secs(15)).and_then(|s| s.code()),
+        Some(0)
+    );
+    Recovery { requeued, done }
+}
+
+/// apalis pitfall 8: with apalis's defaults (30 s heartbeat, 10 missed) a
+/// SIGKILLed worker's tasks come back after ~300 s. `recover_after = "6s"`
+/// must bring them back within about 6 s.
+#[test]
+fn pitfall_8_sigkilled_daemon_tasks_are_picked_up_within_recover_after() {
+    let _machine = machine::timing();
+    let r = kill_mid_tick(Worker::default().concurrency(8).recover_after("6s"));
+    eprintln!(
+        "MEASURE recover_after=6s: killed daemon's tasks re-queued {:?} after SIGKILL, all ended {:?} after it",
+        r.requeued, r.done
+    );
+    // Declared dead after 3 missed heartbeats of recover_after / 5, checked
+    // on the live daemon's heartbeat, at 1 s resolution.
+    assert!(
+        r.requeued <= Duration::from_secs(6) + Duration::from_millis(1_500),
+        "re-queued {:?} after the kill",
+        r.requeued
+    );
+    // The tasks also wait for the dead daemon's item locks (10 s, renewed
+    // until the kill) to lapse, then a busy retry (2 s).
+    assert!(
+        r.done <= Duration::from_secs(14),
+        "finished {:?} after the kill",
+        r.done
+    );
+}
+
+/// SPEC: "A SIGKILLed daemon's tasks are picked up by a live daemon within
+/// 30 s by default".
+#[test]
+fn sigkilled_daemon_tasks_are_picked_up_within_30s_by_default() {
+    let _machine = machine::timing();
+    let r = kill_mid_tick(Worker::default().concurrency(8));
+    eprintln!(
+        "MEASURE recover_after default (30s): killed daemon's tasks re-queued {:?} after SIGKILL, all ended {:?} after it",
+        r.requeued, r.done
+    );
+    assert!(
+        r.requeued <= Duration::from_secs(30),
+        "re-queued {:?} after the kill",
+        r.requeued
+    );
+    assert!(
+        r.done <= Duration::from_secs(32),
+        "finished {:?} after the kill",
+        r.done
+    );
+}
+
+/// A daemon on a job that ticks every 2 s at known times, and something that
+/// breaks every Redis connection mid-run (while tasks are in flight): every
+/// tick before, during and after fans out, ends with all its tasks done,
+/// each counted once, and the daemon keeps running.
+fn survive(label: &str, redis_args: &[&str], incident: impl FnOnce(&mut RedisServer)) {
+    const TICKS: u32 = 9;
+    let ((mut redis, upstream, _cfg, mut d), ticks) =
+        daemon::start_before_first_tick(TICKS, 2, Duration::from_secs(4), |schedule| {
+            let redis = RedisServer::start_with(redis_args);
+            let upstream = Upstream::start(PAGES, ITEMS_PER_PAGE);
+            let cfg = daemon::config(
+                daemon::job(&upstream.base_url())
+                    .pages(PAGES)
+                    .schedule(&schedule),
+            )
+            .worker(Worker::default().concurrency(8).recover_after("6s"))
+            .write();
+            let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
+            d.wait_running(Duration::from_secs(10));
+            (redis, upstream, cfg, d)
+        });
+    // Two whole ticks first.
+    let (ok, all) = wait_ticks_ended(
+        &mut redis_conn(&redis.url()),
+        &ticks[..2],
+        ITEMS,
+        Duration::from_secs(80),
+    );
+    assert!(ok, "{label}: the first two ticks: {all:?}");
+    // Mid-run: the next tick's first four requests are slow, so tasks are
+    // in flight when the incident happens.
+    upstream.inject(Fault::Delay(Duration::from_millis(1_500)), 4);
+    wait_for("tasks in flight", Duration::from_secs(10), || {
+        upstream.injected() == 4
+    });
+    let restarts_before = d.messages("worker stopped on an error; restarting").len();
+    let at = Instant::now();
+    incident(&mut redis);
+    let back = at.elapsed();
+    let back_ms = chrono::Utc::now().timestamp_millis();
+
+    // Workers come back: the first tick after the incident ends.
+    let next = *ticks
+        .iter()
+        .find(|t| **t > back_ms)
+        .expect("ticks after the incident");
+    let mut conn = redis_conn(&redis.url());
+    let (ok, all) = wait_ticks_ended(&mut conn, &[next], ITEMS, Duration::from_secs(40));
+    assert!(
+        ok,
+        "{label}: the first tick after the incident did not end: {all:?}; daemon running: {}",
+        d.running()
+    );
+    let recovered = at.elapsed();
+    assert!(d.running(), "{label}: the daemon died");
+
+    // Every tick (before, during and after) fanned out once and ended, each
+    // task counted once.
+    let (ok, all) = wait_ticks_ended(&mut conn, &ticks, ITEMS, Duration::from_secs(60));
+    let all: BTreeMap<_, _> = all.into_iter().collect();
+    assert!(ok, "{label}: tasks lost: {all:?}");
+    std::thread::sleep(Duration::from_secs(2));
+    let mut claimed: Vec<i64> = tick_claims(&mut conn).into_keys().collect();
+    claimed.sort();
+    assert_eq!(claimed, ticks, "{label}: ticks claimed");
+    // A task caught by the incident either finished its item (`done`) or,
+    // redelivered after a newer tick already completed the item, ended as
+    // `superseded` rather than fetch older data again.
+    for t in &ticks {
+        let o = tick_outcomes(&mut conn, *t);
+        assert_eq!(o.get("#items"), Some(&ITEMS), "{label}: tick {t}: {o:?}");
+        let done = o.get("done").copied().unwrap_or(0);
+        let superseded = o.get("superseded").copied().unwrap_or(0);
+        assert_eq!(done + superseded, ITEMS, "{label}: tick {t}: {o:?}");
+        assert_eq!(ended(&o), ITEMS, "{label}: tick {t} counted twice: {o:?}");
+    }
+    assert!(d.running(), "{label}: the daemon died");
+    let restarts = d.messages("worker stopped on an error; restarting").len() - restarts_before;
+    // Pages served: the charged ones plus the four delayed (never charged);
+    // a superseded task's item was completed by a newer tick's run, which
+    // stands in for its pages.
+    let superseded: usize = ticks
+        .iter()
+        .map(|t| {
+            tick_outcomes(&mut conn, *t)
+                .get("superseded")
+                .copied()
+                .unwrap_or(0) as usize
+        })
+        .sum();
+    let served = upstream.fetched() + 4;
+    let expected = TICKS as usize * REGIONS.len() * PAGES as usize;
+    assert!(
+        served + superseded * PAGES as usize >= expected,
+        "{label}: {served} pages served and {superseded} superseded tasks, {expected} pages expected"
+    );
+    d.term();
+    assert_eq!(
+        d.wait_exit(Duration::from_secs(15)).and_then(|s| s.code()),
+        Some(0),
+        "{label}: exit"
+    );
+    eprintln!(
+        "MEASURE {label}: incident took {back:?}; the first tick after it ended {recovered:?} after it began; all {TICKS} ticks done; {restarts} worker restart(s); {served} page(s) served for {expected} expected (at least once around the incident), {superseded} task(s) superseded"
+    );
+}
+
+/// apalis pitfall 7: any Redis error kills an apalis-redis worker. A Redis
+/// restart (2 s down, AOF on) must not stop the daemon's work.
+#[test]
+fn pitfall_7_redis_restart_mid_run_workers_come_back_and_no_task_is_lost() {
+    let _machine = machine::timing();
+    survive(
+        "redis restart",
+        &["--appendonly", "yes", "--appendfsync", "always"],
+        |redis| {
+            redis.stop();
+            std::thread::sleep(Duration::from_secs(2));
+            redis.restart();
+        },
+    );
+}
+
+/// apalis pitfall 7, the other way in: every client connection dropped at
+/// once (`CLIENT KILL TYPE normal`), twice in a row.
+#[test]
+fn pitfall_7_client_kill_mid_run_workers_come_back_and_no_task_is_lost() {
+    let _machine = machine::timing();
+    survive("client kill", &[], |redis| {
+        for _ in 0..2 {
+            let killed: i64 = redis.cmd(&["CLIENT", "KILL", "TYPE", "normal"]);
+            assert!(killed > 0, "CLIENT KILL killed nobody");
+            std::thread::sleep(Duration::from_millis(1_500));
+        }
+    });
+}
+
+/// Bug: a task's retry was dropped when a redelivered copy of the task had
+/// found its item busy meanwhile. Busy copies and retries were both named
+/// `<job>:<tick>:<index>:<seq>`, so the retry got the id of the busy copy
+/// (`...:1`): the backlog (HSETNX) or apalis (HSETNX on its data hash, kept
+/// for an hour) kept the busy copy and dropped the retry, and the busy copy
+/// then saw its task marked ended and did nothing. The tick never ended.
+///
+/// Here: daemon A drains after SIGTERM with a request in flight (no
+/// heartbeats while draining), so daemon B redelivers A's task after
+/// recover_after; B's copy finds the item locked by A and queues a busy
+/// copy; then A's request times out and A queues the retry.
+#[test]
+fn retry_after_a_redelivered_copy_found_the_item_busy_is_not_lost() {
+    let _machine = machine::timing();
+    let redis = RedisServer::start();
+    let upstream = Upstream::start(1, 2);
+    let cfg = ConfigBuilder::new()
+        .credential(daemon::credential())
+        .endpoint(daemon::endpoint().timeout("10s"))
+        .job(
+            daemon::job(&upstream.base_url())
+                .fan_out("region", ["US"])
+                .pages(1),
+        )
+        .worker(
+            Worker::default()
+                .concurrency(1)
+                .shutdown_timeout("30s")
+                .recover_after("6s"),
+        )
+        .write();
+    let mut conn = redis_conn(&redis.url());
+    upstream.inject(Fault::Delay(Duration::from_secs(40)), 1);
+    let mut a = Proc::daemon("daemon-a", &cfg, Some(&redis.url()), &[]);
+    a.wait_running(Duration::from_secs(10));
+    let (code, out, err) = run_cli(
+        &cfg,
+        Some(&redis.url()),
+        &["trigger", JOB],
+        Duration::from_secs(20),
+    );
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    let tick = *tick_claims(&mut conn).keys().next().expect("a tick");
+    wait_for(
+        "the slow request in flight",
+        Duration::from_secs(10),
+        || upstream.injected() == 1,
+    );
+    let mut b = Proc::daemon("daemon-b", &cfg, Some(&redis.url()), &[]);
+    b.wait_running(Duration::from_secs(10));
+    a.term();
+
+    // A's request times out (10 s) and A queues the retry; B runs it.
+    let (ok, all) = wait_ticks_ended(&mut conn, &[tick], 1, Duration::from_secs(40));
+    let copies: Vec<String> = redis.cmd(&["HKEYS", "qw:queue:data"]);
+    assert!(
+        ok,
+        "the retry was lost: {all:?}; task copies queued: {copies:?}; daemon-b's outcomes: {:?}",
+        b.outcomes()
+    );
+    let o = tick_outcomes(&mut conn, tick);
+    assert_eq!(o.get("done"), Some(&1), "{o:?}");
+    assert_eq!(o.get("~retrying"), Some(&1), "{o:?}");
+    // The scenario happened as described: B met the busy item first.
+    assert!(
+        b.outcomes().iter().all(|o| o["outcome"] == "done"),
+        "{:?}",
+        b.outcomes()
+    );
+    assert_eq!(
+        a.wait_exit(Duration::from_secs(40)).and_then(|s| s.code()),
+        Some(0)
+    );
+    assert_eq!(upstream.fetched(), 1);
+}

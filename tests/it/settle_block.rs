@@ -1,0 +1,200 @@
+//! Promise: the companion operations on the same windows. *settle* adjusts a
+//! request's units in every window its spend touched (0 refunds it; more
+//! shrinks what is left; an unknown id changes nothing); *block* stops every
+//! spend on a credential, from every endpoint, for the block's length (the
+//! rejection names no window: `rejecting_window` 0, `blocked: true`), and a
+//! shorter block never shortens a longer one.
+
+use std::time::Duration;
+
+use quota_worker::config::Config;
+use quota_worker::quota::{Decision, Limiter, RejectedBy, Rejection};
+
+use crate::support::machine;
+use crate::support::{self, ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window};
+
+fn config() -> TestConfig {
+    ConfigBuilder::new()
+        .credential(
+            Credential::env("k", "K")
+                .window(Window::sliding(100, "1h"))
+                .window(Window::fixed(50, "24h")),
+        )
+        .endpoint(Endpoint::new("e", "k", 10).window(Window::sliding(40, "1h")))
+        .endpoint(Endpoint::new("f", "k", 5))
+        .write()
+}
+
+/// The `used` of every window of `k`: [100/1h, 50/24h fixed, e's 40/1h].
+async fn used(limiter: &Limiter) -> Vec<u64> {
+    limiter
+        .peek("k")
+        .await
+        .expect("peek")
+        .windows
+        .iter()
+        .map(|w| w.used)
+        .collect()
+}
+
+/// Every member of every window key of `k`, to see that nothing lingers.
+fn entries(server: &RedisServer) -> Vec<(String, i64)> {
+    server
+        .keys("qw:{k}:*")
+        .into_iter()
+        .filter(|k| k.ends_with(":log") || k.ends_with(":units") || k.ends_with(":fixed"))
+        .map(|k| {
+            let n: i64 = if k.ends_with(":log") {
+                server.cmd(&["ZCARD", &k])
+            } else {
+                server.cmd(&["HLEN", &k])
+            };
+            (k, n)
+        })
+        .collect()
+}
+
+fn rejected(d: Decision) -> Rejection {
+    match d {
+        Decision::Rejected(r) => r,
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settle_refunds_adjusts_and_ignores_unknown_ids() {
+    let server = RedisServer::start();
+    let cfg = config();
+    let limiter = support::limiter(&server, &Config::load(&cfg.path()).expect("config")).await;
+
+    // Refund: the request never reached the upstream.
+    let d = limiter.spend("e", None, "a").await.expect("spend");
+    assert_eq!(d, Decision::Allowed { remaining: 30 });
+    assert_eq!(used(&limiter).await, [10, 10, 10]);
+    let n = limiter.settle("e", "a", 0).await.expect("settle");
+    assert_eq!(n, 3, "every window the spend touched");
+    assert_eq!(used(&limiter).await, [0, 0, 0]);
+    for (key, n) in entries(&server) {
+        // Left: a unit hash's "#used" and "#expires", a fixed window's
+        // "#period" and "#used".
+        let expect = 2;
+        assert_eq!(n, expect, "{key} still holds the refunded request");
+    }
+
+    // Settle up: the upstream said it cost 25, not 10.
+    let d = limiter.spend("e", None, "b").await.expect("spend");
+    assert_eq!(d, Decision::Allowed { remaining: 30 });
+    assert_eq!(limiter.settle("e", "b", 25).await.expect("settle"), 3);
+    assert_eq!(used(&limiter).await, [25, 25, 25]);
+    let d = limiter.spend("f", None, "c").await.expect("spend");
+    assert_eq!(
+        d,
+        Decision::Allowed {
+            remaining: 50 - 25 - 5
+        },
+        "settling up leaves less (it would say 35 unsettled)"
+    );
+    // ... and down again.
+    assert_eq!(limiter.settle("e", "b", 3).await.expect("settle"), 3);
+    assert_eq!(used(&limiter).await, [8, 8, 3]);
+
+    // An id nobody spent changes nothing, anywhere.
+    let before = (used(&limiter).await, entries(&server));
+    assert_eq!(limiter.settle("e", "nobody", 7).await.expect("settle"), 0);
+    assert_eq!(limiter.settle("e", "nobody", 0).await.expect("settle"), 0);
+    assert_eq!((used(&limiter).await, entries(&server)), before);
+
+    // A settled-up request still refunds whole.
+    assert_eq!(limiter.settle("e", "b", 0).await.expect("settle"), 3);
+    assert_eq!(used(&limiter).await, [5, 5, 0]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_stops_every_endpoint_and_is_never_shortened() {
+    let _machine = machine::timing();
+    let server = RedisServer::start();
+    let cfg = config();
+    let limiter = support::limiter(&server, &Config::load(&cfg.path()).expect("config")).await;
+
+    let blocked = limiter
+        .block("k", Duration::from_millis(1_500))
+        .await
+        .expect("block");
+    assert!(blocked > Duration::from_millis(1_400), "{blocked:?}");
+
+    // e's tightest window is its own 40; f's the credential's 50.
+    for (endpoint, room) in [("e", 40), ("f", 50)] {
+        let r = rejected(limiter.spend(endpoint, None, "x").await.expect("spend"));
+        assert_eq!(r.by, RejectedBy::Blocked, "{endpoint}");
+        let ms = r.retry_after.as_millis();
+        assert!((1_300..=1_500).contains(&ms), "{endpoint}: {ms} ms");
+        assert_eq!(r.remaining, room, "{endpoint}: windows untouched");
+    }
+
+    // The CLI says so too.
+    let out = cfg.run_on(&server, &["spend", "f", "--json"]);
+    assert_eq!(out.status.code(), Some(75));
+    let j = support::json(&out);
+    assert_eq!(j["allowed"], false);
+    assert_eq!(j["blocked"], true, "{j}");
+    assert_eq!(j["rejecting_window"], 0);
+    let ms = j["retry_after_ms"].as_u64().expect("retry");
+    assert!((500..=1_500).contains(&ms), "{ms}");
+    let out = cfg.run_on(&server, &["quota", "--json"]);
+    let left = support::json(&out)["credentials"][0]["blocked_for_ms"]
+        .as_u64()
+        .expect("blocked_for_ms");
+    assert!((500..=1_500).contains(&left), "{left}");
+
+    // A shorter block (another worker's 429) keeps the longer one.
+    let kept = limiter
+        .block("k", Duration::from_millis(200))
+        .await
+        .expect("block");
+    assert!(kept > Duration::from_millis(500), "{kept:?}");
+    std::thread::sleep(Duration::from_millis(300));
+    let r = rejected(limiter.spend("e", None, "x").await.expect("spend"));
+    assert_eq!(
+        r.by,
+        RejectedBy::Blocked,
+        "still blocked after the short one ended"
+    );
+
+    // Nothing was recorded while blocked, and the block ends by itself.
+    assert_eq!(used(&limiter).await, [0, 0, 0]);
+    let until = limiter.peek("k").await.expect("peek").blocked_for;
+    std::thread::sleep(until + Duration::from_millis(20));
+    let d = limiter.spend("e", None, "x").await.expect("spend");
+    assert_eq!(d, Decision::Allowed { remaining: 30 });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_window_that_frees_after_the_block_is_named_instead() {
+    let server = RedisServer::start();
+    let cfg = config();
+    let limiter = support::limiter(&server, &Config::load(&cfg.path()).expect("config")).await;
+    for id in ["a", "b", "c", "d"] {
+        assert!(
+            limiter
+                .spend("e", None, id)
+                .await
+                .expect("spend")
+                .is_allowed()
+        );
+    }
+    limiter
+        .block("k", Duration::from_secs(2))
+        .await
+        .expect("block");
+    // e's own 40/1h window is full and frees in an hour: after the block.
+    let r = rejected(limiter.spend("e", None, "x").await.expect("spend"));
+    assert_eq!(r.by, RejectedBy::Window(3));
+    assert!(
+        r.retry_after > Duration::from_secs(3_500),
+        "{:?}",
+        r.retry_after
+    );
+    // f has room in its windows: the block is what stops it.
+    let r = rejected(limiter.spend("f", None, "x").await.expect("spend"));
+    assert_eq!(r.by, RejectedBy::Blocked);
+}

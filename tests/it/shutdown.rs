@@ -1,0 +1,376 @@
+//! Promise: on SIGTERM the daemon stops taking tasks, lets the running ones
+//! finish within `shutdown_timeout`, leaves the rest queued for another
+//! daemon, and exits 0; a task cut off by the timeout is picked up later by
+//! another daemon; and a daemon restarted at once after SIGTERM works
+//! normally (apalis pitfall 6: a worker restarted under the same name fails).
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use quota_worker::simulator::Fault;
+
+use crate::support::daemon::{
+    self, JOB, REGIONS, queue_state, sink_records, tick_claims, tick_outcomes, wait_ticks_ended,
+    workers,
+};
+use crate::support::machine;
+use crate::support::process::{Proc, run_cli};
+use crate::support::redis_server::redis_conn;
+use crate::support::upstream::Upstream;
+use crate::support::{self, RedisServer, Worker};
+
+const PAGES: u32 = 3;
+const ITEMS_PER_PAGE: u32 = 2;
+
+/// Enqueues one tick of the job with `trigger` and returns its tick ms.
+fn trigger(cfg: &support::TestConfig, redis: &RedisServer) -> i64 {
+    let before: HashSet<i64> = tick_claims(&mut redis_conn(&redis.url()))
+        .into_keys()
+        .collect();
+    let (code, out, err) = run_cli(
+        cfg,
+        Some(&redis.url()),
+        &["trigger", JOB],
+        Duration::from_secs(20),
+    );
+    assert_eq!(code, Some(0), "trigger: {out}\n{err}");
+    let after: HashSet<i64> = tick_claims(&mut redis_conn(&redis.url()))
+        .into_keys()
+        .collect();
+    let new: Vec<i64> = after.difference(&before).copied().collect();
+    assert_eq!(new.len(), 1, "trigger claimed one tick: {out}");
+    new[0]
+}
+
+fn wait_for(what: &str, timeout: Duration, cond: impl FnMut() -> bool) {
+    assert!(
+        support::wait_until(timeout, cond),
+        "timed out after {timeout:?} waiting for {what}"
+    );
+}
+
+#[test]
+fn sigterm_lets_running_tasks_finish_leaves_the_rest_queued_and_exits_0() {
+    let _machine = machine::timing();
+    let redis = RedisServer::start();
+    let upstream = Upstream::start(PAGES, ITEMS_PER_PAGE);
+    // Two slots, default recover_after (30 s): a task left in the stopped
+    // daemon's hands instead of the queue would take 18 s or more to come
+    // back, so a second daemon finishing the rest at once shows they were
+    // really queued.
+    let cfg = daemon::config(daemon::job(&upstream.base_url()).pages(PAGES))
+        .worker(Worker::default().concurrency(2).shutdown_timeout("30s"))
+        .write();
+    let delay = Duration::from_secs(3);
+    upstream.inject(Fault::Delay(delay), 2);
+    let mut a = Proc::daemon("daemon-a", &cfg, Some(&redis.url()), &[]);
+    a.wait_running(Duration::from_secs(10));
+    let tick = trigger(&cfg, &redis);
+
+    // Both slots are busy with a slow first page.
+    wait_for(
+        "two slow requests in flight",
+        Duration::from_secs(10),
+        || upstream.injected() == 2,
+    );
+    let in_flight_since = Instant::now();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut conn = redis_conn(&redis.url());
+    let before = queue_state(&mut conn);
+    assert_eq!(before.waiting(), 6, "six tasks wait: {before:?}");
+
+    a.term();
+    let sigterm = Instant::now();
+    let status = a.wait_exit(Duration::from_secs(40));
+    let to_exit = sigterm.elapsed();
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(0),
+        "exit status after SIGTERM: {status:?}"
+    );
+    // It waited for the slow requests (the rest of their delay), and no more
+    // than they needed.
+    let remaining = delay.saturating_sub(sigterm.duration_since(in_flight_since));
+    assert!(
+        to_exit + Duration::from_millis(200) >= remaining,
+        "exited {to_exit:?} after SIGTERM, before its running requests ({remaining:?} left) ended"
+    );
+    assert!(
+        to_exit < delay + Duration::from_secs(5),
+        "took {to_exit:?} to exit"
+    );
+
+    // The two running tasks finished: all their pages, in the sink.
+    let outcomes = a.outcomes();
+    assert_eq!(outcomes.len(), 2, "tasks run by daemon-a: {outcomes:?}");
+    let mut finished = HashSet::new();
+    for o in &outcomes {
+        assert_eq!(o["outcome"], "done", "{o}");
+        assert_eq!(o["pages"], PAGES, "{o}");
+        finished.insert(
+            o["item"]
+                .as_str()
+                .expect("item")
+                .trim_start_matches("region=")
+                .to_owned(),
+        );
+    }
+    let records = sink_records(&cfg);
+    assert_eq!(records.len(), (2 * PAGES * ITEMS_PER_PAGE) as usize);
+    assert!(records.iter().all(|(region, _)| finished.contains(region)));
+    // No other task started: the upstream saw those two regions only (the
+    // delayed first pages are served but, being injected, not charged).
+    let stats = upstream.stats();
+    assert_eq!(stats.charges.len(), 2 * (PAGES as usize - 1));
+    assert!(stats.charges.iter().all(|c| finished.contains(&c.scope)));
+    let o = tick_outcomes(&mut conn, tick);
+    assert_eq!(o.get("done"), Some(&2), "{o:?}");
+
+    // The other six are still queued, not held by the stopped daemon.
+    let after = queue_state(&mut conn);
+    assert_eq!(after.waiting(), 6, "after shutdown: {after:?}");
+    assert_eq!(after.inflight, 0, "after shutdown: {after:?}");
+
+    // A second daemon runs them, promptly.
+    let mut b = Proc::daemon("daemon-b", &cfg, Some(&redis.url()), &[]);
+    let started = Instant::now();
+    let (ok, all) = wait_ticks_ended(&mut conn, &[tick], 8, Duration::from_secs(15));
+    assert!(ok, "the queued tasks did not run: {all:?}");
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    std::thread::sleep(Duration::from_millis(500));
+    let o = tick_outcomes(&mut conn, tick);
+    assert_eq!(o.get("done"), Some(&8), "{o:?}");
+    assert_eq!(b.outcomes().len(), 6);
+    let stats = upstream.stats();
+    assert_eq!(stats.charges.len(), REGIONS.len() * PAGES as usize - 2);
+    // Every page of every region in the sink, once.
+    let records = sink_records(&cfg);
+    let distinct: HashSet<_> = records.iter().collect();
+    assert_eq!(
+        records.len(),
+        REGIONS.len() * (PAGES * ITEMS_PER_PAGE) as usize
+    );
+    assert_eq!(distinct.len(), records.len());
+    assert!(
+        stats.duplicate_pages().is_empty(),
+        "{:?}",
+        stats.duplicate_pages()
+    );
+
+    b.term();
+    assert_eq!(
+        b.wait_exit(Duration::from_secs(15)).and_then(|s| s.code()),
+        Some(0)
+    );
+    eprintln!(
+        "MEASURE sigterm->exit with 2 requests in flight ({remaining:?} of their delay left): {to_exit:?}; queued tasks run by a second daemon in {took:?}"
+    );
+}
+
+#[test]
+fn shutdown_timeout_shorter_than_the_work_exits_0_and_another_daemon_finishes_it() {
+    let _machine = machine::timing();
+    let redis = RedisServer::start();
+    let upstream = Upstream::start(PAGES, ITEMS_PER_PAGE);
+    let cfg = daemon::config(
+        daemon::job(&upstream.base_url())
+            .fan_out("region", ["US"])
+            .pages(PAGES),
+    )
+    .worker(
+        Worker::default()
+            .concurrency(1)
+            .shutdown_timeout("2s")
+            .recover_after("6s"),
+    )
+    .write();
+    // The first page hangs far longer than the shutdown timeout.
+    upstream.inject(Fault::Delay(Duration::from_secs(25)), 1);
+    let mut a = Proc::daemon("daemon-a", &cfg, Some(&redis.url()), &[]);
+    a.wait_running(Duration::from_secs(10));
+    let tick = trigger(&cfg, &redis);
+    wait_for(
+        "the slow request in flight",
+        Duration::from_secs(10),
+        || upstream.injected() == 1,
+    );
+
+    a.term();
+    let sigterm = Instant::now();
+    let status = a.wait_exit(Duration::from_secs(15));
+    let to_exit = sigterm.elapsed();
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "{status:?}");
+    assert!(
+        to_exit >= Duration::from_millis(1_900) && to_exit < Duration::from_millis(4_500),
+        "exited {to_exit:?} after SIGTERM with shutdown_timeout = 2s"
+    );
+    let mut conn = redis_conn(&redis.url());
+    let o = tick_outcomes(&mut conn, tick);
+    assert_eq!(o.get("done"), None, "the cut-off task did not end: {o:?}");
+    assert!(a.outcomes().is_empty());
+
+    // Nothing is lost: another daemon runs the task.
+    let mut b = Proc::daemon("daemon-b", &cfg, Some(&redis.url()), &[]);
+    let started = Instant::now();
+    let (ok, all) = wait_ticks_ended(&mut conn, &[tick], 1, Duration::from_secs(40));
+    assert!(ok, "the cut-off task was never finished: {all:?}");
+    let since_exit = sigterm.elapsed() - to_exit;
+    let since_start = started.elapsed();
+    let outs = b.outcomes();
+    assert_eq!(outs.len(), 1, "{outs:?}");
+    assert_eq!(outs[0]["outcome"], "done");
+    assert_eq!(outs[0]["pages"], PAGES);
+    let stats = upstream.stats();
+    assert_eq!(stats.charges.len(), PAGES as usize);
+    assert!(stats.duplicate_pages().is_empty());
+    assert_eq!(sink_records(&cfg).len(), (PAGES * ITEMS_PER_PAGE) as usize);
+    b.term();
+    assert_eq!(
+        b.wait_exit(Duration::from_secs(15)).and_then(|s| s.code()),
+        Some(0)
+    );
+    eprintln!(
+        "MEASURE shutdown_timeout=2s: sigterm->exit {to_exit:?}; cut-off task finished by another daemon {since_exit:?} after the exit ({since_start:?} after that daemon started; recover_after = 6s)"
+    );
+}
+
+/// apalis pitfall 6: graceful close does not unregister a worker, and a
+/// worker registering under a name seen alive within the threshold fails.
+/// Names are unique per process and incarnation, so a daemon restarted at
+/// once after SIGTERM takes tasks at once.
+#[test]
+fn pitfall_6_daemon_restarted_at_once_after_sigterm_runs_tasks() {
+    let _machine = machine::timing();
+    let redis = RedisServer::start();
+    let upstream = Upstream::start(PAGES, ITEMS_PER_PAGE);
+    let cfg = daemon::config(daemon::job(&upstream.base_url()).pages(PAGES))
+        // 30 s recover_after: a stale registration would block for long.
+        .worker(Worker::default().concurrency(4))
+        .write();
+    let mut conn = redis_conn(&redis.url());
+    let mut names_seen: Vec<String> = Vec::new();
+    let mut previous: Option<Proc> = None;
+    for round in 0..3 {
+        if let Some(mut d) = previous.take() {
+            d.term();
+            let status = d.wait_exit(Duration::from_secs(15));
+            assert_eq!(status.and_then(|s| s.code()), Some(0), "{}", d.label);
+        }
+        // Started the moment the previous one exited.
+        let mut d = Proc::daemon(
+            &format!("incarnation-{round}"),
+            &cfg,
+            Some(&redis.url()),
+            &[],
+        );
+        d.wait_running(Duration::from_secs(10));
+        let t = Instant::now();
+        let (code, out, err) = run_cli(
+            &cfg,
+            Some(&redis.url()),
+            &["trigger", JOB, "--wait"],
+            Duration::from_secs(20),
+        );
+        assert_eq!(code, Some(0), "round {round}: trigger --wait: {out}\n{err}");
+        assert!(
+            out.contains("8 task(s) ended: 8 done"),
+            "round {round}: {out}"
+        );
+        let took = t.elapsed();
+        assert!(took < Duration::from_secs(10), "round {round}: {took:?}");
+        let restarts = d.messages("worker stopped on an error; restarting");
+        assert!(restarts.is_empty(), "round {round}: {restarts:?}");
+        let names = workers(&mut conn);
+        let new: Vec<&String> = names.iter().filter(|n| !names_seen.contains(n)).collect();
+        assert_eq!(
+            new.len(),
+            1,
+            "round {round}: one new worker name: {names:?}"
+        );
+        names_seen.push(new[0].clone());
+        eprintln!("round {round}: worker {} ran a tick in {took:?}", new[0]);
+        previous = Some(d);
+    }
+    assert_eq!(
+        names_seen.iter().collect::<HashSet<_>>().len(),
+        3,
+        "{names_seen:?}"
+    );
+    let stats = upstream.stats();
+    assert_eq!(stats.charges.len(), 3 * REGIONS.len() * PAGES as usize);
+}
+
+/// SIGTERM while Redis does not answer (down, or hung): the daemon still
+/// exits 0 within about `shutdown_timeout`, whatever its loops were waiting
+/// on (a tick being fanned out, a feeding round, a worker restart).
+///
+/// Bug: the scheduler's tick claim (five attempts with backoff, each up to
+/// the queue connection's 10 s response timeout) and the feeder's round did
+/// not listen for shutdown, and the daemon waited for both before draining
+/// its workers: 13 s to exit with Redis down, 63 s with Redis hung, against
+/// a 3 s shutdown_timeout.
+fn sigterm_with_redis_unreachable(label: &str, break_redis: impl FnOnce(&mut RedisServer)) {
+    let mut redis = RedisServer::start();
+    let cfg = daemon::config(daemon::job("http://127.0.0.1:9").schedule("* * * * * *"))
+        .worker(Worker::default().shutdown_timeout("3s").recover_after("6s"))
+        .write();
+    let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
+    d.wait_running(Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(1_500));
+    break_redis(&mut redis);
+    // Long enough for every loop to be stuck on Redis (a tick falls due
+    // every second).
+    std::thread::sleep(Duration::from_secs(3));
+    d.term();
+    let t = Instant::now();
+    let status = d.wait_exit(Duration::from_secs(120));
+    let took = t.elapsed();
+    redis.resume();
+    eprintln!("MEASURE {label}: sigterm->exit {took:?} (shutdown_timeout = 3s), status {status:?}");
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(0),
+        "{label}: {status:?}"
+    );
+    assert!(
+        took <= Duration::from_secs(3) + Duration::from_millis(1_500),
+        "{label}: took {took:?} to exit after SIGTERM with shutdown_timeout = 3s"
+    );
+}
+
+#[test]
+fn sigterm_with_redis_down_exits_0_within_shutdown_timeout() {
+    let _machine = machine::timing();
+    sigterm_with_redis_unreachable("redis down", |r| r.kill());
+}
+
+#[test]
+fn sigterm_with_redis_hung_exits_0_within_shutdown_timeout() {
+    let _machine = machine::timing();
+    sigterm_with_redis_unreachable("redis hung", |r| r.pause());
+}
+
+/// SIGTERM while the daemon still waits for Redis at startup (it retries
+/// for up to 30 s): a clean, prompt exit 0, like any other SIGTERM.
+///
+/// Bug: the signal handlers were installed only when the shutdown future
+/// was first polled, after Redis answered: until then SIGTERM's default
+/// action killed the daemon (no exit 0, no log line).
+#[test]
+fn sigterm_while_waiting_for_redis_at_startup_exits_0_at_once() {
+    let _machine = machine::timing();
+    let port = support::free_port();
+    let url = format!("redis://127.0.0.1:{port}/0");
+    let cfg = daemon::config(daemon::job("http://127.0.0.1:9")).write();
+    let mut d = Proc::daemon("daemon", &cfg, Some(&url), &[]);
+    std::thread::sleep(Duration::from_millis(1_500));
+    assert!(d.running(), "it waits for Redis: {}", d.log());
+    d.term();
+    let t = Instant::now();
+    let status = d.wait_exit(Duration::from_secs(40));
+    let took = t.elapsed();
+    eprintln!("MEASURE sigterm while connecting: exit {status:?} after {took:?}");
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "{status:?}");
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+}

@@ -1,0 +1,133 @@
+//! Promise: `quota-worker trigger JOB --wait` against a running daemon queues
+//! one tick, waits for its tasks, prints a one-line summary and exits 0; with
+//! no daemon running it says so (a hint, not a silent hang), also when its
+//! output is not a terminal.
+
+use std::time::{Duration, Instant};
+
+use crate::support::daemon::{self, JOB, REGIONS, tick_claims, tick_outcomes};
+use crate::support::process::{Proc, run_cli};
+use crate::support::redis_server::redis_conn;
+use crate::support::upstream::Upstream;
+use crate::support::{self, RedisServer};
+
+const PAGES: u32 = 3;
+
+#[test]
+fn trigger_wait_prints_a_one_line_summary_and_exits_0() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start(PAGES, 2);
+    let cfg = daemon::config(daemon::job(&upstream.base_url()).pages(PAGES)).write();
+    let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
+    d.wait_running(Duration::from_secs(10));
+
+    let t = Instant::now();
+    let (code, out, err) = run_cli(
+        &cfg,
+        Some(&redis.url()),
+        &["trigger", JOB, "--wait"],
+        Duration::from_secs(30),
+    );
+    let took = t.elapsed();
+    assert_eq!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "stdout:\n{out}");
+    let tick = *tick_claims(&mut redis_conn(&redis.url()))
+        .keys()
+        .next()
+        .expect("the tick");
+    assert_eq!(
+        lines[0],
+        format!("queued 8 task(s) of job {JOB} (tick {tick})")
+    );
+    assert_eq!(
+        lines[1],
+        format!("{JOB} tick {tick}: 8 task(s) ended: 8 done")
+    );
+    let o = tick_outcomes(&mut redis_conn(&redis.url()), tick);
+    assert_eq!(o.get("done"), Some(&(REGIONS.len() as i64)));
+    assert_eq!(upstream.fetched(), REGIONS.len() * PAGES as usize);
+    eprintln!("trigger --wait took {took:?}");
+}
+
+#[test]
+fn trigger_without_wait_queues_and_exits_at_once() {
+    let redis = RedisServer::start();
+    let cfg = daemon::config(daemon::job("http://127.0.0.1:9")).write();
+    let (code, out, err) = run_cli(
+        &cfg,
+        Some(&redis.url()),
+        &["trigger", JOB],
+        Duration::from_secs(20),
+    );
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert!(
+        out.starts_with("queued 8 task(s) of job trending (tick "),
+        "{out}"
+    );
+    let mut conn = redis_conn(&redis.url());
+    let ticks = tick_claims(&mut conn);
+    assert_eq!(ticks.len(), 1);
+    let tick = *ticks.keys().next().expect("tick");
+    assert_eq!(tick_outcomes(&mut conn, tick).get("#items"), Some(&8));
+}
+
+/// Bug: the "is a daemon running?" hint went through the progress bar,
+/// which draws nothing when stderr is not a terminal (indicatif's `println`
+/// on a hidden bar is a no-op): under a script or CI, `trigger --wait` with
+/// no daemon just hung in silence.
+#[test]
+fn trigger_wait_with_no_daemon_prints_the_hint_even_without_a_terminal() {
+    let redis = RedisServer::start();
+    let cfg = daemon::config(daemon::job("http://127.0.0.1:9")).write();
+    let mut p = Proc::sim_cli(
+        "trigger --wait",
+        &cfg,
+        Some(&redis.url()),
+        &["trigger", JOB, "--wait"],
+        &[],
+    );
+    let t = Instant::now();
+    let hinted = support::wait_until(Duration::from_secs(25), || {
+        p.log().contains("is a `quota-worker run` daemon running")
+    });
+    let after = t.elapsed();
+    assert!(
+        hinted,
+        "no hint within 25 s; stdout:\n{}\nstderr:\n{}",
+        p.stdout(),
+        p.log()
+    );
+    assert!(p.running(), "it keeps waiting after the hint");
+    assert!(p.stdout().starts_with("queued 8 task(s)"), "{}", p.stdout());
+    p.kill();
+    eprintln!("hint after {after:?}");
+}
+
+/// Bug: losing Redis while waiting ended `trigger --wait` with exit 69 and
+/// no word why when stderr is not a terminal (the message went to the hidden
+/// progress bar).
+#[test]
+fn trigger_wait_says_why_when_redis_goes_away() {
+    let mut redis = RedisServer::start();
+    let cfg = daemon::config(daemon::job("http://127.0.0.1:9")).write();
+    let mut p = Proc::sim_cli(
+        "trigger --wait",
+        &cfg,
+        Some(&redis.url()),
+        &["trigger", JOB, "--wait"],
+        &[],
+    );
+    assert!(
+        support::wait_until(Duration::from_secs(10), || p
+            .stdout()
+            .starts_with("queued 8 task(s)")),
+        "{}",
+        p.log()
+    );
+    redis.kill();
+    let status = p.wait_exit(Duration::from_secs(30));
+    let err = p.log();
+    assert_eq!(status.and_then(|s| s.code()), Some(69), "stderr:\n{err}");
+    assert!(err.contains("Redis"), "stderr says Redis was lost:\n{err}");
+}

@@ -1,0 +1,58 @@
+//! What `/proc` says about a process: its parent, command name and state
+//! (`/proc/PID/stat`, parsed in one place), its children, and its
+//! environment. Linux only, as the product's systemd integration is.
+
+/// The fields of `/proc/PID/stat` the tests need.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stat {
+    /// The command name (`comm`, at most 15 bytes).
+    pub comm: String,
+    /// `R`, `S`, `D`, `T`, `Z`, `X`, ...
+    pub state: String,
+    /// The parent's pid.
+    pub ppid: u32,
+}
+
+/// Reads `/proc/PID/stat`; `None` when the process is gone.
+pub fn stat(pid: u32) -> Option<Stat> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // "pid (comm) state ppid ...": comm may hold spaces and parentheses, so
+    // it runs from the first '(' to the last ')'.
+    let (open, close) = (text.find('(')?, text.rfind(')')?);
+    let comm = text.get(open + 1..close)?.to_owned();
+    let mut rest = text.get(close + 1..)?.split_whitespace();
+    let state = rest.next()?.to_owned();
+    let ppid = rest.next()?.parse().ok()?;
+    Some(Stat { comm, state, ppid })
+}
+
+/// Whether `pid` is a live process (a zombie waiting to be reaped is not).
+pub fn alive(pid: u32) -> bool {
+    stat(pid).is_some_and(|s| s.state != "Z" && s.state != "X")
+}
+
+/// Pids of the children of `parent` whose command name is `comm`.
+pub fn children_named(parent: u32, comm: &str) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| stat(*pid).is_some_and(|s| s.ppid == parent && s.comm == comm))
+        .collect()
+}
+
+/// The pid of `parent`'s child running `comm`, if any.
+pub fn child_pid(parent: u32, comm: &str) -> Option<u32> {
+    children_named(parent, comm).into_iter().next()
+}
+
+/// The environment of process `pid`, as `NAME=value` strings.
+pub fn environ(pid: u32) -> Vec<String> {
+    let raw = std::fs::read(format!("/proc/{pid}/environ"))
+        .unwrap_or_else(|e| panic!("read /proc/{pid}/environ: {e}"));
+    raw.split(|&b| b == 0)
+        .filter(|s| !s.is_empty())
+        .map(|s| String::from_utf8_lossy(s).into_owned())
+        .collect()
+}

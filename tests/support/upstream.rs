@@ -1,0 +1,186 @@
+//! Upstreams on loopback for the tests that drive processes: the real
+//! simulated metered API (`quota_worker::simulator`) on a runtime of its own
+//! (those tests are synchronous), a "blackhole" that accepts connections and
+//! never answers, and readers of what the simulator saw.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use quota_worker::simulator::{Fault, SimConfig, SimStats, Simulator};
+
+/// The API key the simulator accepts in [`Upstream::start`], and the value
+/// of [`KEY_ENV`] the daemons run with.
+pub const SIM_KEY: &str = "sim-key";
+/// The environment variable the `sim` credential's secret comes from.
+pub const KEY_ENV: &str = "QW_TEST_KEY";
+
+/// The simulated upstream, on its own runtime.
+pub struct Upstream {
+    sim: Option<Simulator>,
+    /// The simulator's threads; dropped after it.
+    _runtime: tokio::runtime::Runtime,
+}
+
+impl Upstream {
+    /// `pages` pages per query of `items` items, the one key [`SIM_KEY`]
+    /// with room for everything a test does.
+    pub fn start(pages: u32, items: u32) -> Self {
+        Self::with(
+            SimConfig {
+                pages_per_query: pages,
+                items_per_page: items,
+                ..SimConfig::default()
+            }
+            .key(SIM_KEY, 1_000_000, Duration::from_secs(3600)),
+        )
+    }
+
+    /// Starts it with `config`.
+    pub fn with(config: SimConfig) -> Self {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let sim = rt
+            .block_on(Simulator::start(config))
+            .expect("start simulator");
+        Upstream {
+            sim: Some(sim),
+            _runtime: rt,
+        }
+    }
+
+    fn sim(&self) -> &Simulator {
+        self.sim.as_ref().expect("simulator running")
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn base_url(&self) -> String {
+        self.sim().base_url()
+    }
+
+    /// What it has seen so far.
+    pub fn stats(&self) -> SimStats {
+        self.sim().stats()
+    }
+
+    /// The next `count` requests get `fault`.
+    pub fn inject(&self, fault: Fault, count: u32) {
+        self.sim().inject(fault, count);
+    }
+
+    /// Requests of [`SIM_KEY`] answered by an injected fault so far (counted
+    /// when the fault is taken: a delayed request counts while it is still
+    /// waiting).
+    pub fn injected(&self) -> u64 {
+        self.stats().key(SIM_KEY).injected
+    }
+
+    /// Charged (2xx) requests so far.
+    pub fn fetched(&self) -> usize {
+        self.stats().charges.len()
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        // Dropping the simulator stops its server; the runtime goes after it.
+        self.sim.take();
+    }
+}
+
+/// How many times each page of each scope (region) was fetched (charged),
+/// keyed by `(scope, page token)` with `None` for the first page.
+pub fn page_counts(stats: &SimStats) -> HashMap<(String, Option<String>), usize> {
+    let mut counts = HashMap::new();
+    for (_, scope, token) in stats.fetched_pages() {
+        *counts.entry((scope, token)).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// The page number of a simulator page token: 1 for a first page, n for `pn`.
+fn page_number(token: Option<&str>) -> u32 {
+    match token {
+        None => 1,
+        Some(t) => t
+            .strip_prefix('p')
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("unexpected page token {t:?}")),
+    }
+}
+
+/// Page numbers fetched per scope (region), in order: 1 for a first page,
+/// n for token `pn`.
+pub fn pages_by_scope(stats: &SimStats) -> BTreeMap<String, Vec<u32>> {
+    let mut out: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+    for c in &stats.charges {
+        out.entry(c.scope.clone())
+            .or_default()
+            .push(page_number(c.page_token.as_deref()));
+    }
+    out
+}
+
+/// The record ids the upstream served: `<scope>-p<n>-i<k>` for each charged
+/// page of `per_page` items, sorted.
+pub fn served_ids(stats: &SimStats, per_page: u32) -> Vec<String> {
+    let mut ids = Vec::new();
+    for c in &stats.charges {
+        let n = page_number(c.page_token.as_deref());
+        for k in 1..=per_page {
+            ids.push(format!("{}-p{n}-i{k}", c.scope));
+        }
+    }
+    ids.sort();
+    ids
+}
+/// A loopback HTTP "upstream" that accepts connections and never answers:
+/// a task fetching from it stays in flight until its request times out.
+pub struct Blackhole {
+    port: u16,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Blackhole {
+    /// Listens on a free port of 127.0.0.1.
+    pub fn start() -> Self {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let port = listener.local_addr().expect("addr").port();
+        let stop = Arc::new(AtomicBool::new(false));
+        let done = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut held = Vec::new();
+            while !done.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((s, _)) => held.push(s),
+                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                }
+            }
+        });
+        Blackhole {
+            port,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn base_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Blackhole {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
