@@ -7,13 +7,11 @@
 //! finds the records, as text or JSON, across every database file the
 //! job's path makes.
 
-mod support;
-
+use crate::support::{self, TestConfig};
 use chrono::{DateTime, TimeZone, Utc};
 use quota_worker::config::{Config, Job};
 use quota_worker::sink::{Item, Sinks};
 use serde_json::{Value, json};
-use support::TestConfig;
 
 const CONFIG: &str = r#"
 jobs = "jobs/*.toml"

@@ -5,14 +5,12 @@
 //! counts its jobs against its own windows only. The shipped config — YouTube's
 //! cost table — passes `check`. Real binary, real Redis.
 
-mod support;
-
 use std::path::Path;
 use std::time::Duration;
 
+use crate::support::{self, RedisServer, TestConfig};
 use quota_worker::config::Config;
 use serde_json::Value;
-use support::{RedisServer, TestConfig};
 
 const CONFIG: &str = r#"
 jobs = "jobs/*.toml"

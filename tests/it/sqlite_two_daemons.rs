@@ -4,12 +4,12 @@
 //! and switch it to WAL, where SQLite answers "busy" without waiting — so
 //! no page is spooled or fetched twice, and every record is stored once.
 
-mod support;
-
 use std::time::Duration;
 
-use support::RedisServer;
-use support::daemon::{Daemon, JOB, Spec, Upstream, config, page_counts, run_cli};
+use crate::support::daemon::{self, JOB};
+use crate::support::process::{Proc, run_cli};
+use crate::support::upstream::{Upstream, page_counts};
+use crate::support::{RedisServer, Sink, Worker};
 
 const REGIONS: [&str; 16] = [
     "US", "GB", "DE", "FR", "IN", "BR", "AU", "CA", "JP", "KR", "MX", "IT", "ES", "NL", "SE", "PL",
@@ -24,27 +24,21 @@ fn two_daemons_on_one_new_sqlite_file_never_fail_on_its_lock() {
     // A new database file per round: the race is in creating it.
     for round in 0..3 {
         redis.cmd::<()>(&["FLUSHALL"]);
-        let cfg = config(
-            &upstream.base_url(),
-            &Spec {
-                regions: &REGIONS,
-                max_pages: PAGES,
-                worker: "concurrency = 8",
-                ..Spec::default()
-            },
-        );
-        let job = std::fs::read_to_string(cfg.join("jobs/trending.toml")).expect("job");
-        let job = job
-            .replace(r#"kind = "jsonl""#, r#"kind = "sqlite""#)
-            .replace(
-                r#"path = "data/{job}/{region}.jsonl""#,
-                r#"path = "data/{job}.sqlite""#,
-            )
-            + "search = [\"/snippet/title\"]\nkey = \"/id\"\n";
-        std::fs::write(cfg.join("jobs/trending.toml"), job).expect("write job");
+        let job = daemon::job(&upstream.base_url())
+            .fan_out("region", REGIONS)
+            .pages(PAGES)
+            .sink(
+                Sink::sqlite("data/{job}.sqlite")
+                    .records("/items")
+                    .search(&["/snippet/title"])
+                    .key("/id"),
+            );
+        let cfg = daemon::config(job)
+            .worker(Worker::default().concurrency(8))
+            .write();
         let before = upstream.fetched();
-        let mut a = Daemon::start("daemon-a", &cfg, Some(&redis.url()));
-        let mut b = Daemon::start("daemon-b", &cfg, Some(&redis.url()));
+        let mut a = Proc::daemon("daemon-a", &cfg, Some(&redis.url()), &[]);
+        let mut b = Proc::daemon("daemon-b", &cfg, Some(&redis.url()), &[]);
         a.wait_running(Duration::from_secs(15));
         b.wait_running(Duration::from_secs(15));
         let (code, out, err) = run_cli(

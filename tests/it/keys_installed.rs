@@ -3,12 +3,12 @@
 //! installed — not a path into the build directory — and `keys --script`
 //! prints it; an unknown endpoint in `spend` or `keys` lists the known ones.
 
-mod support;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-const SCRIPT: &str = include_str!("../lua/spend.lua");
+use crate::support::{self, TestConfig};
+
+const SCRIPT: &str = include_str!("../../lua/spend.lua");
 
 const CONFIG: &str = r#"
 [credentials.k]
@@ -102,7 +102,7 @@ fn keys_names_a_script_that_exists_for_an_installed_binary() {
 
 #[test]
 fn an_unknown_endpoint_lists_the_known_ones() {
-    let cfg = support::TestConfig::new(CONFIG, &[]);
+    let cfg = TestConfig::new(CONFIG, &[]);
     for cmd in ["spend", "keys"] {
         let o = cfg.run(&[cmd, "api.reed"], &[]);
         assert_eq!(o.status.code(), Some(64), "{cmd}");

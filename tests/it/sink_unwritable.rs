@@ -12,8 +12,6 @@
 //! permission bits); otherwise mode 0555, and `/dev/full` for a full JSON
 //! lines file. Every mount is undone by its guard.
 
-mod support;
-
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::io::Write;
@@ -22,10 +20,10 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use support::daemon::{
-    Daemon, JOB, REGIONS, Spec, Upstream, config, page_counts, run_cli, sink_records,
-};
-use support::{RedisServer, TestConfig, wait_until};
+use crate::support::daemon::{self, JOB, REGIONS, sink_records};
+use crate::support::process::{Proc, run_cli};
+use crate::support::upstream::{Upstream, page_counts};
+use crate::support::{self, RedisServer, Sink, TestConfig, wait_until};
 
 const PAGES: u32 = 3;
 const ITEMS: u32 = 2;
@@ -162,16 +160,19 @@ impl Drop for Full {
     }
 }
 
-/// The config of these tests: [`config`]'s job with `PAGES` pages per
-/// region, its state (the spool) in `state/` next to it.
+/// The config of these tests: [`daemon::config`]'s job with `PAGES` pages
+/// per region into `sink`, its state (the spool) in `state/` next to it.
+fn setup_with(upstream: &Upstream, sink: Sink) -> TestConfig {
+    daemon::config(daemon::job(&upstream.base_url()).pages(PAGES).sink(sink))
+        .state_dir("state")
+        .write()
+}
+
+/// [`setup_with`] the job's JSON lines files, `data/trending/<region>.jsonl`.
 fn setup(upstream: &Upstream) -> TestConfig {
-    config(
-        &upstream.base_url(),
-        &Spec {
-            max_pages: PAGES,
-            top: r#"state_dir = "state""#,
-            ..Spec::default()
-        },
+    setup_with(
+        upstream,
+        Sink::jsonl("data/{job}/{region}.jsonl").records("/items"),
     )
 }
 
@@ -233,7 +234,7 @@ fn a_full_jsonl_sink_spools_and_the_upstream_sees_each_page_once() {
     for f in &files {
         std::os::unix::fs::symlink("/dev/full", f).expect("symlink /dev/full");
     }
-    let mut d = Daemon::start("daemon", &cfg, Some(&redis.url()));
+    let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
     d.wait_running(Duration::from_secs(10));
     let (code, out) = trigger(&cfg, &redis);
     assert_eq!(
@@ -275,7 +276,7 @@ fn a_read_only_sink_spools_and_the_records_arrive_once_it_is_writable() {
     let redis = RedisServer::start();
     let upstream = Upstream::start(PAGES, ITEMS);
     let cfg = setup(&upstream);
-    let mut d = Daemon::start("daemon", &cfg, Some(&redis.url()));
+    let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
     d.wait_running(Duration::from_secs(10));
     let mut ro = ReadOnly::new(&cfg.join(Path::new("data").join(JOB)));
     let (code, out) = trigger(&cfg, &redis);
@@ -323,7 +324,7 @@ fn a_full_disk_under_a_sqlite_sink_spools_and_the_rows_arrive_once() {
     let Some(full) = Full::mount(&cfg.join("data")) else {
         return;
     };
-    let mut d = Daemon::start("daemon", &cfg, Some(&redis.url()));
+    let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
     d.wait_running(Duration::from_secs(10));
     full.fill();
     let (code, out) = trigger(&cfg, &redis);
@@ -367,7 +368,7 @@ fn with_no_spool_either_the_task_fails_keeping_its_cursor_and_nothing_is_spent_u
     let upstream = Upstream::start(PAGES, ITEMS);
     let cfg = setup(&upstream);
     std::fs::create_dir_all(cfg.join("state/spool")).expect("mkdir spool");
-    let mut d = Daemon::start("daemon", &cfg, Some(&redis.url()));
+    let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
     d.wait_running(Duration::from_secs(10));
     let mut sink = ReadOnly::new(&cfg.join(Path::new("data").join(JOB)));
     let mut spool = ReadOnly::new(&cfg.join("state/spool"));
