@@ -95,6 +95,18 @@ impl KeySpace {
         format!("{}:ran:{job}:{item}", self.prefix)
     }
 
+    /// When the last complete run of one job's fan-out item started, in
+    /// seconds since the epoch: its next run's `{since}`.
+    pub(crate) fn since(&self, job: &str, item: &str) -> String {
+        format!("{}:since:{job}:{item}", self.prefix)
+    }
+
+    /// The `ETag` / `Last-Modified` of page 1 of the last complete run of
+    /// one job's fan-out item (JSON), sent back by its next run.
+    pub(crate) fn validators(&self, job: &str, item: &str) -> String {
+        format!("{}:validators:{job}:{item}", self.prefix)
+    }
+
     /// Held while a task works on one job's fan-out item (value: task id).
     pub(crate) fn item_lock(&self, job: &str, item: &str) -> String {
         format!("{}:lock:{job}:{item}", self.prefix)

@@ -35,7 +35,9 @@
 //!   the worker and the benchmarks call the same function.
 //! - [`keys`]: **where a Redis key is named** — every key name, in one place.
 //! - `fetch`: the upstream request (templates, pagination) and what its
-//!   answer means (`Reply`: a page, throttled, a 5xx, ...).
+//!   answer means (`Reply`: a page, throttled, a 5xx, ...); `paging`: where
+//!   the next page is in each pagination style (cursor, next URL, `Link`
+//!   header, page number) and how it is kept without the secret.
 //! - [`sink`]: where records go: JSON lines files (whole-page appends, safe
 //!   across processes) or SQLite with an FTS5 index that serves search.
 //! - [`ops`]: Prometheus metrics, `/healthz`, `/readyz`, and the systemd
@@ -61,6 +63,7 @@ pub mod keys;
 pub mod logging;
 pub mod ops;
 pub mod outcome;
+pub(crate) mod paging;
 pub mod queue;
 pub mod quota;
 pub mod schedule;

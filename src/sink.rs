@@ -429,7 +429,7 @@ fn records<'a>(body: &'a Value, pointer: &str) -> Result<&'a [Value], SinkError>
     }
 }
 
-fn json_kind(v: &Value) -> &'static str {
+pub(crate) fn json_kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use chrono_tz::Tz;
 
+use super::choice::PageStyleName;
 use super::{LimiterUnavailable, Method, OnQuotaExhausted, ResetIs, UnsafeEviction};
 
 // [redis]
@@ -74,6 +75,8 @@ pub const RESET_IS: ResetIs = ResetIs::EpochSeconds;
 pub const MAX_BODY: u64 = 16 << 20;
 /// An endpoint's `max_block`: the longest the upstream may block the credential.
 pub const MAX_BLOCK: Duration = Duration::from_secs(86_400);
+/// An endpoint's `conditional`: no `If-None-Match` / `If-Modified-Since`.
+pub const CONDITIONAL: bool = false;
 
 // jobs
 
@@ -85,6 +88,17 @@ pub const ON_QUOTA_EXHAUSTED: OnQuotaExhausted = OnQuotaExhausted::Stop;
 pub const METHOD: Method = Method::Get;
 /// `[job.sink] records`: the whole body is one record.
 pub const SINK_RECORDS: &str = "";
+/// `[job.pagination] style`.
+pub(crate) const PAGE_STYLE: PageStyleName = PageStyleName::Cursor;
+/// `[job.pagination] start` of `style = "page"`: the first page's number.
+pub const PAGE_START: u64 = 1;
+/// `[job.pagination] step` of `style = "page"`.
+pub const PAGE_STEP: u64 = 1;
+/// `[job.pagination] continue`: every run starts at page 1.
+pub const PAGE_CONTINUE: bool = false;
+/// A job's `since_initial`: `{since}` before the item's first run that
+/// ended `done` is this long before the run.
+pub const SINCE_INITIAL: Duration = Duration::from_secs(86_400);
 /// `retry.attempts`, the first one included.
 pub const RETRY_ATTEMPTS: NonZeroU32 = NonZeroU32::new(5).expect("5 > 0");
 /// `retry.backoff`, doubled each time.
@@ -176,6 +190,7 @@ mod tests {
         says(c, f, "max_body", "\"16MiB\"");
         assert_eq!(MAX_BODY, 16 * 1024 * 1024, "docs say 16MiB");
         says(c, f, "unsafe_eviction", "\"refuse\"");
+        says(c, f, "conditional", &CONDITIONAL.to_string());
         assert_eq!(UNSAFE_EVICTION, UnsafeEviction::Refuse, "docs say refuse");
         let reasons: Vec<String> = QUOTA_REASONS.iter().map(|r| format!("{r:?}")).collect();
         says(c, f, "quota_reasons", &format!("[{}]", reasons.join(", ")));
@@ -184,6 +199,17 @@ mod tests {
         let f = "jobs";
         says(j, f, "timezone", &format!("{:?}", JOB_TIMEZONE.name()));
         says(j, f, "method", &format!("{:?}", METHOD.as_str()));
+        says_duration(j, f, "since_initial", SINCE_INITIAL);
+        says(j, f, "continue", &PAGE_CONTINUE.to_string());
+        let (start, step) = (PAGE_START, PAGE_STEP);
+        assert!(j.contains(&format!(
+            "`start` (default {start}), `step` (default {step})"
+        )));
+        assert_eq!(
+            PAGE_STYLE,
+            PageStyleName::Cursor,
+            "docs say cursor is the default"
+        );
         let retry = written(j, "retry");
         let retry = retry.first().expect("docs/jobs.md shows retry");
         for (key, want) in [

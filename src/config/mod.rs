@@ -319,6 +319,12 @@ pub struct Endpoint {
     /// The longest the upstream may block the credential for (Retry-After,
     /// ratelimit reset); longer values are clamped to it and logged.
     pub max_block: Duration,
+    /// Conditional requests: page 1 of each item's run sends the
+    /// `If-None-Match` / `If-Modified-Since` of the item's last complete run,
+    /// and a `304` ends the run `done` with nothing written.
+    pub conditional: bool,
+    /// What a `304` is settled to, in units (`cost` unless given; GitHub: 0).
+    pub not_modified_cost: u64,
 }
 
 /// Headers like GitHub's `x-ratelimit-remaining` / `x-ratelimit-reset`.
@@ -375,6 +381,8 @@ pub struct Job {
     pub sink: SinkConfig,
     /// Retries of real failures.
     pub retry: Retry,
+    /// `{since}` before the item's first run that ended `done`: now minus this.
+    pub since_initial: Duration,
 }
 
 impl Job {
@@ -435,12 +443,46 @@ pub struct RequestTemplate {
 /// `[job.pagination]`.
 #[derive(Debug, Clone)]
 pub struct Pagination {
-    /// JSON pointer to the next-page cursor in a response.
-    pub cursor: String,
-    /// Query parameter that carries the cursor.
-    pub param: String,
+    /// Where the next page is.
+    pub style: PageStyle,
     /// Pages per run, a resumed run included.
     pub max_pages: NonZeroU32,
+    /// `continue`: a run that stops at `max_pages` with pages left leaves a
+    /// checkpoint, and the item's next run goes on from there instead of
+    /// starting again at page 1.
+    pub continues: bool,
+}
+
+/// `[job.pagination] style` and the fields that go with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PageStyle {
+    /// `"cursor"`: the string or number at `cursor` (a JSON pointer) is sent
+    /// as the query parameter `param`.
+    Cursor {
+        /// JSON pointer to the next page's cursor in a response.
+        cursor: String,
+        /// Query parameter that carries it.
+        param: String,
+    },
+    /// `"next_url"`: the URL at `next` (a JSON pointer) replaces the request's
+    /// URL and query.
+    NextUrl {
+        /// JSON pointer to the next page's URL in a response.
+        next: String,
+    },
+    /// `"link"`: the `Link` header's `rel="next"` target replaces the
+    /// request's URL and query (RFC 8288).
+    Link,
+    /// `"page"`: `param` = `start`, `start + step`, ...; the first page whose
+    /// records array is empty is the last.
+    Page {
+        /// Query parameter that carries the number.
+        param: String,
+        /// The first page's number (or offset).
+        start: u64,
+        /// What each page adds to it.
+        step: u64,
+    },
 }
 
 /// `[job.sink]`.

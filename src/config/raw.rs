@@ -120,6 +120,8 @@ pub(super) struct RawEndpoint {
     pub(super) cost_header: Option<String>,
     pub(super) max_body: Option<Size>,
     pub(super) max_block: Option<Dur>,
+    pub(super) conditional: Option<bool>,
+    pub(super) not_modified_cost: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -144,6 +146,7 @@ pub(super) struct RawJob {
     pub(super) pagination: Option<RawPagination>,
     pub(super) sink: RawSink,
     pub(super) retry: Option<RawRetry>,
+    pub(super) since_initial: Option<Dur>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -161,9 +164,15 @@ pub(super) struct RawRequest {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawPagination {
-    pub(super) cursor: String,
-    pub(super) param: String,
+    pub(super) style: Option<String>,
+    pub(super) cursor: Option<String>,
+    pub(super) param: Option<String>,
+    pub(super) next: Option<String>,
+    pub(super) start: Option<u64>,
+    pub(super) step: Option<u64>,
     pub(super) max_pages: u32,
+    #[serde(rename = "continue")]
+    pub(super) continues: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]

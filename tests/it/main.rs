@@ -33,7 +33,9 @@ mod quota_report;
 mod redis_unavailable;
 
 // The pipeline: ticks, tasks, the queue and apalis, outcomes, sinks.
+mod incremental;
 mod outcome_logs;
+mod pagination_styles;
 mod pipeline_e2e;
 mod queue_limits;
 mod queue_pitfalls;

@@ -409,6 +409,12 @@ impl Job {
         self
     }
 
+    /// Any field of `[JOB.pagination]` (`style`, `next`, `continue`, ...).
+    pub fn pagination(mut self, key: &str, value: impl Into<Value>) -> Self {
+        self.pagination.set(key, value);
+        self
+    }
+
     /// The sink.
     pub fn sink(mut self, s: Sink) -> Self {
         self.sink = s.0;

@@ -10,6 +10,7 @@
 //! | [`config`] | the config builder: credentials, windows, endpoints, jobs, sinks rendered as the TOML files the real loader reads |
 //! | [`process`] | the one supervisor for the real binary: spawn on a config with an environment, read its logs, signal it by pid, its exit status |
 //! | [`daemon`] | the config the multi-process tests share, and what daemons leave in Redis and the sinks |
+//! | [`styles`] | jobs in each of the simulator's pagination styles (GitHub, Meta, page numbers, ...), and a scan of every key and value in Redis for a secret |
 //! | [`pipeline`] | the daemon in-process, with every task outcome as an event |
 //! | [`in_process`] | start, wait for ready, and stop `daemon::run` in this process |
 //! | [`notify`] | a `NOTIFY_SOCKET` that records who sent what |
@@ -28,6 +29,7 @@ pub mod pipeline;
 pub mod process;
 pub mod procfs;
 pub mod redis_server;
+pub mod styles;
 pub mod upstream;
 
 use std::path::PathBuf;

@@ -96,6 +96,8 @@ impl Loader<'_> {
                 d::MAX_BODY
             }
         };
+        let conditional = re.conditional.unwrap_or(d::CONDITIONAL);
+        let not_modified_cost = self.not_modified_cost(src, &base, re, cost, conditional);
         Some(Endpoint {
             name: name.to_owned(),
             credential: re.credential.clone(),
@@ -110,7 +112,36 @@ impl Loader<'_> {
             cost_header: re.cost_header.as_ref().map(|h| h.to_ascii_lowercase()),
             max_body,
             max_block,
+            conditional,
+            not_modified_cost,
         })
+    }
+
+    /// `not_modified_cost`: what a `304` is settled to, `cost` unless
+    /// given, never more (the worst case `check` computes uses `cost`), and
+    /// only on a `conditional` endpoint (nothing else gets a 304).
+    fn not_modified_cost(
+        &mut self,
+        src: &Source,
+        base: &FieldPath,
+        re: &RawEndpoint,
+        cost: NonZeroU64,
+        conditional: bool,
+    ) -> u64 {
+        let Some(n) = re.not_modified_cost else {
+            return cost.get();
+        };
+        let at = base.join("not_modified_cost");
+        if !conditional {
+            let msg = "only a conditional endpoint gets 304s: set conditional = true";
+            self.error(src, &at, msg);
+        }
+        if n > cost.get() {
+            let msg = format!("{n} is more than the endpoint's cost ({cost})");
+            self.error(src, &at, msg);
+            return cost.get();
+        }
+        n
     }
 
     /// `max_block`, which `throttle_block` may not exceed (it would be

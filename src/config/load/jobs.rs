@@ -10,12 +10,14 @@ use indexmap::IndexMap;
 
 use super::request::Placeholders;
 use super::{Loader, NAME_RULE, read_source, valid_name};
+use crate::config::choice::PageStyleName;
 use crate::config::defaults as d;
 use crate::config::raw::{RawJob, RawPagination, RawRetry};
-use crate::config::{Endpoint, FieldPath, Job, Pagination, Retry, Source};
+use crate::config::{Endpoint, FieldPath, Job, PageStyle, Pagination, Retry, Source};
 
 /// Fan-out keys the product fills itself.
-const RESERVED_KEYS: [&str; 4] = ["secret", "date", "job", "item"];
+pub(super) const RESERVED_KEYS: [&str; 6] =
+    ["secret", "date", "job", "item", "since", "since_epoch"];
 
 impl Loader<'_> {
     /// Every job of every file `pattern` matches, in file then config order.
@@ -111,6 +113,7 @@ impl Loader<'_> {
             .and_then(|p| self.pagination(src, &base.join("pagination"), p));
         let sink = self.sink(src, &base.join("sink"), rj.sink, &places);
         let retry = self.retry(src, &base.join("retry"), rj.retry.as_ref());
+        let since_initial = rj.since_initial.map_or(d::SINCE_INITIAL, |s| s.0);
 
         if self.errors.len() > errors_before || !endpoint_valid {
             return None;
@@ -127,6 +130,7 @@ impl Loader<'_> {
             pagination,
             sink: sink?,
             retry,
+            since_initial,
         })
     }
 
@@ -175,7 +179,8 @@ impl Loader<'_> {
             let at = base.join(key.as_str());
             if !valid_name(&key) || RESERVED_KEYS.contains(&key.as_str()) {
                 let msg = format!(
-                    "bad fan-out key {key:?}: {NAME_RULE}; secret, date, job and item are taken"
+                    "bad fan-out key {key:?}: {NAME_RULE}; {} are taken",
+                    RESERVED_KEYS.join(", ")
                 );
                 self.error(src, &at, msg);
             }
@@ -195,27 +200,115 @@ impl Loader<'_> {
         out
     }
 
-    /// `[NAME.pagination]`.
+    /// `[NAME.pagination]`: the style, the fields it needs (and none of
+    /// the others'), `max_pages` and `continue`.
     fn pagination(
         &mut self,
         src: &Source,
         base: &FieldPath,
         p: &RawPagination,
     ) -> Option<Pagination> {
-        self.check_pointer(src, &base.join("cursor"), &p.cursor, true, "/nextPageToken");
-        if p.param.is_empty() {
-            let msg = "must name the query parameter that carries the cursor";
-            self.error(src, &base.join("param"), msg);
+        // An unknown style is one error, not one more per field it lacks.
+        let style = match p.style.as_deref() {
+            None => d::PAGE_STYLE,
+            Some(written) => self.pick(src, &base.join("style"), written)?,
+        };
+        let (word, uses): (&str, &[&str]) = match style {
+            PageStyleName::Cursor => ("cursor", &["cursor", "param"]),
+            PageStyleName::NextUrl => ("next_url", &["next"]),
+            PageStyleName::Link => ("link", &[]),
+            PageStyleName::Page => ("page", &["param", "start", "step"]),
+        };
+        let written = [
+            ("cursor", p.cursor.is_some()),
+            ("param", p.param.is_some()),
+            ("next", p.next.is_some()),
+            ("start", p.start.is_some()),
+            ("step", p.step.is_some()),
+        ];
+        for (field, _) in written.iter().filter(|(f, set)| *set && !uses.contains(f)) {
+            let msg = format!(
+                "style = {word:?} has no {field} (it uses: {})",
+                fields(uses)
+            );
+            self.error(src, &base.join(*field), msg);
         }
+        let style = match style {
+            PageStyleName::Cursor => PageStyle::Cursor {
+                cursor: self.required_pointer(
+                    src,
+                    base,
+                    "cursor",
+                    p.cursor.as_deref(),
+                    "/nextPageToken",
+                ),
+                param: self.param(src, base, p.param.as_deref(), "the cursor"),
+            },
+            PageStyleName::NextUrl => PageStyle::NextUrl {
+                next: self.required_pointer(src, base, "next", p.next.as_deref(), "/paging/next"),
+            },
+            PageStyleName::Link => PageStyle::Link,
+            PageStyleName::Page => PageStyle::Page {
+                param: self.param(src, base, p.param.as_deref(), "the page number"),
+                start: p.start.unwrap_or(d::PAGE_START),
+                step: match p.step {
+                    Some(0) => {
+                        self.error(src, &base.join("step"), "must be at least 1");
+                        d::PAGE_STEP
+                    }
+                    step => step.unwrap_or(d::PAGE_STEP),
+                },
+            },
+        };
         let Some(max_pages) = NonZeroU32::new(p.max_pages) else {
             self.error(src, &base.join("max_pages"), "must be at least 1");
             return None;
         };
         Some(Pagination {
-            cursor: p.cursor.clone(),
-            param: p.param.clone(),
+            style,
             max_pages,
+            continues: p.continues.unwrap_or(d::PAGE_CONTINUE),
         })
+    }
+
+    /// A pagination field holding a JSON pointer that the style needs.
+    fn required_pointer(
+        &mut self,
+        src: &Source,
+        base: &FieldPath,
+        field: &str,
+        written: Option<&str>,
+        example: &str,
+    ) -> String {
+        match written {
+            Some(ptr) => {
+                self.check_pointer(src, &base.join(field), ptr, true, example);
+                ptr.to_owned()
+            }
+            None => {
+                let msg = format!("missing: a JSON pointer like {example:?}");
+                self.error(src, &base.join(field), msg);
+                String::new()
+            }
+        }
+    }
+
+    /// `param`: the query parameter that carries `what`.
+    fn param(
+        &mut self,
+        src: &Source,
+        base: &FieldPath,
+        written: Option<&str>,
+        what: &str,
+    ) -> String {
+        match written {
+            Some(p) if !p.is_empty() => p.to_owned(),
+            _ => {
+                let msg = format!("must name the query parameter that carries {what}");
+                self.error(src, &base.join("param"), msg);
+                String::new()
+            }
+        }
     }
 
     /// `retry = { attempts, backoff, max_backoff }`, each defaulted alone.
@@ -233,6 +326,15 @@ impl Loader<'_> {
             backoff: r.backoff.map_or(d::RETRY_BACKOFF, |b| b.0),
             max_backoff: r.max_backoff.map_or(d::RETRY_MAX_BACKOFF, |b| b.0),
         }
+    }
+}
+
+/// `a`, `a and b`, `a, b and c`, or `nothing else`.
+fn fields(names: &[&str]) -> String {
+    match names {
+        [] => "nothing else".into(),
+        [one] => (*one).into(),
+        [rest @ .., last] => format!("{} and {last}", rest.join(", ")),
     }
 }
 

@@ -8,10 +8,15 @@ use crate::config::raw::RawRequest;
 use crate::config::{FieldPath, RequestTemplate, Source, Template};
 
 /// The placeholders a job's templates may use: its fan-out keys, `{job}`
-/// and `{date}`, and `{secret}` where it is allowed.
+/// and `{date}`, and in the request (not in file names) `{secret}`,
+/// `{since}` and `{since_epoch}`.
 pub(super) struct Placeholders<'a> {
     fan_out: Vec<&'a str>,
 }
+
+/// Placeholders the request may use and file names may not: the secret,
+/// and the item's `{since}` (which changes every run).
+const REQUEST_ONLY: [&str; 3] = ["secret", "since", "since_epoch"];
 
 impl<'a> Placeholders<'a> {
     pub(super) fn of(fan_out: &'a [(String, Vec<String>)]) -> Self {
@@ -24,7 +29,7 @@ impl<'a> Placeholders<'a> {
         self.fan_out.contains(&name)
             || name == "job"
             || name == "date"
-            || (secret_ok && name == "secret")
+            || (secret_ok && REQUEST_ONLY.contains(&name))
     }
 
     /// Why `name` may not be used here.
@@ -32,10 +37,13 @@ impl<'a> Placeholders<'a> {
         if name == "secret" {
             return "{secret} may not appear here: it would leak the key into file names".into();
         }
+        if REQUEST_ONLY.contains(&name) {
+            return format!("{{{name}}} may only appear in the request");
+        }
         let mut have: Vec<String> = self.fan_out.iter().map(|k| format!("{{{k}}}")).collect();
         have.extend(["{job}", "{date}"].map(String::from));
         if secret_ok {
-            have.push("{secret}".into());
+            have.extend(REQUEST_ONLY.map(|n| format!("{{{n}}}")));
         }
         format!(
             "placeholder {{{name}}} has no value (available: {})",
