@@ -24,10 +24,13 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use quota_worker::simulator::SimStyle;
+
 use crate::support::daemon::{self, JOB, REGIONS, sink_records};
 use crate::support::process::{Proc, run_cli};
+use crate::support::styles::{self, API_KEY_ENV, GITHUB};
 use crate::support::upstream::{Upstream, page_counts};
-use crate::support::{self, RedisServer, Sink, TestConfig, wait_until};
+use crate::support::{self, Endpoint, RedisServer, Sink, TestConfig, wait_until};
 
 const PAGES: u32 = 3;
 const ITEMS: u32 = 2;
@@ -197,14 +200,18 @@ fn setup(upstream: &Upstream) -> TestConfig {
     )
 }
 
-fn spooled_files(cfg: &TestConfig) -> usize {
-    std::fs::read_dir(cfg.join("state/spool").join(JOB))
+fn spooled_files_of(cfg: &TestConfig, job: &str) -> usize {
+    std::fs::read_dir(cfg.join("state/spool").join(job))
         .map(|d| {
             d.flatten()
                 .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
                 .count()
         })
         .unwrap_or(0)
+}
+
+fn spooled_files(cfg: &TestConfig) -> usize {
+    spooled_files_of(cfg, JOB)
 }
 
 fn trigger(cfg: &TestConfig, redis: &RedisServer) -> (Option<i32>, String) {
@@ -379,6 +386,108 @@ fn a_full_disk_under_a_sqlite_sink_spools_and_the_rows_arrive_once() {
     each_page_once(&upstream);
     d.term();
     let _ = d.wait_exit(Duration::from_secs(20));
+}
+
+/// The spool and conditional requests compose (issue 12 items 4 and 6): a
+/// run whose pages all went to the spool is complete, so page 1's `ETag`
+/// is kept and the next run is answered `304`, which writes nothing,
+/// spools nothing and costs nothing; the spooled pages reach the sink once
+/// it can be written, and the upstream charged each page once.
+#[test]
+fn a_spooled_run_is_complete_and_the_next_conditional_run_is_a_304() {
+    let mut sim = styles::sim(SimStyle::Link, PAGES, "sim-key");
+    sim.etag = true;
+    let upstream = Upstream::with(sim);
+    let redis = RedisServer::start();
+    let conditional = |e: Endpoint| e.set("conditional", true).set("not_modified_cost", 0);
+    let issues = styles::job("issues", &GITHUB, &upstream.base_url(), &["o/a"], &[], 10);
+    let cfg = styles::config("sim-key", styles::wide(), conditional, [issues])
+        .state_dir("state")
+        .write();
+    let env = [(API_KEY_ENV, "sim-key")];
+    let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &env);
+    d.wait_running(Duration::from_secs(10));
+    let Some(mut ro) = ReadOnly::new(&cfg.join("data/issues")) else {
+        return;
+    };
+    let lines = || {
+        std::fs::read_to_string(cfg.join("data/issues/o%2Fa.jsonl"))
+            .map_or(0, |t| t.lines().count())
+    };
+    let run = |n: usize| {
+        let (code, out, err) = run_cli(
+            &cfg,
+            Some(&redis.url()),
+            &["trigger", "issues", "--wait"],
+            Duration::from_secs(60),
+        );
+        assert_eq!(code, Some(0), "run {n}: {out}\n{err}");
+        assert!(
+            wait_until(Duration::from_secs(10), || d.outcomes().len() >= n),
+            "{}",
+            d.log()
+        );
+        d.outcomes()[n - 1].clone()
+    };
+
+    let o = run(1);
+    assert_eq!(
+        (o["outcome"].as_str(), o["pages"].as_u64()),
+        (Some("done"), Some(u64::from(PAGES))),
+        "{o}"
+    );
+    assert_eq!(
+        o["records"].as_u64(),
+        Some(u64::from(PAGES * 2)),
+        "spooled counts: {o}"
+    );
+    assert_eq!(spooled_files_of(&cfg, "issues"), PAGES as usize);
+    assert_eq!(lines(), 0);
+
+    // The sink is still read-only: the 304 needs neither it nor the spool.
+    let o = run(2);
+    assert_eq!(
+        (o["outcome"].as_str(), o["not_modified"].as_bool()),
+        (Some("done"), Some(true)),
+        "{o}"
+    );
+    assert_eq!(
+        (o["records"].as_u64(), o["units"].as_u64()),
+        (Some(0), Some(0)),
+        "{o}"
+    );
+    assert_eq!(
+        spooled_files_of(&cfg, "issues"),
+        PAGES as usize,
+        "a 304 spools nothing"
+    );
+    let stats = upstream.stats();
+    let last = stats.requests.last().expect("requests");
+    assert_eq!((last.page, last.status), (Some(1), 304), "{last:?}");
+    assert!(last.if_none_match.is_some(), "{last:?}");
+
+    ro.undo();
+    let all = (PAGES * 2) as usize;
+    assert!(
+        wait_until(Duration::from_secs(30), || lines() >= all),
+        "{} of {all} records; log:\n{}",
+        lines(),
+        d.log()
+    );
+    assert_eq!(lines(), all);
+    assert_eq!(spooled_files_of(&cfg, "issues"), 0);
+    let stats = upstream.stats();
+    assert_eq!(
+        stats.requests.len(),
+        PAGES as usize + 1,
+        "{:?}",
+        stats.requests
+    );
+    assert_eq!(
+        stats.charges.len(),
+        PAGES as usize,
+        "each page charged once, the 304 not"
+    );
 }
 
 /// Neither the sink nor the spool can be written: the tasks end `failed`
