@@ -210,7 +210,7 @@ pub(super) fn serve(
     }
     m.charge(now, charged);
     let left = m.left(q);
-    super::record_charge(st, q, charged, &page, query, now);
+    super::record_charge(st, q, charged, &page, query, now, chrono::Utc::now());
     let body = match style {
         SimAccounting::Shopify { .. } => json!({
             "data": page.body,
