@@ -327,7 +327,7 @@ impl Worker {
                 self.retry(run, &p, None, &why).await?
             }
             // Its units are kept (it may have been charged) unless the
-            // upstream said what it charged (settled in `step`).
+            // upstream said what it charged (settled in `account`).
             Reply::ServerError { status, .. } => {
                 let why = format!("upstream answered {status}");
                 self.retry(run, &p, Some(status), &why).await?
