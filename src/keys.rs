@@ -3,9 +3,14 @@
 //! Quota keys carry their credential as a Redis Cluster hash tag
 //! (`qw:{yt-key1}:...`), so one spend touches one slot. Window keys are named
 //! by kind and period, not by position, so reordering windows or changing a
-//! limit in the config keeps the spends already recorded.
+//! limit in the config keeps the spends already recorded. Sliding and bucket
+//! windows carry their layout version (`:v2:`), so a script of another layout
+//! never reads or writes them.
 
 use crate::config::{Scope, Window, WindowKind};
+
+/// The layout version of sliding and bucket window keys (`lua/spend.lua`).
+pub const LAYOUT: &str = "v2";
 
 /// Key names under one prefix.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,7 +41,8 @@ impl KeySpace {
     }
 
     /// The keys of one window, as the spend script expects them: a sliding
-    /// window's entry log and unit hash, or a fixed window's state hash.
+    /// or bucket window's counters, id log, entry stream and settled entries
+    /// (layout v2), or a fixed window's state hash (unchanged since v1).
     pub(crate) fn window(&self, credential: &str, scope: &Scope, window: &Window) -> Vec<String> {
         let scope = match scope {
             Scope::Credential => "cred".to_owned(),
@@ -49,7 +55,9 @@ impl KeySpace {
             window.per.as_millis()
         );
         match window.kind {
-            WindowKind::Sliding => vec![format!("{base}:log"), format!("{base}:units")],
+            WindowKind::Sliding | WindowKind::Bucket => ["meta", "log", "ts", "adj"]
+                .map(|k| format!("{base}:{LAYOUT}:{k}"))
+                .to_vec(),
             WindowKind::Fixed { .. } => vec![format!("{base}:fixed")],
         }
     }
@@ -158,8 +166,10 @@ mod tests {
         assert_eq!(
             keys,
             [
-                "qw:{yt-key1}:ep:youtube.search.list:s86400000:log",
-                "qw:{yt-key1}:ep:youtube.search.list:s86400000:units"
+                "qw:{yt-key1}:ep:youtube.search.list:s86400000:v2:meta",
+                "qw:{yt-key1}:ep:youtube.search.list:s86400000:v2:log",
+                "qw:{yt-key1}:ep:youtube.search.list:s86400000:v2:ts",
+                "qw:{yt-key1}:ep:youtube.search.list:s86400000:v2:adj"
             ]
         );
         assert_eq!(ks.blocked("yt-key1"), "qw:{yt-key1}:blocked");

@@ -10,7 +10,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use super::Exit;
-use crate::config::{Config, Job, Scope, UnsafeEviction, Window, fmt_duration};
+use crate::config::{Config, Job, Reserve, Scope, UnsafeEviction, Window, fmt_duration};
 use crate::eviction::{self, Eviction};
 use crate::schedule::source::{Refused, SourceError};
 use crate::schedule::{self, TickItems};
@@ -154,8 +154,16 @@ fn job_lines(config: &Config, job: &Job, now: DateTime<Utc>) -> String {
         .iter()
         .map(|t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string())
         .collect();
+    let reserve = if job.reserve == Reserve::NONE {
+        String::new()
+    } else {
+        format!(
+            "  reserve: {} of every window stays free for others\n",
+            job.reserve
+        )
+    };
     format!(
-        "\njob {} ({}): endpoint {}, {} task(s) per tick, worst case {} units per run ({} item(s) x {} page(s) x {} unit(s))\n  next: {} ({} {})\n",
+        "\njob {} ({}): endpoint {}, {} task(s) per tick, worst case {} units per run ({} item(s) x {} page(s) x {} unit(s))\n{reserve}  next: {} ({} {})\n",
         job.name,
         job.file.display(),
         ep.name,
@@ -288,13 +296,25 @@ impl Row<'_> {
             .fold(0, u64::saturating_add);
         let pct = worst as f64 * 100.0 / w.units.get() as f64;
         let fits = worst <= w.units.get();
-        let line = format!(
+        let mut line = format!(
             "  {:<scope_w$}  {:<win_w$}  worst case {worst:>9} units per {:<6} {pct:>6.1}%  {}\n",
             scope.to_string(),
             w.describe(),
             fmt_duration(w.per),
             if fits { "fits" } else { "DOES NOT FIT" }
         );
+        // A job's reserve: what its spends leave free in this window.
+        for j in self.jobs.iter().filter(|j| j.reserve != Reserve::NONE) {
+            line.push_str(&format!(
+                "  {:<scope_w$}  {:<win_w$}  job {} keeps {} free: spends up to {} of {} units\n",
+                "",
+                "",
+                j.name,
+                j.reserve,
+                w.admits(j.reserve),
+                w.units
+            ));
+        }
         if fits {
             return (line, None);
         }

@@ -60,6 +60,10 @@ fn describe() {
         "Spends by credential, endpoint and result (allowed, rejected, unchecked = fail-open without Redis, error)"
     );
     describe_counter!(
+        "qw_drift_units_total",
+        "Units recorded as drift: the upstream reported fewer left than a mirrored window would admit"
+    );
+    describe_counter!(
         "qw_units_spent_total",
         "Units admitted by this daemon's spends, at the endpoint's configured cost"
     );

@@ -198,7 +198,7 @@ pub(crate) fn exhausted_at<'a>(
     from: DateTime<Utc>,
 ) -> Option<(DateTime<Utc>, &'a Job)> {
     let start = match &window.kind {
-        WindowKind::Sliding => from,
+        WindowKind::Sliding | WindowKind::Bucket => from,
         WindowKind::Fixed { .. } => period_end(window, from).unwrap_or(from),
     };
     let per = chrono::Duration::from_std(window.per).ok()?;
@@ -232,6 +232,20 @@ pub(crate) fn exhausted_at<'a>(
                 spent = spent.saturating_add(cost(job));
                 if spent > units {
                     return Some((*t, ticks[i].1));
+                }
+            }
+        }
+        WindowKind::Bucket => {
+            // Starts empty and drains continuously at `units / per`, as the
+            // script's bucket does; a tick adds its worst case to the level.
+            let per_ms = per.num_milliseconds().max(1) as f64;
+            let (mut level, mut last) = (0f64, start);
+            for (t, job) in &ticks {
+                let drained = (*t - last).num_milliseconds() as f64 * units as f64 / per_ms;
+                level = (level - drained).max(0.0) + cost(job) as f64;
+                last = *t;
+                if level > units as f64 {
+                    return Some((*t, *job));
                 }
             }
         }

@@ -88,7 +88,7 @@ impl Worker {
             Ok(Decision::Unchecked)
         } else {
             self.limiter
-                .spend(&run.endpoint.name, None, &request_id)
+                .spend_reserved(&run.endpoint.name, None, &request_id, run.job.reserve)
                 .await
         };
         let recorded = match decision {

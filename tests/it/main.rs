@@ -8,15 +8,19 @@
 mod support;
 
 // The spend: windows, costs, exactness, and the Lua script's edge cases.
+mod bucket_window;
 mod clock_step_back;
 mod cluster;
+mod drift;
 mod duplicate_request;
 mod fixed_boundary;
 mod fixed_window_dst;
 mod idle_eviction;
 mod key_expiry;
 mod multi_window;
+mod reserve;
 mod retry_after_exact;
+mod retry_after_settled;
 mod script_flush;
 mod settle_block;
 mod spend_contention;

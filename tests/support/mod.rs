@@ -16,6 +16,7 @@
 //! | [`notify`] | a `NOTIFY_SOCKET` that records who sent what |
 //! | [`http`] | `/metrics`, `/healthz`, `/readyz` over plain HTTP, and the Prometheus text format |
 //! | [`procfs`] | `/proc`: children, liveness, environment |
+//! | [`seed`] | a sliding window's Redis layout (v2): seed entries at chosen times, take the newest back, snapshot, read a spend's time |
 //! | [`machine`] | which tests must not share the machine |
 
 pub mod config;
@@ -29,6 +30,7 @@ pub mod pipeline;
 pub mod process;
 pub mod procfs;
 pub mod redis_server;
+pub mod seed;
 pub mod styles;
 pub mod upstream;
 
@@ -39,7 +41,7 @@ use std::time::{Duration, Instant};
 pub use config::{
     ConfigBuilder, Credential, Endpoint, Job, Request, Sink, TestConfig, Window, Worker,
 };
-pub use redis_server::{RedisServer, free_port, limiter};
+pub use redis_server::{RedisServer, admit_n, free_port, limiter, rejected};
 
 /// The binary under test.
 pub fn bin() -> PathBuf {

@@ -16,7 +16,7 @@ mod windows;
 
 pub(super) use credentials::read_secret;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
 use chrono_tz::Tz;
@@ -25,7 +25,7 @@ use indexmap::IndexMap;
 use super::choice::Choice;
 use super::defaults as d;
 use super::raw::RawConfig;
-use super::{Config, ConfigError, ConfigErrors, EnvLookup, FieldPath, Source};
+use super::{Config, ConfigError, ConfigErrors, EnvLookup, FieldPath, Source, Window};
 
 /// Collects every error of one load.
 pub(super) struct Loader<'a> {
@@ -34,6 +34,8 @@ pub(super) struct Loader<'a> {
     /// Endpoints that are defined but invalid (already reported): a job
     /// naming one is not told the endpoint is unknown.
     invalid_endpoints: BTreeSet<String>,
+    /// Each credential's windows, to check a job's reserve against them.
+    credential_windows: HashMap<String, Vec<Window>>,
 }
 
 impl<'a> Loader<'a> {
@@ -42,6 +44,7 @@ impl<'a> Loader<'a> {
             env,
             errors: Vec::new(),
             invalid_endpoints: BTreeSet::new(),
+            credential_windows: HashMap::new(),
         }
     }
 
@@ -58,6 +61,9 @@ impl<'a> Loader<'a> {
         let state_dir = self.state_dir(&src, &dir, raw.state_dir.as_deref());
         let credentials = self.credentials(&src, &dir, &raw.credentials);
         let endpoints = self.endpoints(&src, &raw.endpoints, &credentials);
+        self.credential_windows = (credentials.values())
+            .map(|c| (c.name.clone(), c.windows.clone()))
+            .collect();
         let jobs = match &raw.jobs {
             Some(glob) => self.jobs(&src, &dir, glob, &endpoints),
             None => IndexMap::new(),
