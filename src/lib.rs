@@ -59,6 +59,7 @@ pub mod daemon;
 pub(crate) mod embedded;
 pub(crate) mod eviction;
 pub(crate) mod fetch;
+pub(crate) mod history;
 pub mod keys;
 pub mod logging;
 pub mod ops;
