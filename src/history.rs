@@ -94,8 +94,9 @@ pub(crate) async fn read_rings(
 /// has moved past, count 0.
 pub(crate) fn decode(raw: &[u8], now_slot: u64) -> Vec<u64> {
     let counter = |i: usize| -> u64 {
-        raw.get(i * 4..i * 4 + 4)
-            .map_or(0, |b| u64::from(u32::from_be_bytes([b[0], b[1], b[2], b[3]])))
+        raw.get(i * 4..i * 4 + 4).map_or(0, |b| {
+            u64::from(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+        })
     };
     let newest = counter(0);
     let n = SLOTS as u64;
@@ -271,7 +272,10 @@ mod tests {
     fn parse_job_keeps_the_newest_ticks_first_and_reads_the_last_error() {
         let mut all = BTreeMap::new();
         for t in 0..12 {
-            all.insert(format!("{}", 1000 + t), format!("{{\"done\":{t},\"#items\":4}}"));
+            all.insert(
+                format!("{}", 1000 + t),
+                format!("{{\"done\":{t},\"#items\":4}}"),
+            );
         }
         all.insert(
             "#error".into(),

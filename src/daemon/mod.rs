@@ -190,6 +190,7 @@ impl Parts {
             health: shared.health.clone(),
             stats: shared.stats.clone(),
             unsafe_eviction: config.redis.unsafe_eviction,
+            config: config.clone(),
         };
         Ok(Parts { queue, worker, ops })
     }

@@ -5,13 +5,15 @@
 //! - `health`: the daemon loops' liveness ([`Health`]) and `/readyz`;
 //! - `notify`: `READY=1`, `STOPPING=1`, `STATUS=`, and `WATCHDOG=1`, sent
 //!   only while the scheduler and feeder loops keep beating: a wedged loop
-//!   stops the pings and systemd restarts the service.
+//!   stops the pings and systemd restarts the service;
+//! - `status`: the status page, `GET /` and `GET /api/status` (read-only).
 //!
 //! The daemon ([`crate::daemon`]) starts all of it; nothing here knows the daemon.
 
 mod health;
 mod metrics;
 mod notify;
+mod status;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -45,6 +47,8 @@ pub(crate) struct OpsState {
     pub(crate) stats: Arc<Stats>,
     /// Whether a Redis that may evict keys makes the daemon not ready.
     pub(crate) unsafe_eviction: crate::config::UnsafeEviction,
+    /// The jobs and endpoints the status page lists.
+    pub(crate) config: Arc<crate::config::Config>,
 }
 
 /// Takes the metrics address, before anything else starts: an address this
@@ -53,7 +57,8 @@ pub(crate) async fn bind(listen: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(listen).await
 }
 
-/// Serves `/metrics`, `/healthz`, `/readyz` on `listener` until `stop`.
+/// Serves `/metrics`, `/healthz`, `/readyz`, and the status page (`/`,
+/// `/api/status`) on `listener` until `stop`.
 /// Returns the bound address (for `listen = "127.0.0.1:0"`).
 pub(crate) fn serve(
     listener: TcpListener,
@@ -66,6 +71,8 @@ pub(crate) fn serve(
         .route("/metrics", get(metrics::metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(health::readyz))
+        .route("/", get(status::page))
+        .route("/api/status", get(status::api))
         .with_state(state);
     tokio::spawn(async move {
         let server = axum::serve(listener, app).with_graceful_shutdown(async move {
@@ -75,7 +82,7 @@ pub(crate) fn serve(
             warn!(error = %e, "metrics server stopped");
         }
     });
-    info!(%addr, "metrics listening: /metrics /healthz /readyz");
+    info!(%addr, "metrics listening: /metrics /healthz /readyz, status page / and /api/status");
     Ok(addr)
 }
 

@@ -476,7 +476,10 @@ impl Worker {
         let wait = retry_after.unwrap_or(run.endpoint.throttle_block);
         let said = format!(
             "upstream answered {status}{}",
-            reason.as_ref().map(|r| format!(" ({r})")).unwrap_or_default()
+            reason
+                .as_ref()
+                .map(|r| format!(" ({r})"))
+                .unwrap_or_default()
         );
         let block_reason = BlockReason {
             why: said.clone(),

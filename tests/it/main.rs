@@ -59,6 +59,7 @@ mod logs;
 mod metrics;
 mod notify;
 mod secrets;
+mod status_page;
 mod units;
 mod watchdog;
 
