@@ -103,13 +103,11 @@ pub(crate) fn decode(raw: &[u8], now_slot: u64) -> Vec<u64> {
     // A Redis clock stepped back: the ring's newest slot is "now".
     let now_slot = now_slot.max(newest);
     (0..n)
-        .map(|i| now_slot + i + 1 - n)
-        .map(|slot| {
-            if newest == 0 || slot > newest || newest - slot >= n {
-                0
-            } else {
+        .map(|i| match (now_slot + i + 1).checked_sub(n) {
+            Some(slot) if newest != 0 && slot <= newest && newest - slot < n => {
                 counter(1 + (slot % n) as usize)
             }
+            _ => 0,
         })
         .collect()
 }
