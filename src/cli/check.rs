@@ -104,6 +104,11 @@ fn report(config: &Config, now: DateTime<Utc>) -> String {
             warnings.extend(warning);
         }
     }
+    if let Some(addr) = config.metrics.listen
+        && let Some(why) = crate::ops::exposed(addr)
+    {
+        warnings.push(format!("[metrics] listen = \"{addr}\": {why}"));
+    }
     for w in &warnings {
         out.push_str(&format!("\nwarning: {w}\n"));
     }

@@ -135,3 +135,77 @@ fn jobs_that_fit_get_no_warning() {
     assert!(!text.contains("warning"), "{text}");
     assert!(!text.contains("not-a-real-key"), "the secret leaked");
 }
+
+/// Issue 9, medium 7: `check` looked 7 days ahead only, so a job firing less
+/// often than weekly counted nothing: a yearly job of 10,000 units against a
+/// 9,500/24h window showed "0 units per 24h, fits".
+#[test]
+fn a_job_firing_less_often_than_weekly_is_counted_and_one_that_never_fires_again_is_not() {
+    // Once a year, at noon UTC 15 days from now (always beyond a week):
+    // 1 item x 100 pages x 100 units.
+    let at = Utc::now() + Duration::days(15);
+    let yearly = Job::new("yearly", "youtube.search.list")
+        .schedule(&format!(
+            "0 0 12 {} {} *",
+            at.format("%-d"),
+            at.format("%-m")
+        ))
+        .fan_out("region", ["US"])
+        .request(
+            Request::get("https://www.googleapis.com/youtube/v3/search")
+                .query(&[("regionCode", "{region}"), ("key", "{secret}")]),
+        )
+        .paginate("/nextPageToken", "pageToken", 100)
+        .sink(Sink::jsonl("data/{job}/{region}.jsonl"));
+    // Its schedule's only year is past.
+    let never = Job::new("never", "youtube.search.list")
+        .schedule("0 0 0 1 1 * 2020")
+        .fan_out("region", ["US"])
+        .request(Request::get("https://www.googleapis.com/youtube/v3/search"))
+        .sink(Sink::jsonl("data/{job}/{region}.jsonl"));
+    let cfg = ConfigBuilder::new()
+        .credential(Credential::env("yt", SECRET.0).window(Window::sliding(9500, "24h")))
+        .endpoint(Endpoint::new("youtube.search.list", "yt", 100))
+        .job(yearly)
+        .job(never)
+        .write();
+    let out = cfg.run(&["check"], &[SECRET]);
+    let text = support::stdout(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{text}{}",
+        support::stderr(&out)
+    );
+    assert!(
+        text.contains("worst case 10000 units per run (1 item(s) x 100 page(s) x 100 unit(s))"),
+        "{text}"
+    );
+    let row = text
+        .lines()
+        .find(|l| l.contains("9500/24h"))
+        .unwrap_or_else(|| panic!("no row for the 9500/24h window:\n{text}"));
+    assert!(
+        row.contains(" 10000 units per 24h") && row.contains("DOES NOT FIT"),
+        "{row}"
+    );
+    let warning = text
+        .lines()
+        .find(|l| l.starts_with("warning:") && l.contains("9500/24h"))
+        .unwrap_or_else(|| panic!("no warning:\n{text}"));
+    let when = format!(
+        "runs out at {} 12:00 UTC (a tick of job yearly)",
+        at.format("%Y-%m-%d")
+    );
+    assert!(warning.contains(&when), "expected {when:?} in: {warning}");
+    // The job that never fires again: no next time, nothing counted.
+    let never_lines: Vec<&str> = text
+        .lines()
+        .skip_while(|l| !l.starts_with("job never"))
+        .take(2)
+        .collect();
+    assert!(
+        never_lines.len() == 2 && never_lines[1].contains("next: never"),
+        "{text}"
+    );
+}

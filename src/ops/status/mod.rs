@@ -13,12 +13,37 @@
 mod model;
 mod page;
 
+use std::sync::Arc;
+
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
 use super::OpsState;
+use super::metrics::GAUGES_FRESH_FOR;
+
+/// The status last read from Redis, and when. Held while one request reads
+/// it, so requests arriving meanwhile wait for that read and show its result
+/// (a single flight), and requests within [`GAUGES_FRESH_FOR`] of it cost
+/// Redis nothing: a page left open in many browsers, or a loop asking for
+/// it, reads Redis at most once a second, as `/metrics` does.
+#[derive(Debug, Default)]
+pub(crate) struct StatusReads(
+    tokio::sync::Mutex<Option<(tokio::time::Instant, Arc<model::Status>)>>,
+);
+
+async fn read(s: &OpsState) -> Arc<model::Status> {
+    let mut last = s.status_reads.0.lock().await;
+    if let Some((at, status)) = &*last
+        && at.elapsed() < GAUGES_FRESH_FOR
+    {
+        return status.clone();
+    }
+    let status = Arc::new(model::gather(s).await);
+    *last = Some((tokio::time::Instant::now(), status.clone()));
+    status
+}
 
 /// What a browser may do with the page: nothing but show it. It has no
 /// script, loads nothing, and cannot be framed; even a value that escaped
@@ -58,7 +83,7 @@ pub(super) async fn page(
     request: HeaderMap,
     Query(q): Query<PageQuery>,
 ) -> Response {
-    let status = model::gather(&s).await;
+    let status = read(&s).await;
     let view = page::View {
         base: request
             .get("x-forwarded-prefix")
@@ -72,8 +97,8 @@ pub(super) async fn page(
 
 /// `GET /api/status`: the page's data.
 pub(super) async fn api(State(s): State<OpsState>) -> Response {
-    let status = model::gather(&s).await;
-    let body = serde_json::to_string_pretty(&status).unwrap_or_else(|_| "{}".into());
+    let status = read(&s).await;
+    let body = serde_json::to_string_pretty(&*status).unwrap_or_else(|_| "{}".into());
     (headers("application/json"), body).into_response()
 }
 
