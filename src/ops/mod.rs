@@ -111,6 +111,28 @@ pub(crate) fn serve(
 /// waits up to 10 s for an answer).
 pub(crate) const REDIS_READ_BUDGET: Duration = Duration::from_secs(2);
 
+/// Runs `read` within [`REDIS_READ_BUDGET`]; `None` (logged, naming
+/// `what`) when it fails or takes longer.
+pub(crate) async fn bounded<T, E: std::fmt::Display>(
+    what: &str,
+    read: impl std::future::Future<Output = Result<T, E>>,
+) -> Option<T> {
+    match tokio::time::timeout(REDIS_READ_BUDGET, read).await {
+        Ok(Ok(v)) => Some(v),
+        Ok(Err(e)) => {
+            warn!(error = %e, "{what}: cannot read it from Redis");
+            None
+        }
+        Err(_) => {
+            warn!(
+                budget_ms = REDIS_READ_BUDGET.as_millis() as u64,
+                "{what}: reading it from Redis timed out"
+            );
+            None
+        }
+    }
+}
+
 /// Each credential's windows, read from Redis now, all at once and within
 /// [`REDIS_READ_BUDGET`]; `None` for a credential that could not be read.
 pub(crate) async fn peek_all(limiter: &Limiter) -> Vec<(String, Option<CredentialUsage>)> {

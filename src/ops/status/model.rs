@@ -9,9 +9,8 @@ use std::time::Duration;
 use chrono::{DateTime, SecondsFormat, Utc};
 use futures::future::join_all;
 use serde::Serialize;
-use tracing::warn;
 
-use super::super::{OpsState, REDIS_READ_BUDGET, peek_all};
+use super::super::{OpsState, bounded, peek_all};
 use crate::config::{Job, WindowKind};
 use crate::history::{self, BlockReason, LastError, TickRecord};
 use crate::outcome::{DEFERRED, OutcomeKind, RETRYING};
@@ -212,25 +211,6 @@ fn rfc3339_ms(ms: i64) -> String {
         .to_rfc3339_opts(SecondsFormat::Secs, true)
 }
 
-/// Runs `read` within [`REDIS_READ_BUDGET`]; `None` (logged) when it fails
-/// or takes longer.
-async fn bounded<T, E: std::fmt::Display>(
-    what: &str,
-    read: impl std::future::Future<Output = Result<T, E>>,
-) -> Option<T> {
-    match tokio::time::timeout(REDIS_READ_BUDGET, read).await {
-        Ok(Ok(v)) => Some(v),
-        Ok(Err(e)) => {
-            warn!(error = %e, "status page: cannot read {what}");
-            None
-        }
-        Err(_) => {
-            warn!("status page: reading {what} timed out");
-            None
-        }
-    }
-}
-
 /// The drift of a window, where the spend script reports it.
 ///
 /// DRIFT: the one place drift plugs in. spend.lua v2 (branch spend-v2)
@@ -267,23 +247,26 @@ pub(crate) async fn gather(s: &OpsState) -> Status {
     }
     let conn = s.queue.connection();
     let jobs: Vec<&Job> = s.config.jobs.values().collect();
-    let (usages, spent, reasons, depth, records) =
-        tokio::join!(
-            peek_all(&s.limiter),
-            bounded("the spend history", async {
-                history::read_rings(&mut conn.clone(), &rings).await
-            }),
-            bounded("the block reasons", async {
-                history::read_block_reasons(&mut conn.clone(), keys, &names).await
-            }),
-            bounded("the queue depth", s.queue.depth()),
-            join_all(jobs.iter().map(|j| {
-                let mut conn = conn.clone();
-                async move {
-                    bounded("a job's ticks", history::read_job(&mut conn, keys, &j.name)).await
-                }
-            })),
-        );
+    let (usages, spent, reasons, depth, records) = tokio::join!(
+        peek_all(&s.limiter),
+        bounded("status page: the spend history", async {
+            history::read_rings(&mut conn.clone(), &rings).await
+        }),
+        bounded("status page: the block reasons", async {
+            history::read_block_reasons(&mut conn.clone(), keys, &names).await
+        }),
+        bounded("status page: the queue depth", s.queue.depth()),
+        join_all(jobs.iter().map(|j| {
+            let mut conn = conn.clone();
+            async move {
+                bounded(
+                    "status page: a job's ticks",
+                    history::read_job(&mut conn, keys, &j.name),
+                )
+                .await
+            }
+        })),
+    );
     let mut redis_up = spent.is_some() && reasons.is_some() && depth.is_some();
     let (now_ms, spent) = spent.unwrap_or_else(|| (Utc::now().timestamp_millis(), Vec::new()));
     let reasons = reasons.unwrap_or_default();
