@@ -15,7 +15,7 @@
 --   1  <prefix>:done:<task root>                 string: the outcome
 --   2  <prefix>:tick:<job>:<tick_ms>:outcomes    hash: outcome field -> count,
 --                                                "#items", "#retry_at_ms"
---   3  <prefix>:ticks:<job>                      hash: tick_ms -> the outcome
+--   3  <prefix>:ticks:<job> (optional)           hash: tick_ms -> the outcome
 --                                                hash as a JSON object;
 --                                                "#error" -> the last error
 --                                                (JSON), "#error_at_ms"
@@ -25,6 +25,7 @@
 --   2  the hash field to count it in (the outcome, or "~retrying", "~deferred")
 --   3  TTL of both keys, seconds
 --   4  retry-after, ms, of an outcome that ended on a quota; "" for none
+--   5..8 with KEYS[3] only:
 --   5  the tick, ms (the field of KEYS[3])
 --   6  how many ticks KEYS[3] keeps (the newest)
 --   7  TTL of KEYS[3], seconds
@@ -45,29 +46,32 @@ if ARGV[4] ~= '' then
 end
 redis.call('EXPIRE', KEYS[2], ARGV[3])
 
-local copy = {}
-local fields = redis.call('HGETALL', KEYS[2])
-for i = 1, #fields, 2 do
-  copy[fields[i]] = tonumber(fields[i + 1])
-end
-redis.call('HSET', KEYS[3], ARGV[5], cjson.encode(copy))
-local ticks = {}
-for _, f in ipairs(redis.call('HKEYS', KEYS[3])) do
-  if string.sub(f, 1, 1) ~= '#' then
-    ticks[#ticks + 1] = f
+-- The job's tick record, when the caller keeps one (KEYS[3]).
+if KEYS[3] then
+  local copy = {}
+  local fields = redis.call('HGETALL', KEYS[2])
+  for i = 1, #fields, 2 do
+    copy[fields[i]] = tonumber(fields[i + 1])
   end
-end
-local keep = tonumber(ARGV[6])
-if #ticks > keep then
-  table.sort(ticks, function(a, b) return tonumber(a) < tonumber(b) end)
-  for i = 1, #ticks - keep do
-    redis.call('HDEL', KEYS[3], ticks[i])
+  redis.call('HSET', KEYS[3], ARGV[5], cjson.encode(copy))
+  local ticks = {}
+  for _, f in ipairs(redis.call('HKEYS', KEYS[3])) do
+    if string.sub(f, 1, 1) ~= '#' then
+      ticks[#ticks + 1] = f
+    end
   end
+  local keep = tonumber(ARGV[6])
+  if #ticks > keep then
+    table.sort(ticks, function(a, b) return tonumber(a) < tonumber(b) end)
+    for i = 1, #ticks - keep do
+      redis.call('HDEL', KEYS[3], ticks[i])
+    end
+  end
+  if ARGV[8] ~= '' then
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    redis.call('HSET', KEYS[3], '#error', ARGV[8], '#error_at_ms', string.format('%d', now))
+  end
+  redis.call('EXPIRE', KEYS[3], ARGV[7])
 end
-if ARGV[8] ~= '' then
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  redis.call('HSET', KEYS[3], '#error', ARGV[8], '#error_at_ms', string.format('%d', now))
-end
-redis.call('EXPIRE', KEYS[3], ARGV[7])
 return 1

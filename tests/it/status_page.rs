@@ -381,3 +381,55 @@ fn the_status_page_is_read_only_and_works_behind_a_path_prefix() {
         assert!(len <= 289 * 4, "{ring} is {len} bytes");
     }
 }
+
+/// A job's tick record (`lua/finish.lua`, KEYS[3]) keeps the outcome counts
+/// of its newest 10 ticks, whichever order their tasks end in, and the last
+/// error with the Redis time it was recorded at.
+#[test]
+fn a_jobs_tick_record_keeps_its_newest_ten_ticks_and_last_error() {
+    let redis = RedisServer::start();
+    let mut conn = redis.conn();
+    let finish = redis::Script::new(include_str!("../../lua/finish.lua"));
+    // Ticks 1..=12, ended newest first then oldest first; tick 12 twice.
+    let order = [12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 12];
+    for (i, tick) in order.iter().enumerate() {
+        let error = if i == 5 {
+            r#"{"outcome":"failed","item":"region=US","tick":7,"status":400,"detail":"upstream answered 400"}"#
+        } else {
+            ""
+        };
+        let () = finish
+            .key(format!("qw:done:t{i}"))
+            .key(format!("qw:tick:j:{tick}:outcomes"))
+            .key("qw:ticks:j")
+            .arg("done")
+            .arg("done")
+            .arg(60)
+            .arg("")
+            .arg(*tick)
+            .arg(10)
+            .arg(3600)
+            .arg(error)
+            .invoke(&mut conn)
+            .expect("finish.lua");
+    }
+    let record: std::collections::BTreeMap<String, String> = redis::cmd("HGETALL")
+        .arg("qw:ticks:j")
+        .query(&mut conn)
+        .expect("HGETALL");
+    let ticks: Vec<i64> = record.keys().filter_map(|k| k.parse().ok()).collect();
+    let mut sorted = ticks.clone();
+    sorted.sort();
+    assert_eq!(sorted, (3..=12).collect::<Vec<i64>>(), "{record:?}");
+    let twelve: Value = serde_json::from_str(&record["12"]).expect("JSON");
+    assert_eq!(twelve["done"], 2, "{record:?}");
+    assert!(record["#error"].contains("upstream answered 400"));
+    let at: i64 = record["#error_at_ms"].parse().expect("#error_at_ms");
+    let now_ms = (redis.time_us() / 1000) as i64;
+    assert!((now_ms - 60_000..=now_ms).contains(&at), "{at} vs {now_ms}");
+    let ttl: i64 = redis::cmd("TTL")
+        .arg("qw:ticks:j")
+        .query(&mut conn)
+        .expect("TTL");
+    assert!((1..=3600).contains(&ttl), "TTL {ttl}");
+}

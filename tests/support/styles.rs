@@ -250,10 +250,14 @@ fn read(conn: &mut redis::Connection, cmd: &str, key: &str, range: bool) -> Vec<
     if range {
         c.arg(0).arg(-1);
     }
-    // A string is one value; the others are lists of them.
+    // A string is one value (read as bytes: the status page's spend rings
+    // are binary); the others are lists of them.
     if cmd == "GET" {
-        let v: Option<String> = c.query(conn).unwrap_or_else(|e| panic!("{cmd} {key}: {e}"));
-        return v.into_iter().collect();
+        let v: Option<Vec<u8>> = c.query(conn).unwrap_or_else(|e| panic!("{cmd} {key}: {e}"));
+        return v
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .into_iter()
+            .collect();
     }
     c.query(conn).unwrap_or_else(|e| panic!("{cmd} {key}: {e}"))
 }
