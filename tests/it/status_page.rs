@@ -425,7 +425,7 @@ fn a_jobs_tick_record_keeps_its_newest_ten_ticks_and_last_error() {
     assert_eq!(twelve["done"], 2, "{record:?}");
     assert!(record["#error"].contains("upstream answered 400"));
     let at: i64 = record["#error_at_ms"].parse().expect("#error_at_ms");
-    let now_ms = (redis.time_us() / 1000) as i64;
+    let now_ms = redis.time_us() / 1000;
     assert!((now_ms - 60_000..=now_ms).contains(&at), "{at} vs {now_ms}");
     let ttl: i64 = redis::cmd("TTL")
         .arg("qw:ticks:j")
