@@ -96,6 +96,18 @@ impl KeySpace {
         format!("{}:tick:{job}:{tick_ms}", self.prefix)
     }
 
+    /// How far a tick's fan-out has got while it is queued in chunks (hash:
+    /// owner, lease, next, origin; gone once every task is queued).
+    pub(crate) fn tick_fan_out(&self, job: &str, tick_ms: i64) -> String {
+        format!("{}:tick:{job}:{tick_ms}:fan_out", self.prefix)
+    }
+
+    /// The fan-outs being queued (zset: `<job>:<tick_ms>` -> lease end, ms):
+    /// where a daemon finds one whose enqueuer died, to finish it.
+    pub(crate) fn fanning(&self) -> String {
+        format!("{}:fanning", self.prefix)
+    }
+
     /// Outcome counts of one tick's tasks (hash: outcome -> count, plus "#items").
     pub(crate) fn tick_outcomes(&self, job: &str, tick_ms: i64) -> String {
         format!("{}:tick:{job}:{tick_ms}:outcomes", self.prefix)

@@ -22,8 +22,10 @@
 //! - [`daemon`]: `quota-worker run` — starts Redis (or connects to it) and the
 //!   loops below, and stops them on shutdown.
 //! - [`schedule`]: when a job fires (cron) and **where a tick is fanned out**
-//!   into tasks (`schedule::tick_tasks`, the daemon's `schedule::Scheduler`
-//!   loop, once per tick across daemons); worst-case spending per window.
+//!   into tasks (`schedule::TickItems`: `fan_out` lists × `fan_out_from` rows,
+//!   `schedule::source`; `schedule::queue_tick`: queued in bounded chunks,
+//!   once per tick across daemons, by the daemon's `schedule::Scheduler` loop
+//!   and `trigger`); worst-case spending per window.
 //! - [`queue`]: the tasks in Redis — apalis-redis, our backlog in front of it,
 //!   our janitor behind it, and the workarounds for apalis's pitfalls.
 //! - `worker`: one task, page by page: spend → fetch → sink → checkpoint,

@@ -27,6 +27,9 @@ pub enum Exit {
     Failed = 1,
     /// EX_USAGE: bad command line (or a cost that can never fit).
     Usage = 64,
+    /// EX_DATAERR: input data is wrong (`trigger`: a `fan_out_from` source
+    /// that cannot be read, or has more rows than `max_items`).
+    DataErr = 65,
     /// EX_UNAVAILABLE: Redis (or another service) unreachable.
     Unavailable = 69,
     /// EX_SOFTWARE: an internal error.

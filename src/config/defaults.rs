@@ -2,7 +2,7 @@
 //! checks, in one place. The loader reads them from here; where
 //! `docs/configuration.md` quotes one, a test below keeps the two equal.
 
-use std::num::{NonZeroU32, NonZeroUsize};
+use std::num::{NonZeroU32, NonZeroU64, NonZeroUsize};
 use std::time::Duration;
 
 use chrono_tz::Tz;
@@ -29,6 +29,9 @@ pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
 pub const RECOVER_AFTER: Duration = Duration::from_secs(30);
 /// `[worker] poll_interval`.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(200);
+/// `[worker] fan_out_warn`: `check` warns about a tick of more tasks (each
+/// waits in Redis, about 400 bytes apiece, until a worker takes it).
+pub const FAN_OUT_WARN: u64 = 100_000;
 
 // [metrics]
 
@@ -86,6 +89,8 @@ pub const ON_QUOTA_EXHAUSTED: OnQuotaExhausted = OnQuotaExhausted::Stop;
 pub const METHOD: Method = Method::Get;
 /// `[job.sink] records`: the whole body is one record.
 pub const SINK_RECORDS: &str = "";
+/// `fan_out_from.max_items`: more rows and a tick fans out nothing.
+pub const FAN_OUT_MAX_ITEMS: NonZeroU64 = NonZeroU64::new(100_000).expect("> 0");
 /// `[job.pagination] style`.
 pub(crate) const PAGE_STYLE: PageStyleName = PageStyleName::Cursor;
 /// `[job.pagination] start` of `style = "page"`: the first page's number.
@@ -179,6 +184,7 @@ mod tests {
         says_duration(c, f, "shutdown_timeout", SHUTDOWN_TIMEOUT);
         says_duration(c, f, "recover_after", RECOVER_AFTER);
         says_duration(c, f, "poll_interval", POLL_INTERVAL);
+        says(c, f, "fan_out_warn", &FAN_OUT_WARN.to_string());
         says(c, f, "listen", &format!("{METRICS_LISTEN:?}"));
         says(c, f, "state_dir", &format!("{STATE_DIR:?}"));
         says(c, f, "reset", &format!("{WINDOW_RESET:?}"));
@@ -197,6 +203,7 @@ mod tests {
         let f = "jobs";
         says(j, f, "timezone", &format!("{:?}", JOB_TIMEZONE.name()));
         says(j, f, "method", &format!("{:?}", METHOD.as_str()));
+        says(j, f, "max_items", &FAN_OUT_MAX_ITEMS.to_string());
         says_duration(j, f, "since_initial", SINCE_INITIAL);
         says(j, f, "continue", &PAGE_CONTINUE.to_string());
         let (start, step) = (PAGE_START, PAGE_STEP);

@@ -112,6 +112,8 @@ pub struct WorkerConfig {
     pub recover_after: Duration,
     /// How often an idle worker looks for new tasks.
     pub poll_interval: Duration,
+    /// `check` warns about a job whose tick fans out to more tasks than this.
+    pub fan_out_warn: u64,
 }
 
 /// `[metrics]`.
@@ -366,6 +368,9 @@ pub struct Job {
     pub endpoint: String,
     /// Fan-out keys and their values; a tick is one task per combination.
     pub fan_out: Vec<(String, Vec<String>)>,
+    /// `[job.fan_out_from]`: items read from data at every tick, combined
+    /// with `fan_out` as a cartesian product.
+    pub fan_out_from: Option<FanOutFrom>,
     /// Stop or defer on a rejected spend.
     pub on_quota_exhausted: OnQuotaExhausted,
     /// The request template.
@@ -381,14 +386,70 @@ pub struct Job {
 }
 
 impl Job {
-    /// Number of tasks per tick: the product of the fan-out list lengths.
+    /// Number of tasks per tick: the product of the fan-out list lengths,
+    /// times the rows of `fan_out_from` (as last counted, else `max_items`:
+    /// the most a tick can fan out).
     pub fn items(&self) -> u64 {
-        self.fan_out.iter().map(|(_, v)| v.len() as u64).product()
+        let rows = self
+            .fan_out_from
+            .as_ref()
+            .map_or(1, |f| f.rows.unwrap_or(f.max_items.get()));
+        self.combinations().saturating_mul(rows)
+    }
+
+    /// Combinations of the static `fan_out` lists (1 without any).
+    pub fn combinations(&self) -> u64 {
+        self.fan_out
+            .iter()
+            .map(|(_, v)| v.len() as u64)
+            .fold(1, u64::saturating_mul)
     }
 
     /// Pages fetched per task at most.
     pub fn max_pages(&self) -> u32 {
         self.pagination.as_ref().map_or(1, |p| p.max_pages.get())
+    }
+}
+
+/// `[job.fan_out_from]`: where a job's items come from at every tick.
+#[derive(Debug, Clone)]
+pub struct FanOutFrom {
+    /// The file, and for SQLite the query.
+    pub source: DataSource,
+    /// The placeholders each row fills, in column order: the CSV header or
+    /// the query's result columns, as read at load (or as declared with
+    /// `columns` when the source did not exist yet).
+    pub columns: Vec<String>,
+    /// More rows than this and a tick fans out nothing.
+    pub max_items: NonZeroU64,
+    /// The rows counted when the source was last read (`check` fills it in
+    /// for its report); `None`: not counted.
+    pub rows: Option<u64>,
+}
+
+/// A `fan_out_from` source.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DataSource {
+    /// `csv = "channels.csv"`: the header row names the columns.
+    Csv {
+        /// Resolved against the config file's directory.
+        path: PathBuf,
+    },
+    /// `sqlite = "…db"` with one read-only `query`.
+    Sqlite {
+        /// Resolved against the config file's directory.
+        path: PathBuf,
+        /// One read-only statement.
+        query: String,
+    },
+}
+
+impl DataSource {
+    /// The file.
+    pub fn path(&self) -> &Path {
+        match self {
+            DataSource::Csv { path } | DataSource::Sqlite { path, .. } => path,
+        }
     }
 }
 

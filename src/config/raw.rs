@@ -71,6 +71,7 @@ pub(super) struct RawWorker {
     pub(super) shutdown_timeout: Option<Dur>,
     pub(super) recover_after: Option<Dur>,
     pub(super) poll_interval: Option<Dur>,
+    pub(super) fan_out_warn: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -140,12 +141,23 @@ pub(super) struct RawJob {
     pub(super) endpoint: String,
     #[serde(default)]
     pub(super) fan_out: IndexMap<String, Vec<String>>,
+    pub(super) fan_out_from: Option<RawFanOutFrom>,
     pub(super) on_quota_exhausted: Option<String>,
     pub(super) request: RawRequest,
     pub(super) pagination: Option<RawPagination>,
     pub(super) sink: RawSink,
     pub(super) retry: Option<RawRetry>,
     pub(super) since_initial: Option<Dur>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawFanOutFrom {
+    pub(super) csv: Option<String>,
+    pub(super) sqlite: Option<String>,
+    pub(super) query: Option<String>,
+    pub(super) columns: Option<Vec<String>>,
+    pub(super) max_items: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -90,6 +90,10 @@ fn describe() {
     describe_counter!("qw_pages_total", "Pages fetched (2xx) by job");
     describe_counter!("qw_records_total", "Records written to sinks by job");
     describe_counter!(
+        "qw_fan_out_errors_total",
+        "Ticks by job whose fan_out_from source could not be read (nothing fanned out) or had rows refused"
+    );
+    describe_counter!(
         "qw_upstream_responses_total",
         "Upstream answers by endpoint and HTTP status (or unreached, timeout, unsent)"
     );

@@ -2,13 +2,16 @@
 //! where a tick becomes tasks.
 //!
 //! - this file: fire times, and worst-case spending per window (`check`);
-//! - `fan_out`: a tick's tasks, one per fan-out item (the daemon's
+//! - `fan_out`: a tick's items (rows of `fan_out_from` × combinations of
+//!   `fan_out`) and how they are queued in bounded chunks (the daemon's
 //!   scheduler and `trigger` both use it);
+//! - `source`: `fan_out_from`'s CSV and SQLite sources, read at every tick;
 //! - `scheduler`: the daemon's loop that fires ticks and fans them out into
 //!   the queue, each tick claimed once across daemons.
 
 mod fan_out;
 mod scheduler;
+pub mod source;
 
 use std::time::Duration;
 
@@ -16,7 +19,7 @@ use chrono::{DateTime, Utc};
 
 use crate::config::{Config, Job, Window, WindowKind};
 
-pub use fan_out::tick_tasks;
+pub use fan_out::{FanOutCause, FanOutError, Fanned, Item, TickItems, queue_tick, tick_tasks};
 pub(crate) use scheduler::Scheduler;
 
 /// The next `n` fire times of `job` after `after`.

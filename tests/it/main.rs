@@ -31,6 +31,8 @@ mod quota_report;
 mod redis_unavailable;
 
 // The pipeline: ticks, tasks, the queue and apalis, outcomes, sinks.
+mod fan_out_from;
+mod fan_out_large;
 mod incremental;
 mod outcome_logs;
 mod pagination_styles;

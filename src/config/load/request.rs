@@ -7,11 +7,14 @@ use crate::config::defaults as d;
 use crate::config::raw::RawRequest;
 use crate::config::{FieldPath, RequestTemplate, Source, Template};
 
-/// The placeholders a job's templates may use: its fan-out keys, `{job}`
-/// and `{date}`, and in the request (not in file names) `{secret}`,
-/// `{since}` and `{since_epoch}`.
+/// The placeholders a job's templates may use: its fan-out keys and
+/// `fan_out_from` columns, `{job}` and `{date}`, and in the request (not in
+/// file names) `{secret}`, `{since}` and `{since_epoch}`.
 pub(super) struct Placeholders<'a> {
     fan_out: Vec<&'a str>,
+    /// A `fan_out_from` whose columns could not be read (reported): any
+    /// name may be one of them, so none is reported again.
+    unknown_columns: bool,
 }
 
 /// Placeholders the request may use and file names may not: the secret,
@@ -19,14 +22,24 @@ pub(super) struct Placeholders<'a> {
 const REQUEST_ONLY: [&str; 3] = ["secret", "since", "since_epoch"];
 
 impl<'a> Placeholders<'a> {
-    pub(super) fn of(fan_out: &'a [(String, Vec<String>)]) -> Self {
+    /// A job's: its `fan_out_from` columns, then its `fan_out` keys.
+    pub(super) fn of(columns: &'a [String], fan_out: &'a [(String, Vec<String>)]) -> Self {
+        let keys = fan_out.iter().map(|(k, _)| k.as_str());
         Placeholders {
-            fan_out: fan_out.iter().map(|(k, _)| k.as_str()).collect(),
+            fan_out: columns.iter().map(String::as_str).chain(keys).collect(),
+            unknown_columns: false,
         }
     }
 
+    /// Also any name: the job's `fan_out_from` failed to load (reported).
+    pub(super) fn with_unknown_columns(mut self, unknown: bool) -> Self {
+        self.unknown_columns = unknown;
+        self
+    }
+
     fn has(&self, name: &str, secret_ok: bool) -> bool {
-        self.fan_out.contains(&name)
+        (self.unknown_columns && name != "secret")
+            || self.fan_out.contains(&name)
             || name == "job"
             || name == "date"
             || (secret_ok && REQUEST_ONLY.contains(&name))
