@@ -2,7 +2,8 @@
 //! a page a person reads in a real browser, and `GET /api/status`, its data
 //! as JSON. On a running daemon (the real binary on the simulator) with a
 //! window half used, a credential blocked by the upstream and a job whose
-//! fan-out item is `<script>alert(1)</script>`, headless Chromium's DOM shows
+//! fan-out item, read from a CSV file, is `<script>alert(1)</script>`,
+//! headless Chromium's DOM shows
 //! the windows, the block and why, and the jobs with their ticks and last
 //! error; the item shows as text, no secret is anywhere on the page or in
 //! the JSON, the page is read-only (POST, PUT, DELETE: 405), and it works
@@ -34,10 +35,18 @@ const REGIONS: [&str; 4] = ["US", "GB", "DE", "FR"];
 const PAGES: u32 = 5;
 const MAIN_UNITS: u64 = 40;
 
+/// `fan_out_from = { csv = path }`.
+fn csv_source(path: &str) -> toml::Value {
+    let mut t = toml::Table::new();
+    t.insert("csv".into(), toml::Value::String(path.into()));
+    toml::Value::Table(t)
+}
+
 /// A daemon with three credentials: `main` (its window to be half used by
 /// `trending`), `limited` (the upstream allows its key 1 request an hour, so
 /// `hot`'s second request is refused and the credential blocked) and `aux`
-/// (`broken` asks for a path the upstream does not have, for one item: XSS).
+/// (`broken` asks for a path the upstream does not have, for the one item of
+/// its CSV: XSS).
 struct Rig {
     redis: RedisServer,
     cfg: TestConfig,
@@ -94,11 +103,13 @@ impl Rig {
                         Request::get(&format!("{base}/no/such/path"))
                             .query(&[("key", "{secret}"), ("region", "{region}")]),
                     )
-                    .fan_out("region", [XSS])
+                    .set("fan_out_from", csv_source("items.csv"))
                     .sink(Sink::jsonl("data/{job}.jsonl").records("/items")),
             )
             .redis_url(&redis.url())
             .write();
+        // The item comes from data, as an operator's CSV would hold it.
+        std::fs::write(cfg.join("items.csv"), format!("region\n{XSS}\n")).expect("write CSV");
         let daemon = Proc::start("daemon", &cfg, &["run"], &[]);
         assert!(
             http::wait_http(port, Duration::from_secs(30)),
