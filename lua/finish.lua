@@ -6,16 +6,30 @@
 -- earliest moment any of the tick's tasks may retry, on Redis's clock (so
 -- daemons on hosts with skewed clocks agree), for the summary's "retry after".
 --
+-- The job's tick record (KEYS[3], read by the status page) keeps a copy of
+-- the outcome hash of each of the job's newest ticks, and the job's last
+-- error: the outcome hashes expire a day after their last task, a job's
+-- last ticks must outlive that.
+--
 -- KEYS
 --   1  <prefix>:done:<task root>                 string: the outcome
 --   2  <prefix>:tick:<job>:<tick_ms>:outcomes    hash: outcome field -> count,
 --                                                "#items", "#retry_at_ms"
+--   3  <prefix>:ticks:<job> (optional)           hash: tick_ms -> the outcome
+--                                                hash as a JSON object;
+--                                                "#error" -> the last error
+--                                                (JSON), "#error_at_ms"
 --
 -- ARGV
 --   1  the outcome ("done", "quota_exhausted", ...), stored in KEYS[1]
 --   2  the hash field to count it in (the outcome, or "~retrying", "~deferred")
 --   3  TTL of both keys, seconds
 --   4  retry-after, ms, of an outcome that ended on a quota; "" for none
+--   5..8 with KEYS[3] only:
+--   5  the tick, ms (the field of KEYS[3])
+--   6  how many ticks KEYS[3] keeps (the newest)
+--   7  TTL of KEYS[3], seconds
+--   8  the last error (JSON) when this outcome is one, else ""
 --
 -- Returns: 1
 
@@ -31,4 +45,33 @@ if ARGV[4] ~= '' then
   end
 end
 redis.call('EXPIRE', KEYS[2], ARGV[3])
+
+-- The job's tick record, when the caller keeps one (KEYS[3]).
+if KEYS[3] then
+  local copy = {}
+  local fields = redis.call('HGETALL', KEYS[2])
+  for i = 1, #fields, 2 do
+    copy[fields[i]] = tonumber(fields[i + 1])
+  end
+  redis.call('HSET', KEYS[3], ARGV[5], cjson.encode(copy))
+  local ticks = {}
+  for _, f in ipairs(redis.call('HKEYS', KEYS[3])) do
+    if string.sub(f, 1, 1) ~= '#' then
+      ticks[#ticks + 1] = f
+    end
+  end
+  local keep = tonumber(ARGV[6])
+  if #ticks > keep then
+    table.sort(ticks, function(a, b) return tonumber(a) < tonumber(b) end)
+    for i = 1, #ticks - keep do
+      redis.call('HDEL', KEYS[3], ticks[i])
+    end
+  end
+  if ARGV[8] ~= '' then
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    redis.call('HSET', KEYS[3], '#error', ARGV[8], '#error_at_ms', string.format('%d', now))
+  end
+  redis.call('EXPIRE', KEYS[3], ARGV[7])
+end
 return 1

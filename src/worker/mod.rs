@@ -38,6 +38,7 @@ use tracing::{info, warn};
 use crate::config::{Config, Job, Secrets};
 use crate::conn::Lua;
 use crate::fetch::Fetcher;
+use crate::history;
 use crate::keys::KeySpace;
 use crate::outcome::{Outcome, OutcomeEvent, OutcomeKind};
 use crate::paging::{Stored, Validators};
@@ -230,10 +231,15 @@ impl Worker {
             .call()
             .key(keys.task_done(&task.root))
             .key(keys.tick_outcomes(&task.job, task.tick))
+            .key(keys.job_ticks(&task.job))
             .arg(o.kind.as_str())
             .arg(o.tick_field())
             .arg(DONE_TTL.as_secs())
             .arg(retry_after_ms)
+            .arg(task.tick)
+            .arg(history::TICKS_KEPT)
+            .arg(history::TICKS_TTL.as_secs())
+            .arg(last_error(task, o))
             .invoke::<()>(&mut self.conn.clone())
             .await?;
         self.stats.outcome(o.kind);
@@ -260,6 +266,24 @@ impl Worker {
         }
         Ok(())
     }
+}
+
+/// The job's last error for the status page, as JSON, when `o` is one (a
+/// failure, or a retry after one); "" when not. The detail is the one
+/// logged, so it holds no secret.
+fn last_error(task: &TaskArgs, o: &Outcome) -> String {
+    if !matches!(o.kind, OutcomeKind::Failed | OutcomeKind::Retrying) {
+        return String::new();
+    }
+    let e = history::LastError {
+        outcome: o.kind.as_str().to_owned(),
+        item: task.item_key(),
+        tick: task.tick,
+        status: o.status,
+        detail: o.detail.clone(),
+        at_ms: 0,
+    };
+    serde_json::to_string(&e).unwrap_or_default()
 }
 
 /// Every outcome is one structured line: job, item, page, units, retry-after.

@@ -70,6 +70,7 @@ mod logs;
 mod metrics;
 mod notify;
 mod secrets;
+mod status_page;
 mod units;
 mod watchdog;
 
