@@ -23,6 +23,7 @@ use chrono::{DateTime, Utc};
 use crate::config::{Config, Job, Window, WindowKind};
 
 pub use fairness::{STARVED_CAP, StarvedItems, starved_items};
+pub(crate) use fairness::share;
 pub use fan_out::{FanOutCause, FanOutError, Fanned, Item, TickItems, queue_tick, tick_tasks};
 pub(crate) use scheduler::Scheduler;
 
