@@ -50,8 +50,11 @@ if ARGV[4] ~= '' then
 end
 redis.call('EXPIRE', KEYS[2], ARGV[3])
 
-local class, turn, item = ARGV[5], tonumber(ARGV[8]), ARGV[9]
-if class == '' or turn == nil then
+-- Callers without the fairness arguments (other languages, older tools)
+-- record the outcome only.
+local class, item = ARGV[5] or '', ARGV[9]
+local turn = ARGV[8] and tonumber(ARGV[8])
+if class == '' or turn == nil or #KEYS < 4 then
   return -1
 end
 

@@ -462,7 +462,12 @@ impl Queue {
     /// its turn (`lua/rotate.lua`): where the job's previous tick's first
     /// task that ended on the quota's "no" was, so the items starved last
     /// time go first. The same for every caller for one tick.
-    pub async fn begin_tick(&self, job: &str, tick: i64, total: u64) -> Result<Rotation, QueueError> {
+    pub async fn begin_tick(
+        &self,
+        job: &str,
+        tick: i64,
+        total: u64,
+    ) -> Result<Rotation, QueueError> {
         let mut conn = self.conn.clone();
         let (offset, turn): (u64, u64) = ROTATE
             .call()

@@ -11,8 +11,8 @@
 //! - `scheduler`: the daemon's loop that fires ticks and fans them out into
 //!   the queue, each tick claimed once across daemons.
 
-mod fan_out;
 mod fairness;
+mod fan_out;
 mod scheduler;
 pub mod source;
 
@@ -22,8 +22,8 @@ use chrono::{DateTime, Utc};
 
 use crate::config::{Config, Job, Window, WindowKind};
 
-pub use fairness::{STARVED_CAP, StarvedItems, starved_items};
 pub(crate) use fairness::share;
+pub use fairness::{STARVED_CAP, StarvedItems, starved_items};
 pub use fan_out::{FanOutCause, FanOutError, Fanned, Item, TickItems, queue_tick, tick_tasks};
 pub(crate) use scheduler::Scheduler;
 

@@ -57,7 +57,10 @@ fn by_tick(outcomes: &[Value]) -> Ticks {
 }
 
 /// `(served, starved)` as `"AB"`-style strings, starved with their counts.
-fn expect(served: &[(&str, u64)], starved: &[(&str, u64)]) -> BTreeMap<String, (String, Option<u64>)> {
+fn expect(
+    served: &[(&str, u64)],
+    starved: &[(&str, u64)],
+) -> BTreeMap<String, (String, Option<u64>)> {
     let done = served.iter().map(|(i, n)| (i, "done", n));
     let no = starved.iter().map(|(i, n)| (i, "quota_exhausted", n));
     done.chain(no)
@@ -120,7 +123,9 @@ async fn five_ticks_that_run_out_part_way_serve_every_item_and_count_starved_tic
     let ticks = by_tick(&daemon.outcomes());
     daemon.term();
     assert_eq!(
-        daemon.wait_exit(Duration::from_secs(15)).and_then(|s| s.code()),
+        daemon
+            .wait_exit(Duration::from_secs(15))
+            .and_then(|s| s.code()),
         Some(0)
     );
 
@@ -159,10 +164,9 @@ async fn five_ticks_that_run_out_part_way_serve_every_item_and_count_starved_tic
         .get_multiplexed_async_connection()
         .await
         .expect("redis");
-    let starved =
-        quota_worker::schedule::starved_items(&mut conn, &KeySpace::new("qw"), "rot", 10)
-            .await
-            .expect("starved items");
+    let starved = quota_worker::schedule::starved_items(&mut conn, &KeySpace::new("qw"), "rot", 10)
+        .await
+        .expect("starved items");
     assert_eq!(starved.total, 3);
     assert_eq!(
         starved.items,
