@@ -10,13 +10,13 @@
 --
 -- Idempotent per tick: every caller for one tick (the daemon that wins the
 -- claim, the ones that lose it, a retry, whoever takes a dead enqueuer's
--- fan-out over) gets the same offset and turn, kept in the tick's outcome
--- hash for as long as its claim. A tick older than the job's latest one
+-- fan-out over) gets the same offset and turn, kept in KEYS[2] for as long
+-- as the tick's claim. A tick older than the job's latest one
 -- (begun late) gets the latest rotation and turn and moves nothing.
 --
 -- KEYS
 --   1  <prefix>:fair:<job>                      hash: tick, turn, offset, n, first
---   2  <prefix>:tick:<job>:<tick_ms>:outcomes   hash: "#offset", "#turn" (and counts)
+--   2  <prefix>:tick:<job>:<tick_ms>:rotation   hash: offset, turn
 --
 -- ARGV
 --   1  the tick, ms
@@ -28,7 +28,7 @@
 
 local tick, n = tonumber(ARGV[1]), tonumber(ARGV[2])
 
-local kept = redis.call('HMGET', KEYS[2], '#offset', '#turn')
+local kept = redis.call('HMGET', KEYS[2], 'offset', 'turn')
 if kept[1] and kept[2] then
   return { tonumber(kept[1]), tonumber(kept[2]) }
 end
@@ -51,8 +51,6 @@ else
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 
-redis.call('HSET', KEYS[2], '#offset', offset, '#turn', turn)
-if redis.call('PTTL', KEYS[2]) < 0 then
-  redis.call('PEXPIRE', KEYS[2], ARGV[4])
-end
+redis.call('HSET', KEYS[2], 'offset', offset, 'turn', turn)
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
 return { offset, turn }

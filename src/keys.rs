@@ -104,6 +104,12 @@ impl KeySpace {
         format!("{}:starved:{job}", self.prefix)
     }
 
+    /// Where one tick of a job serves its items from, and its turn (hash:
+    /// offset, turn; `lua/rotate.lua`), kept as long as the tick's claim.
+    pub(crate) fn tick_rotation(&self, job: &str, tick_ms: i64) -> String {
+        format!("{}:tick:{job}:{tick_ms}:rotation", self.prefix)
+    }
+
     /// Outcome counts of one tick's tasks (hash: outcome -> count, plus "#items").
     pub(crate) fn tick_outcomes(&self, job: &str, tick_ms: i64) -> String {
         format!("{}:tick:{job}:{tick_ms}:outcomes", self.prefix)

@@ -472,7 +472,7 @@ impl Queue {
         let (offset, turn): (u64, u64) = ROTATE
             .call()
             .key(self.keys.fair(job))
-            .key(self.keys.tick_outcomes(job, tick))
+            .key(self.keys.tick_rotation(job, tick))
             .arg(tick)
             .arg(total)
             .arg(FAIR_TTL.as_millis() as u64)
