@@ -755,6 +755,38 @@ mod tests {
         assert_eq!(item_key(&[]), "-");
     }
 
+    /// Ids of a rotated tick sort in serving order (the backlog and apalis
+    /// hand out tasks due at the same moment by id), and every position
+    /// maps to one item.
+    #[test]
+    fn rotated_ids_sort_in_serving_order_and_cover_every_item() {
+        let fan = TickFanOut {
+            job: "j",
+            tick: 1_000,
+            origin: Origin::Tick,
+            who: "t",
+        };
+        for (total, offset) in [(12u64, 7u64), (5, 0), (5, 4), (1, 0), (101, 100)] {
+            let rotation = Rotation { offset, turn: 3 };
+            let mut tasks: Vec<TaskArgs> = (0..total)
+                .map(|p| {
+                    let i = rotation.index_at(p, total);
+                    assert_eq!(rotation.position_of(i, total), p);
+                    TaskArgs::in_rotation(&fan, rotation, total, i, vec![])
+                })
+                .collect();
+            let served: Vec<u64> = tasks.iter().map(|t| t.index).collect();
+            tasks.sort_by(|a, b| a.id.cmp(&b.id));
+            let by_id: Vec<u64> = tasks.iter().map(|t| t.index).collect();
+            assert_eq!(by_id, served, "total {total}, offset {offset}");
+            assert_eq!(served[0], offset % total);
+            let mut all = served.clone();
+            all.sort_unstable();
+            assert_eq!(all, (0..total).collect::<Vec<_>>());
+            assert!(tasks.iter().all(|t| t.turn == Some(3) && t.root == t.id));
+        }
+    }
+
     /// Regression: a busy copy and a retry of one task got the same id.
     #[test]
     fn busy_copies_and_retries_of_one_task_never_share_an_id() {
