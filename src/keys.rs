@@ -116,6 +116,24 @@ impl KeySpace {
         format!("{}:fanning", self.prefix)
     }
 
+    /// Where a job's ticks start serving their items (hash: tick, turn,
+    /// offset, n, first; `lua/rotate.lua`): one small hash per job.
+    pub(crate) fn fair(&self, job: &str) -> String {
+        format!("{}:fair:{job}", self.prefix)
+    }
+
+    /// A job's starved items (hash: item key -> the turn its starvation
+    /// began; `lua/finish.lua`), bounded by [`crate::schedule::STARVED_CAP`].
+    pub(crate) fn starved(&self, job: &str) -> String {
+        format!("{}:starved:{job}", self.prefix)
+    }
+
+    /// Where one tick of a job serves its items from, and its turn (hash:
+    /// offset, turn; `lua/rotate.lua`), kept as long as the tick's claim.
+    pub(crate) fn tick_rotation(&self, job: &str, tick_ms: i64) -> String {
+        format!("{}:tick:{job}:{tick_ms}:rotation", self.prefix)
+    }
+
     /// Outcome counts of one tick's tasks (hash: outcome -> count, plus "#items").
     pub(crate) fn tick_outcomes(&self, job: &str, tick_ms: i64) -> String {
         format!("{}:tick:{job}:{tick_ms}:outcomes", self.prefix)

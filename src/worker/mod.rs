@@ -67,6 +67,48 @@ const LOCK_TTL: Duration = Duration::from_secs(10);
 /// Wait before a task that found its item busy tries again.
 const BUSY_RETRY: Duration = Duration::from_secs(2);
 
+/// How long a job's starved items are kept after the last of them starved:
+/// longer than any gap between two ticks of a live job.
+const STARVED_TTL: Duration = Duration::from_secs(400 * 86_400);
+
+/// What a task's end says about its item's share of the quota, for fair
+/// rotation (`lua/finish.lua`, docs/outcomes.md "starved_ticks").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Served {
+    /// The quota (ours or the upstream's) said no before any page.
+    Starved,
+    /// It said no after some pages: served, but cut short.
+    Cut,
+    /// A spend was admitted and the task did not end on a "no".
+    Yes,
+    /// Neither: nothing was spent for another reason (superseded, a
+    /// request that could not be built, a job gone).
+    Neither,
+}
+
+impl Served {
+    fn of(o: &Outcome) -> Self {
+        match o.kind {
+            OutcomeKind::QuotaExhausted | OutcomeKind::UpstreamThrottled if o.pages == 0 => {
+                Served::Starved
+            }
+            OutcomeKind::QuotaExhausted | OutcomeKind::UpstreamThrottled => Served::Cut,
+            OutcomeKind::Done => Served::Yes,
+            _ if o.units > 0 || o.pages > 0 => Served::Yes,
+            _ => Served::Neither,
+        }
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Served::Starved => "starved",
+            Served::Cut => "cut",
+            Served::Yes => "served",
+            Served::Neither => "",
+        }
+    }
+}
+
 static FINISH: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../../lua/finish.lua")));
 
 /// Where the next page of an item's run starts. Holds no secret: a cursor
@@ -227,11 +269,14 @@ impl Worker {
             Some(d) if o.is_terminal() && o.kind.is_quota() => (d.as_millis() as u64).to_string(),
             _ => String::new(),
         };
-        FINISH
+        let item = task.item_key();
+        let starved_ticks: i64 = FINISH
             .call()
             .key(keys.task_done(&task.root))
             .key(keys.tick_outcomes(&task.job, task.tick))
             .key(keys.job_ticks(&task.job))
+            .key(keys.fair(&task.job))
+            .key(keys.starved(&task.job))
             .arg(o.kind.as_str())
             .arg(o.tick_field())
             .arg(DONE_TTL.as_secs())
@@ -240,8 +285,16 @@ impl Worker {
             .arg(history::TICKS_KEPT)
             .arg(history::TICKS_TTL.as_secs())
             .arg(last_error(task, o))
-            .invoke::<()>(&mut self.conn.clone())
+            .arg(Served::of(o).as_str())
+            .arg(task.tick)
+            .arg(task.index)
+            .arg(task.turn.map(|t| t.to_string()).unwrap_or_default())
+            .arg(&item)
+            .arg(STARVED_TTL.as_millis() as u64)
+            .arg(crate::schedule::STARVED_CAP)
+            .invoke(&mut self.conn.clone())
             .await?;
+        let starved_ticks = u64::try_from(starved_ticks).ok();
         self.stats.outcome(o.kind);
         metrics::counter!("qw_tasks_total", "qw_job" => task.job.clone(), "outcome" => o.kind.as_str())
             .increment(1);
@@ -254,7 +307,7 @@ impl Worker {
         if !o.is_terminal() {
             Stats::add(&self.stats.requeued, 1);
         }
-        log_outcome(task, job, o);
+        log_outcome(task, job, o, starved_ticks);
         if let Some(tx) = &self.events {
             // Nobody listening is fine.
             let _ = tx.send(OutcomeEvent {
@@ -287,7 +340,7 @@ fn last_error(task: &TaskArgs, o: &Outcome) -> String {
 }
 
 /// Every outcome is one structured line: job, item, page, units, retry-after.
-fn log_outcome(task: &TaskArgs, job: Option<&Job>, o: &Outcome) {
+fn log_outcome(task: &TaskArgs, job: Option<&Job>, o: &Outcome, starved_ticks: Option<u64>) {
     let item = task.item_key();
     let retry_after_ms = o.retry_after.map(|d| d.as_millis() as u64);
     let requeued_in_ms = o.requeued_in.map(|d| d.as_millis() as u64);
@@ -309,6 +362,7 @@ fn log_outcome(task: &TaskArgs, job: Option<&Job>, o: &Outcome) {
                 requeued_in_ms,
                 status = o.status,
                 not_modified = o.not_modified.then_some(true),
+                starved_ticks,
                 "{}",
                 o.detail
             )

@@ -154,8 +154,8 @@ pub(crate) struct JobStatus {
     pub(crate) open_tasks: u64,
     /// Its last failure (or retry after one).
     pub(crate) last_error: Option<ErrorStatus>,
-    /// Items starved tick after tick (issue 13's fairness), when the daemon
-    /// records them; absent until then.
+    /// Its items starved now (docs/jobs.md, "Fairness"), the most starved
+    /// first, at most 20; absent when none is.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) starved: Option<Vec<Starved>>,
 }
@@ -217,13 +217,18 @@ fn drift(w: &WindowUsage) -> Option<u64> {
     Some(w.drift)
 }
 
-/// A job's starved items, where the daemon records them.
-///
-/// STARVED: the one place issue 13's starved items plug in (fairness:
-/// `starved_ticks` per item); until it records them the page shows no such
-/// field.
-fn starved(_job: &Job) -> Option<Vec<Starved>> {
-    None
+/// How many of a job's starved items the page lists (the most starved).
+const STARVED_SHOWN: usize = 20;
+
+/// A job's starved items as the page shows them (docs/jobs.md, "Fairness"):
+/// none when no item is starved now.
+fn starved_list(s: crate::schedule::StarvedItems) -> Option<Vec<Starved>> {
+    (!s.items.is_empty()).then(|| {
+        s.items
+            .into_iter()
+            .map(|(item, ticks)| Starved { item, ticks })
+            .collect()
+    })
 }
 
 /// Reads everything the page shows, each read within the budget; what
@@ -256,11 +261,17 @@ pub(crate) async fn gather(s: &OpsState) -> Status {
         join_all(jobs.iter().map(|j| {
             let mut conn = conn.clone();
             async move {
-                bounded(
+                let record = bounded(
                     "status page: a job's ticks",
                     history::read_job(&mut conn, keys, &j.name),
                 )
-                .await
+                .await;
+                let starved = bounded(
+                    "status page: a job's starved items",
+                    crate::schedule::starved_items(&mut conn, keys, &j.name, STARVED_SHOWN),
+                )
+                .await;
+                (record, starved)
             }
         })),
     );
@@ -307,12 +318,14 @@ pub(crate) async fn gather(s: &OpsState) -> Status {
     let jobs = jobs
         .iter()
         .zip(records)
-        .map(|(job, record)| {
-            if record.is_none() {
+        .map(|(job, (record, starved))| {
+            if record.is_none() || starved.is_none() {
                 redis_up = false;
             }
             let (ticks, error) = record.unwrap_or_default();
-            job_status(s, job, ticks, error)
+            let mut status = job_status(s, job, ticks, error);
+            status.starved = starved.and_then(starved_list);
+            status
         })
         .collect();
     Status {
@@ -443,7 +456,7 @@ fn job_status(
             status: e.status,
             detail: e.detail,
         }),
-        starved: starved(job),
+        starved: None,
     }
 }
 
