@@ -9,7 +9,7 @@
 --
 -- KEYS
 --   1 .. #KEYS-2  the credential's spend keys, laid out as lua/spend.lua's header says
---   #KEYS-1       <prefix>:{<credential>}:blocked:why     string: the reason of the block
+--   #KEYS-1       <prefix>:{<credential>}:blocked:kind    string: the reason of the block
 --                                                         in force, expiring with it
 --   #KEYS         <prefix>:{<credential>}:blocked:streak  string: doubling blocks in a row
 --
@@ -22,8 +22,10 @@
 --   #ARGV         how long a streak is remembered after its last block ends, ms
 --
 -- Returns
---   {blocked_for_ms, streak}: the block in force (ours, or a longer one
---   already there), and the streak this block is part of (0: not doubling).
+--   {blocked_for_ms, streak, ours}: the block in force (ours, or a longer one
+--   already there), the streak this block is part of (0: not doubling), and
+--   1 when ours is the block in force (0: a longer one was, and keeps its
+--   reason).
 --
 -- A doubling block met while a block of the same reason is in force does not
 -- lengthen the streak: it answers a request sent before that block began.
@@ -57,8 +59,10 @@ local r = spend_main(keys, argv)
 if r.err then
   return r
 end
+local ours = 0
 if r[1] <= ms then
   -- Ours is the block in force: its reason is ours.
   redis.call('SET', why_key, reason, 'PX', ms)
+  ours = 1
 end
-return { r[1], streak }
+return { r[1], streak, ours }

@@ -413,6 +413,11 @@ pub(crate) enum Reply {
 }
 
 impl Reply {
+    /// The HTTP status it came with, if it came with one.
+    pub(crate) fn status(&self) -> Option<u16> {
+        self.status_label().parse().ok()
+    }
+
     /// The label of `qw_upstream_responses_total`'s `status`.
     fn status_label(&self) -> String {
         match self {

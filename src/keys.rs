@@ -35,10 +35,11 @@ impl KeySpace {
         format!("{}:blocked", self.credential(credential))
     }
 
-    /// Why the credential is blocked (`BlockReason`'s stable string),
-    /// expiring with the block it explains (`lua/block.lua`).
-    pub(crate) fn block_reason(&self, credential: &str) -> String {
-        format!("{}:blocked:why", self.credential(credential))
+    /// Why the credential is blocked, in one stable word
+    /// (`quota::BlockReason`), expiring with the block it explains
+    /// (`lua/block.lua`).
+    pub(crate) fn block_kind(&self, credential: &str) -> String {
+        format!("{}:blocked:kind", self.credential(credential))
     }
 
     /// How many secondary-limit blocks in a row the credential has had
@@ -71,6 +72,22 @@ impl KeySpace {
                 .map(|k| format!("{base}:{LAYOUT}:{k}"))
                 .to_vec(),
             WindowKind::Fixed { .. } => vec![format!("{base}:fixed")],
+        }
+    }
+
+    /// Why the credential is blocked (JSON, `history::BlockReason`), kept
+    /// as long as the block it explains.
+    pub(crate) fn block_reason(&self, credential: &str) -> String {
+        format!("{}:blocked:why", self.credential(credential))
+    }
+
+    /// The 24-hour ring of units spent per 5 minutes (`lua/history.lua`)
+    /// of one scope of a credential's windows: every window of a scope sees
+    /// the same spends.
+    pub(crate) fn spent(&self, credential: &str, scope: &Scope) -> String {
+        match scope {
+            Scope::Credential => format!("{}:spent:cred", self.credential(credential)),
+            Scope::Endpoint(e) => format!("{}:spent:ep:{e}", self.credential(credential)),
         }
     }
 
@@ -112,9 +129,33 @@ impl KeySpace {
         format!("{}:fanning", self.prefix)
     }
 
+    /// Where a job's ticks start serving their items (hash: tick, turn,
+    /// offset, n, first; `lua/rotate.lua`): one small hash per job.
+    pub(crate) fn fair(&self, job: &str) -> String {
+        format!("{}:fair:{job}", self.prefix)
+    }
+
+    /// A job's starved items (hash: item key -> the turn its starvation
+    /// began; `lua/finish.lua`), bounded by [`crate::schedule::STARVED_CAP`].
+    pub(crate) fn starved(&self, job: &str) -> String {
+        format!("{}:starved:{job}", self.prefix)
+    }
+
+    /// Where one tick of a job serves its items from, and its turn (hash:
+    /// offset, turn; `lua/rotate.lua`), kept as long as the tick's claim.
+    pub(crate) fn tick_rotation(&self, job: &str, tick_ms: i64) -> String {
+        format!("{}:tick:{job}:{tick_ms}:rotation", self.prefix)
+    }
+
     /// Outcome counts of one tick's tasks (hash: outcome -> count, plus "#items").
     pub(crate) fn tick_outcomes(&self, job: &str, tick_ms: i64) -> String {
         format!("{}:tick:{job}:{tick_ms}:outcomes", self.prefix)
+    }
+
+    /// One job's newest ticks' outcome counts and its last error
+    /// (hash, `lua/finish.lua`), for the status page.
+    pub(crate) fn job_ticks(&self, job: &str) -> String {
+        format!("{}:ticks:{job}", self.prefix)
     }
 
     /// The pagination checkpoint of one job's fan-out item.

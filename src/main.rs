@@ -95,7 +95,7 @@ enum Command {
         #[arg(required_unless_present = "script")]
         endpoint: Option<String>,
         /// Print the spend script itself instead
-        #[arg(long, conflicts_with_all = ["endpoint", "cost"])]
+        #[arg(long, conflicts_with_all = ["endpoint", "cost", "reserve"])]
         script: bool,
         /// Units to spend [default: the endpoint's cost]
         #[arg(long)]

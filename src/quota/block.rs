@@ -107,6 +107,9 @@ pub struct Blocked {
     pub blocked_for: Duration,
     /// The streak this block is part of (1 = first); 0 for a fixed block.
     pub streak: u32,
+    /// Whether this block is the one in force (not a longer one already
+    /// there, whose reason stays).
+    pub ours: bool,
 }
 
 impl Limiter {
@@ -134,7 +137,7 @@ impl Limiter {
         let ks = self.quotas.keys();
         let mut call = SCRIPT.call();
         call.key(&plan.keys)
-            .key(ks.block_reason(credential))
+            .key(ks.block_kind(credential))
             .key(ks.block_streak(credential))
             .arg(args);
         let mut conn = self.conn.clone();
@@ -142,12 +145,13 @@ impl Limiter {
             .await
             .map_err(|_| QuotaError::Timeout(self.timeout))?
             .map_err(QuotaError::from_redis)?;
-        let [blocked_ms, streak] = reply[..] else {
+        let [blocked_ms, streak, ours] = reply[..] else {
             return Err(QuotaError::Script(format!("block returned {reply:?}")));
         };
         Ok(Blocked {
             blocked_for: Duration::from_millis(blocked_ms.max(0) as u64),
             streak: streak.clamp(0, i64::from(u32::MAX)) as u32,
+            ours: ours == 1,
         })
     }
 
@@ -155,7 +159,7 @@ impl Limiter {
     /// block set by `block` alone, or by an older version, did not).
     pub async fn block_reason(&self, credential: &str) -> Result<Option<BlockReason>, QuotaError> {
         self.quotas.credential(credential)?;
-        let key = self.quotas.keys().block_reason(credential);
+        let key = self.quotas.keys().block_kind(credential);
         let mut conn = self.conn.clone();
         let word: Option<String> = tokio::time::timeout(self.timeout, conn.get(key))
             .await

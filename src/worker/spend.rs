@@ -10,13 +10,14 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::page::{Progress, Run};
 use super::{TaskError, Worker};
 use crate::accounting::{Block, Left, Verdict};
 use crate::config::Endpoint;
 use crate::fetch::Reply;
+use crate::history;
 use crate::outcome::{Outcome, OutcomeKind};
 use crate::quota::{BlockFor, BlockReason, Decision, RejectedBy};
 use crate::stats::Stats;
@@ -157,7 +158,10 @@ impl Worker {
                 .await
         };
         let recorded = match decision {
-            Ok(Decision::Allowed { .. }) => true,
+            Ok(Decision::Allowed { .. }) => {
+                self.record_spent(run.endpoint, run.endpoint.cost.get() as i64);
+                true
+            }
             Ok(Decision::Unchecked) => false,
             Ok(Decision::Rejected(r)) => {
                 Stats::add(&self.stats.rejected_spends, 1);
@@ -204,7 +208,14 @@ impl Worker {
             self.resync(endpoint, spent, left).await;
         }
         let b = verdict.block?;
-        let blocked = self.block(endpoint, &b).await;
+        // A refusal's status says what happened; a page with nothing left
+        // after it has none to tell.
+        let status = if verdict.refused {
+            reply.status()
+        } else {
+            None
+        };
+        let blocked = self.block(endpoint, &b, status).await;
         Some(Applied {
             blocked,
             reason: b.reason,
@@ -277,7 +288,10 @@ impl Worker {
             .settle(&endpoint.name, request_id, actual)
             .await
         {
-            Ok(_) => p.units = p.units - cost + actual,
+            Ok(_) => {
+                p.units = p.units - cost + actual;
+                self.record_spent(endpoint, actual as i64 - cost as i64);
+            }
             Err(e) => error!(endpoint = %endpoint.name, request_id, actual, error = %e,
                              "could not settle a request to its reported cost; the windows keep the configured cost"),
         }
@@ -290,17 +304,45 @@ impl Worker {
         }
         let request_id = &spent.request_id;
         match self.limiter.settle(&endpoint.name, request_id, 0).await {
-            Ok(_) => p.units -= endpoint.cost.get(),
+            Ok(_) => {
+                p.units -= endpoint.cost.get();
+                self.record_spent(endpoint, -(endpoint.cost.get() as i64));
+            }
             Err(e) => error!(endpoint = %endpoint.name, request_id, error = %e,
                              "could not refund a request that never left; its units stay spent"),
         }
     }
 
+    /// Adds `units` (negative: given back) to the status page's 24-hour
+    /// spend history of the endpoint's windows (`crate::history`), off the
+    /// task's path: the write runs on its own, and a lost one only thins
+    /// the chart.
+    ///
+    /// The one place the history is written. Once spend.lua v2 can run
+    /// extra work in its own call, this moves into the spend (and settle)
+    /// script and costs no round trip of its own.
+    fn record_spent(&self, endpoint: &Endpoint, units: i64) {
+        let Ok(plan) = self.limiter.quotas().endpoint(&endpoint.name) else {
+            return;
+        };
+        let rings = history::rings(self.keys(), &plan.plan);
+        let mut conn = self.conn.clone();
+        tokio::spawn(async move {
+            if let Err(e) = history::record_spent(&mut conn, &rings, units).await {
+                debug!(error = %e, "could not record the spend history");
+            }
+        });
+    }
+
     /// Blocks the endpoint's credential as `b` says (at most `max_block`)
-    /// and returns the block in force. A block Redis does not take is never
-    /// ignored: it is logged as an error and held by this daemon itself
-    /// ([`LocalBlocks`]), so no spend of this daemon goes through meanwhile.
-    async fn block(&self, endpoint: &Endpoint, b: &Block) -> Duration {
+    /// and returns the block in force. Its reason is kept beside it in
+    /// Redis (the stable word, `quota::BlockReason`), and when this block
+    /// is the one in force, the status page's account of it
+    /// (`history::BlockReason`: what the upstream answered, on which
+    /// endpoint). A block Redis does not take is never ignored: it is
+    /// logged as an error and held by this daemon itself ([`LocalBlocks`]),
+    /// so no spend of this daemon goes through meanwhile.
+    async fn block(&self, endpoint: &Endpoint, b: &Block, status: Option<u16>) -> Duration {
         let bound = |d: Duration| d.min(endpoint.max_block).max(Duration::from_millis(1));
         let for_ = match b.for_ {
             BlockFor::Fixed(d) => BlockFor::Fixed(bound(d)),
@@ -314,6 +356,32 @@ impl Worker {
             Ok(blocked) => {
                 info!(credential = %credential, reason = %b.reason, blocked_ms = blocked.blocked_for.as_millis() as u64,
                       streak = blocked.streak, "the upstream's accounting blocks the credential");
+                if blocked.ours {
+                    let detail = b
+                        .detail
+                        .as_ref()
+                        .map(|d| format!(" ({d})"))
+                        .unwrap_or_default();
+                    let said = match status {
+                        Some(s) => format!("upstream answered {s}{detail}"),
+                        None => format!("upstream reports nothing left ({})", b.reason),
+                    };
+                    let why = history::BlockReason {
+                        why: said,
+                        status,
+                        reason: b.detail.clone(),
+                        endpoint: endpoint.name.clone(),
+                        kind: Some(b.reason.as_str().to_owned()),
+                    };
+                    let mut conn = self.conn.clone();
+                    let keys = self.keys();
+                    let (ms, reason) = (blocked.blocked_for, &why);
+                    if let Err(e) =
+                        history::record_block(&mut conn, keys, credential, ms, reason).await
+                    {
+                        debug!(error = %e, "could not record why the credential is blocked");
+                    }
+                }
                 blocked.blocked_for
             }
             Err(e) => {

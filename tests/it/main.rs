@@ -42,6 +42,7 @@ mod accounting_github;
 mod accounting_ietf;
 mod accounting_meta;
 mod accounting_shopify;
+mod fairness;
 mod fan_out_from;
 mod fan_out_large;
 mod incremental;
@@ -75,6 +76,7 @@ mod logs;
 mod metrics;
 mod notify;
 mod secrets;
+mod status_page;
 mod units;
 mod watchdog;
 

@@ -309,4 +309,17 @@ fn check_shows_a_jobs_reserve_and_refuses_one_that_leaves_no_room() {
         assert!(err.contains("crawl.reserve"), "{reserve}: the field: {err}");
         assert!(err.contains(why), "{reserve}: {err}");
     }
+
+    // An endpoint that does not charge the credential is held only to its
+    // own windows: 95% of its 100 leaves 5, though of k's 10 it would leave 0.
+    let own = format!(
+        "{main}\n[endpoints.own]\ncredential = \"k\"\ncost = 1\ncharge_credential = false\n\
+         windows = [{{ units = 100, per = \"1d\", kind = \"fixed\" }}]\n"
+    );
+    let cfg = TestConfig::new(
+        &own,
+        &[("crawl.toml", &job("95%").replace("\"e\"", "\"own\""))],
+    );
+    let out = cfg.run(&["check"], &[("K", "x"), ("S", "y")]);
+    assert_eq!(out.status.code(), Some(0), "{}", support::stderr(&out));
 }

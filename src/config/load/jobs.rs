@@ -171,7 +171,10 @@ impl Loader<'_> {
         let Some(ep) = endpoint else {
             return reserve;
         };
-        let own = self.credential_windows.get(&ep.credential);
+        // The credential's windows count only when the endpoint charges it.
+        let own = (ep.charge_credential)
+            .then(|| self.credential_windows.get(&ep.credential))
+            .flatten();
         let tightest =
             (own.into_iter().flatten().chain(&ep.windows)).min_by_key(|w| w.admits(reserve));
         if let Some(w) = tightest.filter(|w| ep.cost.get() > w.admits(reserve)) {
