@@ -142,11 +142,13 @@ impl Rig {
     }
 
     /// Ends the block in force now, as if its time had passed (a test
-    /// cannot wait a minute); the reason goes with it, as it would.
+    /// cannot wait a minute); its reasons go with it, as they would (the
+    /// streak stays: it outlives the block by an hour).
     pub(crate) fn end_block(&self) {
         let () = self.redis.cmd(&[
             "DEL",
             &format!("qw:{{{CRED}}}:blocked"),
+            &format!("qw:{{{CRED}}}:blocked:kind"),
             &format!("qw:{{{CRED}}}:blocked:why"),
         ]);
     }
