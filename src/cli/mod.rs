@@ -108,7 +108,10 @@ pub(crate) fn quota_error(config: &Config, e: &crate::quota::QuotaError) -> Exit
         eprintln!("error: {e}");
     }
     match e {
-        Q::UnknownEndpoint(_) | Q::UnknownCredential(_) | Q::CostTooLarge { .. } => Exit::Usage,
+        Q::UnknownEndpoint(_)
+        | Q::UnknownCredential(_)
+        | Q::TemplateNeedsTenant(..)
+        | Q::CostTooLarge { .. } => Exit::Usage,
         Q::Timeout(_) | Q::Unavailable(_) => Exit::Unavailable,
         Q::Script(_) => Exit::Software,
     }

@@ -27,6 +27,8 @@ pub(super) struct Spent {
     /// Whether the windows recorded it (not when Redis could not answer on a
     /// `fail-open` endpoint): only a recorded spend is settled or refunded.
     recorded: bool,
+    /// The tenant it was spent on (template credentials), settled there.
+    tenant: Option<String>,
 }
 
 /// What a page's spend came to.
@@ -72,7 +74,7 @@ impl Worker {
     /// Spends the page's cost from the endpoint's windows (unless this
     /// daemon holds the credential blocked itself).
     pub(super) async fn spend(&self, run: &Run<'_>, p: &Progress) -> Result<Admission, TaskError> {
-        if let Some(left) = self.local_blocks.left(&run.endpoint.credential) {
+        if let Some(left) = self.local_blocks.left(&run.credential) {
             let why = "credential blocked by this daemon (Redis did not take the upstream's block)";
             let kind = OutcomeKind::QuotaExhausted;
             let o = self.wait_for_quota(run, p, kind, left, why).await?;
@@ -87,8 +89,9 @@ impl Worker {
         let decision = if self.skip_spend {
             Ok(Decision::Unchecked)
         } else {
-            self.limiter
-                .spend(&run.endpoint.name, None, &request_id)
+            let tenant = run.tenant.as_deref();
+            (self.limiter)
+                .spend_for(&run.endpoint.name, tenant, None, &request_id)
                 .await
         };
         let recorded = match decision {
@@ -111,6 +114,7 @@ impl Worker {
         Ok(Admission::Spent(Spent {
             request_id,
             recorded,
+            tenant: run.tenant.clone(),
         }))
     }
 
@@ -146,9 +150,9 @@ impl Worker {
             return;
         }
         let request_id = &spent.request_id;
-        match self
-            .limiter
-            .settle(&endpoint.name, request_id, actual)
+        let tenant = spent.tenant.as_deref();
+        match (self.limiter)
+            .settle_for(&endpoint.name, tenant, request_id, actual)
             .await
         {
             Ok(_) => p.units = p.units - cost + actual,
@@ -163,7 +167,11 @@ impl Worker {
             return;
         }
         let request_id = &spent.request_id;
-        match self.limiter.settle(&endpoint.name, request_id, 0).await {
+        let tenant = spent.tenant.as_deref();
+        match (self.limiter)
+            .settle_for(&endpoint.name, tenant, request_id, 0)
+            .await
+        {
             Ok(_) => p.units -= endpoint.cost.get(),
             Err(e) => error!(endpoint = %endpoint.name, request_id, error = %e,
                              "could not refund a request that never left; its units stay spent"),
@@ -174,14 +182,17 @@ impl Worker {
     /// and returns the block in force. A block Redis does not take is never
     /// ignored: it is logged as an error and held by this daemon itself
     /// ([`LocalBlocks`]), so no spend of this daemon goes through meanwhile.
-    pub(super) async fn block(&self, endpoint: &Endpoint, wait: Duration) -> Duration {
-        let wait = wait.min(endpoint.max_block).max(Duration::from_millis(1));
-        match self.limiter.block(&endpoint.credential, wait).await {
+    /// A template credential's tenant is blocked alone.
+    pub(super) async fn block(&self, run: &Run<'_>, wait: Duration) -> Duration {
+        let wait = wait
+            .min(run.endpoint.max_block)
+            .max(Duration::from_millis(1));
+        match self.limiter.block(&run.credential, wait).await {
             Ok(blocked) => blocked,
             Err(e) => {
-                error!(credential = %endpoint.credential, block_ms = wait.as_millis() as u64, error = %e,
+                error!(credential = %run.credential, block_ms = wait.as_millis() as u64, error = %e,
                        "could not record the upstream's block in Redis; this daemon holds the credential blocked itself");
-                self.local_blocks.hold(&endpoint.credential, wait);
+                self.local_blocks.hold(&run.credential, wait);
                 wait
             }
         }

@@ -16,7 +16,7 @@ mod windows;
 
 pub(super) use credentials::read_secret;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
 use chrono_tz::Tz;
@@ -34,6 +34,9 @@ pub(super) struct Loader<'a> {
     /// Endpoints that are defined but invalid (already reported): a job
     /// naming one is not told the endpoint is unknown.
     invalid_endpoints: BTreeSet<String>,
+    /// Template credentials (`template = "account"`): their placeholder,
+    /// which every job charged to one must fill.
+    templates: HashMap<String, String>,
 }
 
 impl<'a> Loader<'a> {
@@ -42,6 +45,7 @@ impl<'a> Loader<'a> {
             env,
             errors: Vec::new(),
             invalid_endpoints: BTreeSet::new(),
+            templates: HashMap::new(),
         }
     }
 
@@ -157,7 +161,7 @@ fn read_source(path: &Path) -> Result<Source, ConfigError> {
 /// Reads a file of at most `limit` bytes (`what` names the kind of file in
 /// the error). Anything but a regular file is refused unopened: reading a
 /// device (`-c /dev/zero`) never ends, opening a FIFO blocks.
-fn read_bounded(path: &Path, limit: u64, what: &str) -> Result<String, String> {
+pub(super) fn read_bounded(path: &Path, limit: u64, what: &str) -> Result<String, String> {
     use std::io::Read;
     use std::os::unix::fs::FileTypeExt;
 
