@@ -42,6 +42,7 @@ mod queue_pitfalls;
 mod quota_exhausted;
 mod retries;
 mod sink;
+mod templates;
 mod trigger;
 mod trigger_exit_codes;
 mod upstream_throttle;
