@@ -1187,6 +1187,7 @@ mod tests {
             cost: NonZeroU64::MIN,
             limiter_unavailable: LimiterUnavailable::FailClosed,
             windows: vec![],
+            charge_credential: true,
             timeout: Duration::from_secs(1),
             throttle_block: Duration::from_secs(60),
             quota_reasons: vec!["quotaExceeded".into(), "rateLimitExceeded".into()],

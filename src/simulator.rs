@@ -102,6 +102,8 @@ pub struct SimConfig {
     pub ratelimit_headers: bool,
     /// Every answer to a valid key carries [`COST_HEADER`].
     pub cost_header: bool,
+    /// Path → a limit of its own per key ([`SimConfig::bucket`]).
+    pub buckets: Vec<(String, Limit)>,
     /// How it pages ([`SimStyle::Token`], YouTube's, unless set).
     pub style: SimStyle,
     /// GitHub-like conditional requests (with [`SimStyle::Link`]): every
@@ -129,6 +131,7 @@ impl Default for SimConfig {
             items_per_page: 5,
             ratelimit_headers: false,
             cost_header: false,
+            buckets: Vec::new(),
             style: SimStyle::Token,
             etag: false,
             next_origin: None,
@@ -150,6 +153,18 @@ impl SimConfig {
         let path = path.into();
         self.costs.retain(|(p, _)| *p != path);
         self.costs.push((path, cost));
+        self
+    }
+
+    /// Requests to `path` count against a limit of their own per key,
+    /// `units` per `per`, not against the key's main window (YouTube's
+    /// `search.list`: 100 calls a day apart from the 10,000 units). The
+    /// bucket is fixed when the key is ([`KeyQuota::fixed`]).
+    #[must_use]
+    pub fn bucket(mut self, path: impl Into<String>, units: u64, per: Duration) -> Self {
+        let path = path.into();
+        self.buckets.retain(|(p, _)| *p != path);
+        self.buckets.push((path, Limit { units, per }));
         self
     }
 
@@ -190,6 +205,9 @@ pub struct KeyQuota {
     /// An optional second, short limit (YouTube's per-minute limit); going
     /// over it is answered 403 `rateLimitExceeded`.
     pub rate: Option<Limit>,
+    /// Whether its windows are fixed ([`KeyQuota::fixed`]) rather than
+    /// trailing.
+    pub fixed: bool,
 }
 
 impl KeyQuota {
@@ -200,7 +218,19 @@ impl KeyQuota {
             units,
             per,
             rate: None,
+            fixed: false,
         }
+    }
+
+    /// Its main window and buckets count per calendar period, each starting
+    /// at a wall-clock multiple of its length since the Unix epoch (a day's
+    /// start in UTC and, for periods that divide an hour, in every zone
+    /// with whole-hour offsets), as YouTube's daily quota resets at
+    /// midnight Pacific. The short limit stays trailing.
+    #[must_use]
+    pub fn fixed(mut self) -> Self {
+        self.fixed = true;
+        self
     }
 
     /// Adds a short limit of `units` per trailing `per`.
@@ -347,6 +377,26 @@ impl SimStats {
             max = max.max(sum);
         }
         max
+    }
+
+    /// The most units `key` was charged in one fixed period of length
+    /// `period` ([`KeyQuota::fixed`]), counting only requests to the paths
+    /// `counts` accepts: the number to compare with a fixed window.
+    pub fn max_units_in_any_period(
+        &self,
+        key: &str,
+        period: Duration,
+        counts: impl Fn(&str) -> bool,
+    ) -> u64 {
+        let mut per_period: HashMap<u64, u64> = HashMap::new();
+        for c in self
+            .charges
+            .iter()
+            .filter(|c| c.key == key && counts(&c.path))
+        {
+            *per_period.entry(period_of(c.time, period)).or_default() += c.cost;
+        }
+        per_period.into_values().max().unwrap_or(0)
     }
 
     /// Every page fetched (charged), as `(path, scope, page_token)`, in order.
@@ -522,6 +572,7 @@ struct Shared {
     items: u32,
     ratelimit_headers: bool,
     cost_header: bool,
+    buckets: HashMap<String, Limit>,
     style: SimStyle,
     etag: bool,
     /// `http://127.0.0.1:PORT`: its own origin.
@@ -536,6 +587,9 @@ struct Shared {
 struct SimState {
     /// Per key: its charges still inside its longest window, oldest first.
     windows: HashMap<String, VecDeque<(Instant, u64)>>,
+    /// Per fixed window (a key, or a key's bucket): its period and the
+    /// units used in it.
+    periods: HashMap<String, (u64, u64)>,
     faults: VecDeque<Queued>,
     stats: SimStats,
     /// When every item was last updated ([`Simulator::touch`]).
@@ -572,12 +626,14 @@ impl Shared {
             items: config.items_per_page,
             ratelimit_headers: config.ratelimit_headers,
             cost_header: config.cost_header,
+            buckets: config.buckets.into_iter().collect(),
             style: config.style,
             etag: config.etag,
             base,
             next_origin: config.next_origin,
             state: Mutex::new(SimState {
                 windows: HashMap::new(),
+                periods: HashMap::new(),
                 faults: VecDeque::new(),
                 stats,
                 updated_at: Utc::now(),
@@ -622,29 +678,54 @@ impl Shared {
         let mut st = self.lock();
         // Taken under the lock, so charges are recorded in time order.
         let now = Instant::now();
-        let longest = quota.rate.map_or(quota.per, |r| r.per.max(quota.per));
-        let window = st.windows.entry(quota.key.clone()).or_default();
+        let wall = Utc::now();
+        // A bucket of its own, or the key's main window (and short limit).
+        let (window_id, limit, rate) = match self.buckets.get(&page.path) {
+            Some(b) => (format!("{}\u{1f}{}", quota.key, page.path), *b, None),
+            None => {
+                let main = Limit {
+                    units: quota.units,
+                    per: quota.per,
+                };
+                (quota.key.clone(), main, quota.rate)
+            }
+        };
+        let st = &mut *st;
+        let fixed_over = quota
+            .fixed
+            .then(|| fixed_over(&st.periods, &window_id, limit, wall, cost))
+            .flatten();
+        let longest = rate.map_or(limit.per, |r| r.per.max(limit.per));
+        let window = st.windows.entry(window_id.clone()).or_default();
         while window
             .front()
             .is_some_and(|(at, _)| now.saturating_duration_since(*at) >= longest)
         {
             window.pop_front();
         }
-        let over = if used(window, now, quota.per) + cost > quota.units {
+        let over = if let Some(wait) = fixed_over {
+            Some(Over::Quota(wait))
+        } else if !quota.fixed && used(window, now, limit.per) + cost > limit.units {
             Some(Over::Quota(frees_in(
                 window,
                 now,
-                quota.units,
-                quota.per,
+                limit.units,
+                limit.per,
                 cost,
             )))
-        } else if quota
-            .rate
-            .is_some_and(|r| used(window, now, r.per) + cost > r.units)
-        {
+        } else if rate.is_some_and(|r| used(window, now, r.per) + cost > r.units) {
             Some(Over::Rate)
         } else {
             window.push_back((now, cost));
+            if quota.fixed {
+                let (p, used) = st.periods.entry(window_id).or_insert((0, 0));
+                let period = period_of(wall, limit.per);
+                if *p != period {
+                    *p = period;
+                    *used = 0;
+                }
+                *used += cost;
+            }
             None
         };
         let ks = st.stats.keys.entry(quota.key.clone()).or_default();
@@ -656,7 +737,7 @@ impl Shared {
         ks.ok += 1;
         st.stats.charges.push(Charge {
             at: now,
-            time: Utc::now(),
+            time: wall,
             key: quota.key.clone(),
             path: page.path.clone(),
             cost,
@@ -704,6 +785,36 @@ impl Shared {
             headers.insert(HeaderName::from_static(name), HeaderValue::from(value));
         }
     }
+}
+
+/// The fixed period `at` falls in: wall-clock multiples of `per` since the
+/// Unix epoch.
+fn period_of(at: DateTime<Utc>, per: Duration) -> u64 {
+    let per_ms = per.as_millis().max(1);
+    (at.timestamp_millis().max(0) as u128 / per_ms) as u64
+}
+
+/// When a fixed window (`periods[id]`) cannot take `cost` at `at`: how long
+/// until its next period starts; `None` when it can.
+fn fixed_over(
+    periods: &HashMap<String, (u64, u64)>,
+    id: &str,
+    limit: Limit,
+    at: DateTime<Utc>,
+    cost: u64,
+) -> Option<Duration> {
+    let period = period_of(at, limit.per);
+    let used = match periods.get(id) {
+        Some((p, used)) if *p == period => *used,
+        _ => 0,
+    };
+    if used + cost <= limit.units {
+        return None;
+    }
+    let per_ms = limit.per.as_millis().max(1);
+    let next_ms = (u128::from(period) + 1) * per_ms;
+    let now_ms = at.timestamp_millis().max(0) as u128;
+    Some(Duration::from_millis(next_ms.saturating_sub(now_ms) as u64))
 }
 
 /// Units in `window` charged less than `per` ago.

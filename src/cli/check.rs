@@ -28,6 +28,9 @@ pub async fn run(config: &Config, now: DateTime<Utc>) -> Exit {
         );
         return Exit::Config;
     }
+    if let Err(code) = super::check_sinks(config) {
+        return code;
+    }
     let (config, sources) = read_sources(config).await;
     print!("{}", report(&config, now, &sources));
     redis_eviction(&config).await
@@ -249,12 +252,16 @@ fn window_rows<'a>(config: &'a Config, credential: &str, own: &'a [Window]) -> V
         .values()
         .filter(|j| config.endpoints[&j.endpoint].credential == credential)
         .collect();
+    // An endpoint with charge_credential = false spends only from its own.
+    let charged: Vec<&Job> = (cred_jobs.iter().copied())
+        .filter(|j| config.endpoints[&j.endpoint].charge_credential)
+        .collect();
     let mut rows: Vec<Row<'a>> = own
         .iter()
         .map(|window| Row {
             scope: Scope::Credential,
             window,
-            jobs: cred_jobs.clone(),
+            jobs: charged.clone(),
         })
         .collect();
     for ep in (config.endpoints.values()).filter(|e| e.credential == credential) {

@@ -59,6 +59,8 @@ pub const WINDOW_TIMEZONE: Tz = Tz::UTC;
 
 /// An endpoint's `limiter_unavailable`: never risk the upstream's quota.
 pub const LIMITER_UNAVAILABLE: LimiterUnavailable = LimiterUnavailable::FailClosed;
+/// An endpoint's spends count against its credential's windows too.
+pub const CHARGE_CREDENTIAL: bool = true;
 /// An endpoint's request `timeout`.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// An endpoint's `throttle_block`.

@@ -374,6 +374,11 @@ pub struct Endpoint {
     pub limiter_unavailable: LimiterUnavailable,
     /// Windows of its own, checked in the same spend as the credential's.
     pub windows: Vec<Window>,
+    /// Whether its spends also count against the credential's windows
+    /// (`charge_credential`, default true). When false only its own
+    /// `windows` count (a bucket of its own, as YouTube's `search.list`
+    /// has); the credential's block still applies.
+    pub charge_credential: bool,
     /// Request timeout.
     pub timeout: Duration,
     /// How long to block the credential when the upstream throttles without
@@ -623,6 +628,9 @@ pub struct SinkConfig {
     pub kind: SinkKind,
     /// Path template, relative to the config directory.
     pub path: Template,
+    /// Where `path` is written, for errors found at start (an unwritable
+    /// sink directory).
+    pub at: Location,
     /// JSON pointer to the array of records ("" = the whole body).
     pub records: String,
     /// sqlite: JSON pointers of the fields the full-text index covers.
@@ -716,10 +724,16 @@ impl Config {
     }
 
     /// Every window a spend on `endpoint` checks, numbered as the spend script
-    /// numbers them: the credential's first, then the endpoint's own.
+    /// numbers them: the credential's first (none when the endpoint has
+    /// `charge_credential = false`), then the endpoint's own.
     pub fn windows_of<'a>(&'a self, endpoint: &'a Endpoint) -> Vec<(Scope, &'a Window)> {
         let cred = &self.credentials[&endpoint.credential];
-        cred.windows
+        let charged: &[Window] = if endpoint.charge_credential {
+            &cred.windows
+        } else {
+            &[]
+        };
+        charged
             .iter()
             .map(|w| (Scope::Credential, w))
             .chain(

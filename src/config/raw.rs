@@ -114,6 +114,7 @@ pub(super) struct RawEndpoint {
     pub(super) limiter_unavailable: Option<String>,
     #[serde(default)]
     pub(super) windows: Vec<RawWindow>,
+    pub(super) charge_credential: Option<bool>,
     pub(super) timeout: Option<Dur>,
     pub(super) throttle_block: Option<Dur>,
     pub(super) quota_reasons: Option<Vec<String>>,

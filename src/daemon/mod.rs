@@ -179,7 +179,7 @@ impl Parts {
             queue: queue.clone(),
             conn: queue_conn,
             fetcher,
-            sinks: Sinks::new(config.dir.clone()),
+            sinks: Sinks::for_config(config),
             stats: shared.stats.clone(),
             events: shared.events.clone(),
             local_blocks: LocalBlocks::default(),

@@ -30,6 +30,7 @@ use crate::outcome::{Outcome, OutcomeKind};
 use crate::paging::{Next, Stored, Validators};
 use crate::queue::{Origin, QueueError, TaskArgs};
 use crate::quota::QuotaError;
+use crate::sink::SinkError;
 use crate::stats::Stats;
 
 /// Where a run is: its checkpoint's key and tick, the next page, and what
@@ -302,6 +303,11 @@ impl Worker {
                 }
             },
         };
+        // A sink that could take no page here, not even into the spool,
+        // gets no page fetched for it until it can (sink.rs).
+        if let Err(e) = self.sinks.ready(run.job, &run.task.item, now).await {
+            return Ok(Step::End(self.sink_stuck(&p, &e).await?));
+        }
         let spent = match self.spend(run, &p).await? {
             Admission::Spent(spent) => spent,
             Admission::Refused(outcome) => return Ok(Step::End(outcome)),
@@ -451,10 +457,9 @@ impl Worker {
                 let why = format!("bad response: {e}");
                 return Ok(Step::End(self.fail(&p, Some(200), &why).await?));
             }
-            Err(e) => {
-                let why = format!("sink: {e}");
-                return Ok(Step::End(self.retry(run, &p, None, &why).await?));
-            }
+            // Neither written nor spooled: fetching it again now would only
+            // spend again, so the run waits for an operator.
+            Err(e) => return Ok(Step::End(self.sink_stuck(&p, &e).await?)),
         };
         p.records += written as u64;
         Stats::add(&self.stats.records, written as u64);
@@ -555,6 +560,18 @@ impl Worker {
         let mut o = p.outcome(OutcomeKind::Failed, why);
         o.status = status;
         Ok(o)
+    }
+
+    /// The sink can take no page (not even into the spool): end `failed`
+    /// with the checkpoint kept at this page, so it is fetched again only
+    /// once the sink or the spool can be written, never retried before.
+    async fn sink_stuck(&self, p: &Progress, e: &SinkError) -> Result<Outcome, TaskError> {
+        self.save(p).await?;
+        let why = format!(
+            "sink: {e}; nothing more is fetched for this job here until its sink or spool can be written, then the item resumes at page {}",
+            p.page
+        );
+        Ok(p.outcome(OutcomeKind::Failed, why))
     }
 
     /// Checkpoints the run: the next run of the item resumes at `p.page`.
