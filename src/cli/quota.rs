@@ -64,7 +64,10 @@ pub async fn run(config: &Config, credential: Option<&str>, as_json: bool) -> Ex
     }
     if as_json {
         let mut out = to_json(&usages);
-        out["templates"] = serde_json::Value::Array(notes.iter().map(|n| n.to_json()).collect());
+        // Only with templates: a config without any keeps SPEC's shape.
+        if !notes.is_empty() {
+            out["templates"] = notes.iter().map(TemplateNote::to_json).collect();
+        }
         println!("{out}");
     } else {
         print!("{}", table(&usages));
