@@ -1,31 +1,35 @@
--- quota-worker: the spend script.
+-- quota-worker: the spend script (layout v2).
 --
--- One script for the four operations on a credential's quota windows, so the
--- window arithmetic exists exactly once: spend, settle, block, peek.
--- Every key is one credential's and carries its `{credential}` hash tag, so the
--- script runs unchanged on Redis Cluster. The clock is Redis TIME (µs); no
--- caller clock is trusted.
+-- One script for the operations on a credential's quota windows, so the
+-- window arithmetic exists exactly once: spend, settle, block, peek, sync.
+-- Every key is one credential's and carries its `{credential}` hash tag, so
+-- the script runs unchanged on Redis Cluster. The clock is Redis TIME (µs);
+-- no caller clock is trusted.
 --
 -- KEYS
 --   1  <prefix>:{<credential>}:blocked   string: blocked-until, µs (upstream 429)
 --   2  <prefix>:{<credential>}:clock     string: when a fixed window last started a
 --                                        period, µs (keeps time monotonic, see below)
---   then, per window, in the order of ARGV[5..]:
---     sliding: <...>:log    zset: request id -> spend time (µs)
---              <...>:units  hash: request id -> units; field "#used" = sum of live units,
---                           "#expires" = when both keys' TTL runs out (µs)
---     fixed:   <...>:fixed  hash: "#period" = period number, "#used", request id -> units
+--   then, per window, in the order of ARGV[6..]:
+--     sliding, bucket (4 keys) <w>:v2:meta  string: the window's counters (msgpack)
+--                              <w>:v2:log   zset: request id -> its position
+--                              <w>:v2:ts    stream: one entry per spend, id "<position>-<µs>"
+--                              <w>:v2:adj   zset: settled entries (see "Settle")
+--     fixed (1 key)            <w>:fixed    hash: "#period", "#used", "#drift", request id -> units
 --
 -- ARGV
---   1  op: "spend" | "settle" | "block" | "peek"
+--   1  op: "spend" | "settle" | "block" | "peek" | "sync"
 --   2  spend, settle: request id (unique per upstream request; reusing one only
 --      retries that same spend and is never charged twice)
---      block: block duration, ms          peek: ignored
---   3  spend: cost in units (>= 1)        settle: the request's actual cost (>= 0; 0 = refund)
---      block, peek: ignored
---   4  number of windows, n
---   5 .. 4+n  one window each:
+--      block: block duration, ms    sync: the window's number (1-based)    peek: ignored
+--   3  spend: cost in units (>= 1)   settle: the request's actual cost (>= 0; 0 = refund)
+--      sync: the units the upstream says are left     block, peek: ignored
+--   4  spend: reserve, a whole percent 0..99: admitted only if every window
+--      keeps at least that share of its units free after it ("0": none)
+--   5  number of windows, n
+--   6 .. 5+n  one window each:
 --      "sliding:<units>:<period_ms>"
+--      "bucket:<units>:<period_ms>"  (leaky bucket: burst <units>, refilled at units/period)
 --      "fixed:<units>:<period_ms>:<reset_ms>:<tz>" where reset_ms is the reset's
 --      offset from local midnight and <tz> is "<offset_ms>" or
 --      "<offset_ms>|<utc_ms>|<offset_ms>|..." (UTC offsets and the instants they
@@ -33,413 +37,834 @@
 --
 -- Returns
 --   spend:  {allowed, remaining, retry_after_ms, rejecting_window}
---           allowed 1/0; remaining = fewest units left across the windows (after
---           this spend when allowed, as it stands when rejected); retry_after_ms =
---           when a spend of this cost would be admitted by every window if nobody
+--           allowed 1/0; remaining = fewest units this spend could still take
+--           across the windows (after it when allowed, as it stands when
+--           rejected; a reserve counts as taken); retry_after_ms = when a spend
+--           of this cost and reserve would be admitted by every window if nobody
 --           else spent (0 when allowed); rejecting_window = 1-based index of the
---           rejecting window that frees last, 0 when allowed or when the credential
---           block is what frees last.
+--           rejecting window that frees last, 0 when allowed or when the
+--           credential block is what frees last.
 --   settle: {windows_adjusted}
 --   block:  {blocked_for_ms}
---   peek:   {blocked_for_ms, used_1, remaining_1, frees_in_ms_1, used_2, ...}
+--   peek:   {blocked_for_ms, used_1, remaining_1, frees_in_ms_1, drift_1, used_2, ...}
+--   sync:   {drift_units_recorded}
 --
--- Cost: a spend adds one entry per window whatever its cost (O(1) memory per
--- call). Used units are a counter, so nothing scans the window: expired entries
--- are removed once each, in batches of BATCH (Lua's unpack limit is ~8000), and
--- a window that is wholly expired is dropped in O(1) (UNLINK: DEL would free a
--- 1M-entry window inline, blocking Redis for seconds). The rejection path reads
--- at most as many entries as the units it needs freed (never more than the cost).
+-- Layout of a sliding window (every path O(log n), n = live entries):
+--   Each spend gets a *position*: the window's running total of units after
+--   it. The log maps request id -> position (idempotency, settle); the stream
+--   holds one entry per spend, id "<position>-<time µs>", so it is ordered by
+--   position and by time at once (times are recorded never earlier than the
+--   window's newest, so both orders agree). "When have `need` units expired"
+--   is one XRANGE from position base + need; used = total - base (- settled
+--   adjustments); eviction finds the last expired entry by its stream id
+--   (bisection on positions after an idle gap) and moves `base` to it without
+--   reading the entries in between. Expired stream entries and log members are
+--   dropped lazily, at most CLEAN log members per call, so no call holds Redis
+--   for long after an idle gap.
+--   Settle: a settled entry keeps its position; its change d (spent - actual)
+--   is an adjustment record in `adj`, scored by the entry's *actual* position
+--   (position minus all adjustments up to it) and naming its position and the
+--   running adjustment total H. The first entry whose actual position reaches
+--   a target is then found with one lookup in `adj` (the last record below the
+--   target gives H) and one XRANGE, so retry-after stays exact after refunds.
+--   A settle rewrites only the records of entries spent after it that were
+--   settled before it (none when requests settle in order).
+--   The meta string holds, msgpack-encoded: total, base, hbase (adjustments up
+--   to base), htot (all adjustments), oldest and newest entry time, when the
+--   keys expire, the adjustment count, stale entries to drop, the running drift
+--   total and its value at base, whether an adjustment is negative, and for a
+--   bucket its level, the level's time and the drift within the level.
+--
+-- A bucket window (GCRA) admits while its level plus the cost fits its units;
+-- the level drains continuously at units/period. Its level is the one value
+-- admission reads (in the meta string). Its log/stream/adj remember request ids
+-- for max(period, 60 s), only so that retries are not charged twice and settles
+-- find their spend; they never decide an admission.
 
-local BATCH = 500
-local USED = '#used'
-local PERIOD = '#period'
-local EXPIRES = '#expires'
+-- The whole script is one function, spend_main(KEYS, ARGV), called by the
+-- last line with the call's own KEYS and ARGV. A script that must spend in
+-- the same call as work of its own (a queue claim, say) is this text without
+-- that last line (`quota::library()` in Rust) followed by its own code, which
+-- calls spend_main with its slice of keys and arguments laid out as above and
+-- acts on the reply (e.g. claims only when the spend was admitted).
 
-local op = ARGV[1]
-local nwin = tonumber(ARGV[4])
+local function spend_main(KEYS, ARGV)
+  -- Performance notes (Redis's Lua 5.1 runs this whole chunk on every call):
+  -- the spend path is written inline with two small closures; every other
+  -- helper is created only in the branch that needs it (a closure costs an
+  -- allocation plus a search per upvalue); numbers go to redis.call as numbers
+  -- (Redis prints integers below 2^53 exactly) and string.format, which is
+  -- slow here, runs once per spend (a stream entry id).
 
-local function int(n)
-  return string.format('%d', n)
-end
+  local call = redis.call
+  local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
+  local tonumber, match, format = tonumber, string.match, string.format
+  local pack, unpackmp = cmsgpack.pack, cmsgpack.unpack
 
--- Server time in µs, never earlier than the start of any period a fixed
--- window of this credential counts: a Redis clock stepped backwards (NTP, failover to a
--- skewed replica) would otherwise put `now` in an earlier period than the one
--- a fixed window counts, which would then restart from 0 and admit more than
--- the limit. Sliding windows need no such guard: a clock stepped back makes
--- entries look younger, so they expire later (fewer admitted, never more).
--- Both credential-wide strings are read in one call.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local cred = redis.call('MGET', KEYS[1], KEYS[2])
-local blocked_until = tonumber(cred[1] or '0')
-local seen = tonumber(cred[2] or '0')
-if seen > now then
-  now = seen
-end
+  local CLEAN = 1024      -- expired log members dropped per call at most
+  local SCAN = 16         -- stream entries read before bisecting
+  local STALE = 64        -- expired entries tolerated before a cleanup
+  local MAXPOS = 9007199254740992  -- 2^53: positions are exact integers below it
 
-local function split(s, sep)
-  local out = {}
-  for part in string.gmatch(s, '([^' .. sep .. ']+)') do
-    out[#out + 1] = part
+  local op = ARGV[1]
+  local reserve = tonumber(ARGV[4]) or 0
+  local nwin = tonumber(ARGV[5]) or 0
+
+  if reserve < 0 or reserve > 99 or reserve ~= floor(reserve) then
+    return redis.error_reply('ERR quota-worker: reserve must be a whole percent from 0 to 99 (got ' .. tostring(ARGV[4]) .. ')')
   end
-  return out
-end
 
--- Parse the window specs and assign each its keys.
-local windows = {}
-local maxper = 1
-do
-  local k = 3
-  for i = 1, nwin do
-    local f = split(ARGV[4 + i], ':')
-    local w = { kind = f[1], units = tonumber(f[2]), per = tonumber(f[3]) * 1000 }
-    if w.per > maxper then
-      maxper = w.per
-    end
-    if w.kind == 'sliding' then
-      w.log, w.units_key = KEYS[k], KEYS[k + 1]
-      k = k + 2
-    elseif w.kind == 'fixed' then
-      w.state = KEYS[k]
-      w.reset = tonumber(f[4]) * 1000
-      -- The zone's table runs ten years ahead; it is parsed only as far as
-      -- needed (see cover), usually the first few changes.
-      local a, b, off = string.find(f[5], '^(%-?%d+)')
-      w.tz, w.tzspec, w.tzpos = { tonumber(off) * 1000 }, f[5], b + 1
-      k = k + 1
-    else
-      return redis.error_reply('ERR quota-worker: unknown window kind ' .. tostring(f[1]))
-    end
-    windows[i] = w
-  end
-end
-
--- Parses window w's zone table until it holds a change after `upto` (µs),
--- or all of it: tz = { offset, at, offset, at, offset, ... } in µs.
-local function cover(w, upto)
-  local tz = w.tz
-  while w.tzpos and (#tz == 1 or tz[#tz - 1] <= upto) do
-    local a, b, at, off = string.find(w.tzspec, '^|(%-?%d+)|(%-?%d+)', w.tzpos)
-    if a then
-      tz[#tz + 1] = tonumber(at) * 1000
-      tz[#tz + 1] = tonumber(off) * 1000
-      w.tzpos = b + 1
-    else
-      w.tzpos = nil
-    end
-  end
-  return tz
-end
-
--- UTC offset (µs) in effect at UTC instant `at` (µs) in window w's zone.
-local function offset_at(w, at)
-  local tz = cover(w, at)
-  local off = tz[1]
-  for j = 2, #tz, 2 do
-    if at >= tz[j] then
-      off = tz[j + 1]
-    else
-      break
-    end
-  end
-  return off
-end
-
--- The first UTC instant (µs) at which the local wall clock reads `wall`.
--- A wall time a DST jump skips (02:00 on a spring-forward night; midnight
--- where DST starts at 00:00) is first reached at the jump itself: taking
--- either offset there would put it an hour early or an hour late.
-local function wall_to_utc(w, wall, hint)
-  local off = offset_at(w, wall - offset_at(w, hint))
-  local utc = wall - off
-  local actual = offset_at(w, utc)
-  if actual == off then
-    return utc
-  end
-  local lo, hi = math.min(utc, wall - actual), math.max(utc, wall - actual)
-  local tz = cover(w, hi)
-  for j = 2, #tz, 2 do
-    if tz[j] > lo and tz[j] <= hi then
-      return tz[j]
-    end
-  end
-  return utc
-end
-
--- Fixed window: the number of the calendar period holding `now`, and when it ends.
-local function period_of(w)
-  local off = offset_at(w, now)
-  local wall = now + off
-  local n = math.floor((wall - w.reset) / w.per)
-  local ends = wall_to_utc(w, (n + 1) * w.per + w.reset, now)
-  if ends <= now then
-    ends = now + 1000
-  end
-  return n, ends
-end
-
--- Drop a sliding window's expired entries. Returns false when the window is
--- empty or was wholly expired (then dropped in one step), true when it holds
--- live entries. The common case, nothing expired, is one ZRANGE.
-local function evict(w)
-  local cutoff = now - w.per
-  local oldest = redis.call('ZRANGE', w.log, 0, 0, 'WITHSCORES')
-  if #oldest > 0 and tonumber(oldest[2]) > cutoff then
-    return true
-  end
-  local newest = #oldest > 0 and redis.call('ZRANGE', w.log, -1, -1, 'WITHSCORES')
-  if not newest or tonumber(newest[2]) <= cutoff then
-    -- Empty or wholly expired (an idle gap): drop it in one step, however big;
-    -- UNLINK frees the memory off the main thread.
-    redis.call('UNLINK', w.log, w.units_key)
-    return false
-  end
-  while true do
-    local old = redis.call('ZRANGEBYSCORE', w.log, '-inf', cutoff, 'LIMIT', 0, BATCH)
-    if #old == 0 then
-      break
-    end
-    local costs = redis.call('HMGET', w.units_key, unpack(old))
-    local sum = 0
-    for j = 1, #costs do
-      sum = sum + (tonumber(costs[j]) or 0)
-    end
-    redis.call('HDEL', w.units_key, unpack(old))
-    redis.call('ZREMRANGEBYRANK', w.log, 0, #old - 1)
-    redis.call('HINCRBY', w.units_key, USED, -sum)
-  end
-  return true
-end
-
--- A window's live units, and whether request `id` is already counted in it
--- (one read per window: the units, the id and, for a sliding window, when
--- its keys expire).
-local function state_of(w, id)
-  if w.kind == 'sliding' then
-    w.expires = 0
-    if not evict(w) then
-      return 0, false
-    end
-    local r = redis.call('HMGET', w.units_key, USED, id, EXPIRES)
-    w.expires = tonumber(r[3] or '0')
-    return tonumber(r[1] or '0'), r[2] ~= false
-  end
-  local n, ends = period_of(w)
-  w.period, w.ends = n, ends
-  local r = redis.call('HMGET', w.state, PERIOD, USED, id)
-  if tonumber(r[1]) ~= n then
-    -- A new period starts at 0; the old one's state is reset on the next write.
-    w.stale = true
-    return 0, false
-  end
-  return tonumber(r[2] or '0'), r[3] ~= false
-end
-
--- µs until a sliding window has freed `need` units, oldest entries first. Each
--- entry holds at least one unit, so this reads at most `need` entries.
-local function sliding_frees_in(w, need)
-  local freed, start = 0, 0
-  while true do
-    local count = math.min(need - freed, BATCH)
-    local rows = redis.call('ZRANGE', w.log, start, start + count - 1, 'WITHSCORES')
-    if #rows == 0 then
-      return 0
-    end
-    local ids = {}
-    for j = 1, #rows, 2 do
-      ids[#ids + 1] = rows[j]
-    end
-    local costs = redis.call('HMGET', w.units_key, unpack(ids))
-    for j = 1, #ids do
-      freed = freed + (tonumber(costs[j]) or 0)
-      if freed >= need then
-        return tonumber(rows[2 * j]) + w.per - now
+  local windows = {}
+  local metas = { KEYS[1], KEYS[2] }
+  local maxper, fixed = 1, false
+  do
+    local k = 3
+    for i = 1, nwin do
+      local kind, units, per, rest = match(ARGV[5 + i], '^(%a+):(%d+):(%d+):?(.*)$')
+      if not kind then
+        return redis.error_reply('ERR quota-worker: bad window spec ' .. tostring(ARGV[5 + i]))
       end
-    end
-    start = start + #ids
-  end
-end
-
--- µs until `need` units of window `w` are free (0: free now).
-local function frees_in(w, need)
-  if need <= 0 then
-    return 0
-  end
-  if w.kind == 'fixed' then
-    return w.ends - now
-  end
-  return sliding_frees_in(w, need)
-end
-
-local function blocked_for()
-  if blocked_until > now then
-    return blocked_until - now
-  end
-  return 0
-end
-
-local function ms(us)
-  return math.ceil(us / 1000)
-end
-
--- Remembers `now` when a fixed window starts a period (see the top): from
--- then on no `now` falls before that period's start, so none can fall in an
--- earlier period. Spends within a period need not write it. It lives at
--- least as long as the window's state.
-local function remember_now(w)
-  if seen < now then
-    local ttl = math.max(ms(maxper), ms(w.ends - now) + 1000, redis.call('PTTL', KEYS[2]))
-    redis.call('SET', KEYS[2], int(now), 'PX', ttl)
-    seen = now
-  end
-end
-
-if op == 'block' then
-  local dur = tonumber(ARGV[2]) * 1000
-  local until_ = now + dur
-  if until_ > blocked_until then
-    -- Never shortens a longer block set by another worker.
-    redis.call('SET', KEYS[1], int(until_), 'PX', ms(dur))
-    blocked_until = until_
-  end
-  return { ms(blocked_for()) }
-end
-
-if op == 'peek' then
-  local out = { ms(blocked_for()) }
-  for i = 1, nwin do
-    local w = windows[i]
-    local used = state_of(w, USED)
-    local free_in = 0
-    if used > 0 then
-      if w.kind == 'fixed' then
-        free_in = w.ends - now
-      else
-        local oldest = redis.call('ZRANGE', w.log, 0, 0, 'WITHSCORES')
-        free_in = tonumber(oldest[2]) + w.per - now
+      units, per = tonumber(units), tonumber(per) * 1000
+      -- Every field up front: a table that grows field by field rehashes.
+      local w = {
+        kind = kind, i = i, units = units, per = per, hold = per, used = 0, drift = 0,
+        -- The units a spend may take: all of them less the reserve.
+        lim = units - (floor(units / 100) * reserve + ceil(units % 100 * reserve / 100)),
+        meta = false, log = false, ts = false, adj = false, mi = 0, dirty = false,
+        total = 0, B = 0, hbase = 0, htot = 0, oldest = 0, last = 0, expires = 0, nadj = 0,
+        stale = 0, dtot = 0, dbase = 0, neg = 0, L = 0, lt = 0, D = 0, q = 1, perq = 1,
+      }
+      if per > maxper then
+        maxper = per
       end
-    end
-    out[#out + 1] = used
-    out[#out + 1] = math.max(w.units - used, 0)
-    out[#out + 1] = ms(free_in)
-  end
-  return out
-end
-
-local id = ARGV[2]
-if id == nil or id == '' or string.sub(id, 1, 1) == '#' or id == '{request_id}' then
-  return redis.error_reply('ERR quota-worker: request id must be unique, non-empty, not start with "#" (got ' .. tostring(id) .. ')')
-end
-local cost = tonumber(ARGV[3])
-
-if op == 'settle' then
-  if cost == nil or cost < 0 then
-    return redis.error_reply('ERR quota-worker: settle cost must be >= 0')
-  end
-  local adjusted = 0
-  for i = 1, nwin do
-    local w = windows[i]
-    local hash = w.units_key or w.state
-    local live = true
-    if w.kind == 'fixed' then
-      local n = period_of(w)
-      live = tonumber(redis.call('HGET', w.state, PERIOD)) == n
-    end
-    local old = live and tonumber(redis.call('HGET', hash, id))
-    -- An entry already expired (or a spend in a past period) needs no settling.
-    if old then
-      if cost == 0 then
-        redis.call('HDEL', hash, id)
-        if w.log then
-          redis.call('ZREM', w.log, id)
+      if kind == 'sliding' or kind == 'bucket' then
+        w.meta, w.log, w.ts, w.adj = KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
+        metas[#metas + 1] = w.meta
+        w.mi = #metas
+        k = k + 4
+        if kind == 'bucket' then
+          -- A bucket remembers request ids at least 60 s; its level is kept in
+          -- units x quanta of `q` µs, exact below 2^53.
+          w.hold = max(per, 60000000)
+          while units * (per / w.q) >= MAXPOS and w.q < 1000 do
+            w.q = w.q * 10
+          end
+          w.perq = per / w.q
+          if units * w.perq >= MAXPOS then
+            return redis.error_reply('ERR quota-worker: bucket window ' .. i .. ' is too large (units x period in ms must stay below 2^53)')
+          end
         end
+      elseif kind == 'fixed' then
+        w.state = KEYS[k]
+        local reset, tz = match(rest, '^(%d+):(.*)$')
+        w.reset = tonumber(reset) * 1000
+        -- The zone's table runs ten years ahead; it is parsed only as far as
+        -- needed (see cover), usually the first few changes.
+        local _, b, off = string.find(tz, '^(%-?%d+)')
+        w.tz, w.tzspec, w.tzpos = { tonumber(off) * 1000 }, tz, b + 1
+        fixed = true
+        k = k + 1
       else
-        redis.call('HSET', hash, id, cost)
+        return redis.error_reply('ERR quota-worker: unknown window kind ' .. tostring(kind))
       end
-      redis.call('HINCRBY', hash, USED, cost - old)
-      adjusted = adjusted + 1
+      windows[i] = w
     end
   end
-  return { adjusted }
-end
 
-if op ~= 'spend' then
-  return redis.error_reply('ERR quota-worker: unknown op ' .. tostring(op))
-end
-if cost == nil or cost < 1 then
-  return redis.error_reply('ERR quota-worker: spend cost must be >= 1')
-end
-
-local remaining = nil
-local retry, rejecting = 0, 0
-local used = {}
-local duplicate = false
-for i = 1, nwin do
-  local w = windows[i]
-  local seen_id
-  used[i], seen_id = state_of(w, id)
-  duplicate = duplicate or seen_id
-  local left = w.units - used[i]
-  if remaining == nil or left < remaining then
-    remaining = left
+  -- Server time in µs, never earlier than the start of any period a fixed
+  -- window of this credential counts: a Redis clock stepped backwards (NTP,
+  -- failover to a skewed replica) would otherwise put `now` in an earlier
+  -- period than the one a fixed window counts, which would then restart from 0
+  -- and admit more than the limit. Sliding windows need no such guard: a clock
+  -- stepped back makes entries look younger, so they expire later (fewer
+  -- admitted, never more); new entries are recorded no earlier than the
+  -- window's newest, which keeps positions and times in the same order.
+  local t = call('TIME')
+  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  -- The block, the clock and every sliding and bucket window's counters, in one call.
+  local got = call('MGET', unpack(metas))
+  local blocked_until = tonumber(got[1] or '0')
+  local seen = tonumber(got[2] or '0')
+  if seen > now then
+    now = seen
   end
-end
-remaining = math.max(remaining or 0, 0)
 
-if duplicate then
-  -- A retry of a spend that already happened (its reply was lost): admitted
-  -- once, charged once.
-  return { 1, remaining, 0, 0 }
-end
-
--- Every window must admit the spend, so it waits for the one that frees last;
--- on a tie the credential block (0) or the lower window index names it.
-retry = blocked_for()
-for i = 1, nwin do
-  local w = windows[i]
-  local wait = frees_in(w, used[i] + cost - w.units)
-  if wait > retry then
-    retry, rejecting = wait, i
+  if op == 'block' then
+    -- A whole number of ms below 2^53 (the largest integer a Lua number holds
+    -- exactly; a longer text rounds), refused before anything is written.
+    local ms = tonumber(ARGV[2])
+    if ms == nil or ms < 1 or ms >= MAXPOS or ms ~= floor(ms) then
+      return redis.error_reply('ERR quota-worker: block duration must be a whole number of ms from 1 to 2^53 - 1 (got ' .. tostring(ARGV[2]) .. ')')
+    end
+    local dur = ms * 1000
+    local until_ = now + dur
+    if until_ > blocked_until then
+      -- Never shortens a longer block set by another worker.
+      call('SET', KEYS[1], until_, 'PX', ceil(dur / 1000))
+      blocked_until = until_
+    end
+    return { ceil(max(blocked_until - now, 0) / 1000) }
   end
-end
 
-if retry > 0 then
-  return { 0, remaining, ms(retry), rejecting }
-end
+  -- ---------------------------------------------------------------- fixed windows
 
-remaining = nil
-for i = 1, nwin do
-  local w = windows[i]
-  if w.kind == 'sliding' then
-    redis.call('ZADD', w.log, now, id)
-    redis.call('HINCRBY', w.units_key, USED, cost)
-    if w.expires >= now + w.per then
-      redis.call('HSET', w.units_key, id, cost)
+  -- Calendar arithmetic, built only when the credential has a fixed window.
+  local F
+  if fixed then
+    F = {}
+
+    -- Parses window w's zone table until it holds a change after `upto` (µs),
+    -- or all of it: tz = { offset, at, offset, at, offset, ... } in µs.
+    local function cover(w, upto)
+      local tz = w.tz
+      while w.tzpos and (#tz == 1 or tz[#tz - 1] <= upto) do
+        local a, b, at, off = string.find(w.tzspec, '^|(%-?%d+)|(%-?%d+)', w.tzpos)
+        if a then
+          tz[#tz + 1] = tonumber(at) * 1000
+          tz[#tz + 1] = tonumber(off) * 1000
+          w.tzpos = b + 1
+        else
+          w.tzpos = nil
+        end
+      end
+      return tz
+    end
+
+    -- UTC offset (µs) in effect at UTC instant `at` (µs) in window w's zone.
+    local function offset_at(w, at)
+      local tz = cover(w, at)
+      local off = tz[1]
+      for j = 2, #tz, 2 do
+        if at >= tz[j] then
+          off = tz[j + 1]
+        else
+          break
+        end
+      end
+      return off
+    end
+
+    -- The first UTC instant (µs) at which the local wall clock reads `wall`.
+    -- A wall time a DST jump skips (02:00 on a spring-forward night; midnight
+    -- where DST starts at 00:00) is first reached at the jump itself: taking
+    -- either offset there would put it an hour early or an hour late.
+    local function wall_to_utc(w, wall, hint)
+      local off = offset_at(w, wall - offset_at(w, hint))
+      local utc = wall - off
+      local actual = offset_at(w, utc)
+      if actual == off then
+        return utc
+      end
+      local lo, hi = min(utc, wall - actual), max(utc, wall - actual)
+      local tz = cover(w, hi)
+      for j = 2, #tz, 2 do
+        if tz[j] > lo and tz[j] <= hi then
+          return tz[j]
+        end
+      end
+      return utc
+    end
+
+    -- Reads a fixed window's period (the number of the calendar period holding
+    -- `now`, and when it ends) and usage; a new period starts at 0 (its old
+    -- state is reset on the next write).
+    function F.state(w)
+      local wall = now + offset_at(w, now)
+      w.period = floor((wall - w.reset) / w.per)
+      w.ends = wall_to_utc(w, (w.period + 1) * w.per + w.reset, now)
+      if w.ends <= now then
+        w.ends = now + 1000
+      end
+      local r = call('HMGET', w.state, '#period', '#used', '#drift')
+      if tonumber(r[1]) ~= w.period then
+        w.fresh_period = true
+        w.used, w.drift = 0, 0
+      else
+        w.used, w.drift = tonumber(r[2] or '0'), tonumber(r[3] or '0')
+      end
+    end
+
+    -- Starts a fixed window's new period, if it needs one, before a write.
+    -- Remembers `now` when it does (see the top): from then on no `now` falls
+    -- before that period's start, so none can fall in an earlier period.
+    -- Spends within a period need not write it. It lives at least as long as
+    -- the window's state.
+    function F.open(w)
+      if w.fresh_period then
+        if seen < now then
+          local ttl = max(ceil(maxper / 1000), ceil((w.ends - now) / 1000) + 1000, call('PTTL', KEYS[2]))
+          call('SET', KEYS[2], now, 'PX', ttl)
+          seen = now
+        end
+        -- A period's state expires a second after the period ends: set once.
+        call('UNLINK', w.state)
+        call('HSET', w.state, '#period', w.period, '#used', 0)
+        call('PEXPIRE', w.state, ceil((w.ends - now) / 1000) + 1000)
+        w.fresh_period = false
+      end
+    end
+  end
+
+  -- ---------------------------------------------------------------- every window, brought to now
+
+  -- Moves a sliding window's (or a bucket's id log's) base past every entry
+  -- spent at or before now - hold, without reading them: a few expired cost
+  -- one XRANGE; after an idle gap the last expired entry is found by bisecting
+  -- positions. Expired stream entries and log members are dropped lazily, at
+  -- most CLEAN log members per call, so no call holds Redis for long. Made
+  -- only when some window needs it.
+  local evict
+
+  for i = 1, nwin do
+    local w = windows[i]
+    if w.kind == 'fixed' then
+      F.state(w)
     else
+      local raw = got[w.mi]
+      if raw then
+        w.total, w.B, w.hbase, w.htot, w.oldest, w.last, w.expires, w.nadj,
+          w.stale, w.dtot, w.dbase, w.neg, w.L, w.lt, w.D = unpackmp(raw)
+        if (w.oldest ~= 0 and w.oldest <= now - w.hold) or w.stale >= STALE then
+          evict = evict or function(w)
+            local cutoff = now - w.hold
+            local function entry(row)
+              local c, tt = match(row[1], '^(%d+)%-(%d+)$')
+              return tonumber(c), tonumber(tt), tonumber(row[2][2])
+            end
+            w.dirty = true
+            if w.oldest ~= 0 and w.last <= cutoff then
+              -- All expired (an idle gap): dropped in one step, however big;
+              -- UNLINK frees the memory off the main thread. Positions start
+              -- again at 0.
+              call('UNLINK', w.log, w.ts, w.adj)
+              w.total, w.B, w.hbase, w.htot, w.oldest, w.last, w.expires = 0, 0, 0, 0, 0, 0, 0
+              w.nadj, w.stale, w.dtot, w.dbase, w.neg = 0, 0, 0, 0, 0
+              return
+            end
+            if w.oldest ~= 0 and w.oldest <= cutoff then
+              local rows = call('XRANGE', w.ts, w.B + 1, '+', 'COUNT', SCAN)
+              local bC, bD, n = w.B, w.dbase, 0
+              local fT
+              for j = 1, #rows do
+                local c, tt, d = entry(rows[j])
+                if tt > cutoff then
+                  fT = tt
+                  break
+                end
+                bC, bD, n = c, d, j
+              end
+              if not fT then
+                -- More than SCAN expired. Invariant: the first entry at or
+                -- after position lo is expired, the first at or after hi is
+                -- live (the newest is live).
+                local lo, hi = bC, w.total
+                fT = w.last
+                while hi - lo > 1 do
+                  local mid = floor((lo + hi) / 2)
+                  local row = call('XRANGE', w.ts, mid, '+', 'COUNT', 1)[1]
+                  if not row then
+                    break
+                  end
+                  local c, tt, d = entry(row)
+                  if tt > cutoff then
+                    hi, fT = mid, tt
+                  else
+                    lo, bC, bD = c, c, d
+                  end
+                end
+                n = STALE
+              end
+              w.B, w.dbase, w.oldest = bC, bD, fT
+              w.stale = w.stale + n
+              if w.nadj > 0 then
+                -- Adjustment records at or below base leave `adj`; hbase
+                -- becomes the running total at the last of them. They are in
+                -- position order: a bisection by rank finds the last one.
+                local function rec(rank)
+                  local r = call('ZRANGE', w.adj, rank, rank)[1]
+                  if r then
+                    local c, h = match(r, '^(%d+):(%-?%d+):')
+                    return tonumber(c), tonumber(h)
+                  end
+                end
+                local c, h = rec(0)
+                if not c then
+                  w.nadj, w.neg = 0, 0
+                elseif c <= w.B then
+                  local lo, hi, hlast = 0, w.nadj, h
+                  while hi - lo > 1 do
+                    local mid = floor((lo + hi) / 2)
+                    c, h = rec(mid)
+                    if c and c <= w.B then
+                      lo, hlast = mid, h
+                    else
+                      hi = mid
+                    end
+                  end
+                  call('ZREMRANGEBYRANK', w.adj, 0, lo)
+                  w.hbase, w.nadj = hlast, w.nadj - lo - 1
+                  if w.nadj <= 0 then
+                    w.nadj, w.neg = 0, 0
+                  end
+                end
+              end
+            end
+            if w.stale >= STALE then
+              call('XTRIM', w.ts, 'MINID', w.B + 1)
+              local r = call('ZRANGE', w.log, CLEAN - 1, CLEAN - 1, 'WITHSCORES')
+              if r[2] and tonumber(r[2]) <= w.B then
+                call('ZREMRANGEBYRANK', w.log, 0, CLEAN - 1)
+                w.stale = STALE
+              else
+                call('ZREMRANGEBYSCORE', w.log, '-inf', w.B)
+                w.stale = 0
+              end
+            end
+          end
+          evict(w)
+        end
+      elseif op ~= 'peek' and call('EXISTS', w.log, w.ts, w.adj) > 0 then
+        -- Counters gone with entries left (they expired apart): no stray
+        -- entry may count.
+        call('UNLINK', w.log, w.ts, w.adj)
+      end
+      if w.kind == 'bucket' then
+        -- The level drains `units` per quantum of `q` µs, whole quanta only
+        -- (the remainder carries over, so nothing is lost or gained).
+        local e = floor((now - w.lt) / w.q)
+        if w.L <= 0 or e >= w.perq then
+          w.L, w.D, w.lt = 0, 0, now
+        else
+          local d = e * w.units
+          w.L, w.D = max(w.L - d, 0), max(w.D - d, 0)
+          w.lt = (w.L == 0) and now or (w.lt + e * w.q)
+        end
+        w.used = ceil(w.L / w.perq)
+        w.drift = min(ceil(w.D / w.perq), w.used)
+      else
+        w.used = (w.total - w.B) - (w.htot - w.hbase)
+        w.drift = w.dtot - w.dbase
+      end
+    end
+  end
+
+  -- Writes back every changed window's counters, expiring with its keys.
+  local function save_all()
+    for i = 1, nwin do
+      local w = windows[i]
+      if w.dirty then
+        local until_ = w.expires
+        if w.L > 0 then
+          until_ = max(until_, w.lt + ceil(w.L / w.units) * w.q + 1000000)
+        end
+        if until_ <= now or (w.oldest == 0 and w.nadj == 0 and w.L <= 0) then
+          -- Nothing live: the next spend starts from position 0.
+          call('DEL', w.meta)
+        else
+          call('SET', w.meta, pack(w.total, w.B, w.hbase, w.htot, w.oldest, w.last, w.expires,
+            w.nadj, w.stale, w.dtot, w.dbase, w.neg, w.L, w.lt, w.D), 'PX', ceil((until_ - now) / 1000))
+        end
+      end
+    end
+  end
+
+  -- Appends `units` to a window's stream at max(now, newest), `drift` of them
+  -- drift. False when the window's positions ran out (2^53 units).
+  local function append(w, units, drift)
+    local at = max(now, w.last)
+    local C = w.total + units
+    if C >= MAXPOS then
+      return false
+    end
+    w.dtot = w.dtot + drift
+    call('XADD', w.ts, format('%d-%d', C, at), 'd', w.dtot)
+    w.total, w.last, w.dirty = C, at, true
+    if w.oldest == 0 then
+      w.oldest = at
+    end
+    if w.expires < at + w.hold then
       -- The keys must outlive this entry by a window. Their TTL is set with
       -- some slack (a quarter window, 1 s to 1 h), so most spends skip the
-      -- two PEXPIREs; idle keys linger at most that much longer.
-      local slack = math.min(math.max(math.floor(w.per / 4), 1000000), 3600000000)
-      redis.call('HSET', w.units_key, id, cost, EXPIRES, int(now + w.per + slack))
-      redis.call('PEXPIRE', w.log, ms(w.per + slack))
-      redis.call('PEXPIRE', w.units_key, ms(w.per + slack))
+      -- PEXPIREs; idle keys linger at most that much longer.
+      w.expires = at + w.hold + min(max(floor(w.hold / 4), 1000000), 3600000000)
+      local ttl = ceil((w.expires - now) / 1000)
+      call('PEXPIRE', w.log, ttl)
+      call('PEXPIRE', w.ts, ttl)
+      if w.nadj > 0 then
+        call('PEXPIRE', w.adj, ttl)
+      end
     end
-  else
-    if w.stale then
-      -- A period's state expires a second after the period ends: set once.
-      remember_now(w)
-      redis.call('UNLINK', w.state)
-      redis.call('HSET', w.state, PERIOD, w.period, id, cost)
-      redis.call('PEXPIRE', w.state, ms(w.ends - now) + 1000)
+    return true
+  end
+
+  local id = ARGV[2]
+  local cost = tonumber(ARGV[3])
+  if op == 'spend' or op == 'settle' then
+    if id == nil or id == '' or string.sub(id, 1, 1) == '#' or id == '{request_id}' then
+      save_all()
+      return redis.error_reply('ERR quota-worker: request id must be unique, non-empty, not start with "#" (got ' .. tostring(id) .. ')')
+    end
+    -- A spend costs 1 or more, a settle 0 or more (a refund); both below
+    -- 2^53, as every count here: a larger one would be rounded.
+    local least = op == 'spend' and 1 or 0
+    if cost == nil or cost < least or cost >= MAXPOS or cost ~= floor(cost) then
+      save_all()
+      return redis.error_reply('ERR quota-worker: ' .. op .. ' cost must be a whole number from ' .. least .. ' to 2^53 - 1 (got ' .. tostring(ARGV[3]) .. ')')
+    end
+  end
+  local rejected, remaining = false, nil
+  if op == 'spend' then
+    rejected = blocked_until > now
+    for i = 1, nwin do
+      local w = windows[i]
+      if cost > w.lim then
+        save_all()
+        return redis.error_reply('ERR quota-worker: cost ' .. cost .. ' can never fit window ' .. i .. ' (' .. w.lim .. ' units with the reserve)')
+      end
+      local left = w.lim - w.used
+      if remaining == nil or left < remaining then
+        remaining = left
+      end
+      if cost > left then
+        rejected = true
+      end
+    end
+    remaining = max(remaining or 0, 0)
+  end
+
+  -- ---------------------------------------------------------------- when units free (peek, rejections)
+
+  local frees_in
+  if op == 'peek' or rejected then
+    -- µs until window w counts at most `target` units (bucket: units x
+    -- quanta): a fixed window at its reset; a bucket when its level has
+    -- drained; a sliding window when its oldest used - target live units have
+    -- expired: the first entry whose actual position (position less the
+    -- adjustments up to it) reaches base + need.
+    frees_in = function(w, target)
+      if w.kind == 'fixed' then
+        return w.ends - now
+      elseif w.kind == 'bucket' then
+        local excess = w.L - target * w.perq
+        if excess <= 0 then
+          return 0
+        end
+        return max(w.lt + ceil(excess / w.units) * w.q - now, 1)
+      end
+      local T = w.B - w.hbase + w.used - target
+      local H = w.hbase
+      if w.nadj > 0 then
+        local r = call('ZREVRANGEBYSCORE', w.adj, format('(%d', T), '-inf', 'LIMIT', 0, 1)[1]
+        if r then
+          H = tonumber(match(r, '^%d+:(%-?%d+):'))
+        end
+      end
+      local eC, eT = MAXPOS, nil
+      local row = call('XRANGE', w.ts, T + H, '+', 'COUNT', 1)[1]
+      if row then
+        local c, tt = match(row[1], '^(%d+)%-(%d+)$')
+        eC, eT = tonumber(c), tonumber(tt)
+      end
+      if w.neg > 0 then
+        -- A raised cost moves later entries' actual positions up: the next
+        -- adjusted entry may reach the target before the entry found above.
+        local r = call('ZRANGEBYSCORE', w.adj, T, '+inf', 'LIMIT', 0, 1)[1]
+        local c = r and tonumber(match(r, '^(%d+):'))
+        if c and c < eC then
+          local row2 = call('XRANGE', w.ts, c, c, 'COUNT', 1)[1]
+          if row2 then
+            eT = tonumber(match(row2[1], '%-(%d+)$'))
+          end
+        end
+      end
+      if not eT then
+        return w.hold
+      end
+      return max(eT + w.hold - now, 1)
+    end
+  end
+
+  -- ---------------------------------------------------------------- peek
+
+  if op == 'peek' then
+    local out = { ceil(max(blocked_until - now, 0) / 1000) }
+    for i = 1, nwin do
+      local w = windows[i]
+      out[#out + 1] = w.used
+      out[#out + 1] = max(w.units - w.used, 0)
+      out[#out + 1] = w.used > 0 and ceil(frees_in(w, w.used - 1) / 1000) or 0
+      out[#out + 1] = w.drift
+    end
+    save_all()
+    return out
+  end
+
+  -- ---------------------------------------------------------------- sync (drift)
+
+  if op == 'sync' then
+    local w = windows[tonumber(ARGV[2]) or 0]
+    local upstream_left = tonumber(ARGV[3])
+    if not w or not upstream_left or upstream_left < 0 or upstream_left >= MAXPOS or upstream_left ~= floor(upstream_left) then
+      save_all()
+      return redis.error_reply('ERR quota-worker: sync takes a window number and the upstream\'s remaining units (a whole number from 0 to 2^53 - 1)')
+    end
+    -- Drift only ever lowers what we admit: recorded as units spent now.
+    local drift = w.units - w.used - upstream_left
+    if drift > 0 then
+      if w.kind == 'fixed' then
+        F.open(w)
+        call('HINCRBY', w.state, '#used', drift)
+        call('HINCRBY', w.state, '#drift', drift)
+      elseif w.kind == 'bucket' then
+        w.L = w.L + drift * w.perq
+        w.D = w.D + drift * w.perq
+        w.dirty = true
+      elseif not append(w, drift, drift) then
+        save_all()
+        return redis.error_reply('ERR quota-worker: window ' .. w.i .. ' ran out of positions; delete its keys')
+      end
     else
-      redis.call('HSET', w.state, id, cost)
+      drift = 0
     end
-    redis.call('HINCRBY', w.state, USED, cost)
+    save_all()
+    return { drift }
   end
-  local left = w.units - used[i] - cost
-  if remaining == nil or left < remaining then
-    remaining = left
+
+  -- ---------------------------------------------------------------- settle
+
+  if op == 'settle' then
+    -- id and cost were checked above.
+
+    local function adj_parse(m)
+      local c, h, d = match(m, '^(%d+):(%-?%d+):(%-?%d+)$')
+      return tonumber(c), tonumber(h), tonumber(d)
+    end
+
+    local function adj_member(c, h, d)
+      -- Zero-padded, so records of equal score sort by position.
+      return format('%016d:%d:%d', c, h, d)
+    end
+
+    -- Runs `cmd key args...` in slices of at most 4,000 values (Lua's unpack
+    -- stops near 8,000), keeping groups of `group` values together.
+    local function chunked(cmd, key, args, group)
+      local step = 4000 - 4000 % group
+      for from = 1, #args, step do
+        call(cmd, key, unpack(args, from, min(from + step - 1, #args)))
+      end
+    end
+
+    -- Settles a sliding or bucket window's entry: returns the change in its
+    -- units (actual - before), or nil when the window does not hold it.
+    local function settle_entry(w, actual)
+      local C = tonumber(call('ZSCORE', w.log, id))
+      if not C or C <= w.B then
+        return nil
+      end
+      -- The units it was spent with: its position less its predecessor's.
+      local rows = call('XREVRANGE', w.ts, C, '-', 'COUNT', 2)
+      if not rows[1] then
+        return nil
+      end
+      local spent = C - (rows[2] and tonumber(match(rows[2][1], '^(%d+)')) or w.B)
+      -- Its adjustment record (if settled before), the records after it, and
+      -- the running adjustment total before it. Records are in position
+      -- order, so they are read from the newest back to it.
+      local d_old, h_prev, later = 0, w.hbase, {}
+      if w.nadj > 0 then
+        local n, done = 8, false
+        while not done do
+          local recs = call('ZRANGE', w.adj, -n, -1)
+          later, d_old = {}, 0
+          for j = #recs, 1, -1 do
+            local c, h, d = adj_parse(recs[j])
+            if c > C then
+              later[#later + 1] = recs[j]
+            elseif c == C then
+              d_old, h_prev = d, h - d
+              done = true
+              break
+            else
+              h_prev = h
+              done = true
+              break
+            end
+          end
+          if not done and #recs < n then
+            h_prev, done = w.hbase, true
+          end
+          n = n * 4
+        end
+      end
+      local before = spent - d_old
+      if actual == before then
+        return 0
+      end
+      local d_new = spent - actual
+      local delta = d_new - d_old
+      if d_old ~= 0 then
+        call('ZREM', w.adj, adj_member(C, h_prev + d_old, d_old))
+        w.nadj = w.nadj - 1
+      end
+      local adds = {}
+      if d_new ~= 0 then
+        local h = h_prev + d_new
+        adds[#adds + 1] = C - h
+        adds[#adds + 1] = adj_member(C, h, d_new)
+        w.nadj = w.nadj + 1
+        if d_new < 0 then
+          w.neg = 1
+        end
+      end
+      -- Entries spent after this one and settled before it move by delta.
+      for j = 1, #later do
+        local c, h, d = adj_parse(later[j])
+        adds[#adds + 1] = c - (h + delta)
+        adds[#adds + 1] = adj_member(c, h + delta, d)
+      end
+      chunked('ZREM', w.adj, later, 1)
+      if #adds > 0 then
+        chunked('ZADD', w.adj, adds, 2)
+        call('PEXPIRE', w.adj, max(ceil((w.expires - now) / 1000), 1))
+      end
+      w.htot = w.htot + delta
+      if actual == 0 then
+        -- Refunded: the id is forgotten, so spending it again is a new spend.
+        call('ZREM', w.log, id)
+      end
+      w.dirty = true
+      return actual - before
+    end
+
+    local adjusted = 0
+    for i = 1, nwin do
+      local w = windows[i]
+      if w.kind == 'fixed' then
+        -- A spend in a past period needs no settling.
+        local old = not w.fresh_period and tonumber(call('HGET', w.state, id))
+        if old then
+          if cost == 0 then
+            call('HDEL', w.state, id)
+          else
+            call('HSET', w.state, id, cost)
+          end
+          call('HINCRBY', w.state, '#used', cost - old)
+          adjusted = adjusted + 1
+        end
+      else
+        local change = settle_entry(w, cost)
+        if change then
+          adjusted = adjusted + 1
+          if w.kind == 'bucket' then
+            -- As the upstream's own bucket does: the difference is given
+            -- back (or charged) at once.
+            w.L = max(w.L + change * w.perq, 0)
+            w.D = min(w.D, w.L)
+            w.dirty = true
+          end
+        end
+      end
+    end
+    save_all()
+    return { adjusted }
   end
+
+  if op ~= 'spend' then
+    save_all()
+    return redis.error_reply('ERR quota-worker: unknown op ' .. tostring(op))
+  end
+
+  -- ---------------------------------------------------------------- spend
+
+  if rejected then
+    -- Every window must admit the spend, so it waits for the one that frees
+    -- last; on a tie the credential block (0) or the lower window index names it.
+    local retry, rejecting = max(blocked_until - now, 0), 0
+    local best
+    for i = 1, nwin do
+      local w = windows[i]
+      if w.used + cost > w.lim then
+        local wait = frees_in(w, w.lim - cost)
+        if wait > retry then
+          retry, rejecting = wait, i
+        end
+      end
+      -- The window that remembers ids longest (see below).
+      if not best or (w.kind ~= 'fixed' and (best.kind == 'fixed' or w.hold > best.hold))
+        or (w.kind == 'fixed' and best.kind == 'fixed' and w.per > best.per) then
+        best = w
+      end
+    end
+    -- A retry of a spend that was admitted (its reply was lost) is admitted
+    -- again, not charged again. Asked only of a rejected spend (an admitted
+    -- one finds out when it records, NX below), and only of the window that
+    -- remembers ids longest: every window of a spend records it at once, and a
+    -- refund forgets it in all of them.
+    local held = false
+    if best and best.kind == 'fixed' then
+      held = not best.fresh_period and call('HEXISTS', best.state, id) == 1
+    elseif best then
+      local C = tonumber(call('ZSCORE', best.log, id))
+      held = C ~= nil and C > best.B
+    end
+    save_all()
+    if held then
+      return { 1, remaining, 0, 0 }
+    end
+    return { 0, remaining, ceil(retry / 1000), rejecting }
+  end
+
+  -- Record the id in every window first: a window that already holds it makes
+  -- this a retry of a spend that happened (its reply was lost): admitted once,
+  -- charged once, and the records just added are taken back.
+  for i = 1, nwin do
+    local w = windows[i]
+    local recorded
+    if w.kind == 'fixed' then
+      F.open(w)
+      recorded = call('HSETNX', w.state, id, cost) == 1
+    else
+      recorded = call('ZADD', w.log, 'NX', w.total + cost, id) == 1
+      if not recorded and tonumber(call('ZSCORE', w.log, id)) <= w.B then
+        -- An expired spend's id, not yet dropped: a new spend.
+        call('ZADD', w.log, 'XX', w.total + cost, id)
+        recorded = true
+      end
+    end
+    if not recorded then
+      for j = 1, i - 1 do
+        local u = windows[j]
+        if u.kind == 'fixed' then
+          call('HDEL', u.state, id)
+        else
+          call('ZREM', u.log, id)
+        end
+      end
+      save_all()
+      return { 1, remaining, 0, 0 }
+    end
+  end
+
+  remaining = nil
+  for i = 1, nwin do
+    local w = windows[i]
+    if w.kind == 'fixed' then
+      call('HINCRBY', w.state, '#used', cost)
+    else
+      if not append(w, cost, 0) then
+        return redis.error_reply('ERR quota-worker: window ' .. i .. ' ran out of positions; delete its keys')
+      end
+      if w.kind == 'bucket' then
+        w.L = w.L + cost * w.perq
+      end
+    end
+    local left = w.lim - w.used - cost
+    if remaining == nil or left < remaining then
+      remaining = left
+    end
+  end
+  save_all()
+  return { 1, max(remaining, 0), 0, 0 }
 end
-return { 1, math.max(remaining, 0), 0, 0 }
+
+return spend_main(KEYS, ARGV)

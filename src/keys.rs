@@ -3,7 +3,9 @@
 //! Quota keys carry their credential as a Redis Cluster hash tag
 //! (`qw:{yt-key1}:...`), so one spend touches one slot. Window keys are named
 //! by kind and period, not by position, so reordering windows or changing a
-//! limit in the config keeps the spends already recorded.
+//! limit in the config keeps the spends already recorded. Sliding and bucket
+//! windows carry their layout version (`:v2:`), so a script of another layout
+//! never reads or writes them.
 //!
 //! A tenant of a template credential (`[credentials.ig] template =
 //! "account"`) is a credential of its own named `ig[account=<value>]`
@@ -59,6 +61,9 @@ pub(crate) fn glob_literal(s: &str) -> String {
     out
 }
 
+/// The layout version of sliding and bucket window keys (`lua/spend.lua`).
+pub const LAYOUT: &str = "v2";
+
 /// Key names under one prefix.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeySpace {
@@ -102,7 +107,8 @@ impl KeySpace {
     }
 
     /// The keys of one window, as the spend script expects them: a sliding
-    /// window's entry log and unit hash, or a fixed window's state hash.
+    /// or bucket window's counters, id log, entry stream and settled entries
+    /// (layout v2), or a fixed window's state hash (unchanged since v1).
     pub(crate) fn window(&self, credential: &str, scope: &Scope, window: &Window) -> Vec<String> {
         let scope = match scope {
             Scope::Credential => "cred".to_owned(),
@@ -115,8 +121,26 @@ impl KeySpace {
             window.per.as_millis()
         );
         match window.kind {
-            WindowKind::Sliding => vec![format!("{base}:log"), format!("{base}:units")],
+            WindowKind::Sliding | WindowKind::Bucket => ["meta", "log", "ts", "adj"]
+                .map(|k| format!("{base}:{LAYOUT}:{k}"))
+                .to_vec(),
             WindowKind::Fixed { .. } => vec![format!("{base}:fixed")],
+        }
+    }
+
+    /// Why the credential is blocked (JSON, `history::BlockReason`), kept
+    /// as long as the block it explains.
+    pub(crate) fn block_reason(&self, credential: &str) -> String {
+        format!("{}:blocked:why", self.credential(credential))
+    }
+
+    /// The 24-hour ring of units spent per 5 minutes (`lua/history.lua`)
+    /// of one scope of a credential's windows: every window of a scope sees
+    /// the same spends.
+    pub(crate) fn spent(&self, credential: &str, scope: &Scope) -> String {
+        match scope {
+            Scope::Credential => format!("{}:spent:cred", self.credential(credential)),
+            Scope::Endpoint(e) => format!("{}:spent:ep:{e}", self.credential(credential)),
         }
     }
 
@@ -158,9 +182,33 @@ impl KeySpace {
         format!("{}:fanning", self.prefix)
     }
 
+    /// Where a job's ticks start serving their items (hash: tick, turn,
+    /// offset, n, first; `lua/rotate.lua`): one small hash per job.
+    pub(crate) fn fair(&self, job: &str) -> String {
+        format!("{}:fair:{job}", self.prefix)
+    }
+
+    /// A job's starved items (hash: item key -> the turn its starvation
+    /// began; `lua/finish.lua`), bounded by [`crate::schedule::STARVED_CAP`].
+    pub(crate) fn starved(&self, job: &str) -> String {
+        format!("{}:starved:{job}", self.prefix)
+    }
+
+    /// Where one tick of a job serves its items from, and its turn (hash:
+    /// offset, turn; `lua/rotate.lua`), kept as long as the tick's claim.
+    pub(crate) fn tick_rotation(&self, job: &str, tick_ms: i64) -> String {
+        format!("{}:tick:{job}:{tick_ms}:rotation", self.prefix)
+    }
+
     /// Outcome counts of one tick's tasks (hash: outcome -> count, plus "#items").
     pub(crate) fn tick_outcomes(&self, job: &str, tick_ms: i64) -> String {
         format!("{}:tick:{job}:{tick_ms}:outcomes", self.prefix)
+    }
+
+    /// One job's newest ticks' outcome counts and its last error
+    /// (hash, `lua/finish.lua`), for the status page.
+    pub(crate) fn job_ticks(&self, job: &str) -> String {
+        format!("{}:ticks:{job}", self.prefix)
     }
 
     /// The pagination checkpoint of one job's fan-out item.
@@ -224,8 +272,10 @@ mod tests {
         assert_eq!(
             keys,
             [
-                "qw:{yt-key1}:ep:youtube.search.list:s86400000:log",
-                "qw:{yt-key1}:ep:youtube.search.list:s86400000:units"
+                "qw:{yt-key1}:ep:youtube.search.list:s86400000:v2:meta",
+                "qw:{yt-key1}:ep:youtube.search.list:s86400000:v2:log",
+                "qw:{yt-key1}:ep:youtube.search.list:s86400000:v2:ts",
+                "qw:{yt-key1}:ep:youtube.search.list:s86400000:v2:adj"
             ]
         );
         assert_eq!(ks.blocked("yt-key1"), "qw:{yt-key1}:blocked");

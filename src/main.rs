@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use quota_worker::cli::{self, Exit};
-use quota_worker::config::LogFormat;
+use quota_worker::config::{LogFormat, Reserve};
 
 /// Spend weighted quota units from shared sliding windows in Redis before
 /// every request to a metered API.
@@ -42,6 +42,9 @@ enum Command {
         /// Units to spend [default: the endpoint's cost]
         #[arg(long)]
         cost: Option<u64>,
+        /// Admit only if every window keeps this share of its units free ("20%")
+        #[arg(long, value_name = "PERCENT", default_value = "0%")]
+        reserve: Reserve,
         /// Print one JSON object
         #[arg(long)]
         json: bool,
@@ -92,11 +95,14 @@ enum Command {
         #[arg(required_unless_present = "script")]
         endpoint: Option<String>,
         /// Print the spend script itself instead
-        #[arg(long, conflicts_with_all = ["endpoint", "cost"])]
+        #[arg(long, conflicts_with_all = ["endpoint", "cost", "reserve"])]
         script: bool,
         /// Units to spend [default: the endpoint's cost]
         #[arg(long)]
         cost: Option<u64>,
+        /// Admit only if every window keeps this share of its units free ("20%")
+        #[arg(long, value_name = "PERCENT", default_value = "0%")]
+        reserve: Reserve,
     },
 }
 
@@ -155,16 +161,18 @@ fn main() -> ExitCode {
             Command::Spend {
                 endpoint,
                 cost,
+                reserve,
                 json,
-            } => cli::spend::run(&config, &endpoint, cost, json).await,
+            } => cli::spend::run(&config, &endpoint, cost, reserve, json).await,
             Command::Quota { credential, json } => {
                 cli::quota::run(&config, credential.as_deref(), json).await
             }
             Command::Keys {
                 endpoint: Some(endpoint),
                 cost,
+                reserve,
                 ..
-            } => cli::keys::run(&config, &endpoint, cost),
+            } => cli::keys::run(&config, &endpoint, cost, reserve),
             Command::Keys { .. } => cli::keys::print_script(),
             Command::Search {
                 job,

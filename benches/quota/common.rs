@@ -12,6 +12,28 @@ use crate::support::RedisServer;
 
 pub const TIMEOUT: Duration = Duration::from_secs(120);
 
+/// Callers and interleaved rounds of a section that compares spends/s.
+pub struct Plan {
+    pub callers: Vec<usize>,
+    pub rounds: usize,
+    pub round: Duration,
+}
+
+impl Plan {
+    /// `full`, or for the smoke run one 100 ms round at 8 callers.
+    pub fn quick_or(quick: bool, full: Plan) -> Plan {
+        if quick {
+            Plan {
+                callers: vec![8],
+                rounds: 1,
+                round: Duration::from_millis(100),
+            }
+        } else {
+            full
+        }
+    }
+}
+
 /// A multiplexed connection, as the daemon makes them.
 pub async fn connect(server: &RedisServer) -> ConnectionManager {
     quota_worker::conn::connect(&RedisUrl::new(server.url()), TIMEOUT, 3)
@@ -130,4 +152,77 @@ pub fn thousands(x: f64) -> String {
         out.push(c);
     }
     format!("{sign}{out}")
+}
+
+/// `n` tasks call `f` back to back for `d` (each at least once, so a task
+/// that starts late on a loaded machine still counts); returns (calls,
+/// seconds, each call's latency in ns).
+pub async fn drive<F, Fut>(n: usize, d: Duration, f: F) -> (u64, f64, Vec<u64>)
+where
+    F: Fn() -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let start = std::time::Instant::now();
+    let deadline = start + d;
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let f = f.clone();
+            tokio::spawn(async move {
+                let mut ns = Vec::with_capacity(4096);
+                loop {
+                    let t = std::time::Instant::now();
+                    f().await;
+                    ns.push(t.elapsed().as_nanos() as u64);
+                    if std::time::Instant::now() >= deadline {
+                        break ns;
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.expect("a caller task panicked"));
+    }
+    let secs = start.elapsed().as_secs_f64();
+    (all.len() as u64, secs, all)
+}
+
+/// Percentiles of latencies in ns.
+pub fn percentiles(ns: &[u64]) -> Lat {
+    let mut h = histogram();
+    for &v in ns {
+        h.saturating_record(v.max(1));
+    }
+    lat(&h)
+}
+
+/// A rate measured in interleaved rounds: the median, and ours ÷ another
+/// per round (median, min, max), > 1 when ours is faster.
+#[derive(Debug, Clone, Serialize)]
+pub struct Rounds {
+    pub rates: Vec<f64>,
+    pub p50_us: Vec<f64>,
+}
+
+impl Rounds {
+    pub fn median_rate(&self) -> f64 {
+        median(self.rates.clone())
+    }
+
+    pub fn median_p50_us(&self) -> f64 {
+        median(self.p50_us.clone())
+    }
+
+    /// (median, min, max) of self ÷ other, round by round.
+    pub fn ratio(&self, other: &Rounds) -> (f64, f64, f64) {
+        let per: Vec<f64> = self
+            .rates
+            .iter()
+            .zip(&other.rates)
+            .map(|(a, b)| a / b)
+            .collect();
+        let (lo, hi) = min_max(&per);
+        (median(per), lo, hi)
+    }
 }

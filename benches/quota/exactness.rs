@@ -1,22 +1,27 @@
 //! Section `exactness`: under load, the limiter admits exactly the limit in
 //! every trailing window: never more (no over-admission), and never refuses
-//! while the units were there (no under-admission).
+//! while the units were there (no under-admission) — for sliding windows, for
+//! spends with a priority reserve beside plain ones, and for a bucket window.
 //!
 //! 64 callers spend as fast as they can through one shared `Limiter` on a
-//! credential with two short sliding windows, so demand is many times the
-//! limit and the windows slide a few times during the phase. Every call is
-//! recorded (request id, cost, decision, `remaining`, and the wall-clock
-//! interval around it). Meanwhile a reader snapshots both windows' keys
-//! (`ZRANGE log WITHSCORES` + `HGETALL units`, in MULTI) every 100 ms, far
-//! more often than an entry can expire, so it sees every admitted spend
-//! with the exact time the script recorded for it. From that history:
+//! credential with short windows, so demand is many times the limit and the
+//! windows slide a few times during the phase. Every call is recorded
+//! (request id, cost, reserve, decision, `remaining`, and the wall-clock
+//! interval around it). Meanwhile a reader snapshots every window
+//! (`support::seed::snapshot_cmd`: one read-only script, so one instant)
+//! every 100 ms, far more often than an entry can expire, so it sees every
+//! admitted spend with the exact time the script recorded for it (a bucket
+//! remembers its ids for 60 s). From that history:
 //!
 //! - the admitted ids and costs are exactly those the callers were told were
 //!   admitted (nothing lost, nothing extra);
-//! - for every admission at time `t` and every window `(units, per)`, the
-//!   units admitted in `(t - per, t]` are ≤ `units` (the script's own expiry
+//! - sliding: for every admission at time `t` and every window `(units,
+//!   per)`, the units admitted in `(t - per, t]` are ≤ `units`, and ≤ `units`
+//!   less the reserve after a reserved admission (the script's own expiry
 //!   rule); the peak is reported, and with cost-1 demand it must equal the
 //!   limit (the window was really filled);
+//! - bucket: replaying the admissions through a leaky bucket that drains
+//!   `units / per` continuously, its level never passes `units`;
 //! - every rejection is justified: it reported `remaining` < its cost, and
 //!   that `remaining` is what the history gives for some instant of the
 //!   call's interval. Redis runs on this host, so `TIME` inside the script
@@ -27,7 +32,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use quota_worker::config::Config;
+use quota_worker::config::{Config, Reserve};
 use quota_worker::quota::{Decision, Limiter, Quotas, request_id};
 use serde::Serialize;
 use serde_json::json;
@@ -37,16 +42,21 @@ use crate::Ctx;
 use crate::common::{self, thousands};
 use crate::report::{Section, Target};
 use crate::support::TestConfig;
+use crate::support::seed::{snapshot_cmd, snapshot_entries};
 
 const CALLERS: usize = 64;
 
 /// One load phase.
 struct Phase {
     name: &'static str,
-    /// (units, period ms) of each sliding window.
-    windows: [(u64, u64); 2],
+    /// Sliding windows, or one bucket.
+    bucket: bool,
+    /// (units, period ms) of each window.
+    windows: Vec<(u64, u64)>,
     /// Costs are drawn uniformly from 1..=max_cost.
     max_cost: u64,
+    /// Every other caller spends with this reserve (percent; 0: none).
+    reserve: u8,
     secs: f64,
 }
 
@@ -54,6 +64,7 @@ struct Phase {
 struct Call {
     id: String,
     cost: u64,
+    reserved: bool,
     /// Wall clock around the call, µs since the epoch.
     from_us: i64,
     to_us: i64,
@@ -65,8 +76,10 @@ struct Call {
 struct PhaseResult {
     name: &'static str,
     callers: usize,
+    bucket: bool,
     windows: Vec<(u64, u64)>,
     max_cost: u64,
+    reserve: u8,
     secs: f64,
     calls: usize,
     spends_per_sec: f64,
@@ -77,9 +90,13 @@ struct PhaseResult {
     unknown_admissions: usize,
     missed_admissions: usize,
     cost_mismatches: usize,
-    /// Per window: the most units ever live in it at once, by the history.
+    /// Per window: the most units ever live in it at once (a bucket: its
+    /// highest level, rounded up), by the history.
     peak_units: Vec<u64>,
-    /// Admissions after which a window held more than its limit.
+    /// Of those, after reserved admissions.
+    peak_reserved_units: Vec<u64>,
+    /// Admissions after which a window held more than its limit (or, after
+    /// a reserved one, more than its limit less the reserve).
     over_admissions: usize,
     /// Rejections that reported enough units left for their cost.
     unjustified_rejections: usize,
@@ -113,10 +130,11 @@ impl Rng {
 }
 
 fn config_text(p: &Phase) -> String {
+    let kind = if p.bucket { "kind = \"bucket\", " } else { "" };
     let windows: Vec<String> = p
         .windows
         .iter()
-        .map(|(u, ms)| format!("{{ units = {u}, per = \"{ms}ms\" }}"))
+        .map(|(u, ms)| format!("{{ {kind}units = {u}, per = \"{ms}ms\" }}"))
         .collect();
     format!(
         "[redis]\nkey_prefix = \"qwx\"\n\n\
@@ -131,14 +149,34 @@ pub async fn run(ctx: &Ctx) -> Section {
     let phases = [
         Phase {
             name: "cost 1",
-            windows: [(400, 1000), (1000, 3000)],
+            bucket: false,
+            windows: vec![(400, 1000), (1000, 3000)],
             max_cost: 1,
+            reserve: 0,
             secs,
         },
         Phase {
             name: "weighted, cost 1–100",
-            windows: [(4000, 1000), (10_000, 3000)],
+            bucket: false,
+            windows: vec![(4000, 1000), (10_000, 3000)],
             max_cost: 100,
+            reserve: 0,
+            secs,
+        },
+        Phase {
+            name: "reserve 50% (half the callers), cost 1–5",
+            bucket: false,
+            windows: vec![(400, 1000), (1000, 3000)],
+            max_cost: 5,
+            reserve: 50,
+            secs,
+        },
+        Phase {
+            name: "bucket, cost 1–10",
+            bucket: true,
+            windows: vec![(400, 1000)],
+            max_cost: 10,
+            reserve: 0,
             secs,
         },
     ];
@@ -148,14 +186,16 @@ pub async fn run(ctx: &Ctx) -> Section {
     }
 
     let mut md = String::from(
-        "64 callers share one `Limiter` and spend as fast as they can on two sliding windows \
-         (demand is many times the limit); every call is recorded, and both windows are \
-         snapshotted every 100 ms (MULTI: `ZRANGE … WITHSCORES` + `HGETALL`), which sees every \
-         admitted spend with the time the script recorded. Checked against that history: \
-         admissions agree with what callers were told; units live in `(t − per, t]` after each \
-         admission ≤ the limit; each rejection reported `remaining` < its cost and a `remaining` \
-         the history gives within the call's interval.\n\n\
-         | phase | windows (units / per) | calls | spends/s | admitted calls / units | rejected | peak live units per window | over-admissions | unjustified or inconsistent rejections | admissions lost / unknown / wrong cost |\n\
+        "64 callers share one `Limiter` and spend as fast as they can on short windows \
+         (demand is many times the limit); every call is recorded, and every window is \
+         snapshotted every 100 ms (one read-only script per window: its ids, positions and \
+         times), which sees every admitted spend with the time the script recorded. Checked \
+         against that history: admissions agree with what callers were told; units live in \
+         `(t − per, t]` after each admission ≤ the limit (≤ the limit less the reserve after a \
+         reserved one); a bucket's level, replayed, never passes its units; each rejection \
+         reported `remaining` < its cost and a `remaining` the history gives within the \
+         call's interval.\n\n\
+         | phase | windows (units / per) | calls | spends/s | admitted calls / units | rejected | peak live units per window (after reserved admissions) | over-admissions | unjustified or inconsistent rejections | admissions lost / unknown / wrong cost |\n\
          |---|---|---:|---:|---:|---:|---|---:|---:|---|\n",
     );
     let mut targets = Vec::new();
@@ -163,13 +203,26 @@ pub async fn run(ctx: &Ctx) -> Section {
         let windows: Vec<String> = r
             .windows
             .iter()
-            .map(|(u, ms)| format!("{u} / {}s", *ms as f64 / 1000.0))
+            .map(|(u, ms)| {
+                let kind = if r.bucket { " bucket" } else { "" };
+                format!("{u} / {}s{kind}", *ms as f64 / 1000.0)
+            })
             .collect();
         let peaks: Vec<String> = r
             .peak_units
             .iter()
+            .zip(&r.peak_reserved_units)
             .zip(&r.windows)
-            .map(|(p, (u, _))| format!("{p} of {u}"))
+            .map(|((p, pr), (u, _))| {
+                if r.reserve > 0 {
+                    format!(
+                        "{p} of {u} ({pr} of {})",
+                        u - u * u64::from(r.reserve) / 100
+                    )
+                } else {
+                    format!("{p} of {u}")
+                }
+            })
             .collect();
         md.push_str(&format!(
             "| {} | {} | {} | {} | {} / {} | {} | {} | **{}** | **{} / {}** | {} / {} / {} |\n",
@@ -229,7 +282,7 @@ pub async fn run(ctx: &Ctx) -> Section {
             )
             .correctness(),
         );
-        if r.max_cost == 1 {
+        if r.max_cost == 1 && !r.bucket {
             // Cost-1 demand fills a window exactly, once the phase has run
             // long enough for it to fill (a second to spare).
             let long_enough: Vec<_> = r
@@ -278,12 +331,9 @@ async fn phase(ctx: &Ctx, p: &Phase) -> PhaseResult {
     let conn = common::connect(&ctx.redis).await;
     let limiter = Limiter::new(conn.clone(), quotas, common::TIMEOUT);
     let plan = &limiter.quotas().endpoint("ex").expect("endpoint").plan;
-    // blocked, clock, then (log, units) per sliding window.
+    // blocked, clock, then meta, log, ts, adj per window.
     let keys = plan.keys.clone();
-    let logs: Vec<(String, String)> = keys[2..]
-        .chunks(2)
-        .map(|c| (c[0].clone(), c[1].clone()))
-        .collect();
+    let logs: Vec<Vec<String>> = keys[2..].chunks(4).map(<[String]>::to_vec).collect();
     let mut admin = common::connect(&ctx.redis).await;
     common::del(&mut admin, &keys).await;
     let clock_offset_us = clock_offset(&mut admin).await;
@@ -302,27 +352,12 @@ async fn phase(ctx: &Ctx, p: &Phase) -> PhaseResult {
             loop {
                 let done = *stop.borrow();
                 let start = Instant::now();
-                for (log, units) in &logs {
-                    let (entries, costs): (Vec<(String, f64)>, HashMap<String, String>) =
-                        redis::pipe()
-                            .atomic()
-                            .cmd("ZRANGE")
-                            .arg(log)
-                            .arg(0)
-                            .arg(-1)
-                            .arg("WITHSCORES")
-                            .cmd("HGETALL")
-                            .arg(units)
-                            .query_async(&mut conn)
-                            .await
-                            .expect("snapshot");
-                    for (id, score) in entries {
-                        let cost: u64 = costs
-                            .get(&id)
-                            .and_then(|c| c.parse().ok())
-                            .expect("every log entry has its units");
-                        seen.insert(id, (score as i64, cost));
-                    }
+                for window in &logs {
+                    let snap = snapshot_cmd(window)
+                        .query_async(&mut conn)
+                        .await
+                        .expect("snapshot");
+                    seen.extend(snapshot_entries(snap));
                 }
                 if let Some(prev) = prev_start {
                     max_gap = max_gap.max(prev.elapsed());
@@ -345,6 +380,12 @@ async fn phase(ctx: &Ctx, p: &Phase) -> PhaseResult {
         .map(|k| {
             let limiter = limiter.clone();
             let max_cost = p.max_cost;
+            // Every other caller keeps the reserve.
+            let reserve = if k % 2 == 1 {
+                Reserve::new(p.reserve).expect("a reserve of 0-99%")
+            } else {
+                Reserve::NONE
+            };
             tokio::spawn(async move {
                 let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (k as u64 + 1));
                 let mut calls = Vec::new();
@@ -352,7 +393,10 @@ async fn phase(ctx: &Ctx, p: &Phase) -> PhaseResult {
                     let cost = 1 + rng.below(max_cost);
                     let id = request_id();
                     let from_us = now_us();
-                    let d = limiter.spend("ex", Some(cost), &id).await.expect("spend");
+                    let d = limiter
+                        .spend_reserved("ex", Some(cost), &id, reserve)
+                        .await
+                        .expect("spend");
                     let to_us = now_us();
                     let (allowed, remaining) = match d {
                         Decision::Allowed { remaining } => (true, remaining),
@@ -362,6 +406,7 @@ async fn phase(ctx: &Ctx, p: &Phase) -> PhaseResult {
                     calls.push(Call {
                         id,
                         cost,
+                        reserved: reserve != Reserve::NONE,
                         from_us,
                         to_us,
                         allowed,
@@ -431,93 +476,182 @@ fn check(
         .filter(|(id, (_, cost))| told.get(id.as_str()).is_some_and(|c| c.cost != *cost))
         .count();
 
-    // The history: admissions in the order of the script's clock.
-    let mut adm: Vec<(i64, u64)> = seen.values().copied().collect();
+    // The history: admissions in the order of the script's clock, with
+    // whether each kept the reserve.
+    let mut adm: Vec<(i64, u64, bool)> = seen
+        .iter()
+        .map(|(id, &(t, cost))| (t, cost, told.get(id.as_str()).is_some_and(|c| c.reserved)))
+        .collect();
     adm.sort_unstable();
+    // What a spend may take of a window of `units`: all less the reserve.
+    let lim = |units: u64, reserved: bool| {
+        let w = quota_worker::config::Window {
+            units: std::num::NonZeroU64::new(units).expect("units"),
+            per: Duration::from_secs(1),
+            kind: quota_worker::config::WindowKind::Sliding,
+        };
+        let r = if reserved { p.reserve } else { 0 };
+        w.admits(Reserve::new(r).expect("a reserve of 0-99%"))
+    };
 
-    // 2. Units live in (t - per, t] after each admission, per window.
-    let mut peaks = Vec::new();
-    let mut over = 0;
-    for &(units, per_ms) in &p.windows {
+    let (mut peaks, mut peaks_reserved, mut over) = (Vec::new(), Vec::new(), 0);
+    let (unjustified, inconsistent, rejected);
+    if p.bucket {
+        // 2. A bucket: replay the admissions through the leaky bucket, in
+        // units x µs (exact integers, as the script keeps them): it drains
+        // `units` per µs and holds at most units x per.
+        let (units, per_ms) = p.windows[0];
         let per = per_ms as i64 * 1000;
-        let (mut lo, mut sum, mut peak) = (0usize, 0u64, 0u64);
-        for j in 0..adm.len() {
-            sum += adm[j].1;
-            while adm[lo].0 <= adm[j].0 - per {
-                sum -= adm[lo].1;
-                lo += 1;
+        let units_i = units as i64;
+        let mut after = Vec::with_capacity(adm.len());
+        let (mut level, mut prev, mut peak) = (0i64, i64::MIN, 0i64);
+        for &(t, cost, _) in &adm {
+            if prev != i64::MIN {
+                level = (level - (t - prev) * units_i).max(0);
             }
-            // Admissions at the same µs count together.
-            if j + 1 < adm.len() && adm[j + 1].0 == adm[j].0 {
-                continue;
-            }
-            peak = peak.max(sum);
-            if sum > units {
+            level += cost as i64 * per;
+            prev = t;
+            peak = peak.max(level);
+            if level > units_i * per {
                 over += 1;
             }
+            after.push(level);
         }
-        peaks.push(peak);
-    }
-
-    // 3. Rejections: justified, and consistent with the history.
-    let left_at = |t: i64, inclusive: bool| -> u64 {
-        p.windows
-            .iter()
-            .map(|&(units, per_ms)| {
-                let per = per_ms as i64 * 1000;
-                // Live at t: score in (t - per, t] (or (t - per, t) before t's own events).
-                let start = adm.partition_point(|a| a.0 <= t - per);
-                let end = if inclusive {
-                    adm.partition_point(|a| a.0 <= t)
-                } else {
-                    adm.partition_point(|a| a.0 < t)
-                };
-                let used: u64 = adm[start..end.max(start)].iter().map(|a| a.1).sum();
-                units.saturating_sub(used)
-            })
-            .min()
-            .expect("two windows")
-    };
-    let mut unjustified = 0;
-    let mut inconsistent = 0;
-    let mut rejected = 0;
-    for c in calls.iter().filter(|c| !c.allowed) {
-        rejected += 1;
-        if c.remaining >= c.cost {
-            unjustified += 1;
-            continue;
+        peaks.push((peak as u64).div_ceil(per as u64));
+        peaks_reserved.push(0);
+        // The level at t, counting the admissions at t or not.
+        let level_at = |t: i64, inclusive: bool| -> i64 {
+            let n = if inclusive {
+                adm.partition_point(|a| a.0 <= t)
+            } else {
+                adm.partition_point(|a| a.0 < t)
+            };
+            if n == 0 {
+                return 0;
+            }
+            (after[n - 1] - (t - adm[n - 1].0) * units_i).max(0)
+        };
+        let left = |level: i64| units - (level as u64).div_ceil(per as u64);
+        // 3. Rejections: justified, and `remaining` one the level takes in
+        // the call's interval (it drains between admissions, so every value
+        // between the ends of each stretch).
+        let (mut u, mut i, mut r) = (0, 0, 0);
+        for c in calls.iter().filter(|c| !c.allowed) {
+            r += 1;
+            if c.remaining >= c.cost {
+                u += 1;
+                continue;
+            }
+            let (a, b) = (c.from_us - clock_offset_us, c.to_us + clock_offset_us);
+            let from = adm.partition_point(|x| x.0 < a);
+            let mut cuts = vec![a];
+            cuts.extend(adm[from..].iter().map(|x| x.0).take_while(|t| *t <= b));
+            cuts.push(b);
+            let consistent = cuts.windows(2).any(|s| {
+                let hi = left(level_at(s[1], false));
+                let lo = left(level_at(s[0], true));
+                (lo..=hi).contains(&c.remaining)
+            });
+            if !consistent {
+                i += 1;
+            }
         }
-        // Every instant where the history changes within the call: admissions
-        // at their time, expiries at time + per.
-        let (a, b) = (c.from_us - clock_offset_us, c.to_us + clock_offset_us);
-        let mut instants = vec![a, b];
-        for &(_, per_ms) in &p.windows {
+        (unjustified, inconsistent, rejected) = (u, i, r);
+    } else {
+        // 2. Units live in (t - per, t] after each admission, per window: at
+        // most the limit, and at most the limit less the reserve after a
+        // reserved admission.
+        for &(units, per_ms) in &p.windows {
             let per = per_ms as i64 * 1000;
-            let from = adm.partition_point(|x| x.0 < a - per);
-            for x in &adm[from..] {
-                if x.0 > b {
-                    break;
+            let (mut lo, mut sum, mut peak, mut peak_r) = (0usize, 0u64, 0u64, 0u64);
+            for j in 0..adm.len() {
+                sum += adm[j].1;
+                while adm[lo].0 <= adm[j].0 - per {
+                    sum -= adm[lo].1;
+                    lo += 1;
                 }
-                for t in [x.0, x.0 + per] {
-                    if (a..=b).contains(&t) {
-                        instants.push(t);
+                if adm[j].2 {
+                    peak_r = peak_r.max(sum);
+                    if sum > lim(units, true) {
+                        over += 1;
+                    }
+                }
+                // Admissions at the same µs count together.
+                if j + 1 < adm.len() && adm[j + 1].0 == adm[j].0 {
+                    continue;
+                }
+                peak = peak.max(sum);
+                if sum > units {
+                    over += 1;
+                }
+            }
+            peaks.push(peak);
+            peaks_reserved.push(peak_r);
+        }
+
+        // 3. Rejections: justified, and consistent with the history (for a
+        // reserved spend, `remaining` is what it may still take).
+        let left_at = |t: i64, inclusive: bool, reserved: bool| -> u64 {
+            p.windows
+                .iter()
+                .map(|&(units, per_ms)| {
+                    let per = per_ms as i64 * 1000;
+                    // Live at t: score in (t - per, t] (or (t - per, t) before t's own events).
+                    let start = adm.partition_point(|a| a.0 <= t - per);
+                    let end = if inclusive {
+                        adm.partition_point(|a| a.0 <= t)
+                    } else {
+                        adm.partition_point(|a| a.0 < t)
+                    };
+                    let used: u64 = adm[start..end.max(start)].iter().map(|a| a.1).sum();
+                    lim(units, reserved).saturating_sub(used)
+                })
+                .min()
+                .expect("windows")
+        };
+        let (mut u, mut i, mut r) = (0, 0, 0);
+        for c in calls.iter().filter(|c| !c.allowed) {
+            r += 1;
+            if c.remaining >= c.cost {
+                u += 1;
+                continue;
+            }
+            // Every instant where the history changes within the call:
+            // admissions at their time, expiries at time + per.
+            let (a, b) = (c.from_us - clock_offset_us, c.to_us + clock_offset_us);
+            let mut instants = vec![a, b];
+            for &(_, per_ms) in &p.windows {
+                let per = per_ms as i64 * 1000;
+                let from = adm.partition_point(|x| x.0 < a - per);
+                for x in &adm[from..] {
+                    if x.0 > b {
+                        break;
+                    }
+                    for t in [x.0, x.0 + per] {
+                        if (a..=b).contains(&t) {
+                            instants.push(t);
+                        }
                     }
                 }
             }
+            let consistent = instants.iter().any(|&t| {
+                left_at(t, true, c.reserved) == c.remaining
+                    || left_at(t, false, c.reserved) == c.remaining
+            });
+            if !consistent {
+                i += 1;
+            }
         }
-        let consistent = instants
-            .iter()
-            .any(|&t| left_at(t, true) == c.remaining || left_at(t, false) == c.remaining);
-        if !consistent {
-            inconsistent += 1;
-        }
+        (unjustified, inconsistent, rejected) = (u, i, r);
     }
 
     PhaseResult {
         name: p.name,
         callers: CALLERS,
+        bucket: p.bucket,
         windows: p.windows.to_vec(),
         max_cost: p.max_cost,
+        reserve: p.reserve,
         secs: elapsed,
         calls: calls.len(),
         spends_per_sec: calls.len() as f64 / elapsed,
@@ -528,6 +662,7 @@ fn check(
         missed_admissions: missed,
         cost_mismatches: mismatched,
         peak_units: peaks,
+        peak_reserved_units: peaks_reserved,
         over_admissions: over,
         unjustified_rejections: unjustified,
         inconsistent_rejections: inconsistent,

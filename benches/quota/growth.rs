@@ -54,7 +54,7 @@ pub fn quotas(credentials: &[(&str, u64)]) -> Arc<Quotas> {
     Arc::new(Quotas::new(&config))
 }
 
-/// spend.lua's keys of endpoint `name`'s window: `[log zset, units hash]`.
+/// spend.lua's keys of endpoint `name`'s window: `[meta, log, ts, adj]`.
 /// They do not depend on the window's units, so configs that differ only in
 /// the limit share them.
 pub fn ours_keys(q: &Quotas, name: &str) -> Vec<String> {
@@ -92,18 +92,16 @@ pub async fn naive_spend(
     (r[0] == 1, r[2])
 }
 
-/// Writes `n` entries straight into a window: member `<tag:8 hex><i:24
-/// hex><suffix>` (32 hex, like a real request id) at a spend time spread
-/// evenly over [from, to); with a units hash, also its field `member -> cost`
-/// (spend.lua's layout). Pipelined ZADD/HSET of 1,000 entries each.
-async fn fill(
+/// Writes `n` one-unit members straight into a naive log: member `<tag:8
+/// hex><i:24 hex>:1` (a 32-hex id like a real request id, unit 1) at a spend
+/// time spread evenly over [from, to). Pipelined ZADDs of 1,000 members each.
+pub async fn fill_naive(
     conn: &mut ConnectionManager,
     zset: &str,
-    units: Option<(&str, u64)>,
     tag: u32,
     n: usize,
-    suffix: &str,
-    (from_us, to_us): (i64, i64),
+    from_us: i64,
+    to_us: i64,
 ) {
     let mut pipe = redis::pipe();
     let mut queued = 0;
@@ -111,25 +109,12 @@ async fn fill(
         let last = (first + FILL_CHUNK).min(n);
         let mut zadd = redis::cmd("ZADD");
         zadd.arg(zset);
-        let mut hset = units.map(|(key, _)| {
-            let mut c = redis::cmd("HSET");
-            c.arg(key);
-            c
-        });
         for i in first..last {
-            let id = format!("{tag:08x}{i:024x}{suffix}");
             zadd.arg(from_us + (to_us - from_us) * i as i64 / n as i64)
-                .arg(&id);
-            if let (Some(h), Some((_, cost))) = (hset.as_mut(), units) {
-                h.arg(&id).arg(cost);
-            }
+                .arg(format!("{tag:08x}{i:024x}:1"));
         }
         pipe.add_command(zadd).ignore();
         queued += 1;
-        if let Some(h) = hset {
-            pipe.add_command(h).ignore();
-            queued += 1;
-        }
         if queued >= FILL_PIPE || last == n {
             let _: () = pipe.query_async(conn).await.expect("fill");
             pipe = redis::pipe();
@@ -139,8 +124,10 @@ async fn fill(
 }
 
 /// Writes `n` entries of `cost` units straight into a sliding window in
-/// spend.lua's layout (`keys` = log zset, units hash; `#used` raised by
-/// n × cost), spend times spread evenly over [from_us, to_us).
+/// spend.lua's layout (`keys`: meta, log, ts, adj; `support::seed`), spend
+/// times spread evenly over [from_us, to_us), ids of 32 characters like a
+/// real request id. Entries are appended: `from_us` must not be earlier than
+/// the window's newest.
 pub async fn fill_ours(
     conn: &mut ConnectionManager,
     keys: &[String],
@@ -150,46 +137,25 @@ pub async fn fill_ours(
     from_us: i64,
     to_us: i64,
 ) {
-    fill(
-        conn,
-        &keys[0],
-        Some((&keys[1], cost)),
-        tag,
+    let prefix = format!("{tag:08x}{:017}", 0);
+    let _: i64 = crate::support::seed::Seed {
+        prefix: &prefix,
         n,
-        "",
-        (from_us, to_us),
-    )
-    .await;
-    let _: i64 = redis::cmd("HINCRBY")
-        .arg(&keys[1])
-        .arg("#used")
-        .arg(n as u64 * cost)
-        .query_async(conn)
-        .await
-        .expect("HINCRBY");
+        cost,
+        first_us: from_us,
+        step_us: (to_us - from_us) / n.max(1) as i64,
+        group: 1,
+        per_ms: PER_MS,
+    }
+    .cmd(keys)
+    .query_async(conn)
+    .await
+    .expect("fill");
 }
 
-/// The same for the naive log: `n` one-unit members (`<id>:1`).
-pub async fn fill_naive(
-    conn: &mut ConnectionManager,
-    key: &str,
-    tag: u32,
-    n: usize,
-    from_us: i64,
-    to_us: i64,
-) {
-    fill(conn, key, None, tag, n, ":1", (from_us, to_us)).await;
-}
-
-/// `#used` of a spend.lua units hash.
-pub async fn used_units(conn: &mut ConnectionManager, units_key: &str) -> i64 {
-    let v: Option<i64> = redis::cmd("HGET")
-        .arg(units_key)
-        .arg("#used")
-        .query_async(conn)
-        .await
-        .expect("HGET #used");
-    v.unwrap_or(0)
+/// Units a window counts now, by the limiter (`peek` of credential `name`).
+pub async fn used_units(limiter: &Limiter, name: &str) -> u64 {
+    limiter.peek(name).await.expect("peek").windows[0].used
 }
 
 pub async fn zcard(conn: &mut ConnectionManager, key: &str) -> i64 {
@@ -200,21 +166,22 @@ pub async fn zcard(conn: &mut ConnectionManager, key: &str) -> i64 {
         .expect("ZCARD")
 }
 
-/// Fields of a units hash that are entries: all but "#used" and "#expires".
-pub async fn entry_fields(conn: &mut ConnectionManager, key: &str) -> i64 {
-    let (n, used, expires): (i64, bool, bool) = redis::pipe()
-        .cmd("HLEN")
-        .arg(key)
-        .cmd("HEXISTS")
-        .arg(key)
-        .arg("#used")
-        .cmd("HEXISTS")
-        .arg(key)
-        .arg("#expires")
+/// Entries a spend.lua window's stream holds (`keys`: meta, log, ts, adj):
+/// one per spend, expired ones dropped a few calls after they expire.
+pub async fn stream_len(conn: &mut ConnectionManager, keys: &[String]) -> i64 {
+    redis::cmd("XLEN")
+        .arg(&keys[2])
         .query_async(conn)
         .await
-        .expect("HLEN");
-    n - i64::from(used) - i64::from(expires)
+        .expect("XLEN")
+}
+
+/// Takes entry `id`, the newest of the spend.lua window `keys`, back out.
+pub async fn pop_newest(conn: &mut ConnectionManager, keys: &[String], id: &str) -> i64 {
+    crate::support::seed::pop_cmd(keys, id)
+        .query_async(conn)
+        .await
+        .expect("pop the newest entry")
 }
 
 /// Drops keys without blocking Redis (large values are freed by Redis's
@@ -292,9 +259,10 @@ struct Case {
 }
 
 /// Rejection: the window is exactly full (limit = live units), so a cost of
-/// 100 needs the 100 oldest entries freed, and spend.lua reads those 100 to
-/// give an exact retry-after. Allowed: a limit nothing reaches.
-const CASES: [Case; 3] = [
+/// 100 needs the 100 oldest units freed (cost 1: the oldest): spend.lua finds
+/// the entry that frees them with one lookup on positions, whatever the cost.
+/// Allowed: a limit nothing reaches.
+const CASES: [Case; 4] = [
     Case {
         key: "allow_1",
         label: "allowed, cost 1",
@@ -306,6 +274,12 @@ const CASES: [Case; 3] = [
         label: "allowed, cost 100",
         cost: 100,
         allowed: true,
+    },
+    Case {
+        key: "reject_1",
+        label: "rejected (full window), cost 1",
+        cost: 1,
+        allowed: false,
     },
     Case {
         key: "reject_100",
@@ -364,7 +338,7 @@ pub async fn run(ctx: &Ctx) -> Section {
         let t = Instant::now();
         fill_naive(&mut conn, &nkey, 1, n, span.0, span.1).await;
         let naive_ms = ms(t.elapsed());
-        check_window(&mut conn, &keys, &nkey, n, "after the fill").await;
+        check_window(&mut conn, &ours_room, name, &nkey, n, "after the fill").await;
         eprintln!(
             "  filled {}: spend.lua layout {ours_ms:.0} ms, naive {naive_ms:.0} ms",
             short(n)
@@ -464,8 +438,8 @@ pub async fn run(ctx: &Ctx) -> Section {
         "spend.lua and naive retry-after differ by {} ms",
         checks.retry_gap_ms
     );
-    for ((keys, nkey), &n) in windows.iter().zip(&plan.sizes) {
-        check_window(&mut conn, keys, nkey, n, "after sampling").await;
+    for ((name, (_, nkey)), &n) in names.iter().zip(&windows).zip(&plan.sizes) {
+        check_window(&mut conn, &ours_room, name, nkey, n, "after sampling").await;
     }
 
     let lats: Vec<Vec<(Lat, Lat)>> = cells
@@ -600,8 +574,8 @@ pub async fn run(ctx: &Ctx) -> Section {
     }
 }
 
-/// Removes an allowed spend pair again: spend.lua's entry (log member,
-/// units field, `#used`) and the naive log's `cost` members. One round trip.
+/// Removes an allowed spend pair again: spend.lua's entry (the window's
+/// newest) and the naive log's `cost` members. One round trip each.
 async fn undo(
     conn: &mut ConnectionManager,
     q: &Quotas,
@@ -612,26 +586,16 @@ async fn undo(
 ) {
     let keys = ours_keys(q, name);
     let members: Vec<String> = (1..=cost).map(|i| format!("{naive_id}:{i}")).collect();
-    let (zrem, hdel, _used, nrem): (i64, i64, i64, i64) = redis::pipe()
-        .cmd("ZREM")
-        .arg(&keys[0])
-        .arg(ours_id)
-        .cmd("HDEL")
-        .arg(&keys[1])
-        .arg(ours_id)
-        .cmd("HINCRBY")
-        .arg(&keys[1])
-        .arg("#used")
-        .arg(-(cost as i64))
-        .cmd("ZREM")
+    let popped = pop_newest(conn, &keys, ours_id).await;
+    let nrem: i64 = redis::cmd("ZREM")
         .arg(naive_key(name))
         .arg(&members)
         .query_async(conn)
         .await
         .expect("undo");
     assert_eq!(
-        (zrem, hdel, nrem),
-        (1, 1, cost as i64),
+        (popped, nrem),
+        (cost as i64, cost as i64),
         "undo of an allowed spend"
     );
 }
@@ -639,15 +603,17 @@ async fn undo(
 /// Both layouts hold exactly `n` live one-unit entries.
 async fn check_window(
     conn: &mut ConnectionManager,
-    keys: &[String],
+    limiter: &Limiter,
+    name: &str,
     nkey: &str,
     n: usize,
     when: &str,
 ) {
+    let keys = ours_keys(limiter.quotas(), name);
     let n = n as i64;
-    assert_eq!(used_units(conn, &keys[1]).await, n, "#used {when}");
-    assert_eq!(zcard(conn, &keys[0]).await, n, "log entries {when}");
-    assert_eq!(entry_fields(conn, &keys[1]).await, n, "units fields {when}");
+    assert_eq!(used_units(limiter, name).await as i64, n, "used {when}");
+    assert_eq!(zcard(conn, &keys[1]).await, n, "log ids {when}");
+    assert_eq!(stream_len(conn, &keys).await, n, "stream entries {when}");
     assert_eq!(zcard(conn, nkey).await, n, "naive members {when}");
 }
 
@@ -679,14 +645,16 @@ fn plot(
     use plotters::prelude::*;
 
     // spend.lua in blues/greens, the naive log in reds/oranges.
-    const OURS: [RGBColor; 3] = [
+    const OURS: [RGBColor; 4] = [
         RGBColor(31, 119, 180),
         RGBColor(23, 160, 180),
-        RGBColor(44, 140, 44),
+        RGBColor(110, 170, 60),
+        RGBColor(44, 110, 44),
     ];
-    const NAIVE_C: [RGBColor; 3] = [
+    const NAIVE_C: [RGBColor; 4] = [
         RGBColor(214, 39, 40),
         RGBColor(240, 130, 20),
+        RGBColor(200, 120, 170),
         RGBColor(148, 80, 170),
     ];
 

@@ -1,7 +1,8 @@
-//! The benchmark of issue 5: the spend script against the ceiling Redis
-//! itself sets for it and against the naive design, memory per weighted
-//! call, cost as the window grows, what the limiter costs end to end, and
-//! exactness under load — in one run, on one private `redis-server`.
+//! The benchmark of issues 5 and 11: the spend script against the ceiling
+//! Redis itself sets for it, against the naive design and published peers,
+//! memory per weighted call, cost as the window grows, what a refused spend
+//! costs, bucket windows, what the limiter costs end to end, and exactness
+//! under load — in one run, on one private `redis-server`.
 //!
 //! ```sh
 //! cargo bench --bench quota                      # everything (< 10 min on 2 cores)
@@ -21,12 +22,14 @@
 #[path = "../../tests/support/mod.rs"]
 mod support;
 
+mod bucket;
 mod common;
 mod e2e;
 mod exactness;
 mod growth;
 mod idle;
 mod memory;
+mod reject;
 mod report;
 mod throughput;
 
@@ -46,8 +49,18 @@ pub struct Ctx {
     pub out: PathBuf,
 }
 
-/// In the issue's order (exactness, its item 5, last of those), then ours.
-const SECTIONS: [&str; 6] = ["throughput", "memory", "growth", "e2e", "exactness", "idle"];
+/// In the issue's order (exactness, its item 5, last of those), then ours,
+/// then issue 11's cells.
+const SECTIONS: [&str; 8] = [
+    "throughput",
+    "memory",
+    "growth",
+    "e2e",
+    "exactness",
+    "idle",
+    "reject",
+    "bucket",
+];
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -99,6 +112,8 @@ async fn bench(quick: bool, out: PathBuf, only: Vec<String>) {
             "growth" => growth::run(&ctx).await,
             "idle" => idle::run(&ctx).await,
             "e2e" => e2e::run(&ctx).await,
+            "reject" => reject::run(&ctx).await,
+            "bucket" => bucket::run(&ctx).await,
             _ => unreachable!(),
         };
         eprintln!("== {key}: {:.1} s", t.elapsed().as_secs_f64());

@@ -12,7 +12,7 @@ use serde_json::json;
 use crate::Ctx;
 use crate::common::{self, TIMEOUT, thousands};
 use crate::growth::{
-    HUGE, clock_key, entry_fields, naive_key, naive_spend, ours_keys, quotas, unlink, used_units,
+    HUGE, clock_key, naive_key, naive_spend, ours_keys, quotas, stream_len, unlink, used_units,
     zcard,
 };
 use crate::report::{Section, Target};
@@ -120,7 +120,7 @@ pub async fn run(ctx: &Ctx) -> Section {
     let mut md = format!(
         "Method: {} calls admitted by {} concurrent clients into one sliding 1h window (limit never reached): \
          spend.lua through `Limiter::spend`, the naive log through `naive_log.lua`; then `MEMORY USAGE key SAMPLES 0` \
-         summed over the window's keys (spend.lua: `:log` zset + `:units` hash; naive: one zset), \
+         summed over the window's keys (spend.lua: the `meta` string, `log` zset, `ts` stream and `adj` zset; naive: one zset), \
          and `used_memory` before/after, each divided by the calls.\n\n\
          | cost | implementation | keys | MEMORY USAGE, bytes | bytes / call | used_memory Δ / call | spend.lua ÷ naive |\n\
          |---:|---|---:|---:|---:|---:|---:|\n",
@@ -153,9 +153,10 @@ pub async fn run(ctx: &Ctx) -> Section {
         }));
     }
     md.push_str(&format!(
-        "\nAt cost 100 spend.lua keeps **{:.2}%** of the naive log's bytes per call ({:.0}× less): one log entry and one units field per call \
-         against 100 zset members. At cost 1 it keeps **{:.0}%** of the naive log's ({:.2}× more): the units hash field is the price of \
-         O(1) weighted calls, exact `#used`, refunds and idempotent ids. The units hash also holds `#used` and `#expires`, once per window. \
+        "\nAt cost 100 spend.lua keeps **{:.2}%** of the naive log's bytes per call ({:.0}× less): one log id (request id -> position) and \
+         one stream entry (position and time, a few bytes in a listpack) per call against 100 zset members. At cost 1 it keeps **{:.0}%** \
+         of the naive log's ({:.2}× more): the stream entry is the price of O(log n) weighted rejections and eviction; the log id that of \
+         idempotent ids and settles. The `meta` string (the window's counters) is once per window. \
          Not counted above: the credential's clock key ({clock} B here: only a fixed window writes it), once per credential.\n",
         pct(100),
         per_call(100, Imp::Naive) / per_call(100, Imp::Ours),
@@ -238,9 +239,10 @@ async fn measure(
     let n = calls as i64;
     match imp {
         Imp::Ours => {
-            assert_eq!(used_units(admin, &keys[1]).await, n * cost as i64, "#used");
-            assert_eq!(zcard(admin, &keys[0]).await, n, "log entries");
-            assert_eq!(entry_fields(admin, &keys[1]).await, n, "units fields");
+            let limiter = &clients[0].0;
+            assert_eq!(used_units(limiter, CRED).await, n as u64 * cost, "used");
+            assert_eq!(zcard(admin, &keys[1]).await, n, "log ids");
+            assert_eq!(stream_len(admin, keys).await, n, "stream entries");
         }
         Imp::Naive => {
             assert_eq!(

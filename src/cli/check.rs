@@ -11,7 +11,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use super::Exit;
-use crate::config::{Config, Credential, Job, Scope, UnsafeEviction, Window, fmt_duration};
+use crate::config::{
+    Config, Credential, Job, Reserve, Scope, UnsafeEviction, Window, fmt_duration,
+};
 use crate::eviction::{self, Eviction};
 use crate::schedule::source::{Refused, SourceError};
 use crate::schedule::{self, TickItems};
@@ -118,6 +120,9 @@ fn report(config: &Config, now: DateTime<Utc>, sources: &[(String, SourceRead)])
         out.push_str(&line);
         warnings.extend(warning);
     }
+    // Per job, the smallest fraction of its worst case a window it spends
+    // from can serve (below 1: the window does not fit).
+    let mut served: std::collections::BTreeMap<&str, f64> = Default::default();
     for cred in config.credentials.values() {
         out.push_str(&format!("\ncredential {}\n", cred.name));
         let tenants = cred.template.as_ref().map(|_| Tenants::seen(config, cred));
@@ -138,11 +143,24 @@ fn report(config: &Config, now: DateTime<Utc>, sources: &[(String, SourceRead)])
             .max()
             .unwrap_or(0);
         for row in rows {
+            // A template's rows count its busiest tenant, so a job's
+            // fraction served is that tenant's (a lower bound for the rest).
+            let worst = row.worst(config, tenants.as_ref(), now);
+            if worst > row.window.units.get() {
+                let f = row.window.units.get() as f64 / worst as f64;
+                for job in &row.jobs {
+                    let least = served.entry(job.name.as_str()).or_insert(1.0);
+                    *least = least.min(f);
+                }
+            }
             let (line, warning) =
                 row.report(config, &cred.name, tenants.as_ref(), now, (scope_w, win_w));
             out.push_str(&line);
             warnings.extend(warning);
         }
+    }
+    if !served.is_empty() {
+        out.push_str(&shares(config, &served));
     }
     if let Some(addr) = config.metrics.listen
         && let Some(why) = crate::ops::exposed(addr)
@@ -162,8 +180,16 @@ fn job_lines(config: &Config, job: &Job, now: DateTime<Utc>) -> String {
         .iter()
         .map(|t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string())
         .collect();
+    let reserve = if job.reserve == Reserve::NONE {
+        String::new()
+    } else {
+        format!(
+            "  reserve: {} of every window stays free for others\n",
+            job.reserve
+        )
+    };
     format!(
-        "\njob {} ({}): endpoint {}, {} task(s) per tick, worst case {} units per run ({} item(s) x {} page(s) x {} unit(s))\n  next: {} ({} {})\n",
+        "\njob {} ({}): endpoint {}, {} task(s) per tick, worst case {} units per run ({} item(s) x {} page(s) x {} unit(s))\n{reserve}  next: {} ({} {})\n",
         job.name,
         job.file.display(),
         ep.name,
@@ -278,11 +304,24 @@ fn window_rows<'a>(config: &'a Config, credential: &str, own: &'a [Window]) -> V
 }
 
 impl Row<'_> {
+    /// The most units its jobs can spend in one window span. A template
+    /// credential's windows are per tenant: each job counts only the items
+    /// of its busiest tenant.
+    fn worst(&self, config: &Config, tenants: Option<&Tenants>, now: DateTime<Utc>) -> u64 {
+        (self.jobs.iter())
+            .map(|j| {
+                let run = schedule::worst_per_run(config, j);
+                let run = match tenants {
+                    Some(t) => t.busiest_share(j, run),
+                    None => run,
+                };
+                schedule::worst_ticks(j, self.window.per, now).saturating_mul(run)
+            })
+            .fold(0, u64::saturating_add)
+    }
+
     /// Its line (columns `widths` wide), and a warning when the jobs'
-    /// worst case does not fit.
-    ///
-    /// A template credential's windows are per tenant: each job counts
-    /// only the items of its busiest tenant.
+    /// worst case does not fit ([`Row::worst`]: per tenant for a template).
     fn report(
         &self,
         config: &Config,
@@ -292,25 +331,28 @@ impl Row<'_> {
         (scope_w, win_w): (usize, usize),
     ) -> (String, Option<String>) {
         let (scope, w) = (&self.scope, self.window);
-        let worst: u64 = (self.jobs.iter())
-            .map(|j| {
-                let run = schedule::worst_per_run(config, j);
-                let run = match tenants {
-                    Some(t) => t.busiest_share(j, run),
-                    None => run,
-                };
-                schedule::worst_ticks(j, w.per, now).saturating_mul(run)
-            })
-            .fold(0, u64::saturating_add);
+        let worst = self.worst(config, tenants, now);
         let pct = worst as f64 * 100.0 / w.units.get() as f64;
         let fits = worst <= w.units.get();
-        let line = format!(
+        let mut line = format!(
             "  {:<scope_w$}  {:<win_w$}  worst case {worst:>9} units per {:<6} {pct:>6.1}%  {}\n",
             scope.to_string(),
             w.describe(),
             fmt_duration(w.per),
             if fits { "fits" } else { "DOES NOT FIT" }
         );
+        // A job's reserve: what its spends leave free in this window.
+        for j in self.jobs.iter().filter(|j| j.reserve != Reserve::NONE) {
+            line.push_str(&format!(
+                "  {:<scope_w$}  {:<win_w$}  job {} keeps {} free: spends up to {} of {} units\n",
+                "",
+                "",
+                j.name,
+                j.reserve,
+                w.admits(j.reserve),
+                w.units
+            ));
+        }
         if fits {
             return (line, None);
         }
@@ -425,4 +467,50 @@ impl Tenants {
         );
         (line, Some(warning))
     }
+}
+
+/// Most items listed one by one in a job's share.
+const SHARE_ITEMS: u64 = 10;
+
+/// Each item's share of ticks, per job that does not fit a window: when a
+/// window serves a fraction `f` of a job's worst case, about `f` × items
+/// fit per tick, and the rotation serves every item in turn
+/// (docs/jobs.md "Fairness").
+fn shares(config: &Config, served: &std::collections::BTreeMap<&str, f64>) -> String {
+    let mut out = String::from(
+        "\nfairness: these jobs do not fit their windows at worst; each tick serves its items in rotation, the ones starved last time first\n",
+    );
+    for (name, f) in served {
+        let Some(job) = config.jobs.get(*name) else {
+            continue;
+        };
+        let items = job.items();
+        let fits = (items as f64 * f).floor() as u64;
+        let share = schedule::share(fits, items);
+        if fits == 0 {
+            out.push_str(&format!(
+                "  job {name}: not one of its {items} item(s) fits a tick at worst: items are served only when other ticks leave units\n"
+            ));
+            continue;
+        }
+        out.push_str(&format!(
+            "  job {name}: {fits} of {items} item(s) fit per tick at worst: each item's share is {:.0}% of ticks (served at least once every {} ticks)\n",
+            share * 100.0,
+            items.div_ceil(fits)
+        ));
+        if items <= SHARE_ITEMS && job.fan_out_from.is_none() {
+            let Ok(mut all) = TickItems::read(job) else {
+                continue;
+            };
+            let Ok(iter) = all.from(0) else { continue };
+            for (_, item) in iter.map_while(Result::ok) {
+                out.push_str(&format!(
+                    "    item {}: {:.0}% of ticks\n",
+                    crate::queue::item_key(&item),
+                    share * 100.0
+                ));
+            }
+        }
+    }
+    out
 }

@@ -1,19 +1,19 @@
-//! `quota-worker keys ENDPOINT [--cost N]`: how another program (PHP, Python,
-//! ...) calls `lua/spend.lua` to spend from the same windows; `keys
-//! --script` prints the script itself.
+//! `quota-worker keys ENDPOINT [--cost N] [--reserve P%]`: how another program
+//! (PHP, Python, ...) calls `lua/spend.lua` to spend from the same windows;
+//! `keys --script` prints the script itself.
 
 use std::path::{Path, PathBuf};
 
 use serde_json::json;
 
 use super::Exit;
-use crate::config::Config;
+use crate::config::{Config, Reserve};
 use crate::quota::{Quotas, SCRIPT};
 
 /// Runs the command.
-pub fn run(config: &Config, endpoint: &str, cost: Option<u64>) -> Exit {
+pub fn run(config: &Config, endpoint: &str, cost: Option<u64>, reserve: Reserve) -> Exit {
     let quotas = Quotas::new(config);
-    let cost = match quotas.checked_cost(endpoint, cost) {
+    let cost = match quotas.checked_cost(endpoint, cost, reserve) {
         Ok(c) => c,
         Err(e) => return super::quota_error(config, &e),
     };
@@ -29,7 +29,7 @@ pub fn run(config: &Config, endpoint: &str, cost: Option<u64>) -> Exit {
         "script": script,
         "sha1": crate::quota::script().sha(),
         "keys": plan.keys,
-        "args": plan.args("spend", "{request_id}", &cost.to_string()),
+        "args": plan.args("spend", "{request_id}", &cost.to_string(), reserve),
     });
     println!("{out:#}");
     Exit::Ok

@@ -147,6 +147,7 @@ pub(crate) fn to_json(usages: &[CredentialUsage]) -> serde_json::Value {
                         "used": w.used,
                         "remaining": w.remaining,
                         "frees_in_ms": w.frees_in.as_millis() as u64,
+                        "drift": w.drift,
                     })
                 })
                 .collect();

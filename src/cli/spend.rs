@@ -1,20 +1,26 @@
-//! `quota-worker spend ENDPOINT [--cost N] [--json]`: one spend, for shell
-//! scripts and other tools. Exit 0 allowed, 75 rejected, 69 Redis unreachable,
-//! 64 a cost that can never fit.
+//! `quota-worker spend ENDPOINT [--cost N] [--reserve P%] [--json]`: one
+//! spend, for shell scripts and other tools. Exit 0 allowed, 75 rejected, 69
+//! Redis unreachable, 64 a cost that can never fit.
 
 use std::sync::Arc;
 
 use serde_json::json;
 
 use super::Exit;
-use crate::config::{Config, fmt_duration};
+use crate::config::{Config, Reserve, fmt_duration};
 use crate::quota::{Decision, Quotas, RejectedBy};
 
 /// Runs the command.
-pub async fn run(config: &Config, endpoint: &str, cost: Option<u64>, as_json: bool) -> Exit {
+pub async fn run(
+    config: &Config,
+    endpoint: &str,
+    cost: Option<u64>,
+    reserve: Reserve,
+    as_json: bool,
+) -> Exit {
     // A cost that can never fit is a usage error, found before touching Redis.
     let quotas = Arc::new(Quotas::new(config));
-    let cost = match quotas.checked_cost(endpoint, cost) {
+    let cost = match quotas.checked_cost(endpoint, cost, reserve) {
         Ok(c) => c,
         Err(e) => return super::quota_error(config, &e),
     };
@@ -23,7 +29,10 @@ pub async fn run(config: &Config, endpoint: &str, cost: Option<u64>, as_json: bo
         Err(code) => return code,
     };
     let id = crate::quota::request_id();
-    let decision = match limiter.spend(endpoint, Some(cost), &id).await {
+    let decision = match limiter
+        .spend_reserved(endpoint, Some(cost), &id, reserve)
+        .await
+    {
         Ok(d) => d,
         Err(e) => return super::quota_error(config, &e),
     };

@@ -127,6 +127,8 @@ pub(crate) enum WindowKindName {
     Sliding,
     /// `"fixed"`.
     Fixed,
+    /// `"bucket"`.
+    Bucket,
 }
 
 impl Choice for WindowKindName {
@@ -134,6 +136,7 @@ impl Choice for WindowKindName {
     const CHOICES: &'static [(&'static str, Self)] = &[
         ("sliding", WindowKindName::Sliding),
         ("fixed", WindowKindName::Fixed),
+        ("bucket", WindowKindName::Bucket),
     ];
 }
 

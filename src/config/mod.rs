@@ -308,7 +308,7 @@ pub struct Window {
     pub units: NonZeroU64,
     /// ...per this period.
     pub per: Duration,
-    /// Trailing (sliding) or calendar-aligned (fixed).
+    /// Trailing (sliding), calendar-aligned (fixed) or a leaky bucket.
     pub kind: WindowKind,
 }
 
@@ -324,6 +324,9 @@ pub enum WindowKind {
         /// The time zone the reset is in.
         timezone: Tz,
     },
+    /// A leaky bucket (GCRA): at most `units` at once, refilled continuously
+    /// at `units / per`.
+    Bucket,
 }
 
 impl Window {
@@ -332,6 +335,7 @@ impl Window {
         let base = format!("{}/{}", self.units, fmt_duration(self.per));
         match &self.kind {
             WindowKind::Sliding => base,
+            WindowKind::Bucket => format!("{base} bucket"),
             WindowKind::Fixed { reset, timezone } => {
                 let s = reset.as_secs();
                 format!(
@@ -343,12 +347,60 @@ impl Window {
         }
     }
 
-    /// "sliding" or "fixed".
+    /// "sliding", "fixed" or "bucket".
     pub fn kind_name(&self) -> &'static str {
         match self.kind {
             WindowKind::Sliding => "sliding",
             WindowKind::Fixed { .. } => "fixed",
+            WindowKind::Bucket => "bucket",
         }
+    }
+
+    /// The units a spend with `reserve` may take: all of them less the
+    /// reserve's share, rounded so that at least that share stays free.
+    pub fn admits(&self, reserve: Reserve) -> u64 {
+        let u = self.units.get();
+        let p = u64::from(reserve.percent());
+        u - (u / 100 * p + (u % 100 * p).div_ceil(100))
+    }
+}
+
+/// A job's priority reserve (`reserve = "20%"`): its spends are admitted only
+/// while every window they touch keeps at least this share of its units free.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Reserve(u8);
+
+impl Reserve {
+    /// No reserve: the whole window may be spent.
+    pub const NONE: Reserve = Reserve(0);
+
+    /// A reserve of `percent` (0–99).
+    pub fn new(percent: u8) -> Option<Self> {
+        (percent <= 99).then_some(Reserve(percent))
+    }
+
+    /// The share kept free, in percent.
+    pub fn percent(self) -> u8 {
+        self.0
+    }
+}
+
+impl FromStr for Reserve {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("invalid reserve {s:?}: write a whole percent from \"0%\" to \"99%\"");
+        let n = s.trim().strip_suffix('%').ok_or_else(bad)?;
+        n.trim()
+            .parse::<u8>()
+            .ok()
+            .and_then(Reserve::new)
+            .ok_or_else(bad)
+    }
+}
+
+impl fmt::Display for Reserve {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}%", self.0)
     }
 }
 
@@ -461,6 +513,8 @@ pub struct Job {
     pub sink: SinkConfig,
     /// Retries of real failures.
     pub retry: Retry,
+    /// The share of every window its spends leave free (`reserve = "20%"`).
+    pub reserve: Reserve,
     /// `{since}` before the item's first run that ended `done`: now minus this.
     pub since_initial: Duration,
 }

@@ -149,6 +149,7 @@ pub(super) struct RawJob {
     pub(super) pagination: Option<RawPagination>,
     pub(super) sink: RawSink,
     pub(super) retry: Option<RawRetry>,
+    pub(super) reserve: Option<String>,
     pub(super) since_initial: Option<Dur>,
 }
 

@@ -2,9 +2,12 @@
 //! credential's shared windows in Redis by `lua/spend.lua`.
 //!
 //! This module knows no HTTP and no queue. The CLI's `spend`, the workers and
-//! the benchmarks all call [`Limiter::spend`]. A decision is data
-//! ([`Decision`]); a cost that can never fit is an error of its own
+//! the benchmarks all call [`Limiter::spend`] (or [`Limiter::spend_reserved`]
+//! for a job with a priority reserve). A decision is data ([`Decision`]); a
+//! cost that can never fit is an error of its own
 //! ([`QuotaError::CostTooLarge`]), as in governor's `InsufficientCapacity`.
+//! [`Limiter::sync`] records drift when the upstream reports fewer units left
+//! than a window would admit.
 
 pub(crate) mod tz;
 
@@ -18,12 +21,28 @@ use indexmap::IndexMap;
 use redis::aio::ConnectionManager;
 use redis::{RedisResult, RetryMethod, Value};
 
-use crate::config::{Config, LimiterUnavailable, Scope, Window, WindowKind};
+use crate::config::{Config, LimiterUnavailable, Reserve, Scope, Window, WindowKind};
 use crate::conn::Lua;
 use crate::keys::{self, KeySpace};
 
 /// The spend script's source, as shipped in `lua/spend.lua`.
 pub const SCRIPT: &str = include_str!("../../lua/spend.lua");
+
+/// The spend script's last line: it runs `spend_main` on the call's own
+/// KEYS and ARGV.
+const DISPATCH: &str = "return spend_main(KEYS, ARGV)";
+
+/// The spend script without its last line: Lua that defines
+/// `spend_main(keys, argv)` (KEYS and ARGV laid out as the script's header
+/// says, the reply as it says). A script that must spend in the same call as
+/// work of its own (a queue claim, say) is this followed by its own code,
+/// which calls `spend_main` with its slice of keys and arguments.
+pub fn library() -> &'static str {
+    SCRIPT
+        .trim_end()
+        .strip_suffix(DISPATCH)
+        .expect("lua/spend.lua ends with its dispatch line")
+}
 
 static LOADED: LazyLock<Lua> = LazyLock::new(|| Lua::new(SCRIPT));
 
@@ -109,8 +128,16 @@ pub enum QuotaError {
     /// one tenant at a time (`ig[account=123]`).
     #[error("credential {0:?} is a template: name one tenant, as {0}[{1}=VALUE]")]
     TemplateNeedsTenant(String, String),
+    /// Fix the caller: the credential has no such window.
+    #[error("credential {credential:?} has no window {window}")]
+    UnknownWindow {
+        /// The credential.
+        credential: String,
+        /// The window asked for, described.
+        window: String,
+    },
     /// Fix the request: it could never be admitted.
-    #[error("cost {cost} can never fit: the smallest window that applies is {window}")]
+    #[error("cost {cost} can never fit: the tightest window that applies is {window}")]
     CostTooLarge {
         /// The cost asked for.
         cost: u64,
@@ -152,7 +179,7 @@ pub struct WindowPlan {
     pub window: Window,
     /// Its keys, in script order.
     pub keys: Vec<String>,
-    /// Its ARGV spec ("sliding:9500:86400000").
+    /// Its ARGV spec ("sliding:9500:86400000", "bucket:1000:20000").
     pub spec: String,
 }
 
@@ -183,6 +210,7 @@ impl Plan {
                 let per = window.per.as_millis();
                 let spec = match &window.kind {
                     WindowKind::Sliding => format!("sliding:{}:{per}", window.units),
+                    WindowKind::Bucket => format!("bucket:{}:{per}", window.units),
                     WindowKind::Fixed { reset, timezone } => format!(
                         "fixed:{}:{per}:{}:{}",
                         window.units,
@@ -231,24 +259,26 @@ impl Plan {
         }
     }
 
-    /// ARGV for an operation: op, id/duration, cost, n, window specs.
-    pub fn args(&self, op: &str, arg: &str, cost: &str) -> Vec<String> {
+    /// ARGV for an operation: op, id / duration / window, cost, reserve
+    /// percent, n, window specs (the script header documents them).
+    pub fn args(&self, op: &str, arg: &str, cost: &str, reserve: Reserve) -> Vec<String> {
         let mut args = vec![
             op.to_owned(),
             arg.to_owned(),
             cost.to_owned(),
+            reserve.percent().to_string(),
             self.windows.len().to_string(),
         ];
         args.extend(self.windows.iter().map(|w| w.spec.clone()));
         args
     }
 
-    /// The window with the fewest units.
-    pub(crate) fn smallest(&self) -> Option<&Window> {
+    /// The window that admits the fewest units to a spend with `reserve`.
+    pub(crate) fn tightest(&self, reserve: Reserve) -> Option<&Window> {
         self.windows
             .iter()
             .map(|w| &w.window)
-            .min_by_key(|w| w.units)
+            .min_by_key(|w| w.admits(reserve))
     }
 }
 
@@ -407,21 +437,51 @@ impl Quotas {
         self.credentials.keys().map(String::as_str)
     }
 
-    /// The cost a spend would charge, checked against the smallest window.
+    /// The window number (0-based, as [`Limiter::peek`] lists them) of a
+    /// credential's window: `scope`'s window of `kind_name` and period `per`.
+    pub fn window_index(
+        &self,
+        credential: &str,
+        scope: &Scope,
+        window: &Window,
+    ) -> Result<usize, QuotaError> {
+        let plan = self.plan_for(credential)?;
+        plan.windows
+            .iter()
+            .position(|w| {
+                &w.scope == scope
+                    && w.window.kind_name() == window.kind_name()
+                    && w.window.per == window.per
+            })
+            .ok_or_else(|| QuotaError::UnknownWindow {
+                credential: credential.to_owned(),
+                window: format!("{scope} {}", window.describe()),
+            })
+    }
+
+    /// The cost a spend would charge, checked against the window that admits
+    /// the fewest units with `reserve` kept free.
     pub(crate) fn checked_cost(
         &self,
         endpoint: &str,
         cost: Option<u64>,
+        reserve: Reserve,
     ) -> Result<u64, QuotaError> {
         let ep = self.endpoint(endpoint)?;
         let cost = cost.unwrap_or(ep.cost.get());
-        if let Some(w) = ep.plan.smallest()
-            && cost > w.units.get()
+        if let Some(w) = ep.plan.tightest(reserve)
+            && cost > w.admits(reserve)
         {
-            return Err(QuotaError::CostTooLarge {
-                cost,
-                window: w.describe(),
-            });
+            let window = if reserve == Reserve::NONE {
+                w.describe()
+            } else {
+                format!(
+                    "{} with {reserve} kept free ({} units)",
+                    w.describe(),
+                    w.admits(reserve)
+                )
+            };
+            return Err(QuotaError::CostTooLarge { cost, window });
         }
         if cost == 0 {
             return Err(QuotaError::CostTooLarge {
@@ -444,8 +504,12 @@ pub struct WindowUsage {
     pub used: u64,
     /// Units left.
     pub remaining: u64,
-    /// Sliding: when its oldest entry expires; fixed: when it resets. Zero when empty.
+    /// Sliding: when its oldest units expire; fixed: when it resets; bucket:
+    /// when the next unit drains. Zero when empty.
     pub frees_in: Duration,
+    /// Units recorded as drift (the upstream reported fewer left than the
+    /// window would admit) and still counted in `used`.
+    pub drift: u64,
 }
 
 /// Live usage of a credential.
@@ -511,21 +575,40 @@ impl Limiter {
         cost: Option<u64>,
         request_id: &str,
     ) -> Result<Decision, QuotaError> {
-        self.spend_for(endpoint, None, cost, request_id).await
+        self.spend_reserved(endpoint, cost, request_id, Reserve::NONE)
+            .await
     }
 
-    /// [`Limiter::spend`] on one tenant (`tenant`: its value) of the
-    /// endpoint's template credential; `None` for a plain credential.
+    /// [`Limiter::spend`] for a spend with a priority reserve: admitted only
+    /// if every window keeps at least `reserve` of its units free after it.
+    /// `remaining` and the retry-after are those of the reduced limit.
+    pub async fn spend_reserved(
+        &self,
+        endpoint: &str,
+        cost: Option<u64>,
+        request_id: &str,
+        reserve: Reserve,
+    ) -> Result<Decision, QuotaError> {
+        self.spend_for(endpoint, None, cost, request_id, reserve)
+            .await
+    }
+
+    /// [`Limiter::spend_reserved`] on one tenant (`tenant`: its value) of
+    /// the endpoint's template credential; `None` for a plain credential.
+    /// The reserve applies to the tenant's own windows.
     pub async fn spend_for(
         &self,
         endpoint: &str,
         tenant: Option<&str>,
         cost: Option<u64>,
         request_id: &str,
+        reserve: Reserve,
     ) -> Result<Decision, QuotaError> {
-        let cost = self.quotas.checked_cost(endpoint, cost)?;
+        let cost = self.quotas.checked_cost(endpoint, cost, reserve)?;
         let ep = self.quotas.endpoint_for(endpoint, tenant)?;
-        let args = ep.plan.args("spend", request_id, &cost.to_string());
+        let args = ep
+            .plan
+            .args("spend", request_id, &cost.to_string(), reserve);
         let started = std::time::Instant::now();
         let reply = self.call(&ep.plan, args).await;
         metrics::histogram!("qw_spend_duration_seconds", "endpoint" => endpoint.to_owned())
@@ -584,7 +667,9 @@ impl Limiter {
         actual: u64,
     ) -> Result<usize, QuotaError> {
         let ep = self.quotas.endpoint_for(endpoint, tenant)?;
-        let args = ep.plan.args("settle", request_id, &actual.to_string());
+        let args = ep
+            .plan
+            .args("settle", request_id, &actual.to_string(), Reserve::NONE);
         let r = self.call(&ep.plan, args).await?;
         Ok(r.first().copied().unwrap_or(0).max(0) as usize)
     }
@@ -595,7 +680,9 @@ impl Limiter {
     pub async fn block(&self, credential: &str, for_: Duration) -> Result<Duration, QuotaError> {
         let plan = self.quotas.plan_for(credential)?;
         let ms = for_.as_millis().max(1).to_string();
-        let r = self.call(&plan, plan.args("block", &ms, "")).await?;
+        let r = self
+            .call(&plan, plan.args("block", &ms, "", Reserve::NONE))
+            .await?;
         Ok(Duration::from_millis(
             r.first().copied().unwrap_or(0).max(0) as u64,
         ))
@@ -606,8 +693,10 @@ impl Limiter {
     /// A template's tenant is named as `quota` shows it (`ig[account=123]`).
     pub async fn peek(&self, credential: &str) -> Result<CredentialUsage, QuotaError> {
         let plan = self.quotas.plan_for(credential)?;
-        let r = self.call(&plan, plan.args("peek", "", "")).await?;
-        if r.len() != 1 + 3 * plan.windows.len() {
+        let r = self
+            .call(&plan, plan.args("peek", "", "", Reserve::NONE))
+            .await?;
+        if r.len() != 1 + 4 * plan.windows.len() {
             return Err(QuotaError::Script(format!(
                 "peek returned {} values",
                 r.len()
@@ -617,13 +706,14 @@ impl Limiter {
         let windows = plan
             .windows
             .iter()
-            .zip(r[1..].chunks(3))
+            .zip(r[1..].chunks(4))
             .map(|(w, c)| WindowUsage {
                 scope: w.scope.clone(),
                 window: w.window.clone(),
                 used: u(c[0]),
                 remaining: u(c[1]),
                 frees_in: Duration::from_millis(u(c[2])),
+                drift: u(c[3]),
             })
             .collect();
         Ok(CredentialUsage {
@@ -631,6 +721,49 @@ impl Limiter {
             blocked_for: Duration::from_millis(u(r[0])),
             windows,
         })
+    }
+
+    /// The upstream reports `upstream_left` units left on the limit that
+    /// window `window` of `credential` mirrors (0-based, as [`Limiter::peek`]
+    /// lists them; [`Quotas::window_index`] finds it). If the window would
+    /// admit more, the difference is recorded as drift: units spent now,
+    /// atomically with the window's other state, expiring with them, counted
+    /// in `qw_drift_units_total{credential}`. Drift only ever lowers what the
+    /// window admits. Returns the drift recorded (0: none needed).
+    pub async fn sync(
+        &self,
+        credential: &str,
+        window: usize,
+        upstream_left: u64,
+    ) -> Result<u64, QuotaError> {
+        let plan = self.quotas.plan_for(credential)?;
+        let Some(w) = plan.windows.get(window) else {
+            return Err(QuotaError::UnknownWindow {
+                credential: credential.to_owned(),
+                window: format!("number {window} of {}", plan.windows.len()),
+            });
+        };
+        let args = plan.args(
+            "sync",
+            &(window + 1).to_string(),
+            &upstream_left.to_string(),
+            Reserve::NONE,
+        );
+        let r = self.call(&plan, args).await?;
+        let drift = r.first().copied().unwrap_or(0).max(0) as u64;
+        if drift > 0 {
+            metrics::counter!("qw_drift_units_total", "credential" => plan.family.clone())
+                .increment(drift);
+            tracing::info!(
+                credential,
+                window = %w.window.describe(),
+                scope = %w.scope,
+                drift,
+                upstream_left,
+                "the upstream reports fewer units left than the window admits; drift recorded"
+            );
+        }
+        Ok(drift)
     }
 }
 
@@ -730,6 +863,15 @@ fn decision(r: &[i64]) -> Result<Decision, QuotaError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_library_is_the_script_less_its_dispatch() {
+        assert!(library().trim_end().ends_with("end"));
+        assert_eq!(
+            format!("{}{DISPATCH}", library()).trim_end(),
+            SCRIPT.trim_end()
+        );
+    }
 
     #[test]
     fn decision_maps_the_script_reply() {

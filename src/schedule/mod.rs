@@ -6,9 +6,12 @@
 //!   `fan_out`) and how they are queued in bounded chunks (the daemon's
 //!   scheduler and `trigger` both use it);
 //! - `source`: `fan_out_from`'s CSV and SQLite sources, read at every tick;
+//! - `fairness`: the rotation that serves items starved last time first,
+//!   and the starved items as Redis keeps them;
 //! - `scheduler`: the daemon's loop that fires ticks and fans them out into
 //!   the queue, each tick claimed once across daemons.
 
+mod fairness;
 mod fan_out;
 mod scheduler;
 pub mod source;
@@ -19,6 +22,8 @@ use chrono::{DateTime, Utc};
 
 use crate::config::{Config, Job, Window, WindowKind};
 
+pub(crate) use fairness::share;
+pub use fairness::{STARVED_CAP, StarvedItems, starved_items};
 pub use fan_out::{FanOutCause, FanOutError, Fanned, Item, TickItems, queue_tick, tick_tasks};
 pub(crate) use scheduler::Scheduler;
 
@@ -198,7 +203,7 @@ pub(crate) fn exhausted_at<'a>(
     from: DateTime<Utc>,
 ) -> Option<(DateTime<Utc>, &'a Job)> {
     let start = match &window.kind {
-        WindowKind::Sliding => from,
+        WindowKind::Sliding | WindowKind::Bucket => from,
         WindowKind::Fixed { .. } => period_end(window, from).unwrap_or(from),
     };
     let per = chrono::Duration::from_std(window.per).ok()?;
@@ -232,6 +237,20 @@ pub(crate) fn exhausted_at<'a>(
                 spent = spent.saturating_add(cost(job));
                 if spent > units {
                     return Some((*t, ticks[i].1));
+                }
+            }
+        }
+        WindowKind::Bucket => {
+            // Starts empty and drains continuously at `units / per`, as the
+            // script's bucket does; a tick adds its worst case to the level.
+            let per_ms = per.num_milliseconds().max(1) as f64;
+            let (mut level, mut last) = (0f64, start);
+            for (t, job) in &ticks {
+                let drained = (*t - last).num_milliseconds() as f64 * units as f64 / per_ms;
+                level = (level - drained).max(0.0) + cost(job) as f64;
+                last = *t;
+                if level > units as f64 {
+                    return Some((*t, *job));
                 }
             }
         }

@@ -47,7 +47,12 @@ async fn spends_run_unchanged_on_a_three_node_cluster() {
         let mut conn = conn.clone();
         async move {
             let mut call = script().call();
-            call.key(&plan.keys).arg(plan.args("spend", &id, "1"));
+            call.key(&plan.keys).arg(plan.args(
+                "spend",
+                &id,
+                "1",
+                quota_worker::config::Reserve::NONE,
+            ));
             let r: Vec<i64> = call.invoke(&mut conn).await.expect("spend on the cluster");
             r[0] == 1
         }

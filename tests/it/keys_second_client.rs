@@ -69,14 +69,16 @@ fn python_and_cli_spend_from_the_same_windows() {
         .collect();
     assert_eq!(
         keys.len(),
-        2 + 2 + 1 + 2,
-        "block, clock, then each window's"
+        2 + 4 + 1 + 4,
+        "block, clock, then each window's (4 for a sliding window, 1 for a fixed one)"
     );
     assert!(keys.iter().all(|k| k.starts_with("qw:{k}:")), "{keys:?}");
     let args = spec["args"].as_array().expect("args");
     assert_eq!(args[0], "spend");
     assert_eq!(args[1], "{request_id}");
     assert_eq!(args[2], "1", "the endpoint's cost");
+    assert_eq!(args[3], "0", "no reserve");
+    assert_eq!(args[4], "3", "three windows follow");
     let spec_path = cfg.join("keys.json");
     std::fs::write(&spec_path, out.stdout).expect("write keys.json");
 

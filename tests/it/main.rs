@@ -8,15 +8,19 @@
 mod support;
 
 // The spend: windows, costs, exactness, and the Lua script's edge cases.
+mod bucket_window;
 mod clock_step_back;
 mod cluster;
+mod drift;
 mod duplicate_request;
 mod fixed_boundary;
 mod fixed_window_dst;
 mod idle_eviction;
 mod key_expiry;
 mod multi_window;
+mod reserve;
 mod retry_after_exact;
+mod retry_after_settled;
 mod script_flush;
 mod settle_block;
 mod spend_contention;
@@ -33,6 +37,7 @@ mod quota_report;
 mod redis_unavailable;
 
 // The pipeline: ticks, tasks, the queue and apalis, outcomes, sinks.
+mod fairness;
 mod fan_out_from;
 mod fan_out_large;
 mod incremental;
@@ -67,6 +72,7 @@ mod logs;
 mod metrics;
 mod notify;
 mod secrets;
+mod status_page;
 mod units;
 mod watchdog;
 

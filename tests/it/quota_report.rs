@@ -56,9 +56,9 @@ fn quota_json_has_the_spec_shape_and_live_numbers() {
         let out = cfg.run_on(&server, &["spend", "e"]);
         assert_eq!(out.status.code(), Some(0), "{}", support::stderr(&out));
     }
-    let oldest: Vec<String> =
-        server.cmd(&["ZRANGE", "qw:{k}:cred:s3600000:log", "0", "0", "WITHSCORES"]);
-    let first = oldest[1].parse::<f64>().expect("score") as i64;
+    let log: Vec<String> = server.cmd(&["ZRANGE", "qw:{k}:cred:s3600000:v2:log", "0", "0"]);
+    let first = support::seed::spend_time_us(&server, "qw:{k}:cred:s3600000", &log[0])
+        .expect("the oldest spend");
 
     let (j, t0, t1) = quota_json(&cfg, &server, &["quota", "--json"]);
     assert_eq!(keys(&j), BTreeSet::from(["credentials"]));
@@ -85,6 +85,7 @@ fn quota_json_has_the_spec_shape_and_live_numbers() {
         "used",
         "remaining",
         "frees_in_ms",
+        "drift",
     ]);
     for win in w {
         assert_eq!(keys(win), shape, "{win}");

@@ -31,7 +31,7 @@ async fn weighted_retry_after_waits_for_enough_units_not_the_oldest_entry() {
     let cfg = config();
     let config = Config::load(&cfg.path()).expect("config");
     let limiter = support::limiter(&server, &config).await;
-    let log = "qw:{k}:cred:s3000:log";
+    let base = "qw:{k}:cred:s3000";
 
     // Three spends of 3, 300 ms apart: 9 of 10 units used.
     let mut spent_at = Vec::new();
@@ -46,8 +46,7 @@ async fn weighted_retry_after_waits_for_enough_units_not_the_oldest_entry() {
                 remaining: 7 - 3 * i as u64
             }
         );
-        let score: f64 = server.cmd(&["ZSCORE", log, id]);
-        spent_at.push(score as i64);
+        spent_at.push(support::seed::spend_time_us(&server, base, id).expect("spent"));
     }
 
     // Cost 7 needs 6 units freed: the oldest entry (3) is not enough, the

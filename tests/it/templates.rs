@@ -296,3 +296,57 @@ fn a_template_a_job_cannot_fill_is_a_config_error_at_its_line() {
         "bad template placeholder \"secret\"",
     );
 }
+
+/// A tenant's spend goes through the reserve-aware spend: a 40% reserve
+/// keeps 40% of the tenant's own window free, the tenant's plain spends
+/// take the rest, and the other tenant's window is untouched by either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reserve_is_kept_free_in_each_tenants_own_windows() {
+    use quota_worker::config::{Config, Reserve};
+    use quota_worker::quota::{Decision, RejectedBy, request_id};
+
+    let server = RedisServer::start();
+    let cfg = TestConfig::new(
+        r#"
+[credentials.ig]
+template = "account"
+secret_file = "tokens/{account}"
+windows = [{ units = 5, per = "1h" }]
+
+[endpoints.m]
+credential = "ig"
+cost = 1
+"#,
+        &[],
+    );
+    let limiter = support::limiter(&server, &Config::load(&cfg.path()).expect("config")).await;
+    let reserve: Reserve = "40%".parse().expect("40%");
+    let spend = |tenant: &'static str, reserve: Reserve| {
+        let limiter = &limiter;
+        async move {
+            (limiter.spend_for("m", Some(tenant), None, &request_id(), reserve))
+                .await
+                .expect("spend")
+        }
+    };
+    for i in 0..3u64 {
+        assert_eq!(
+            spend("a", reserve).await,
+            Decision::Allowed { remaining: 2 - i },
+            "reserved spend {i} on tenant a"
+        );
+    }
+    let r = support::rejected(spend("a", reserve).await);
+    assert_eq!(r.by, RejectedBy::Window(1), "the reserve of a's window");
+    for _ in 0..2 {
+        assert!(spend("a", Reserve::NONE).await.is_allowed());
+    }
+    assert!(!spend("a", Reserve::NONE).await.is_allowed(), "a is full");
+    // Tenant b's window is its own: the reserve applies there afresh.
+    assert_eq!(
+        spend("b", reserve).await,
+        Decision::Allowed { remaining: 2 }
+    );
+    let usage = limiter.peek("ig[account=b]").await.expect("peek b");
+    assert_eq!(usage.windows[0].used, 1, "{usage:?}");
+}

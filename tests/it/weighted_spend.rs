@@ -47,19 +47,18 @@ fn cost_100_on_950_units_admits_exactly_nine_with_one_entry_each() {
     );
 
     // Memory: one entry per call in every window, whatever the cost.
-    let logs = server.keys("qw:{yt}:*:log");
+    let logs = server.keys("qw:{yt}:*:v2:log");
     assert_eq!(logs.len(), 2, "two sliding windows: {logs:?}");
     for log in &logs {
         let n: i64 = server.cmd(&["ZCARD", log]);
-        assert_eq!(n, 9, "{log} holds one entry per spend, not one per unit");
-        let units = log.replace(":log", ":units");
-        let fields: i64 = server.cmd(&["HLEN", &units]);
-        assert_eq!(
-            fields, 11,
-            "{units}: 9 spends, the #used counter and #expires"
-        );
-        let used: i64 = server.cmd(&["HGET", &units, "#used"]);
-        assert_eq!(used, 900);
+        assert_eq!(n, 9, "{log} holds one id per spend, not one per unit");
+        let ts = log.replace(":log", ":ts");
+        let entries: i64 = server.cmd(&["XLEN", &ts]);
+        assert_eq!(entries, 9, "{ts}: one entry per spend");
+        // The last entry's position is the window's total: 9 x 100 units.
+        let last: Vec<(String, Vec<String>)> =
+            server.cmd(&["XREVRANGE", &ts, "+", "-", "COUNT", "1"]);
+        assert!(last[0].0.starts_with("900-"), "{last:?}");
     }
     let fixed = server.keys("qw:{yt}:*:fixed");
     assert_eq!(fixed.len(), 1, "{fixed:?}");

@@ -103,7 +103,7 @@ fn strings<S: Into<String>>(values: impl IntoIterator<Item = S>) -> Value {
     )
 }
 
-/// `{ units = N, per = "1h" }`, sliding unless made fixed.
+/// `{ units = N, per = "1h" }`, sliding unless made fixed or a bucket.
 #[derive(Debug, Clone)]
 pub struct Window(Fields);
 
@@ -120,6 +120,14 @@ impl Window {
     pub fn fixed(units: u64, per: &str) -> Self {
         let mut w = Self::sliding(units, per);
         w.0.set("kind", "fixed");
+        w
+    }
+
+    /// A burst of `units`, refilled continuously at `units / per`
+    /// (`kind = "bucket"`).
+    pub fn bucket(units: u64, per: &str) -> Self {
+        let mut w = Self::sliding(units, per);
+        w.0.set("kind", "bucket");
         w
     }
 

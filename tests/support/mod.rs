@@ -14,10 +14,13 @@
 //! | [`pipeline`] | the daemon in-process, with every task outcome as an event |
 //! | [`in_process`] | start, wait for ready, and stop `daemon::run` in this process |
 //! | [`notify`] | a `NOTIFY_SOCKET` that records who sent what |
-//! | [`http`] | `/metrics`, `/healthz`, `/readyz` over plain HTTP, and the Prometheus text format |
+//! | [`http`] | `/metrics`, `/healthz`, `/readyz` and the status page over plain HTTP (any method, extra headers), and the Prometheus text format |
+//! | [`browser`] | headless Chromium: the DOM after load, a screenshot (fails saying how to install it, unless `QW_SKIP_BROWSER=1`) |
 //! | [`procfs`] | `/proc`: children, liveness, environment |
+//! | [`seed`] | a sliding window's Redis layout (v2): seed entries at chosen times, take the newest back, snapshot, read a spend's time |
 //! | [`machine`] | which tests must not share the machine |
 
+pub mod browser;
 pub mod config;
 pub mod daemon;
 pub mod hostile;
@@ -29,6 +32,7 @@ pub mod pipeline;
 pub mod process;
 pub mod procfs;
 pub mod redis_server;
+pub mod seed;
 pub mod styles;
 pub mod upstream;
 
@@ -39,7 +43,7 @@ use std::time::{Duration, Instant};
 pub use config::{
     ConfigBuilder, Credential, Endpoint, Job, Request, Sink, TestConfig, Window, Worker,
 };
-pub use redis_server::{RedisServer, free_port, limiter};
+pub use redis_server::{RedisServer, admit_n, free_port, limiter, rejected};
 
 /// The binary under test.
 pub fn bin() -> PathBuf {

@@ -218,7 +218,9 @@ pub fn spellings(secret: &str) -> Vec<String> {
 }
 
 /// Every key in the Redis at `url` and every value it holds (strings, hash
-/// fields and values, list, set and sorted-set members), as text.
+/// fields and values, list, set and sorted-set members, stream entries), as
+/// text; a binary value (a window's msgpack counters) as lossy UTF-8, which
+/// keeps any secret inside it readable.
 pub fn everything_in(url: &str) -> Vec<String> {
     let mut conn = redis::Client::open(url)
         .and_then(|c| c.get_connection())
@@ -227,33 +229,42 @@ pub fn everything_in(url: &str) -> Vec<String> {
     let mut out = Vec::new();
     for k in keys {
         let kind: String = redis::cmd("TYPE").arg(&k).query(&mut conn).expect("TYPE");
-        let values = match kind.as_str() {
-            "string" => read(&mut conn, "GET", &k, false),
-            "hash" => read(&mut conn, "HGETALL", &k, false),
-            "list" => read(&mut conn, "LRANGE", &k, true),
-            "set" => read(&mut conn, "SMEMBERS", &k, false),
-            "zset" => read(&mut conn, "ZRANGE", &k, true),
+        let read: &[&str] = match kind.as_str() {
+            "string" => &["GET"],
+            "hash" => &["HGETALL"],
+            "list" => &["LRANGE", "0", "-1"],
+            "set" => &["SMEMBERS"],
+            "zset" => &["ZRANGE", "0", "-1"],
+            "stream" => &["XRANGE", "-", "+"],
             // Gone since KEYS listed it.
-            "none" => Vec::new(),
+            "none" => &[],
             other => panic!("key {k} has a type this scan does not read: {other}"),
         };
-        out.push(k);
-        out.extend(values);
+        if let Some((cmd, rest)) = read.split_first() {
+            let v: redis::Value = redis::cmd(cmd)
+                .arg(&k)
+                .arg(rest)
+                .query(&mut conn)
+                .unwrap_or_else(|e| panic!("{cmd} {k}: {e}"));
+            out.push(k);
+            texts(v, &mut out);
+        }
     }
     out
 }
 
-/// `CMD key` (`CMD key 0 -1` for a range) as text.
-fn read(conn: &mut redis::Connection, cmd: &str, key: &str, range: bool) -> Vec<String> {
-    let mut c = redis::cmd(cmd);
-    c.arg(key);
-    if range {
-        c.arg(0).arg(-1);
+/// Every string in a reply, nested ones included, as text.
+fn texts(v: redis::Value, out: &mut Vec<String>) {
+    use redis::Value as V;
+    match v {
+        V::Nil | V::Okay => {}
+        V::BulkString(b) => out.push(String::from_utf8_lossy(&b).into_owned()),
+        V::SimpleString(s) => out.push(s),
+        V::Array(vs) | V::Set(vs) => vs.into_iter().for_each(|v| texts(v, out)),
+        V::Map(kvs) => kvs.into_iter().for_each(|(k, v)| {
+            texts(k, out);
+            texts(v, out);
+        }),
+        other => out.push(format!("{other:?}")),
     }
-    // A string is one value; the others are lists of them.
-    if cmd == "GET" {
-        let v: Option<String> = c.query(conn).unwrap_or_else(|e| panic!("{cmd} {key}: {e}"));
-        return v.into_iter().collect();
-    }
-    c.query(conn).unwrap_or_else(|e| panic!("{cmd} {key}: {e}"))
 }

@@ -14,7 +14,7 @@ use crate::config::choice::PageStyleName;
 use crate::config::defaults as d;
 use crate::config::raw::{RawFanOutFrom, RawJob, RawPagination, RawRetry};
 use crate::config::{
-    DataSource, Endpoint, FanOutFrom, FieldPath, Job, PageStyle, Pagination, Retry, Source,
+    DataSource, Endpoint, FanOutFrom, FieldPath, Job, PageStyle, Pagination, Reserve, Retry, Source,
 };
 use crate::schedule::source;
 
@@ -130,6 +130,8 @@ impl Loader<'_> {
             .and_then(|p| self.pagination(src, &base.join("pagination"), p));
         let sink = self.sink(src, &base.join("sink"), rj.sink, &places);
         let retry = self.retry(src, &base.join("retry"), rj.retry.as_ref());
+        let endpoint = endpoints.get(&rj.endpoint);
+        let reserve = self.reserve(src, &base.join("reserve"), rj.reserve.as_deref(), endpoint);
         let since_initial = rj.since_initial.map_or(d::SINCE_INITIAL, |s| s.0);
 
         if self.errors.len() > errors_before || !endpoint_valid {
@@ -148,8 +150,48 @@ impl Loader<'_> {
             pagination,
             sink: sink?,
             retry,
+            reserve,
             since_initial,
         })
+    }
+
+    /// `reserve = "20%"`: a whole percent, and with it kept free the
+    /// endpoint's cost must still fit every window its spends touch.
+    fn reserve(
+        &mut self,
+        src: &Source,
+        at: &FieldPath,
+        raw: Option<&str>,
+        endpoint: Option<&Endpoint>,
+    ) -> Reserve {
+        let reserve = match raw.map(str::parse::<Reserve>) {
+            None => return Reserve::NONE,
+            Some(Ok(r)) => r,
+            Some(Err(e)) => {
+                self.error(src, at, e);
+                return Reserve::NONE;
+            }
+        };
+        let Some(ep) = endpoint else {
+            return reserve;
+        };
+        // The credential's windows count only when the endpoint charges it.
+        let own = (ep.charge_credential)
+            .then(|| self.credential_windows.get(&ep.credential))
+            .flatten();
+        let tightest =
+            (own.into_iter().flatten().chain(&ep.windows)).min_by_key(|w| w.admits(reserve));
+        if let Some(w) = tightest.filter(|w| ep.cost.get() > w.admits(reserve)) {
+            let msg = format!(
+                "with {reserve} kept free, window {} admits {} units at most, less than {}'s cost {}: no request could ever be admitted",
+                w.describe(),
+                w.admits(reserve),
+                ep.name,
+                ep.cost
+            );
+            self.error(src, at, msg);
+        }
+        reserve
     }
 
     /// `schedule`: cron with seconds first.

@@ -25,7 +25,7 @@ use indexmap::IndexMap;
 use super::choice::Choice;
 use super::defaults as d;
 use super::raw::RawConfig;
-use super::{Config, ConfigError, ConfigErrors, EnvLookup, FieldPath, Source};
+use super::{Config, ConfigError, ConfigErrors, EnvLookup, FieldPath, Source, Window};
 
 /// Collects every error of one load.
 pub(super) struct Loader<'a> {
@@ -37,6 +37,8 @@ pub(super) struct Loader<'a> {
     /// Template credentials (`template = "account"`): their placeholder,
     /// which every job charged to one must fill.
     templates: HashMap<String, String>,
+    /// Each credential's windows, to check a job's reserve against them.
+    credential_windows: HashMap<String, Vec<Window>>,
 }
 
 impl<'a> Loader<'a> {
@@ -46,6 +48,7 @@ impl<'a> Loader<'a> {
             errors: Vec::new(),
             invalid_endpoints: BTreeSet::new(),
             templates: HashMap::new(),
+            credential_windows: HashMap::new(),
         }
     }
 
@@ -62,6 +65,9 @@ impl<'a> Loader<'a> {
         let state_dir = self.state_dir(&src, &dir, raw.state_dir.as_deref());
         let credentials = self.credentials(&src, &dir, &raw.credentials);
         let endpoints = self.endpoints(&src, &raw.endpoints, &credentials);
+        self.credential_windows = (credentials.values())
+            .map(|c| (c.name.clone(), c.windows.clone()))
+            .collect();
         let jobs = match &raw.jobs {
             Some(glob) => self.jobs(&src, &dir, glob, &endpoints),
             None => IndexMap::new(),

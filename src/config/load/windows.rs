@@ -1,5 +1,5 @@
 //! `windows = [...]` of a credential or an endpoint: units, period and kind
-//! (sliding, or fixed with a reset time and a time zone).
+//! (sliding, fixed with a reset time and a time zone, or a bucket).
 
 use std::collections::BTreeSet;
 use std::num::NonZeroU64;
@@ -63,6 +63,7 @@ impl Loader<'_> {
         let kind = match self.pick(src, &at.join("kind"), kind)? {
             WindowKindName::Sliding => self.sliding(src, at, rw),
             WindowKindName::Fixed => self.fixed(src, at, rw, per),
+            WindowKindName::Bucket => self.bucket(src, at, rw, units, per),
         };
         Some(Window { units, per, kind })
     }
@@ -77,6 +78,30 @@ impl Loader<'_> {
             }
         }
         WindowKind::Sliding
+    }
+
+    /// `kind = "bucket"`: a leaky bucket refills continuously, so it has no
+    /// reset; the spend script keeps its level exact in units x
+    /// milliseconds, below 2^53.
+    fn bucket(
+        &mut self,
+        src: &Source,
+        at: &FieldPath,
+        rw: &RawWindow,
+        units: NonZeroU64,
+        per: Duration,
+    ) -> WindowKind {
+        for (field, v) in [("reset", &rw.reset), ("timezone", &rw.timezone)] {
+            if v.is_some() {
+                let msg = "only fixed windows reset; a bucket refills continuously";
+                self.error(src, &at.join(field), msg);
+            }
+        }
+        if u128::from(units.get()) * per.as_millis() >= 1 << 53 {
+            let msg = "a bucket's units x per (in ms) must stay below 2^53: lower units or per";
+            self.error(src, at, msg);
+        }
+        WindowKind::Bucket
     }
 
     /// `kind = "fixed"`: calendar periods from `reset` in `timezone`.
