@@ -113,7 +113,8 @@ pub struct Blocked {
 }
 
 impl Limiter {
-    /// Blocks `credential` for `for_` because of `reason`, never shortening
+    /// Blocks `credential` (a template's tenant named as `quota` shows it,
+    /// `ig[account=123]`) for `for_` because of `reason`, never shortening
     /// a longer block; the reason is kept while this block is the one in
     /// force ([`Limiter::block_reason`]).
     pub async fn block_because(
@@ -122,7 +123,7 @@ impl Limiter {
         for_: BlockFor,
         reason: BlockReason,
     ) -> Result<Blocked, QuotaError> {
-        let plan = self.quotas.credential(credential)?;
+        let plan = self.quotas.plan_for(credential)?;
         let ms = |d: Duration| d.as_millis().clamp(1, u128::from(u64::MAX)) as u64;
         let (first, cap) = match for_ {
             BlockFor::Fixed(d) => (ms(d), 0),
@@ -137,8 +138,8 @@ impl Limiter {
         let ks = self.quotas.keys();
         let mut call = SCRIPT.call();
         call.key(&plan.keys)
-            .key(ks.block_kind(credential))
-            .key(ks.block_streak(credential))
+            .key(ks.block_kind(&plan.credential))
+            .key(ks.block_streak(&plan.credential))
             .arg(args);
         let mut conn = self.conn.clone();
         let reply = tokio::time::timeout(self.timeout, call.invoke::<Vec<i64>>(&mut conn))
@@ -158,8 +159,8 @@ impl Limiter {
     /// Why `credential` is blocked, if it is and the block said why (a
     /// block set by `block` alone, or by an older version, did not).
     pub async fn block_reason(&self, credential: &str) -> Result<Option<BlockReason>, QuotaError> {
-        self.quotas.credential(credential)?;
-        let key = self.quotas.keys().block_kind(credential);
+        let plan = self.quotas.plan_for(credential)?;
+        let key = self.quotas.keys().block_kind(&plan.credential);
         let mut conn = self.conn.clone();
         let word: Option<String> = tokio::time::timeout(self.timeout, conn.get(key))
             .await

@@ -24,7 +24,7 @@ use super::lock::Found;
 use super::spend::{Admission, Applied, Spent};
 use super::{CHECKPOINT_TTL, Checkpoint, ITEM_STATE_TTL, TaskError, Worker};
 use crate::config::{Endpoint, Job, OnQuotaExhausted, PageStyle, Secret, fmt_duration};
-use crate::fetch::{Answered, BuildError, PageAt, Placeholders, Reply, Request};
+use crate::fetch::{Answered, BuildError, Fetcher, PageAt, Placeholders, Reply, Request};
 use crate::outcome::{Outcome, OutcomeKind};
 use crate::paging::{Next, Stored, Validators};
 use crate::queue::{Origin, QueueError, TaskArgs};
@@ -80,7 +80,15 @@ pub(super) struct Run<'a> {
     pub(super) task: &'a TaskArgs,
     pub(super) job: &'a Job,
     pub(super) endpoint: &'a Endpoint,
+    /// The credential spent, as `quota` names it: the endpoint's, or for a
+    /// template credential this item's tenant (`ig[account=123]`).
+    pub(super) credential: String,
+    /// A template credential's tenant: the item's value of its placeholder.
+    pub(super) tenant: Option<String>,
     secret: Secret,
+    /// The fetcher, scrubbing this run's secret too (a tenant's is not
+    /// among the secrets read at start).
+    fetcher: Fetcher,
     max_pages: u32,
     /// `continue = true`.
     continues: bool,
@@ -172,15 +180,46 @@ impl Worker {
             }
         };
         let endpoint = &self.config.endpoints[&job.endpoint];
+        let cred = &self.config.credentials[&endpoint.credential];
+        let (credential, tenant, secret, fetcher) = match &cred.template {
+            None => (
+                cred.name.clone(),
+                None,
+                self.secrets
+                    .get(&cred.name)
+                    .cloned()
+                    .unwrap_or_else(|| Secret::new("")),
+                self.fetcher.clone(),
+            ),
+            Some(placeholder) => {
+                // Config validation makes every item of the job fill it.
+                let value = task.item.iter().find(|(k, _)| k == placeholder);
+                let value = value.map_or("", |(_, v)| v.as_str());
+                let name = cred.tenant(value).unwrap_or_default();
+                match cred.tenant_secret(value) {
+                    Ok(secret) => {
+                        let fetcher = self.fetcher.with_secret(&secret);
+                        (name, Some(value.to_owned()), secret, fetcher)
+                    }
+                    Err(e) => {
+                        // This item only: its checkpoint stays, so the run
+                        // resumes once its token file is there.
+                        let why = format!("no secret for {name}: {e}");
+                        let outcome = Outcome::new(OutcomeKind::Failed, start.page, why);
+                        self.finish(task, Some(job), &outcome).await?;
+                        return Ok(outcome);
+                    }
+                }
+            }
+        };
         let run = Run {
             task,
             job,
             endpoint,
-            secret: self
-                .secrets
-                .get(&endpoint.credential)
-                .cloned()
-                .unwrap_or_else(|| Secret::new("")),
+            credential,
+            tenant,
+            secret,
+            fetcher,
             max_pages: job.max_pages(),
             continues: job.pagination.as_ref().is_some_and(|p| p.continues),
             validators: found.validators.filter(|_| endpoint.conditional),
@@ -257,8 +296,8 @@ impl Worker {
         p.units += cost;
         Stats::add(&self.stats.units, cost);
 
-        let Answered { reply, verdict } = self.fetcher.send(run.endpoint, &request).await;
-        let blocked = (self.account(run.endpoint, &spent, &reply, verdict, &mut p)).await;
+        let Answered { reply, verdict } = run.fetcher.send(run.endpoint, &request).await;
+        let blocked = (self.account(run, &spent, &reply, verdict, &mut p)).await;
         self.answer(run, p, &spent, reply, blocked, now).await
     }
 
@@ -276,7 +315,7 @@ impl Worker {
             Some(token) => PageAt::After(token),
             None => PageAt::Number(p.page),
         };
-        let request = self.fetcher.request(run.job, &ph, at)?;
+        let request = run.fetcher.request(run.job, &ph, at)?;
         Ok(match &run.validators {
             Some(v) if p.page == 1 => request.conditional(v),
             _ => request,

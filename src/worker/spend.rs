@@ -35,6 +35,8 @@ pub(super) struct Spent {
     recorded: bool,
     /// Its units, counted as unanswered until the page's step ends.
     flying: Flying,
+    /// The tenant it was spent on (template credentials), settled there.
+    tenant: Option<String>,
 }
 
 /// Units this daemon has spent per credential whose requests have not been
@@ -138,7 +140,7 @@ impl Worker {
     /// Spends the page's cost from the endpoint's windows (unless this
     /// daemon holds the credential blocked itself).
     pub(super) async fn spend(&self, run: &Run<'_>, p: &Progress) -> Result<Admission, TaskError> {
-        if let Some(left) = self.local_blocks.left(&run.endpoint.credential) {
+        if let Some(left) = self.local_blocks.left(&run.credential) {
             let why = "credential blocked by this daemon (Redis did not take the upstream's block)";
             let kind = OutcomeKind::QuotaExhausted;
             let o = self.wait_for_quota(run, p, kind, left, why).await?;
@@ -153,13 +155,23 @@ impl Worker {
         let decision = if self.skip_spend {
             Ok(Decision::Unchecked)
         } else {
-            self.limiter
-                .spend_reserved(&run.endpoint.name, None, &request_id, run.job.reserve)
+            // A tenant's spend keeps the job's reserve free in the
+            // tenant's own windows.
+            let tenant = run.tenant.as_deref();
+            (self.limiter)
+                .spend_for(
+                    &run.endpoint.name,
+                    tenant,
+                    None,
+                    &request_id,
+                    run.job.reserve,
+                )
                 .await
         };
         let recorded = match decision {
             Ok(Decision::Allowed { .. }) => {
-                self.record_spent(run.endpoint, run.endpoint.cost.get() as i64);
+                let tenant = run.tenant.as_deref();
+                self.record_spent(run.endpoint, tenant, run.endpoint.cost.get() as i64);
                 true
             }
             Ok(Decision::Unchecked) => false,
@@ -177,11 +189,12 @@ impl Worker {
             }
             Err(e) => return Ok(Admission::Refused(self.limiter_down(run, p, &e).await?)),
         };
-        let flying = (self.unanswered).fly(&run.endpoint.credential, run.endpoint.cost.get());
+        let flying = (self.unanswered).fly(&run.credential, run.endpoint.cost.get());
         Ok(Admission::Spent(Spent {
             request_id,
             recorded,
             flying,
+            tenant: run.tenant.clone(),
         }))
     }
 
@@ -193,19 +206,20 @@ impl Worker {
     /// credential. Returns the block, if one was asked for.
     pub(super) async fn account(
         &self,
-        endpoint: &Endpoint,
+        run: &Run<'_>,
         spent: &Spent,
         reply: &Reply,
         verdict: Verdict,
         p: &mut Progress,
     ) -> Option<Applied> {
+        let endpoint = run.endpoint;
         let cost = match reply {
             Reply::NotModified { .. } => verdict.cost.or(Some(endpoint.not_modified_cost)),
             _ => verdict.cost,
         };
         self.settle_reported(endpoint, spent, cost, p).await;
         if let Some(left) = verdict.left {
-            self.resync(endpoint, spent, left).await;
+            self.resync(run, spent, left).await;
         }
         let b = verdict.block?;
         // A refusal's status says what happened; a page with nothing left
@@ -215,7 +229,7 @@ impl Worker {
         } else {
             None
         };
-        let blocked = self.block(endpoint, &b, status).await;
+        let blocked = self.block(run, &b, status).await;
         Some(Applied {
             blocked,
             reason: b.reason,
@@ -223,13 +237,14 @@ impl Worker {
         })
     }
 
-    /// Resyncs every `upstream = true` window of `endpoint`'s spend to what
-    /// the upstream says is left, less the units this daemon has in flight
-    /// on the credential besides this request (the upstream has not
-    /// counted them yet). A window that already admits no more records
-    /// nothing: drift only lowers what a window admits.
-    async fn resync(&self, endpoint: &Endpoint, spent: &Spent, left: Left) {
-        let credential = &endpoint.credential;
+    /// Resyncs every `upstream = true` window of the run's spend (a
+    /// template's: its tenant's) to what the upstream says is left, less
+    /// the units this daemon has in flight on the credential besides this
+    /// request (the upstream has not counted them yet). A window that
+    /// already admits no more records nothing: drift only lowers what a
+    /// window admits.
+    async fn resync(&self, run: &Run<'_>, spent: &Spent, left: Left) {
+        let (endpoint, credential) = (run.endpoint, &run.credential);
         let others = (self.unanswered.units(credential)).saturating_sub(spent.flying.units);
         for (scope, w) in self.config.windows_of(endpoint) {
             if !w.upstream {
@@ -283,14 +298,14 @@ impl Worker {
             return;
         }
         let request_id = &spent.request_id;
-        match self
-            .limiter
-            .settle(&endpoint.name, request_id, actual)
+        let tenant = spent.tenant.as_deref();
+        match (self.limiter)
+            .settle_for(&endpoint.name, tenant, request_id, actual)
             .await
         {
             Ok(_) => {
                 p.units = p.units - cost + actual;
-                self.record_spent(endpoint, actual as i64 - cost as i64);
+                self.record_spent(endpoint, tenant, actual as i64 - cost as i64);
             }
             Err(e) => error!(endpoint = %endpoint.name, request_id, actual, error = %e,
                              "could not settle a request to its reported cost; the windows keep the configured cost"),
@@ -303,10 +318,14 @@ impl Worker {
             return;
         }
         let request_id = &spent.request_id;
-        match self.limiter.settle(&endpoint.name, request_id, 0).await {
+        let tenant = spent.tenant.as_deref();
+        match (self.limiter)
+            .settle_for(&endpoint.name, tenant, request_id, 0)
+            .await
+        {
             Ok(_) => {
                 p.units -= endpoint.cost.get();
-                self.record_spent(endpoint, -(endpoint.cost.get() as i64));
+                self.record_spent(endpoint, tenant, -(endpoint.cost.get() as i64));
             }
             Err(e) => error!(endpoint = %endpoint.name, request_id, error = %e,
                              "could not refund a request that never left; its units stay spent"),
@@ -316,13 +335,14 @@ impl Worker {
     /// Adds `units` (negative: given back) to the status page's 24-hour
     /// spend history of the endpoint's windows (`crate::history`), off the
     /// task's path: the write runs on its own, and a lost one only thins
-    /// the chart.
+    /// the chart. A template's spend is recorded on its tenant (`tenant`:
+    /// the value), whose windows they are.
     ///
     /// The one place the history is written. Once spend.lua v2 can run
     /// extra work in its own call, this moves into the spend (and settle)
     /// script and costs no round trip of its own.
-    fn record_spent(&self, endpoint: &Endpoint, units: i64) {
-        let Ok(plan) = self.limiter.quotas().endpoint(&endpoint.name) else {
+    fn record_spent(&self, endpoint: &Endpoint, tenant: Option<&str>, units: i64) {
+        let Ok(plan) = self.limiter.quotas().endpoint_for(&endpoint.name, tenant) else {
             return;
         };
         let rings = history::rings(self.keys(), &plan.plan);
@@ -341,8 +361,11 @@ impl Worker {
     /// (`history::BlockReason`: what the upstream answered, on which
     /// endpoint). A block Redis does not take is never ignored: it is
     /// logged as an error and held by this daemon itself ([`LocalBlocks`]),
-    /// so no spend of this daemon goes through meanwhile.
-    async fn block(&self, endpoint: &Endpoint, b: &Block, status: Option<u16>) -> Duration {
+    /// so no spend of this daemon goes through meanwhile. A template
+    /// credential's tenant is blocked alone, its reasons recorded on the
+    /// tenant's name.
+    async fn block(&self, run: &Run<'_>, b: &Block, status: Option<u16>) -> Duration {
+        let endpoint = run.endpoint;
         let bound = |d: Duration| d.min(endpoint.max_block).max(Duration::from_millis(1));
         let for_ = match b.for_ {
             BlockFor::Fixed(d) => BlockFor::Fixed(bound(d)),
@@ -351,7 +374,7 @@ impl Worker {
                 cap: bound(cap),
             },
         };
-        let credential = &endpoint.credential;
+        let credential = &run.credential;
         match self.limiter.block_because(credential, for_, b.reason).await {
             Ok(blocked) => {
                 info!(credential = %credential, reason = %b.reason, blocked_ms = blocked.blocked_for.as_millis() as u64,
