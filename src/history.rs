@@ -126,6 +126,10 @@ pub(crate) struct BlockReason {
     pub(crate) reason: Option<String>,
     /// The endpoint whose answer blocked it.
     pub(crate) endpoint: String,
+    /// Why, in one stable word (`quota::BlockReason`: `"429"`,
+    /// `"headers_at_zero"`, `"secondary_limit"`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) kind: Option<String>,
 }
 
 /// Records why `credential` is blocked, for as long as `blocked` (the block

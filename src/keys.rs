@@ -101,6 +101,19 @@ impl KeySpace {
         format!("{}:blocked", self.credential(credential))
     }
 
+    /// Why the credential is blocked, in one stable word
+    /// (`quota::BlockReason`), expiring with the block it explains
+    /// (`lua/block.lua`).
+    pub(crate) fn block_kind(&self, credential: &str) -> String {
+        format!("{}:blocked:kind", self.credential(credential))
+    }
+
+    /// How many secondary-limit blocks in a row the credential has had
+    /// (`lua/block.lua`): each one doubles the next.
+    pub(crate) fn block_streak(&self, credential: &str) -> String {
+        format!("{}:blocked:streak", self.credential(credential))
+    }
+
     /// The latest Redis time a spend on the credential saw.
     pub(crate) fn clock(&self, credential: &str) -> String {
         format!("{}:clock", self.credential(credential))
@@ -263,6 +276,7 @@ mod tests {
             units: NonZeroU64::new(9500).unwrap(),
             per: Duration::from_secs(86_400),
             kind: WindowKind::Sliding,
+            upstream: false,
         };
         let keys = ks.window(
             "yt-key1",

@@ -37,7 +37,9 @@
 //!   the worker and the benchmarks call the same function.
 //! - [`keys`]: **where a Redis key is named** — every key name, in one place.
 //! - `fetch`: the upstream request (templates, pagination) and what its
-//!   answer means (`Reply`: a page, throttled, a 5xx, ...); `paging`: where
+//!   answer means (`Reply`: a page, throttled, a 5xx, ...); `accounting`:
+//!   what it says about the upstream's own quota (one `Verdict`: settle,
+//!   resync, block, per upstream: GitHub, Shopify, Meta, IETF); `paging`: where
 //!   the next page is in each pagination style (cursor, next URL, `Link`
 //!   header, page number) and how it is kept without the secret.
 //! - [`sink`]: where records go: JSON lines files (whole-page appends, safe
@@ -57,6 +59,7 @@
 #![warn(missing_docs, unreachable_pub)]
 #![deny(clippy::await_holding_lock)]
 
+pub(crate) mod accounting;
 pub mod cli;
 pub mod config;
 pub mod conn;

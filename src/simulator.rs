@@ -30,7 +30,12 @@
 //!
 //! Other upstreams' pagination styles (GitHub's `Link` header and `ETag`s,
 //! Meta's `paging.next`, page numbers, numeric cursors) are
-//! [`SimConfig::style`]'s, served by `styles`.
+//! [`SimConfig::style`]'s, served by `styles`; other upstreams' own
+//! accounting (GitHub's `x-ratelimit-*` and rate limits, Shopify GraphQL's
+//! cost extension and `THROTTLED`, Meta's usage headers, IETF `RateLimit`
+//! fields) is [`SimConfig::accounting`]'s, served by `accounting`, where
+//! another program on the same key can burn part of the quota
+//! ([`Simulator::burn`]).
 //!
 //! The key comes in the `key` or `access_token` query parameter, or as
 //! `Authorization: Bearer KEY`. Every request, whatever its answer, goes
@@ -42,8 +47,10 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+mod accounting;
 mod styles;
 
+pub use accounting::SimAccounting;
 pub use styles::SimStyle;
 
 use axum::Router;
@@ -114,6 +121,9 @@ pub struct SimConfig {
     /// another origin than the simulator's own, to test that they are never
     /// followed there. `None`: its own.
     pub next_origin: Option<String>,
+    /// How it meters keys and says so ([`SimAccounting::Google`], YouTube's,
+    /// unless set): GitHub's, Shopify GraphQL's, Meta's, IETF `RateLimit`.
+    pub accounting: SimAccounting,
 }
 
 impl Default for SimConfig {
@@ -135,6 +145,7 @@ impl Default for SimConfig {
             style: SimStyle::Token,
             etag: false,
             next_origin: None,
+            accounting: SimAccounting::Google,
         }
     }
 }
@@ -271,6 +282,15 @@ pub enum Fault {
     Delay(Duration),
     /// Answer 200 `application/json` with the body `not json`.
     Garbage,
+    /// Answer 429 with this `Retry-After`, written exactly so (an HTTP
+    /// date, `2.0`, `-5`, ...).
+    RetryAfter(String),
+    /// GitHub's secondary rate limit: 403 with its real message, and
+    /// `retry-after` when given.
+    GithubSecondary {
+        /// The `retry-after` header's value, in seconds, if any.
+        retry_after_secs: Option<u64>,
+    },
     /// Answer `status` with a GitHub-style body, `{"message": message,
     /// "documentation_url": ...}`, no error reasons.
     Message {
@@ -319,6 +339,8 @@ pub struct KeyStats {
     pub injected: u64,
     /// 400s sent for a bad parameter (an unknown page token, ...).
     pub bad_requests: u64,
+    /// Units another program spent on the key ([`Simulator::burn`]).
+    pub burned: u64,
 }
 
 /// One request, whatever its answer, as the upstream saw it.
@@ -341,7 +363,16 @@ pub struct Logged {
     pub if_none_match: Option<String>,
     /// The status it was answered with.
     pub status: u16,
+    /// Whether it was the upstream's own over-limit answer (403
+    /// `quotaExceeded`, GitHub's rate limit, `THROTTLED`, ...), not an
+    /// injected fault.
+    pub over_limit: bool,
 }
+
+/// Marks a response as the upstream's own over-limit answer, for the
+/// request log ([`Logged::over_limit`]).
+#[derive(Debug, Clone, Copy)]
+struct OverLimit;
 
 /// A snapshot of what the simulator has seen ([`Simulator::stats`]).
 #[derive(Debug, Clone, Default)]
@@ -525,6 +556,42 @@ impl Simulator {
         self.shared.lock().updated_at = at;
     }
 
+    /// Another program with the same key spends up to `units` now (what
+    /// fits the key's limit): the upstream counts them, the request log and
+    /// the charges do not. Returns the units spent.
+    pub fn burn(&self, key: &str, units: u64) -> u64 {
+        let Some(q) = self.shared.keys.get(key) else {
+            return 0;
+        };
+        let burnt = if self.shared.accounting == SimAccounting::Google {
+            let now = Instant::now();
+            let mut st = self.shared.lock();
+            let window = st.windows.entry(q.key.clone()).or_default();
+            let burnt = units.min(q.units.saturating_sub(used(window, now, q.per)));
+            window.push_back((now, burnt));
+            burnt
+        } else {
+            accounting::burn(&self.shared, q, units)
+        };
+        self.shared.count(key, |s| s.burned += burnt);
+        burnt
+    }
+
+    /// What the upstream would still allow `key` now, by its own count
+    /// (the key's main limit): after a run, the units it left unused.
+    pub fn left(&self, key: &str) -> u64 {
+        let Some(q) = self.shared.keys.get(key) else {
+            return 0;
+        };
+        if self.shared.accounting == SimAccounting::Google {
+            let st = self.shared.lock();
+            let empty = VecDeque::new();
+            let window = st.windows.get(key).unwrap_or(&empty);
+            return q.units.saturating_sub(used(window, Instant::now(), q.per));
+        }
+        accounting::left(&self.shared, q)
+    }
+
     /// Drops every fault not yet used.
     pub fn clear_faults(&self) {
         self.shared.lock().faults.clear();
@@ -578,6 +645,7 @@ struct Shared {
     /// `http://127.0.0.1:PORT`: its own origin.
     base: String,
     next_origin: Option<String>,
+    accounting: SimAccounting,
     /// Quota usage, faults and stats. A std mutex: handlers on every runtime
     /// thread update it, and only in short sections that never `.await`.
     state: Mutex<SimState>,
@@ -587,6 +655,8 @@ struct Shared {
 struct SimState {
     /// Per key: its charges still inside its longest window, oldest first.
     windows: HashMap<String, VecDeque<(Instant, u64)>>,
+    /// Per key, in an accounting style other than Google's: its meter.
+    meters: HashMap<String, accounting::Meter>,
     /// Per fixed window (a key, or a key's bucket): its period and the
     /// units used in it.
     periods: HashMap<String, (u64, u64)>,
@@ -631,8 +701,10 @@ impl Shared {
             etag: config.etag,
             base,
             next_origin: config.next_origin,
+            accounting: config.accounting,
             state: Mutex::new(SimState {
                 windows: HashMap::new(),
+                meters: HashMap::new(),
                 periods: HashMap::new(),
                 faults: VecDeque::new(),
                 stats,
@@ -728,23 +800,15 @@ impl Shared {
             }
             None
         };
-        let ks = st.stats.keys.entry(quota.key.clone()).or_default();
         if let Some(over) = over {
-            ks.quota_errors += 1;
+            st.stats
+                .keys
+                .entry(quota.key.clone())
+                .or_default()
+                .quota_errors += 1;
             return Err(over);
         }
-        ks.units += cost;
-        ks.ok += 1;
-        st.stats.charges.push(Charge {
-            at: now,
-            time: wall,
-            key: quota.key.clone(),
-            path: page.path.clone(),
-            cost,
-            scope: page.scope.clone(),
-            page_token: page.token.clone(),
-            query: query.iter().filter(|(k, _)| k != "key").cloned().collect(),
-        });
+        record_charge(st, quota, cost, page, query, now, wall);
         Ok(())
     }
 
@@ -785,6 +849,31 @@ impl Shared {
             headers.insert(HeaderName::from_static(name), HeaderValue::from(value));
         }
     }
+}
+
+/// Counts a served, charged request of `cost` units.
+fn record_charge(
+    st: &mut SimState,
+    quota: &KeyQuota,
+    cost: u64,
+    page: &Page,
+    query: &[(String, String)],
+    now: Instant,
+    wall: DateTime<Utc>,
+) {
+    let ks = st.stats.keys.entry(quota.key.clone()).or_default();
+    ks.units += cost;
+    ks.ok += 1;
+    st.stats.charges.push(Charge {
+        at: now,
+        time: wall,
+        key: quota.key.clone(),
+        path: page.path.clone(),
+        cost,
+        scope: page.scope.clone(),
+        page_token: page.token.clone(),
+        query: query.iter().filter(|(k, _)| k != "key").cloned().collect(),
+    });
 }
 
 /// The fixed period `at` falls in: wall-clock multiples of `per` since the
@@ -1048,11 +1137,19 @@ fn asked(shared: &Shared, path: &str, query: &[(String, String)]) -> (String, Op
     (scope.to_owned(), token_page(shared, token).ok())
 }
 
-/// The key a request comes with: query `key` or `access_token`, or
-/// `Authorization: Bearer KEY` (or `token KEY`, as GitHub also takes).
+/// The key a request comes with: query `key` or `access_token`,
+/// `X-Shopify-Access-Token`, or `Authorization: Bearer KEY` (or `token
+/// KEY`, as GitHub also takes).
 fn api_key(query: &[(String, String)], headers: &HeaderMap) -> Option<String> {
     if let Some(k) = param(query, "key").or_else(|| param(query, "access_token")) {
         return Some(k.to_owned());
+    }
+    // Shopify's own header.
+    if let Some(k) = headers
+        .get("x-shopify-access-token")
+        .and_then(|v| v.to_str().ok())
+    {
+        return Some(k.trim().to_owned());
     }
     let auth = headers.get(AUTHORIZATION)?.to_str().ok()?;
     let (scheme, key) = auth.split_once(' ')?;
@@ -1117,6 +1214,7 @@ async fn handle(
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned),
         status: response.status().as_u16(),
+        over_limit: response.extensions().get::<OverLimit>().is_some(),
     };
     shared.lock().stats.requests.push(logged);
     response
@@ -1136,7 +1234,9 @@ async fn respond(
     let Some(&cost) = shared.costs.get(path) else {
         return error(StatusCode::NOT_FOUND, "notFound", "global", "Not Found");
     };
-    if method != Method::GET {
+    // Shopify's GraphQL queries come as POSTs.
+    let post = matches!(shared.accounting, SimAccounting::Shopify { .. });
+    if method != Method::GET && !(post && method == Method::POST) {
         return error(
             StatusCode::METHOD_NOT_ALLOWED,
             "methodNotAllowed",
@@ -1159,7 +1259,7 @@ async fn respond(
         Some(fault) => {
             shared.count(&quota.key, |s| {
                 s.injected += 1;
-                if matches!(fault, Fault::TooManyRequests { .. }) {
+                if matches!(fault, Fault::TooManyRequests { .. } | Fault::RetryAfter(_)) {
                     s.too_many_requests += 1;
                 }
             });
@@ -1175,6 +1275,11 @@ async fn respond(
                 // A conditional request for an unchanged page: never charged.
                 (StatusCode::NOT_MODIFIED, [(ETAG, etag_of(&p))]).into_response()
             }
+            Ok(p) if shared.accounting != SimAccounting::Google => {
+                let (r, c) = accounting::serve(shared, quota, cost, p, query);
+                charged = c;
+                r
+            }
             Ok(p) => match shared.admit(quota, cost, &p, query) {
                 Ok(()) => {
                     charged = cost;
@@ -1186,9 +1291,14 @@ async fn respond(
                     }
                     r
                 }
-                Err(Over::Rate) => rate_limit_exceeded(),
+                Err(Over::Rate) => {
+                    let mut r = rate_limit_exceeded();
+                    r.extensions_mut().insert(OverLimit);
+                    r
+                }
                 Err(Over::Quota(wait)) => {
                     let mut r = quota_exceeded();
+                    r.extensions_mut().insert(OverLimit);
                     if shared.ratelimit_headers {
                         let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
                         r.headers_mut().insert(RETRY_AFTER, HeaderValue::from(secs));
@@ -1199,6 +1309,7 @@ async fn respond(
         },
     };
     shared.key_headers(quota, charged, response.headers_mut());
+    accounting::headers(shared, quota, response.headers_mut());
     response
 }
 
@@ -1270,6 +1381,21 @@ async fn injected(
                 "documentation_url": "https://docs.example/rate-limits",
             });
             (status, axum::Json(body)).into_response()
+        }
+        Fault::RetryAfter(raw) => {
+            let mut r = error(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rateLimitExceeded",
+                "usageLimits",
+                "Too many requests.",
+            );
+            if let Ok(v) = HeaderValue::from_str(&raw) {
+                r.headers_mut().insert(RETRY_AFTER, v);
+            }
+            r
+        }
+        Fault::GithubSecondary { retry_after_secs } => {
+            accounting::github_secondary(retry_after_secs)
         }
         Fault::Garbage => (
             StatusCode::OK,

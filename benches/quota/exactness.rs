@@ -489,6 +489,7 @@ fn check(
             units: std::num::NonZeroU64::new(units).expect("units"),
             per: Duration::from_secs(1),
             kind: quota_worker::config::WindowKind::Sliding,
+            upstream: false,
         };
         let r = if reserved { p.reserve } else { 0 };
         w.admits(Reserve::new(r).expect("a reserve of 0-99%"))

@@ -151,7 +151,8 @@ pub(crate) fn to_json(usages: &[CredentialUsage]) -> serde_json::Value {
                     })
                 })
                 .collect();
-            json!({"name": u.name, "blocked_for_ms": u.blocked_for.as_millis() as u64, "windows": windows})
+            let reason = u.blocked_reason.map(|r| r.as_str());
+            json!({"name": u.name, "blocked_for_ms": u.blocked_for.as_millis() as u64, "blocked_reason": reason, "windows": windows})
         })
         .collect();
     json!({ "credentials": creds })
@@ -164,8 +165,12 @@ pub(crate) fn table(usages: &[CredentialUsage]) -> String {
         let blocked = if u.blocked_for.is_zero() {
             String::new()
         } else {
+            let why = u
+                .blocked_reason
+                .map(|r| format!(" ({r})"))
+                .unwrap_or_default();
             format!(
-                "  BLOCKED by the upstream for {}",
+                "  BLOCKED by the upstream for {}{why}",
                 fmt_duration(u.blocked_for)
             )
         };

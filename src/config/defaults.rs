@@ -80,6 +80,8 @@ pub const MAX_BODY: u64 = 16 << 20;
 pub const MAX_BLOCK: Duration = Duration::from_secs(86_400);
 /// An endpoint's `conditional`: no `If-None-Match` / `If-Modified-Since`.
 pub const CONDITIONAL: bool = false;
+/// `throttle_at` (`accounting = "meta"`): the usage percentage that blocks.
+pub const THROTTLE_AT: u8 = 100;
 
 // jobs
 
@@ -197,6 +199,7 @@ mod tests {
         assert_eq!(MAX_BODY, 16 * 1024 * 1024, "docs say 16MiB");
         says(c, f, "unsafe_eviction", "\"refuse\"");
         says(c, f, "conditional", &CONDITIONAL.to_string());
+        says(c, f, "throttle_at", &THROTTLE_AT.to_string());
         assert_eq!(UNSAFE_EVICTION, UnsafeEviction::Refuse, "docs say refuse");
         let reasons: Vec<String> = QUOTA_REASONS.iter().map(|r| format!("{r:?}")).collect();
         says(c, f, "quota_reasons", &format!("[{}]", reasons.join(", ")));

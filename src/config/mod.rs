@@ -310,6 +310,9 @@ pub struct Window {
     pub per: Duration,
     /// Trailing (sliding), calendar-aligned (fixed) or a leaky bucket.
     pub kind: WindowKind,
+    /// `upstream = true`: it mirrors the upstream's own limit, so every
+    /// answer that reports what the upstream has left resyncs it (drift).
+    pub upstream: bool,
 }
 
 /// How a window's period is counted.
@@ -454,6 +457,41 @@ pub struct Endpoint {
     pub conditional: bool,
     /// What a `304` is settled to, in units (`cost` unless given; GitHub: 0).
     pub not_modified_cost: u64,
+    /// How the upstream reports its own accounting (`accounting = "github"`,
+    /// ...); `None`: only `ratelimit_headers`, `cost_header`, 429s and
+    /// `quota_reasons`.
+    pub accounting: Option<Accounting>,
+}
+
+/// `accounting` on an endpoint: which upstream's own quota reports it
+/// reads (`crate::accounting` has one module each).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accounting {
+    /// `RateLimit-Policy` / `RateLimit` structured fields
+    /// (draft-ietf-httpapi-ratelimit-headers).
+    Ietf,
+    /// GitHub REST: `x-ratelimit-*`, primary and secondary rate limits.
+    Github,
+    /// Shopify GraphQL Admin API: the `extensions.cost` of every answer.
+    ShopifyGraphql,
+    /// Meta Graph API (Facebook, Instagram): `X-App-Usage` and
+    /// `X-Business-Use-Case-Usage` percentages.
+    Meta {
+        /// The percentage (1–100) at which the credential is blocked.
+        throttle_at: u8,
+    },
+}
+
+impl Accounting {
+    /// As written in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Accounting::Ietf => "ietf",
+            Accounting::Github => "github",
+            Accounting::ShopifyGraphql => "shopify-graphql",
+            Accounting::Meta { .. } => "meta",
+        }
+    }
 }
 
 /// Headers like GitHub's `x-ratelimit-remaining` / `x-ratelimit-reset`.

@@ -104,6 +104,7 @@ pub(super) struct RawWindow {
     pub(super) kind: Option<String>,
     pub(super) reset: Option<String>,
     pub(super) timezone: Option<String>,
+    pub(super) upstream: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -124,6 +125,8 @@ pub(super) struct RawEndpoint {
     pub(super) max_block: Option<Dur>,
     pub(super) conditional: Option<bool>,
     pub(super) not_modified_cost: Option<u64>,
+    pub(super) accounting: Option<String>,
+    pub(super) throttle_at: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]

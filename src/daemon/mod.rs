@@ -183,6 +183,7 @@ impl Parts {
             stats: shared.stats.clone(),
             events: shared.events.clone(),
             local_blocks: LocalBlocks::default(),
+            unanswered: Default::default(),
             skip_spend: opts.hooks.skip_spend,
         });
         let ops = OpsState {

@@ -9,6 +9,7 @@
 //! [`Limiter::sync`] records drift when the upstream reports fewer units left
 //! than a window would admit.
 
+mod block;
 pub(crate) mod tz;
 
 use std::borrow::Cow;
@@ -24,6 +25,8 @@ use redis::{RedisResult, RetryMethod, Value};
 use crate::config::{Config, LimiterUnavailable, Reserve, Scope, Window, WindowKind};
 use crate::conn::Lua;
 use crate::keys::{self, KeySpace};
+
+pub use block::{BlockFor, BlockReason, Blocked, STREAK_MEMORY};
 
 /// The spend script's source, as shipped in `lua/spend.lua`.
 pub const SCRIPT: &str = include_str!("../../lua/spend.lua");
@@ -519,6 +522,8 @@ pub struct CredentialUsage {
     pub name: String,
     /// How long it stays blocked by an upstream throttle (zero: not blocked).
     pub blocked_for: Duration,
+    /// Why, when it is blocked and the block said why.
+    pub blocked_reason: Option<BlockReason>,
     /// Every window, credential's first.
     pub windows: Vec<WindowUsage>,
 }
@@ -716,9 +721,17 @@ impl Limiter {
                 drift: u(c[3]),
             })
             .collect();
+        let blocked_for = Duration::from_millis(u(r[0]));
+        // One more read, only for a blocked credential.
+        let blocked_reason = if blocked_for.is_zero() {
+            None
+        } else {
+            self.block_reason(credential).await?
+        };
         Ok(CredentialUsage {
             name: plan.credential.clone(),
-            blocked_for: Duration::from_millis(u(r[0])),
+            blocked_for,
+            blocked_reason,
             windows,
         })
     }

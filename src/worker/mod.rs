@@ -48,7 +48,7 @@ use crate::sink::Sinks;
 use crate::stats::Stats;
 use guards::InFlight;
 use lock::{Claim, ItemLock};
-pub(crate) use spend::LocalBlocks;
+pub(crate) use spend::{LocalBlocks, Unanswered};
 
 /// How long pagination checkpoints are kept when nothing resumes them.
 const CHECKPOINT_TTL: Duration = Duration::from_secs(7 * 86_400);
@@ -161,6 +161,9 @@ pub(crate) struct Worker {
     /// Credentials this daemon holds blocked itself, because recording the
     /// upstream's block in Redis failed.
     pub(crate) local_blocks: LocalBlocks,
+    /// Units spent per credential whose requests are not answered yet: a
+    /// resync to the upstream's count leaves room for them.
+    pub(crate) unanswered: Arc<Unanswered>,
     /// The benchmark's "spend off" (`daemon::Hooks::skip_spend`): every
     /// spend counts as admitted and unrecorded, without a call to Redis.
     pub(crate) skip_spend: bool,

@@ -19,14 +19,12 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use redis::AsyncCommands;
 use serde_json::Value;
-use tracing::info;
 
 use super::lock::Found;
-use super::spend::{Admission, Spent};
+use super::spend::{Admission, Applied, Spent};
 use super::{CHECKPOINT_TTL, Checkpoint, ITEM_STATE_TTL, TaskError, Worker};
 use crate::config::{Endpoint, Job, OnQuotaExhausted, PageStyle, Secret, fmt_duration};
-use crate::fetch::{BuildError, Fetcher, PageAt, Placeholders, Reply, Request, UpstreamQuota};
-use crate::history::BlockReason;
+use crate::fetch::{Answered, BuildError, Fetcher, PageAt, Placeholders, Reply, Request};
 use crate::outcome::{Outcome, OutcomeKind};
 use crate::paging::{Next, Stored, Validators};
 use crate::queue::{Origin, QueueError, TaskArgs};
@@ -160,25 +158,6 @@ fn start_at(
         }),
         (true, Some(cp)) if cp.tick == task.tick => Ok(cp),
         (true, _) => Err("a newer tick's task took over this item's run"),
-    }
-}
-
-/// What the upstream says a request cost, on any answer that says it.
-/// Exhaustive on purpose: a new kind of answer must decide whether it carries a cost.
-fn reported_cost(reply: &Reply) -> Option<u64> {
-    match reply {
-        Reply::Ok { actual_cost, .. }
-        | Reply::NotModified { actual_cost, .. }
-        | Reply::Throttled { actual_cost, .. }
-        | Reply::ServerError { actual_cost, .. }
-        | Reply::ClientError { actual_cost, .. }
-        | Reply::Redirect { actual_cost, .. }
-        | Reply::RedirectRefused { actual_cost, .. }
-        | Reply::TooLarge { actual_cost, .. } => *actual_cost,
-        Reply::BadBody { .. }
-        | Reply::Unsent { .. }
-        | Reply::Unreached { .. }
-        | Reply::TimedOut { .. } => None,
     }
 }
 
@@ -317,17 +296,9 @@ impl Worker {
         p.units += cost;
         Stats::add(&self.stats.units, cost);
 
-        let reply = run.fetcher.send(run.endpoint, &request).await;
-        // A 304 the upstream did not price costs the endpoint's `not_modified_cost`.
-        let reported = match &reply {
-            Reply::NotModified {
-                actual_cost: None, ..
-            } => Some(run.endpoint.not_modified_cost),
-            other => reported_cost(other),
-        };
-        self.settle_reported(run.endpoint, &spent, reported, &mut p)
-            .await;
-        self.answer(run, p, &spent, reply, now).await
+        let Answered { reply, verdict } = run.fetcher.send(run.endpoint, &request).await;
+        let blocked = (self.account(run, &spent, &reply, verdict, &mut p)).await;
+        self.answer(run, p, &spent, reply, blocked, now).await
     }
 
     /// The request for the run's next page: its cursor or next URL, or its
@@ -351,13 +322,15 @@ impl Worker {
         })
     }
 
-    /// What an upstream answer leads to: one arm per kind of answer.
+    /// What an upstream answer leads to: one arm per kind of answer
+    /// (`blocked`: the block its accounting asked for, already applied).
     async fn answer(
         &self,
         run: &Run<'_>,
         mut p: Progress,
         spent: &Spent,
         reply: Reply,
+        blocked: Option<Applied>,
         now: DateTime<Utc>,
     ) -> Result<Step, TaskError> {
         let end = match reply {
@@ -365,13 +338,12 @@ impl Worker {
                 body,
                 next,
                 validators,
-                upstream,
                 ..
             } => {
                 if p.page == 1 && run.endpoint.conditional {
                     p.held = Some(validators).filter(|v| !v.is_empty());
                 }
-                return self.page_fetched(run, p, &body, next, upstream, now).await;
+                return self.page_fetched(run, p, &body, next, now).await;
             }
             // Nothing changed since the item's last complete run: this run
             // is complete too, with nothing written; its validators stay.
@@ -383,12 +355,7 @@ impl Worker {
                 o.not_modified = true;
                 o
             }
-            Reply::Throttled {
-                status,
-                retry_after,
-                reason,
-                ..
-            } => self.throttled(run, &p, status, retry_after, reason).await?,
+            Reply::Throttled { status } => self.throttled(run, &p, status, blocked).await?,
             Reply::Unreached { detail } => {
                 self.refund(run.endpoint, spent, &mut p).await;
                 let why = format!("upstream unreachable (units refunded): {detail}");
@@ -399,7 +366,7 @@ impl Worker {
                 self.retry(run, &p, None, &why).await?
             }
             // Its units are kept (it may have been charged) unless the
-            // upstream said what it charged (settled in `step`).
+            // upstream said what it charged (settled in `account`).
             Reply::ServerError { status, .. } => {
                 let why = format!("upstream answered {status}");
                 self.retry(run, &p, Some(status), &why).await?
@@ -435,29 +402,15 @@ impl Worker {
         Ok(Step::End(end))
     }
 
-    /// A page came back: block the credential if the upstream's own count
-    /// says it is spent, write the records, then the next page or the end.
+    /// A page came back: write the records, then the next page or the end.
     async fn page_fetched(
         &self,
         run: &Run<'_>,
         mut p: Progress,
         body: &Value,
         next: Next,
-        upstream: Option<UpstreamQuota>,
         now: DateTime<Utc>,
     ) -> Result<Step, TaskError> {
-        if let Some(u) = upstream.filter(|u| u.remaining == 0) {
-            // Nobody spends on this credential until the upstream resets.
-            let why = BlockReason {
-                why: "upstream reports 0 remaining (rate-limit headers)".into(),
-                status: None,
-                reason: None,
-                endpoint: run.endpoint.name.clone(),
-            };
-            self.block(run, u.reset_in, why).await;
-            info!(credential = %run.credential, blocked_ms = u.reset_in.as_millis() as u64,
-                  "upstream reports its quota spent; credential blocked until its reset");
-        }
         let written = match self.sinks.write(run.job, &run.task.item, body, now).await {
             Ok(n) => n,
             Err(e) if e.is_bad_response() => {
@@ -507,34 +460,38 @@ impl Worker {
         Ok(Step::End(end))
     }
 
-    /// The upstream refuses the credential for a while: block it for every
-    /// spender, then end as a quota's "no" does.
+    /// The upstream refused this request: its accounting blocked the
+    /// credential for every spender (`blocked`), so end as a quota's "no"
+    /// does.
     async fn throttled(
         &self,
         run: &Run<'_>,
         p: &Progress,
         status: u16,
-        retry_after: Option<Duration>,
-        reason: Option<String>,
+        blocked: Option<Applied>,
     ) -> Result<Outcome, TaskError> {
-        let wait = retry_after.unwrap_or(run.endpoint.throttle_block);
-        let said = format!(
-            "upstream answered {status}{}",
-            reason
-                .as_ref()
-                .map(|r| format!(" ({r})"))
-                .unwrap_or_default()
-        );
-        let block_reason = BlockReason {
-            why: said.clone(),
-            status: Some(status),
-            reason,
-            endpoint: run.endpoint.name.clone(),
+        // A refusal always comes with a block (`accounting::Verdict`); if
+        // one ever does not, the task still waits `throttle_block`.
+        let (wait, why) = match blocked {
+            Some(b) => {
+                let said = b.detail.map(|d| format!(" ({d})")).unwrap_or_default();
+                let why = format!(
+                    "upstream answered {status}{said}; credential blocked for {} ({})",
+                    fmt_duration(b.blocked),
+                    b.reason
+                );
+                (b.blocked, why)
+            }
+            None => {
+                let wait = run.endpoint.throttle_block;
+                (
+                    wait,
+                    format!("upstream answered {status}; waiting {}", fmt_duration(wait)),
+                )
+            }
         };
-        let blocked = self.block(run, wait, block_reason).await;
-        let why = format!("{said}; credential blocked for {}", fmt_duration(blocked));
         let kind = OutcomeKind::UpstreamThrottled;
-        let mut o = self.wait_for_quota(run, p, kind, blocked, &why).await?;
+        let mut o = self.wait_for_quota(run, p, kind, wait, &why).await?;
         o.status = Some(status);
         Ok(o)
     }

@@ -1,20 +1,25 @@
-//! A task's side of the quota: the spend before each request, the settle to
-//! what the upstream says a request cost, the refund of a request that never
-//! left, and the credential block when the upstream throttles, held by this
-//! daemon itself when Redis does not take it ([`LocalBlocks`]).
+//! A task's side of the quota: the spend before each request, and after
+//! its answer what the upstream's own accounting says ([`Worker::account`],
+//! the one place a [`Verdict`] is applied): the settle to what the request
+//! really cost, the resync of the `upstream = true` windows (drift), and
+//! the credential block when the upstream throttles, held by this daemon
+//! itself when Redis does not take it ([`LocalBlocks`]); and the refund of
+//! a request that never left.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use tracing::{debug, error, warn};
+use tracing::{debug, error, info, warn};
 
 use super::page::{Progress, Run};
 use super::{TaskError, Worker};
+use crate::accounting::{Block, Left, Verdict};
 use crate::config::Endpoint;
-use crate::history::{self, BlockReason};
+use crate::fetch::Reply;
+use crate::history;
 use crate::outcome::{Outcome, OutcomeKind};
-use crate::quota::{Decision, RejectedBy};
+use crate::quota::{BlockFor, BlockReason, Decision, RejectedBy};
 use crate::stats::Stats;
 
 /// The most units a request is ever settled to: Lua numbers are doubles,
@@ -28,8 +33,68 @@ pub(super) struct Spent {
     /// Whether the windows recorded it (not when Redis could not answer on a
     /// `fail-open` endpoint): only a recorded spend is settled or refunded.
     recorded: bool,
+    /// Its units, counted as unanswered until the page's step ends.
+    flying: Flying,
     /// The tenant it was spent on (template credentials), settled there.
     tenant: Option<String>,
+}
+
+/// Units this daemon has spent per credential whose requests have not been
+/// answered yet. An answer's "this much is left" was written before the
+/// upstream saw them, so a resync leaves room for them: otherwise the
+/// window would admit them twice (once in flight, once after the resync).
+#[derive(Debug, Default)]
+pub(crate) struct Unanswered(Mutex<HashMap<String, u64>>);
+
+impl Unanswered {
+    /// Counts `units` of `credential` until the returned guard drops.
+    fn fly(self: &Arc<Self>, credential: &str, units: u64) -> Flying {
+        let mut m = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        *m.entry(credential.to_owned()).or_default() += units;
+        Flying {
+            all: self.clone(),
+            credential: credential.to_owned(),
+            units,
+        }
+    }
+
+    /// The units of `credential` unanswered now.
+    fn units(&self, credential: &str) -> u64 {
+        let m = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        m.get(credential).copied().unwrap_or(0)
+    }
+}
+
+/// One request's units in [`Unanswered`], until dropped (however its task
+/// ends, a panic included).
+#[must_use = "the units count as unanswered only while this lives"]
+struct Flying {
+    all: Arc<Unanswered>,
+    credential: String,
+    units: u64,
+}
+
+impl Drop for Flying {
+    fn drop(&mut self) {
+        let mut m = self.all.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(n) = m.get_mut(&self.credential) {
+            *n = n.saturating_sub(self.units);
+            if *n == 0 {
+                m.remove(&self.credential);
+            }
+        }
+    }
+}
+
+/// A block the upstream's accounting asked for, as recorded.
+#[derive(Debug, Clone)]
+pub(super) struct Applied {
+    /// The block in force (this one, or a longer one already there).
+    pub(super) blocked: Duration,
+    /// Why.
+    pub(super) reason: BlockReason,
+    /// What the upstream said, for the outcome line.
+    pub(super) detail: Option<String>,
 }
 
 /// What a page's spend came to.
@@ -124,17 +189,87 @@ impl Worker {
             }
             Err(e) => return Ok(Admission::Refused(self.limiter_down(run, p, &e).await?)),
         };
+        let flying = (self.unanswered).fly(&run.credential, run.endpoint.cost.get());
         Ok(Admission::Spent(Spent {
             request_id,
             recorded,
+            flying,
             tenant: run.tenant.clone(),
         }))
     }
 
-    /// The upstream said what a request really cost (a cost header, on any
-    /// answer): the windows and the task's count follow. Nothing to settle
-    /// for a spend that was not recorded (fail-open).
-    pub(super) async fn settle_reported(
+    /// Applies what an answer says about the upstream's quota, in this
+    /// order: settle the request to what it cost (a 304 the upstream did
+    /// not price costs `not_modified_cost`); then resync every
+    /// `upstream = true` window of the spend to what is left (after the
+    /// settle, which the upstream's count already holds); then block the
+    /// credential. Returns the block, if one was asked for.
+    pub(super) async fn account(
+        &self,
+        run: &Run<'_>,
+        spent: &Spent,
+        reply: &Reply,
+        verdict: Verdict,
+        p: &mut Progress,
+    ) -> Option<Applied> {
+        let endpoint = run.endpoint;
+        let cost = match reply {
+            Reply::NotModified { .. } => verdict.cost.or(Some(endpoint.not_modified_cost)),
+            _ => verdict.cost,
+        };
+        self.settle_reported(endpoint, spent, cost, p).await;
+        if let Some(left) = verdict.left {
+            self.resync(run, spent, left).await;
+        }
+        let b = verdict.block?;
+        // A refusal's status says what happened; a page with nothing left
+        // after it has none to tell.
+        let status = if verdict.refused {
+            reply.status()
+        } else {
+            None
+        };
+        let blocked = self.block(run, &b, status).await;
+        Some(Applied {
+            blocked,
+            reason: b.reason,
+            detail: b.detail,
+        })
+    }
+
+    /// Resyncs every `upstream = true` window of the run's spend (a
+    /// template's: its tenant's) to what the upstream says is left, less
+    /// the units this daemon has in flight on the credential besides this
+    /// request (the upstream has not counted them yet). A window that
+    /// already admits no more records nothing: drift only lowers what a
+    /// window admits.
+    async fn resync(&self, run: &Run<'_>, spent: &Spent, left: Left) {
+        let (endpoint, credential) = (run.endpoint, &run.credential);
+        let others = (self.unanswered.units(credential)).saturating_sub(spent.flying.units);
+        for (scope, w) in self.config.windows_of(endpoint) {
+            if !w.upstream {
+                continue;
+            }
+            let target = left.of(w.units.get()).saturating_sub(others);
+            if target >= w.units.get() {
+                continue;
+            }
+            let synced = match self.limiter.quotas().window_index(credential, &scope, w) {
+                Ok(i) => self.limiter.sync(credential, i, target).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = synced {
+                warn!(credential = %credential, window = %w.describe(), error = %e,
+                      "could not resync a window to the upstream's count; it admits what it counted");
+            }
+        }
+    }
+
+    /// The upstream said what a request really cost (a cost header,
+    /// Shopify's `actualQueryCost`, on any answer): the windows and the
+    /// task's count follow. Nothing to settle for a spend that was not
+    /// recorded (fail-open).
+    async fn settle_reported(
         &self,
         endpoint: &Endpoint,
         spent: &Spent,
@@ -219,36 +354,66 @@ impl Worker {
         });
     }
 
-    /// Blocks the endpoint's credential for `wait` (at most `max_block`)
-    /// and returns the block in force, recording `why` for the status page
-    /// when this block is the one in force. A block Redis does not take is
-    /// never ignored: it is logged as an error and held by this daemon
-    /// itself ([`LocalBlocks`]), so no spend of this daemon goes through
-    /// meanwhile. A template credential's tenant is blocked alone, and its
-    /// reason recorded on the tenant's name.
-    pub(super) async fn block(&self, run: &Run<'_>, wait: Duration, why: BlockReason) -> Duration {
-        let wait = wait
-            .min(run.endpoint.max_block)
-            .max(Duration::from_millis(1));
-        match self.limiter.block(&run.credential, wait).await {
+    /// Blocks the endpoint's credential as `b` says (at most `max_block`)
+    /// and returns the block in force. Its reason is kept beside it in
+    /// Redis (the stable word, `quota::BlockReason`), and when this block
+    /// is the one in force, the status page's account of it
+    /// (`history::BlockReason`: what the upstream answered, on which
+    /// endpoint). A block Redis does not take is never ignored: it is
+    /// logged as an error and held by this daemon itself ([`LocalBlocks`]),
+    /// so no spend of this daemon goes through meanwhile. A template
+    /// credential's tenant is blocked alone, its reasons recorded on the
+    /// tenant's name.
+    async fn block(&self, run: &Run<'_>, b: &Block, status: Option<u16>) -> Duration {
+        let endpoint = run.endpoint;
+        let bound = |d: Duration| d.min(endpoint.max_block).max(Duration::from_millis(1));
+        let for_ = match b.for_ {
+            BlockFor::Fixed(d) => BlockFor::Fixed(bound(d)),
+            BlockFor::Doubling { first, cap } => BlockFor::Doubling {
+                first: bound(first),
+                cap: bound(cap),
+            },
+        };
+        let credential = &run.credential;
+        match self.limiter.block_because(credential, for_, b.reason).await {
             Ok(blocked) => {
-                // A longer block set by someone else keeps its own reason.
-                if blocked <= wait + Duration::from_secs(1) {
+                info!(credential = %credential, reason = %b.reason, blocked_ms = blocked.blocked_for.as_millis() as u64,
+                      streak = blocked.streak, "the upstream's accounting blocks the credential");
+                if blocked.ours {
+                    let detail = b
+                        .detail
+                        .as_ref()
+                        .map(|d| format!(" ({d})"))
+                        .unwrap_or_default();
+                    let said = match status {
+                        Some(s) => format!("upstream answered {s}{detail}"),
+                        None => format!("upstream reports nothing left ({})", b.reason),
+                    };
+                    let why = history::BlockReason {
+                        why: said,
+                        status,
+                        reason: b.detail.clone(),
+                        endpoint: endpoint.name.clone(),
+                        kind: Some(b.reason.as_str().to_owned()),
+                    };
                     let mut conn = self.conn.clone();
-                    let credential = &run.credential;
+                    let keys = self.keys();
+                    let (ms, reason) = (blocked.blocked_for, &why);
                     if let Err(e) =
-                        history::record_block(&mut conn, self.keys(), credential, blocked, &why)
-                            .await
+                        history::record_block(&mut conn, keys, credential, ms, reason).await
                     {
                         debug!(error = %e, "could not record why the credential is blocked");
                     }
                 }
-                blocked
+                blocked.blocked_for
             }
             Err(e) => {
-                error!(credential = %run.credential, block_ms = wait.as_millis() as u64, error = %e,
+                let wait = match for_ {
+                    BlockFor::Fixed(d) | BlockFor::Doubling { first: d, .. } => d,
+                };
+                error!(credential = %credential, reason = %b.reason, block_ms = wait.as_millis() as u64, error = %e,
                        "could not record the upstream's block in Redis; this daemon holds the credential blocked itself");
-                self.local_blocks.hold(&run.credential, wait);
+                self.local_blocks.hold(credential, wait);
                 wait
             }
         }

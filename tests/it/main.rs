@@ -37,6 +37,11 @@ mod quota_report;
 mod redis_unavailable;
 
 // The pipeline: ticks, tasks, the queue and apalis, outcomes, sinks.
+mod accounting;
+mod accounting_github;
+mod accounting_ietf;
+mod accounting_meta;
+mod accounting_shopify;
 mod fairness;
 mod fan_out_from;
 mod fan_out_large;

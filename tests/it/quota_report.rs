@@ -72,9 +72,10 @@ fn quota_json_has_the_spec_shape_and_live_numbers() {
     let k = &creds[0];
     assert_eq!(
         keys(k),
-        BTreeSet::from(["name", "blocked_for_ms", "windows"])
+        BTreeSet::from(["name", "blocked_for_ms", "blocked_reason", "windows"])
     );
     assert_eq!(k["blocked_for_ms"], 0);
+    assert_eq!(k["blocked_reason"], serde_json::Value::Null, "not blocked");
     let w = k["windows"].as_array().expect("windows");
     assert_eq!(w.len(), 3);
     let shape = BTreeSet::from([

@@ -142,6 +142,12 @@ impl Window {
         self.0.set("timezone", tz);
         self
     }
+
+    /// `upstream = true`: it mirrors the upstream's own limit.
+    pub fn upstream(mut self) -> Self {
+        self.0.set("upstream", true);
+        self
+    }
 }
 
 /// `[credentials.NAME]`.
@@ -284,6 +290,12 @@ impl Request {
             t.set(k, *v);
         }
         self.0.set("query", t.table());
+        self
+    }
+
+    /// Any other field (`method`, `body`).
+    pub fn set(mut self, key: &str, value: impl Into<Value>) -> Self {
+        self.0.set(key, value);
         self
     }
 

@@ -84,6 +84,17 @@ impl Upstream {
         self.sim().touch();
     }
 
+    /// Another program with `key` spends up to `units` now; returns what
+    /// it could.
+    pub fn burn(&self, key: &str, units: u64) -> u64 {
+        self.sim().burn(key, units)
+    }
+
+    /// What the upstream would still allow `key` now, by its own count.
+    pub fn left(&self, key: &str) -> u64 {
+        self.sim().left(key)
+    }
+
     /// Charged (2xx) requests so far.
     pub fn fetched(&self) -> usize {
         self.stats().charges.len()

@@ -98,6 +98,7 @@ impl Loader<'_> {
         };
         let conditional = re.conditional.unwrap_or(d::CONDITIONAL);
         let not_modified_cost = self.not_modified_cost(src, &base, re, cost, conditional);
+        let accounting = self.accounting(src, &base, re);
         Some(Endpoint {
             name: name.to_owned(),
             credential: re.credential.clone(),
@@ -114,6 +115,7 @@ impl Loader<'_> {
             max_block,
             conditional,
             not_modified_cost,
+            accounting,
         })
     }
 

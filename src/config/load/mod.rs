@@ -6,6 +6,7 @@
 //! type ([`super::raw`]), and a line in its table's function here (defaults
 //! in [`super::defaults`], word choices in [`super::choice`]).
 
+mod accounting;
 mod credentials;
 mod endpoints;
 mod jobs;
@@ -65,6 +66,7 @@ impl<'a> Loader<'a> {
         let state_dir = self.state_dir(&src, &dir, raw.state_dir.as_deref());
         let credentials = self.credentials(&src, &dir, &raw.credentials);
         let endpoints = self.endpoints(&src, &raw.endpoints, &credentials);
+        self.check_upstream_windows(&src, &raw);
         self.credential_windows = (credentials.values())
             .map(|c| (c.name.clone(), c.windows.clone()))
             .collect();

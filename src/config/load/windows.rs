@@ -65,7 +65,12 @@ impl Loader<'_> {
             WindowKindName::Fixed => self.fixed(src, at, rw, per),
             WindowKindName::Bucket => self.bucket(src, at, rw, units, per),
         };
-        Some(Window { units, per, kind })
+        Some(Window {
+            units,
+            per,
+            kind,
+            upstream: rw.upstream.unwrap_or(false),
+        })
     }
 
     /// `kind = "sliding"`: it has no reset, so `reset` and `timezone` are
