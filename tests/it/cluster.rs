@@ -4,7 +4,7 @@
 use quota_worker::config::Config;
 use quota_worker::quota::{Quotas, script};
 
-use crate::support::redis_server::Cluster;
+use crate::support::cluster::Cluster;
 use crate::support::{ConfigBuilder, Credential, Endpoint, TestConfig, Window};
 
 fn config() -> TestConfig {

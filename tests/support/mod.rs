@@ -4,7 +4,8 @@
 //!
 //! | module | what |
 //! |---|---|
-//! | [`redis_server`] | a private `redis-server` on a free port: stop, kill, hang, restart, a shifted clock, a cluster of them |
+//! | [`redis_server`] | a private `redis-server` on a free port: stop, kill, hang, restart, a shifted clock |
+//! | [`cluster`] | a private Redis Cluster (3 masters, optionally a replica each): which node masters a key, kill, hang, restart, wait for a failover |
 //! | [`hostile`] | an upstream that redirects anywhere, loops, and answers with huge, endless or echoing bodies (the hardening tests) |
 //! | [`upstream`] | the simulated metered API on its own runtime, a blackhole upstream, what the simulator saw |
 //! | [`config`] | the config builder: credentials, windows, endpoints, jobs, sinks rendered as the TOML files the real loader reads |
@@ -18,6 +19,7 @@
 //! | [`seed`] | a sliding window's Redis layout (v2): seed entries at chosen times, take the newest back, snapshot, read a spend's time |
 //! | [`machine`] | which tests must not share the machine |
 
+pub mod cluster;
 pub mod config;
 pub mod daemon;
 pub mod hostile;
