@@ -602,6 +602,8 @@ fn the_daemon_on_a_cluster_never_lets_the_upstream_see_more_than_configured() {
     );
     for mut t in triggers {
         let status = t.wait_exit(Duration::from_secs(120));
+        let summary = t.stdout_lines().last().cloned().unwrap_or_default();
+        println!("cluster e2e: {} --wait: {status:?}: {summary}", t.label);
         assert!(
             matches!(status.and_then(|s| s.code()), Some(0 | 75 | 1)),
             "{}: trigger --wait did not end: {status:?}\n{}",
@@ -643,4 +645,92 @@ fn the_daemon_on_a_cluster_never_lets_the_upstream_see_more_than_configured() {
             d.label
         );
     }
+}
+
+/// `keys` on a cluster config says how another program calls the script
+/// there (the hash tag, the seed nodes with passwords masked) and, with
+/// `quota_replicas`, the WAIT to send after an admitted spend.
+#[test]
+fn keys_says_how_to_spend_on_the_cluster_and_what_to_wait_for() {
+    let cfg = many(1, 10, "fail-closed")
+        .redis_url("redis://127.0.0.1:1/0")
+        .quota_nodes([
+            "redis://:hunter2@127.0.0.1:7000",
+            "redis://:hunter2@127.0.0.1:7001",
+        ])
+        .quota_replicas(1)
+        .redis_timeout("800ms")
+        .write();
+    let (code, stdout, log) = run_cli(&cfg, None, &["keys", "c00"], Duration::from_secs(30));
+    assert_eq!(code, Some(0), "{log}");
+    assert!(
+        !stdout.contains("hunter2") && !log.contains("hunter2"),
+        "{stdout}"
+    );
+    let out: serde_json::Value = serde_json::from_str(&stdout).expect("keys prints JSON");
+    assert_eq!(out["cluster"]["hash_tag"], "{c00}");
+    assert_eq!(out["cluster"]["nodes"][0], "redis://:***@127.0.0.1:7000");
+    for k in out["keys"].as_array().expect("keys") {
+        assert!(k.as_str().expect("key").contains("{c00}"), "{k}");
+    }
+    assert_eq!(out["wait"]["replicas"], 1);
+    assert_eq!(out["wait"]["timeout_ms"], 400);
+    assert!(
+        out["wait"]["how"]
+            .as_str()
+            .expect("how")
+            .contains("WAIT 1 400")
+    );
+}
+
+/// A cluster that does not answer: `spend` exits 69 on a fail-closed
+/// endpoint and lets a fail-open one through unrecorded, `quota` exits 69,
+/// and no message shows the nodes' password.
+#[test]
+fn an_unreachable_cluster_meets_the_endpoint_policy_and_hides_its_password() {
+    let port = crate::support::free_port();
+    let cfg = many(1, 10, "fail-closed")
+        .endpoint(Endpoint::new("open", "c00", 1).limiter_unavailable("fail-open"))
+        .redis_url("redis://127.0.0.1:1/0")
+        .quota_nodes([format!("redis://:hunter2@127.0.0.1:{port}")])
+        .redis_timeout("300ms")
+        .write();
+    for (args, want) in [
+        (&["spend", "c00"][..], 69),
+        (&["spend", "open", "--json"][..], 0),
+        (&["quota", "--json"][..], 69),
+    ] {
+        let (code, stdout, log) = run_cli(&cfg, None, args, Duration::from_secs(30));
+        assert_eq!(code, Some(want), "{args:?}: {stdout}{log}");
+        assert!(
+            !stdout.contains("hunter2") && !log.contains("hunter2"),
+            "{args:?}: {log}"
+        );
+        if want == 69 {
+            assert!(
+                log.contains("Redis Cluster [redis://:***@127.0.0.1:"),
+                "{args:?}: {log}"
+            );
+        } else {
+            assert_eq!(json_of(&stdout)["unchecked"], true, "{stdout}");
+        }
+    }
+}
+
+fn json_of(s: &str) -> serde_json::Value {
+    serde_json::from_str(s).unwrap_or_else(|e| panic!("not JSON ({e}): {s}"))
+}
+
+/// `quota_replicas = 1` needs a Redis with a replica: with neither
+/// `quota_nodes` nor `url` (the embedded Redis has none) it is a config
+/// error at the field.
+#[test]
+fn waiting_for_a_replica_of_the_embedded_redis_is_a_config_error() {
+    let cfg = many(1, 10, "fail-closed").quota_replicas(1).write();
+    let (code, _, log) = run_cli(&cfg, None, &["check"], Duration::from_secs(30));
+    assert_eq!(code, Some(78), "{log}");
+    assert!(
+        log.contains("redis.quota_replicas: needs a Redis with a replica"),
+        "{log}"
+    );
 }
