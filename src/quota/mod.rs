@@ -513,11 +513,6 @@ impl Limiter {
         &self.quotas
     }
 
-    /// Where the windows live: a cluster or a standalone Redis.
-    pub fn conn(&self) -> &QuotaConn {
-        &self.conn
-    }
-
     /// Runs the script once; a dropped connection is retried once (the
     /// connection has reconnected by then): spend and settle are
     /// idempotent by request id, block and peek by nature.
