@@ -443,6 +443,23 @@ async fn a_killed_master_fails_over_and_spends_resume_without_a_restart() {
     );
 }
 
+/// The window of each failover run's credential.
+const LIMIT: u64 = 40;
+
+/// A 3-master cluster with a replica each, and a limiter on it for three
+/// credentials of [`LIMIT`] units (fail-closed, 400 ms timeout) that waits
+/// for `replicas` replicas.
+async fn failover_rig(replicas: i64) -> (Cluster, Limiter, TestConfig) {
+    let cluster = Cluster::with_replicas(3);
+    let cfg = many(3, LIMIT, "fail-closed")
+        .quota_nodes(cluster.urls())
+        .quota_replicas(replicas)
+        .redis_timeout("400ms")
+        .write();
+    let limiter = cluster::limiter(&load(&cfg)).await;
+    (cluster, limiter, cfg)
+}
+
 /// With `quota_replicas = 1`, three failovers under load on one cluster
 /// (two with the replica cut off for the last second before the kill, so
 /// the master has spends its replica never saw) never admit more units on the
@@ -451,15 +468,7 @@ async fn a_killed_master_fails_over_and_spends_resume_without_a_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn with_wait_a_failover_never_admits_more_than_the_limit() {
     let _machine = machine::heavy();
-    const LIMIT: u64 = 40;
-    let mut cluster = Cluster::with_replicas(3);
-    let cfg = many(3, LIMIT, "fail-closed")
-        .quota_nodes(cluster.urls())
-        .quota_replicas(1)
-        .redis_timeout("400ms")
-        .write();
-    let config = load(&cfg);
-    let limiter = cluster::limiter(&config).await;
+    let (mut cluster, limiter, _cfg) = failover_rig(1).await;
     let mut unreplicated_in_stalls = 0;
     for (run, stall) in [(0, true), (1, false), (2, true)] {
         let credential = format!("c{run:02}");
@@ -502,14 +511,7 @@ async fn with_wait_a_failover_never_admits_more_than_the_limit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn without_wait_a_failover_can_forget_admitted_spends() {
     let _machine = machine::heavy();
-    const LIMIT: u64 = 40;
-    let mut cluster = Cluster::with_replicas(3);
-    let cfg = many(2, LIMIT, "fail-closed")
-        .quota_nodes(cluster.urls())
-        .redis_timeout("400ms")
-        .write();
-    let config = load(&cfg);
-    let limiter = cluster::limiter(&config).await;
+    let (mut cluster, limiter, _cfg) = failover_rig(0).await;
 
     let (tally, _, _) = failover_run(&mut cluster, &limiter, "c00", false).await;
     println!(
