@@ -76,11 +76,15 @@ async fn eval(
 }
 
 /// How long the `WAIT` after an admitted spend waits for replicas, for a
-/// call that may take `timeout` in all: half of it, so a replica that does
-/// not answer makes `WAIT` return (0) before the call times out. Never 0,
-/// which would make `WAIT` wait forever.
+/// call that may take `timeout` in all: a third of it. A call can hold two
+/// `WAIT`s: on NOSCRIPT the pipeline runs again with `EVAL`, and the first
+/// one's `WAIT` (with nothing new to wait for) still waits when the master
+/// has no replica. So with no replica answering, both return (0) before the
+/// call times out, and the spend is refunded rather than left in doubt.
+/// Never 0, which would make `WAIT` wait forever.
 pub fn replica_wait(timeout: Duration) -> Duration {
-    (timeout / 2).max(Duration::from_millis(1))
+    // Whole milliseconds: what `WAIT` takes, and what the error then says.
+    Duration::from_millis((timeout.as_millis() / 3).max(1) as u64)
 }
 
 /// A fresh request id: unique across processes and hosts.
@@ -498,7 +502,7 @@ impl Limiter {
 
     /// This limiter, with each admitted spend acknowledged by `replicas`
     /// replicas (`[redis] quota_replicas`) before it counts as admitted: the
-    /// spend and a `WAIT replicas <half the timeout>` go to the master as
+    /// spend and a `WAIT replicas <a third of the timeout>` go to the master as
     /// one pipeline on one connection, so `WAIT` counts exactly this
     /// connection's writes, the spend's included. A spend that is not
     /// acknowledged in time is limiter-unavailable (see [`Limiter::spend`]).

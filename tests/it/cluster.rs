@@ -676,12 +676,12 @@ fn keys_says_how_to_spend_on_the_cluster_and_what_to_wait_for() {
         assert!(k.as_str().expect("key").contains("{c00}"), "{k}");
     }
     assert_eq!(out["wait"]["replicas"], 1);
-    assert_eq!(out["wait"]["timeout_ms"], 400);
+    assert_eq!(out["wait"]["timeout_ms"], 266);
     assert!(
         out["wait"]["how"]
             .as_str()
             .expect("how")
-            .contains("WAIT 1 400")
+            .contains("WAIT 1 266")
     );
 }
 
@@ -735,4 +735,47 @@ fn waiting_for_a_replica_of_the_embedded_redis_is_a_config_error() {
         log.contains("redis.quota_replicas: needs a Redis with a replica"),
         "{log}"
     );
+}
+
+/// `quota_replicas = 1` on a Redis with no replica (a standalone one here:
+/// the rule is the same as on a cluster shard that lost its replica): the
+/// admitted spend's WAIT answers 0, so a fail-closed endpoint's `spend`
+/// exits 69 and its units are refunded, while a fail-open one is allowed
+/// (exit 0) and stays recorded.
+#[test]
+fn an_unacknowledged_spend_is_refunded_on_fail_closed_and_kept_on_fail_open() {
+    let redis = RedisServer::start();
+    let cfg = many(1, 10, "fail-closed")
+        .endpoint(Endpoint::new("open", "c00", 1).limiter_unavailable("fail-open"))
+        .redis_url(&redis.url())
+        .quota_replicas(1)
+        .redis_timeout("200ms")
+        .write();
+    let used = || {
+        let (code, stdout, log) =
+            run_cli(&cfg, None, &["quota", "--json"], Duration::from_secs(30));
+        assert_eq!(code, Some(0), "{log}");
+        json_of(&stdout)["credentials"][0]["windows"][0]["used"].clone()
+    };
+    let (code, _, log) = run_cli(&cfg, None, &["spend", "c00"], Duration::from_secs(30));
+    assert_eq!(code, Some(69), "{log}");
+    assert!(
+        log.contains("not acknowledged by 1 replica(s) within 66ms (0 did)"),
+        "{log}"
+    );
+    assert_eq!(used(), 0, "the unacknowledged spend was refunded");
+
+    let (code, stdout, log) = run_cli(
+        &cfg,
+        None,
+        &["spend", "open", "--json"],
+        Duration::from_secs(30),
+    );
+    assert_eq!(code, Some(0), "{log}");
+    assert_eq!(json_of(&stdout)["allowed"], true, "{stdout}");
+    assert!(
+        log.contains("not acknowledged by a replica; endpoint is fail-open"),
+        "{log}"
+    );
+    assert_eq!(used(), 1, "fail-open keeps the spend recorded");
 }
