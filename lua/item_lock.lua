@@ -2,14 +2,18 @@
 --
 -- A task claims its item before its first spend, and in the same round trip
 -- learns whether it already ended (a redelivered copy), where the item's
--- interrupted run stands, and the newest tick whose run completed it.
+-- interrupted run stands, the newest tick whose run completed it, what its
+-- last complete run left for the next one ({since}, validators), and the
+-- Redis clock (the run's start, for {since}: no host's clock is trusted).
 --
 -- KEYS
---   1  <prefix>:lock:<job>:<item>     string: who holds the item (task id#nonce)
+--   1  <prefix>:lock:<job>:<item>        string: who holds the item (task id#nonce)
 --   claim only:
---   2  <prefix>:done:<task root>      set when the task ended for good
---   3  <prefix>:cursor:<job>:<item>   the pagination checkpoint (JSON)
---   4  <prefix>:ran:<job>:<item>      newest tick whose run completed the item
+--   2  <prefix>:done:<task root>         set when the task ended for good
+--   3  <prefix>:cursor:<job>:<item>      the pagination checkpoint (JSON)
+--   4  <prefix>:ran:<job>:<item>         newest tick whose run completed the item
+--   5  <prefix>:since:<job>:<item>       start of the last complete run (epoch s)
+--   6  <prefix>:validators:<job>:<item>  ETag / Last-Modified of its page 1 (JSON)
 --
 -- ARGV
 --   1  op: "claim" | "renew" | "release"
@@ -18,7 +22,8 @@
 --
 -- Returns
 --   claim:   {0} the task already ended; {1} another task holds the item;
---            {2, checkpoint or "", ran tick or ""} claimed
+--            {2, checkpoint or "", ran tick or "", since or "",
+--             validators or "", Redis time in s} claimed
 --   renew:   1 if still held (and extended), 0 if lost
 --   release: 1 if released, 0 if it was no longer ours
 
@@ -30,7 +35,9 @@ if op == 'claim' then
   if not redis.call('SET', KEYS[1], ARGV[2], 'NX', 'PX', ARGV[3]) then
     return { 1 }
   end
-  return { 2, redis.call('GET', KEYS[3]) or '', redis.call('GET', KEYS[4]) or '' }
+  local function get(k) return redis.call('GET', k) or '' end
+  return { 2, get(KEYS[3]), get(KEYS[4]), get(KEYS[5]), get(KEYS[6]),
+           redis.call('TIME')[1] }
 end
 if redis.call('GET', KEYS[1]) ~= ARGV[2] then
   return 0

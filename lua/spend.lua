@@ -190,7 +190,13 @@ local function spend_main(KEYS, ARGV)
   end
 
   if op == 'block' then
-    local dur = tonumber(ARGV[2]) * 1000
+    -- A whole number of ms below 2^53 (the largest integer a Lua number holds
+    -- exactly; a longer text rounds), refused before anything is written.
+    local ms = tonumber(ARGV[2])
+    if ms == nil or ms < 1 or ms >= MAXPOS or ms ~= floor(ms) then
+      return redis.error_reply('ERR quota-worker: block duration must be a whole number of ms from 1 to 2^53 - 1 (got ' .. tostring(ARGV[2]) .. ')')
+    end
+    local dur = ms * 1000
     local until_ = now + dur
     if until_ > blocked_until then
       -- Never shortens a longer block set by another worker.
@@ -493,16 +499,21 @@ local function spend_main(KEYS, ARGV)
 
   local id = ARGV[2]
   local cost = tonumber(ARGV[3])
-  local rejected, remaining = false, nil
-  if op == 'spend' then
+  if op == 'spend' or op == 'settle' then
     if id == nil or id == '' or string.sub(id, 1, 1) == '#' or id == '{request_id}' then
       save_all()
       return redis.error_reply('ERR quota-worker: request id must be unique, non-empty, not start with "#" (got ' .. tostring(id) .. ')')
     end
-    if cost == nil or cost < 1 or cost ~= floor(cost) then
+    -- A spend costs 1 or more, a settle 0 or more (a refund); both below
+    -- 2^53, as every count here: a larger one would be rounded.
+    local least = op == 'spend' and 1 or 0
+    if cost == nil or cost < least or cost >= MAXPOS or cost ~= floor(cost) then
       save_all()
-      return redis.error_reply('ERR quota-worker: spend cost must be a whole number >= 1')
+      return redis.error_reply('ERR quota-worker: ' .. op .. ' cost must be a whole number from ' .. least .. ' to 2^53 - 1 (got ' .. tostring(ARGV[3]) .. ')')
     end
+  end
+  local rejected, remaining = false, nil
+  if op == 'spend' then
     rejected = blocked_until > now
     for i = 1, nwin do
       local w = windows[i]
@@ -593,9 +604,9 @@ local function spend_main(KEYS, ARGV)
   if op == 'sync' then
     local w = windows[tonumber(ARGV[2]) or 0]
     local upstream_left = tonumber(ARGV[3])
-    if not w or not upstream_left or upstream_left < 0 or upstream_left ~= floor(upstream_left) then
+    if not w or not upstream_left or upstream_left < 0 or upstream_left >= MAXPOS or upstream_left ~= floor(upstream_left) then
       save_all()
-      return redis.error_reply('ERR quota-worker: sync takes a window number and the upstream\'s remaining units (a whole number >= 0)')
+      return redis.error_reply('ERR quota-worker: sync takes a window number and the upstream\'s remaining units (a whole number from 0 to 2^53 - 1)')
     end
     -- Drift only ever lowers what we admit: recorded as units spent now.
     local drift = w.units - w.used - upstream_left
@@ -622,14 +633,7 @@ local function spend_main(KEYS, ARGV)
   -- ---------------------------------------------------------------- settle
 
   if op == 'settle' then
-    if id == nil or id == '' or string.sub(id, 1, 1) == '#' or id == '{request_id}' then
-      save_all()
-      return redis.error_reply('ERR quota-worker: request id must be unique, non-empty, not start with "#" (got ' .. tostring(id) .. ')')
-    end
-    if cost == nil or cost < 0 or cost ~= floor(cost) then
-      save_all()
-      return redis.error_reply('ERR quota-worker: settle cost must be a whole number >= 0')
-    end
+    -- id and cost were checked above.
 
     local function adj_parse(m)
       local c, h, d = match(m, '^(%d+):(%-?%d+):(%-?%d+)$')

@@ -37,7 +37,8 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
 use tracing::warn;
 
-use crate::config::{Endpoint, Expansion, Job, Method, ResetIs, Secret, Secrets};
+use crate::config::{Endpoint, Expansion, Job, Method, PageStyle, ResetIs, Secret, Secrets};
+use crate::paging::{self, Next, Stored, StoredError, Validators};
 
 /// Redirects followed for one page at most (each one spent). The request
 /// before them makes `MAX_REDIRECTS + 1` upstream requests in all.
@@ -69,21 +70,30 @@ pub(crate) struct Placeholders<'a> {
     pub secret: &'a Secret,
     /// `{date}`: the UTC day the request is made.
     pub date: String,
+    /// `{since}`: when the item's last run that ended `done` started, RFC
+    /// 3339 UTC with seconds.
+    pub since: String,
+    /// `{since_epoch}`: the same, in seconds since the epoch.
+    pub since_epoch: String,
 }
 
 impl<'a> Placeholders<'a> {
-    /// Placeholders for `job` and `item` at `now`.
+    /// Placeholders for `job` and `item` at `now`, for a run whose
+    /// `{since}` is `since`.
     pub(crate) fn new(
         job: &'a Job,
         item: &'a [(String, String)],
         secret: &'a Secret,
         now: DateTime<Utc>,
+        since: DateTime<Utc>,
     ) -> Self {
         Placeholders {
             job: &job.name,
             item,
             secret,
             date: now.format("%Y-%m-%d").to_string(),
+            since: since.format("%Y-%m-%dT%H:%M:%SZ").to_string(),
+            since_epoch: since.timestamp().to_string(),
         }
     }
 
@@ -92,6 +102,8 @@ impl<'a> Placeholders<'a> {
             "job" => Some(self.job),
             "date" => Some(&self.date),
             "secret" => Some(self.secret.expose()),
+            "since" => Some(&self.since),
+            "since_epoch" => Some(&self.since_epoch),
             _ => self
                 .item
                 .iter()
@@ -127,6 +139,14 @@ impl Origin {
             port: url.port_or_known_default(),
         }
     }
+
+    /// The one same-origin check, for redirects and next pages alike:
+    /// `Err` with `url`'s origin when it is not this one. Nothing is ever
+    /// requested from there.
+    fn admits(&self, url: &Url) -> Result<(), Origin> {
+        let to = Origin::of(url);
+        if to == *self { Ok(()) } else { Err(to) }
+    }
 }
 
 impl fmt::Display for Origin {
@@ -148,10 +168,48 @@ pub(crate) struct Request {
     url: Url,
     headers: HeaderMap,
     body: Option<String>,
-    /// The job's request URL's origin: redirects may not leave it.
+    /// The job's request URL's origin: redirects and next pages may not
+    /// leave it.
     origin: Origin,
     /// Redirects followed to get here.
     hops: u32,
+    /// Where its answer says the next page is.
+    next_in: NextIn,
+}
+
+/// Where a page's answer says the next page is, by the job's style.
+#[derive(Debug, Clone)]
+enum NextIn {
+    /// Nowhere: no pagination, or `style = "page"` (the worker counts).
+    Nowhere,
+    /// A cursor at this JSON pointer.
+    Cursor(String),
+    /// A URL at this JSON pointer.
+    Url(String),
+    /// The `Link` header's `rel="next"`.
+    Link,
+}
+
+impl NextIn {
+    fn of(job: &Job) -> Self {
+        match job.pagination.as_ref().map(|p| &p.style) {
+            Some(PageStyle::Cursor { cursor, .. }) => NextIn::Cursor(cursor.clone()),
+            Some(PageStyle::NextUrl { next }) => NextIn::Url(next.clone()),
+            Some(PageStyle::Link) => NextIn::Link,
+            Some(PageStyle::Page { .. }) | None => NextIn::Nowhere,
+        }
+    }
+}
+
+/// Which page of a run a request is for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum PageAt<'a> {
+    /// Page `n` as the worker counts them: page 1 is the request template
+    /// as written; with `style = "page"` every page is, plus its number.
+    Number(u32),
+    /// The page the previous one pointed to: a cursor, or a next URL that
+    /// replaces the request's URL and query (stored form).
+    After(&'a Stored),
 }
 
 impl fmt::Debug for Request {
@@ -180,8 +238,7 @@ impl Request {
                 "upstream answered {status} with a Location that is not a URL; not followed"
             ));
         };
-        let to = Origin::of(&next);
-        if to != self.origin {
+        if let Err(to) = self.origin.admits(&next) {
             return Err(format!(
                 "redirect leaves the origin: upstream answered {status} to {to}, outside the job's origin {}; not requested",
                 self.origin
@@ -207,7 +264,22 @@ impl Request {
             body,
             origin: self.origin.clone(),
             hops: self.hops + 1,
+            next_in: self.next_in.clone(),
         })
+    }
+
+    /// The same request, conditional on the validators of the item's last
+    /// complete run: `If-None-Match`, `If-Modified-Since`.
+    pub(crate) fn conditional(mut self, v: &Validators) -> Request {
+        for (name, value) in [
+            (reqwest::header::IF_NONE_MATCH, &v.etag),
+            (reqwest::header::IF_MODIFIED_SINCE, &v.last_modified),
+        ] {
+            if let Some(value) = value.as_deref().and_then(|v| HeaderValue::from_str(v).ok()) {
+                self.headers.insert(name, value);
+            }
+        }
+        self
     }
 }
 
@@ -237,6 +309,23 @@ pub(crate) enum BuildError {
         /// The header's name.
         name: String,
     },
+    /// The previous page's next URL is on another origin than the job's
+    /// request URL: never requested, so no secret goes there.
+    #[error(
+        "next page leaves the origin: the upstream's next page is on {to}, outside the job's origin {origin}; not requested"
+    )]
+    LeavesOrigin {
+        /// The next page's origin, secrets scrubbed (a host could hold one).
+        to: String,
+        /// The job's, likewise.
+        origin: String,
+    },
+    /// The stored cursor or next URL cannot be sent.
+    #[error(transparent)]
+    Stored(#[from] StoredError),
+    /// The next URL does not parse once the secret is back in it.
+    #[error("the next page's URL does not parse: {0}")]
+    NextUrl(String),
 }
 
 /// What the upstream answered, as the worker needs it.
@@ -246,6 +335,12 @@ pub(crate) enum Reply {
     Ok {
         /// The decoded body, every known secret scrubbed from its strings.
         body: Value,
+        /// Where it says the next page is (read before the scrub, with
+        /// the secret kept as a placeholder).
+        next: Next,
+        /// Its `ETag` / `Last-Modified`, on a `conditional` endpoint (none
+        /// that holds a secret).
+        validators: Validators,
         /// The request's actual cost, when the endpoint names a header for it.
         actual_cost: Option<u64>,
         /// The upstream's own remaining quota, when the endpoint names its headers.
@@ -264,6 +359,14 @@ pub(crate) enum Reply {
         retry_after: Option<Duration>,
         /// The reason it gave (`quotaExceeded`, ...), if any.
         reason: Option<String>,
+        /// What it says it charged, when the endpoint names a cost header.
+        actual_cost: Option<u64>,
+    },
+    /// 304 to a conditional request: nothing changed since the validators
+    /// it sent.
+    NotModified {
+        /// HTTP status (304).
+        status: u16,
         /// What it says it charged, when the endpoint names a cost header.
         actual_cost: Option<u64>,
     },
@@ -346,6 +449,7 @@ impl Reply {
     fn status_label(&self) -> String {
         match self {
             Reply::Ok { status, .. }
+            | Reply::NotModified { status, .. }
             | Reply::Throttled { status, .. }
             | Reply::ServerError { status, .. }
             | Reply::ClientError { status, .. }
@@ -364,16 +468,29 @@ impl Reply {
 /// credential's secret as it is, percent-encoded (upper- and lower-case
 /// hex, `+` for spaces as forms write it) and JSON-escaped, since an
 /// upstream echoes the URL or the request in any of these forms.
+///
+/// It also writes a next-page cursor or URL in stored form
+/// ([`Scrubber::templatize`]): each spelling of a secret as the placeholder
+/// that renders it back.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Scrubber {
     /// One automaton for every form of every secret; `None` without secrets.
     matcher: Option<AhoCorasick>,
+    /// Per pattern of `matcher`: the placeholder that renders it back in a
+    /// URL (`{secret}` percent-encodes, `{+secret}` keeps it as it is).
+    placeholders: Vec<&'static str>,
 }
+
+/// A secret spelled percent-encoded: rendered back by simple expansion.
+const ENCODED: &str = "{secret}";
+/// A secret spelled as it is: rendered back by reserved expansion (which
+/// keeps the characters a URL may hold as they are).
+const VERBATIM: &str = "{+secret}";
 
 impl Scrubber {
     /// A scrubber for `secrets`.
     pub(crate) fn new<'a>(secrets: impl IntoIterator<Item = &'a Secret>) -> Self {
-        let mut forms: Vec<String> = Vec::new();
+        let mut forms: Vec<(String, &'static str)> = Vec::new();
         for s in secrets {
             let s = s.expose();
             if s.is_empty() {
@@ -382,28 +499,55 @@ impl Scrubber {
             let encoded = utf8_percent_encode(s, SIMPLE).to_string();
             let json = serde_json::to_string(s).unwrap_or_default();
             forms.extend([
-                s.to_owned(),
-                encoded.replace("%20", "+"),
-                lower_hex(&encoded),
+                (s.to_owned(), VERBATIM),
+                (encoded.replace("%20", "+"), ENCODED),
+                (lower_hex(&encoded), ENCODED),
                 // The quotes around it, not the escaped ones inside.
-                json.get(1..json.len().saturating_sub(1))
-                    .unwrap_or_default()
-                    .to_owned(),
-                encoded,
+                (
+                    json.get(1..json.len().saturating_sub(1))
+                        .unwrap_or_default()
+                        .to_owned(),
+                    VERBATIM,
+                ),
+                (encoded, ENCODED),
             ]);
         }
-        forms.retain(|f| !f.is_empty());
-        forms.sort();
-        forms.dedup();
+        forms.retain(|(f, _)| !f.is_empty());
+        // Where two spellings are the same text, the one listed first wins
+        // (stable sort): as it is renders it back exactly.
+        forms.sort_by(|a, b| a.0.cmp(&b.0));
+        forms.dedup_by(|b, a| a.0 == b.0);
         let matcher = if forms.is_empty() {
             None
         } else {
             AhoCorasick::builder()
                 .match_kind(MatchKind::LeftmostLongest)
-                .build(&forms)
+                .build(forms.iter().map(|(f, _)| f))
                 .ok()
         };
-        Scrubber { matcher }
+        Scrubber {
+            matcher,
+            placeholders: forms.into_iter().map(|(_, p)| p).collect(),
+        }
+    }
+
+    /// `text` (a cursor or next URL from the upstream) in stored form:
+    /// braces doubled, so it holds no placeholder of its own, and each
+    /// spelling of a secret written as the placeholder that renders it back
+    /// ([`Stored::render`]).
+    pub(crate) fn templatize(&self, text: &str) -> String {
+        let escape = |t: &str| t.replace('{', "{{").replace('}', "}}");
+        let mut out = String::with_capacity(text.len());
+        let mut last = 0;
+        if let Some(m) = &self.matcher {
+            for found in m.find_iter(text) {
+                out.push_str(&escape(&text[last..found.start()]));
+                out.push_str(self.placeholders[found.pattern().as_usize()]);
+                last = found.end();
+            }
+        }
+        out.push_str(&escape(&text[last..]));
+        out
     }
 
     /// `text` with every secret replaced by [`REDACTED`].
@@ -434,7 +578,8 @@ impl Scrubber {
         }
     }
 
-    /// Scrubs every piece of upstream text a reply carries.
+    /// Scrubs every piece of upstream text a reply carries (its next page
+    /// and validators were taken out before, without the secret).
     fn scrub_reply(&self, reply: &mut Reply) {
         match reply {
             Reply::Ok { body, .. } => self.scrub_json(body),
@@ -449,6 +594,7 @@ impl Scrubber {
                 }
             }
             Reply::Throttled { .. }
+            | Reply::NotModified { .. }
             | Reply::ServerError { .. }
             | Reply::Redirect { .. }
             | Reply::TooLarge { .. } => {}
@@ -475,7 +621,7 @@ fn lower_hex(encoded: &str) -> String {
 }
 
 /// A value as RFC 6570 expands it into a URL.
-fn expand(value: &str, how: Expansion) -> Cow<'_, str> {
+pub(crate) fn expand(value: &str, how: Expansion) -> Cow<'_, str> {
     match how {
         Expansion::Simple => utf8_percent_encode(value, SIMPLE).into(),
         Expansion::Reserved => {
@@ -544,13 +690,18 @@ impl Fetcher {
         })
     }
 
-    /// The request for one page of `job` for `ph`'s item; `cursor` is the
-    /// page token from the previous page (none for the first).
+    /// The request for page `at` of `job` for `ph`'s item.
+    ///
+    /// A next URL (`next_url`, `link`) replaces the template's URL and query
+    /// (headers and body are rendered as always), and only if it is on the
+    /// job's origin: the one place a next page is checked, before anything
+    /// is spent, so a checkpoint written before the job's URL changed never
+    /// sends the secret to the old host either.
     pub(crate) fn request(
         &self,
         job: &Job,
         ph: &Placeholders<'_>,
-        cursor: Option<&str>,
+        at: PageAt<'_>,
     ) -> Result<Request, BuildError> {
         if ph.item.iter().any(|(_, v)| v.chars().any(char::is_control)) {
             return Err(BuildError::ControlChars {
@@ -558,26 +709,36 @@ impl Fetcher {
             });
         }
         let req = &job.request;
-        let rendered = req.url.render_with(|k| ph.lookup(k), expand);
-        let mut url = Url::parse(&rendered).map_err(|e| BuildError::Url(e.to_string()))?;
-        // Simple expansion encodes '/', so only a whole segment of "." or
-        // ".." (which URL parsing removes) can change the path's shape.
-        if !req.url.has_reserved() {
-            let shape = Url::parse(&req.url.render(|_| Some("x"))).map(|u| path_segments(&u));
-            if shape.ok() != Some(path_segments(&url)) {
-                return Err(BuildError::PathChanged);
+        let mut url = template_url(job, ph)?;
+        let origin = Origin::of(&url);
+        match (at, job.pagination.as_ref().map(|p| &p.style)) {
+            (PageAt::After(next), Some(PageStyle::NextUrl { .. } | PageStyle::Link)) => {
+                let rendered = next.render(ph.secret, true)?;
+                url = Url::parse(&rendered).map_err(|e| BuildError::NextUrl(e.to_string()))?;
+                origin.admits(&url).map_err(|to| BuildError::LeavesOrigin {
+                    to: self.scrubber.scrub(&to.to_string()).into_owned(),
+                    origin: self.scrubber.scrub(&origin.to_string()).into_owned(),
+                })?;
             }
-        }
-        let mut query: Vec<(&str, String)> = req
-            .query
-            .iter()
-            .map(|(k, t)| (k.as_str(), t.render(|n| ph.lookup(n))))
-            .collect();
-        if let (Some(p), Some(c)) = (&job.pagination, cursor) {
-            query.push((p.param.as_str(), c.to_owned()));
-        }
-        if !query.is_empty() {
-            url.query_pairs_mut().extend_pairs(query);
+            (at, style) => {
+                let mut query: Vec<(&str, String)> = req
+                    .query
+                    .iter()
+                    .map(|(k, t)| (k.as_str(), t.render(|n| ph.lookup(n))))
+                    .collect();
+                match (at, style) {
+                    (PageAt::After(c), Some(PageStyle::Cursor { param, .. })) => {
+                        query.push((param, c.render(ph.secret, false)?));
+                    }
+                    (PageAt::Number(n), Some(PageStyle::Page { param, start, step })) => {
+                        query.push((param, paging::page_value(*start, *step, n).to_string()));
+                    }
+                    _ => {}
+                }
+                if !query.is_empty() {
+                    url.query_pairs_mut().extend_pairs(query);
+                }
+            }
         }
         let mut headers = HeaderMap::new();
         for (k, t) in &req.headers {
@@ -595,11 +756,12 @@ impl Fetcher {
         };
         Ok(Request {
             method,
-            origin: Origin::of(&url),
+            origin,
             url,
             headers,
             body: req.body.as_ref().map(|b| b.render(|n| ph.lookup(n))),
             hops: 0,
+            next_in: NextIn::of(job),
         })
     }
 
@@ -615,7 +777,7 @@ impl Fetcher {
         }
         let mut reply = match rb.send().await {
             Err(e) => transport_error(e),
-            Ok(resp) => answer(endpoint, req, resp).await,
+            Ok(resp) => answer(endpoint, req, resp, &self.scrubber).await,
         };
         self.scrubber.scrub_reply(&mut reply);
         metrics::counter!("qw_upstream_responses_total", "endpoint" => endpoint.name.clone(), "status" => reply.status_label())
@@ -624,8 +786,85 @@ impl Fetcher {
     }
 }
 
+/// The job's request URL for `ph`'s item, without its query.
+fn template_url(job: &Job, ph: &Placeholders<'_>) -> Result<Url, BuildError> {
+    let t = &job.request.url;
+    let url = Url::parse(&t.render_with(|k| ph.lookup(k), expand))
+        .map_err(|e| BuildError::Url(e.to_string()))?;
+    // Simple expansion encodes '/', so only a whole segment of "." or
+    // ".." (which URL parsing removes) can change the path's shape.
+    if !t.has_reserved() {
+        let shape = Url::parse(&t.render(|_| Some("x"))).map(|u| path_segments(&u));
+        if shape.ok() != Some(path_segments(&url)) {
+            return Err(BuildError::PathChanged);
+        }
+    }
+    Ok(url)
+}
+
+/// Where a page's answer says the next page is, in stored form (`body`
+/// and `headers` not yet scrubbed: the secret in a next URL becomes its
+/// placeholder, not `[redacted]`). A relative URL resolves against the
+/// request's URL; its origin is checked when its request is built.
+fn next_page(req: &Request, headers: &HeaderMap, body: &Value, scrubber: &Scrubber) -> Next {
+    let url = match &req.next_in {
+        NextIn::Nowhere => return Next::End,
+        NextIn::Cursor(ptr) => {
+            return match paging::cursor_at(body, ptr) {
+                Ok(Some(c)) => Next::At(Stored::new(scrubber.templatize(&c))),
+                Ok(None) => Next::End,
+                Err(e) => Next::Bad(e),
+            };
+        }
+        NextIn::Url(ptr) => match paging::url_at(body, ptr) {
+            Ok(url) => url,
+            Err(e) => return Next::Bad(e),
+        },
+        NextIn::Link => paging::next_link(
+            headers
+                .get_all(reqwest::header::LINK)
+                .iter()
+                .filter_map(|v| v.to_str().ok()),
+        ),
+    };
+    let Some(url) = url else {
+        return Next::End;
+    };
+    match req.url.join(&url) {
+        Ok(next) => Next::At(Stored::new(scrubber.templatize(next.as_str()))),
+        // The parse error names no part of the URL (which may hold the secret).
+        Err(e) => Next::Bad(format!("the next page's URL does not parse: {e}")),
+    }
+}
+
+/// The longest validator kept: real ones are short hashes and dates.
+const MAX_VALIDATOR: usize = 1024;
+
+/// A conditional endpoint's `ETag` and `Last-Modified`: visible ASCII, at
+/// most [`MAX_VALIDATOR`] bytes, and never one that holds a secret (it is
+/// kept in Redis and sent back).
+fn validators(endpoint: &Endpoint, headers: &HeaderMap, scrubber: &Scrubber) -> Validators {
+    if !endpoint.conditional {
+        return Validators::default();
+    }
+    let get = |name| {
+        let v = headers.get(name)?.to_str().ok()?.trim();
+        let clean = matches!(scrubber.scrub(v), Cow::Borrowed(_));
+        (!v.is_empty() && v.len() <= MAX_VALIDATOR && clean).then(|| v.to_owned())
+    };
+    Validators {
+        etag: get(reqwest::header::ETAG),
+        last_modified: get(reqwest::header::LAST_MODIFIED),
+    }
+}
+
 /// Reads and classifies one answer to `req`.
-async fn answer(endpoint: &Endpoint, req: &Request, mut resp: reqwest::Response) -> Reply {
+async fn answer(
+    endpoint: &Endpoint,
+    req: &Request,
+    mut resp: reqwest::Response,
+    scrubber: &Scrubber,
+) -> Reply {
     let status = resp.status().as_u16();
     let headers = std::mem::take(resp.headers_mut());
     if matches!(status, 301 | 302 | 303 | 307 | 308) {
@@ -665,7 +904,18 @@ async fn answer(endpoint: &Endpoint, req: &Request, mut resp: reqwest::Response)
         Ok(Body::Over(_)) => return too_large,
         Err(e) => return transport_error(e),
     };
-    classify(endpoint, status, &headers, &body, Utc::now())
+    let mut reply = classify(endpoint, status, &headers, &body, Utc::now());
+    if let Reply::Ok {
+        body,
+        next,
+        validators: v,
+        ..
+    } = &mut reply
+    {
+        *next = next_page(req, &headers, body, scrubber);
+        *v = validators(endpoint, &headers, scrubber);
+    }
+    reply
 }
 
 /// A body as read: all of it, or the first `limit` bytes of a longer one.
@@ -807,15 +1057,37 @@ fn upstream_quota(
     })
 }
 
-/// The quota reason of a Google-style error body, if it is one of `reasons`.
+/// The quota reason an error body gives, if it is one of `reasons`: a
+/// Google-style `error.errors[].reason` equal to one, or else a top-level
+/// `message` or `error.message` (GitHub, most others) that holds one,
+/// compared without case. What is returned is the configured reason, never
+/// the upstream's text.
 fn quota_reason(body: &[u8], reasons: &[String]) -> Option<String> {
     let v: Value = serde_json::from_slice(body).ok()?;
-    let errors = v.pointer("/error/errors")?.as_array()?;
-    errors
-        .iter()
+    let listed = v
+        .pointer("/error/errors")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
         .filter_map(|e| e.get("reason")?.as_str())
-        .find(|r| reasons.iter().any(|q| q == r))
-        .map(str::to_owned)
+        .find_map(|r| reasons.iter().find(|q| *q == r));
+    if let Some(r) = listed {
+        return Some(r.clone());
+    }
+    let messages: Vec<String> = [v.get("message"), v.pointer("/error/message")]
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(str::to_lowercase)
+        .collect();
+    reasons
+        .iter()
+        .filter(|q| !q.is_empty())
+        .find(|q| {
+            let q = q.to_lowercase();
+            messages.iter().any(|m| m.contains(&q))
+        })
+        .cloned()
 }
 
 fn snippet(body: &[u8]) -> String {
@@ -845,6 +1117,8 @@ pub(crate) fn classify(
         200..=299 => match serde_json::from_slice::<Value>(body) {
             Ok(body) => Reply::Ok {
                 body,
+                next: Next::End,
+                validators: Validators::default(),
                 actual_cost,
                 upstream,
                 status,
@@ -853,6 +1127,11 @@ pub(crate) fn classify(
                 status,
                 detail: format!("not JSON ({e}): {}", snippet(body)),
             },
+        },
+        // Only a conditional request gets one; never a failure.
+        304 => Reply::NotModified {
+            status,
+            actual_cost,
         },
         429 => throttled(status, quota_reason(body, &endpoint.quota_reasons)),
         403 => {
@@ -894,6 +1173,7 @@ mod tests {
             cost: NonZeroU64::MIN,
             limiter_unavailable: LimiterUnavailable::FailClosed,
             windows: vec![],
+            charge_credential: true,
             timeout: Duration::from_secs(1),
             throttle_block: Duration::from_secs(60),
             quota_reasons: vec!["quotaExceeded".into(), "rateLimitExceeded".into()],
@@ -905,6 +1185,8 @@ mod tests {
             cost_header: Some("x-quota-cost".into()),
             max_body: crate::config::defaults::MAX_BODY,
             max_block: crate::config::defaults::MAX_BLOCK,
+            conditional: true,
+            not_modified_cost: 0,
         }
     }
 
@@ -1065,6 +1347,87 @@ mod tests {
         let r = |v| expand(v, Expansion::Reserved).into_owned();
         assert_eq!(r("a/b?c=d&e#f"), "a/b?c=d&e#f");
         assert_eq!(r("%41 %zz"), "%41%20%25zz");
+    }
+
+    /// Issue 12, item 4: GitHub and most others say "rate limit" in a
+    /// top-level `message`, Google APIs in `error.message` too.
+    #[test]
+    fn quota_reasons_match_messages_without_case() {
+        let mut ep = endpoint();
+        ep.quota_reasons = vec!["quotaExceeded".into(), "rate limit exceeded".into()];
+        let gh =
+            br#"{"message": "API Rate Limit Exceeded for user ID 1.", "documentation_url": "x"}"#;
+        let r = classify(&ep, 403, &HeaderMap::new(), gh, Utc::now());
+        assert!(
+            matches!(r, Reply::Throttled { reason: Some(ref x), .. } if x == "rate limit exceeded"),
+            "{r:?}"
+        );
+        let nested = br#"{"error": {"code": 403, "message": "Daily RATE LIMIT EXCEEDED."}}"#;
+        let r = classify(&ep, 403, &HeaderMap::new(), nested, Utc::now());
+        assert!(matches!(r, Reply::Throttled { .. }), "{r:?}");
+        // The reasons list still wins, and other 403s stay client errors.
+        let both = br#"{"error": {"message": "rate limit exceeded", "errors": [{"reason": "quotaExceeded"}]}}"#;
+        let r = classify(&ep, 403, &HeaderMap::new(), both, Utc::now());
+        assert!(
+            matches!(r, Reply::Throttled { reason: Some(ref x), .. } if x == "quotaExceeded"),
+            "{r:?}"
+        );
+        let other = br#"{"message": "Resource not accessible by integration"}"#;
+        let r = classify(&ep, 403, &HeaderMap::new(), other, Utc::now());
+        assert!(matches!(r, Reply::ClientError { status: 403, .. }), "{r:?}");
+        ep.quota_reasons = vec![String::new()];
+        let r = classify(&ep, 403, &HeaderMap::new(), other, Utc::now());
+        assert!(
+            matches!(r, Reply::ClientError { .. }),
+            "an empty reason matches nothing"
+        );
+    }
+
+    /// Issue 12, item 3: a 304 was `failed`. It is its own answer.
+    #[test]
+    fn a_304_is_not_modified() {
+        let mut h = HeaderMap::new();
+        h.insert("x-quota-cost", HeaderValue::from_static("0"));
+        let r = classify(&endpoint(), 304, &h, b"", Utc::now());
+        assert!(matches!(
+            r,
+            Reply::NotModified {
+                status: 304,
+                actual_cost: Some(0)
+            }
+        ));
+    }
+
+    /// A next URL is kept with each spelling of the secret as the
+    /// placeholder that renders it back, and nothing else the upstream
+    /// wrote can become a placeholder.
+    #[test]
+    fn next_urls_are_kept_without_the_secret_and_render_back() {
+        let secret = Secret::new("k/y+z ä");
+        let s = Scrubber::new([&secret]);
+        let encoded = "k%2Fy%2Bz%20%C3%A4";
+        let url = format!(
+            "https://graph.example/v1/me/media?access_token={encoded}&after=c2&x={{region}}"
+        );
+        let stored = s.templatize(&url);
+        assert_eq!(
+            stored,
+            "https://graph.example/v1/me/media?access_token={secret}&after=c2&x={{region}}"
+        );
+        let back = Stored::new(stored).render(&secret, true).unwrap();
+        assert_eq!(back, url, "rendered back as it was sent");
+        // The lower-case and form spellings render back as equivalents.
+        let lower = s.templatize("?t=k%2fy%2bz%20%c3%a4&u=k%2Fy%2Bz+%C3%A4");
+        assert_eq!(lower, "?t={secret}&u={secret}");
+        // A token of URL-safe characters only: kept as it is.
+        let meta = Secret::new("EAAGm0PX4ZCps");
+        let s = Scrubber::new([&meta]);
+        let stored = s.templatize("https://g/x?access_token=EAAGm0PX4ZCps&limit=2");
+        assert_eq!(stored, "https://g/x?access_token={+secret}&limit=2");
+        let back = Stored::new(stored).render(&meta, true).unwrap();
+        assert_eq!(back, "https://g/x?access_token=EAAGm0PX4ZCps&limit=2");
+        // Without secrets only the braces change.
+        assert_eq!(Scrubber::default().templatize("a{b}"), "a{{b}}");
     }
 
     #[test]

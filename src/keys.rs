@@ -94,6 +94,18 @@ impl KeySpace {
         format!("{}:tick:{job}:{tick_ms}", self.prefix)
     }
 
+    /// How far a tick's fan-out has got while it is queued in chunks (hash:
+    /// owner, lease, next, origin; gone once every task is queued).
+    pub(crate) fn tick_fan_out(&self, job: &str, tick_ms: i64) -> String {
+        format!("{}:tick:{job}:{tick_ms}:fan_out", self.prefix)
+    }
+
+    /// The fan-outs being queued (zset: `<job>:<tick_ms>` -> lease end, ms):
+    /// where a daemon finds one whose enqueuer died, to finish it.
+    pub(crate) fn fanning(&self) -> String {
+        format!("{}:fanning", self.prefix)
+    }
+
     /// Outcome counts of one tick's tasks (hash: outcome -> count, plus "#items").
     pub(crate) fn tick_outcomes(&self, job: &str, tick_ms: i64) -> String {
         format!("{}:tick:{job}:{tick_ms}:outcomes", self.prefix)
@@ -107,6 +119,18 @@ impl KeySpace {
     /// The newest tick whose run of one job's fan-out item completed.
     pub(crate) fn item_ran(&self, job: &str, item: &str) -> String {
         format!("{}:ran:{job}:{item}", self.prefix)
+    }
+
+    /// When the last complete run of one job's fan-out item started, in
+    /// seconds since the epoch: its next run's `{since}`.
+    pub(crate) fn since(&self, job: &str, item: &str) -> String {
+        format!("{}:since:{job}:{item}", self.prefix)
+    }
+
+    /// The `ETag` / `Last-Modified` of page 1 of the last complete run of
+    /// one job's fan-out item (JSON), sent back by its next run.
+    pub(crate) fn validators(&self, job: &str, item: &str) -> String {
+        format!("{}:validators:{job}:{item}", self.prefix)
     }
 
     /// Held while a task works on one job's fan-out item (value: task id).

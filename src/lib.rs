@@ -22,8 +22,10 @@
 //! - [`daemon`]: `quota-worker run` — starts Redis (or connects to it) and the
 //!   loops below, and stops them on shutdown.
 //! - [`schedule`]: when a job fires (cron) and **where a tick is fanned out**
-//!   into tasks (`schedule::tick_tasks`, the daemon's `schedule::Scheduler`
-//!   loop, once per tick across daemons); worst-case spending per window.
+//!   into tasks (`schedule::TickItems`: `fan_out` lists × `fan_out_from` rows,
+//!   `schedule::source`; `schedule::queue_tick`: queued in bounded chunks,
+//!   once per tick across daemons, by the daemon's `schedule::Scheduler` loop
+//!   and `trigger`); worst-case spending per window.
 //! - [`queue`]: the tasks in Redis — apalis-redis, our backlog in front of it,
 //!   our janitor behind it, and the workarounds for apalis's pitfalls.
 //! - `worker`: one task, page by page: spend → fetch → sink → checkpoint,
@@ -35,7 +37,9 @@
 //!   the worker and the benchmarks call the same function.
 //! - [`keys`]: **where a Redis key is named** — every key name, in one place.
 //! - `fetch`: the upstream request (templates, pagination) and what its
-//!   answer means (`Reply`: a page, throttled, a 5xx, ...).
+//!   answer means (`Reply`: a page, throttled, a 5xx, ...); `paging`: where
+//!   the next page is in each pagination style (cursor, next URL, `Link`
+//!   header, page number) and how it is kept without the secret.
 //! - [`sink`]: where records go: JSON lines files (whole-page appends, safe
 //!   across processes) or SQLite with an FTS5 index that serves search.
 //! - [`ops`]: Prometheus metrics, `/healthz`, `/readyz`, and the systemd
@@ -61,6 +65,7 @@ pub mod keys;
 pub mod logging;
 pub mod ops;
 pub mod outcome;
+pub(crate) mod paging;
 pub mod queue;
 pub mod quota;
 pub mod schedule;

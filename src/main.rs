@@ -76,10 +76,27 @@ enum Command {
         #[arg(long, value_name = "DIR")]
         out: Option<PathBuf>,
     },
+    /// Full-text search over what a job stored in its SQLite sink (local: spends nothing)
+    Search {
+        /// Job name
+        job: String,
+        /// Words that must all match (case and accents ignored; "word*" matches a prefix)
+        query: String,
+        /// At most this many results, best first
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+        /// Print one JSON object
+        #[arg(long)]
+        json: bool,
+    },
     /// Print how another program calls lua/spend.lua to spend from an endpoint's windows
     Keys {
         /// Endpoint name
-        endpoint: String,
+        #[arg(required_unless_present = "script")]
+        endpoint: Option<String>,
+        /// Print the spend script itself instead
+        #[arg(long, conflicts_with_all = ["endpoint", "cost", "reserve"])]
+        script: bool,
         /// Units to spend [default: the endpoint's cost]
         #[arg(long)]
         cost: Option<u64>,
@@ -125,6 +142,7 @@ fn main() -> ExitCode {
         | Command::Spend { .. }
         | Command::Quota { .. }
         | Command::Keys { .. }
+        | Command::Search { .. }
         | Command::Check => "warn",
         _ => "info",
     };
@@ -150,10 +168,18 @@ fn main() -> ExitCode {
                 cli::quota::run(&config, credential.as_deref(), json).await
             }
             Command::Keys {
-                endpoint,
+                endpoint: Some(endpoint),
                 cost,
                 reserve,
+                ..
             } => cli::keys::run(&config, &endpoint, cost, reserve),
+            Command::Keys { .. } => cli::keys::print_script(),
+            Command::Search {
+                job,
+                query,
+                limit,
+                json,
+            } => cli::search::run(&config, &job, &query, limit, json),
             Command::Run => cli::run::run(config).await,
             Command::Trigger { job, wait } => cli::trigger::run(&config, &job, wait).await,
             Command::Demo { for_, out } => {

@@ -77,6 +77,9 @@ pub struct Outcome {
     pub requeued_in: Option<Duration>,
     /// An HTTP status, when one decided.
     pub status: Option<u16>,
+    /// Whether the upstream answered `304 Not Modified` (a conditional
+    /// request): the run is `done` with nothing written.
+    pub not_modified: bool,
     /// Why, in words.
     pub detail: String,
 }
@@ -93,6 +96,7 @@ impl Outcome {
             retry_after: None,
             requeued_in: None,
             status: None,
+            not_modified: false,
             detail: detail.into(),
         }
     }

@@ -27,6 +27,14 @@
 //! A query has [`SimConfig::pages_per_query`] pages; `maxResults` only caps the
 //! items of each page. Page tokens are `p2`, `p3`, ...; the last page has no
 //! `nextPageToken`; a token that was never issued is answered 400.
+//!
+//! Other upstreams' pagination styles (GitHub's `Link` header and `ETag`s,
+//! Meta's `paging.next`, page numbers, numeric cursors) are
+//! [`SimConfig::style`]'s, served by `styles`.
+//!
+//! The key comes in the `key` or `access_token` query parameter, or as
+//! `Authorization: Bearer KEY`. Every request, whatever its answer, goes
+//! into the request log ([`SimStats::requests`]).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io;
@@ -34,10 +42,14 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+mod styles;
+
+pub use styles::SimStyle;
+
 use axum::Router;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
-use axum::http::header::{CONTENT_TYPE, RETRY_AFTER};
+use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, ETAG, IF_NONE_MATCH, RETRY_AFTER};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
@@ -90,6 +102,18 @@ pub struct SimConfig {
     pub ratelimit_headers: bool,
     /// Every answer to a valid key carries [`COST_HEADER`].
     pub cost_header: bool,
+    /// Path → a limit of its own per key ([`SimConfig::bucket`]).
+    pub buckets: Vec<(String, Limit)>,
+    /// How it pages ([`SimStyle::Token`], YouTube's, unless set).
+    pub style: SimStyle,
+    /// GitHub-like conditional requests (with [`SimStyle::Link`]): every
+    /// page carries an `ETag`, and a request whose `If-None-Match` is the
+    /// page's current one is answered `304` with no body, not charged.
+    pub etag: bool,
+    /// Where next links and next URLs point (`http://127.0.0.1:PORT`):
+    /// another origin than the simulator's own, to test that they are never
+    /// followed there. `None`: its own.
+    pub next_origin: Option<String>,
 }
 
 impl Default for SimConfig {
@@ -107,6 +131,10 @@ impl Default for SimConfig {
             items_per_page: 5,
             ratelimit_headers: false,
             cost_header: false,
+            buckets: Vec::new(),
+            style: SimStyle::Token,
+            etag: false,
+            next_origin: None,
         }
     }
 }
@@ -125,6 +153,18 @@ impl SimConfig {
         let path = path.into();
         self.costs.retain(|(p, _)| *p != path);
         self.costs.push((path, cost));
+        self
+    }
+
+    /// Requests to `path` count against a limit of their own per key,
+    /// `units` per `per`, not against the key's main window (YouTube's
+    /// `search.list`: 100 calls a day apart from the 10,000 units). The
+    /// bucket is fixed when the key is ([`KeyQuota::fixed`]).
+    #[must_use]
+    pub fn bucket(mut self, path: impl Into<String>, units: u64, per: Duration) -> Self {
+        let path = path.into();
+        self.buckets.retain(|(p, _)| *p != path);
+        self.buckets.push((path, Limit { units, per }));
         self
     }
 
@@ -165,6 +205,9 @@ pub struct KeyQuota {
     /// An optional second, short limit (YouTube's per-minute limit); going
     /// over it is answered 403 `rateLimitExceeded`.
     pub rate: Option<Limit>,
+    /// Whether its windows are fixed ([`KeyQuota::fixed`]) rather than
+    /// trailing.
+    pub fixed: bool,
 }
 
 impl KeyQuota {
@@ -175,7 +218,19 @@ impl KeyQuota {
             units,
             per,
             rate: None,
+            fixed: false,
         }
+    }
+
+    /// Its main window and buckets count per calendar period, each starting
+    /// at a wall-clock multiple of its length since the Unix epoch (a day's
+    /// start in UTC and, for periods that divide an hour, in every zone
+    /// with whole-hour offsets), as YouTube's daily quota resets at
+    /// midnight Pacific. The short limit stays trailing.
+    #[must_use]
+    pub fn fixed(mut self) -> Self {
+        self.fixed = true;
+        self
     }
 
     /// Adds a short limit of `units` per trailing `per`.
@@ -216,6 +271,14 @@ pub enum Fault {
     Delay(Duration),
     /// Answer 200 `application/json` with the body `not json`.
     Garbage,
+    /// Answer `status` with a GitHub-style body, `{"message": message,
+    /// "documentation_url": ...}`, no error reasons.
+    Message {
+        /// The HTTP status (403, 429, ...).
+        status: u16,
+        /// The body's top-level `message`.
+        message: String,
+    },
 }
 
 /// One charged (2xx) request, as the upstream saw it.
@@ -258,6 +321,28 @@ pub struct KeyStats {
     pub bad_requests: u64,
 }
 
+/// One request, whatever its answer, as the upstream saw it.
+#[derive(Debug, Clone)]
+pub struct Logged {
+    /// When it was answered.
+    pub time: DateTime<Utc>,
+    /// The key it came with (query `key` or `access_token`, or a bearer
+    /// token), if any.
+    pub key: Option<String>,
+    /// The request path.
+    pub path: String,
+    /// The query parameters, in order, without `key` and `access_token`.
+    pub query: Vec<(String, String)>,
+    /// What it paged over (`regionCode`, `q`, `repo`, else `all`).
+    pub scope: String,
+    /// The page it asked for (1 = first), when it names a valid one.
+    pub page: Option<u32>,
+    /// The `If-None-Match` it sent.
+    pub if_none_match: Option<String>,
+    /// The status it was answered with.
+    pub status: u16,
+}
+
 /// A snapshot of what the simulator has seen ([`Simulator::stats`]).
 #[derive(Debug, Clone, Default)]
 pub struct SimStats {
@@ -267,6 +352,8 @@ pub struct SimStats {
     pub charges: Vec<Charge>,
     /// Requests with a missing or unknown key (answered 400 `keyInvalid`).
     pub invalid_keys: u64,
+    /// Every request, in the order they were answered.
+    pub requests: Vec<Logged>,
 }
 
 impl SimStats {
@@ -292,12 +379,43 @@ impl SimStats {
         max
     }
 
+    /// The most units `key` was charged in one fixed period of length
+    /// `period` ([`KeyQuota::fixed`]), counting only requests to the paths
+    /// `counts` accepts: the number to compare with a fixed window.
+    pub fn max_units_in_any_period(
+        &self,
+        key: &str,
+        period: Duration,
+        counts: impl Fn(&str) -> bool,
+    ) -> u64 {
+        let mut per_period: HashMap<u64, u64> = HashMap::new();
+        for c in self
+            .charges
+            .iter()
+            .filter(|c| c.key == key && counts(&c.path))
+        {
+            *per_period.entry(period_of(c.time, period)).or_default() += c.cost;
+        }
+        per_period.into_values().max().unwrap_or(0)
+    }
+
     /// Every page fetched (charged), as `(path, scope, page_token)`, in order.
     pub fn fetched_pages(&self) -> Vec<(String, String, Option<String>)> {
         self.charges
             .iter()
             .map(|c| (c.path.clone(), c.scope.clone(), c.page_token.clone()))
             .collect()
+    }
+
+    /// Requests for each `(scope, page)` among `requests[from..]`: how
+    /// often a run asked the upstream for each page.
+    pub fn requests_per_page(&self, from: usize) -> BTreeMap<(String, u32), usize> {
+        let mut out = BTreeMap::new();
+        for r in self.requests.iter().skip(from) {
+            *out.entry((r.scope.clone(), r.page.unwrap_or(0)))
+                .or_insert(0) += 1;
+        }
+        out
     }
 
     /// The pages fetched (charged) more than once, each listed once.
@@ -345,7 +463,7 @@ impl Simulator {
         config.validate()?;
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
-        let shared = Arc::new(Shared::new(config));
+        let shared = Arc::new(Shared::new(config, format!("http://{addr}")));
         let app = Router::new().fallback(handle).with_state(shared.clone());
         let (stop, stopped) = oneshot::channel::<()>();
         let server = tokio::spawn(async move {
@@ -396,6 +514,17 @@ impl Simulator {
         self.queue(Some(path.to_string()), fault, count);
     }
 
+    /// Marks every item updated now: a `since` before now sees them again,
+    /// and every page's `ETag` changes.
+    pub fn touch(&self) {
+        self.touch_at(Utc::now());
+    }
+
+    /// Marks every item updated at `at`.
+    pub fn touch_at(&self, at: DateTime<Utc>) {
+        self.shared.lock().updated_at = at;
+    }
+
     /// Drops every fault not yet used.
     pub fn clear_faults(&self) {
         self.shared.lock().faults.clear();
@@ -443,17 +572,28 @@ struct Shared {
     items: u32,
     ratelimit_headers: bool,
     cost_header: bool,
+    buckets: HashMap<String, Limit>,
+    style: SimStyle,
+    etag: bool,
+    /// `http://127.0.0.1:PORT`: its own origin.
+    base: String,
+    next_origin: Option<String>,
     /// Quota usage, faults and stats. A std mutex: handlers on every runtime
     /// thread update it, and only in short sections that never `.await`.
     state: Mutex<SimState>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct SimState {
     /// Per key: its charges still inside its longest window, oldest first.
     windows: HashMap<String, VecDeque<(Instant, u64)>>,
+    /// Per fixed window (a key, or a key's bucket): its period and the
+    /// units used in it.
+    periods: HashMap<String, (u64, u64)>,
     faults: VecDeque<Queued>,
     stats: SimStats,
+    /// When every item was last updated ([`Simulator::touch`]).
+    updated_at: DateTime<Utc>,
 }
 
 #[derive(Debug)]
@@ -470,7 +610,7 @@ enum Over {
 }
 
 impl Shared {
-    fn new(config: SimConfig) -> Self {
+    fn new(config: SimConfig, base: String) -> Self {
         let mut stats = SimStats::default();
         for k in &config.keys {
             stats.keys.insert(k.key.clone(), KeyStats::default());
@@ -486,11 +626,24 @@ impl Shared {
             items: config.items_per_page,
             ratelimit_headers: config.ratelimit_headers,
             cost_header: config.cost_header,
+            buckets: config.buckets.into_iter().collect(),
+            style: config.style,
+            etag: config.etag,
+            base,
+            next_origin: config.next_origin,
             state: Mutex::new(SimState {
+                windows: HashMap::new(),
+                periods: HashMap::new(),
+                faults: VecDeque::new(),
                 stats,
-                ..SimState::default()
+                updated_at: Utc::now(),
             }),
         }
+    }
+
+    /// Where next links and next URLs point.
+    fn next_base(&self) -> &str {
+        self.next_origin.as_deref().unwrap_or(&self.base)
     }
 
     fn lock(&self) -> MutexGuard<'_, SimState> {
@@ -525,29 +678,54 @@ impl Shared {
         let mut st = self.lock();
         // Taken under the lock, so charges are recorded in time order.
         let now = Instant::now();
-        let longest = quota.rate.map_or(quota.per, |r| r.per.max(quota.per));
-        let window = st.windows.entry(quota.key.clone()).or_default();
+        let wall = Utc::now();
+        // A bucket of its own, or the key's main window (and short limit).
+        let (window_id, limit, rate) = match self.buckets.get(&page.path) {
+            Some(b) => (format!("{}\u{1f}{}", quota.key, page.path), *b, None),
+            None => {
+                let main = Limit {
+                    units: quota.units,
+                    per: quota.per,
+                };
+                (quota.key.clone(), main, quota.rate)
+            }
+        };
+        let st = &mut *st;
+        let fixed_over = quota
+            .fixed
+            .then(|| fixed_over(&st.periods, &window_id, limit, wall, cost))
+            .flatten();
+        let longest = rate.map_or(limit.per, |r| r.per.max(limit.per));
+        let window = st.windows.entry(window_id.clone()).or_default();
         while window
             .front()
             .is_some_and(|(at, _)| now.saturating_duration_since(*at) >= longest)
         {
             window.pop_front();
         }
-        let over = if used(window, now, quota.per) + cost > quota.units {
+        let over = if let Some(wait) = fixed_over {
+            Some(Over::Quota(wait))
+        } else if !quota.fixed && used(window, now, limit.per) + cost > limit.units {
             Some(Over::Quota(frees_in(
                 window,
                 now,
-                quota.units,
-                quota.per,
+                limit.units,
+                limit.per,
                 cost,
             )))
-        } else if quota
-            .rate
-            .is_some_and(|r| used(window, now, r.per) + cost > r.units)
-        {
+        } else if rate.is_some_and(|r| used(window, now, r.per) + cost > r.units) {
             Some(Over::Rate)
         } else {
             window.push_back((now, cost));
+            if quota.fixed {
+                let (p, used) = st.periods.entry(window_id).or_insert((0, 0));
+                let period = period_of(wall, limit.per);
+                if *p != period {
+                    *p = period;
+                    *used = 0;
+                }
+                *used += cost;
+            }
             None
         };
         let ks = st.stats.keys.entry(quota.key.clone()).or_default();
@@ -559,7 +737,7 @@ impl Shared {
         ks.ok += 1;
         st.stats.charges.push(Charge {
             at: now,
-            time: Utc::now(),
+            time: wall,
             key: quota.key.clone(),
             path: page.path.clone(),
             cost,
@@ -607,6 +785,36 @@ impl Shared {
             headers.insert(HeaderName::from_static(name), HeaderValue::from(value));
         }
     }
+}
+
+/// The fixed period `at` falls in: wall-clock multiples of `per` since the
+/// Unix epoch.
+fn period_of(at: DateTime<Utc>, per: Duration) -> u64 {
+    let per_ms = per.as_millis().max(1);
+    (at.timestamp_millis().max(0) as u128 / per_ms) as u64
+}
+
+/// When a fixed window (`periods[id]`) cannot take `cost` at `at`: how long
+/// until its next period starts; `None` when it can.
+fn fixed_over(
+    periods: &HashMap<String, (u64, u64)>,
+    id: &str,
+    limit: Limit,
+    at: DateTime<Utc>,
+    cost: u64,
+) -> Option<Duration> {
+    let period = period_of(at, limit.per);
+    let used = match periods.get(id) {
+        Some((p, used)) if *p == period => *used,
+        _ => 0,
+    };
+    if used + cost <= limit.units {
+        return None;
+    }
+    let per_ms = limit.per.as_millis().max(1);
+    let next_ms = (u128::from(period) + 1) * per_ms;
+    let now_ms = at.timestamp_millis().max(0) as u128;
+    Some(Duration::from_millis(next_ms.saturating_sub(now_ms) as u64))
 }
 
 /// Units in `window` charged less than `per` ago.
@@ -708,6 +916,8 @@ struct Page {
     scope: String,
     token: Option<String>,
     body: Value,
+    /// Headers the answer carries (`link`, `etag`).
+    headers: Vec<(&'static str, String)>,
 }
 
 fn param<'q>(query: &'q [(String, String)], name: &str) -> Option<&'q str> {
@@ -719,12 +929,10 @@ fn param<'q>(query: &'q [(String, String)], name: &str) -> Option<&'q str> {
 
 /// Builds the answer to `path?query`, or the 400 for a bad parameter.
 fn page(shared: &Shared, path: &str, query: &[(String, String)]) -> Result<Page, BadParam> {
-    let (list_kind, item_kind, default_scope) = match path {
-        VIDEOS => ("youtube#videoListResponse", "youtube#video", "US"),
-        SEARCH => ("youtube#searchListResponse", "youtube#searchResult", ""),
-        CHANNELS => ("youtube#channelListResponse", "youtube#channel", "all"),
-        _ => ("sim#listResponse", "sim#item", "all"),
-    };
+    if shared.style != SimStyle::Token {
+        return styles::page(shared, path, query);
+    }
+    let kinds = kinds(path);
     let max_results = match param(query, "maxResults") {
         None => shared.items,
         Some(v) => match v.parse::<u32>() {
@@ -738,56 +946,27 @@ fn page(shared: &Shared, path: &str, query: &[(String, String)]) -> Result<Page,
     {
         return Err(BadParam("invalidValue", "Unsupported chart."));
     }
-
     if let Some(ids) = param(query, "id") {
-        let items: Vec<Value> = ids
-            .split(',')
-            .filter(|id| !id.is_empty())
-            .enumerate()
-            .map(|(i, id)| item(path, item_kind, id, "lookup", i as u32 + 1))
-            .collect();
-        let n = items.len();
-        return Ok(Page {
-            path: path.to_string(),
-            scope: format!("id:{ids}"),
-            token: None,
-            body: json!({
-                "kind": list_kind,
-                "items": items,
-                "pageInfo": { "totalResults": n, "resultsPerPage": n },
-            }),
-        });
+        return Ok(lookup(path, kinds, ids));
     }
-
     let scope = match path {
         VIDEOS => param(query, "regionCode"),
         SEARCH => param(query, "q"),
         _ => param(query, "regionCode").or_else(|| param(query, "q")),
     }
-    .unwrap_or(default_scope)
+    .unwrap_or(kinds.2)
     .to_string();
     let token = param(query, "pageToken").filter(|t| !t.is_empty());
-    let page_no = match token {
-        None => 1,
-        Some(t) => match t.strip_prefix('p').and_then(|n| n.parse::<u32>().ok()) {
-            Some(n) if (2..=shared.pages).contains(&n) && t == format!("p{n}") => n,
-            _ => {
-                return Err(BadParam(
-                    "invalidPageToken",
-                    "The request specifies an invalid page token.",
-                ));
-            }
-        },
-    };
+    let page_no = token_page(shared, token)?;
     let items: Vec<Value> = (1..=max_results)
         .map(|i| {
             let id = format!("{scope}-p{page_no}-i{i}");
             let rank = (page_no - 1) * max_results + i;
-            item(path, item_kind, &id, &scope, rank)
+            item(path, kinds.1, &id, &scope, rank)
         })
         .collect();
     let mut body = json!({
-        "kind": list_kind,
+        "kind": kinds.0,
         "items": items,
         "pageInfo": {
             "totalResults": shared.pages * max_results,
@@ -805,7 +984,80 @@ fn page(shared: &Shared, path: &str, query: &[(String, String)]) -> Result<Page,
         scope,
         token: token.map(str::to_string),
         body,
+        headers: Vec::new(),
     })
+}
+
+/// A YouTube path's list kind, item kind and default scope.
+fn kinds(path: &str) -> (&'static str, &'static str, &'static str) {
+    match path {
+        VIDEOS => ("youtube#videoListResponse", "youtube#video", "US"),
+        SEARCH => ("youtube#searchListResponse", "youtube#searchResult", ""),
+        CHANNELS => ("youtube#channelListResponse", "youtube#channel", "all"),
+        _ => ("sim#listResponse", "sim#item", "all"),
+    }
+}
+
+/// The page number a YouTube page token stands for (`p2` is 2; none is 1).
+fn token_page(shared: &Shared, token: Option<&str>) -> Result<u32, BadParam> {
+    let Some(t) = token else { return Ok(1) };
+    match t.strip_prefix('p').and_then(|n| n.parse::<u32>().ok()) {
+        Some(n) if (2..=shared.pages).contains(&n) && t == format!("p{n}") => Ok(n),
+        _ => Err(BadParam(
+            "invalidPageToken",
+            "The request specifies an invalid page token.",
+        )),
+    }
+}
+
+/// `id=a,b`: one item per id, unpaged.
+fn lookup(path: &str, kinds: (&str, &str, &str), ids: &str) -> Page {
+    let items: Vec<Value> = ids
+        .split(',')
+        .filter(|id| !id.is_empty())
+        .enumerate()
+        .map(|(i, id)| item(path, kinds.1, id, "lookup", i as u32 + 1))
+        .collect();
+    let n = items.len();
+    Page {
+        path: path.to_string(),
+        scope: format!("id:{ids}"),
+        token: None,
+        body: json!({
+            "kind": kinds.0,
+            "items": items,
+            "pageInfo": { "totalResults": n, "resultsPerPage": n },
+        }),
+        headers: Vec::new(),
+    }
+}
+
+/// What the request log says a request asked for: its scope and page.
+fn asked(shared: &Shared, path: &str, query: &[(String, String)]) -> (String, Option<u32>) {
+    if shared.style != SimStyle::Token {
+        return (
+            styles::scope(query),
+            styles::page_no(shared.style, query).ok(),
+        );
+    }
+    let scope = param(query, "regionCode")
+        .or_else(|| param(query, "q"))
+        .or_else(|| param(query, "id"))
+        .unwrap_or(kinds(path).2);
+    let token = param(query, "pageToken").filter(|t| !t.is_empty());
+    (scope.to_owned(), token_page(shared, token).ok())
+}
+
+/// The key a request comes with: query `key` or `access_token`, or
+/// `Authorization: Bearer KEY` (or `token KEY`, as GitHub also takes).
+fn api_key(query: &[(String, String)], headers: &HeaderMap) -> Option<String> {
+    if let Some(k) = param(query, "key").or_else(|| param(query, "access_token")) {
+        return Some(k.to_owned());
+    }
+    let auth = headers.get(AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, key) = auth.split_once(' ')?;
+    (scheme.eq_ignore_ascii_case("bearer") || scheme.eq_ignore_ascii_case("token"))
+        .then(|| key.trim().to_owned())
 }
 
 /// One deterministic item.
@@ -829,12 +1081,56 @@ fn item(path: &str, kind: &str, id: &str, scope: &str, rank: u32) -> Value {
     }
 }
 
-/// Every request: path → key → injected fault → parameters → quota → answer.
+/// Every request: answered ([`respond`]), then logged.
 async fn handle(
     State(shared): State<Arc<Shared>>,
     method: Method,
     uri: Uri,
+    headers: HeaderMap,
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,
+) -> Response {
+    let query = query.ok().map(|Query(q)| q);
+    let key = query.as_deref().and_then(|q| api_key(q, &headers));
+    let response = respond(
+        &shared,
+        &method,
+        &uri,
+        &headers,
+        query.as_deref(),
+        key.as_deref(),
+    )
+    .await;
+    let q = query.unwrap_or_default();
+    let (scope, page) = asked(&shared, uri.path(), &q);
+    let logged = Logged {
+        time: Utc::now(),
+        key,
+        path: uri.path().to_owned(),
+        query: q
+            .into_iter()
+            .filter(|(k, _)| k != "key" && k != "access_token")
+            .collect(),
+        scope,
+        page,
+        if_none_match: headers
+            .get(IF_NONE_MATCH)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
+        status: response.status().as_u16(),
+    };
+    shared.lock().stats.requests.push(logged);
+    response
+}
+
+/// The answer: path → key → injected fault → parameters → `If-None-Match`
+/// → quota → answer.
+async fn respond(
+    shared: &Shared,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    query: Option<&[(String, String)]>,
+    key: Option<&str>,
 ) -> Response {
     let path = uri.path();
     let Some(&cost) = shared.costs.get(path) else {
@@ -848,17 +1144,16 @@ async fn handle(
             "Only GET is supported.",
         );
     }
-    let Ok(Query(query)) = query else {
+    let Some(query) = query else {
         return bad_request("badRequest", "The query string cannot be parsed.");
     };
-    let Some(quota) = param(&query, "key").and_then(|k| shared.keys.get(k)) else {
+    let Some(quota) = key.and_then(|k| shared.keys.get(k)) else {
         shared.lock().stats.invalid_keys += 1;
         return bad_request(
             "keyInvalid",
             "API key not valid. Please pass a valid API key.",
         );
     };
-
     let mut charged = 0;
     let mut response = match shared.take_fault(path) {
         Some(fault) => {
@@ -869,17 +1164,27 @@ async fn handle(
                 }
             });
             tracing::debug!(path, ?fault, "simulator: injected fault");
-            injected(&shared, fault, path, &query).await
+            injected(shared, fault, path, query).await
         }
-        None => match page(&shared, path, &query) {
+        None => match page(shared, path, query) {
             Err(r) => {
                 shared.count(&quota.key, |s| s.bad_requests += 1);
                 r.into_response()
             }
-            Ok(p) => match shared.admit(quota, cost, &p, &query) {
+            Ok(p) if not_modified(&p, headers) => {
+                // A conditional request for an unchanged page: never charged.
+                (StatusCode::NOT_MODIFIED, [(ETAG, etag_of(&p))]).into_response()
+            }
+            Ok(p) => match shared.admit(quota, cost, &p, query) {
                 Ok(()) => {
                     charged = cost;
-                    axum::Json(p.body).into_response()
+                    let mut r = axum::Json(p.body).into_response();
+                    for (name, value) in p.headers {
+                        if let Ok(v) = HeaderValue::from_str(&value) {
+                            r.headers_mut().insert(name, v);
+                        }
+                    }
+                    r
                 }
                 Err(Over::Rate) => rate_limit_exceeded(),
                 Err(Over::Quota(wait)) => {
@@ -895,6 +1200,26 @@ async fn handle(
     };
     shared.key_headers(quota, charged, response.headers_mut());
     response
+}
+
+fn etag_of(p: &Page) -> String {
+    p.headers
+        .iter()
+        .find(|(name, _)| *name == "etag")
+        .map(|(_, v)| v.clone())
+        .unwrap_or_default()
+}
+
+/// Whether `headers` carry `If-None-Match` with the page's `ETag`.
+fn not_modified(p: &Page, headers: &HeaderMap) -> bool {
+    let etag = etag_of(p);
+    !etag.is_empty()
+        && headers
+            .get_all(IF_NONE_MATCH)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim() == etag || t.trim() == "*")
 }
 
 /// The answer an injected fault gives.
@@ -937,6 +1262,14 @@ async fn injected(
                 Ok(p) => axum::Json(p.body).into_response(),
                 Err(r) => r.into_response(),
             }
+        }
+        Fault::Message { status, message } => {
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::FORBIDDEN);
+            let body = json!({
+                "message": message,
+                "documentation_url": "https://docs.example/rate-limits",
+            });
+            (status, axum::Json(body)).into_response()
         }
         Fault::Garbage => (
             StatusCode::OK,

@@ -1,12 +1,15 @@
 //! Sinks: where the records of a fetched page go — JSON lines files, or SQLite
 //! with a full-text index that serves user search locally, so a search never
-//! spends quota.
+//! spends quota — and what happens when they cannot take a page.
 //!
 //! A page's records are found with the job's `sink.records` JSON pointer
 //! ("" = the whole body: an array is its elements, an object one record). A
 //! pointer that finds no array is the response's fault ([`SinkError::is_bad_response`]);
-//! everything else that goes wrong here is the sink's (disk, database busy)
-//! and worth retrying later.
+//! everything else that goes wrong here is local (disk full, read-only,
+//! database locked) and never costs quota again: the page is spooled under
+//! the state directory and written later (`spool`), and when even that
+//! fails the job's sink is marked stuck, so no task of this process spends
+//! for it until [`Sinks::ready`] finds it writable again.
 //!
 //! # Paths
 //!
@@ -17,7 +20,8 @@
 //! and control characters are percent-encoded (`a/b` → `a%2Fb`), and a
 //! whole `.` or `..` becomes `%2E` or `%2E%2E`, an empty value `%`, so no
 //! value can climb out of the directory the template names. Relative paths
-//! resolve against the config file's directory.
+//! resolve against the config file's directory. `check` and `run` create and
+//! test each sink's directory up to its first placeholder ([`check_dirs`]).
 //!
 //! # JSON lines: what concurrent appends guarantee
 //!
@@ -48,53 +52,30 @@
 //!
 //! # SQLite
 //!
-//! One database file per rendered path, one connection per file per process,
-//! reused (a [`Mutex`] locked only inside `spawn_blocking`, never across an
-//! `.await`); WAL mode, `synchronous = FULL` and a busy timeout so several
-//! processes can write one database. Each job has a table named after it:
-//!
-//! ```sql
-//! CREATE TABLE "<job>" (id INTEGER PRIMARY KEY, record_key TEXT UNIQUE,
-//!   job TEXT, item TEXT /* JSON */, fetched_at TEXT /* RFC 3339 */,
-//!   record TEXT /* JSON */, search_text TEXT);
-//! ```
-//!
-//! and an FTS5 index `"<job>:fts"` over `search_text` (the string values at
-//! the job's `sink.search` pointers, joined), kept in sync by triggers. With
-//! `sink.key` a re-fetched record replaces the stored one (an upsert that
-//! never lets an older fetch overwrite a newer one); a record without a key
-//! value is stored without one. [`search`] queries the index.
+//! See `sqlite`: a table per job, upserts by (item, key), an FTS5 index, and
+//! [`find`] / [`search`] to query it.
 
-use std::collections::{HashMap, HashSet};
+mod spool;
+mod sqlite;
+
+use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
 
 use chrono::{DateTime, NaiveDate, SecondsFormat, Utc};
-use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 use serde::{Serialize, Serializer};
 use serde_json::Value;
 
-use crate::config::{Job, SinkKind, Template};
+use crate::config::{Config, ConfigError, ConfigErrors, Job, SinkKind, Template};
+pub use sqlite::{Hit, find};
+use sqlite::{Pool, Row, TableSpec};
 
 /// One fan-out item: the fan-out key/value pairs of a task, e.g.
 /// `[("region", "US")]`.
 pub type Item = Vec<(String, String)>;
-
-/// How long a SQLite write waits for another process's transaction.
-const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Open SQLite files kept per process before idle ones are closed (a
-/// `{date}` in a sqlite path opens a new file every day).
-const MAX_OPEN_DBS: usize = 32;
-
-/// Records which search fields each job's index was built from, so a config
-/// change re-indexes. The ':' keeps it apart from every job's table (job
-/// names cannot contain ':').
-const META_TABLE: &str = "quota-worker:meta";
 
 /// Why a page could not be written.
 #[derive(Debug, thiserror::Error)]
@@ -111,7 +92,7 @@ pub enum SinkError {
     /// A record could not be encoded as JSON: the response's fault.
     #[error("cannot encode a record as JSON: {0}")]
     Encode(#[source] serde_json::Error),
-    /// A file could not be written: retry later.
+    /// A file could not be written: free space, fix permissions or mounts.
     #[error("cannot write {}: {source}", path.display())]
     Io {
         /// The file.
@@ -120,8 +101,7 @@ pub enum SinkError {
         #[source]
         source: io::Error,
     },
-    /// A SQLite database failed (busy past the timeout, disk full, ...):
-    /// retry later.
+    /// A SQLite database failed (busy past the timeout, disk full, ...).
     #[error("sqlite {}: {source}", path.display())]
     Sqlite {
         /// The database file.
@@ -130,7 +110,17 @@ pub enum SinkError {
         #[source]
         source: rusqlite::Error,
     },
-    /// [`search`] found no index for the job in that database.
+    /// The sink could not take the page and the spool could not keep it
+    /// either: an operator must make one of them writable. The task keeps
+    /// its cursor at the page.
+    #[error("{cause}; and it cannot be spooled: {spool}")]
+    NotStored {
+        /// Why the sink did not take it.
+        cause: Box<SinkError>,
+        /// Why the spool did not.
+        spool: Box<SinkError>,
+    },
+    /// [`find`] found no index for the job in that database.
     #[error(
         "no search index for job {job:?} in {}: the job has stored nothing there yet, or its sink is not sqlite",
         path.display()
@@ -148,8 +138,7 @@ pub enum SinkError {
 
 impl SinkError {
     /// Whether the fetched response is to blame (the task fails as "bad
-    /// response"; retrying would fetch the same thing), rather than the sink
-    /// (the task is retried later).
+    /// response"; retrying would fetch the same thing), rather than the sink.
     #[must_use]
     pub fn is_bad_response(&self) -> bool {
         matches!(self, SinkError::BadRecords { .. } | SinkError::Encode(_))
@@ -157,13 +146,17 @@ impl SinkError {
 }
 
 /// Writes fetched pages to the jobs' sinks. Cheap to clone: clones share the
-/// open SQLite connections.
+/// open SQLite connections, the spool and what is known to be stuck.
 #[derive(Clone)]
 pub struct Sinks {
     /// Relative sink paths resolve against it (the config file's directory).
     base_dir: PathBuf,
     /// Open SQLite connections, one per database file.
     dbs: Arc<Pool>,
+    /// Where pages the sink cannot take wait; none: such a page is an error.
+    spool: Option<Arc<spool::Spool>>,
+    /// Jobs whose last page could be neither written nor spooled here.
+    stuck: Arc<Mutex<HashSet<String>>>,
 }
 
 impl std::fmt::Debug for Sinks {
@@ -176,12 +169,25 @@ impl std::fmt::Debug for Sinks {
 
 impl Sinks {
     /// Sinks whose relative paths resolve against `base_dir`
-    /// ([`Config::dir`](crate::config::Config::dir)).
+    /// ([`Config::dir`]), without a spool.
     pub fn new(base_dir: PathBuf) -> Self {
         Sinks {
             base_dir,
             dbs: Arc::new(Pool::default()),
+            spool: None,
+            stuck: Arc::default(),
         }
+    }
+
+    /// Sinks as the daemon runs them: `config`'s paths, pages the sink
+    /// cannot take spooled under `<state_dir>/spool`. Pages an earlier run
+    /// spooled are written from now on (call it inside a Tokio runtime).
+    pub fn for_config(config: &Config) -> Self {
+        let mut sinks = Sinks::new(config.dir.clone());
+        let spool = spool::Spool::new(spool_dir(config), config.jobs.clone());
+        sinks.spool = Some(Arc::new(spool));
+        sinks.keep_flushing();
+        sinks
     }
 
     /// The file `job`'s records of `item` fetched on `date` (UTC) go to.
@@ -189,9 +195,12 @@ impl Sinks {
         self.base_dir.join(render_path(job, item, date))
     }
 
-    /// Writes the records of one fetched page; returns how many were
-    /// written (for SQLite with a key, a record older than the stored copy
-    /// is skipped and not counted). Zero records is not an error.
+    /// Writes the records of one fetched page, after the job's spooled
+    /// pages; returns how many were written (for SQLite with a key, a
+    /// record older than the stored copy is skipped and not counted) or
+    /// spooled to be written. Zero records is not an error. An error is the
+    /// response's fault ([`SinkError::is_bad_response`]) or
+    /// [`SinkError::NotStored`] (or, without a spool, the sink's own).
     pub async fn write(
         &self,
         job: &Job,
@@ -200,11 +209,66 @@ impl Sinks {
         fetched_at: DateTime<Utc>,
     ) -> Result<usize, SinkError> {
         let records = records(body, &job.sink.records)?;
+        if self
+            .spool
+            .as_ref()
+            .is_some_and(|s| s.has_pending(&job.name))
+            && let Err(e) = self.flush_spool(Some(&job.name)).await
+        {
+            // The earlier pages still cannot be written: this one joins them.
+            return self.spool_page(job, item, records, fetched_at, e).await;
+        }
+        match self.write_records(job, item, records, fetched_at).await {
+            Err(e) if !e.is_bad_response() => {
+                self.spool_page(job, item, records, fetched_at, e).await
+            }
+            done => done,
+        }
+    }
+
+    /// Whether a task may spend for a page of `job`'s `item` now: yes,
+    /// unless a page of the job could be neither written nor spooled here;
+    /// then only once a test write in its spool or its sink directory
+    /// succeeds (an operator freed space or fixed a mount). The error says
+    /// why not.
+    pub async fn ready(&self, job: &Job, item: &Item, now: DateTime<Utc>) -> Result<(), SinkError> {
+        if !lock(&self.stuck).contains(&job.name) {
+            return Ok(());
+        }
+        let path = self.path(job, item, now.date_naive());
+        let sink_dir = path.parent().map(Path::to_owned).unwrap_or_default();
+        let spool_dir = self.spool.as_ref().map(|s| s.dir_for(&job.name));
+        blocking(move || {
+            if spool_dir.as_deref().is_some_and(|d| probe_dir(d).is_ok()) {
+                return Ok(());
+            }
+            probe_dir(&sink_dir).map_err(|source| SinkError::Io {
+                path: sink_dir,
+                source,
+            })
+        })
+        .await?;
+        lock(&self.stuck).remove(&job.name);
+        Ok(())
+    }
+
+    fn stuck(&self, job: &str) {
+        lock(&self.stuck).insert(job.to_owned());
+    }
+
+    /// Writes records to the job's sink, nothing else.
+    async fn write_records(
+        &self,
+        job: &Job,
+        item: &Item,
+        records: &[Value],
+        fetched_at: DateTime<Utc>,
+    ) -> Result<usize, SinkError> {
         let path = self.path(job, item, fetched_at.date_naive());
         // Fixed width (always 3 fraction digits, 'Z'): text order is time
         // order, which the upsert relies on.
         let fetched_at = fetched_at.to_rfc3339_opts(SecondsFormat::Millis, true);
-        // Encoding happens here, borrowing the body, so the blocking task
+        // Encoding happens here, borrowing the records, so the blocking task
         // gets bytes to write rather than a copy of the page.
         match job.sink.kind {
             SinkKind::Jsonl => {
@@ -233,18 +297,22 @@ impl Sinks {
                     job: job.name.clone(),
                     search: job.sink.search.clone(),
                 };
-                let item = serde_json::to_string(&ItemJson(item)).map_err(SinkError::Encode)?;
+                let item = sqlite::item_column(item);
                 let mut missing_keys = 0usize;
                 let mut rows = Vec::with_capacity(records.len());
                 for record in records {
-                    let key = job.sink.key.as_deref().and_then(|p| key_of(record, p));
+                    let key = job
+                        .sink
+                        .key
+                        .as_deref()
+                        .and_then(|p| sqlite::key_of(record, p));
                     if job.sink.key.is_some() && key.is_none() {
                         missing_keys += 1;
                     }
                     rows.push(Row {
                         key,
                         record: serde_json::to_string(record).map_err(SinkError::Encode)?,
-                        search_text: search_text(record, &job.sink.search),
+                        search_text: sqlite::search_text(record, &job.sink.search),
                     });
                 }
                 if missing_keys > 0 {
@@ -266,6 +334,25 @@ impl Sinks {
             }
         }
     }
+}
+
+/// Where pages the sink could not take wait: `<state_dir>/spool`.
+pub fn spool_dir(config: &Config) -> PathBuf {
+    config.state_dir.join("spool")
+}
+
+/// Full-text search over the records `job_name` stored in the SQLite sink
+/// `db_path`, as [`find`] does, returning only the records.
+pub fn search(
+    db_path: &Path,
+    job_name: &str,
+    query: &str,
+    limit: usize,
+) -> Result<Vec<Value>, SinkError> {
+    Ok(find(db_path, job_name, query, limit)?
+        .into_iter()
+        .map(|h| h.record)
+        .collect())
 }
 
 /// `job`'s sink path for `item` on `date`, as the template renders it
@@ -342,7 +429,7 @@ fn records<'a>(body: &'a Value, pointer: &str) -> Result<&'a [Value], SinkError>
     }
 }
 
-fn json_kind(v: &Value) -> &'static str {
+pub(crate) fn json_kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",
@@ -436,357 +523,112 @@ fn append_locked(file: &mut File, page: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
-/// A record's unique id at `pointer`: a string as is, anything else as its
-/// JSON text; `None` when absent or null.
-fn key_of(record: &Value, pointer: &str) -> Option<String> {
-    match record.pointer(pointer)? {
-        Value::Null => None,
-        Value::String(s) => Some(s.clone()),
-        other => Some(other.to_string()),
-    }
+/// The part of `job`'s sink directory that every item and day shares: the
+/// path up to the directory holding its first placeholder other than
+/// `{job}` (the whole path's directory when it has none), relative to the
+/// config directory. `data/{job}/{region}/{date}.jsonl` → `data/trending`.
+pub fn fixed_dir(job: &Job) -> PathBuf {
+    fixed_part(&job.sink.path, &job.name)
 }
 
-/// The text the full-text index sees: every string at each of `fields`
-/// (strings inside arrays and objects there too, e.g. a tags list), one per
-/// line.
-fn search_text(record: &Value, fields: &[String]) -> String {
-    fn collect<'a>(v: &'a Value, out: &mut Vec<&'a str>) {
-        match v {
-            Value::String(s) => out.push(s),
-            Value::Array(a) => a.iter().for_each(|v| collect(v, out)),
-            Value::Object(o) => o.values().for_each(|v| collect(v, out)),
-            _ => {}
-        }
-    }
-    let mut parts = Vec::new();
-    for field in fields {
-        if let Some(v) = record.pointer(field) {
-            collect(v, &mut parts);
-        }
-    }
-    parts.join("\n")
-}
-
-/// An SQL identifier, quoted.
-fn ident(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
-}
-
-/// An SQL string literal.
-fn literal(s: &str) -> String {
-    format!("'{}'", s.replace('\'', "''"))
-}
-
-/// What a job's table looks like.
-struct TableSpec {
-    job: String,
-    search: Vec<String>,
-}
-
-impl TableSpec {
-    fn fts(&self) -> String {
-        format!("{}:fts", self.job)
-    }
-}
-
-/// One record, encoded for SQLite.
-struct Row {
-    key: Option<String>,
-    record: String,
-    search_text: String,
-}
-
-/// The open databases of one process.
-#[derive(Default)]
-struct Pool {
-    /// Locked only to look a connection up or add one, never while opening a
-    /// database or running SQL, so a slow database holds up no other.
-    dbs: Mutex<HashMap<PathBuf, Arc<Mutex<Db>>>>,
-}
-
-impl Pool {
-    fn get(&self, path: &Path) -> Result<Arc<Mutex<Db>>, SinkError> {
-        if let Some(db) = lock(&self.dbs).get(path) {
-            return Ok(db.clone());
-        }
-        let opened = Db::open(path).map_err(|source| SinkError::Sqlite {
-            path: path.to_owned(),
-            source,
-        })?;
-        let mut dbs = lock(&self.dbs);
-        if dbs.len() >= MAX_OPEN_DBS {
-            // Close the idle ones (only the map holds them).
-            dbs.retain(|_, db| Arc::strong_count(db) > 1);
-        }
-        // Another thread may have opened it meanwhile: keep one.
-        Ok(dbs
-            .entry(path.to_owned())
-            .or_insert_with(|| Arc::new(Mutex::new(opened)))
-            .clone())
-    }
-}
-
-/// One open database.
-struct Db {
-    conn: Connection,
-    /// Jobs whose tables this connection has checked, with the search fields
-    /// they were checked for.
-    ready: HashSet<(String, Vec<String>)>,
-}
-
-impl Db {
-    fn open(path: &Path) -> rusqlite::Result<Db> {
-        if let Some(dir) = path.parent() {
-            // An error here shows up as SQLite's "unable to open".
-            let _ = std::fs::create_dir_all(dir);
-        }
-        let conn = Connection::open(path)?;
-        configure(&conn)?;
-        // WAL: readers (search) never block writers, and writers from several
-        // processes queue on the busy timeout instead of failing.
-        let mode: String =
-            conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
-        if !mode.eq_ignore_ascii_case("wal") {
-            tracing::warn!(path = %path.display(), mode, "sqlite sink is not in WAL mode");
-        }
-        // A page costs quota: make each committed page survive a power loss.
-        conn.pragma_update(None, "synchronous", "FULL")?;
-        Ok(Db {
-            conn,
-            ready: HashSet::new(),
-        })
-    }
-
-    /// Stores one page in one transaction.
-    fn write(
-        &mut self,
-        spec: &TableSpec,
-        item: &str,
-        fetched_at: &str,
-        rows: &[Row],
-    ) -> rusqlite::Result<usize> {
-        let ready_key = (spec.job.clone(), spec.search.clone());
-        let needs_schema = !self.ready.contains(&ready_key);
-        // IMMEDIATE: take the write lock up front, so two processes never
-        // deadlock upgrading read transactions (which no busy timeout fixes).
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)?;
-        if needs_schema {
-            ensure_schema(&tx, spec)?;
-        }
-        let table = ident(&spec.job);
-        // ON CONFLICT DO UPDATE, not INSERT OR REPLACE: REPLACE deletes
-        // without firing the delete trigger, which would leave the old text
-        // in the index. The WHERE keeps a late, older fetch from overwriting
-        // a newer copy.
-        let sql = format!(
-            "INSERT INTO {table} (record_key, job, item, fetched_at, record, search_text)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6)
-             ON CONFLICT(record_key) DO UPDATE SET
-               job = excluded.job, item = excluded.item, fetched_at = excluded.fetched_at,
-               record = excluded.record, search_text = excluded.search_text
-             WHERE excluded.fetched_at >= {table}.fetched_at"
-        );
-        let mut written = 0;
-        {
-            let mut stmt = tx.prepare_cached(&sql)?;
-            for row in rows {
-                written += stmt.execute(params![
-                    row.key,
-                    spec.job,
-                    item,
-                    fetched_at,
-                    row.record,
-                    row.search_text
-                ])?;
-            }
-        }
-        tx.commit()?;
-        if needs_schema {
-            self.ready.insert(ready_key);
-        }
-        Ok(written)
-    }
-}
-
-fn configure(conn: &Connection) -> rusqlite::Result<()> {
-    conn.busy_timeout(BUSY_TIMEOUT)
-}
-
-/// Creates the job's table, index and triggers if they are missing, and
-/// re-indexes when the job's search fields changed since the index was built.
-fn ensure_schema(tx: &rusqlite::Transaction<'_>, spec: &TableSpec) -> rusqlite::Result<()> {
-    let meta = ident(META_TABLE);
-    let t = ident(&spec.job);
-    let fts_name = spec.fts();
-    let fts = ident(&fts_name);
-    let trigger = |suffix: &str| ident(&format!("{}:{suffix}", spec.job));
-    let (ai, ad, au) = (trigger("ai"), trigger("ad"), trigger("au"));
-    tx.execute_batch(&format!(
-        "CREATE TABLE IF NOT EXISTS {meta} (job TEXT PRIMARY KEY, search TEXT NOT NULL);
-         CREATE TABLE IF NOT EXISTS {t} (
-           id INTEGER PRIMARY KEY,
-           record_key TEXT UNIQUE,
-           job TEXT NOT NULL,
-           item TEXT NOT NULL,
-           fetched_at TEXT NOT NULL,
-           record TEXT NOT NULL,
-           search_text TEXT NOT NULL DEFAULT ''
-         );
-         CREATE VIRTUAL TABLE IF NOT EXISTS {fts} USING fts5(
-           search_text, content={content}, content_rowid='id',
-           tokenize='unicode61 remove_diacritics 2'
-         );
-         CREATE TRIGGER IF NOT EXISTS {ai} AFTER INSERT ON {t} BEGIN
-           INSERT INTO {fts}(rowid, search_text) VALUES (new.id, new.search_text);
-         END;
-         CREATE TRIGGER IF NOT EXISTS {ad} AFTER DELETE ON {t} BEGIN
-           INSERT INTO {fts}({fts}, rowid, search_text) VALUES ('delete', old.id, old.search_text);
-         END;
-         CREATE TRIGGER IF NOT EXISTS {au} AFTER UPDATE ON {t} BEGIN
-           INSERT INTO {fts}({fts}, rowid, search_text) VALUES ('delete', old.id, old.search_text);
-           INSERT INTO {fts}(rowid, search_text) VALUES (new.id, new.search_text);
-         END;",
-        content = literal(&spec.job),
-    ))?;
-    let wanted = serde_json::to_string(&spec.search).unwrap_or_default();
-    let built: Option<String> = tx
-        .query_row(
-            &format!("SELECT search FROM {meta} WHERE job = ?1"),
-            [&spec.job],
-            |r| r.get(0),
-        )
-        .optional()?;
-    if built.as_deref() == Some(wanted.as_str()) {
-        return Ok(());
-    }
-    if built.is_some() {
-        // The search fields changed: recompute every row's text (the update
-        // trigger re-indexes it).
-        let mut select = tx.prepare(&format!("SELECT id, record FROM {t}"))?;
-        let mut update = tx.prepare(&format!("UPDATE {t} SET search_text = ?2 WHERE id = ?1"))?;
-        let rows = select.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))?;
-        for row in rows {
-            let (id, record) = row?;
-            if let Ok(record) = serde_json::from_str::<Value>(&record) {
-                update.execute(params![id, search_text(&record, &spec.search)])?;
-            }
-        }
-    }
-    tx.execute(
-        &format!(
-            "INSERT INTO {meta} (job, search) VALUES (?1, ?2)
-             ON CONFLICT(job) DO UPDATE SET search = excluded.search"
-        ),
-        params![spec.job, wanted],
-    )?;
-    Ok(())
-}
-
-/// Full-text search over the records `job_name` stored in the SQLite sink
-/// `db_path`: the best `limit` matches, best first (FTS5 `bm25` rank), as
-/// the raw records. Serves user search locally, so it never spends quota.
-///
-/// `query` is plain words, all of which must match (case and accents
-/// ignored); a word ending in `*` matches as a prefix. FTS5 operators are
-/// not interpreted, so any user input is a valid query. Blocking: call it
-/// from `spawn_blocking` in async code. It opens its own read-only
-/// connection, which WAL lets run alongside writers.
-pub fn search(
-    db_path: &Path,
-    job_name: &str,
-    query: &str,
-    limit: usize,
-) -> Result<Vec<Value>, SinkError> {
-    let no_index = || SinkError::NoIndex {
-        path: db_path.to_owned(),
-        job: job_name.to_owned(),
+fn fixed_part(template: &Template, job: &str) -> PathBuf {
+    let rendered = with_holes(template, job);
+    let fixed = match rendered.split_once('\0') {
+        Some((before, _)) => match before.rfind('/') {
+            Some(i) => &before[..i],
+            None => "",
+        },
+        None => rendered.rsplit_once('/').map_or("", |(dir, _)| dir),
     };
-    let sqlite = |source| SinkError::Sqlite {
-        path: db_path.to_owned(),
-        source,
-    };
-    if !db_path.is_file() {
-        return Err(no_index());
-    }
-    // Read-write without CREATE plus query_only: a WAL database opened
-    // strictly read-only cannot always set up its shared memory.
-    let conn = Connection::open_with_flags(
-        db_path,
-        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )
-    .map_err(sqlite)?;
-    configure(&conn).map_err(sqlite)?;
-    conn.pragma_update(None, "query_only", true)
-        .map_err(sqlite)?;
-    let spec = TableSpec {
-        job: job_name.to_owned(),
-        search: Vec::new(),
-    };
-    let exists = conn
-        .query_row(
-            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1",
-            [spec.fts()],
-            |_| Ok(()),
-        )
-        .optional()
-        .map_err(sqlite)?;
-    if exists.is_none() {
-        return Err(no_index());
-    }
-    let Some(query) = fts_query(query) else {
-        return Ok(Vec::new());
-    };
-    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    let (t, fts) = (ident(job_name), ident(&spec.fts()));
-    let mut stmt = conn
-        .prepare(&format!(
-            "SELECT {t}.record FROM {fts} JOIN {t} ON {t}.id = {fts}.rowid
-             WHERE {fts} MATCH ?1 ORDER BY {fts}.rank LIMIT ?2"
-        ))
-        .map_err(sqlite)?;
-    let rows = stmt
-        .query_map(params![query, limit], |r| r.get::<_, String>(0))
-        .map_err(sqlite)?;
-    let mut out = Vec::new();
-    for row in rows {
-        let text = row.map_err(sqlite)?;
-        match serde_json::from_str(&text) {
-            Ok(v) => out.push(v),
-            // Only we write these rows; one edited by hand is skipped.
-            Err(e) => {
-                tracing::warn!(path = %db_path.display(), error = %e, "stored record is not JSON")
-            }
-        }
-    }
-    Ok(out)
+    PathBuf::from(fixed)
 }
 
-/// Plain words → an FTS5 query: each word a quoted string (so `-`, `:`,
-/// `"` and operators are just text), `word*` a prefix; all must match.
-/// `None` when there are no words.
-fn fts_query(query: &str) -> Option<String> {
-    let terms: Vec<String> = query
-        .split_whitespace()
-        .filter_map(|word| {
-            let (word, prefix) = match word.strip_suffix('*') {
-                Some(w) => (w.trim_end_matches('*'), true),
-                None => (word, false),
-            };
-            (!word.is_empty()).then(|| {
-                let quoted = format!("\"{}\"", word.replace('"', "\"\""));
-                if prefix { quoted + "*" } else { quoted }
-            })
-        })
+/// Every SQLite file `job`'s sink has written so far (its path template
+/// with each placeholder but `{job}` matching any value), sorted.
+pub fn databases(config: &Config, job: &Job) -> Vec<PathBuf> {
+    let full = config.dir.join(with_holes(&job.sink.path, &job.name));
+    let pattern: Vec<String> = full
+        .to_string_lossy()
+        .split('\0')
+        .map(glob::Pattern::escape)
         .collect();
-    (!terms.is_empty()).then(|| terms.join(" "))
+    let mut out: Vec<PathBuf> = glob::glob(&pattern.join("*"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|p| p.is_file())
+        .collect();
+    out.sort();
+    out
+}
+
+/// `template` rendered with the job's (encoded) name and a NUL where each
+/// other value goes: a NUL can be in no path.
+fn with_holes(template: &Template, job: &str) -> String {
+    let name = sanitize(job);
+    template.render(|p| match p {
+        "job" => Some(name.as_str()),
+        _ => Some("\0"),
+    })
+}
+
+/// Creates `dir` if missing and writes, syncs and removes a small file in
+/// it: what a page write needs, short of the page.
+pub fn probe_dir(dir: &Path) -> io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let probe = dir.join(format!(
+        ".quota-worker-probe-{}-{}",
+        std::process::id(),
+        uuid::Uuid::new_v4().simple()
+    ));
+    let written = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+        .and_then(|mut f| {
+            f.write_all(&[b'\n'; 4096])?;
+            f.sync_all()
+        });
+    let removed = std::fs::remove_file(&probe);
+    written?;
+    // Left behind is harmless (a dot-file no reader takes for a page).
+    removed.or_else(|e| match e.kind() {
+        io::ErrorKind::NotFound => Ok(()),
+        _ => Err(e),
+    })
+}
+
+/// `check` and `run` at start: creates and tests each job's sink directory
+/// up to its first placeholder ([`fixed_dir`]); each one that cannot be
+/// written is an error at the job's `sink.path` naming the OS error.
+pub fn check_dirs(config: &Config) -> Result<(), ConfigErrors> {
+    let mut seen = HashSet::new();
+    let mut errors: Vec<ConfigError> = Vec::new();
+    for job in config.jobs.values() {
+        let dir = config.dir.join(fixed_dir(job));
+        if !seen.insert(dir.clone()) {
+            continue;
+        }
+        if let Err(e) = probe_dir(&dir) {
+            let msg = format!(
+                "the sink directory {} cannot be written: {e}",
+                dir.display()
+            );
+            errors.push(job.sink.at.error(msg));
+        }
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(ConfigErrors(errors))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+    use std::collections::HashMap;
 
     fn item(pairs: &[(&str, &str)]) -> Item {
         pairs
@@ -879,6 +721,20 @@ mod tests {
     }
 
     #[test]
+    fn the_fixed_part_of_a_sink_path_ends_before_the_first_value() {
+        let fixed = |t: &str| {
+            let t = Template::parse(t).expect("template");
+            fixed_part(&t, "trending").to_string_lossy().into_owned()
+        };
+        assert_eq!(fixed("data/{job}/{region}/{date}.jsonl"), "data/trending");
+        assert_eq!(fixed("data/x-{region}/a.jsonl"), "data");
+        assert_eq!(fixed("{job}.sqlite"), "");
+        assert_eq!(fixed("/var/lib/q/{job}.sqlite"), "/var/lib/q");
+        assert_eq!(fixed("out/all.jsonl"), "out");
+        assert_eq!(fixed("{region}/x.jsonl"), "");
+    }
+
+    #[test]
     fn finds_records() {
         let body = json!({"items": [{"id": 1}, {"id": 2}], "next": "x", "n": 3});
         assert_eq!(records(&body, "/items").expect("array").len(), 2);
@@ -907,53 +763,5 @@ mod tests {
                 "{err}"
             );
         }
-    }
-
-    #[test]
-    fn search_text_takes_strings_under_each_field() {
-        let r = json!({"snippet": {"title": "Cats", "tags": ["funny", "pets"], "views": 3},
-                       "description": "not indexed"});
-        assert_eq!(
-            search_text(
-                &r,
-                &[
-                    "/snippet/title".into(),
-                    "/snippet/tags".into(),
-                    "/none".into()
-                ]
-            ),
-            "Cats\nfunny\npets"
-        );
-    }
-
-    #[test]
-    fn keys_are_strings_or_json_text() {
-        assert_eq!(key_of(&json!({"id": "a"}), "/id").as_deref(), Some("a"));
-        assert_eq!(key_of(&json!({"id": 7}), "/id").as_deref(), Some("7"));
-        assert_eq!(
-            key_of(&json!({"id": {"videoId": "v"}}), "/id").as_deref(),
-            Some(r#"{"videoId":"v"}"#)
-        );
-        assert_eq!(key_of(&json!({"id": null}), "/id"), None);
-        assert_eq!(key_of(&json!({}), "/id"), None);
-    }
-
-    #[test]
-    fn user_input_is_always_a_valid_fts_query() {
-        assert_eq!(fts_query("cat video").as_deref(), Some(r#""cat" "video""#));
-        assert_eq!(fts_query("vid*").as_deref(), Some(r#""vid"*"#));
-        assert_eq!(
-            fts_query(r#"a"b NOT x-y"#).as_deref(),
-            Some(r#""a""b" "NOT" "x-y""#)
-        );
-        assert_eq!(fts_query("  * ** "), None);
-        assert_eq!(fts_query(""), None);
-    }
-
-    #[test]
-    fn identifiers_are_quoted() {
-        assert_eq!(ident("a.b-c"), r#""a.b-c""#);
-        assert_eq!(ident(r#"x"y"#), r#""x""y""#);
-        assert_eq!(literal("it's"), "'it''s'");
     }
 }

@@ -11,33 +11,9 @@ use quota_worker::quota::{Limiter, Quotas, request_id};
 use serde_json::json;
 
 use crate::Ctx;
-use crate::common::{self, Rounds, TIMEOUT, drive, percentiles, thousands};
+use crate::common::{self, Plan, Rounds, TIMEOUT, drive, percentiles, thousands};
 use crate::report::{Section, Target};
 use crate::support::TestConfig;
-
-struct Plan {
-    callers: Vec<usize>,
-    rounds: usize,
-    round: Duration,
-}
-
-impl Plan {
-    fn new(quick: bool) -> Self {
-        if quick {
-            Plan {
-                callers: vec![8],
-                rounds: 1,
-                round: Duration::from_millis(100),
-            }
-        } else {
-            Plan {
-                callers: vec![8, 64],
-                rounds: 3,
-                round: Duration::from_millis(600),
-            }
-        }
-    }
-}
 
 /// A bucket no benchmark fills (a billion units a second) and a sliding hour
 /// of a trillion.
@@ -63,7 +39,14 @@ cost = 1
 "#;
 
 pub async fn run(ctx: &Ctx) -> Section {
-    let plan = Plan::new(ctx.quick);
+    let plan = Plan::quick_or(
+        ctx.quick,
+        Plan {
+            callers: vec![8, 64],
+            rounds: 3,
+            round: Duration::from_millis(600),
+        },
+    );
     let cfg = TestConfig::new(CONFIG, &[]);
     let config = Config::load(&cfg.path()).expect("bucket bench config");
     let mut conn = common::connect(&ctx.redis).await;

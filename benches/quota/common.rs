@@ -12,6 +12,28 @@ use crate::support::RedisServer;
 
 pub const TIMEOUT: Duration = Duration::from_secs(120);
 
+/// Callers and interleaved rounds of a section that compares spends/s.
+pub struct Plan {
+    pub callers: Vec<usize>,
+    pub rounds: usize,
+    pub round: Duration,
+}
+
+impl Plan {
+    /// `full`, or for the smoke run one 100 ms round at 8 callers.
+    pub fn quick_or(quick: bool, full: Plan) -> Plan {
+        if quick {
+            Plan {
+                callers: vec![8],
+                rounds: 1,
+                round: Duration::from_millis(100),
+            }
+        } else {
+            full
+        }
+    }
+}
+
 /// A multiplexed connection, as the daemon makes them.
 pub async fn connect(server: &RedisServer) -> ConnectionManager {
     quota_worker::conn::connect(&RedisUrl::new(server.url()), TIMEOUT, 3)

@@ -23,7 +23,7 @@ use redis::aio::ConnectionManager;
 use serde_json::json;
 
 use crate::Ctx;
-use crate::common::{self, Rounds, TIMEOUT, drive, percentiles, thousands};
+use crate::common::{self, Plan, Rounds, TIMEOUT, drive, percentiles, thousands};
 use crate::growth::{NAIVE, PER_MS, PER_US, fill_naive, fill_ours, naive_key, ours_keys, quotas};
 use crate::report::{Section, Target};
 
@@ -32,30 +32,6 @@ static MOVING: std::sync::LazyLock<Lua> =
 
 /// Units in every window, and so in every fill.
 const UNITS: u64 = 10_000;
-
-struct Plan {
-    callers: Vec<usize>,
-    rounds: usize,
-    round: Duration,
-}
-
-impl Plan {
-    fn new(quick: bool) -> Self {
-        if quick {
-            Plan {
-                callers: vec![8],
-                rounds: 1,
-                round: Duration::from_millis(100),
-            }
-        } else {
-            Plan {
-                callers: vec![1, 64],
-                rounds: 3,
-                round: Duration::from_millis(500),
-            }
-        }
-    }
-}
 
 /// A full window: its name and how it was filled.
 struct Fill {
@@ -165,7 +141,14 @@ async fn fill_list(conn: &mut ConnectionManager, key: &str, n: usize, from_us: i
 }
 
 pub async fn run(ctx: &Ctx) -> Section {
-    let plan = Plan::new(ctx.quick);
+    let plan = Plan::quick_or(
+        ctx.quick,
+        Plan {
+            callers: vec![1, 64],
+            rounds: 3,
+            round: Duration::from_millis(500),
+        },
+    );
     let mut conn = common::connect(&ctx.redis).await;
     common::flushall(&mut conn).await;
     let q = quotas(&FILLS.map(|f| (f.name, UNITS)));

@@ -32,7 +32,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::Ctx;
-use crate::common::{Lat, TIMEOUT, connect, del, histogram, lat, median, min_max, thousands};
+use crate::common::{self, Lat, TIMEOUT, connect, del, median, min_max, percentiles, thousands};
 use crate::report::{Section, Target};
 use crate::support::TestConfig;
 
@@ -251,38 +251,16 @@ impl Caller {
     }
 }
 
-/// `n` tasks spend back to back for `d`; returns (spends, seconds, latencies in ns).
+/// `n` tasks spend back to back for `d`; returns (spends, seconds, latencies
+/// in ns). Every implementation pays the same clone of the caller per call
+/// (a few `Arc`s), so the ratios stay fair.
 async fn drive(caller: &Caller, imp: Imp, n: usize, d: Duration) -> (u64, f64, Vec<u64>) {
-    let start = Instant::now();
-    let deadline = start + d;
-    let tasks: Vec<_> = (0..n)
-        .map(|_| {
-            let mut c = caller.clone();
-            tokio::spawn(async move {
-                let mut ns = Vec::with_capacity(4096);
-                while Instant::now() < deadline {
-                    let t = Instant::now();
-                    c.once(imp).await;
-                    ns.push(t.elapsed().as_nanos() as u64);
-                }
-                ns
-            })
-        })
-        .collect();
-    let mut all = Vec::new();
-    for t in tasks {
-        all.extend(t.await.expect("a caller task panicked"));
-    }
-    let secs = start.elapsed().as_secs_f64();
-    (all.len() as u64, secs, all)
-}
-
-fn percentiles(ns: &[u64]) -> Lat {
-    let mut h = histogram();
-    for &v in ns {
-        h.saturating_record(v.max(1));
-    }
-    lat(&h)
+    let caller = caller.clone();
+    common::drive(n, d, move || {
+        let mut c = caller.clone();
+        async move { c.once(imp).await }
+    })
+    .await
 }
 
 // ---------------------------------------------------------------- the ceiling

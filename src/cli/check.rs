@@ -12,7 +12,8 @@ use chrono::{DateTime, Utc};
 use super::Exit;
 use crate::config::{Config, Job, Reserve, Scope, UnsafeEviction, Window, fmt_duration};
 use crate::eviction::{self, Eviction};
-use crate::schedule;
+use crate::schedule::source::{Refused, SourceError};
+use crate::schedule::{self, TickItems};
 
 /// Runs the command at `now`.
 pub async fn run(config: &Config, now: DateTime<Utc>) -> Exit {
@@ -26,8 +27,35 @@ pub async fn run(config: &Config, now: DateTime<Utc>) -> Exit {
         );
         return Exit::Config;
     }
-    print!("{}", report(config, now));
-    redis_eviction(config).await
+    if let Err(code) = super::check_sinks(config) {
+        return code;
+    }
+    let (config, sources) = read_sources(config).await;
+    print!("{}", report(&config, now, &sources));
+    redis_eviction(&config).await
+}
+
+/// What reading one job's `fan_out_from` source found now.
+type SourceRead = Result<Option<Refused>, SourceError>;
+
+/// Reads every job's `fan_out_from` source as a tick would, and returns the
+/// config with each one's rows counted (a source that cannot be read is
+/// counted at `max_items`, the most a tick could fan out).
+async fn read_sources(config: &Config) -> (Config, Vec<(String, SourceRead)>) {
+    let mut counted = config.clone();
+    let mut found = Vec::new();
+    for job in config.jobs.values().filter(|j| j.fan_out_from.is_some()) {
+        let read = TickItems::read_async(job).await.map(|items| {
+            let rows = items.rows();
+            if let Some(f) = (counted.jobs.get_mut(&job.name)).and_then(|j| j.fan_out_from.as_mut())
+            {
+                f.rows = rows;
+            }
+            items.into_refused()
+        });
+        found.push((job.name.clone(), read));
+    }
+    (counted, found)
 }
 
 /// Whether the configured Redis keeps every key, when it answers now.
@@ -73,7 +101,7 @@ async fn redis_eviction(config: &Config) -> Exit {
 }
 
 /// The report, warnings last.
-fn report(config: &Config, now: DateTime<Utc>) -> String {
+fn report(config: &Config, now: DateTime<Utc>, sources: &[(String, SourceRead)]) -> String {
     let mut out = format!(
         "{}: valid ({} credential(s), {} endpoint(s), {} job(s))\n",
         config.path.display(),
@@ -81,10 +109,14 @@ fn report(config: &Config, now: DateTime<Utc>) -> String {
         config.endpoints.len(),
         config.jobs.len()
     );
+    let mut warnings = Vec::new();
     for job in config.jobs.values() {
         out.push_str(&job_lines(config, job, now));
+        let read = sources.iter().find(|(n, _)| *n == job.name).map(|(_, r)| r);
+        let (line, warning) = fan_out_lines(config, job, read);
+        out.push_str(&line);
+        warnings.extend(warning);
     }
-    let mut warnings = Vec::new();
     for cred in config.credentials.values() {
         out.push_str(&format!("\ncredential {}\n", cred.name));
         let rows = window_rows(config, &cred.name, &cred.windows);
@@ -103,6 +135,11 @@ fn report(config: &Config, now: DateTime<Utc>) -> String {
             out.push_str(&line);
             warnings.extend(warning);
         }
+    }
+    if let Some(addr) = config.metrics.listen
+        && let Some(why) = crate::ops::exposed(addr)
+    {
+        warnings.push(format!("[metrics] listen = \"{addr}\": {why}"));
     }
     for w in &warnings {
         out.push_str(&format!("\nwarning: {w}\n"));
@@ -145,6 +182,61 @@ fn job_lines(config: &Config, job: &Job, now: DateTime<Utc>) -> String {
     )
 }
 
+/// A job's `fan_out_from` (what its source holds now) and the warnings:
+/// a source that cannot be read, rows refused, a tick larger than
+/// `[worker] fan_out_warn`.
+fn fan_out_lines(config: &Config, job: &Job, read: Option<&SourceRead>) -> (String, Vec<String>) {
+    let (mut out, mut warnings) = (String::new(), Vec::new());
+    let name = &job.name;
+    if let (Some(from), Some(read)) = (&job.fan_out_from, read) {
+        let source = from.source.path().display();
+        let combos = job.combinations();
+        let times = if combos > 1 {
+            format!(" x {combos} fan_out combination(s)")
+        } else {
+            String::new()
+        };
+        match read {
+            Ok(refused) => {
+                let rows = from.rows.unwrap_or(0);
+                out.push_str(&format!(
+                    "  fan_out_from {source}: {rows} row(s) now{times} (a tick fans out nothing above max_items = {})\n",
+                    from.max_items
+                ));
+                if let Some(r) = refused {
+                    warnings.push(format!(
+                        "job {name}: {} row(s) of {source} are refused (skipped at every tick): {}",
+                        r.count,
+                        r.examples.join("; ").escape_debug()
+                    ));
+                }
+            }
+            Err(e) => {
+                out.push_str(&format!(
+                    "  fan_out_from {source}: cannot be read now; counted at max_items = {}{times}\n",
+                    from.max_items
+                ));
+                warnings.push(format!(
+                    "job {name}: {e}; until it can be read, each tick fans out nothing (logged, counted in qw_fan_out_errors_total)"
+                ));
+            }
+        }
+    }
+    let items = job.items();
+    let warn = config.worker.fan_out_warn;
+    if items > warn {
+        let mib = items.saturating_mul(TASK_BYTES) >> 20;
+        warnings.push(format!(
+            "job {name}: a tick fans out {items} task(s), more than [worker] fan_out_warn = {warn}: each waits in Redis (about {mib} MiB for the tick) until a worker takes it; the tick is queued in chunks and drains at the workers' pace"
+        ));
+    }
+    (out, warnings)
+}
+
+/// About what one waiting task takes in Redis (payload and indexes), for
+/// the size of a large fan-out (1,000,000 took 404 MiB on Redis 7.0).
+const TASK_BYTES: u64 = 420;
+
 /// One window of a credential (its own, or one of its endpoints'), and the
 /// jobs that spend from it.
 struct Row<'a> {
@@ -160,12 +252,16 @@ fn window_rows<'a>(config: &'a Config, credential: &str, own: &'a [Window]) -> V
         .values()
         .filter(|j| config.endpoints[&j.endpoint].credential == credential)
         .collect();
+    // An endpoint with charge_credential = false spends only from its own.
+    let charged: Vec<&Job> = (cred_jobs.iter().copied())
+        .filter(|j| config.endpoints[&j.endpoint].charge_credential)
+        .collect();
     let mut rows: Vec<Row<'a>> = own
         .iter()
         .map(|window| Row {
             scope: Scope::Credential,
             window,
-            jobs: cred_jobs.clone(),
+            jobs: charged.clone(),
         })
         .collect();
     for ep in (config.endpoints.values()).filter(|e| e.credential == credential) {

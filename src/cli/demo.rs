@@ -1,10 +1,13 @@
 //! `quota-worker demo [--for 30s]`: the real daemon on `config/demo.toml`,
 //! against an embedded Redis and the built-in simulated metered API.
 //!
-//! The demo's quotas are small, so within seconds one credential runs out:
-//! tasks end at once as `quota_exhausted` with the retry-after, and later
-//! ticks resume where they stopped. The summary compares what the upstream
-//! saw with what it allows; its count of quota errors must be 0.
+//! The demo follows YouTube's cost table with a "day" of seconds: one key
+//! whose methods share a fixed window of units, and `search.list` with a
+//! bucket of its own (`charge_credential = false`). The quotas are small, so
+//! within seconds the shared window runs out: tasks end at once as
+//! `quota_exhausted` with the retry-after, and later ticks resume where they
+//! stopped. The summary compares what the upstream saw with what it allows,
+//! per window; its count of quota errors must be 0.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -18,7 +21,7 @@ use crate::config::{Config, Secrets, Template, fmt_duration};
 use crate::daemon::{self, RunOptions, Shared};
 use crate::outcome::{OutcomeEvent, OutcomeKind};
 use crate::quota::{Limiter, Quotas};
-use crate::simulator::{SimConfig, SimStats, Simulator};
+use crate::simulator::{KeyQuota, SimConfig, SimStats, Simulator};
 use crate::stats::Stats;
 
 /// Request URLs in `config/demo.toml` start with this; the demo points them at
@@ -26,14 +29,21 @@ use crate::stats::Stats;
 pub(crate) const DEMO_UPSTREAM: &str = "http://upstream.invalid";
 
 /// The demo's API keys (fake, for the simulator only) by credential.
-const KEYS: [(&str, &str); 2] = [("yt-demo-1", "demo-key-1"), ("yt-demo-2", "demo-key-2")];
+const KEYS: [(&str, &str); 1] = [("yt-demo", "demo-key")];
 
-/// The simulated upstream's own quotas per key: a little above the demo
-/// config's windows, as real headroom is.
+/// The simulated upstream's search path: a bucket of its own per key.
+const SEARCH: &str = crate::simulator::SEARCH;
+
+/// The simulated upstream's own quotas: YouTube's model (a shared window,
+/// search in a bucket of its own at 1 unit a call, both reset at fixed
+/// times), a little above the demo config's windows, as real headroom is.
 fn sim_config() -> SimConfig {
-    SimConfig::default()
-        .key("demo-key-1", 50, Duration::from_secs(15))
-        .key("demo-key-2", 400, Duration::from_secs(30))
+    SimConfig {
+        keys: vec![KeyQuota::new("demo-key", 50, Duration::from_secs(15)).fixed()],
+        ..SimConfig::default()
+    }
+    .cost(SEARCH, 1)
+    .bucket(SEARCH, 6, Duration::from_secs(30))
 }
 
 /// Runs the demo for `duration`, writing under `out_dir`.
@@ -106,18 +116,32 @@ fn print_intro(config: &Config, sim_url: &str, duration: Duration, out_dir: &Pat
         "quota-worker demo: {} job(s) against a simulated YouTube-like API at {sim_url}",
         config.jobs.len(),
     );
+    let sim = sim_config();
     for (cred, key) in KEYS {
         if let Some(c) = config.credentials.get(cred) {
             let windows: Vec<String> = c.windows.iter().map(|w| w.describe()).collect();
-            let upstream = sim_config().keys.into_iter().find(|k| k.key == key);
+            let upstream = sim.keys.iter().find(|k| k.key == key);
             println!(
-                "  credential {cred}: quota-worker windows {}; the upstream allows {}",
+                "  credential {cred}: quota-worker windows {}; the upstream allows {} (shared by every method but search)",
                 windows.join(" + "),
                 upstream
                     .map(|k| format!("{}/{}", k.units, fmt_duration(k.per)))
                     .unwrap_or_default()
             );
         }
+    }
+    for e in config.endpoints.values().filter(|e| !e.charge_credential) {
+        let windows: Vec<String> = e.windows.iter().map(|w| w.describe()).collect();
+        let upstream = sim.buckets.iter().find(|(p, _)| p == SEARCH);
+        println!(
+            "  endpoint {}: a bucket of its own (not counted in {}'s windows), quota-worker windows {}; the upstream allows {}",
+            e.name,
+            e.credential,
+            windows.join(" + "),
+            upstream
+                .map(|(_, l)| format!("{}/{}", l.units, fmt_duration(l.per)))
+                .unwrap_or_default()
+        );
     }
     for job in config.jobs.values() {
         println!(
@@ -223,19 +247,30 @@ fn print_summary(s: &Stats, ran: &Ran, out_dir: &Path) {
 /// (the limiter let too much through).
 fn upstream_summary(stats: &SimStats) -> Exit {
     println!("what the upstream saw, per key:");
+    let sim = sim_config();
     let mut quota_errors = 0;
-    for k in sim_config().keys {
+    for k in &sim.keys {
         let ks = stats.key(&k.key);
         quota_errors += ks.quota_errors;
+        let in_bucket = |path: &str| sim.buckets.iter().any(|(p, _)| p == path);
         println!(
-            "  {}: {} units charged, at most {} in any {} (it allows {}), {} quota error(s)",
+            "  {}: {} units charged, {} quota error(s); shared window: at most {} in one {} period (it allows {})",
             k.key,
             ks.units,
-            stats.max_units_in_any_window(&k.key, k.per),
+            ks.quota_errors,
+            stats.max_units_in_any_period(&k.key, k.per, |p| !in_bucket(p)),
             fmt_duration(k.per),
             k.units,
-            ks.quota_errors
         );
+        for (path, l) in &sim.buckets {
+            println!(
+                "  {}: {path} bucket: at most {} in one {} period (it allows {})",
+                k.key,
+                stats.max_units_in_any_period(&k.key, l.per, |p| p == path),
+                fmt_duration(l.per),
+                l.units
+            );
+        }
     }
     println!("upstream quota errors: {quota_errors}");
     if quota_errors > 0 {

@@ -1,5 +1,6 @@
 //! `quota-worker keys ENDPOINT [--cost N] [--reserve P%]`: how another program
-//! (PHP, Python, ...) calls `lua/spend.lua` to spend from the same windows.
+//! (PHP, Python, ...) calls `lua/spend.lua` to spend from the same windows;
+//! `keys --script` prints the script itself.
 
 use std::path::{Path, PathBuf};
 
@@ -74,22 +75,52 @@ fn wait(config: &Config) -> serde_json::Value {
     })
 }
 
-/// A path holding exactly the script this binary runs: the repository's
-/// `lua/spend.lua` when it matches, else a copy written to the state directory.
+/// Prints the spend script this binary runs (`keys --script`).
+pub fn print_script() -> Exit {
+    print!("{SCRIPT}");
+    Exit::Ok
+}
+
+/// A path holding exactly the script this binary runs, wherever the binary
+/// is installed: `lua/spend.lua` next to the config directory when it is
+/// that script (a checkout), else a copy written to
+/// `<state_dir>/lua/spend.lua`, else (a state directory this user may not
+/// write) to the temporary directory.
 fn script_path(config: &Config) -> Result<PathBuf, String> {
-    let candidates = [
-        config.dir.join("../lua/spend.lua"),
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("lua/spend.lua"),
+    let beside = config.dir.join("../lua/spend.lua");
+    if std::fs::read_to_string(&beside).is_ok_and(|s| s == SCRIPT) {
+        return Ok(std::fs::canonicalize(&beside).unwrap_or(beside));
+    }
+    let sha = crate::quota::script().sha();
+    let places = [
+        config.state_dir.join("lua/spend.lua"),
+        std::env::temp_dir().join(format!("quota-worker-spend-{sha}.lua")),
     ];
-    for c in candidates {
-        if std::fs::read_to_string(&c).is_ok_and(|s| s == SCRIPT) {
-            return Ok(std::fs::canonicalize(&c).unwrap_or(c));
+    let mut errors = Vec::new();
+    for path in places {
+        match write_script(&path) {
+            Ok(()) => return Ok(std::fs::canonicalize(&path).unwrap_or(path)),
+            Err(e) => errors.push(format!("{}: {e}", path.display())),
         }
     }
-    let dir = config.state_dir.join("lua");
-    let path = dir.join("spend.lua");
-    std::fs::create_dir_all(&dir)
-        .and_then(|()| std::fs::write(&path, SCRIPT))
-        .map_err(|e| format!("cannot write the spend script to {}: {e}", path.display()))?;
-    Ok(path)
+    Err(format!(
+        "cannot write the spend script ({}); `quota-worker keys --script` prints it",
+        errors.join("; ")
+    ))
+}
+
+/// Makes `path` hold the script: left alone when it already does, else
+/// written whole (a temporary file renamed into place), never half.
+fn write_script(path: &Path) -> std::io::Result<()> {
+    if std::fs::read_to_string(path).is_ok_and(|s| s == SCRIPT) {
+        return Ok(());
+    }
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!(".spend.lua.{}", std::process::id()));
+    std::fs::write(&tmp, SCRIPT)
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .inspect_err(|_| {
+            let _ = std::fs::remove_file(&tmp);
+        })
 }

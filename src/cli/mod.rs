@@ -6,6 +6,7 @@ pub mod demo;
 pub mod keys;
 pub mod quota;
 pub mod run;
+pub mod search;
 pub mod spend;
 pub mod trigger;
 
@@ -27,10 +28,15 @@ pub enum Exit {
     Failed = 1,
     /// EX_USAGE: bad command line (or a cost that can never fit).
     Usage = 64,
+    /// EX_DATAERR: input data is wrong (`trigger`: a `fan_out_from` source
+    /// that cannot be read, or has more rows than `max_items`).
+    DataErr = 65,
     /// EX_UNAVAILABLE: Redis (or another service) unreachable.
     Unavailable = 69,
     /// EX_SOFTWARE: an internal error.
     Software = 70,
+    /// EX_IOERR: a local file could not be read (`search`'s databases).
+    IoErr = 74,
     /// EX_TEMPFAIL: try again later (a spend was rejected).
     TempFail = 75,
     /// EX_CONFIG: the configuration is invalid.
@@ -60,6 +66,22 @@ pub fn load(path: &Path) -> Result<Config, Exit> {
             "{}: {n} error{} in the configuration; nothing was run",
             path.display(),
             if n == 1 { "" } else { "s" }
+        );
+        Exit::Config
+    })
+}
+
+/// `check` and `run`: every sink directory is created and tested before
+/// anything runs; one that cannot be written is a config error (exit 78)
+/// naming the job's `sink.path` and the OS error.
+pub(crate) fn check_sinks(config: &Config) -> Result<(), Exit> {
+    crate::sink::check_dirs(config).map_err(|errors| {
+        for e in &errors.0 {
+            eprintln!("error: {e}");
+        }
+        eprintln!(
+            "{}: sink directories cannot be written; nothing was run",
+            config.path.display()
         );
         Exit::Config
     })
@@ -108,6 +130,14 @@ pub(crate) fn quota_error(config: &Config, e: &crate::quota::QuotaError) -> Exit
                 config::REDIS_URL_ENV
             );
         }
+    } else if let Q::UnknownEndpoint(_) = e {
+        let known: Vec<&str> = config.endpoints.keys().map(String::as_str).collect();
+        let known = if known.is_empty() {
+            "(none configured)".to_owned()
+        } else {
+            known.join(", ")
+        };
+        eprintln!("error: {e}; known endpoints: {known}");
     } else {
         eprintln!("error: {e}");
     }

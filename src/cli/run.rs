@@ -72,6 +72,16 @@ pub async fn run(config: Config) -> Exit {
             return Exit::Config;
         }
     };
+    if let Err(code) = super::check_sinks(&config) {
+        return code;
+    }
+    // Without a spool, a page the sink cannot take ends its task `failed`
+    // (cursor kept) instead of waiting there: worth a warning, not a refusal.
+    let spool = crate::sink::spool_dir(&config);
+    if let Err(e) = crate::sink::probe_dir(&spool) {
+        tracing::warn!(dir = %spool.display(), error = %e,
+            "the spool directory cannot be written: a page a sink cannot take will be fetched again once it can");
+    }
     let opts = RunOptions::default();
     match daemon::run(Arc::new(config), Arc::new(secrets), opts, shutdown_signal()).await {
         Ok(()) => Exit::Ok,

@@ -12,8 +12,8 @@ use super::Exit;
 use crate::config::{Config, Job, RedisUrl, fmt_duration};
 use crate::keys::KeySpace;
 use crate::outcome::{DEFERRED, OutcomeKind, RETRY_AT_MS, RETRYING};
-use crate::queue::{Origin, Queue};
-use crate::schedule::tick_tasks;
+use crate::queue::{FAN_OUT_LEASE, Origin, Queue, QueueError, TakeOver, TickFanOut};
+use crate::schedule::{FanOutCause, Fanned, TickItems, queue_tick};
 
 /// Outcomes that end a task's chain (retrying and deferred do not).
 const TERMINAL: [OutcomeKind; 5] = [
@@ -48,27 +48,17 @@ pub async fn run(config: &Config, job_name: &str, wait: bool) -> Exit {
     let keys = KeySpace::new(config.redis.key_prefix.clone());
     let queue = Queue::new(conn.clone(), keys.clone(), config.worker.recover_after);
     let who = format!("trigger:{}", crate::quota::request_id());
-    // A manual tick is "now"; on the rare clash with a tick already claimed
-    // at that very millisecond, take the next one.
-    let mut tick = chrono::Utc::now().timestamp_millis();
-    let n = loop {
-        let tasks = tick_tasks(job, tick, Origin::Trigger);
-        match queue.enqueue_tick(&job.name, tick, &tasks, &who).await {
-            Ok(Some(n)) => break n,
-            Ok(None) => tick += 1,
-            Err(e) => {
-                eprintln!("error: cannot enqueue: {e}");
-                return Exit::Unavailable;
-            }
-        }
+    let (tick, total) = match enqueue(&queue, job, &who).await {
+        Ok(t) => t,
+        Err(code) => return code,
     };
-    println!("queued {n} task(s) of job {} (tick {tick})", job.name);
     if !wait {
         return Exit::Ok;
     }
     let tick = Tick {
         job,
         tick,
+        total,
         outcomes: keys.tick_outcomes(&job.name, tick),
         url,
     };
@@ -78,10 +68,123 @@ pub async fn run(config: &Config, job_name: &str, wait: bool) -> Exit {
     }
 }
 
+/// Queues one tick of `job`, or the rest of an earlier `trigger` of it that
+/// stopped part-way (killed, or Redis lost): a retry never fans out twice.
+/// Says what was queued; returns the tick and its task count.
+async fn enqueue(queue: &Queue, job: &Job, who: &str) -> Result<(i64, u64), Exit> {
+    let unavailable = |e: &dyn std::fmt::Display| {
+        eprintln!("error: cannot enqueue: {e}");
+        Exit::Unavailable
+    };
+    let resume = unfinished(queue, job, who)
+        .await
+        .map_err(|e| unavailable(&e))?;
+    let mut items = match TickItems::read_async(job).await {
+        Ok(items) => items,
+        Err(e) => {
+            eprintln!("error: job {}: {e}; nothing was queued", job.name);
+            return Err(Exit::DataErr);
+        }
+    };
+    if let Some(r) = items.refused() {
+        eprintln!(
+            "warning: job {}: {} row(s) of its fan_out_from source refused (skipped): {}",
+            job.name,
+            r.count,
+            r.examples.join("; ").escape_debug()
+        );
+    }
+    let bar = ProgressBar::new(items.len());
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} queuing {bar:30} {pos}/{len} task(s)")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    // A manual tick is "now"; on the rare clash with a tick already claimed
+    // at that very millisecond, take the next one.
+    let (mut tick, start) = resume.unwrap_or((chrono::Utc::now().timestamp_millis(), 0));
+    loop {
+        let fan = TickFanOut {
+            job: &job.name,
+            tick,
+            origin: Origin::Trigger,
+            who,
+        };
+        let r = queue_tick(queue, &mut items, &fan, start, |n| bar.set_position(n)).await;
+        bar.finish_and_clear();
+        match r {
+            Ok(Fanned::Queued(n)) if start > 0 => {
+                println!(
+                    "resumed tick {tick} of job {} at task {start}: queued {} more, {n} task(s) in all",
+                    job.name,
+                    n.saturating_sub(start)
+                );
+                return Ok((tick, n));
+            }
+            Ok(Fanned::Queued(n)) => {
+                println!("queued {n} task(s) of job {} (tick {tick})", job.name);
+                return Ok((tick, n));
+            }
+            Ok(Fanned::Taken { .. }) if start == 0 => tick += 1,
+            Ok(Fanned::Taken { by, .. }) => {
+                eprintln!(
+                    "error: tick {tick} of job {} was taken over by {by}; it queues the rest",
+                    job.name
+                );
+                return Err(Exit::TempFail);
+            }
+            Err(e) => {
+                eprintln!(
+                    "error: cannot enqueue: queued {} of {} task(s) of job {} (tick {tick}), then: {}\n\
+                     nothing is lost: run `quota-worker trigger {}` again to queue the rest (it resumes tick {tick} at task {})",
+                    e.queued, e.total, job.name, e.cause, job.name, e.queued
+                );
+                return Err(match e.cause {
+                    FanOutCause::Source(_) => Exit::DataErr,
+                    _ => Exit::Unavailable,
+                });
+            }
+        }
+    }
+}
+
+/// An earlier `trigger` of `job` that stopped part-way, taken over: its tick
+/// and where to go on. One whose enqueuer is still at it is waited for: if
+/// it finishes, this is a trigger of its own (`None`).
+async fn unfinished(queue: &Queue, job: &Job, who: &str) -> Result<Option<(i64, u64)>, QueueError> {
+    let mut said = false;
+    for (name, tick, _) in queue.unfinished_fan_outs().await? {
+        if name != job.name {
+            continue;
+        }
+        loop {
+            match queue
+                .take_over(&name, tick, who, Some(Origin::Trigger))
+                .await?
+            {
+                TakeOver::Taken { next, .. } => return Ok(Some((tick, next))),
+                TakeOver::Busy { owner, next } => {
+                    if !said {
+                        eprintln!(
+                            "tick {tick} of job {name} is being queued by {owner} ({next} task(s) so far); waiting until it finishes, or its lease ({}) runs out and this resumes it",
+                            fmt_duration(FAN_OUT_LEASE)
+                        );
+                        said = true;
+                    }
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                TakeOver::Finished | TakeOver::NotMine => break,
+            }
+        }
+    }
+    Ok(None)
+}
+
 /// One triggered tick, waited for.
 struct Tick<'a> {
     job: &'a Job,
     tick: i64,
+    /// Its tasks.
+    total: u64,
     /// Its outcome hash's key.
     outcomes: String,
     url: RedisUrl,
@@ -91,7 +194,7 @@ impl Tick<'_> {
     /// Shows progress until every task of the tick ended, prints the summary,
     /// and returns the final counts.
     async fn wait(&self, mut conn: ConnectionManager) -> Result<Counts, Exit> {
-        let total = self.job.items();
+        let total = self.total;
         let bar = ProgressBar::new(total);
         bar.set_style(
             ProgressStyle::with_template(

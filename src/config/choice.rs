@@ -95,6 +95,30 @@ impl Choice for SinkKind {
         &[("jsonl", SinkKind::Jsonl), ("sqlite", SinkKind::Sqlite)];
 }
 
+/// `[job.pagination] style`, before its fields make it a
+/// [`super::PageStyle`] (which carries data, so has no table of its own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PageStyleName {
+    /// `"cursor"`.
+    Cursor,
+    /// `"next_url"`.
+    NextUrl,
+    /// `"link"`.
+    Link,
+    /// `"page"`.
+    Page,
+}
+
+impl Choice for PageStyleName {
+    const WHAT: &'static str = "pagination style";
+    const CHOICES: &'static [(&'static str, Self)] = &[
+        ("cursor", PageStyleName::Cursor),
+        ("next_url", PageStyleName::NextUrl),
+        ("link", PageStyleName::Link),
+        ("page", PageStyleName::Page),
+    ];
+}
+
 /// A window's `kind`, before its other fields make it a
 /// [`super::WindowKind`] (which carries data, so has no table of its own).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -150,5 +174,6 @@ mod tests {
         distinct::<Method>();
         distinct::<SinkKind>();
         distinct::<WindowKindName>();
+        distinct::<PageStyleName>();
     }
 }

@@ -2,11 +2,12 @@
 //! checks, in one place. The loader reads them from here; where
 //! `docs/configuration.md` quotes one, a test below keeps the two equal.
 
-use std::num::{NonZeroU32, NonZeroUsize};
+use std::num::{NonZeroU32, NonZeroU64, NonZeroUsize};
 use std::time::Duration;
 
 use chrono_tz::Tz;
 
+use super::choice::PageStyleName;
 use super::{LimiterUnavailable, Method, OnQuotaExhausted, ResetIs, UnsafeEviction};
 
 // [redis]
@@ -32,6 +33,9 @@ pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
 pub const RECOVER_AFTER: Duration = Duration::from_secs(30);
 /// `[worker] poll_interval`.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(200);
+/// `[worker] fan_out_warn`: `check` warns about a tick of more tasks (each
+/// waits in Redis, about 400 bytes apiece, until a worker takes it).
+pub const FAN_OUT_WARN: u64 = 100_000;
 
 // [metrics]
 
@@ -59,6 +63,8 @@ pub const WINDOW_TIMEZONE: Tz = Tz::UTC;
 
 /// An endpoint's `limiter_unavailable`: never risk the upstream's quota.
 pub const LIMITER_UNAVAILABLE: LimiterUnavailable = LimiterUnavailable::FailClosed;
+/// An endpoint's spends count against its credential's windows too.
+pub const CHARGE_CREDENTIAL: bool = true;
 /// An endpoint's request `timeout`.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// An endpoint's `throttle_block`.
@@ -76,6 +82,8 @@ pub const RESET_IS: ResetIs = ResetIs::EpochSeconds;
 pub const MAX_BODY: u64 = 16 << 20;
 /// An endpoint's `max_block`: the longest the upstream may block the credential.
 pub const MAX_BLOCK: Duration = Duration::from_secs(86_400);
+/// An endpoint's `conditional`: no `If-None-Match` / `If-Modified-Since`.
+pub const CONDITIONAL: bool = false;
 
 // jobs
 
@@ -87,6 +95,19 @@ pub const ON_QUOTA_EXHAUSTED: OnQuotaExhausted = OnQuotaExhausted::Stop;
 pub const METHOD: Method = Method::Get;
 /// `[job.sink] records`: the whole body is one record.
 pub const SINK_RECORDS: &str = "";
+/// `fan_out_from.max_items`: more rows and a tick fans out nothing.
+pub const FAN_OUT_MAX_ITEMS: NonZeroU64 = NonZeroU64::new(100_000).expect("> 0");
+/// `[job.pagination] style`.
+pub(crate) const PAGE_STYLE: PageStyleName = PageStyleName::Cursor;
+/// `[job.pagination] start` of `style = "page"`: the first page's number.
+pub const PAGE_START: u64 = 1;
+/// `[job.pagination] step` of `style = "page"`.
+pub const PAGE_STEP: u64 = 1;
+/// `[job.pagination] continue`: every run starts at page 1.
+pub const PAGE_CONTINUE: bool = false;
+/// A job's `since_initial`: `{since}` before the item's first run that
+/// ended `done` is this long before the run.
+pub const SINCE_INITIAL: Duration = Duration::from_secs(86_400);
 /// `retry.attempts`, the first one included.
 pub const RETRY_ATTEMPTS: NonZeroU32 = NonZeroU32::new(5).expect("5 > 0");
 /// `retry.backoff`, doubled each time.
@@ -169,6 +190,7 @@ mod tests {
         says_duration(c, f, "shutdown_timeout", SHUTDOWN_TIMEOUT);
         says_duration(c, f, "recover_after", RECOVER_AFTER);
         says_duration(c, f, "poll_interval", POLL_INTERVAL);
+        says(c, f, "fan_out_warn", &FAN_OUT_WARN.to_string());
         says(c, f, "listen", &format!("{METRICS_LISTEN:?}"));
         says(c, f, "state_dir", &format!("{STATE_DIR:?}"));
         says(c, f, "reset", &format!("{WINDOW_RESET:?}"));
@@ -178,6 +200,7 @@ mod tests {
         says(c, f, "max_body", "\"16MiB\"");
         assert_eq!(MAX_BODY, 16 * 1024 * 1024, "docs say 16MiB");
         says(c, f, "unsafe_eviction", "\"refuse\"");
+        says(c, f, "conditional", &CONDITIONAL.to_string());
         assert_eq!(UNSAFE_EVICTION, UnsafeEviction::Refuse, "docs say refuse");
         let reasons: Vec<String> = QUOTA_REASONS.iter().map(|r| format!("{r:?}")).collect();
         says(c, f, "quota_reasons", &format!("[{}]", reasons.join(", ")));
@@ -186,6 +209,18 @@ mod tests {
         let f = "jobs";
         says(j, f, "timezone", &format!("{:?}", JOB_TIMEZONE.name()));
         says(j, f, "method", &format!("{:?}", METHOD.as_str()));
+        says(j, f, "max_items", &FAN_OUT_MAX_ITEMS.to_string());
+        says_duration(j, f, "since_initial", SINCE_INITIAL);
+        says(j, f, "continue", &PAGE_CONTINUE.to_string());
+        let (start, step) = (PAGE_START, PAGE_STEP);
+        assert!(j.contains(&format!(
+            "`start` (default {start}), `step` (default {step})"
+        )));
+        assert_eq!(
+            PAGE_STYLE,
+            PageStyleName::Cursor,
+            "docs say cursor is the default"
+        );
         let retry = written(j, "retry");
         let retry = retry.first().expect("docs/jobs.md shows retry");
         for (key, want) in [

@@ -120,6 +120,8 @@ pub struct WorkerConfig {
     pub recover_after: Duration,
     /// How often an idle worker looks for new tasks.
     pub poll_interval: Duration,
+    /// `check` warns about a job whose tick fans out to more tasks than this.
+    pub fan_out_warn: u64,
 }
 
 /// `[metrics]`.
@@ -357,6 +359,11 @@ pub struct Endpoint {
     pub limiter_unavailable: LimiterUnavailable,
     /// Windows of its own, checked in the same spend as the credential's.
     pub windows: Vec<Window>,
+    /// Whether its spends also count against the credential's windows
+    /// (`charge_credential`, default true). When false only its own
+    /// `windows` count (a bucket of its own, as YouTube's `search.list`
+    /// has); the credential's block still applies.
+    pub charge_credential: bool,
     /// Request timeout.
     pub timeout: Duration,
     /// How long to block the credential when the upstream throttles without
@@ -374,6 +381,12 @@ pub struct Endpoint {
     /// The longest the upstream may block the credential for (Retry-After,
     /// ratelimit reset); longer values are clamped to it and logged.
     pub max_block: Duration,
+    /// Conditional requests: page 1 of each item's run sends the
+    /// `If-None-Match` / `If-Modified-Since` of the item's last complete run,
+    /// and a `304` ends the run `done` with nothing written.
+    pub conditional: bool,
+    /// What a `304` is settled to, in units (`cost` unless given; GitHub: 0).
+    pub not_modified_cost: u64,
 }
 
 /// Headers like GitHub's `x-ratelimit-remaining` / `x-ratelimit-reset`.
@@ -420,6 +433,9 @@ pub struct Job {
     pub endpoint: String,
     /// Fan-out keys and their values; a tick is one task per combination.
     pub fan_out: Vec<(String, Vec<String>)>,
+    /// `[job.fan_out_from]`: items read from data at every tick, combined
+    /// with `fan_out` as a cartesian product.
+    pub fan_out_from: Option<FanOutFrom>,
     /// Stop or defer on a rejected spend.
     pub on_quota_exhausted: OnQuotaExhausted,
     /// The request template.
@@ -432,17 +448,75 @@ pub struct Job {
     pub retry: Retry,
     /// The share of every window its spends leave free (`reserve = "20%"`).
     pub reserve: Reserve,
+    /// `{since}` before the item's first run that ended `done`: now minus this.
+    pub since_initial: Duration,
 }
 
 impl Job {
-    /// Number of tasks per tick: the product of the fan-out list lengths.
+    /// Number of tasks per tick: the product of the fan-out list lengths,
+    /// times the rows of `fan_out_from` (as last counted, else `max_items`:
+    /// the most a tick can fan out).
     pub fn items(&self) -> u64 {
-        self.fan_out.iter().map(|(_, v)| v.len() as u64).product()
+        let rows = self
+            .fan_out_from
+            .as_ref()
+            .map_or(1, |f| f.rows.unwrap_or(f.max_items.get()));
+        self.combinations().saturating_mul(rows)
+    }
+
+    /// Combinations of the static `fan_out` lists (1 without any).
+    pub fn combinations(&self) -> u64 {
+        self.fan_out
+            .iter()
+            .map(|(_, v)| v.len() as u64)
+            .fold(1, u64::saturating_mul)
     }
 
     /// Pages fetched per task at most.
     pub fn max_pages(&self) -> u32 {
         self.pagination.as_ref().map_or(1, |p| p.max_pages.get())
+    }
+}
+
+/// `[job.fan_out_from]`: where a job's items come from at every tick.
+#[derive(Debug, Clone)]
+pub struct FanOutFrom {
+    /// The file, and for SQLite the query.
+    pub source: DataSource,
+    /// The placeholders each row fills, in column order: the CSV header or
+    /// the query's result columns, as read at load (or as declared with
+    /// `columns` when the source did not exist yet).
+    pub columns: Vec<String>,
+    /// More rows than this and a tick fans out nothing.
+    pub max_items: NonZeroU64,
+    /// The rows counted when the source was last read (`check` fills it in
+    /// for its report); `None`: not counted.
+    pub rows: Option<u64>,
+}
+
+/// A `fan_out_from` source.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DataSource {
+    /// `csv = "channels.csv"`: the header row names the columns.
+    Csv {
+        /// Resolved against the config file's directory.
+        path: PathBuf,
+    },
+    /// `sqlite = "…db"` with one read-only `query`.
+    Sqlite {
+        /// Resolved against the config file's directory.
+        path: PathBuf,
+        /// One read-only statement.
+        query: String,
+    },
+}
+
+impl DataSource {
+    /// The file.
+    pub fn path(&self) -> &Path {
+        match self {
+            DataSource::Csv { path } | DataSource::Sqlite { path, .. } => path,
+        }
     }
 }
 
@@ -492,12 +566,46 @@ pub struct RequestTemplate {
 /// `[job.pagination]`.
 #[derive(Debug, Clone)]
 pub struct Pagination {
-    /// JSON pointer to the next-page cursor in a response.
-    pub cursor: String,
-    /// Query parameter that carries the cursor.
-    pub param: String,
+    /// Where the next page is.
+    pub style: PageStyle,
     /// Pages per run, a resumed run included.
     pub max_pages: NonZeroU32,
+    /// `continue`: a run that stops at `max_pages` with pages left leaves a
+    /// checkpoint, and the item's next run goes on from there instead of
+    /// starting again at page 1.
+    pub continues: bool,
+}
+
+/// `[job.pagination] style` and the fields that go with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PageStyle {
+    /// `"cursor"`: the string or number at `cursor` (a JSON pointer) is sent
+    /// as the query parameter `param`.
+    Cursor {
+        /// JSON pointer to the next page's cursor in a response.
+        cursor: String,
+        /// Query parameter that carries it.
+        param: String,
+    },
+    /// `"next_url"`: the URL at `next` (a JSON pointer) replaces the request's
+    /// URL and query.
+    NextUrl {
+        /// JSON pointer to the next page's URL in a response.
+        next: String,
+    },
+    /// `"link"`: the `Link` header's `rel="next"` target replaces the
+    /// request's URL and query (RFC 8288).
+    Link,
+    /// `"page"`: `param` = `start`, `start + step`, ...; the first page whose
+    /// records array is empty is the last.
+    Page {
+        /// Query parameter that carries the number.
+        param: String,
+        /// The first page's number (or offset).
+        start: u64,
+        /// What each page adds to it.
+        step: u64,
+    },
 }
 
 /// `[job.sink]`.
@@ -507,6 +615,9 @@ pub struct SinkConfig {
     pub kind: SinkKind,
     /// Path template, relative to the config directory.
     pub path: Template,
+    /// Where `path` is written, for errors found at start (an unwritable
+    /// sink directory).
+    pub at: Location,
     /// JSON pointer to the array of records ("" = the whole body).
     pub records: String,
     /// sqlite: JSON pointers of the fields the full-text index covers.
@@ -599,10 +710,16 @@ impl Config {
     }
 
     /// Every window a spend on `endpoint` checks, numbered as the spend script
-    /// numbers them: the credential's first, then the endpoint's own.
+    /// numbers them: the credential's first (none when the endpoint has
+    /// `charge_credential = false`), then the endpoint's own.
     pub fn windows_of<'a>(&'a self, endpoint: &'a Endpoint) -> Vec<(Scope, &'a Window)> {
         let cred = &self.credentials[&endpoint.credential];
-        cred.windows
+        let charged: &[Window] = if endpoint.charge_credential {
+            &cred.windows
+        } else {
+            &[]
+        };
+        charged
             .iter()
             .map(|w| (Scope::Credential, w))
             .chain(

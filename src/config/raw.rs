@@ -73,6 +73,7 @@ pub(super) struct RawWorker {
     pub(super) shutdown_timeout: Option<Dur>,
     pub(super) recover_after: Option<Dur>,
     pub(super) poll_interval: Option<Dur>,
+    pub(super) fan_out_warn: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -114,6 +115,7 @@ pub(super) struct RawEndpoint {
     pub(super) limiter_unavailable: Option<String>,
     #[serde(default)]
     pub(super) windows: Vec<RawWindow>,
+    pub(super) charge_credential: Option<bool>,
     pub(super) timeout: Option<Dur>,
     pub(super) throttle_block: Option<Dur>,
     pub(super) quota_reasons: Option<Vec<String>>,
@@ -121,6 +123,8 @@ pub(super) struct RawEndpoint {
     pub(super) cost_header: Option<String>,
     pub(super) max_body: Option<Size>,
     pub(super) max_block: Option<Dur>,
+    pub(super) conditional: Option<bool>,
+    pub(super) not_modified_cost: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -140,12 +144,24 @@ pub(super) struct RawJob {
     pub(super) endpoint: String,
     #[serde(default)]
     pub(super) fan_out: IndexMap<String, Vec<String>>,
+    pub(super) fan_out_from: Option<RawFanOutFrom>,
     pub(super) on_quota_exhausted: Option<String>,
     pub(super) request: RawRequest,
     pub(super) pagination: Option<RawPagination>,
     pub(super) sink: RawSink,
     pub(super) retry: Option<RawRetry>,
     pub(super) reserve: Option<String>,
+    pub(super) since_initial: Option<Dur>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawFanOutFrom {
+    pub(super) csv: Option<String>,
+    pub(super) sqlite: Option<String>,
+    pub(super) query: Option<String>,
+    pub(super) columns: Option<Vec<String>>,
+    pub(super) max_items: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -163,9 +179,15 @@ pub(super) struct RawRequest {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawPagination {
-    pub(super) cursor: String,
-    pub(super) param: String,
+    pub(super) style: Option<String>,
+    pub(super) cursor: Option<String>,
+    pub(super) param: Option<String>,
+    pub(super) next: Option<String>,
+    pub(super) start: Option<u64>,
+    pub(super) step: Option<u64>,
     pub(super) max_pages: u32,
+    #[serde(rename = "continue")]
+    pub(super) continues: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]

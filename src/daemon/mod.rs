@@ -5,6 +5,7 @@
 //! systemd notifications ([`crate::ops`]). [`run`] returns when `shutdown`
 //! resolves and the running tasks finished (or `shutdown_timeout` passed).
 
+mod drain;
 mod feeder;
 mod supervisor;
 
@@ -197,7 +198,7 @@ impl Parts {
             queue: queue.clone(),
             conn: queue_conn,
             fetcher,
-            sinks: Sinks::new(config.dir.clone()),
+            sinks: Sinks::for_config(config),
             stats: shared.stats.clone(),
             events: shared.events.clone(),
             local_blocks: LocalBlocks::default(),
@@ -209,6 +210,7 @@ impl Parts {
             health: shared.health.clone(),
             stats: shared.stats.clone(),
             unsafe_eviction: config.redis.unsafe_eviction,
+            gauge_reads: Arc::default(),
         };
         Ok(Parts { queue, worker, ops })
     }
@@ -218,7 +220,7 @@ impl Parts {
 struct Loops {
     scheduler: JoinHandle<()>,
     feeder: JoinHandle<()>,
-    workers: JoinHandle<()>,
+    workers: JoinHandle<supervisor::Stopped>,
 }
 
 impl Loops {
@@ -269,9 +271,11 @@ impl Loops {
         let _ = self.scheduler.await;
         let _ = self.feeder.await;
         let drain = config.worker.shutdown_timeout + Duration::from_secs(1);
+        // The supervisor bounds its drain by the shutdown timeout itself;
+        // the extra second here only guards against a drain that hangs.
         match tokio::time::timeout(drain, self.workers).await {
-            Ok(_) => info!("all running tasks finished"),
-            Err(_) => warn!(
+            Ok(Ok(supervisor::Stopped::Drained)) => info!("all running tasks finished"),
+            Ok(Ok(supervisor::Stopped::TimedOut)) | Ok(Err(_)) | Err(_) => warn!(
                 in_flight = Stats::get(&stats.in_flight),
                 "shutdown timeout passed; unfinished tasks stay queued and another daemon (or the next start) picks them up"
             ),

@@ -10,63 +10,101 @@ use apalis::prelude::*;
 use tokio::sync::watch;
 use tracing::{error, warn};
 
+use super::drain::{self, CountStarts, Drain};
 use crate::config::Config;
 use crate::ops::Health;
 use crate::queue::{Queue, TaskArgs, Ticker};
 use crate::worker::Worker;
 
+/// How the worker's loop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Stopped {
+    /// Every running task finished, its ack written.
+    Drained,
+    /// The shutdown timeout passed with tasks still running: they stay in
+    /// this worker's hands in Redis, and come back to the queue once its
+    /// heartbeats are missed (`recover_after`).
+    TimedOut,
+}
+
 /// Runs the apalis worker until `stop`; when it dies, starts a new one.
+/// On `stop`, lets the running tasks finish within `shutdown_timeout`.
 pub(super) async fn run(
     config: Arc<Config>,
     queue: Queue,
     worker: Arc<Worker>,
     health: Arc<Health>,
     mut stop: watch::Receiver<bool>,
-) {
+) -> Stopped {
     let mut incarnation = 0u32;
     let mut backoff = Duration::from_millis(250);
     loop {
         let name = worker_name(incarnation);
-        let w = WorkerBuilder::new(name.clone())
+        // Kept to pause and stop the worker ourselves (drain.rs: apalis
+        // pitfall 14), instead of `run_until`'s plain stop.
+        let ctx = WorkerContext::new(&name);
+        let drain = Arc::new(Drain::default());
+        let results = drain.clone();
+        let w = WorkerBuilder::new(&ctx)
             .backend(
                 queue
                     .storage()
                     .poll_with_strategy(Ticker::new(config.worker.poll_interval)),
             )
+            .layer(CountStarts(drain.clone()))
             .concurrency(config.worker.concurrency.get())
             .data(worker.clone())
+            .on_event(move |ctx, event| results.on_event(ctx, event))
             .build(handle);
         let started = tokio::time::Instant::now();
         Health::beat(&health.worker);
-        let mut stop_signal = stop.clone();
-        let run = w.run_until(async move {
-            let _ = stop_signal.wait_for(|s| *s).await;
-            Ok::<(), std::io::Error>(())
-        });
-        // Bound the graceful drain by the shutdown timeout.
-        let mut stop_timer = stop.clone();
+        let mut run = std::pin::pin!(w.run());
+        let stopping = async {
+            let _ = stop.wait_for(|s| *s).await;
+        };
         let result = tokio::select! {
-            r = run => Some(r),
-            _ = async {
-                let _ = stop_timer.wait_for(|s| *s).await;
-                tokio::time::sleep(config.worker.shutdown_timeout).await;
-            } => None,
+            r = run.as_mut() => Some(r),
+            _ = stopping => None,
+        };
+        let Some(result) = result else {
+            if ctx.is_pending() {
+                // Never polled, so never started: nothing to drain.
+                return Stopped::Drained;
+            }
+            // The worker is driven all along: it is what writes the acks of
+            // the tasks that end meanwhile.
+            let graceful = async {
+                tokio::select! {
+                    r = run.as_mut() => r,
+                    _ = drain::stop(&ctx, &drain) => run.as_mut().await,
+                }
+            };
+            return match tokio::time::timeout(config.worker.shutdown_timeout, graceful).await {
+                Ok(Ok(())) => Stopped::Drained,
+                Ok(Err(e)) => {
+                    // Its tasks run on (they are detached), but their acks
+                    // are lost: they come back after recover_after.
+                    warn!(worker = %name, error = %e, running = drain.outstanding(), "worker stopped on an error while draining");
+                    Stopped::TimedOut
+                }
+                Err(_) => Stopped::TimedOut,
+            };
         };
         if *stop.borrow() {
-            return;
+            return Stopped::Drained;
         }
         health.worker.store(0, Ordering::Relaxed);
         match result {
-            Some(Err(e)) => {
+            Err(e) => {
                 error!(worker = %name, error = %e, backoff_ms = backoff.as_millis() as u64, "worker stopped on an error; restarting")
             }
-            _ => warn!(worker = %name, "worker stopped; restarting"),
+            Ok(()) => warn!(worker = %name, "worker stopped; restarting"),
         }
         if started.elapsed() > Duration::from_secs(60) {
             backoff = Duration::from_millis(250);
         }
         tokio::select! {
-            _ = stop.wait_for(|s| *s) => return,
+            _ = stop.wait_for(|s| *s) => return Stopped::Drained,
             _ = tokio::time::sleep(backoff) => {}
         }
         backoff = (backoff * 2).min(Duration::from_secs(30));

@@ -25,7 +25,7 @@ use tracing::{info, warn};
 
 pub use health::Health;
 pub use health::STALE_AFTER;
-pub(crate) use metrics::recorder;
+pub(crate) use metrics::{GaugeReads, recorder};
 pub use notify::Notifier;
 
 use crate::queue::Queue;
@@ -45,12 +45,28 @@ pub(crate) struct OpsState {
     pub(crate) stats: Arc<Stats>,
     /// Whether a Redis that may evict keys makes the daemon not ready.
     pub(crate) unsafe_eviction: crate::config::UnsafeEviction,
+    /// When `/metrics` last read its gauges from Redis.
+    pub(crate) gauge_reads: Arc<GaugeReads>,
 }
 
 /// Takes the metrics address, before anything else starts: an address this
 /// host cannot listen on is said at once, not after waiting for Redis.
+/// Warns when it is reachable from other hosts: the endpoints have no
+/// authentication.
 pub(crate) async fn bind(listen: SocketAddr) -> std::io::Result<TcpListener> {
+    if let Some(why) = exposed(listen) {
+        warn!(addr = %listen, "{why}");
+    }
     TcpListener::bind(listen).await
+}
+
+/// Why serving the endpoints on `listen` deserves a warning, if it does:
+/// any address but loopback lets other hosts read them, and nothing
+/// authenticates a scrape (`check` says the same).
+pub fn exposed(listen: SocketAddr) -> Option<&'static str> {
+    (!listen.ip().is_loopback()).then_some(
+        "metrics listen beyond loopback, without authentication: any host that reaches it reads credential names, quota usage and queue depth from /metrics; bind 127.0.0.1 (the default) behind a proxy that authenticates, or firewall the port",
+    )
 }
 
 /// Serves `/metrics`, `/healthz`, `/readyz` on `listener` until `stop`.

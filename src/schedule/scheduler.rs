@@ -1,18 +1,24 @@
 //! The scheduler loop: fires each job's cron ticks and fans them out into
 //! the queue. Several daemons may run it on one Redis: each tick is claimed
-//! once ([`Queue::enqueue_tick`]), so exactly one fans it out.
+//! once (its first chunk, [`Queue::fan_out_chunk`]), so exactly one fans it
+//! out; a fan-out whose daemon died part-way is finished by another (or by
+//! the same one restarted) once its lease runs out ([`Scheduler::resume`]).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
 use tokio::sync::watch;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
-use super::{next_fires, tick_tasks};
+use super::source::SourceError;
+use super::{FanOutCause, Fanned, TickItems, next_fires, queue_tick};
 use crate::config::{Config, Job};
 use crate::ops::Health;
-use crate::queue::{Origin, Queue};
+use crate::queue::{Origin, Queue, TakeOver, TickFanOut};
+
+/// How often a daemon looks for fan-outs whose enqueuer died.
+const RESUME_EVERY: Duration = Duration::from_secs(5);
 
 /// What every job's loop shares.
 #[derive(Clone)]
@@ -29,9 +35,12 @@ impl Scheduler {
     /// Runs one loop per job until `stop`. Only the next tick after now is
     /// ever fired: a daemon that was down does not replay the ticks it missed.
     pub(crate) async fn run(self, config: Arc<Config>) {
-        let loops: Vec<_> = (config.jobs.values())
+        let mut loops: Vec<_> = (config.jobs.values())
             .map(|job| tokio::spawn(self.clone().job_loop(job.clone())))
             .collect();
+        if !loops.is_empty() {
+            loops.push(tokio::spawn(self.clone().resume(config.clone())));
+        }
         if loops.is_empty() {
             // No jobs: stay alive for the watchdog, as a pure worker.
             let mut stop = self.stop.clone();
@@ -71,29 +80,70 @@ impl Scheduler {
         }
     }
 
-    /// Claims the tick and queues its tasks. A failed claim is retried
-    /// briefly: another daemon may win meanwhile, and then this one stands
-    /// down. Shutdown cuts the attempts short, even one stuck on a Redis that
-    /// does not answer: the claim is one script, it happened or not. Returns
-    /// false on shutdown.
+    /// Reads the job's items, claims the tick and queues its tasks in
+    /// chunks. A source that cannot be read fans out nothing (logged and
+    /// counted). A chunk that fails is retried briefly (each is idempotent,
+    /// so the fan-out goes on where it stopped); another daemon may win the
+    /// claim meanwhile, and then this one stands down. Shutdown cuts it
+    /// short, even mid-fan-out: the rest is taken over once the lease runs
+    /// out. Returns false on shutdown.
     async fn fan_out(&mut self, job: &Job, tick: i64) -> bool {
-        let tasks = tick_tasks(job, tick, Origin::Tick);
+        let read = tokio::select! {
+            _ = self.stop.wait_for(|s| *s) => return false,
+            r = TickItems::read_async(job) => r,
+        };
+        let mut items = match read {
+            Ok(items) => items,
+            Err(e) => {
+                source_failed(job, tick, &e);
+                return true;
+            }
+        };
+        refused_rows(&items, tick);
+        self.queue_items(&mut items, tick, Origin::Tick, 0).await
+    }
+
+    /// Queues `items` from `start` on; false on shutdown.
+    async fn queue_items(
+        &mut self,
+        items: &mut TickItems<'_>,
+        tick: i64,
+        origin: Origin,
+        mut start: u64,
+    ) -> bool {
+        let name = items.job().name.clone();
+        let who = self.who.clone();
+        let fan = TickFanOut {
+            job: &name,
+            tick,
+            origin,
+            who: &who,
+        };
         for attempt in 0..5 {
-            let claimed = tokio::select! {
+            let r = tokio::select! {
                 _ = self.stop.wait_for(|s| *s) => return false,
-                r = self.queue.enqueue_tick(&job.name, tick, &tasks, &self.who) => r,
+                r = queue_tick(&self.queue, items, &fan, start, |_| {}) => r,
             };
-            match claimed {
-                Ok(Some(n)) => {
-                    info!(job = %job.name, tick, tasks = n, "tick fanned out");
+            match r {
+                Ok(Fanned::Queued(n)) => {
+                    info!(job = %name, tick, tasks = n, from = start, "tick fanned out");
                     return true;
                 }
-                Ok(None) => {
-                    debug!(job = %job.name, tick, "tick already fanned out by another daemon");
+                Ok(Fanned::Taken { by, queued }) => {
+                    debug!(job = %name, tick, by, ?queued, "tick fanned out by another enqueuer");
                     return true;
                 }
                 Err(e) => {
-                    warn!(job = %job.name, tick, attempt, error = %e, "could not fan the tick out; retrying");
+                    let retry = matches!(e.cause, FanOutCause::Queue(_)) && attempt < 4;
+                    warn!(
+                        job = %name, tick, attempt, queued = e.queued, total = e.total, error = %e.cause,
+                        "could not fan the tick out; {}",
+                        if retry { "retrying" } else { "a daemon takes the rest over when its lease runs out" }
+                    );
+                    if !retry {
+                        return true;
+                    }
+                    start = e.queued;
                     tokio::select! {
                         _ = self.stop.wait_for(|s| *s) => return false,
                         _ = tokio::time::sleep(Duration::from_millis(500 << attempt)) => {}
@@ -103,4 +153,65 @@ impl Scheduler {
         }
         true
     }
+
+    /// Finishes cron ticks' fan-outs whose enqueuer went silent (died,
+    /// stopped, lost Redis for longer than its retries): every
+    /// [`RESUME_EVERY`], each one whose lease ran out is taken over and
+    /// queued on from where it stopped, with the source as it reads now.
+    /// `trigger`'s own fan-outs are left to `trigger` run again.
+    async fn resume(mut self, config: Arc<Config>) {
+        loop {
+            tokio::select! {
+                _ = self.stop.wait_for(|s| *s) => return,
+                _ = tokio::time::sleep(RESUME_EVERY) => {}
+            }
+            let (Ok(list), Ok(now)) = (
+                self.queue.unfinished_fan_outs().await,
+                self.queue.redis_now_ms().await,
+            ) else {
+                continue;
+            };
+            for (name, tick, lease_end) in list {
+                let Some(job) = config.jobs.get(&name).filter(|_| lease_end <= now) else {
+                    continue;
+                };
+                let taken = self
+                    .queue
+                    .take_over(&name, tick, &self.who, Some(Origin::Tick));
+                let Ok(TakeOver::Taken { next, origin }) = taken.await else {
+                    continue;
+                };
+                info!(job = %name, tick, from = next, "taking over a fan-out whose enqueuer went silent");
+                let mut items = match TickItems::read_async(job).await {
+                    Ok(items) => items,
+                    Err(e) => {
+                        source_failed(job, tick, &e);
+                        continue;
+                    }
+                };
+                if !self.queue_items(&mut items, tick, origin, next).await {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// A tick whose source cannot be read fans out nothing: said and counted.
+fn source_failed(job: &Job, tick: i64, e: &SourceError) {
+    error!(job = %job.name, tick, error = %e, "fan-out source cannot be read: this tick fans out nothing");
+    metrics::counter!("qw_fan_out_errors_total", "qw_job" => job.name.clone()).increment(1);
+}
+
+/// Rows skipped for a bad value: said (the first few) and counted.
+fn refused_rows(items: &TickItems<'_>, tick: i64) {
+    let Some(refused) = items.refused() else {
+        return;
+    };
+    let job = &items.job().name;
+    error!(
+        job = %job, tick, refused = refused.count, examples = %refused.examples.join("; ").escape_debug(),
+        "fan-out rows refused (skipped): values must be non-empty text without control characters"
+    );
+    metrics::counter!("qw_fan_out_errors_total", "qw_job" => job.clone()).increment(1);
 }

@@ -1,6 +1,7 @@
 //! The item lock (`lua/item_lock.lua`): one task at a time per job fan-out
 //! item. Claimed before the first spend (in the same round trip: whether the
-//! task already ended, the item's checkpoint, its newest completed tick),
+//! task already ended, the item's checkpoint, its newest completed tick, what
+//! its last complete run left for the next one, and the Redis clock),
 //! renewed in the background while the task runs, released when it ends.
 
 use std::sync::LazyLock;
@@ -14,6 +15,7 @@ use super::guards::Renewer;
 use crate::config::Job;
 use crate::conn::Lua;
 use crate::keys::KeySpace;
+use crate::paging::Validators;
 use crate::queue::TaskArgs;
 
 static ITEM_LOCK: LazyLock<Lua> =
@@ -25,12 +27,22 @@ pub(super) enum Claim {
     AlreadyDone,
     /// Another task holds the item (or a dead one's lock has yet to expire).
     Busy,
-    /// Ours: where the item's interrupted run stands, and the newest tick
-    /// whose run completed the item.
-    Held {
-        saved: Option<Checkpoint>,
-        ran: Option<i64>,
-    },
+    /// Ours, and what the item's state in Redis is.
+    Held(Box<Found>),
+}
+
+/// What a claim found of the item's state.
+pub(super) struct Found {
+    /// Where the item's interrupted run stands.
+    pub(super) saved: Option<Checkpoint>,
+    /// The newest tick whose run completed the item.
+    pub(super) ran: Option<i64>,
+    /// When the item's last complete run started (epoch s): `{since}`.
+    pub(super) since: Option<i64>,
+    /// The validators of that run's page 1.
+    pub(super) validators: Option<Validators>,
+    /// The Redis clock at the claim (epoch s): this run's start.
+    pub(super) now: i64,
 }
 
 /// One task's hold on one item.
@@ -65,6 +77,8 @@ impl ItemLock {
             .key(keys.task_done(&task.root))
             .key(keys.cursor(&job.name, &item))
             .key(keys.item_ran(&job.name, &item))
+            .key(keys.since(&job.name, &item))
+            .key(keys.validators(&job.name, &item))
             .arg("claim")
             .arg(&self.value)
             .arg(self.ttl.as_millis() as u64)
@@ -72,10 +86,15 @@ impl ItemLock {
             .await?;
         Ok(match reply.as_slice() {
             [state] if state == "0" => Claim::AlreadyDone,
-            [_, saved, ran] => Claim::Held {
+            [_, saved, ran, since, validators, now] => Claim::Held(Box::new(Found {
                 saved: serde_json::from_str::<Checkpoint>(saved).ok(),
                 ran: ran.parse::<i64>().ok(),
-            },
+                since: since.parse::<i64>().ok(),
+                validators: serde_json::from_str::<Validators>(validators).ok(),
+                now: now
+                    .parse::<i64>()
+                    .unwrap_or_else(|_| chrono::Utc::now().timestamp()),
+            })),
             _ => Claim::Busy,
         })
     }

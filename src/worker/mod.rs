@@ -9,9 +9,12 @@
 //! waiting for quota never uses an attempt.
 //!
 //! Redis holds the state that must survive this process: the item's
-//! pagination checkpoint (`keys::cursor`), a lock so two tasks never work on
-//! one item at once (`keys::item_lock`), and a done marker so a redelivered
-//! task does nothing (`keys::task_done`).
+//! pagination checkpoint (`keys::cursor`, which never holds the secret), a
+//! lock so two tasks never work on one item at once (`keys::item_lock`), a
+//! done marker so a redelivered task does nothing (`keys::task_done`), and
+//! what the item's last complete run leaves for its next one: its start,
+//! the next `{since}` (`keys::since`), and page 1's `ETag` / `Last-Modified`
+//! on a conditional endpoint (`keys::validators`).
 //!
 //! - this file: a task's frame — claim the item, run, record the outcome;
 //! - `page`: the pages, one step at a time, one short arm per upstream answer;
@@ -37,6 +40,7 @@ use crate::conn::Lua;
 use crate::fetch::Fetcher;
 use crate::keys::KeySpace;
 use crate::outcome::{Outcome, OutcomeEvent, OutcomeKind};
+use crate::paging::{Stored, Validators};
 use crate::queue::{Origin, Queue, QueueError, TaskArgs};
 use crate::quota::Limiter;
 use crate::sink::Sinks;
@@ -47,6 +51,12 @@ pub(crate) use spend::LocalBlocks;
 
 /// How long pagination checkpoints are kept when nothing resumes them.
 const CHECKPOINT_TTL: Duration = Duration::from_secs(7 * 86_400);
+/// How long what an item's last complete run leaves for its next one is
+/// kept (`{since}`, the validators), refreshed by every complete run. Losing
+/// `{since}` silently narrows the next run to `since_initial`, so it must
+/// outlive any gap between two complete runs of a live item, a yearly job's
+/// included; an item dropped from the fan-out frees its keys after this.
+const ITEM_STATE_TTL: Duration = Duration::from_secs(400 * 86_400);
 /// How long "this task already ended" is remembered (covers redelivery).
 const DONE_TTL: Duration = Duration::from_secs(86_400);
 /// The item lock's longest lifetime; renewed every third of it while the
@@ -58,15 +68,37 @@ const BUSY_RETRY: Duration = Duration::from_secs(2);
 
 static FINISH: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../../lua/finish.lua")));
 
-/// Where the next page of an item's run starts.
+/// Where the next page of an item's run starts. Holds no secret: a cursor
+/// or next URL that held one holds its placeholder instead.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Checkpoint {
     /// The tick whose run this is.
     pub(crate) tick: i64,
     /// The next page's number (1 = first).
     pub(crate) page: u32,
-    /// The cursor to send for it (none for page 1).
-    pub(crate) token: Option<String>,
+    /// The cursor or next URL to send for it (none for page 1, and for
+    /// `style = "page"`, which counts).
+    pub(crate) token: Option<Stored>,
+    /// The page this run started at: 1, or where it went on from a run
+    /// that stopped at `max_pages` (`continue = true`). `max_pages` counts
+    /// from here, a resumed run included.
+    #[serde(default = "first_page")]
+    pub(crate) first: u32,
+    /// The run's `{since}` (epoch s): a resumed or continued run keeps it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) since: Option<i64>,
+    /// When the run started (epoch s): the next run's `{since}` once this
+    /// one is complete.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) started: Option<i64>,
+    /// Page 1's validators, kept until the run is complete (only a complete
+    /// run may make the next one conditional: a 304 ends it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) validators: Option<Validators>,
+}
+
+fn first_page() -> u32 {
+    1
 }
 
 /// Everything a task needs; shared by all of one daemon's tasks.
@@ -134,8 +166,8 @@ impl Worker {
         };
         let mut conn = self.conn.clone();
         let lock = ItemLock::new(self.keys(), job, task, self.lock_ttl());
-        let (saved, ran) = match lock.claim(&mut conn, self.keys(), job, task).await? {
-            Claim::Held { saved, ran } => (saved, ran),
+        let found = match lock.claim(&mut conn, self.keys(), job, task).await? {
+            Claim::Held(found) => found,
             Claim::AlreadyDone => return Ok(Ran::Skipped(Skip::AlreadyDone)),
             Claim::Busy => {
                 // Come back shortly, as the same step.
@@ -150,7 +182,7 @@ impl Worker {
             // Undone when this block ends, however it ends (guards.rs).
             let _renewer = lock.keep_renewed(self.conn.clone());
             let _in_flight = InFlight::enter(&self.stats.in_flight);
-            self.run_held(task, job, saved, ran).await
+            self.run_held(task, job, *found).await
         };
         let unlock = lock.release(&mut conn).await;
         let outcome = result?;
@@ -252,6 +284,7 @@ fn log_outcome(task: &TaskArgs, job: Option<&Job>, o: &Outcome) {
                 retry_after_ms,
                 requeued_in_ms,
                 status = o.status,
+                not_modified = o.not_modified.then_some(true),
                 "{}",
                 o.detail
             )

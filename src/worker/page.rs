@@ -6,6 +6,13 @@
 //! new kind is one more arm there, ending the task through one of the
 //! helpers below (`fail`, `retry`, `wait_for_quota`) or going on with the
 //! next page.
+//!
+//! Where the next page is comes from the answer (`fetch` reads it, by the
+//! job's pagination style, before the body is scrubbed) or, for
+//! `style = "page"`, from counting. A run is complete when no page is left:
+//! only then do `{since}` and the validators move on ([`Worker::complete`]);
+//! a run that stops at `max_pages` with `continue = true` keeps its
+//! checkpoint for the item's next run instead.
 
 use std::time::Duration;
 
@@ -14,13 +21,16 @@ use redis::AsyncCommands;
 use serde_json::Value;
 use tracing::info;
 
+use super::lock::Found;
 use super::spend::{Admission, Spent};
-use super::{CHECKPOINT_TTL, Checkpoint, TaskError, Worker};
-use crate::config::{Endpoint, Job, OnQuotaExhausted, Secret, fmt_duration};
-use crate::fetch::{Placeholders, Reply, Request, UpstreamQuota};
+use super::{CHECKPOINT_TTL, Checkpoint, ITEM_STATE_TTL, TaskError, Worker};
+use crate::config::{Endpoint, Job, OnQuotaExhausted, PageStyle, Secret, fmt_duration};
+use crate::fetch::{BuildError, PageAt, Placeholders, Reply, Request, UpstreamQuota};
 use crate::outcome::{Outcome, OutcomeKind};
+use crate::paging::{Next, Stored, Validators};
 use crate::queue::{Origin, QueueError, TaskArgs};
 use crate::quota::QuotaError;
+use crate::sink::SinkError;
 use crate::stats::Stats;
 
 /// Where a run is: its checkpoint's key and tick, the next page, and what
@@ -29,7 +39,15 @@ pub(super) struct Progress {
     cursor_key: String,
     tick: i64,
     pub(super) page: u32,
-    token: Option<String>,
+    /// The cursor or next URL for `page`, in stored form.
+    token: Option<Stored>,
+    /// The page this run started at (`Checkpoint::first`).
+    first: u32,
+    /// The run's `{since}` and its start, epoch s (`Checkpoint`).
+    since: i64,
+    started: i64,
+    /// Page 1's validators, stored when the run is complete.
+    held: Option<Validators>,
     /// A same-origin redirect the upstream answered this page with: the
     /// page's next request, spent like any other (`fetch::MAX_REDIRECTS`).
     redirect: Option<Box<Request>>,
@@ -65,6 +83,43 @@ pub(super) struct Run<'a> {
     pub(super) endpoint: &'a Endpoint,
     secret: Secret,
     max_pages: u32,
+    /// `continue = true`.
+    continues: bool,
+    /// The validators of the item's last complete run, sent with page 1.
+    validators: Option<Validators>,
+    /// Where a complete run leaves its start and its page 1's validators.
+    since_key: String,
+    validators_key: String,
+}
+
+impl Run<'_> {
+    /// The last page this run may fetch: `max_pages` from the page it
+    /// started at.
+    fn last_page(&self, p: &Progress) -> u32 {
+        p.first.saturating_add(self.max_pages - 1)
+    }
+}
+
+/// What a fetched page says comes after it.
+enum Onward {
+    /// Nothing: the run is complete.
+    Last,
+    /// Another page, with the cursor or next URL that asks for it (none
+    /// for `style = "page"`, which counts).
+    To(Option<Stored>),
+}
+
+/// What comes after a fetched page, by the job's style: `style = "page"`
+/// ends at the first page with no records, the others where the answer
+/// names no next page. `Err` is a bad response.
+fn onward(job: &Job, next: Next, written: usize) -> Result<Onward, String> {
+    match (job.pagination.as_ref().map(|p| &p.style), next) {
+        (Some(PageStyle::Page { .. }), _) if written == 0 => Ok(Onward::Last),
+        (Some(PageStyle::Page { .. }), _) => Ok(Onward::To(None)),
+        (None, _) | (Some(_), Next::End) => Ok(Onward::Last),
+        (Some(_), Next::At(token)) => Ok(Onward::To(Some(token))),
+        (Some(_), Next::Bad(why)) => Err(why),
+    }
 }
 
 /// Where this run starts, or why it does not run at all (it is superseded).
@@ -89,6 +144,10 @@ fn start_at(
             tick: task.tick,
             page: 1,
             token: None,
+            first: 1,
+            since: None,
+            started: None,
+            validators: None,
         }),
         (true, Some(cp)) if cp.tick == task.tick => Ok(cp),
         (true, _) => Err("a newer tick's task took over this item's run"),
@@ -100,6 +159,7 @@ fn start_at(
 fn reported_cost(reply: &Reply) -> Option<u64> {
     match reply {
         Reply::Ok { actual_cost, .. }
+        | Reply::NotModified { actual_cost, .. }
         | Reply::Throttled { actual_cost, .. }
         | Reply::ServerError { actual_cost, .. }
         | Reply::ClientError { actual_cost, .. }
@@ -113,26 +173,17 @@ fn reported_cost(reply: &Reply) -> Option<u64> {
     }
 }
 
-/// The next page's token in a page's body, if the job pages and there is one.
-fn next_token(job: &Job, body: &Value) -> Option<String> {
-    let pagination = job.pagination.as_ref()?;
-    body.pointer(&pagination.cursor)
-        .and_then(Value::as_str)
-        .filter(|s| !s.is_empty())
-        .map(str::to_owned)
-}
-
 impl Worker {
     /// Runs the task's pages while it holds its item, and records the outcome.
     pub(super) async fn run_held(
         &self,
         task: &TaskArgs,
         job: &Job,
-        saved: Option<Checkpoint>,
-        ran: Option<i64>,
+        found: Found,
     ) -> Result<Outcome, TaskError> {
         let item = task.item_key();
-        let start = match start_at(task, saved, ran) {
+        let ran = found.ran;
+        let start = match start_at(task, found.saved, ran) {
             Ok(start) => start,
             Err(why) => {
                 let outcome = Outcome::new(OutcomeKind::Superseded, 0, why);
@@ -151,12 +202,23 @@ impl Worker {
                 .cloned()
                 .unwrap_or_else(|| Secret::new("")),
             max_pages: job.max_pages(),
+            continues: job.pagination.as_ref().is_some_and(|p| p.continues),
+            validators: found.validators.filter(|_| endpoint.conditional),
+            since_key: self.keys().since(&job.name, &item),
+            validators_key: self.keys().validators(&job.name, &item),
         };
+        // A resumed or continued run keeps the `{since}` it started with.
+        let initial = i64::try_from(job.since_initial.as_secs()).unwrap_or(i64::MAX);
+        let since = (start.since.or(found.since)).unwrap_or(found.now.saturating_sub(initial));
         let mut p = Progress {
             cursor_key: self.keys().cursor(&job.name, &item),
             tick: task.tick,
             page: start.page,
             token: start.token,
+            first: start.first,
+            since,
+            started: start.started.unwrap_or(found.now),
+            held: start.validators,
             redirect: None,
             pages: 0,
             records: 0,
@@ -182,27 +244,31 @@ impl Worker {
     /// One page (or one hop of a page's redirect): build the request,
     /// spend, send, and what the answer leads to.
     async fn step(&self, run: &Run<'_>, mut p: Progress) -> Result<Step, TaskError> {
-        if p.page > run.max_pages {
+        if p.page > run.last_page(&p) {
             // A checkpoint past max_pages (lowered since): the run is complete.
-            return self.complete(&p, "max_pages reached").await;
+            return Ok(Step::End(
+                self.complete(run, &p, "max_pages reached").await?,
+            ));
         }
         // Built before the spend: a request that cannot be built (a control
-        // character in an item, an unsendable header) is never sent, so
-        // nothing is spent for it.
+        // character in an item, an unsendable header, a next page on another
+        // origin) is never sent, so nothing is spent for it.
         let now = Utc::now();
         let request = match p.redirect.take() {
             Some(next) => *next,
-            None => {
-                let ph = Placeholders::new(run.job, &run.task.item, &run.secret, now);
-                match self.fetcher.request(run.job, &ph, p.token.as_deref()) {
-                    Ok(r) => r,
-                    Err(e) => {
-                        let why = format!("request not sent: {e}");
-                        return Ok(Step::End(self.fail(&p, None, &why).await?));
-                    }
+            None => match self.build(run, &p, now) {
+                Ok(r) => r,
+                Err(e) => {
+                    let why = format!("request not sent: {e}");
+                    return Ok(Step::End(self.fail(&p, None, &why).await?));
                 }
-            }
+            },
         };
+        // A sink that could take no page here, not even into the spool,
+        // gets no page fetched for it until it can (sink.rs).
+        if let Err(e) = self.sinks.ready(run.job, &run.task.item, now).await {
+            return Ok(Step::End(self.sink_stuck(&p, &e).await?));
+        }
         let spent = match self.spend(run, &p).await? {
             Admission::Spent(spent) => spent,
             Admission::Refused(outcome) => return Ok(Step::End(outcome)),
@@ -212,9 +278,37 @@ impl Worker {
         Stats::add(&self.stats.units, cost);
 
         let reply = self.fetcher.send(run.endpoint, &request).await;
-        self.settle_reported(run.endpoint, &spent, reported_cost(&reply), &mut p)
+        // A 304 the upstream did not price costs the endpoint's `not_modified_cost`.
+        let reported = match &reply {
+            Reply::NotModified {
+                actual_cost: None, ..
+            } => Some(run.endpoint.not_modified_cost),
+            other => reported_cost(other),
+        };
+        self.settle_reported(run.endpoint, &spent, reported, &mut p)
             .await;
         self.answer(run, p, &spent, reply, now).await
+    }
+
+    /// The request for the run's next page: its cursor or next URL, or its
+    /// number; page 1 conditional on the last complete run's validators.
+    fn build(
+        &self,
+        run: &Run<'_>,
+        p: &Progress,
+        now: DateTime<Utc>,
+    ) -> Result<Request, BuildError> {
+        let since = DateTime::from_timestamp(p.since, 0).unwrap_or(now);
+        let ph = Placeholders::new(run.job, &run.task.item, &run.secret, now, since);
+        let at = match &p.token {
+            Some(token) => PageAt::After(token),
+            None => PageAt::Number(p.page),
+        };
+        let request = self.fetcher.request(run.job, &ph, at)?;
+        Ok(match &run.validators {
+            Some(v) if p.page == 1 => request.conditional(v),
+            _ => request,
+        })
     }
 
     /// What an upstream answer leads to: one arm per kind of answer.
@@ -227,8 +321,27 @@ impl Worker {
         now: DateTime<Utc>,
     ) -> Result<Step, TaskError> {
         let end = match reply {
-            Reply::Ok { body, upstream, .. } => {
-                return self.page_fetched(run, p, &body, upstream, now).await;
+            Reply::Ok {
+                body,
+                next,
+                validators,
+                upstream,
+                ..
+            } => {
+                if p.page == 1 && run.endpoint.conditional {
+                    p.held = Some(validators).filter(|v| !v.is_empty());
+                }
+                return self.page_fetched(run, p, &body, next, upstream, now).await;
+            }
+            // Nothing changed since the item's last complete run: this run
+            // is complete too, with nothing written; its validators stay.
+            Reply::NotModified { status, .. } => {
+                p.held = run.validators.clone();
+                let why = "not modified: the upstream answered 304 to the conditional request";
+                let mut o = self.complete(run, &p, why).await?;
+                o.status = Some(status);
+                o.not_modified = true;
+                o
             }
             Reply::Throttled {
                 status,
@@ -289,6 +402,7 @@ impl Worker {
         run: &Run<'_>,
         mut p: Progress,
         body: &Value,
+        next: Next,
         upstream: Option<UpstreamQuota>,
         now: DateTime<Utc>,
     ) -> Result<Step, TaskError> {
@@ -298,36 +412,53 @@ impl Worker {
             info!(credential = %run.endpoint.credential, blocked_ms = u.reset_in.as_millis() as u64,
                   "upstream reports its quota spent; credential blocked until its reset");
         }
-        match self.sinks.write(run.job, &run.task.item, body, now).await {
-            Ok(n) => {
-                p.records += n as u64;
-                Stats::add(&self.stats.records, n as u64);
-            }
+        let written = match self.sinks.write(run.job, &run.task.item, body, now).await {
+            Ok(n) => n,
             Err(e) if e.is_bad_response() => {
                 let why = format!("bad response: {e}");
                 return Ok(Step::End(self.fail(&p, Some(200), &why).await?));
             }
-            Err(e) => {
-                let why = format!("sink: {e}");
-                return Ok(Step::End(self.retry(run, &p, None, &why).await?));
-            }
-        }
+            // Neither written nor spooled: fetching it again now would only
+            // spend again, so the run waits for an operator.
+            Err(e) => return Ok(Step::End(self.sink_stuck(&p, &e).await?)),
+        };
+        p.records += written as u64;
+        Stats::add(&self.stats.records, written as u64);
         p.pages += 1;
         Stats::add(&self.stats.pages, 1);
-        match next_token(run.job, body) {
-            Some(token) if p.token.as_deref() == Some(token.as_str()) => {
+        let end = match onward(run.job, next, written) {
+            Err(why) => {
+                self.fail(&p, Some(200), &format!("bad response: {why}"))
+                    .await?
+            }
+            Ok(Onward::Last) => self.complete(run, &p, "all pages fetched").await?,
+            Ok(Onward::To(token)) if token.is_some() && token == p.token => {
                 // The same page again, for ever: each one spent.
-                let why = "cursor repeated: the upstream sent the page token it was given";
-                Ok(Step::End(self.fail(&p, Some(200), why).await?))
+                let why = "cursor repeated: the upstream pointed at the page it just answered";
+                self.fail(&p, Some(200), why).await?
             }
-            Some(token) if p.page < run.max_pages => {
+            Ok(Onward::To(token)) if p.page < run.last_page(&p) => {
                 p.page += 1;
-                p.token = Some(token);
+                p.token = token;
                 self.save(&p).await?;
-                Ok(Step::Next(p))
+                return Ok(Step::Next(p));
             }
-            _ => self.complete(&p, "all pages fetched").await,
-        }
+            Ok(Onward::To(token)) if run.continues => {
+                // This run is done; the item's next one goes on from here.
+                let mut o = p.outcome(OutcomeKind::Done, "");
+                p.page += 1;
+                p.first = p.page;
+                p.token = token;
+                self.save(&p).await?;
+                o.detail = format!(
+                    "max_pages reached; the item's next run goes on at page {}",
+                    p.page
+                );
+                o
+            }
+            Ok(Onward::To(_)) => self.complete(run, &p, "max_pages reached").await?,
+        };
+        Ok(Step::End(end))
     }
 
     /// The upstream refuses the credential for a while: block it for every
@@ -353,10 +484,28 @@ impl Worker {
         Ok(o)
     }
 
-    /// The run is complete: its checkpoint goes.
-    async fn complete(&self, p: &Progress, why: &str) -> Result<Step, TaskError> {
-        self.conn.clone().del::<_, ()>(&p.cursor_key).await?;
-        Ok(Step::End(p.outcome(OutcomeKind::Done, why)))
+    /// The run is complete: its checkpoint goes, and what the item's next
+    /// run needs stays: when this run started (its `{since}`) and, on a
+    /// conditional endpoint, page 1's validators (or none, if it had none).
+    async fn complete(&self, run: &Run<'_>, p: &Progress, why: &str) -> Result<Outcome, TaskError> {
+        let ttl = ITEM_STATE_TTL.as_secs();
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .del(&p.cursor_key)
+            .ignore()
+            .set_ex(&run.since_key, p.started, ttl)
+            .ignore();
+        if run.endpoint.conditional {
+            match &p.held {
+                Some(v) => {
+                    let json = serde_json::to_string(v).map_err(QueueError::from)?;
+                    pipe.set_ex(&run.validators_key, json, ttl).ignore()
+                }
+                None => pipe.del(&run.validators_key).ignore(),
+            };
+        }
+        pipe.query_async::<()>(&mut self.conn.clone()).await?;
+        Ok(p.outcome(OutcomeKind::Done, why))
     }
 
     /// A failure the response itself caused (a 4xx such as a stale page
@@ -374,12 +523,28 @@ impl Worker {
         Ok(o)
     }
 
+    /// The sink can take no page (not even into the spool): end `failed`
+    /// with the checkpoint kept at this page, so it is fetched again only
+    /// once the sink or the spool can be written, never retried before.
+    async fn sink_stuck(&self, p: &Progress, e: &SinkError) -> Result<Outcome, TaskError> {
+        self.save(p).await?;
+        let why = format!(
+            "sink: {e}; nothing more is fetched for this job here until its sink or spool can be written, then the item resumes at page {}",
+            p.page
+        );
+        Ok(p.outcome(OutcomeKind::Failed, why))
+    }
+
     /// Checkpoints the run: the next run of the item resumes at `p.page`.
     async fn save(&self, p: &Progress) -> Result<(), TaskError> {
         let cp = Checkpoint {
             tick: p.tick,
             page: p.page,
             token: p.token.clone(),
+            first: p.first,
+            since: Some(p.since),
+            started: Some(p.started),
+            validators: p.held.clone(),
         };
         let json = serde_json::to_string(&cp).map_err(QueueError::from)?;
         self.conn
@@ -482,7 +647,11 @@ mod tests {
         Checkpoint {
             tick,
             page,
-            token: Some(format!("t{page}")),
+            token: Some(Stored::new(format!("t{page}"))),
+            first: 1,
+            since: None,
+            started: None,
+            validators: None,
         }
     }
 

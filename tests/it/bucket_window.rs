@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use quota_worker::config::Config;
-use quota_worker::quota::{Decision, RejectedBy, Rejection, request_id};
+use quota_worker::quota::{RejectedBy, request_id};
 
 use crate::support::{self, RedisServer, TestConfig, machine};
 
@@ -30,13 +30,6 @@ windows = [{ kind = "bucket", units = 10, per = "1s" }, { units = 15, per = "1h"
 credential = "both"
 cost = 1
 "#;
-
-fn rejected(d: Decision) -> Rejection {
-    match d {
-        Decision::Rejected(r) => r,
-        other => panic!("expected a rejection, got {other:?}"),
-    }
-}
 
 /// The level drains from the first spend of the burst on: a retry-after of
 /// `full` ms from then, asked `elapsed` ms later, is `full - elapsed`, within
@@ -71,7 +64,7 @@ async fn a_bucket_admits_its_burst_then_refills_at_its_rate_with_exact_retry_aft
         .expect("the first spend's time");
     let ms_since = |t: i64| (t - start) / 1000;
     let before = server.time_us();
-    let r = rejected(limiter.spend("gql", None, "x1").await.expect("spend"));
+    let r = support::rejected(limiter.spend("gql", None, "x1").await.expect("spend"));
     let after = server.time_us();
     assert_eq!(r.by, RejectedBy::Window(1));
     assert_eq!(r.remaining, 0);
@@ -85,7 +78,7 @@ async fn a_bucket_admits_its_burst_then_refills_at_its_rate_with_exact_retry_aft
 
     // Cost 3 waits for three units to refill: 300 ms.
     let before = server.time_us();
-    let r3 = rejected(limiter.spend("gql", Some(3), "x3").await.expect("spend"));
+    let r3 = support::rejected(limiter.spend("gql", Some(3), "x3").await.expect("spend"));
     let after = server.time_us();
     assert_refill(
         r3.retry_after.as_millis(),
@@ -102,26 +95,22 @@ async fn a_bucket_admits_its_burst_then_refills_at_its_rate_with_exact_retry_aft
         !early.is_allowed() || server.time_us() >= at - 1_000,
         "40 ms before the retry-after, 3 units have not refilled: {early:?}"
     );
-    server.sleep_until_us(at + 1_000);
-    let d = limiter
-        .spend("gql", Some(3), "on-time")
-        .await
-        .expect("spend");
-    assert!(d.is_allowed(), "{d:?}");
+    // A loaded machine may run the early probe late, past `at`: then it took
+    // the 3 units itself, at its time, which is the promise.
+    if !early.is_allowed() {
+        server.sleep_until_us(at + 1_000);
+        let d = limiter
+            .spend("gql", Some(3), "on-time")
+            .await
+            .expect("spend");
+        assert!(d.is_allowed(), "{d:?}");
+    }
 
     // Refill never goes past the burst: after 2 s idle, 10 units, not 20.
     tokio::time::sleep(Duration::from_millis(2_000)).await;
     let u = limiter.peek("shop").await.expect("peek");
     assert_eq!((u.windows[0].used, u.windows[0].remaining), (0, 10));
-    for _ in 0..10 {
-        assert!(
-            limiter
-                .spend("gql", None, &request_id())
-                .await
-                .expect("spend")
-                .is_allowed()
-        );
-    }
+    support::admit_n(&limiter, "gql", 10).await;
     assert!(
         !limiter
             .spend("gql", None, &request_id())
@@ -150,14 +139,21 @@ async fn a_bucket_and_a_sliding_window_admit_all_or_nothing() {
             .expect("spend")
             .is_allowed()
     );
-    let r = rejected(limiter.spend("mixed", Some(2), "b").await.expect("spend"));
+    let r = support::rejected(limiter.spend("mixed", Some(2), "b").await.expect("spend"));
     assert_eq!(r.by, RejectedBy::Window(1), "the bucket");
-    assert_eq!(used().await, [10, 10]);
+    // The bucket drains a unit every 100 ms meanwhile, so its level is read
+    // with that slack; that no window recorded b is exact.
+    let in_bucket = |id: &str| support::seed::spend_time_us(&server, "qw:{both}:cred:b1000", id);
+    let in_hourly = |id: &str| support::seed::spend_time_us(&server, "qw:{both}:cred:s3600000", id);
+    assert!(in_bucket("a").is_some() && in_hourly("a").is_some());
+    assert_eq!((in_bucket("b"), in_hourly("b")), (None, None));
+    let u = used().await;
+    assert!(u[0] <= 10 && u[1] == 10, "{u:?}");
 
     // Refilled, the sliding window (15 per hour) refuses: the bucket keeps
     // its level as it drains, nothing added.
     tokio::time::sleep(Duration::from_millis(1_100)).await;
-    let r = rejected(limiter.spend("mixed", Some(6), "c").await.expect("spend"));
+    let r = support::rejected(limiter.spend("mixed", Some(6), "c").await.expect("spend"));
     assert_eq!(r.by, RejectedBy::Window(2), "the hourly window");
     assert!(
         r.retry_after > Duration::from_secs(3_500),
@@ -165,6 +161,7 @@ async fn a_bucket_and_a_sliding_window_admit_all_or_nothing() {
         r.retry_after
     );
     assert_eq!(used().await, [0, 10]);
+    assert_eq!((in_bucket("c"), in_hourly("c")), (None, None));
     assert!(
         limiter
             .spend("mixed", Some(5), "d")
@@ -172,7 +169,9 @@ async fn a_bucket_and_a_sliding_window_admit_all_or_nothing() {
             .expect("spend")
             .is_allowed()
     );
-    assert_eq!(used().await, [5, 15]);
+    assert!(in_bucket("d").is_some() && in_hourly("d").is_some());
+    let u = used().await;
+    assert!((1..=5).contains(&u[0]) && u[1] == 15, "{u:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -210,7 +209,7 @@ async fn settling_a_bucket_spend_gives_units_back_at_once() {
             .expect("spend")
             .is_allowed()
     );
-    let r = rejected(limiter.spend("gql", Some(8), "s").await.expect("spend"));
+    let r = support::rejected(limiter.spend("gql", Some(8), "s").await.expect("spend"));
     assert_eq!(r.by, RejectedBy::Window(1));
 }
 
@@ -219,16 +218,20 @@ fn the_cli_spends_from_a_bucket_and_quota_shows_it() {
     let _machine = machine::timing();
     let server = RedisServer::start();
     let cfg = TestConfig::new(CONFIG, &[]);
+    let before = server.time_us();
     let out = cfg.run_on(&server, &["spend", "gql", "--cost", "10", "--json"]);
     assert_eq!(out.status.code(), Some(0), "{}", support::stderr(&out));
     let out = cfg.run_on(&server, &["spend", "gql", "--cost", "4", "--json"]);
+    let elapsed_ms = (server.time_us() - before) / 1000;
     assert_eq!(out.status.code(), Some(75));
     let j = support::json(&out);
     assert_eq!(j["rejecting_window"], 1);
-    let retry = j["retry_after_ms"].as_u64().expect("retry_after_ms");
+    let retry = j["retry_after_ms"].as_u64().expect("retry_after_ms") as i64;
+    // Less what drained while the two processes started (slow on a loaded
+    // machine), but never less than the 4 units' 400 ms minus that.
     assert!(
-        retry <= 400 && retry > 200,
-        "4 units refill in 400 ms: {retry}"
+        retry <= 400 && retry >= 400 - elapsed_ms - 1,
+        "4 units refill in 400 ms, {elapsed_ms} ms after the burst: {retry}"
     );
 
     let out = cfg.run_on(&server, &["quota", "shop", "--json"]);

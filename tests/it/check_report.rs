@@ -25,7 +25,12 @@ fn config(job: Job) -> TestConfig {
 
 /// A search a minute per region, 100 units each: 800 units a run.
 fn search_job() -> Job {
-    Job::new("search", "youtube.search.list")
+    search_on("search", "youtube.search.list")
+}
+
+/// [`search_job`] named `name`, on `endpoint`.
+fn search_on(name: &str, endpoint: &str) -> Job {
+    Job::new(name, endpoint)
         .schedule("0 * * * * *")
         .fan_out("region", ["US", "GB", "DE", "FR", "IN", "BR", "AU", "CA"])
         .request(
@@ -56,12 +61,9 @@ fn minute_after(t: DateTime<Utc>, n: i32) -> String {
         .to_string()
 }
 
-#[test]
-fn a_job_that_cannot_fit_is_warned_about_with_when_it_runs_out() {
-    let cfg = config(search_job());
-    let before = Utc::now();
+/// `check`'s output; it exits 0, warnings or not.
+fn check(cfg: &TestConfig) -> String {
     let out = cfg.run(&["check"], &[SECRET]);
-    let after = Utc::now();
     let text = support::stdout(&out);
     assert_eq!(
         out.status.code(),
@@ -69,6 +71,15 @@ fn a_job_that_cannot_fit_is_warned_about_with_when_it_runs_out() {
         "{text}{}",
         support::stderr(&out)
     );
+    text
+}
+
+#[test]
+fn a_job_that_cannot_fit_is_warned_about_with_when_it_runs_out() {
+    let cfg = config(search_job());
+    let before = Utc::now();
+    let text = check(&cfg);
+    let after = Utc::now();
 
     assert!(
         text.contains("worst case 800 units per run (8 item(s) x 1 page(s) x 100 unit(s))"),
@@ -114,14 +125,7 @@ fn a_job_that_cannot_fit_is_warned_about_with_when_it_runs_out() {
 #[test]
 fn jobs_that_fit_get_no_warning() {
     let cfg = config(events_job());
-    let out = cfg.run(&["check"], &[SECRET]);
-    let text = support::stdout(&out);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{text}{}",
-        support::stderr(&out)
-    );
+    let text = check(&cfg);
     assert!(
         text.contains("worst case 32 units per run (8 item(s) x 4 page(s) x 1 unit(s))"),
         "{text}"
@@ -134,4 +138,104 @@ fn jobs_that_fit_get_no_warning() {
     assert!(row.contains(" 64 ") && row.contains("fits"), "{row}");
     assert!(!text.contains("warning"), "{text}");
     assert!(!text.contains("not-a-real-key"), "the secret leaked");
+}
+
+/// Issue 9, medium 7: `check` looked 7 days ahead only, so a job firing less
+/// often than weekly counted nothing: a yearly job of 10,000 units against a
+/// 9,500/24h window showed "0 units per 24h, fits".
+#[test]
+fn a_job_firing_less_often_than_weekly_is_counted_and_one_that_never_fires_again_is_not() {
+    // Once a year, at noon UTC 15 days from now (always beyond a week):
+    // 1 item x 100 pages x 100 units.
+    let at = Utc::now() + Duration::days(15);
+    let yearly = Job::new("yearly", "youtube.search.list")
+        .schedule(&format!(
+            "0 0 12 {} {} *",
+            at.format("%-d"),
+            at.format("%-m")
+        ))
+        .fan_out("region", ["US"])
+        .request(
+            Request::get("https://www.googleapis.com/youtube/v3/search")
+                .query(&[("regionCode", "{region}"), ("key", "{secret}")]),
+        )
+        .paginate("/nextPageToken", "pageToken", 100)
+        .sink(Sink::jsonl("data/{job}/{region}.jsonl"));
+    // Its schedule's only year is past.
+    let never = Job::new("never", "youtube.search.list")
+        .schedule("0 0 0 1 1 * 2020")
+        .fan_out("region", ["US"])
+        .request(Request::get("https://www.googleapis.com/youtube/v3/search"))
+        .sink(Sink::jsonl("data/{job}/{region}.jsonl"));
+    let cfg = ConfigBuilder::new()
+        .credential(Credential::env("yt", SECRET.0).window(Window::sliding(9500, "24h")))
+        .endpoint(Endpoint::new("youtube.search.list", "yt", 100))
+        .job(yearly)
+        .job(never)
+        .write();
+    let text = check(&cfg);
+    assert!(
+        text.contains("worst case 10000 units per run (1 item(s) x 100 page(s) x 100 unit(s))"),
+        "{text}"
+    );
+    let row = text
+        .lines()
+        .find(|l| l.contains("9500/24h"))
+        .unwrap_or_else(|| panic!("no row for the 9500/24h window:\n{text}"));
+    assert!(
+        row.contains(" 10000 units per 24h") && row.contains("DOES NOT FIT"),
+        "{row}"
+    );
+    let warning = text
+        .lines()
+        .find(|l| l.starts_with("warning:") && l.contains("9500/24h"))
+        .unwrap_or_else(|| panic!("no warning:\n{text}"));
+    let when = format!(
+        "runs out at {} 12:00 UTC (a tick of job yearly)",
+        at.format("%Y-%m-%d")
+    );
+    assert!(warning.contains(&when), "expected {when:?} in: {warning}");
+    // The job that never fires again: no next time, nothing counted.
+    let never_lines: Vec<&str> = text
+        .lines()
+        .skip_while(|l| !l.starts_with("job never"))
+        .take(2)
+        .collect();
+    assert!(
+        never_lines.len() == 2 && never_lines[1].contains("next: never"),
+        "{text}"
+    );
+}
+
+/// A bucket drains while the jobs spend, so it runs out later than a sliding
+/// window of the same units and period: 800 units a minute into 2000 per 5m
+/// (400 a minute back) runs out at the 5th tick (2000 after the 4th, 2400
+/// after the 5th), where the sliding window runs out at the 3rd.
+#[test]
+fn a_bucket_runs_out_when_its_drain_no_longer_keeps_up() {
+    let cfg = ConfigBuilder::new()
+        .credential(Credential::env("yt", SECRET.0).window(Window::bucket(2000, "5m")))
+        .endpoint(Endpoint::new("youtube.search.list", "yt", 100))
+        .credential(Credential::env("gh", SECRET.0).window(Window::sliding(2000, "5m")))
+        .endpoint(Endpoint::new("github.search", "gh", 100))
+        .job(search_job())
+        .job(search_on("search_gh", "github.search"))
+        .write();
+    let before = Utc::now();
+    let text = check(&cfg);
+    let after = Utc::now();
+    let warning = |credential: &str| {
+        text.lines()
+            .find(|l| l.starts_with("warning:") && l.contains(&format!("credential {credential} ")))
+            .unwrap_or_else(|| panic!("no warning for {credential}:\n{text}"))
+    };
+    for (credential, tick) in [("yt", 5), ("gh", 3)] {
+        let w = warning(credential);
+        assert!(
+            [before, after]
+                .iter()
+                .any(|t| w.contains(&format!("runs out at {} UTC", minute_after(*t, tick)))),
+            "{credential}: expected the {tick}th tick from now in: {w}"
+        );
+    }
 }

@@ -224,6 +224,61 @@ const CASES: &[Case] = &[
         field: "redis.quota_replicas",
         says: "must be 0 or 1",
     },
+    // Issue 12: pagination styles, `{since}`, conditional requests.
+    Case {
+        what: "an unknown pagination style",
+        config: &[],
+        job: &[(
+            "[trending.sink]",
+            "[trending.pagination]\nstyle = \"cursors\"\nmax_pages = 2\n\n[trending.sink]",
+        )],
+        file: File::Job,
+        line: 11,
+        field: "trending.pagination.style",
+        says: r#"unknown pagination style "cursors": use "cursor", "next_url", "link" or "page""#,
+    },
+    Case {
+        what: "a field of another pagination style",
+        config: &[],
+        job: &[(
+            "[trending.sink]",
+            "[trending.pagination]\nstyle = \"link\"\ncursor = \"/next\"\nmax_pages = 2\n\n[trending.sink]",
+        )],
+        file: File::Job,
+        line: 12,
+        field: "trending.pagination.cursor",
+        says: r#"style = "link" has no cursor"#,
+    },
+    Case {
+        what: "a next_url style without next",
+        config: &[],
+        job: &[(
+            "[trending.sink]",
+            "[trending.pagination]\nstyle = \"next_url\"\nmax_pages = 2\n\n[trending.sink]",
+        )],
+        file: File::Job,
+        line: 10,
+        field: "trending.pagination.next",
+        says: "missing: a JSON pointer like \"/paging/next\"",
+    },
+    Case {
+        what: "not_modified_cost on an endpoint that is not conditional",
+        config: &[("cost = 100", "cost = 100\nnot_modified_cost = 0")],
+        job: &[],
+        file: File::Config,
+        line: 10,
+        field: "endpoints.search.not_modified_cost",
+        says: "set conditional = true",
+    },
+    Case {
+        what: "{since} in a file name",
+        config: &[],
+        job: &[("data/{job}", "data/{since}")],
+        file: File::Job,
+        line: 12,
+        field: "trending.sink.path",
+        says: "{since} may only appear in the request",
+    },
 ];
 
 fn write(case: &Case) -> TestConfig {

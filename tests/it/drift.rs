@@ -51,15 +51,7 @@ async fn drift_lowers_what_a_window_admits_and_never_raises_it() {
     let metrics = recorder.handle();
     let _local = metrics::set_default_local_recorder(&recorder);
 
-    for _ in 0..10 {
-        assert!(
-            limiter
-                .spend("e", None, &request_id())
-                .await
-                .expect("spend")
-                .is_allowed()
-        );
-    }
+    support::admit_n(&limiter, "e", 10).await;
     // The credential's sliding hour: we count 10 used, 90 left; the upstream
     // says 50 left: 40 units of drift.
     let hour = limiter
@@ -77,15 +69,7 @@ async fn drift_lowers_what_a_window_admits_and_never_raises_it() {
 
     // The window admits what the upstream allows (the endpoint's bucket,
     // a burst of 50, takes these 40 too).
-    for _ in 0..40 {
-        assert!(
-            limiter
-                .spend("e", None, &request_id())
-                .await
-                .expect("spend")
-                .is_allowed()
-        );
-    }
+    support::admit_n(&limiter, "e", 40).await;
     assert_eq!(state(&limiter, "k").await[0], (90, 10, 40));
 
     // Fixed day and bucket: drift in their own state too.

@@ -4,7 +4,7 @@
 //! when the repeats race each other.
 
 use quota_worker::config::Config;
-use quota_worker::quota::{Decision, Limiter, request_id};
+use quota_worker::quota::{Decision, Limiter};
 
 use crate::support::{self, ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window};
 
@@ -45,15 +45,7 @@ async fn a_repeated_request_id_is_admitted_and_charged_once() {
 
     // Fill the window with other requests: the repeat is still the request
     // that was admitted, not a new one to refuse.
-    for _ in 0..8 {
-        assert!(
-            limiter
-                .spend("e", None, &request_id())
-                .await
-                .expect("spend")
-                .is_allowed()
-        );
-    }
+    support::admit_n(&limiter, "e", 8).await;
     assert!(
         !limiter
             .spend("e", None, "req-2")

@@ -116,7 +116,7 @@ fn readyz_follows_redis_and_healthz_stays_up() {
         back.elapsed().as_secs_f64()
     );
     assert!(d.running());
-    assert_eq!(http::scrape(port).one("qw_redis_up", &[]), 1.0);
+    assert_eq!(http::scrape_fresh(port).one("qw_redis_up", &[]), 1.0);
     d.term();
     assert_eq!(
         d.wait_exit(Duration::from_secs(15)).and_then(|s| s.code()),
@@ -171,7 +171,7 @@ fn metrics_scrape_stays_within_the_scrape_timeout_while_redis_hangs() {
         "ready again after Redis resumes: {:?}",
         http_get(port, "/readyz")
     );
-    assert_eq!(http::scrape(port).one("qw_redis_up", &[]), 1.0);
+    assert_eq!(http::scrape_fresh(port).one("qw_redis_up", &[]), 1.0);
     d.term();
     assert_eq!(
         d.wait_exit(Duration::from_secs(15)).and_then(|s| s.code()),

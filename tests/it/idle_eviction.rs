@@ -11,7 +11,7 @@
 //! 100k times in a short window could not leave 100k entries to expire at once.
 
 use quota_worker::config::Config;
-use quota_worker::quota::{Decision, RejectedBy, Rejection};
+use quota_worker::quota::{Decision, RejectedBy};
 
 use crate::support::machine;
 use crate::support::seed::{Seed, spend_time_us, stream_len};
@@ -52,13 +52,6 @@ fn seed(
 
 fn zcard(server: &RedisServer, key: &str) -> i64 {
     server.cmd(&["ZCARD", key])
-}
-
-fn rejected(d: Decision) -> Rejection {
-    match d {
-        Decision::Rejected(r) => r,
-        other => panic!("expected a rejection, got {other:?}"),
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -193,7 +186,7 @@ async fn a_window_of_200k_live_entries_answers_exactly() {
     // (oldest first, 5 units each), not for the oldest, nor the whole scan.
     for (cost, nth) in [(50, 0), (54, 0), (55, 1), (61, 2), (1_000, 190)] {
         let t0 = server.time_us();
-        let r = rejected(limiter.spend("big", Some(cost), "x").await.expect("spend"));
+        let r = support::rejected(limiter.spend("big", Some(cost), "x").await.expect("spend"));
         let t1 = server.time_us();
         assert_eq!(r.by, RejectedBy::Window(1));
         assert_eq!(r.remaining, 49);

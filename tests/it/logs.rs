@@ -215,3 +215,111 @@ fn json_logs_stay_json_when_the_daemon_cannot_start() {
     );
     drop(taken);
 }
+
+/// An upstream on loopback that answers every request `404` with `body`, on
+/// a thread of its own, stopped on drop.
+struct Answers404 {
+    addr: std::net::SocketAddr,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Answers404 {
+    fn start(body: &'static [u8]) -> Answers404 {
+        use std::io::{Read, Write};
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let thread = std::thread::spawn({
+            let stop = stop.clone();
+            move || {
+                for conn in listener.incoming() {
+                    if stop.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    let Ok(mut s) = conn else { continue };
+                    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+                    let mut req = Vec::new();
+                    let mut b = [0u8; 1024];
+                    while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match s.read(&mut b) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => req.extend_from_slice(&b[..n]),
+                        }
+                    }
+                    let head = format!(
+                        "HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = s.write_all(head.as_bytes());
+                    let _ = s.write_all(body);
+                }
+            }
+        });
+        Answers404 {
+            addr,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Answers404 {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        // Wake the accept loop so it sees the flag.
+        let _ = std::net::TcpStream::connect(self.addr);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Issue 9 (low): control characters from outside went raw into the text
+/// logs: a CR forges a line, an ESC sequence drives the terminal showing
+/// it. Here an upstream's 404 body (the one way on main such text reaches a
+/// log line: fan-out values with control characters are refused at load)
+/// carries ESC sequences, NUL, ENQ and a C1 CSI; the text log escapes every
+/// one and still shows what was sent.
+#[test]
+fn control_characters_from_the_upstream_are_escaped_in_text_logs() {
+    let redis = RedisServer::start();
+    let hostile = Answers404::start(b"gone\r\n\x1b[31mRED\x1b[0m \x00NUL \x05ENQ \xc2\x9b1m");
+    let cfg = config(&format!("http://{}", hostile.addr)).write();
+    let url = redis.url();
+    let env = [
+        ("QUOTA_WORKER_REDIS_URL", url.as_str()),
+        ("SIM_KEY", KEY),
+        ("RUST_LOG", "info"),
+    ];
+    let mut d = Proc::start("daemon", &cfg, &["run"], &env);
+    let mut t = Proc::start("trigger", &cfg, &["trigger", "trending", "--wait"], &env);
+    let status = t.wait_exit(Duration::from_secs(60)).expect("trigger ends");
+    assert_eq!(status.code(), Some(1), "the task failed: {}", t.log());
+    d.term();
+    assert_eq!(
+        d.wait_exit(Duration::from_secs(15)).and_then(|s| s.code()),
+        Some(0)
+    );
+    let lines = d.stderr_lines();
+    for l in &lines {
+        assert!(
+            !l.chars().any(char::is_control),
+            "a control character in {l:?}"
+        );
+    }
+    let failed = lines
+        .iter()
+        .find(|l| l.contains("outcome=\"failed\""))
+        .unwrap_or_else(|| panic!("no failed line:\n{}", lines.join("\n")));
+    for shown in [
+        r"upstream answered 404: gone",
+        r"\x1b[31mRED\x1b[0m",
+        r"\x00NUL",
+        r"\x05ENQ",
+        r"\u{9b}1m",
+    ] {
+        assert!(failed.contains(shown), "{shown} missing from {failed:?}");
+    }
+}

@@ -30,18 +30,27 @@ mod weighted_spend;
 mod check_report;
 mod cli_usage;
 mod config_errors;
+mod endpoint_buckets;
+mod keys_installed;
 mod keys_second_client;
 mod quota_report;
 mod redis_unavailable;
 
 // The pipeline: ticks, tasks, the queue and apalis, outcomes, sinks.
+mod fan_out_from;
+mod fan_out_large;
+mod incremental;
 mod outcome_logs;
+mod pagination_styles;
 mod pipeline_e2e;
 mod queue_limits;
 mod queue_pitfalls;
 mod quota_exhausted;
 mod retries;
 mod sink;
+mod sink_unwritable;
+mod sqlite_key_per_item;
+mod sqlite_two_daemons;
 mod trigger;
 mod trigger_exit_codes;
 mod upstream_throttle;

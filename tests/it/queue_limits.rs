@@ -9,10 +9,9 @@ use std::time::{Duration, Instant};
 
 use quota_worker::outcome::OutcomeKind;
 use quota_worker::queue::FEED_CAP;
-use quota_worker::simulator::SimConfig;
 
 use crate::support::machine;
-use crate::support::pipeline::{Pipeline, YT_ENDPOINT, YT_KEY, kinds, yt, yt_endpoint};
+use crate::support::pipeline::{Pipeline, YT_ENDPOINT, kinds, one_page_sim, yt, yt_endpoint};
 use crate::support::{ConfigBuilder, Job, Sink, Window, Worker};
 
 /// The job `name` over `regions`, one page of one record each, all into one
@@ -29,15 +28,6 @@ fn config(sim: &str, worker: Worker, name: &str, regions: Vec<String>) -> Config
         )
 }
 
-fn sim() -> SimConfig {
-    SimConfig {
-        pages_per_query: 1,
-        items_per_page: 1,
-        ..SimConfig::default()
-    }
-    .key(YT_KEY, 1_000_000, Duration::from_secs(3600))
-}
-
 /// apalis pitfall 1 (idle pickup latency): a plain apalis-redis storage is
 /// woken only by its heartbeat, so a task pushed to an idle worker waited
 /// ~27 s. With the default `poll_interval`, it must start within a second
@@ -46,7 +36,7 @@ fn sim() -> SimConfig {
 async fn apalis_pitfall_1_idle_pickup_latency() {
     let _machine = machine::timing();
     // The defaults: no poll_interval, recover_after (heartbeats) set.
-    let mut p = Pipeline::start(sim(), |sim| {
+    let mut p = Pipeline::start(one_page_sim(1), |sim| {
         config(
             sim,
             Worker::default().concurrency(2),
@@ -85,7 +75,7 @@ async fn apalis_pitfall_4_ten_thousand_item_fan_out_drains() {
     let _machine = machine::heavy();
     const N: usize = 10_000;
     let regions: Vec<String> = (0..N).map(|i| format!("r{i:05}")).collect();
-    let mut p = Pipeline::start(sim(), |sim| {
+    let mut p = Pipeline::start(one_page_sim(1), |sim| {
         config(
             sim,
             Worker::default()

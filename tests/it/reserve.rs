@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use quota_worker::config::{Config, Reserve};
 use quota_worker::outcome::OutcomeKind;
-use quota_worker::quota::{Decision, QuotaError, RejectedBy, Rejection, request_id};
+use quota_worker::quota::{Decision, QuotaError, RejectedBy, request_id};
 use quota_worker::simulator::SimConfig;
 
 use crate::support::pipeline::{
@@ -43,13 +43,6 @@ fn half() -> Reserve {
     "50%".parse().expect("50%")
 }
 
-fn rejected(d: Decision) -> Rejection {
-    match d {
-        Decision::Rejected(r) => r,
-        other => panic!("expected a rejection, got {other:?}"),
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_50_percent_reserve_admits_half_and_plain_spends_take_the_rest() {
     let server = RedisServer::start();
@@ -67,7 +60,7 @@ async fn a_50_percent_reserve_admits_half_and_plain_spends_take_the_rest() {
             "reserved spend {i}: `remaining` is what this caller may still take"
         );
     }
-    let r = rejected(
+    let r = support::rejected(
         limiter
             .spend_reserved("e", None, "sixth", half())
             .await
@@ -134,7 +127,7 @@ async fn a_reserved_spend_waits_exactly_for_the_reduced_limit() {
     // cost 3 needs 4 (a's and b's). Plain, cost 4 fits at once.
     for (cost, frees) in [(1, "a"), (3, "b")] {
         let t0 = server.time_us();
-        let r = rejected(
+        let r = support::rejected(
             limiter
                 .spend_reserved("short", Some(cost), "r", half())
                 .await
@@ -316,4 +309,17 @@ fn check_shows_a_jobs_reserve_and_refuses_one_that_leaves_no_room() {
         assert!(err.contains("crawl.reserve"), "{reserve}: the field: {err}");
         assert!(err.contains(why), "{reserve}: {err}");
     }
+
+    // An endpoint that does not charge the credential is held only to its
+    // own windows: 95% of its 100 leaves 5, though of k's 10 it would leave 0.
+    let own = format!(
+        "{main}\n[endpoints.own]\ncredential = \"k\"\ncost = 1\ncharge_credential = false\n\
+         windows = [{{ units = 100, per = \"1d\", kind = \"fixed\" }}]\n"
+    );
+    let cfg = TestConfig::new(
+        &own,
+        &[("crawl.toml", &job("95%").replace("\"e\"", "\"own\""))],
+    );
+    let out = cfg.run(&["check"], &[("K", "x"), ("S", "y")]);
+    assert_eq!(out.status.code(), Some(0), "{}", support::stderr(&out));
 }

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use quota_worker::config::Config;
-use quota_worker::quota::{Decision, Limiter, RejectedBy, Rejection};
+use quota_worker::quota::{Limiter, RejectedBy};
 
 use crate::support::seed::{Seed, spend_time_us};
 use crate::support::{self, RedisServer, TestConfig, machine};
@@ -39,13 +39,6 @@ credential = "gap"
 cost = 1
 "#;
 
-fn rejected(d: Decision) -> Rejection {
-    match d {
-        Decision::Rejected(r) => r,
-        other => panic!("expected a rejection, got {other:?}"),
-    }
-}
-
 /// A rejection's retry-after is `expiry` (µs, Redis time) less the time of
 /// the call, to the millisecond.
 async fn assert_waits_until(
@@ -57,7 +50,7 @@ async fn assert_waits_until(
     what: &str,
 ) {
     let t0 = server.time_us();
-    let r = rejected(
+    let r = support::rejected(
         limiter
             .spend(endpoint, Some(cost), "probe")
             .await

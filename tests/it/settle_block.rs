@@ -3,12 +3,14 @@
 //! shrinks what is left; an unknown id changes nothing); *block* stops every
 //! spend on a credential, from every endpoint, for the block's length (the
 //! rejection names no window: `rejecting_window` 0, `blocked: true`), and a
-//! shorter block never shortens a longer one.
+//! shorter block never shortens a longer one. A settle cost, block length
+//! or spend cost the script cannot hold exactly (not whole, or 2^53 and
+//! more) is an error the caller sees, and nothing is written.
 
 use std::time::Duration;
 
 use quota_worker::config::Config;
-use quota_worker::quota::{Decision, Limiter, RejectedBy, Rejection};
+use quota_worker::quota::{Decision, Limiter, QuotaError, RejectedBy};
 
 use crate::support::machine;
 use crate::support::{self, ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window};
@@ -55,13 +57,6 @@ fn entries(server: &RedisServer) -> Vec<(String, i64)> {
         (k.to_owned(), n)
     })
     .collect()
-}
-
-fn rejected(d: Decision) -> Rejection {
-    match d {
-        Decision::Rejected(r) => r,
-        other => panic!("expected a rejection, got {other:?}"),
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -127,7 +122,7 @@ async fn a_block_stops_every_endpoint_and_is_never_shortened() {
 
     // e's tightest window is its own 40; f's the credential's 50.
     for (endpoint, room) in [("e", 40), ("f", 50)] {
-        let r = rejected(limiter.spend(endpoint, None, "x").await.expect("spend"));
+        let r = support::rejected(limiter.spend(endpoint, None, "x").await.expect("spend"));
         assert_eq!(r.by, RejectedBy::Blocked, "{endpoint}");
         let ms = r.retry_after.as_millis();
         assert!((1_300..=1_500).contains(&ms), "{endpoint}: {ms} ms");
@@ -156,7 +151,7 @@ async fn a_block_stops_every_endpoint_and_is_never_shortened() {
         .expect("block");
     assert!(kept > Duration::from_millis(500), "{kept:?}");
     std::thread::sleep(Duration::from_millis(300));
-    let r = rejected(limiter.spend("e", None, "x").await.expect("spend"));
+    let r = support::rejected(limiter.spend("e", None, "x").await.expect("spend"));
     assert_eq!(
         r.by,
         RejectedBy::Blocked,
@@ -190,7 +185,7 @@ async fn a_window_that_frees_after_the_block_is_named_instead() {
         .await
         .expect("block");
     // e's own 40/1h window is full and frees in an hour: after the block.
-    let r = rejected(limiter.spend("e", None, "x").await.expect("spend"));
+    let r = support::rejected(limiter.spend("e", None, "x").await.expect("spend"));
     assert_eq!(r.by, RejectedBy::Window(3));
     assert!(
         r.retry_after > Duration::from_secs(3_500),
@@ -198,6 +193,120 @@ async fn a_window_that_frees_after_the_block_is_named_instead() {
         r.retry_after
     );
     // f has room in its windows: the block is what stops it.
-    let r = rejected(limiter.spend("f", None, "x").await.expect("spend"));
+    let r = support::rejected(limiter.spend("f", None, "x").await.expect("spend"));
     assert_eq!(r.by, RejectedBy::Blocked);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn numbers_the_script_cannot_hold_exactly_are_refused_and_change_nothing() {
+    let server = RedisServer::start();
+    let cfg = config();
+    let limiter = support::limiter(&server, &Config::load(&cfg.path()).expect("config")).await;
+    assert!(
+        limiter
+            .spend("e", None, "a")
+            .await
+            .expect("spend")
+            .is_allowed()
+    );
+    let blocked_key = "qw:{k}:blocked";
+
+    // Through the library: typed, with the script's reason.
+    let err = limiter
+        .settle("e", "a", 1 << 53)
+        .await
+        .expect_err("a settle cost of 2^53");
+    assert!(matches!(err, QuotaError::Script(_)), "{err:?}");
+    assert!(
+        err.to_string()
+            .contains("settle cost must be a whole number"),
+        "{err}"
+    );
+    let err = limiter
+        .block("k", Duration::from_millis(1 << 53))
+        .await
+        .expect_err("a block of 2^53 ms");
+    assert!(matches!(err, QuotaError::Script(_)), "{err:?}");
+    assert!(
+        err.to_string()
+            .contains("block duration must be a whole number"),
+        "{err}"
+    );
+
+    // Through any client, as `keys` lays the call out: what Rust cannot send.
+    let out = cfg.run(&["keys", "e"], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", support::stderr(&out));
+    let spec = support::json(&out);
+    let keys: Vec<String> = spec["keys"]
+        .as_array()
+        .expect("keys")
+        .iter()
+        .map(|k| k.as_str().expect("key").to_owned())
+        .collect();
+    assert_eq!(keys[0], blocked_key);
+    let args: Vec<String> = spec["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .map(|a| a.as_str().expect("arg").to_owned())
+        .collect();
+    let mut conn = server.conn();
+    let script = redis::Script::new(quota_worker::quota::SCRIPT);
+    let mut eval = |op: &str, a2: &str, a3: &str| -> Result<Vec<i64>, String> {
+        let mut argv = args.clone();
+        argv[0] = op.to_owned();
+        argv[1] = a2.to_owned();
+        argv[2] = a3.to_owned();
+        script
+            .key(&keys)
+            .arg(&argv)
+            .invoke::<Vec<i64>>(&mut conn)
+            .map_err(|e| e.to_string())
+    };
+    let beyond = [
+        "2.5",
+        "1e300",
+        "inf",
+        "-inf",
+        "nan",
+        "9007199254740992",
+        "9007199254740993",
+        "-1",
+        "",
+        "ten",
+    ];
+    for bad in beyond {
+        let err = eval("settle", "a", bad).expect_err(bad);
+        assert!(
+            err.contains("settle cost must be a whole number"),
+            "{bad}: {err}"
+        );
+        let err = eval("block", bad, "").expect_err(bad);
+        assert!(
+            err.contains("block duration must be a whole number"),
+            "{bad}: {err}"
+        );
+        let err = eval("spend", "b", bad).expect_err(bad);
+        assert!(
+            err.contains("spend cost must be a whole number"),
+            "{bad}: {err}"
+        );
+    }
+    let err = eval("block", "0", "").expect_err("a block of 0 ms");
+    assert!(err.contains("block duration"), "{err}");
+
+    // Nothing was written: no block, a's 10 units as they were, no b.
+    assert_eq!(server.cmd::<i64>(&["EXISTS", blocked_key]), 0);
+    assert_eq!(used(&limiter).await, [10, 10, 10]);
+
+    // The same calls with numbers it can hold go through.
+    assert_eq!(
+        eval("settle", "a", "9007199254740991").expect("settle 2^53 - 1"),
+        [3]
+    );
+    assert_eq!(eval("settle", "a", "4").expect("settle 4"), [3]);
+    assert_eq!(used(&limiter).await, [4, 4, 4]);
+    let ms = eval("block", "60000", "").expect("block 1 min")[0];
+    assert!((59_000..=60_000).contains(&ms), "{ms}");
+    assert_eq!(server.cmd::<i64>(&["EXISTS", blocked_key]), 1);
 }

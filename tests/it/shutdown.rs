@@ -209,6 +209,16 @@ fn shutdown_timeout_shorter_than_the_work_exits_0_and_another_daemon_finishes_it
     let o = tick_outcomes(&mut conn, tick);
     assert_eq!(o.get("done"), None, "the cut-off task did not end: {o:?}");
     assert!(a.outcomes().is_empty());
+    // It says so, and does not claim its tasks finished.
+    assert!(
+        a.messages("all running tasks finished").is_empty(),
+        "{}",
+        a.log()
+    );
+    let cut = a.messages(
+        "shutdown timeout passed; unfinished tasks stay queued and another daemon (or the next start) picks them up",
+    );
+    assert_eq!(cut.len(), 1, "{}", a.log());
 
     // Nothing is lost: another daemon runs the task.
     let mut b = Proc::daemon("daemon-b", &cfg, Some(&redis.url()), &[]);
@@ -373,4 +383,75 @@ fn sigterm_while_waiting_for_redis_at_startup_exits_0_at_once() {
     eprintln!("MEASURE sigterm while connecting: exit {status:?} after {took:?}");
     assert_eq!(status.and_then(|s| s.code()), Some(0), "{status:?}");
     assert!(took < Duration::from_secs(2), "took {took:?}");
+}
+
+/// apalis pitfall 14: with more than four tasks ending during a shutdown,
+/// the drain waited out all of `shutdown_timeout`.
+///
+/// apalis-core's persistence layer sends each task's ack ("complete") into
+/// a channel of `batch_size × 4` slots (4 here: batch 1), which only the
+/// worker's `poll_ready` and `poll_close` empty; once shutdown starts,
+/// `CallAll` calls neither until every task future has ended, and a task
+/// future whose ack found the channel full never ends. The daemon exited at
+/// `shutdown_timeout` (30 s) though the tasks ended after 3 s, and their
+/// acks were lost.
+#[test]
+fn pitfall_14_sigterm_with_8_tasks_in_flight_exits_when_they_end() {
+    let _machine = machine::timing();
+    let redis = RedisServer::start();
+    let upstream = Upstream::start(PAGES, ITEMS_PER_PAGE);
+    let shutdown_timeout = Duration::from_secs(30);
+    let cfg = daemon::config(daemon::job(&upstream.base_url()).pages(PAGES))
+        .worker(Worker::default().concurrency(8).shutdown_timeout("30s"))
+        .write();
+    // Every task's first page is slow, and they all end at about the same
+    // time: eight acks at once.
+    let delay = Duration::from_secs(3);
+    upstream.inject(Fault::Delay(delay), REGIONS.len() as u32);
+    let mut a = Proc::daemon("daemon-a", &cfg, Some(&redis.url()), &[]);
+    a.wait_running(Duration::from_secs(10));
+    let tick = trigger(&cfg, &redis);
+    wait_for(
+        "eight slow requests in flight",
+        Duration::from_secs(15),
+        || upstream.injected() == REGIONS.len() as u64,
+    );
+    std::thread::sleep(Duration::from_millis(300));
+
+    a.term();
+    let sigterm = Instant::now();
+    let status = a.wait_exit(Duration::from_secs(45));
+    let to_exit = sigterm.elapsed();
+    eprintln!(
+        "MEASURE sigterm->exit with 8 requests in flight (3 s delay, shutdown_timeout 30 s): {to_exit:?}"
+    );
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "{status:?}");
+    // The tasks end about 2.7 s after SIGTERM; the drain must not wait for
+    // the shutdown timeout (generous margin for a loaded machine).
+    assert!(
+        to_exit < shutdown_timeout / 2,
+        "took {to_exit:?} to exit after SIGTERM, though its tasks ended ~3 s after it began: {}",
+        a.log()
+    );
+    assert_eq!(
+        a.messages("all running tasks finished").len(),
+        1,
+        "{}",
+        a.log()
+    );
+
+    // All eight finished in that daemon, and their acks reached the queue:
+    // nothing left in flight for another daemon to run again.
+    let outcomes = a.outcomes();
+    assert_eq!(outcomes.len(), REGIONS.len(), "{outcomes:?}");
+    assert!(
+        outcomes.iter().all(|o| o["outcome"] == "done"),
+        "{outcomes:?}"
+    );
+    let mut conn = redis_conn(&redis.url());
+    let o = tick_outcomes(&mut conn, tick);
+    assert_eq!(o.get("done"), Some(&(REGIONS.len() as i64)), "{o:?}");
+    let after = queue_state(&mut conn);
+    assert_eq!(after.waiting(), 0, "after shutdown: {after:?}");
+    assert_eq!(after.inflight, 0, "after shutdown: {after:?}");
 }

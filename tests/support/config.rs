@@ -103,7 +103,7 @@ fn strings<S: Into<String>>(values: impl IntoIterator<Item = S>) -> Value {
     )
 }
 
-/// `{ units = N, per = "1h" }`, sliding unless made fixed.
+/// `{ units = N, per = "1h" }`, sliding unless made fixed or a bucket.
 #[derive(Debug, Clone)]
 pub struct Window(Fields);
 
@@ -120,6 +120,14 @@ impl Window {
     pub fn fixed(units: u64, per: &str) -> Self {
         let mut w = Self::sliding(units, per);
         w.0.set("kind", "fixed");
+        w
+    }
+
+    /// A burst of `units`, refilled continuously at `units / per`
+    /// (`kind = "bucket"`).
+    pub fn bucket(units: u64, per: &str) -> Self {
+        let mut w = Self::sliding(units, per);
+        w.0.set("kind", "bucket");
         w
     }
 
@@ -406,6 +414,12 @@ impl Job {
         self.pagination.set("cursor", cursor);
         self.pagination.set("param", param);
         self.pagination.set("max_pages", i64::from(max_pages));
+        self
+    }
+
+    /// Any field of `[JOB.pagination]` (`style`, `next`, `continue`, ...).
+    pub fn pagination(mut self, key: &str, value: impl Into<Value>) -> Self {
+        self.pagination.set(key, value);
         self
     }
 

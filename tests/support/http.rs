@@ -135,6 +135,15 @@ pub fn scrape(port: u16) -> Metrics {
     }
 }
 
+/// Scrapes `/metrics` on `port` once the gauges it reads from Redis are
+/// fresh: a daemon serves them again for up to a second (one read per
+/// second however many scrapers), so a scrape right after a change can show
+/// the value from before it. Waits out that second first.
+pub fn scrape_fresh(port: u16) -> Metrics {
+    std::thread::sleep(Duration::from_millis(1_100));
+    scrape(port)
+}
+
 /// Waits up to `timeout` until `port` serves `/healthz`.
 pub fn wait_http(port: u16, timeout: Duration) -> bool {
     wait_until(timeout, || {

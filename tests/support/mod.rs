@@ -11,6 +11,7 @@
 //! | [`config`] | the config builder: credentials, windows, endpoints, jobs, sinks rendered as the TOML files the real loader reads |
 //! | [`process`] | the one supervisor for the real binary: spawn on a config with an environment, read its logs, signal it by pid, its exit status |
 //! | [`daemon`] | the config the multi-process tests share, and what daemons leave in Redis and the sinks |
+//! | [`styles`] | jobs in each of the simulator's pagination styles (GitHub, Meta, page numbers, ...), and a scan of every key and value in Redis for a secret |
 //! | [`pipeline`] | the daemon in-process, with every task outcome as an event |
 //! | [`in_process`] | start, wait for ready, and stop `daemon::run` in this process |
 //! | [`notify`] | a `NOTIFY_SOCKET` that records who sent what |
@@ -32,6 +33,7 @@ pub mod process;
 pub mod procfs;
 pub mod redis_server;
 pub mod seed;
+pub mod styles;
 pub mod upstream;
 
 use std::path::PathBuf;
@@ -41,7 +43,7 @@ use std::time::{Duration, Instant};
 pub use config::{
     ConfigBuilder, Credential, Endpoint, Job, Request, Sink, TestConfig, Window, Worker,
 };
-pub use redis_server::{RedisServer, free_port, limiter};
+pub use redis_server::{RedisServer, admit_n, free_port, limiter, rejected};
 
 /// The binary under test.
 pub fn bin() -> PathBuf {

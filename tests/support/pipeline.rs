@@ -4,7 +4,7 @@
 //! instant it arrived, for the pipeline promises (queue, retries, quota
 //! exhaustion, throttling) that read outcomes rather than logs. The presets
 //! [`yt`] and [`yt_endpoint`] are the credential and endpoint those tests
-//! share.
+//! share, [`one_page_sim`] the simulator of those that count tasks.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -42,6 +42,18 @@ pub fn yt(window: Window) -> Credential {
 /// The endpoint [`YT_ENDPOINT`] on `yt`, cost 1.
 pub fn yt_endpoint() -> Endpoint {
     Endpoint::new(YT_ENDPOINT, "yt", 1)
+}
+
+/// A simulator that answers every query with one page of `items_per_page`
+/// records and knows [`YT_KEY`] with a million units an hour: a test that
+/// counts tasks, not pages or quota.
+pub fn one_page_sim(items_per_page: u32) -> SimConfig {
+    SimConfig {
+        pages_per_query: 1,
+        items_per_page,
+        ..SimConfig::default()
+    }
+    .key(YT_KEY, 1_000_000, Duration::from_secs(3600))
 }
 
 /// `concurrency` slots that look for tasks every 20 ms and get 5 s to drain:

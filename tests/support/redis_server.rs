@@ -377,3 +377,23 @@ pub async fn limiter(
         Duration::from_secs(2),
     )
 }
+
+/// The rejection a spend was answered with; panics on any other decision.
+pub fn rejected(d: quota_worker::quota::Decision) -> quota_worker::quota::Rejection {
+    match d {
+        quota_worker::quota::Decision::Rejected(r) => r,
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+}
+
+/// Spends `endpoint`'s cost `n` times, each with a new request id, and
+/// expects every one admitted.
+pub async fn admit_n(limiter: &quota_worker::quota::Limiter, endpoint: &str, n: usize) {
+    for i in 0..n {
+        let d = limiter
+            .spend(endpoint, None, &quota_worker::quota::request_id())
+            .await
+            .expect("spend");
+        assert!(d.is_allowed(), "{endpoint}: spend {} of {n}: {d:?}", i + 1);
+    }
+}

@@ -79,6 +79,11 @@ impl Upstream {
         self.stats().key(SIM_KEY).injected
     }
 
+    /// Marks every item updated now: `since` sees them again, `ETag`s change.
+    pub fn touch(&self) {
+        self.sim().touch();
+    }
+
     /// Charged (2xx) requests so far.
     pub fn fetched(&self) -> usize {
         self.stats().charges.len()

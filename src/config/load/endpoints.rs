@@ -60,7 +60,18 @@ impl Loader<'_> {
             self.error(src, &base.join("cost"), "must be at least 1");
             return None;
         };
-        self.check_cost_fits(src, &base, cost, cred, &windows);
+        let charge_credential = re.charge_credential.unwrap_or(d::CHARGE_CREDENTIAL);
+        if !charge_credential && windows.is_empty() && re.windows.is_empty() {
+            let msg = "an endpoint with charge_credential = false counts only against its own windows: give it `windows` (e.g. [{ units = 95, per = \"24h\", kind = \"fixed\" }])";
+            self.error(src, &base.join("charge_credential"), msg);
+            return None;
+        }
+        let charged: &[Window] = if charge_credential {
+            &cred.windows
+        } else {
+            &[]
+        };
+        self.check_cost_fits(src, &base, cost, cred, charged, &windows);
         let limiter_unavailable = self.pick_or(
             src,
             &base.join("limiter_unavailable"),
@@ -85,12 +96,15 @@ impl Loader<'_> {
                 d::MAX_BODY
             }
         };
+        let conditional = re.conditional.unwrap_or(d::CONDITIONAL);
+        let not_modified_cost = self.not_modified_cost(src, &base, re, cost, conditional);
         Some(Endpoint {
             name: name.to_owned(),
             credential: re.credential.clone(),
             cost,
             limiter_unavailable,
             windows,
+            charge_credential,
             timeout: re.timeout.map_or(d::REQUEST_TIMEOUT, |t| t.0),
             throttle_block,
             quota_reasons,
@@ -98,7 +112,36 @@ impl Loader<'_> {
             cost_header: re.cost_header.as_ref().map(|h| h.to_ascii_lowercase()),
             max_body,
             max_block,
+            conditional,
+            not_modified_cost,
         })
+    }
+
+    /// `not_modified_cost`: what a `304` is settled to, `cost` unless
+    /// given, never more (the worst case `check` computes uses `cost`), and
+    /// only on a `conditional` endpoint (nothing else gets a 304).
+    fn not_modified_cost(
+        &mut self,
+        src: &Source,
+        base: &FieldPath,
+        re: &RawEndpoint,
+        cost: NonZeroU64,
+        conditional: bool,
+    ) -> u64 {
+        let Some(n) = re.not_modified_cost else {
+            return cost.get();
+        };
+        let at = base.join("not_modified_cost");
+        if !conditional {
+            let msg = "only a conditional endpoint gets 304s: set conditional = true";
+            self.error(src, &at, msg);
+        }
+        if n > cost.get() {
+            let msg = format!("{n} is more than the endpoint's cost ({cost})");
+            self.error(src, &at, msg);
+            return cost.get();
+        }
+        n
     }
 
     /// `max_block`, which `throttle_block` may not exceed (it would be
@@ -132,16 +175,19 @@ impl Loader<'_> {
     }
 
     /// A cost no window that applies can hold would never be admitted: a
-    /// config error, not a task that waits forever.
+    /// config error, not a task that waits forever. `charged` are the
+    /// credential's windows the endpoint counts against (none with
+    /// `charge_credential = false`).
     fn check_cost_fits(
         &mut self,
         src: &Source,
         base: &FieldPath,
         cost: NonZeroU64,
         cred: &Credential,
+        charged: &[Window],
         own: &[Window],
     ) {
-        match cred.windows.iter().chain(own).min_by_key(|w| w.units) {
+        match charged.iter().chain(own).min_by_key(|w| w.units) {
             None => {
                 let msg = format!(
                     "no quota window applies: give credential {:?} or this endpoint `windows`",

@@ -2,20 +2,25 @@
 //! time zone, endpoint, fan-out, retries and pagination. Its request and
 //! sink tables are in [`super::request`] and [`super::sink`].
 
-use std::num::NonZeroU32;
+use std::num::{NonZeroU32, NonZeroU64};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use indexmap::IndexMap;
 
 use super::request::Placeholders;
-use super::{Loader, NAME_RULE, read_source, valid_name};
+use super::{Loader, NAME_RULE, expand_vars, read_source, valid_name};
+use crate::config::choice::PageStyleName;
 use crate::config::defaults as d;
-use crate::config::raw::{RawJob, RawPagination, RawRetry};
-use crate::config::{Endpoint, FieldPath, Job, Pagination, Reserve, Retry, Source};
+use crate::config::raw::{RawFanOutFrom, RawJob, RawPagination, RawRetry};
+use crate::config::{
+    DataSource, Endpoint, FanOutFrom, FieldPath, Job, PageStyle, Pagination, Reserve, Retry, Source,
+};
+use crate::schedule::source;
 
 /// Fan-out keys the product fills itself.
-const RESERVED_KEYS: [&str; 4] = ["secret", "date", "job", "item"];
+pub(super) const RESERVED_KEYS: [&str; 6] =
+    ["secret", "date", "job", "item", "since", "since_epoch"];
 
 impl Loader<'_> {
     /// Every job of every file `pattern` matches, in file then config order.
@@ -41,7 +46,7 @@ impl Loader<'_> {
             .collect();
         files.sort();
         for file in files {
-            self.job_file(&file, endpoints, &mut jobs);
+            self.job_file(&file, dir, endpoints, &mut jobs);
         }
         jobs
     }
@@ -51,6 +56,7 @@ impl Loader<'_> {
     fn job_file(
         &mut self,
         file: &Path,
+        dir: &Path,
         endpoints: &IndexMap<String, Endpoint>,
         jobs: &mut IndexMap<String, Job>,
     ) {
@@ -68,7 +74,7 @@ impl Loader<'_> {
                 self.error(&src, &FieldPath::new([name.as_str()]), msg);
                 continue;
             }
-            if let Some(job) = self.job(&src, &name, rj, endpoints) {
+            if let Some(job) = self.job(&src, dir, &name, rj, endpoints) {
                 jobs.insert(name, job);
             }
         }
@@ -79,6 +85,7 @@ impl Loader<'_> {
     fn job(
         &mut self,
         src: &Source,
+        dir: &Path,
         name: &str,
         rj: RawJob,
         endpoints: &IndexMap<String, Endpoint>,
@@ -103,7 +110,15 @@ impl Loader<'_> {
             rj.on_quota_exhausted.as_deref(),
             d::ON_QUOTA_EXHAUSTED,
         );
-        let places = Placeholders::of(&fan_out);
+        let from_written = rj.fan_out_from.is_some();
+        let fan_out_from = rj
+            .fan_out_from
+            .and_then(|raw| self.fan_out_from(src, &base.join("fan_out_from"), dir, raw, &fan_out));
+        let columns = fan_out_from.as_ref().map_or(&[][..], |f| &f.columns[..]);
+        // A source that failed (reported) leaves its columns unknown: its
+        // placeholders are not reported again.
+        let places = Placeholders::of(columns, &fan_out)
+            .with_unknown_columns(from_written && fan_out_from.is_none());
         let request = self.request(src, &base.join("request"), &rj.request, &places);
         let pagination = rj
             .pagination
@@ -113,6 +128,7 @@ impl Loader<'_> {
         let retry = self.retry(src, &base.join("retry"), rj.retry.as_ref());
         let endpoint = endpoints.get(&rj.endpoint);
         let reserve = self.reserve(src, &base.join("reserve"), rj.reserve.as_deref(), endpoint);
+        let since_initial = rj.since_initial.map_or(d::SINCE_INITIAL, |s| s.0);
 
         if self.errors.len() > errors_before || !endpoint_valid {
             return None;
@@ -124,12 +140,14 @@ impl Loader<'_> {
             timezone,
             endpoint: rj.endpoint,
             fan_out,
+            fan_out_from,
             on_quota_exhausted,
             request: request?,
             pagination,
             sink: sink?,
             retry,
             reserve,
+            since_initial,
         })
     }
 
@@ -153,7 +171,10 @@ impl Loader<'_> {
         let Some(ep) = endpoint else {
             return reserve;
         };
-        let own = self.credential_windows.get(&ep.credential);
+        // The credential's windows count only when the endpoint charges it.
+        let own = (ep.charge_credential)
+            .then(|| self.credential_windows.get(&ep.credential))
+            .flatten();
         let tightest =
             (own.into_iter().flatten().chain(&ep.windows)).min_by_key(|w| w.admits(reserve));
         if let Some(w) = tightest.filter(|w| ep.cost.get() > w.admits(reserve)) {
@@ -214,7 +235,8 @@ impl Loader<'_> {
             let at = base.join(key.as_str());
             if !valid_name(&key) || RESERVED_KEYS.contains(&key.as_str()) {
                 let msg = format!(
-                    "bad fan-out key {key:?}: {NAME_RULE}; secret, date, job and item are taken"
+                    "bad fan-out key {key:?}: {NAME_RULE}; {} are taken",
+                    RESERVED_KEYS.join(", ")
                 );
                 self.error(src, &at, msg);
             }
@@ -234,27 +256,271 @@ impl Loader<'_> {
         out
     }
 
-    /// `[NAME.pagination]`.
+    /// `[NAME.fan_out_from]`: a CSV file (`csv`) or a SQLite file and one
+    /// read-only `query` (`sqlite`, `query`), paths relative to the config
+    /// file's directory. The source is read now for its columns (the
+    /// placeholders it fills): the CSV header, the query prepared. A source
+    /// that cannot be read is an error, unless `columns` declares them and
+    /// the file is not there yet (another job's sink may create it): then
+    /// `check` warns and ticks fan out nothing until it can be read.
+    fn fan_out_from(
+        &mut self,
+        src: &Source,
+        base: &FieldPath,
+        dir: &Path,
+        raw: RawFanOutFrom,
+        fan_out: &[(String, Vec<String>)],
+    ) -> Option<FanOutFrom> {
+        let (source, at) = self.data_source(src, base, dir, &raw)?;
+        let max_items = raw
+            .max_items
+            .map_or(Some(d::FAN_OUT_MAX_ITEMS), NonZeroU64::new);
+        let Some(max_items) = max_items else {
+            self.error(src, &base.join("max_items"), "must be at least 1");
+            return None;
+        };
+        let columns = match (source::columns(&source), raw.columns) {
+            (Ok(found), None) => found,
+            (Ok(found), Some(declared)) => {
+                let mut sorted = (found.clone(), declared.clone());
+                sorted.0.sort();
+                sorted.1.sort();
+                if sorted.0 != sorted.1 {
+                    let msg = format!(
+                        "the source's columns are {found:?}; columns = {declared:?} must name the same ones"
+                    );
+                    self.error(src, &base.join("columns"), msg);
+                }
+                declared
+            }
+            (Err(e), Some(declared))
+                if e.is_missing() || matches!(e, source::SourceError::Sqlite { .. }) =>
+            {
+                if let DataSource::Sqlite { query, .. } = &source
+                    && !source::looks_read_only(query)
+                {
+                    let e = source::SourceError::NotReadOnly;
+                    self.error(src, &base.join("query"), e.to_string());
+                }
+                declared
+            }
+            (Err(e), declared) => {
+                let mut msg = e.to_string();
+                if e.is_missing() && declared.is_none() {
+                    msg.push_str(
+                        "; if another job creates it, declare the placeholders it will fill: columns = [\"channel\", ...]",
+                    );
+                }
+                let at = match e {
+                    source::SourceError::MultipleStatements
+                    | source::SourceError::NotReadOnly
+                    | source::SourceError::Sqlite { .. } => base.join("query"),
+                    _ => at,
+                };
+                self.error(src, &at, msg);
+                return None;
+            }
+        };
+        self.check_columns(src, base, &columns, fan_out);
+        Some(FanOutFrom {
+            source,
+            columns,
+            max_items,
+            rows: None,
+        })
+    }
+
+    /// `csv`, or `sqlite` with `query`: the source, and the field naming its file.
+    fn data_source(
+        &mut self,
+        src: &Source,
+        base: &FieldPath,
+        dir: &Path,
+        raw: &RawFanOutFrom,
+    ) -> Option<(DataSource, FieldPath)> {
+        let mut path = |field: &str, written: &str| {
+            let at = base.join(field);
+            // `$VARS` first, as in sink paths (`${STATE_DIRECTORY:-../state}/...`).
+            match expand_vars(written, self.env) {
+                Ok(p) => Some((dir.join(p), at)),
+                Err(e) => {
+                    self.error(src, &at, e);
+                    None
+                }
+            }
+        };
+        match (&raw.csv, &raw.sqlite, &raw.query) {
+            (Some(csv), None, None) => {
+                let (path, at) = path("csv", csv)?;
+                Some((DataSource::Csv { path }, at))
+            }
+            (None, Some(db), Some(query)) => {
+                let (path, at) = path("sqlite", db)?;
+                let query = query.clone();
+                Some((DataSource::Sqlite { path, query }, at))
+            }
+            (Some(_), Some(_), _) => {
+                let msg = "a fan-out reads one source: csv or sqlite, not both";
+                self.error(src, &base.join("sqlite"), msg);
+                None
+            }
+            (None, Some(_), None) => {
+                let msg =
+                    "a sqlite source needs its query: query = \"SELECT ... AS channel FROM ...\"";
+                self.error(src, &base.join("sqlite"), msg);
+                None
+            }
+            (_, None, Some(_)) => {
+                let msg = "query reads a SQLite file: name it with sqlite = \"...db\"";
+                self.error(src, &base.join("query"), msg);
+                None
+            }
+            (None, None, None) => {
+                let msg =
+                    "needs a source: csv = \"file.csv\", or sqlite = \"file.db\" with a query";
+                self.error(src, base, msg);
+                None
+            }
+        }
+    }
+
+    /// Each column must make a placeholder no other fills.
+    fn check_columns(
+        &mut self,
+        src: &Source,
+        base: &FieldPath,
+        columns: &[String],
+        fan_out: &[(String, Vec<String>)],
+    ) {
+        let at = base.join("columns");
+        if columns.is_empty() {
+            self.error(src, &at, "the source has no columns");
+        }
+        for (i, c) in columns.iter().enumerate() {
+            if !valid_name(c) || RESERVED_KEYS.contains(&c.as_str()) {
+                let msg = format!(
+                    "column {c:?} cannot be a placeholder: {NAME_RULE}; {} are taken (rename it: SELECT x AS name)",
+                    RESERVED_KEYS.join(", ")
+                );
+                self.error(src, &at, msg);
+            } else if columns[..i].contains(c) {
+                self.error(src, &at, format!("column {c:?} appears twice"));
+            } else if fan_out.iter().any(|(k, _)| k == c) {
+                let msg = format!("column {c:?} is also a fan_out key: one placeholder, one value");
+                self.error(src, &at, msg);
+            }
+        }
+    }
+
+    /// `[NAME.pagination]`: the style, the fields it needs (and none of
+    /// the others'), `max_pages` and `continue`.
     fn pagination(
         &mut self,
         src: &Source,
         base: &FieldPath,
         p: &RawPagination,
     ) -> Option<Pagination> {
-        self.check_pointer(src, &base.join("cursor"), &p.cursor, true, "/nextPageToken");
-        if p.param.is_empty() {
-            let msg = "must name the query parameter that carries the cursor";
-            self.error(src, &base.join("param"), msg);
+        // An unknown style is one error, not one more per field it lacks.
+        let style = match p.style.as_deref() {
+            None => d::PAGE_STYLE,
+            Some(written) => self.pick(src, &base.join("style"), written)?,
+        };
+        let (word, uses): (&str, &[&str]) = match style {
+            PageStyleName::Cursor => ("cursor", &["cursor", "param"]),
+            PageStyleName::NextUrl => ("next_url", &["next"]),
+            PageStyleName::Link => ("link", &[]),
+            PageStyleName::Page => ("page", &["param", "start", "step"]),
+        };
+        let written = [
+            ("cursor", p.cursor.is_some()),
+            ("param", p.param.is_some()),
+            ("next", p.next.is_some()),
+            ("start", p.start.is_some()),
+            ("step", p.step.is_some()),
+        ];
+        for (field, _) in written.iter().filter(|(f, set)| *set && !uses.contains(f)) {
+            let msg = format!(
+                "style = {word:?} has no {field} (it uses: {})",
+                fields(uses)
+            );
+            self.error(src, &base.join(*field), msg);
         }
+        let style = match style {
+            PageStyleName::Cursor => PageStyle::Cursor {
+                cursor: self.required_pointer(
+                    src,
+                    base,
+                    "cursor",
+                    p.cursor.as_deref(),
+                    "/nextPageToken",
+                ),
+                param: self.param(src, base, p.param.as_deref(), "the cursor"),
+            },
+            PageStyleName::NextUrl => PageStyle::NextUrl {
+                next: self.required_pointer(src, base, "next", p.next.as_deref(), "/paging/next"),
+            },
+            PageStyleName::Link => PageStyle::Link,
+            PageStyleName::Page => PageStyle::Page {
+                param: self.param(src, base, p.param.as_deref(), "the page number"),
+                start: p.start.unwrap_or(d::PAGE_START),
+                step: match p.step {
+                    Some(0) => {
+                        self.error(src, &base.join("step"), "must be at least 1");
+                        d::PAGE_STEP
+                    }
+                    step => step.unwrap_or(d::PAGE_STEP),
+                },
+            },
+        };
         let Some(max_pages) = NonZeroU32::new(p.max_pages) else {
             self.error(src, &base.join("max_pages"), "must be at least 1");
             return None;
         };
         Some(Pagination {
-            cursor: p.cursor.clone(),
-            param: p.param.clone(),
+            style,
             max_pages,
+            continues: p.continues.unwrap_or(d::PAGE_CONTINUE),
         })
+    }
+
+    /// A pagination field holding a JSON pointer that the style needs.
+    fn required_pointer(
+        &mut self,
+        src: &Source,
+        base: &FieldPath,
+        field: &str,
+        written: Option<&str>,
+        example: &str,
+    ) -> String {
+        match written {
+            Some(ptr) => {
+                self.check_pointer(src, &base.join(field), ptr, true, example);
+                ptr.to_owned()
+            }
+            None => {
+                let msg = format!("missing: a JSON pointer like {example:?}");
+                self.error(src, &base.join(field), msg);
+                String::new()
+            }
+        }
+    }
+
+    /// `param`: the query parameter that carries `what`.
+    fn param(
+        &mut self,
+        src: &Source,
+        base: &FieldPath,
+        written: Option<&str>,
+        what: &str,
+    ) -> String {
+        match written {
+            Some(p) if !p.is_empty() => p.to_owned(),
+            _ => {
+                let msg = format!("must name the query parameter that carries {what}");
+                self.error(src, &base.join("param"), msg);
+                String::new()
+            }
+        }
     }
 
     /// `retry = { attempts, backoff, max_backoff }`, each defaulted alone.
@@ -272,6 +538,15 @@ impl Loader<'_> {
             backoff: r.backoff.map_or(d::RETRY_BACKOFF, |b| b.0),
             max_backoff: r.max_backoff.map_or(d::RETRY_MAX_BACKOFF, |b| b.0),
         }
+    }
+}
+
+/// `a`, `a and b`, `a, b and c`, or `nothing else`.
+fn fields(names: &[&str]) -> String {
+    match names {
+        [] => "nothing else".into(),
+        [one] => (*one).into(),
+        [rest @ .., last] => format!("{} and {last}", rest.join(", ")),
     }
 }
 

@@ -7,24 +7,42 @@ use crate::config::defaults as d;
 use crate::config::raw::RawRequest;
 use crate::config::{FieldPath, RequestTemplate, Source, Template};
 
-/// The placeholders a job's templates may use: its fan-out keys, `{job}`
-/// and `{date}`, and `{secret}` where it is allowed.
+/// The placeholders a job's templates may use: its fan-out keys and
+/// `fan_out_from` columns, `{job}` and `{date}`, and in the request (not in
+/// file names) `{secret}`, `{since}` and `{since_epoch}`.
 pub(super) struct Placeholders<'a> {
     fan_out: Vec<&'a str>,
+    /// A `fan_out_from` whose columns could not be read (reported): any
+    /// name may be one of them, so none is reported again.
+    unknown_columns: bool,
 }
 
+/// Placeholders the request may use and file names may not: the secret,
+/// and the item's `{since}` (which changes every run).
+const REQUEST_ONLY: [&str; 3] = ["secret", "since", "since_epoch"];
+
 impl<'a> Placeholders<'a> {
-    pub(super) fn of(fan_out: &'a [(String, Vec<String>)]) -> Self {
+    /// A job's: its `fan_out_from` columns, then its `fan_out` keys.
+    pub(super) fn of(columns: &'a [String], fan_out: &'a [(String, Vec<String>)]) -> Self {
+        let keys = fan_out.iter().map(|(k, _)| k.as_str());
         Placeholders {
-            fan_out: fan_out.iter().map(|(k, _)| k.as_str()).collect(),
+            fan_out: columns.iter().map(String::as_str).chain(keys).collect(),
+            unknown_columns: false,
         }
     }
 
+    /// Also any name: the job's `fan_out_from` failed to load (reported).
+    pub(super) fn with_unknown_columns(mut self, unknown: bool) -> Self {
+        self.unknown_columns = unknown;
+        self
+    }
+
     fn has(&self, name: &str, secret_ok: bool) -> bool {
-        self.fan_out.contains(&name)
+        (self.unknown_columns && name != "secret")
+            || self.fan_out.contains(&name)
             || name == "job"
             || name == "date"
-            || (secret_ok && name == "secret")
+            || (secret_ok && REQUEST_ONLY.contains(&name))
     }
 
     /// Why `name` may not be used here.
@@ -32,10 +50,13 @@ impl<'a> Placeholders<'a> {
         if name == "secret" {
             return "{secret} may not appear here: it would leak the key into file names".into();
         }
+        if REQUEST_ONLY.contains(&name) {
+            return format!("{{{name}}} may only appear in the request");
+        }
         let mut have: Vec<String> = self.fan_out.iter().map(|k| format!("{{{k}}}")).collect();
         have.extend(["{job}", "{date}"].map(String::from));
         if secret_ok {
-            have.push("{secret}".into());
+            have.extend(REQUEST_ONLY.map(|n| format!("{{{n}}}")));
         }
         format!(
             "placeholder {{{name}}} has no value (available: {})",

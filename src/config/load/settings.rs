@@ -129,6 +129,7 @@ impl Loader<'_> {
             shutdown_timeout: raw.shutdown_timeout.map_or(d::SHUTDOWN_TIMEOUT, |t| t.0),
             recover_after: raw.recover_after.map_or(d::RECOVER_AFTER, |t| t.0),
             poll_interval: raw.poll_interval.map_or(d::POLL_INTERVAL, |t| t.0),
+            fan_out_warn: raw.fan_out_warn.unwrap_or(d::FAN_OUT_WARN),
         };
         if worker.recover_after < d::MIN_RECOVER_AFTER {
             let min = fmt_duration(d::MIN_RECOVER_AFTER);

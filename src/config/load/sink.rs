@@ -5,7 +5,7 @@ use super::request::Placeholders;
 use super::{Loader, expand_vars};
 use crate::config::defaults as d;
 use crate::config::raw::RawSink;
-use crate::config::{FieldPath, SinkConfig, SinkKind, Source};
+use crate::config::{FieldPath, Location, SinkConfig, SinkKind, Source};
 
 impl Loader<'_> {
     /// `[NAME.sink]`.
@@ -48,6 +48,7 @@ impl Loader<'_> {
         Some(SinkConfig {
             kind,
             path: path?,
+            at: Location::of(src.error(&path_at, "")),
             records,
             search: raw.search,
             key: raw.key,

@@ -1,0 +1,235 @@
+//! Promise (SPEC Part 2 "Pagination styles", issue 12 item 1): every style
+//! — a cursor (string or number), a next URL (absolute or relative), the
+//! `Link` header, page numbers — fetches every page of an item exactly once
+//! per run, counted in the simulator's own request log; a next page on
+//! another origin is never requested; `continue = true` crawls `max_pages`
+//! deeper each run; and no key or value in Redis ever holds the secret that
+//! Meta puts into its next URLs, while the resumed run sends it again.
+
+use std::time::Duration;
+
+use quota_worker::outcome::OutcomeKind;
+use quota_worker::simulator::{SimStyle, Simulator};
+
+use crate::support::pipeline::{Pipeline, kinds};
+use crate::support::styles::{
+    self, GITHUB, META, NUMERIC, PAGES, RELATIVE, Style, config, job, once_each, sim, wide,
+};
+use crate::support::{Job, Window};
+
+const KEY: &str = "sim-key";
+const WAIT: Duration = Duration::from_secs(30);
+
+/// The daemon in-process on `style`'s simulator of `pages` pages, the
+/// credential's secret `key` with `window`, running the jobs `jobs` builds.
+async fn start(
+    style: &Style,
+    pages: u32,
+    window: Window,
+    key: &str,
+    jobs: impl FnOnce(&str) -> Vec<Job>,
+) -> Pipeline {
+    styles::pipeline(style, pages, key, window, |e| e, jobs).await
+}
+
+/// Each style, two runs of two items of three pages: each run asks for each
+/// page once (page numbers: and for the empty fourth), and writes each
+/// record once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_style_fetches_every_page_exactly_once_per_run() {
+    for style in [GITHUB, META, RELATIVE, PAGES, NUMERIC] {
+        let mut p = start(&style, 3, wide(), KEY, |base| {
+            vec![job("crawl", &style, base, &["a", "b"], &[], 10)]
+        })
+        .await;
+        let last = if style.sim == SimStyle::PageNumber {
+            4
+        } else {
+            3
+        };
+        for run in 1..=2 {
+            let from = p.sim_stats().requests.len();
+            let tick = p.trigger("crawl").await;
+            let evs = p.wait_tick("crawl", tick, 2, WAIT).await;
+            assert!(
+                evs.iter().all(|s| s.kind() == OutcomeKind::Done),
+                "{} run {run}: {:?}\n{evs:#?}",
+                style.name,
+                kinds(&evs)
+            );
+            let per_page = p.sim_stats().requests_per_page(from);
+            assert_eq!(
+                per_page,
+                once_each(&["a", "b"], 1..=last),
+                "{} run {run}: requests per (item, page)",
+                style.name
+            );
+            println!(
+                "{}: run {run}: requests per (item, page) {per_page:?}",
+                style.name
+            );
+            for s in &evs {
+                assert_eq!(s.ev.outcome.records, 6, "{}: {s:?}", style.name);
+                assert_eq!(s.ev.outcome.units, u64::from(last), "{}: {s:?}", style.name);
+            }
+        }
+        assert_eq!(p.sink_records().len(), 2 * 2 * 6, "{}", style.name);
+        p.stop().await;
+    }
+}
+
+/// A numeric cursor pages on (it silently ended paging as `done` after
+/// page 1 before issue 12), and is sent back as its decimal text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_numeric_cursor_pages_on() {
+    let mut p = start(&NUMERIC, 4, wide(), KEY, |base| {
+        vec![job("crawl", &NUMERIC, base, &["a"], &[], 10)]
+    })
+    .await;
+    let tick = p.trigger("crawl").await;
+    let evs = p.wait_tick("crawl", tick, 1, WAIT).await;
+    assert_eq!(evs[0].kind(), OutcomeKind::Done, "{evs:?}");
+    assert_eq!(evs[0].ev.outcome.pages, 4);
+    let sent: Vec<Option<String>> = p
+        .sim_stats()
+        .requests
+        .iter()
+        .map(|r| {
+            r.query
+                .iter()
+                .find(|(k, _)| k == "page")
+                .map(|(_, v)| v.clone())
+        })
+        .collect();
+    assert_eq!(
+        sent,
+        [None, Some("2".into()), Some("3".into()), Some("4".into())]
+    );
+    p.stop().await;
+}
+
+/// A next URL or `Link` on another origin is never requested: a second
+/// listener, the one the upstream points at, sees nothing; the task ends
+/// `failed` ("next page leaves the origin") having spent only for the page
+/// that pointed there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_next_page_on_another_origin_is_never_requested() {
+    for style in [GITHUB, META] {
+        let foreign = Simulator::start(sim(style.sim, 3, KEY))
+            .await
+            .expect("foreign");
+        let mut upstream = sim(style.sim, 3, KEY);
+        upstream.next_origin = Some(foreign.base_url());
+        let mut p = Pipeline::start(upstream, |base| {
+            let j = job("crawl", &style, base, &["a", "b"], &[], 10);
+            config(KEY, wide(), |e| e, [j])
+        })
+        .await;
+        let tick = p.trigger("crawl").await;
+        let evs = p.wait_tick("crawl", tick, 2, WAIT).await;
+        assert_eq!(evs.len(), 2, "{evs:?}");
+        for s in &evs {
+            let o = &s.ev.outcome;
+            assert_eq!(o.kind, OutcomeKind::Failed, "{}: {o:?}", style.name);
+            assert!(o.detail.contains("next page leaves the origin"), "{o:?}");
+            assert!(
+                o.detail.contains(&foreign.base_url()),
+                "names the origin: {o:?}"
+            );
+            assert!(!o.detail.contains(KEY), "no secret in the detail: {o:?}");
+            assert_eq!((o.pages, o.units), (1, 1), "{o:?}");
+        }
+        assert!(
+            foreign.stats().requests.is_empty(),
+            "{}: the foreign origin was reached: {:#?}",
+            style.name,
+            foreign.stats().requests
+        );
+        assert_eq!(p.sim_stats().requests.len(), 2, "page 1 of each item only");
+        assert_eq!(p.used("api").await, 2);
+        p.stop().await;
+        foreign.shutdown().await;
+    }
+}
+
+/// `continue = true`, `max_pages = 2`, five pages: run 1 fetches pages 1–2,
+/// run 2 pages 3–4, run 3 page 5 (the crawl is complete), run 4 starts
+/// again at page 1. Each run is `done`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn continue_crawls_max_pages_deeper_each_run() {
+    for style in [GITHUB, NUMERIC, PAGES] {
+        let mut p = start(&style, 5, wide(), KEY, |base| {
+            vec![job("crawl", &style, base, &["a"], &[], 2).pagination("continue", true)]
+        })
+        .await;
+        let expect: [&[u32]; 4] = if style.sim == SimStyle::PageNumber {
+            // Page 6 is the empty one that ends the crawl.
+            [&[1, 2], &[3, 4], &[5, 6], &[1, 2]]
+        } else {
+            [&[1, 2], &[3, 4], &[5], &[1, 2]]
+        };
+        for (run, pages) in expect.iter().enumerate() {
+            let from = p.sim_stats().requests.len();
+            let tick = p.trigger("crawl").await;
+            let evs = p.wait_tick("crawl", tick, 1, WAIT).await;
+            assert_eq!(evs[0].kind(), OutcomeKind::Done, "{}: {evs:?}", style.name);
+            let got: Vec<u32> = p.sim_stats().requests[from..]
+                .iter()
+                .map(|r| r.page.expect("a page"))
+                .collect();
+            assert_eq!(&got, pages, "{} run {}", style.name, run + 1);
+        }
+        p.stop().await;
+    }
+}
+
+/// Meta puts the token into `paging.next`. A run interrupted by the quota
+/// at page 3 keeps its next URL — with the token as `{secret}`: no key or
+/// value anywhere in Redis holds the secret in any spelling — and the next
+/// run resumes at page 3, the token sent again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_meta_next_url_is_stored_without_the_token_and_resumed_with_it() {
+    // `/` and `+` make the encoded spellings differ from the token.
+    let token = "EAAG/tok+en9";
+    let mut p = start(&META, 4, Window::sliding(2, "2s"), token, |base| {
+        vec![job("media", &META, base, &["a"], &[("limit", "2")], 10)]
+    })
+    .await;
+
+    let tick = p.trigger("media").await;
+    let evs = p.wait_tick("media", tick, 1, WAIT).await;
+    let o = &evs[0].ev.outcome;
+    assert_eq!(o.kind, OutcomeKind::QuotaExhausted, "{o:?}");
+    assert_eq!((o.pages, o.page), (2, 3), "{o:?}");
+
+    let everything = styles::everything_in(&p.redis.url());
+    assert!(
+        everything.iter().any(|v| v.contains("after=c3")),
+        "the checkpoint holds the next URL: {everything:#?}"
+    );
+    for spelling in styles::spellings(token) {
+        let leaks: Vec<&String> = everything
+            .iter()
+            .filter(|v| v.contains(&spelling))
+            .collect();
+        assert!(leaks.is_empty(), "{spelling:?} is in Redis: {leaks:#?}");
+    }
+
+    // The window frees 2 s after the spends, which came before the end.
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let from = p.sim_stats().requests.len();
+    let tick = p.trigger("media").await;
+    let evs = p.wait_tick("media", tick, 1, WAIT).await;
+    let o = &evs[0].ev.outcome;
+    assert_eq!(o.kind, OutcomeKind::Done, "{o:?}");
+    let resumed = &p.sim_stats().requests[from..];
+    let pages: Vec<Option<u32>> = resumed.iter().map(|r| r.page).collect();
+    assert_eq!(pages, [Some(3), Some(4)], "resumed at page 3");
+    for r in resumed {
+        assert_eq!(r.key.as_deref(), Some(token), "the token sent again: {r:?}");
+        assert_eq!(r.status, 200, "{r:?}");
+        assert!(r.query.contains(&("limit".into(), "2".into())), "{r:?}");
+    }
+    assert_eq!(p.sim_stats().key(token).ok, 4);
+    p.stop().await;
+}

@@ -1,0 +1,609 @@
+//! Promise (SPEC Part 2, "Sinks that cannot be written"): a page the sink
+//! cannot take (disk full, read-only) is never fetched again because of a
+//! local error. It is spooled under the state directory and written once
+//! the sink can take it; when the spool cannot be written either, the task
+//! ends `failed` with its cursor kept, nothing more is spent for the job
+//! until an operator makes room, and only then is that page fetched again.
+//! `check` and `run` test every sink directory at start and exit 78 naming
+//! the OS error. Counted by the simulator's own request log.
+//!
+//! Real read-only and full file systems: where the test may mount (root
+//! with `CAP_SYS_ADMIN`, as in CI), a tmpfs mounted read-only or with a
+//! small size over the directory; where it may not, mode 0555 for
+//! read-only (unless the user ignores permission bits: root in an
+//! unprivileged container), and `/dev/full` for a full JSON lines file. A
+//! test that can have neither says so on stderr, past the harness's output
+//! capture, and checks nothing (see [`skip`]). Every mount and mode is
+//! undone by its guard.
+
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use quota_worker::simulator::SimStyle;
+
+use crate::support::daemon::{self, JOB, REGIONS, sink_records};
+use crate::support::process::{Proc, run_cli};
+use crate::support::styles::{self, API_KEY_ENV, GITHUB};
+use crate::support::upstream::{Upstream, page_counts};
+use crate::support::{self, Endpoint, RedisServer, Sink, TestConfig, wait_until};
+
+const PAGES: u32 = 3;
+const ITEMS: u32 = 2;
+
+/// Says on the real stderr that the running test checks nothing here, and
+/// why. Written to the stream itself, not with `eprintln!`, which the test
+/// harness captures and shows only for a failing test: a skip must not read
+/// as a pass.
+fn skip(why: &str) {
+    let thread = std::thread::current();
+    let test = thread.name().unwrap_or("sink_unwritable");
+    let _ = writeln!(std::io::stderr().lock(), "SKIPPED {test}: {why}");
+}
+
+fn mount_tmpfs(dir: &Path, options: &str, flags: libc::c_ulong) -> std::io::Result<()> {
+    let target = CString::new(dir.as_os_str().as_bytes()).expect("no NUL in path");
+    let data = CString::new(options).expect("no NUL");
+    // SAFETY: valid NUL-terminated strings that outlive the call.
+    let rc = unsafe {
+        libc::mount(
+            c"tmpfs".as_ptr(),
+            target.as_ptr(),
+            c"tmpfs".as_ptr(),
+            flags,
+            data.as_ptr().cast(),
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+fn umount(dir: &Path) {
+    let target = CString::new(dir.as_os_str().as_bytes()).expect("no NUL in path");
+    // SAFETY: a valid path; MNT_DETACH so a file still open there cannot
+    // keep the mount (and the test's temp directory) alive.
+    unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+}
+
+fn set_mode(dir: &Path, mode: u32) {
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+/// A directory nobody may write in until [`ReadOnly::undo`] (or drop).
+struct ReadOnly {
+    dir: PathBuf,
+    mounted: bool,
+    done: bool,
+}
+
+impl ReadOnly {
+    /// A read-only tmpfs over `dir`, or else mode 0555; `None` (and the
+    /// test [skipped](skip)) when neither stops this process writing there.
+    fn new(dir: &Path) -> Option<Self> {
+        std::fs::create_dir_all(dir).expect("mkdir");
+        let mounted = match mount_tmpfs(dir, "size=64k", libc::MS_RDONLY) {
+            Ok(()) => true,
+            Err(mount) => {
+                set_mode(dir, 0o555);
+                // Root (CAP_DAC_OVERRIDE) writes through mode bits.
+                let probe = dir.join("probe");
+                if std::fs::write(&probe, "x").is_ok() {
+                    let _ = std::fs::remove_file(&probe);
+                    set_mode(dir, 0o755);
+                    skip(&format!(
+                        "no read-only directory here: a tmpfs cannot be mounted ({mount}) and mode 0555 does not stop this user writing"
+                    ));
+                    return None;
+                }
+                false
+            }
+        };
+        Some(ReadOnly {
+            dir: dir.to_owned(),
+            mounted,
+            done: false,
+        })
+    }
+
+    /// What the OS says to a write there.
+    fn os_error(&self) -> &'static str {
+        if self.mounted {
+            "Read-only file system (os error 30)"
+        } else {
+            "Permission denied (os error 13)"
+        }
+    }
+
+    fn undo(&mut self) {
+        if std::mem::replace(&mut self.done, true) {
+            return;
+        }
+        if self.mounted {
+            umount(&self.dir);
+        } else {
+            set_mode(&self.dir, 0o755);
+        }
+    }
+}
+
+impl Drop for ReadOnly {
+    fn drop(&mut self) {
+        self.undo();
+    }
+}
+
+/// A small tmpfs over a directory, filled up by [`Full::fill`].
+struct Full {
+    dir: PathBuf,
+}
+
+impl Full {
+    /// `None` (and the test [skipped](skip)) where no tmpfs can be mounted.
+    fn mount(dir: &Path) -> Option<Self> {
+        std::fs::create_dir_all(dir).expect("mkdir");
+        if let Err(e) = mount_tmpfs(dir, "size=4m", 0) {
+            skip(&format!(
+                "a full file system under SQLite needs a small tmpfs, which cannot be mounted here ({e}; root with CAP_SYS_ADMIN can)"
+            ));
+            return None;
+        }
+        Some(Full {
+            dir: dir.to_owned(),
+        })
+    }
+
+    /// Writes a file until the file system says it is full.
+    fn fill(&self) {
+        let mut f = std::fs::File::create(self.dir.join("filler")).expect("filler");
+        let block = [0u8; 4096];
+        loop {
+            match f.write_all(&block) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
+                Err(e) => panic!("filling {}: {e}", self.dir.display()),
+            }
+        }
+        let _ = f.sync_all();
+    }
+
+    fn free(&self) {
+        std::fs::remove_file(self.dir.join("filler")).expect("rm filler");
+    }
+}
+
+impl Drop for Full {
+    fn drop(&mut self) {
+        umount(&self.dir);
+    }
+}
+
+/// The config of these tests: [`daemon::config`]'s job with `PAGES` pages
+/// per region into `sink`, its state (the spool) in `state/` next to it.
+fn setup_with(upstream: &Upstream, sink: Sink) -> TestConfig {
+    daemon::config(daemon::job(&upstream.base_url()).pages(PAGES).sink(sink))
+        .state_dir("state")
+        .write()
+}
+
+/// [`setup_with`] the job's JSON lines files, `data/trending/<region>.jsonl`.
+fn setup(upstream: &Upstream) -> TestConfig {
+    setup_with(
+        upstream,
+        Sink::jsonl("data/{job}/{region}.jsonl").records("/items"),
+    )
+}
+
+fn spooled_files_of(cfg: &TestConfig, job: &str) -> usize {
+    std::fs::read_dir(cfg.join("state/spool").join(job))
+        .map(|d| {
+            d.flatten()
+                .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+fn spooled_files(cfg: &TestConfig) -> usize {
+    spooled_files_of(cfg, JOB)
+}
+
+fn trigger(cfg: &TestConfig, redis: &RedisServer) -> (Option<i32>, String) {
+    let (code, out, err) = run_cli(
+        cfg,
+        Some(&redis.url()),
+        &["trigger", JOB, "--wait"],
+        Duration::from_secs(90),
+    );
+    (code, format!("stdout:\n{out}\nstderr:\n{err}"))
+}
+
+/// Every page of every region was fetched (charged) exactly once.
+fn each_page_once(upstream: &Upstream) {
+    let counts = page_counts(&upstream.stats());
+    assert_eq!(counts.len(), REGIONS.len() * PAGES as usize, "{counts:?}");
+    assert!(
+        counts.values().all(|n| *n == 1),
+        "a page was fetched twice: {counts:?}"
+    );
+}
+
+/// Every record of every page of every region is in the sink, once.
+fn every_record_once(cfg: &TestConfig) {
+    let mut records = sink_records(cfg);
+    let n = records.len();
+    records.sort();
+    records.dedup();
+    assert_eq!(records.len(), n, "a record was written twice");
+    assert_eq!(n, REGIONS.len() * (PAGES * ITEMS) as usize);
+}
+
+/// A JSON lines file on a full disk: `/dev/full` in place of each region's
+/// file (every write fails with ENOSPC, as on a full disk). The pages are
+/// spooled, the tasks end `done`, and once the files can be written the
+/// spooled pages arrive, the upstream having seen each page once.
+#[test]
+fn a_full_jsonl_sink_spools_and_the_upstream_sees_each_page_once() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start(PAGES, ITEMS);
+    let cfg = setup(&upstream);
+    let dir = cfg.join(Path::new("data").join(JOB));
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let files: Vec<PathBuf> = REGIONS
+        .iter()
+        .map(|r| dir.join(format!("{r}.jsonl")))
+        .collect();
+    for f in &files {
+        std::os::unix::fs::symlink("/dev/full", f).expect("symlink /dev/full");
+    }
+    let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
+    d.wait_running(Duration::from_secs(10));
+    let (code, out) = trigger(&cfg, &redis);
+    assert_eq!(
+        code,
+        Some(0),
+        "every task ends done, its pages spooled; {out}"
+    );
+    each_page_once(&upstream);
+    assert_eq!(spooled_files(&cfg), REGIONS.len() * PAGES as usize);
+    let spooled = d.messages("the sink could not take the page: spooled, and written when it can");
+    assert_eq!(spooled.len(), REGIONS.len() * PAGES as usize);
+    assert!(
+        spooled.iter().all(|e| e["error"]
+            .as_str()
+            .is_some_and(|s| s.contains("No space left on device"))),
+        "{spooled:?}"
+    );
+
+    // Space again: the retry loop writes the spooled pages.
+    for f in &files {
+        std::fs::remove_file(f).expect("rm symlink");
+    }
+    let all = REGIONS.len() * (PAGES * ITEMS) as usize;
+    assert!(
+        wait_until(Duration::from_secs(30), || sink_records(&cfg).len() >= all),
+        "spooled pages not written: {} of {all} records; log:\n{}",
+        sink_records(&cfg).len(),
+        d.log()
+    );
+    every_record_once(&cfg);
+    assert_eq!(spooled_files(&cfg), 0, "the spool is empty once written");
+    each_page_once(&upstream);
+}
+
+/// The same with a read-only sink directory, made read-only after `run`
+/// started (at start it refuses one).
+#[test]
+fn a_read_only_sink_spools_and_the_records_arrive_once_it_is_writable() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start(PAGES, ITEMS);
+    let cfg = setup(&upstream);
+    let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
+    d.wait_running(Duration::from_secs(10));
+    let Some(mut ro) = ReadOnly::new(&cfg.join(Path::new("data").join(JOB))) else {
+        return;
+    };
+    let (code, out) = trigger(&cfg, &redis);
+    assert_eq!(code, Some(0), "{out}");
+    each_page_once(&upstream);
+    assert_eq!(spooled_files(&cfg), REGIONS.len() * PAGES as usize);
+    assert!(sink_records(&cfg).is_empty());
+    let errors: Vec<String> = d
+        .messages("the sink could not take the page: spooled, and written when it can")
+        .iter()
+        .map(|e| e["error"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert!(
+        errors.iter().all(|e| e.contains(ro.os_error())),
+        "{errors:?}"
+    );
+
+    ro.undo();
+    let all = REGIONS.len() * (PAGES * ITEMS) as usize;
+    assert!(
+        wait_until(Duration::from_secs(30), || sink_records(&cfg).len() >= all),
+        "spooled pages not written; log:\n{}",
+        d.log()
+    );
+    every_record_once(&cfg);
+    each_page_once(&upstream);
+}
+
+/// A full disk under a SQLite sink (a small tmpfs, filled after `run`
+/// started): pages spooled, written once there is room, each fetched once.
+#[test]
+fn a_full_disk_under_a_sqlite_sink_spools_and_the_rows_arrive_once() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start(PAGES, ITEMS);
+    let cfg = setup(&upstream);
+    let job = std::fs::read_to_string(cfg.join("jobs/trending.toml")).expect("job");
+    let job = job
+        .replace(r#"kind = "jsonl""#, r#"kind = "sqlite""#)
+        .replace(
+            r#"path = "data/{job}/{region}.jsonl""#,
+            r#"path = "data/{job}.sqlite""#,
+        )
+        + "search = [\"/snippet/title\"]\nkey = \"/id\"\n";
+    std::fs::write(cfg.join("jobs/trending.toml"), job).expect("write job");
+    let Some(full) = Full::mount(&cfg.join("data")) else {
+        return;
+    };
+    let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
+    d.wait_running(Duration::from_secs(10));
+    full.fill();
+    let (code, out) = trigger(&cfg, &redis);
+    assert_eq!(code, Some(0), "{out}");
+    each_page_once(&upstream);
+    assert_eq!(
+        spooled_files(&cfg),
+        REGIONS.len() * PAGES as usize,
+        "log:\n{}",
+        d.log()
+    );
+
+    full.free();
+    let db = cfg.join("data/trending.sqlite");
+    let rows = || -> i64 {
+        rusqlite::Connection::open(&db)
+            .and_then(|c| c.query_row(r#"SELECT count(*) FROM "trending""#, [], |r| r.get(0)))
+            .unwrap_or(0)
+    };
+    let all = (REGIONS.len() as u32 * PAGES * ITEMS) as i64;
+    assert!(
+        wait_until(Duration::from_secs(30), || rows() >= all),
+        "{} of {all} rows; log:\n{}",
+        rows(),
+        d.log()
+    );
+    assert_eq!(rows(), all);
+    assert_eq!(spooled_files(&cfg), 0);
+    each_page_once(&upstream);
+    d.term();
+    let _ = d.wait_exit(Duration::from_secs(20));
+}
+
+/// The spool and conditional requests compose (issue 12 items 4 and 6): a
+/// run whose pages all went to the spool is complete, so page 1's `ETag`
+/// is kept and the next run is answered `304`, which writes nothing,
+/// spools nothing and costs nothing; the spooled pages reach the sink once
+/// it can be written, and the upstream charged each page once.
+#[test]
+fn a_spooled_run_is_complete_and_the_next_conditional_run_is_a_304() {
+    let mut sim = styles::sim(SimStyle::Link, PAGES, "sim-key");
+    sim.etag = true;
+    let upstream = Upstream::with(sim);
+    let redis = RedisServer::start();
+    let conditional = |e: Endpoint| e.set("conditional", true).set("not_modified_cost", 0);
+    let issues = styles::job("issues", &GITHUB, &upstream.base_url(), &["o/a"], &[], 10);
+    let cfg = styles::config("sim-key", styles::wide(), conditional, [issues])
+        .state_dir("state")
+        .write();
+    let env = [(API_KEY_ENV, "sim-key")];
+    let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &env);
+    d.wait_running(Duration::from_secs(10));
+    let Some(mut ro) = ReadOnly::new(&cfg.join("data/issues")) else {
+        return;
+    };
+    let lines = || {
+        std::fs::read_to_string(cfg.join("data/issues/o%2Fa.jsonl"))
+            .map_or(0, |t| t.lines().count())
+    };
+    let run = |n: usize| {
+        let (code, out, err) = run_cli(
+            &cfg,
+            Some(&redis.url()),
+            &["trigger", "issues", "--wait"],
+            Duration::from_secs(60),
+        );
+        assert_eq!(code, Some(0), "run {n}: {out}\n{err}");
+        assert!(
+            wait_until(Duration::from_secs(10), || d.outcomes().len() >= n),
+            "{}",
+            d.log()
+        );
+        d.outcomes()[n - 1].clone()
+    };
+
+    let o = run(1);
+    assert_eq!(
+        (o["outcome"].as_str(), o["pages"].as_u64()),
+        (Some("done"), Some(u64::from(PAGES))),
+        "{o}"
+    );
+    assert_eq!(
+        o["records"].as_u64(),
+        Some(u64::from(PAGES * 2)),
+        "spooled counts: {o}"
+    );
+    assert_eq!(spooled_files_of(&cfg, "issues"), PAGES as usize);
+    assert_eq!(lines(), 0);
+
+    // The sink is still read-only: the 304 needs neither it nor the spool.
+    let o = run(2);
+    assert_eq!(
+        (o["outcome"].as_str(), o["not_modified"].as_bool()),
+        (Some("done"), Some(true)),
+        "{o}"
+    );
+    assert_eq!(
+        (o["records"].as_u64(), o["units"].as_u64()),
+        (Some(0), Some(0)),
+        "{o}"
+    );
+    assert_eq!(
+        spooled_files_of(&cfg, "issues"),
+        PAGES as usize,
+        "a 304 spools nothing"
+    );
+    let stats = upstream.stats();
+    let last = stats.requests.last().expect("requests");
+    assert_eq!((last.page, last.status), (Some(1), 304), "{last:?}");
+    assert!(last.if_none_match.is_some(), "{last:?}");
+
+    ro.undo();
+    let all = (PAGES * 2) as usize;
+    assert!(
+        wait_until(Duration::from_secs(30), || lines() >= all),
+        "{} of {all} records; log:\n{}",
+        lines(),
+        d.log()
+    );
+    assert_eq!(lines(), all);
+    // A spooled page is deleted right after its records are written: the
+    // last one may still be there when its lines are.
+    assert!(
+        wait_until(Duration::from_secs(10), || spooled_files_of(&cfg, "issues")
+            == 0),
+        "{} spooled files left",
+        spooled_files_of(&cfg, "issues")
+    );
+    let stats = upstream.stats();
+    assert_eq!(
+        stats.requests.len(),
+        PAGES as usize + 1,
+        "{:?}",
+        stats.requests
+    );
+    assert_eq!(
+        stats.charges.len(),
+        PAGES as usize,
+        "each page charged once, the 304 not"
+    );
+}
+
+/// Neither the sink nor the spool can be written: the tasks end `failed`
+/// with their cursor kept, and no page is fetched again until both are
+/// writable; then each item resumes at the kept page. The one page per task
+/// fetched and lost is fetched again then, and only then.
+#[test]
+fn with_no_spool_either_the_task_fails_keeping_its_cursor_and_nothing_is_spent_until_fixed() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start(PAGES, ITEMS);
+    let cfg = setup(&upstream);
+    std::fs::create_dir_all(cfg.join("state/spool")).expect("mkdir spool");
+    let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
+    d.wait_running(Duration::from_secs(10));
+    let Some(mut sink) = ReadOnly::new(&cfg.join(Path::new("data").join(JOB))) else {
+        return;
+    };
+    let Some(mut spool) = ReadOnly::new(&cfg.join("state/spool")) else {
+        return;
+    };
+
+    let (code, out) = trigger(&cfg, &redis);
+    assert_eq!(code, Some(1), "tasks end failed; {out}");
+    let first = upstream.fetched();
+    assert!(
+        (1..=REGIONS.len()).contains(&first),
+        "at most one page per task was fetched and lost: {first}"
+    );
+    let failed: Vec<String> = d
+        .outcomes()
+        .iter()
+        .map(|o| o["message"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert!(
+        failed
+            .iter()
+            .any(|m| m.contains("and it cannot be spooled")),
+        "{failed:?}"
+    );
+
+    // Nothing changed: the next tick spends nothing and fetches nothing.
+    let (code, out) = trigger(&cfg, &redis);
+    assert_eq!(code, Some(1), "{out}");
+    assert_eq!(
+        upstream.fetched(),
+        first,
+        "no page fetched while the sink is stuck"
+    );
+
+    // An operator makes room: each item resumes where it stopped.
+    sink.undo();
+    spool.undo();
+    let (code, out) = trigger(&cfg, &redis);
+    assert_eq!(code, Some(0), "{out}");
+    let counts = page_counts(&upstream.stats());
+    let twice: HashMap<_, _> = counts.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(counts.values().all(|n| *n <= 2), "{counts:?}");
+    assert_eq!(
+        twice.len(),
+        first,
+        "only the lost pages were fetched again: {counts:?}"
+    );
+    assert!(
+        twice.keys().all(|(_, token)| token.is_none()),
+        "the lost pages are the first ones: {twice:?}"
+    );
+    assert_eq!(counts.len(), REGIONS.len() * PAGES as usize, "{counts:?}");
+    every_record_once(&cfg);
+}
+
+/// `check` and `run` exit 78 before anything runs when a sink directory
+/// cannot be created or written, naming the job's `sink.path` and the OS
+/// error.
+#[test]
+fn check_and_run_refuse_a_sink_directory_they_cannot_write() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start(1, 1);
+    let cfg = setup(&upstream);
+    let env = [("QW_TEST_KEY", "k")];
+    let expect_78 = |o: &std::process::Output, why: &str| {
+        let err = support::stderr(o);
+        assert_eq!(o.status.code(), Some(78), "{err}");
+        assert!(err.contains("trending.sink.path"), "{err}");
+        assert!(err.contains(why), "{err}");
+        assert!(
+            err.contains(&cfg.join("data/trending").display().to_string()),
+            "{err}"
+        );
+    };
+    // Where no directory can be made read-only, the rest still runs.
+    if let Some(ro) = ReadOnly::new(&cfg.join("data")) {
+        expect_78(&cfg.run(&["check"], &env), ro.os_error());
+        let (code, _, log) = run_cli(&cfg, Some(&redis.url()), &["run"], Duration::from_secs(20));
+        assert_eq!(code, Some(78), "{log}");
+        assert!(
+            log.contains("trending.sink.path") && log.contains(ro.os_error()),
+            "{log}"
+        );
+    }
+    // A file where the directory should be.
+    std::fs::create_dir_all(cfg.join("data")).expect("mkdir");
+    std::fs::write(cfg.join("data/trending"), "not a directory").expect("write");
+    expect_78(&cfg.run(&["check"], &env), "File exists (os error 17)");
+    std::fs::remove_file(cfg.join("data/trending")).expect("rm");
+    let o = cfg.run(&["check"], &env);
+    assert_eq!(o.status.code(), Some(0), "{}", support::stderr(&o));
+    assert!(
+        cfg.join("data/trending").is_dir(),
+        "check creates the directory"
+    );
+    assert_eq!(upstream.fetched(), 0);
+}
