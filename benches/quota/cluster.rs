@@ -12,42 +12,18 @@
 use std::time::Duration;
 
 use quota_worker::config::Config;
-use quota_worker::quota::{Limiter, Quotas, request_id};
+use quota_worker::quota::{Limiter, Quotas};
 use serde::Serialize;
 use serde_json::json;
 
 use crate::Ctx;
-use crate::common::{self, TIMEOUT, drive, median, percentiles, thousands};
+use crate::common::{self, Plan, TIMEOUT, drive, median, percentiles, thousands};
 use crate::report::{Section, Target};
 use crate::support::cluster::{self, Cluster};
 use crate::support::{RedisServer, TestConfig, wait_until};
 
 /// Credentials the spends spread over, round robin.
 const CREDENTIALS: usize = 100;
-
-struct Plan {
-    callers: usize,
-    rounds: usize,
-    round: Duration,
-}
-
-impl Plan {
-    fn new(quick: bool) -> Self {
-        if quick {
-            Plan {
-                callers: 8,
-                rounds: 1,
-                round: Duration::from_millis(150),
-            }
-        } else {
-            Plan {
-                callers: 64,
-                rounds: 3,
-                round: Duration::from_millis(1500),
-            }
-        }
-    }
-}
 
 /// 100 credentials with a window no run fills, an endpoint each; on the
 /// cluster of `nodes` when there are any.
@@ -122,20 +98,12 @@ async fn round(target: &Place<'_>, plan: &Plan, cell: Option<&mut Cell>) {
     let before: Vec<(f64, u64)> = target.masters.iter().map(|m| counters(m)).collect();
     let limiter = target.limiter.clone();
     let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let (calls, secs, ns) = drive(plan.callers, plan.round, move || {
+    let (calls, secs, ns) = drive(plan.callers[0], plan.round, move || {
         let limiter = limiter.clone();
         let next = next.clone();
         async move {
             let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % CREDENTIALS;
-            let endpoint = format!("c{i:03}");
-            let d = limiter
-                .spend(&endpoint, None, &request_id())
-                .await
-                .expect("spend");
-            assert!(
-                d.is_allowed(),
-                "{endpoint}: {d:?} on a window that never fills"
-            );
+            common::spend_admitted(&limiter, &format!("c{i:03}"), None).await;
         }
     })
     .await;
@@ -156,7 +124,14 @@ async fn round(target: &Place<'_>, plan: &Plan, cell: Option<&mut Cell>) {
 }
 
 pub async fn run(ctx: &Ctx) -> Section {
-    let plan = Plan::new(ctx.quick);
+    let plan = Plan::quick_or(
+        ctx.quick,
+        Plan {
+            callers: vec![64],
+            rounds: 3,
+            round: Duration::from_millis(1500),
+        },
+    );
     // One Redis with a replica (for WAIT), and a 3-master cluster with one
     // replica per master, both private to this section.
     let primary = RedisServer::start();
@@ -218,7 +193,7 @@ pub async fn run(ctx: &Ctx) -> Section {
          the measured rounds.\n\n\
          | target | spends/s | p50 µs | p99 µs | Redis CPU µs per spend, per master |\n\
          |---|---:|---:|---:|---|\n",
-        plan.callers,
+        plan.callers[0],
         plan.rounds,
         plan.round.as_millis()
     );
@@ -290,7 +265,7 @@ pub async fn run(ctx: &Ctx) -> Section {
         title: "Redis Cluster: standalone vs 3 masters, with and without WAIT (issue 15)".into(),
         markdown: md,
         data: json!({
-            "callers": plan.callers,
+            "callers": plan.callers[0],
             "rounds": plan.rounds,
             "round_ms": plan.round.as_millis() as u64,
             "credentials": CREDENTIALS,
