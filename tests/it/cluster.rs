@@ -34,7 +34,10 @@ use crate::support::{
 fn many(n: usize, limit: u64, policy: &str) -> ConfigBuilder {
     (0..n).fold(ConfigBuilder::new(), |b, i| {
         let name = format!("c{i:02}");
-        b.credential(Credential::env(&name, "QW_CLUSTER_KEY").window(Window::sliding(limit, "1h")))
+        let credential = Credential::env(&name, "QW_CLUSTER_KEY")
+            .secret("cluster-key")
+            .window(Window::sliding(limit, "1h"));
+        b.credential(credential)
             .endpoint(Endpoint::new(&name, &name, 1).limiter_unavailable(policy))
     })
 }
@@ -778,4 +781,36 @@ fn an_unacknowledged_spend_is_refunded_on_fail_closed_and_kept_on_fail_open() {
         "{log}"
     );
     assert_eq!(used(), 1, "fail-open keeps the spend recorded");
+}
+
+/// Every master of the windows' cluster must keep every key, like a single
+/// Redis: one master with `allkeys-lru` makes `check` and `run` exit 78
+/// naming that node; with `noeviction` everywhere `check` says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evicting_cluster_master_is_refused_by_check_and_run() {
+    let _machine = machine::heavy();
+    let cluster = Cluster::start(3);
+    let queue = RedisServer::start();
+    let cfg = many(1, 10, "fail-closed")
+        .redis_url(&queue.url())
+        .quota_nodes(cluster.urls())
+        .write();
+    let (code, stdout, log) = run_cli(&cfg, None, &["check"], Duration::from_secs(30));
+    assert_eq!(code, Some(0), "{stdout}{log}");
+    assert!(
+        stdout.contains("redis: the quota windows' Redis Cluster [")
+            && stdout.contains("]: maxmemory-policy noeviction"),
+        "{stdout}"
+    );
+    let m = cluster.masters()[1];
+    let _: String = cluster.nodes[m].cmd(&["CONFIG", "SET", "maxmemory-policy", "allkeys-lru"]);
+    let node = format!(
+        "allkeys-lru (on cluster node 127.0.0.1:{})",
+        cluster.nodes[m].port()
+    );
+    for args in [&["check"][..], &["--log-format", "json", "run"][..]] {
+        let (code, stdout, log) = run_cli(&cfg, None, args, Duration::from_secs(60));
+        assert_eq!(code, Some(78), "{args:?}: {stdout}{log}");
+        assert!(log.contains(&node), "{args:?}: {log}");
+    }
 }
