@@ -6,18 +6,51 @@
 -- earliest moment any of the tick's tasks may retry, on Redis's clock (so
 -- daemons on hosts with skewed clocks agree), for the summary's "retry after".
 --
+-- The job's tick record (KEYS[3], read by the status page) keeps a copy of
+-- the outcome hash of each of the job's newest ticks, and the job's last
+-- error: the outcome hashes expire a day after their last task, a job's
+-- last ticks must outlive that.
+--
+-- Fairness (lua/rotate.lua): a task of the job's latest tick that ended on
+-- a "no" lowers the tick's first such position (`first`), where the next
+-- tick starts serving. And the job's starved items are kept (KEYS[5]: item
+-- -> the turn its starvation began), so each outcome says how many ticks
+-- in a row its item was starved: a task starved (a "no" before any page)
+-- adds its item if absent; a task served (a spend admitted) removes it.
+--
 -- KEYS
 --   1  <prefix>:done:<task root>                 string: the outcome
 --   2  <prefix>:tick:<job>:<tick_ms>:outcomes    hash: outcome field -> count,
 --                                                "#items", "#retry_at_ms"
+--   3  <prefix>:ticks:<job> (optional)           hash: tick_ms -> the outcome
+--                                                hash as a JSON object;
+--                                                "#error" -> the last error
+--                                                (JSON), "#error_at_ms"
+--   4  <prefix>:fair:<job> (optional, with 5)    hash: tick, turn, offset, n, first
+--   5  <prefix>:starved:<job>                    hash: item key -> turn starved since
 --
 -- ARGV
 --   1  the outcome ("done", "quota_exhausted", ...), stored in KEYS[1]
 --   2  the hash field to count it in (the outcome, or "~retrying", "~deferred")
 --   3  TTL of both keys, seconds
 --   4  retry-after, ms, of an outcome that ended on a quota; "" for none
+--   5..8 with KEYS[3] only:
+--   5  the tick, ms (the field of KEYS[3])
+--   6  how many ticks KEYS[3] keeps (the newest)
+--   7  TTL of KEYS[3], seconds
+--   8  the last error (JSON) when this outcome is one, else ""
+--   9..15 with KEYS[4] and KEYS[5] only:
+--   9  for fairness: "starved" (a "no" before any page), "cut" (a "no" after
+--      pages), "served" (a spend admitted), "" (neither: superseded, ...)
+--  10  the task's tick, ms
+--  11  the task's item index in its tick
+--  12  the task's turn ("": a task queued without rotation; no fairness)
+--  13  the item key
+--  14  TTL of KEYS[5], ms
+--  15  most items KEYS[5] keeps
 --
--- Returns: 1
+-- Returns: the item's starved ticks in a row (this one included when it
+-- starved; the run this one ended when served), or -1 (no fairness).
 
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
 redis.call('HINCRBY', KEYS[2], ARGV[2], 1)
@@ -31,4 +64,70 @@ if ARGV[4] ~= '' then
   end
 end
 redis.call('EXPIRE', KEYS[2], ARGV[3])
-return 1
+
+-- The job's tick record, when the caller keeps one (KEYS[3]).
+if KEYS[3] then
+  local copy = {}
+  local fields = redis.call('HGETALL', KEYS[2])
+  for i = 1, #fields, 2 do
+    copy[fields[i]] = tonumber(fields[i + 1])
+  end
+  redis.call('HSET', KEYS[3], ARGV[5], cjson.encode(copy))
+  local ticks = {}
+  for _, f in ipairs(redis.call('HKEYS', KEYS[3])) do
+    if string.sub(f, 1, 1) ~= '#' then
+      ticks[#ticks + 1] = f
+    end
+  end
+  local keep = tonumber(ARGV[6])
+  if #ticks > keep then
+    table.sort(ticks, function(a, b) return tonumber(a) < tonumber(b) end)
+    for i = 1, #ticks - keep do
+      redis.call('HDEL', KEYS[3], ticks[i])
+    end
+  end
+  if ARGV[8] ~= '' then
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    redis.call('HSET', KEYS[3], '#error', ARGV[8], '#error_at_ms', string.format('%d', now))
+  end
+  redis.call('EXPIRE', KEYS[3], ARGV[7])
+end
+
+-- Callers without the fairness arguments (other languages, older tools)
+-- record the outcome only.
+local class, item = ARGV[9] or '', ARGV[13]
+local turn = ARGV[12] and tonumber(ARGV[12])
+if class == '' or turn == nil or #KEYS < 5 then
+  return -1
+end
+
+if class ~= 'served' then
+  local f = redis.call('HMGET', KEYS[4], 'tick', 'offset', 'n', 'first')
+  local n = tonumber(f[3] or '0')
+  if tonumber(f[1]) == tonumber(ARGV[10]) and n > 0 then
+    local p = (tonumber(ARGV[11]) - tonumber(f[2] or '0')) % n
+    local first = tonumber(f[4])
+    if first == nil or p < first then
+      redis.call('HSET', KEYS[4], 'first', p)
+    end
+  end
+end
+
+local since = tonumber(redis.call('HGET', KEYS[5], item))
+if class == 'starved' then
+  if since == nil then
+    since = turn
+    if redis.call('HLEN', KEYS[5]) < tonumber(ARGV[15]) then
+      redis.call('HSET', KEYS[5], item, turn)
+    end
+  end
+  redis.call('PEXPIRE', KEYS[5], ARGV[14])
+  -- A task of an older tick ending late counts its own tick at least.
+  return math.max(turn - since + 1, 1)
+end
+if since == nil then
+  return 0
+end
+redis.call('HDEL', KEYS[5], item)
+return math.max(turn - since, 0)

@@ -68,6 +68,22 @@ impl KeySpace {
         }
     }
 
+    /// Why the credential is blocked (JSON, `history::BlockReason`), kept
+    /// as long as the block it explains.
+    pub(crate) fn block_reason(&self, credential: &str) -> String {
+        format!("{}:blocked:why", self.credential(credential))
+    }
+
+    /// The 24-hour ring of units spent per 5 minutes (`lua/history.lua`)
+    /// of one scope of a credential's windows: every window of a scope sees
+    /// the same spends.
+    pub(crate) fn spent(&self, credential: &str, scope: &Scope) -> String {
+        match scope {
+            Scope::Credential => format!("{}:spent:cred", self.credential(credential)),
+            Scope::Endpoint(e) => format!("{}:spent:ep:{e}", self.credential(credential)),
+        }
+    }
+
     /// The apalis-redis queue name; apalis builds its own keys from it
     /// (`<prefix>:queue:active`, `...:scheduled`, ...).
     pub(crate) fn queue(&self) -> String {
@@ -106,9 +122,33 @@ impl KeySpace {
         format!("{}:fanning", self.prefix)
     }
 
+    /// Where a job's ticks start serving their items (hash: tick, turn,
+    /// offset, n, first; `lua/rotate.lua`): one small hash per job.
+    pub(crate) fn fair(&self, job: &str) -> String {
+        format!("{}:fair:{job}", self.prefix)
+    }
+
+    /// A job's starved items (hash: item key -> the turn its starvation
+    /// began; `lua/finish.lua`), bounded by [`crate::schedule::STARVED_CAP`].
+    pub(crate) fn starved(&self, job: &str) -> String {
+        format!("{}:starved:{job}", self.prefix)
+    }
+
+    /// Where one tick of a job serves its items from, and its turn (hash:
+    /// offset, turn; `lua/rotate.lua`), kept as long as the tick's claim.
+    pub(crate) fn tick_rotation(&self, job: &str, tick_ms: i64) -> String {
+        format!("{}:tick:{job}:{tick_ms}:rotation", self.prefix)
+    }
+
     /// Outcome counts of one tick's tasks (hash: outcome -> count, plus "#items").
     pub(crate) fn tick_outcomes(&self, job: &str, tick_ms: i64) -> String {
         format!("{}:tick:{job}:{tick_ms}:outcomes", self.prefix)
+    }
+
+    /// One job's newest ticks' outcome counts and its last error
+    /// (hash, `lua/finish.lua`), for the status page.
+    pub(crate) fn job_ticks(&self, job: &str) -> String {
+        format!("{}:ticks:{job}", self.prefix)
     }
 
     /// The pagination checkpoint of one job's fan-out item.

@@ -42,8 +42,11 @@
 //!   header, page number) and how it is kept without the secret.
 //! - [`sink`]: where records go: JSON lines files (whole-page appends, safe
 //!   across processes) or SQLite with an FTS5 index that serves search.
-//! - [`ops`]: Prometheus metrics, `/healthz`, `/readyz`, and the systemd
-//!   notify protocol (watchdog pings only while the daemon's loops beat).
+//! - [`ops`]: Prometheus metrics, `/healthz`, `/readyz`, the status page
+//!   (`/`, `/api/status`), and the systemd notify protocol (watchdog pings
+//!   only while the daemon's loops beat); `history`: what the status page
+//!   shows that Redis would not otherwise keep (24-hour spend rings, each
+//!   job's last ticks and error, why a credential is blocked).
 //! - [`stats`]: this process's counters (the demo's progress, the metrics).
 //! - [`conn`], `embedded`: reaching Redis, or running one; `eviction`:
 //!   whether that Redis may evict the windows' keys.
@@ -61,6 +64,7 @@ pub mod daemon;
 pub(crate) mod embedded;
 pub(crate) mod eviction;
 pub(crate) mod fetch;
+pub(crate) mod history;
 pub mod keys;
 pub mod logging;
 pub mod ops;

@@ -45,6 +45,10 @@ pub const FAN_OUT_LEASE: Duration = Duration::from_secs(10);
 /// How long a tick's claim, outcome counts and fan-out progress are kept.
 const TICK_TTL: Duration = Duration::from_secs(86_400);
 
+/// How long a job's rotation is kept after its last tick: longer than any
+/// gap between two ticks of a live job (a yearly one's included).
+pub(crate) const FAIR_TTL: Duration = Duration::from_secs(400 * 86_400);
+
 /// How long a feeder may take to push a leased batch before another takes over.
 const FEED_LEASE: Duration = Duration::from_secs(30);
 
@@ -92,6 +96,7 @@ static ENQUEUE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../lua/e
 static FAN_OUT: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../lua/fan_out.lua")));
 static FAN_OUT_TAKE: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("../lua/fan_out_take.lua")));
+static ROTATE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../lua/rotate.lua")));
 static FEED: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../lua/feed.lua")));
 static FED: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../lua/fed.lua")));
 static TRIM: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../lua/trim.lua")));
@@ -143,6 +148,35 @@ pub struct TickFanOut<'a> {
     /// Who queues it: the claim's value and the progress owner, unique per
     /// process (a daemon's `host:pid`, a trigger's request id).
     pub who: &'a str,
+}
+
+/// Where one tick of a job starts serving its items, and its turn (the
+/// job's tick count, which `starved_ticks` counts in): [`Queue::begin_tick`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Rotation {
+    /// The item index queued (and so served) first; the rest follow in
+    /// index order, wrapping around.
+    pub offset: u64,
+    /// The job's tick number.
+    pub turn: u64,
+}
+
+impl Rotation {
+    /// The item index at `position` of a tick of `total` items.
+    pub fn index_at(self, position: u64, total: u64) -> u64 {
+        if total == 0 {
+            return 0;
+        }
+        (self.offset % total + position % total) % total
+    }
+
+    /// The position of item `index` in a tick of `total` items.
+    pub fn position_of(self, index: u64, total: u64) -> u64 {
+        if total == 0 {
+            return 0;
+        }
+        (index % total + total - self.offset % total) % total
+    }
 }
 
 /// What one chunk call did.
@@ -225,6 +259,10 @@ pub struct TaskArgs {
     pub failures: u32,
     /// Copies queued before this one in its chain.
     pub seq: u32,
+    /// The tick's turn in its job's rotation ([`Rotation`]); `None` for a
+    /// task queued without one (`enqueue_tick`), which fairness ignores.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn: Option<u64>,
 }
 
 impl TaskArgs {
@@ -248,7 +286,29 @@ impl TaskArgs {
             continuation: false,
             failures: 0,
             seq: 0,
+            turn: None,
         }
+    }
+
+    /// The task of item `index` of a tick of `total` items queued in
+    /// `rotation`'s order. Its id names its position, zero-padded to one
+    /// width per tick, so that ids sort in serving order: the backlog and
+    /// apalis's scheduled set both hand out tasks due at the same moment in
+    /// the order of their ids.
+    pub fn in_rotation(
+        fan: &TickFanOut<'_>,
+        rotation: Rotation,
+        total: u64,
+        index: u64,
+        item: Vec<(String, String)>,
+    ) -> Self {
+        let width = total.saturating_sub(1).max(1).ilog10() as usize + 1;
+        let position = rotation.position_of(index, total);
+        let mut task = TaskArgs::first(fan.job, fan.tick, index, item, fan.origin);
+        task.id = format!("{}:{}:{position:0width$}", fan.job, fan.tick);
+        task.root = task.id.clone();
+        task.turn = Some(rotation.turn);
+        task
     }
 
     /// The same item of the same tick, queued again for `origin`.
@@ -396,6 +456,30 @@ impl Queue {
         let mut conn = self.conn.clone();
         let n: i64 = inv.invoke(&mut conn).await?;
         Ok(n.max(0) as usize)
+    }
+
+    /// Where `job`'s tick at `tick` (of `total` items) starts serving, and
+    /// its turn (`lua/rotate.lua`): where the job's previous tick's first
+    /// task that ended on the quota's "no" was, so the items starved last
+    /// time go first. The same for every caller for one tick.
+    pub async fn begin_tick(
+        &self,
+        job: &str,
+        tick: i64,
+        total: u64,
+    ) -> Result<Rotation, QueueError> {
+        let mut conn = self.conn.clone();
+        let (offset, turn): (u64, u64) = ROTATE
+            .call()
+            .key(self.keys.fair(job))
+            .key(self.keys.tick_rotation(job, tick))
+            .arg(tick)
+            .arg(total)
+            .arg(FAIR_TTL.as_millis() as u64)
+            .arg(TICK_TTL.as_millis() as u64)
+            .invoke(&mut conn)
+            .await?;
+        Ok(Rotation { offset, turn })
     }
 
     /// Claims `job`'s tick at `tick_ms` and adds its tasks: with several
@@ -669,6 +753,38 @@ mod tests {
             item_key(&pairs(&[("a", "x"), ("b", "\\y")]))
         );
         assert_eq!(item_key(&[]), "-");
+    }
+
+    /// Ids of a rotated tick sort in serving order (the backlog and apalis
+    /// hand out tasks due at the same moment by id), and every position
+    /// maps to one item.
+    #[test]
+    fn rotated_ids_sort_in_serving_order_and_cover_every_item() {
+        let fan = TickFanOut {
+            job: "j",
+            tick: 1_000,
+            origin: Origin::Tick,
+            who: "t",
+        };
+        for (total, offset) in [(12u64, 7u64), (5, 0), (5, 4), (1, 0), (101, 100)] {
+            let rotation = Rotation { offset, turn: 3 };
+            let mut tasks: Vec<TaskArgs> = (0..total)
+                .map(|p| {
+                    let i = rotation.index_at(p, total);
+                    assert_eq!(rotation.position_of(i, total), p);
+                    TaskArgs::in_rotation(&fan, rotation, total, i, vec![])
+                })
+                .collect();
+            let served: Vec<u64> = tasks.iter().map(|t| t.index).collect();
+            tasks.sort_by(|a, b| a.id.cmp(&b.id));
+            let by_id: Vec<u64> = tasks.iter().map(|t| t.index).collect();
+            assert_eq!(by_id, served, "total {total}, offset {offset}");
+            assert_eq!(served[0], offset % total);
+            let mut all = served.clone();
+            all.sort_unstable();
+            assert_eq!(all, (0..total).collect::<Vec<_>>());
+            assert!(tasks.iter().all(|t| t.turn == Some(3) && t.root == t.id));
+        }
     }
 
     /// Regression: a busy copy and a retry of one task got the same id.

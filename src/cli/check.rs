@@ -157,6 +157,9 @@ fn report(config: &Config, now: DateTime<Utc>, sources: &[(String, SourceRead)])
         out.push_str(&line);
         warnings.extend(warning);
     }
+    // Per job, the smallest fraction of its worst case a window it spends
+    // from can serve (below 1: the window does not fit).
+    let mut served: std::collections::BTreeMap<&str, f64> = Default::default();
     for cred in config.credentials.values() {
         out.push_str(&format!("\ncredential {}\n", cred.name));
         let rows = window_rows(config, &cred.name, &cred.windows);
@@ -171,10 +174,21 @@ fn report(config: &Config, now: DateTime<Utc>, sources: &[(String, SourceRead)])
             .max()
             .unwrap_or(0);
         for row in rows {
+            let worst = row.worst(config, now);
+            if worst > row.window.units.get() {
+                let f = row.window.units.get() as f64 / worst as f64;
+                for job in &row.jobs {
+                    let least = served.entry(job.name.as_str()).or_insert(1.0);
+                    *least = least.min(f);
+                }
+            }
             let (line, warning) = row.report(config, &cred.name, now, (scope_w, win_w));
             out.push_str(&line);
             warnings.extend(warning);
         }
+    }
+    if !served.is_empty() {
+        out.push_str(&shares(config, &served));
     }
     if let Some(addr) = config.metrics.listen
         && let Some(why) = crate::ops::exposed(addr)
@@ -318,6 +332,16 @@ fn window_rows<'a>(config: &'a Config, credential: &str, own: &'a [Window]) -> V
 }
 
 impl Row<'_> {
+    /// The most units its jobs can spend in one window span.
+    fn worst(&self, config: &Config, now: DateTime<Utc>) -> u64 {
+        (self.jobs.iter())
+            .map(|j| {
+                schedule::worst_ticks(j, self.window.per, now)
+                    .saturating_mul(schedule::worst_per_run(config, j))
+            })
+            .fold(0, u64::saturating_add)
+    }
+
     /// Its line (columns `widths` wide), and a warning when the jobs'
     /// worst case does not fit.
     fn report(
@@ -328,12 +352,7 @@ impl Row<'_> {
         (scope_w, win_w): (usize, usize),
     ) -> (String, Option<String>) {
         let (scope, w) = (&self.scope, self.window);
-        let worst: u64 = (self.jobs.iter())
-            .map(|j| {
-                schedule::worst_ticks(j, w.per, now)
-                    .saturating_mul(schedule::worst_per_run(config, j))
-            })
-            .fold(0, u64::saturating_add);
+        let worst = self.worst(config, now);
         let pct = worst as f64 * 100.0 / w.units.get() as f64;
         let fits = worst <= w.units.get();
         let mut line = format!(
@@ -373,4 +392,50 @@ impl Row<'_> {
         }
         (line, Some(msg))
     }
+}
+
+/// Most items listed one by one in a job's share.
+const SHARE_ITEMS: u64 = 10;
+
+/// Each item's share of ticks, per job that does not fit a window: when a
+/// window serves a fraction `f` of a job's worst case, about `f` × items
+/// fit per tick, and the rotation serves every item in turn
+/// (docs/jobs.md "Fairness").
+fn shares(config: &Config, served: &std::collections::BTreeMap<&str, f64>) -> String {
+    let mut out = String::from(
+        "\nfairness: these jobs do not fit their windows at worst; each tick serves its items in rotation, the ones starved last time first\n",
+    );
+    for (name, f) in served {
+        let Some(job) = config.jobs.get(*name) else {
+            continue;
+        };
+        let items = job.items();
+        let fits = (items as f64 * f).floor() as u64;
+        let share = schedule::share(fits, items);
+        if fits == 0 {
+            out.push_str(&format!(
+                "  job {name}: not one of its {items} item(s) fits a tick at worst: items are served only when other ticks leave units\n"
+            ));
+            continue;
+        }
+        out.push_str(&format!(
+            "  job {name}: {fits} of {items} item(s) fit per tick at worst: each item's share is {:.0}% of ticks (served at least once every {} ticks)\n",
+            share * 100.0,
+            items.div_ceil(fits)
+        ));
+        if items <= SHARE_ITEMS && job.fan_out_from.is_none() {
+            let Ok(mut all) = TickItems::read(job) else {
+                continue;
+            };
+            let Ok(iter) = all.from(0) else { continue };
+            for (_, item) in iter.map_while(Result::ok) {
+                out.push_str(&format!(
+                    "    item {}: {:.0}% of ticks\n",
+                    crate::queue::item_key(&item),
+                    share * 100.0
+                ));
+            }
+        }
+    }
+    out
 }

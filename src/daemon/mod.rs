@@ -211,6 +211,8 @@ impl Parts {
             stats: shared.stats.clone(),
             unsafe_eviction: config.redis.unsafe_eviction,
             gauge_reads: Arc::default(),
+            config: config.clone(),
+            status_reads: Arc::default(),
         };
         Ok(Parts { queue, worker, ops })
     }

@@ -11,9 +11,8 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use tracing::warn;
 
-use super::{OpsState, REDIS_READ_BUDGET, peek_all};
+use super::{OpsState, bounded, peek_all};
 use crate::stats::Stats;
 
 /// Spend latency buckets, seconds: a local Redis answers in well under 1 ms.
@@ -136,19 +135,7 @@ pub(super) async fn metrics(State(s): State<OpsState>) -> impl IntoResponse {
 /// [`GAUGES_FRESH_FOR`]: see `metrics`). When Redis cannot answer in time the
 /// gauges keep their last values and `qw_redis_up` says 0.
 async fn refresh_gauges(s: &OpsState) {
-    let depth = async {
-        match tokio::time::timeout(REDIS_READ_BUDGET, s.queue.depth()).await {
-            Ok(Ok(d)) => Some(d),
-            Ok(Err(e)) => {
-                warn!(error = %e, "metrics: cannot read queue depth");
-                None
-            }
-            Err(_) => {
-                warn!("metrics: reading queue depth timed out");
-                None
-            }
-        }
-    };
+    let depth = bounded("metrics: the queue depth", s.queue.depth());
     let (usages, depth) = tokio::join!(peek_all(&s.limiter), depth);
     let mut up = depth.is_some();
     for (name, usage) in usages {

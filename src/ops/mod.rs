@@ -5,13 +5,15 @@
 //! - `health`: the daemon loops' liveness ([`Health`]) and `/readyz`;
 //! - `notify`: `READY=1`, `STOPPING=1`, `STATUS=`, and `WATCHDOG=1`, sent
 //!   only while the scheduler and feeder loops keep beating: a wedged loop
-//!   stops the pings and systemd restarts the service.
+//!   stops the pings and systemd restarts the service;
+//! - `status`: the status page, `GET /` and `GET /api/status` (read-only).
 //!
 //! The daemon ([`crate::daemon`]) starts all of it; nothing here knows the daemon.
 
 mod health;
 mod metrics;
 mod notify;
+mod status;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -27,6 +29,7 @@ pub use health::Health;
 pub use health::STALE_AFTER;
 pub(crate) use metrics::{GaugeReads, recorder};
 pub use notify::Notifier;
+pub(crate) use status::StatusReads;
 
 use crate::queue::Queue;
 use crate::quota::{CredentialUsage, Limiter};
@@ -47,6 +50,10 @@ pub(crate) struct OpsState {
     pub(crate) unsafe_eviction: crate::config::UnsafeEviction,
     /// When `/metrics` last read its gauges from Redis.
     pub(crate) gauge_reads: Arc<GaugeReads>,
+    /// The jobs and endpoints the status page lists.
+    pub(crate) config: Arc<crate::config::Config>,
+    /// When the status page last read Redis, and what it read.
+    pub(crate) status_reads: Arc<StatusReads>,
 }
 
 /// Takes the metrics address, before anything else starts: an address this
@@ -65,11 +72,12 @@ pub(crate) async fn bind(listen: SocketAddr) -> std::io::Result<TcpListener> {
 /// authenticates a scrape (`check` says the same).
 pub fn exposed(listen: SocketAddr) -> Option<&'static str> {
     (!listen.ip().is_loopback()).then_some(
-        "metrics listen beyond loopback, without authentication: any host that reaches it reads credential names, quota usage and queue depth from /metrics; bind 127.0.0.1 (the default) behind a proxy that authenticates, or firewall the port",
+        "metrics listen beyond loopback, without authentication: any host that reaches it reads credential names, quota usage, blocks, jobs and queue depth from /metrics and the status page; bind 127.0.0.1 (the default) behind a proxy that authenticates, or firewall the port",
     )
 }
 
-/// Serves `/metrics`, `/healthz`, `/readyz` on `listener` until `stop`.
+/// Serves `/metrics`, `/healthz`, `/readyz`, and the status page (`/`,
+/// `/api/status`) on `listener` until `stop`.
 /// Returns the bound address (for `listen = "127.0.0.1:0"`).
 pub(crate) fn serve(
     listener: TcpListener,
@@ -82,6 +90,8 @@ pub(crate) fn serve(
         .route("/metrics", get(metrics::metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(health::readyz))
+        .route("/", get(status::page))
+        .route("/api/status", get(status::api))
         .with_state(state);
     tokio::spawn(async move {
         let server = axum::serve(listener, app).with_graceful_shutdown(async move {
@@ -91,7 +101,7 @@ pub(crate) fn serve(
             warn!(error = %e, "metrics server stopped");
         }
     });
-    info!(%addr, "metrics listening: /metrics /healthz /readyz");
+    info!(%addr, "metrics listening: /metrics /healthz /readyz, status page / and /api/status");
     Ok(addr)
 }
 
@@ -100,6 +110,28 @@ pub(crate) fn serve(
 /// not take the counters' scrape down with it (the queue's connection alone
 /// waits up to 10 s for an answer).
 pub(crate) const REDIS_READ_BUDGET: Duration = Duration::from_secs(2);
+
+/// Runs `read` within [`REDIS_READ_BUDGET`]; `None` (logged, naming
+/// `what`) when it fails or takes longer.
+pub(crate) async fn bounded<T, E: std::fmt::Display>(
+    what: &str,
+    read: impl std::future::Future<Output = Result<T, E>>,
+) -> Option<T> {
+    match tokio::time::timeout(REDIS_READ_BUDGET, read).await {
+        Ok(Ok(v)) => Some(v),
+        Ok(Err(e)) => {
+            warn!(error = %e, "{what}: cannot read it from Redis");
+            None
+        }
+        Err(_) => {
+            warn!(
+                budget_ms = REDIS_READ_BUDGET.as_millis() as u64,
+                "{what}: reading it from Redis timed out"
+            );
+            None
+        }
+    }
+}
 
 /// Each credential's windows, read from Redis now, all at once and within
 /// [`REDIS_READ_BUDGET`]; `None` for a credential that could not be read.

@@ -10,7 +10,9 @@
 use std::time::Duration;
 
 use crate::config::Job;
-use crate::queue::{Chunk, FAN_OUT_CHUNK, Origin, Queue, QueueError, TaskArgs, TickFanOut};
+use crate::queue::{
+    Chunk, FAN_OUT_CHUNK, Origin, Queue, QueueError, Rotation, TaskArgs, TickFanOut,
+};
 
 use super::source::{self, Refused, Rows, SourceError};
 
@@ -209,10 +211,16 @@ pub enum FanOutCause {
     ClaimGone,
 }
 
-/// Queues `items` as the tasks of `fan_out`'s tick, from item `start` on
-/// (0: claims the tick; else the rest of a fan-out taken over), in chunks
-/// of at most [`FAN_OUT_CHUNK`] tasks, each one bounded Redis call under
-/// the tick's claim. `progress` hears the count queued after each chunk.
+/// Queues `items` as the tasks of `fan_out`'s tick, from position `start`
+/// on (0: claims the tick; else the rest of a fan-out taken over), in
+/// chunks of at most [`FAN_OUT_CHUNK`] tasks, each one bounded Redis call
+/// under the tick's claim. `progress` hears the count queued after each chunk.
+///
+/// The items are queued in the tick's rotated order ([`Queue::begin_tick`]):
+/// from the one where the job's previous tick first ran out of quota, to
+/// the end, then from the first item, so the items starved last time are
+/// served first. Every enqueuer of one tick gets the same order, so a
+/// fan-out taken over goes on with the same positions.
 pub async fn queue_tick(
     queue: &Queue,
     items: &mut TickItems<'_>,
@@ -221,26 +229,39 @@ pub async fn queue_tick(
     mut progress: impl FnMut(u64),
 ) -> Result<Fanned, FanOutError> {
     let total = items.len();
-    let mut pos = start;
     let fail = |queued, cause| FanOutError {
         queued,
         total,
         cause,
     };
+    let rotation = queue
+        .begin_tick(fan_out.job, fan_out.tick, total)
+        .await
+        .map_err(|e| fail(start, e.into()))?;
+    let wrap = total - rotation.offset.min(total);
+    let mut pos = start;
     'restart: loop {
-        let mut iter = items.from(pos).map_err(|e| fail(pos, e.into()))?;
+        // Positions up to `run_end` are items in index order from `pos`'s.
+        let run_end = if pos < wrap { wrap } else { total };
+        let index = rotation.index_at(pos, total);
+        let mut iter = items
+            .from(index)
+            .map_err(|e| fail(pos, e.into()))?
+            .take(run_end.saturating_sub(pos) as usize);
         loop {
-            let chunk = next_chunk(&mut iter, fan_out).map_err(|e| fail(pos, e))?;
+            let chunk =
+                next_chunk(&mut iter, fan_out, rotation, total).map_err(|e| fail(pos, e))?;
             let last = pos + chunk.len() as u64 >= total;
             match send_chunk(queue, fan_out, pos, last, &chunk).await {
                 Ok(Chunk::Queued(n)) => {
                     progress(n);
-                    if n != pos + chunk.len() as u64 {
-                        // Found queued by an earlier call: go on from there.
-                        pos = n;
+                    let expected = pos + chunk.len() as u64;
+                    pos = n;
+                    if n != expected || n >= run_end {
+                        // Found queued by an earlier call, or the end of a
+                        // run of indices: go on from there.
                         continue 'restart;
                     }
-                    pos = n;
                 }
                 Ok(Chunk::Gap(n)) => {
                     pos = n;
@@ -262,12 +283,14 @@ pub async fn queue_tick(
 fn next_chunk(
     iter: &mut impl Iterator<Item = Result<(u64, Item), SourceError>>,
     fan_out: &TickFanOut<'_>,
+    rotation: Rotation,
+    total: u64,
 ) -> Result<Vec<(String, String)>, FanOutCause> {
     let (mut chunk, mut bytes) = (Vec::with_capacity(FAN_OUT_CHUNK), 0);
     while chunk.len() < FAN_OUT_CHUNK && bytes < CHUNK_BYTES {
         let Some(next) = iter.next() else { break };
         let (i, item) = next?;
-        let task = TaskArgs::first(fan_out.job, fan_out.tick, i, item, fan_out.origin);
+        let task = TaskArgs::in_rotation(fan_out, rotation, total, i, item);
         let payload = serde_json::to_string(&task).map_err(QueueError::from)?;
         bytes += payload.len();
         chunk.push((task.id, payload));

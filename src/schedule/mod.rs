@@ -6,9 +6,12 @@
 //!   `fan_out`) and how they are queued in bounded chunks (the daemon's
 //!   scheduler and `trigger` both use it);
 //! - `source`: `fan_out_from`'s CSV and SQLite sources, read at every tick;
+//! - `fairness`: the rotation that serves items starved last time first,
+//!   and the starved items as Redis keeps them;
 //! - `scheduler`: the daemon's loop that fires ticks and fans them out into
 //!   the queue, each tick claimed once across daemons.
 
+mod fairness;
 mod fan_out;
 mod scheduler;
 pub mod source;
@@ -19,6 +22,8 @@ use chrono::{DateTime, Utc};
 
 use crate::config::{Config, Job, Window, WindowKind};
 
+pub(crate) use fairness::share;
+pub use fairness::{STARVED_CAP, StarvedItems, starved_items};
 pub use fan_out::{FanOutCause, FanOutError, Fanned, Item, TickItems, queue_tick, tick_tasks};
 pub(crate) use scheduler::Scheduler;
 

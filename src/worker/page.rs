@@ -26,6 +26,7 @@ use super::spend::{Admission, Spent};
 use super::{CHECKPOINT_TTL, Checkpoint, ITEM_STATE_TTL, TaskError, Worker};
 use crate::config::{Endpoint, Job, OnQuotaExhausted, PageStyle, Secret, fmt_duration};
 use crate::fetch::{BuildError, PageAt, Placeholders, Reply, Request, UpstreamQuota};
+use crate::history::BlockReason;
 use crate::outcome::{Outcome, OutcomeKind};
 use crate::paging::{Next, Stored, Validators};
 use crate::queue::{Origin, QueueError, TaskArgs};
@@ -408,7 +409,13 @@ impl Worker {
     ) -> Result<Step, TaskError> {
         if let Some(u) = upstream.filter(|u| u.remaining == 0) {
             // Nobody spends on this credential until the upstream resets.
-            self.block(run.endpoint, u.reset_in).await;
+            let why = BlockReason {
+                why: "upstream reports 0 remaining (rate-limit headers)".into(),
+                status: None,
+                reason: None,
+                endpoint: run.endpoint.name.clone(),
+            };
+            self.block(run.endpoint, u.reset_in, why).await;
             info!(credential = %run.endpoint.credential, blocked_ms = u.reset_in.as_millis() as u64,
                   "upstream reports its quota spent; credential blocked until its reset");
         }
@@ -472,12 +479,21 @@ impl Worker {
         reason: Option<String>,
     ) -> Result<Outcome, TaskError> {
         let wait = retry_after.unwrap_or(run.endpoint.throttle_block);
-        let blocked = self.block(run.endpoint, wait).await;
-        let why = format!(
-            "upstream answered {status}{}; credential blocked for {}",
-            reason.map(|r| format!(" ({r})")).unwrap_or_default(),
-            fmt_duration(blocked)
+        let said = format!(
+            "upstream answered {status}{}",
+            reason
+                .as_ref()
+                .map(|r| format!(" ({r})"))
+                .unwrap_or_default()
         );
+        let block_reason = BlockReason {
+            why: said.clone(),
+            status: Some(status),
+            reason,
+            endpoint: run.endpoint.name.clone(),
+        };
+        let blocked = self.block(run.endpoint, wait, block_reason).await;
+        let why = format!("{said}; credential blocked for {}", fmt_duration(blocked));
         let kind = OutcomeKind::UpstreamThrottled;
         let mut o = self.wait_for_quota(run, p, kind, blocked, &why).await?;
         o.status = Some(status);

@@ -7,11 +7,12 @@ use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use tracing::{error, warn};
+use tracing::{debug, error, warn};
 
 use super::page::{Progress, Run};
 use super::{TaskError, Worker};
 use crate::config::Endpoint;
+use crate::history::{self, BlockReason};
 use crate::outcome::{Outcome, OutcomeKind};
 use crate::quota::{Decision, RejectedBy};
 use crate::stats::Stats;
@@ -92,7 +93,10 @@ impl Worker {
                 .await
         };
         let recorded = match decision {
-            Ok(Decision::Allowed { .. }) => true,
+            Ok(Decision::Allowed { .. }) => {
+                self.record_spent(run.endpoint, run.endpoint.cost.get() as i64);
+                true
+            }
             Ok(Decision::Unchecked) => false,
             Ok(Decision::Rejected(r)) => {
                 Stats::add(&self.stats.rejected_spends, 1);
@@ -151,7 +155,10 @@ impl Worker {
             .settle(&endpoint.name, request_id, actual)
             .await
         {
-            Ok(_) => p.units = p.units - cost + actual,
+            Ok(_) => {
+                p.units = p.units - cost + actual;
+                self.record_spent(endpoint, actual as i64 - cost as i64);
+            }
             Err(e) => error!(endpoint = %endpoint.name, request_id, actual, error = %e,
                              "could not settle a request to its reported cost; the windows keep the configured cost"),
         }
@@ -164,20 +171,64 @@ impl Worker {
         }
         let request_id = &spent.request_id;
         match self.limiter.settle(&endpoint.name, request_id, 0).await {
-            Ok(_) => p.units -= endpoint.cost.get(),
+            Ok(_) => {
+                p.units -= endpoint.cost.get();
+                self.record_spent(endpoint, -(endpoint.cost.get() as i64));
+            }
             Err(e) => error!(endpoint = %endpoint.name, request_id, error = %e,
                              "could not refund a request that never left; its units stay spent"),
         }
     }
 
+    /// Adds `units` (negative: given back) to the status page's 24-hour
+    /// spend history of the endpoint's windows (`crate::history`), off the
+    /// task's path: the write runs on its own, and a lost one only thins
+    /// the chart.
+    ///
+    /// The one place the history is written. Once spend.lua v2 can run
+    /// extra work in its own call, this moves into the spend (and settle)
+    /// script and costs no round trip of its own.
+    fn record_spent(&self, endpoint: &Endpoint, units: i64) {
+        let Ok(plan) = self.limiter.quotas().endpoint(&endpoint.name) else {
+            return;
+        };
+        let rings = history::rings(self.keys(), &plan.plan);
+        let mut conn = self.conn.clone();
+        tokio::spawn(async move {
+            if let Err(e) = history::record_spent(&mut conn, &rings, units).await {
+                debug!(error = %e, "could not record the spend history");
+            }
+        });
+    }
+
     /// Blocks the endpoint's credential for `wait` (at most `max_block`)
-    /// and returns the block in force. A block Redis does not take is never
-    /// ignored: it is logged as an error and held by this daemon itself
-    /// ([`LocalBlocks`]), so no spend of this daemon goes through meanwhile.
-    pub(super) async fn block(&self, endpoint: &Endpoint, wait: Duration) -> Duration {
+    /// and returns the block in force, recording `why` for the status page
+    /// when this block is the one in force. A block Redis does not take is
+    /// never ignored: it is logged as an error and held by this daemon
+    /// itself ([`LocalBlocks`]), so no spend of this daemon goes through
+    /// meanwhile.
+    pub(super) async fn block(
+        &self,
+        endpoint: &Endpoint,
+        wait: Duration,
+        why: BlockReason,
+    ) -> Duration {
         let wait = wait.min(endpoint.max_block).max(Duration::from_millis(1));
         match self.limiter.block(&endpoint.credential, wait).await {
-            Ok(blocked) => blocked,
+            Ok(blocked) => {
+                // A longer block set by someone else keeps its own reason.
+                if blocked <= wait + Duration::from_secs(1) {
+                    let mut conn = self.conn.clone();
+                    let credential = &endpoint.credential;
+                    if let Err(e) =
+                        history::record_block(&mut conn, self.keys(), credential, blocked, &why)
+                            .await
+                    {
+                        debug!(error = %e, "could not record why the credential is blocked");
+                    }
+                }
+                blocked
+            }
             Err(e) => {
                 error!(credential = %endpoint.credential, block_ms = wait.as_millis() as u64, error = %e,
                        "could not record the upstream's block in Redis; this daemon holds the credential blocked itself");

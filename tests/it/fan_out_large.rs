@@ -164,7 +164,9 @@ fn a_large_trigger_killed_part_way_is_resumed_by_running_it_again() {
     for i in [0usize, 1, queued as usize, TASKS - 1] {
         let payload: String = redis::cmd("HGET")
             .arg("qw:backlog:data")
-            .arg(format!("{prefix}{i}"))
+            // Ids name their position, zero-padded (docs/jobs.md
+            // "Fairness"); the first tick starts at item 0.
+            .arg(format!("{prefix}{i:06}"))
             .query(&mut conn)
             .expect("HGET payload");
         let task: serde_json::Value = serde_json::from_str(&payload).expect("payload");

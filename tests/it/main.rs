@@ -37,6 +37,7 @@ mod quota_report;
 mod redis_unavailable;
 
 // The pipeline: ticks, tasks, the queue and apalis, outcomes, sinks.
+mod fairness;
 mod fan_out_from;
 mod fan_out_large;
 mod incremental;
@@ -70,6 +71,7 @@ mod logs;
 mod metrics;
 mod notify;
 mod secrets;
+mod status_page;
 mod units;
 mod watchdog;
 

@@ -1,6 +1,7 @@
-//! The daemon's HTTP side as a client sees it: a plain HTTP/1.0 GET for
-//! `/metrics`, `/healthz` and `/readyz` (no client library between the test
-//! and the bytes), and a parser for the Prometheus text format.
+//! The daemon's HTTP side as a client sees it: plain HTTP/1.0 requests for
+//! `/metrics`, `/healthz`, `/readyz` and the status page (no client library
+//! between the test and the bytes), and a parser for the Prometheus text
+//! format.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -11,21 +12,66 @@ use super::wait_until;
 /// `GET path` on `127.0.0.1:port` (HTTP/1.0, 5 s timeouts): status and body,
 /// `None` when nothing answers.
 pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    http_request(port, "GET", path, &[]).map(|r| (r.status, r.body))
+}
+
+/// An HTTP answer: status, header lines (names lowercased) and body.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    /// The status code.
+    pub status: u16,
+    /// Each header, name lowercased, in order.
+    pub headers: Vec<(String, String)>,
+    /// The body, as text.
+    pub body: String,
+}
+
+impl Answer {
+    /// The first header named `name` (lowercase).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// `method path` on `127.0.0.1:port` with extra `headers` (HTTP/1.0, 5 s
+/// timeouts), `None` when nothing answers.
+pub fn http_request(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Option<Answer> {
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
     let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     s.set_write_timeout(Some(Duration::from_secs(5))).ok()?;
+    let extra: String = headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\r\n"))
+        .collect();
     write!(
         s,
-        "GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n{extra}Content-Length: 0\r\nConnection: close\r\n\r\n"
     )
     .ok()?;
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).ok()?;
     let text = String::from_utf8_lossy(&raw).into_owned();
     let (head, body) = text.split_once("\r\n\r\n")?;
-    let status = head.split_whitespace().nth(1)?.parse().ok()?;
-    Some((status, body.to_owned()))
+    let mut lines = head.lines();
+    let status = lines.next()?.split_whitespace().nth(1)?.parse().ok()?;
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    Some(Answer {
+        status,
+        headers,
+        body: body.to_owned(),
+    })
 }
 
 /// One sample of a Prometheus text exposition.

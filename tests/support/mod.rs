@@ -15,11 +15,13 @@
 //! | [`pipeline`] | the daemon in-process, with every task outcome as an event |
 //! | [`in_process`] | start, wait for ready, and stop `daemon::run` in this process |
 //! | [`notify`] | a `NOTIFY_SOCKET` that records who sent what |
-//! | [`http`] | `/metrics`, `/healthz`, `/readyz` over plain HTTP, and the Prometheus text format |
+//! | [`http`] | `/metrics`, `/healthz`, `/readyz` and the status page over plain HTTP (any method, extra headers), and the Prometheus text format |
+//! | [`browser`] | headless Chromium: the DOM after load, a screenshot (fails saying how to install it, unless `QW_SKIP_BROWSER=1`) |
 //! | [`procfs`] | `/proc`: children, liveness, environment |
 //! | [`seed`] | a sliding window's Redis layout (v2): seed entries at chosen times, take the newest back, snapshot, read a spend's time |
 //! | [`machine`] | which tests must not share the machine |
 
+pub mod browser;
 pub mod cluster;
 pub mod config;
 pub mod daemon;

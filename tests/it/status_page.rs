@@ -1,0 +1,446 @@
+//! Promise (SPEC Part 2, "Status page"): the metrics listener serves `GET /`,
+//! a page a person reads in a real browser, and `GET /api/status`, its data
+//! as JSON. On a running daemon (the real binary on the simulator) with a
+//! window half used, a credential blocked by the upstream and a job whose
+//! fan-out item, read from a CSV file, is `<script>alert(1)</script>`,
+//! headless Chromium's DOM shows
+//! the windows, the block and why, and the jobs with their ticks and last
+//! error; the item shows as text, no secret is anywhere on the page or in
+//! the JSON, the page is read-only (POST, PUT, DELETE: 405), and it works
+//! behind a path prefix. A screenshot is saved as `target/status-page.png`.
+
+use std::time::Duration;
+
+use quota_worker::simulator::SimConfig;
+use serde_json::Value;
+
+use crate::support::browser::Chromium;
+use crate::support::http::{self, http_request};
+use crate::support::pipeline::quick_worker;
+use crate::support::process::Proc;
+use crate::support::upstream::Upstream;
+use crate::support::{
+    ConfigBuilder, Credential, Endpoint, Job, RedisServer, Request, Sink, TestConfig, Window,
+    free_port, wait_until,
+};
+
+const MAIN_SECRET: &str = "main-secret-7c1e0f";
+const LIMITED_SECRET: &str = "limited-secret-93ab2d";
+const AUX_SECRET: &str = "aux-secret-51f04e";
+const SECRETS: [&str; 3] = [MAIN_SECRET, LIMITED_SECRET, AUX_SECRET];
+/// A fan-out value as it could come from a CSV cell.
+const XSS: &str = "<script>alert(1)</script>";
+/// `trending`: 4 regions × 5 pages at cost 1 = 20 units of `main`'s 40.
+const REGIONS: [&str; 4] = ["US", "GB", "DE", "FR"];
+const PAGES: u32 = 5;
+const MAIN_UNITS: u64 = 40;
+
+/// `fan_out_from = { csv = path }`.
+fn csv_source(path: &str) -> toml::Value {
+    let mut t = toml::Table::new();
+    t.insert("csv".into(), toml::Value::String(path.into()));
+    toml::Value::Table(t)
+}
+
+/// A daemon with three credentials: `main` (its window to be half used by
+/// `trending`), `limited` (the upstream allows its key 1 request an hour, so
+/// `hot`'s second request is refused and the credential blocked) and `aux`
+/// (`broken` asks for a path the upstream does not have, for the one item of
+/// its CSV: XSS).
+struct Rig {
+    redis: RedisServer,
+    cfg: TestConfig,
+    port: u16,
+    _upstream: Upstream,
+    _daemon: Proc,
+}
+
+impl Rig {
+    fn start() -> Rig {
+        let redis = RedisServer::start();
+        let upstream = Upstream::with(
+            SimConfig {
+                pages_per_query: PAGES,
+                items_per_page: 2,
+                ..SimConfig::default()
+            }
+            .key(MAIN_SECRET, 1_000_000, Duration::from_secs(3600))
+            .key(LIMITED_SECRET, 1, Duration::from_secs(3600))
+            .key(AUX_SECRET, 1_000, Duration::from_secs(3600)),
+        );
+        let base = upstream.base_url();
+        let port = free_port();
+        let cfg = ConfigBuilder::new()
+            .worker(quick_worker(4))
+            .metrics_listen(&format!("127.0.0.1:{port}"))
+            .credential(
+                Credential::env("main", "QW_TEST_MAIN")
+                    .secret(MAIN_SECRET)
+                    .window(Window::sliding(MAIN_UNITS, "1h")),
+            )
+            .credential(
+                Credential::env("limited", "QW_TEST_LIMITED")
+                    .secret(LIMITED_SECRET)
+                    .window(Window::sliding(1000, "1h")),
+            )
+            .credential(
+                Credential::env("aux", "QW_TEST_AUX")
+                    .secret(AUX_SECRET)
+                    .window(Window::sliding(1000, "24h")),
+            )
+            .endpoint(Endpoint::new("main.videos", "main", 1).window(Window::sliding(30, "1h")))
+            .endpoint(Endpoint::new("limited.videos", "limited", 1).throttle_block("10m"))
+            .endpoint(Endpoint::new("aux.videos", "aux", 1))
+            .job(
+                Job::videos("trending", "main.videos", &base)
+                    .fan_out("region", REGIONS)
+                    .pages(PAGES),
+            )
+            .job(Job::videos("hot", "limited.videos", &base).fan_out("region", ["US", "GB"]))
+            .job(
+                Job::new("broken", "aux.videos")
+                    .request(
+                        Request::get(&format!("{base}/no/such/path"))
+                            .query(&[("key", "{secret}"), ("region", "{region}")]),
+                    )
+                    .set("fan_out_from", csv_source("items.csv"))
+                    .sink(Sink::jsonl("data/{job}.jsonl").records("/items")),
+            )
+            .redis_url(&redis.url())
+            .write();
+        // The item comes from data, as an operator's CSV would hold it.
+        std::fs::write(cfg.join("items.csv"), format!("region\n{XSS}\n")).expect("write CSV");
+        let daemon = Proc::start("daemon", &cfg, &["run"], &[]);
+        assert!(
+            http::wait_http(port, Duration::from_secs(30)),
+            "the daemon's listener on {port} did not answer"
+        );
+        Rig {
+            redis,
+            cfg,
+            port,
+            _upstream: upstream,
+            _daemon: daemon,
+        }
+    }
+
+    /// `trigger JOB --wait`, expecting its exit code.
+    fn trigger(&self, job: &str, code: i32) {
+        let out = self.cfg.run_on(&self.redis, &["trigger", job, "--wait"]);
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "trigger {job} --wait: {}\n{}",
+            crate::support::stdout(&out),
+            crate::support::stderr(&out)
+        );
+    }
+
+    fn get(&self, path: &str, headers: &[(&str, &str)]) -> http::Answer {
+        http_request(self.port, "GET", path, headers)
+            .unwrap_or_else(|| panic!("GET {path}: no answer"))
+    }
+
+    fn api(&self) -> Value {
+        let a = self.get("/api/status", &[]);
+        assert_eq!(a.status, 200, "{}", a.body);
+        assert_eq!(a.header("content-type"), Some("application/json"));
+        serde_json::from_str(&a.body).unwrap_or_else(|e| panic!("{e}: {}", a.body))
+    }
+
+    /// Runs the three jobs; returns the JSON once the spend history caught
+    /// up with the windows (it is written off the task's path).
+    fn run_jobs(&self) -> Value {
+        self.trigger("trending", 0);
+        self.trigger("hot", 75);
+        self.trigger("broken", 1);
+        let mut last = Value::Null;
+        let caught_up = wait_until(Duration::from_secs(10), || {
+            last = self.api();
+            window(&last, "main", "credential")["spent_last_hour"] == 20
+        });
+        assert!(
+            caught_up,
+            "the history never showed main's 20 units: {last:#}"
+        );
+        last
+    }
+}
+
+fn credential<'a>(status: &'a Value, name: &str) -> &'a Value {
+    status["credentials"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["name"] == name))
+        .unwrap_or_else(|| panic!("no credential {name}: {status:#}"))
+}
+
+fn window<'a>(status: &'a Value, name: &str, scope: &str) -> &'a Value {
+    credential(status, name)["windows"]
+        .as_array()
+        .and_then(|ws| ws.iter().find(|w| w["scope"] == scope))
+        .unwrap_or_else(|| panic!("no {scope} window of {name}: {status:#}"))
+}
+
+fn job<'a>(status: &'a Value, name: &str) -> &'a Value {
+    status["jobs"]
+        .as_array()
+        .and_then(|js| js.iter().find(|j| j["name"] == name))
+        .unwrap_or_else(|| panic!("no job {name}: {status:#}"))
+}
+
+fn assert_no_secret(what: &str, text: &str) {
+    for s in SECRETS {
+        assert!(!text.contains(s), "{what} holds the secret {s:?}:\n{text}");
+    }
+}
+
+/// Where the screenshot goes: `target/status-page.png`, beside the build.
+fn screenshot_path() -> std::path::PathBuf {
+    let tmp = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    tmp.parent().unwrap_or(tmp).join("status-page.png")
+}
+
+#[test]
+fn the_status_page_shows_windows_blocks_and_jobs_in_a_real_browser() {
+    let rig = Rig::start();
+    let status = rig.run_jobs();
+
+    // The data, as JSON.
+    let main = window(&status, "main", "credential");
+    assert_eq!(main["used"], 20, "{main:#}");
+    assert_eq!(main["units"], MAIN_UNITS);
+    assert_eq!(main["remaining"], 20, "{main:#}");
+    assert_eq!(main["window"], "40/1h");
+    let slots = main["history"]["units"].as_array().expect("history");
+    assert_eq!(slots.len(), 288);
+    let charted: u64 = slots.iter().filter_map(Value::as_u64).sum();
+    assert_eq!(charted, 20, "the chart holds the 20 units spent");
+    let own = window(&status, "main", "endpoint:main.videos");
+    assert_eq!(
+        (&own["used"], &own["remaining"]),
+        (&20.into(), &10.into()),
+        "{own:#}"
+    );
+    // 20 an hour against the 1-hour window's 20 left: not at this rate
+    // (units leave as fast); the projection is stated either way.
+    assert!(main["runs_out"]["state"].is_string(), "{main:#}");
+
+    let limited = credential(&status, "limited");
+    let block = &limited["block"];
+    assert!(
+        block["blocked_for_ms"].as_u64().unwrap_or(0) > 0,
+        "limited is not blocked: {limited:#}"
+    );
+    assert_eq!(block["reason"]["status"], 403, "{block:#}");
+    assert_eq!(block["reason"]["reason"], "quotaExceeded", "{block:#}");
+    assert_eq!(block["reason"]["endpoint"], "limited.videos");
+    assert!(credential(&status, "main")["block"].is_null());
+
+    let trending = job(&status, "trending");
+    let tick = &trending["ticks"][0];
+    assert_eq!(tick["items"], 4, "{trending:#}");
+    assert_eq!(tick["outcomes"]["done"], 4, "{trending:#}");
+    assert_eq!(trending["open_tasks"], 0);
+    assert!(trending["last_error"].is_null());
+    assert!(
+        trending.get("starved").is_none(),
+        "no starved items recorded"
+    );
+    let hot = job(&status, "hot");
+    assert_eq!(
+        hot["ticks"][0]["outcomes"]["upstream_throttled"], 1,
+        "{hot:#}"
+    );
+    let broken = job(&status, "broken");
+    let error = &broken["last_error"];
+    assert_eq!(error["outcome"], "failed", "{broken:#}");
+    assert_eq!(error["status"], 404);
+    assert_eq!(error["item"], format!("region={XSS}"));
+    assert_no_secret("/api/status", &status.to_string());
+
+    // The page, as served.
+    let page = rig.get("/", &[]);
+    assert_eq!(page.status, 200);
+    assert_eq!(
+        page.header("content-type"),
+        Some("text/html; charset=utf-8")
+    );
+    let csp = page.header("content-security-policy").unwrap_or_default();
+    assert!(csp.contains("default-src 'none'"), "CSP: {csp}");
+    assert!(
+        page.body
+            .contains("region=&lt;script&gt;alert(1)&lt;/script&gt;"),
+        "the item is not shown escaped:\n{}",
+        page.body
+    );
+    assert!(
+        !page.body.contains("<script"),
+        "a <script> reached the page"
+    );
+    assert_no_secret("the page", &page.body);
+
+    // The page, in a real browser.
+    let Some(browser) = Chromium::find() else {
+        return;
+    };
+    let url = format!("http://127.0.0.1:{}/", rig.port);
+    let dom = browser.dump_dom(&url);
+    for want in [
+        // The windows: used / limit, both scopes.
+        "data-credential=\"main\"",
+        "<span class=\"used\">20 / 40</span>",
+        "data-scope=\"endpoint:main.videos\"",
+        "<svg class=\"chart\"",
+        // The block, and why.
+        "<div class=\"blocked\" data-credential=\"limited\">",
+        "upstream answered 403 (quotaExceeded)",
+        // The jobs, their ticks and last error.
+        "data-job=\"trending\"",
+        "data-job=\"hot\"",
+        "data-job=\"broken\"",
+        "done 4",
+        "upstream_throttled 1",
+        "upstream answered 404",
+    ] {
+        assert!(dom.contains(want), "the DOM lacks {want:?}:\n{dom}");
+    }
+    // The item is text in the DOM, not an element.
+    assert!(dom.contains("region=&lt;script&gt;alert(1)&lt;/script&gt;"));
+    assert!(
+        !dom.contains("<script"),
+        "a script element in the DOM:\n{dom}"
+    );
+    assert_no_secret("the DOM", &dom);
+    let shot = screenshot_path();
+    browser.screenshot(&url, &shot);
+    eprintln!("screenshot: {}", shot.display());
+}
+
+#[test]
+fn the_status_page_is_read_only_and_works_behind_a_path_prefix() {
+    let rig = Rig::start();
+    rig.trigger("broken", 1);
+    for path in ["/", "/api/status"] {
+        for method in ["POST", "PUT", "DELETE", "PATCH"] {
+            let a = http_request(rig.port, method, path, &[])
+                .unwrap_or_else(|| panic!("{method} {path}: no answer"));
+            assert_eq!(a.status, 405, "{method} {path}: {}", a.body);
+        }
+    }
+
+    // Every link is relative: a proxy serving the page under any prefix
+    // keeps them under it.
+    let plain = rig.get("/", &[]);
+    for absolute in [
+        "href=\"/",
+        "src=\"/",
+        "action=\"/",
+        "href=\"http",
+        "src=\"http",
+    ] {
+        assert!(
+            !plain.body.contains(absolute),
+            "an absolute link ({absolute}) in the page:\n{}",
+            plain.body
+        );
+    }
+    assert!(plain.body.contains("href=\"api/status\""));
+    assert!(!plain.body.contains("<base"), "no prefix, no <base>");
+    // A proxy that says its prefix gets it as the base of every link.
+    let proxied = rig.get("/", &[("X-Forwarded-Prefix", "/ops/quota")]);
+    assert!(
+        proxied.body.contains("<base href=\"/ops/quota/\">"),
+        "{}",
+        proxied.body
+    );
+    // A prefix that would point the links at another site is ignored.
+    for hostile in ["//evil.example", "https://evil.example/x", "/x\"><script>"] {
+        let a = rig.get("/", &[("X-Forwarded-Prefix", hostile)]);
+        assert!(
+            !a.body.contains("<base"),
+            "{hostile:?} became a base: {}",
+            a.body
+        );
+        assert!(!a.body.contains("evil.example"));
+    }
+    // `?refresh=N` reloads without a script.
+    let refresh = rig.get("/?refresh=2", &[]);
+    assert!(
+        refresh
+            .body
+            .contains("<meta http-equiv=\"refresh\" content=\"5\">"),
+        "refresh is clamped to 5 s at least: {}",
+        refresh.body
+    );
+
+    // What the status page keeps in Redis is bounded and expires.
+    let mut conn = rig.redis.conn();
+    let rings: Vec<String> = redis::cmd("KEYS")
+        .arg("qw:*:spent:*")
+        .query(&mut conn)
+        .expect("KEYS");
+    assert!(!rings.is_empty(), "no spend history recorded");
+    for key in rings.iter().chain(["qw:ticks:broken".to_owned()].iter()) {
+        let ttl: i64 = redis::cmd("PTTL").arg(key).query(&mut conn).expect("PTTL");
+        assert!(ttl > 0, "{key} has no expiry ({ttl})");
+    }
+    for ring in &rings {
+        let len: u64 = redis::cmd("STRLEN")
+            .arg(ring)
+            .query(&mut conn)
+            .expect("STRLEN");
+        assert!(len <= 289 * 4, "{ring} is {len} bytes");
+    }
+}
+
+/// A job's tick record (`lua/finish.lua`, KEYS[3]) keeps the outcome counts
+/// of its newest 10 ticks, whichever order their tasks end in, and the last
+/// error with the Redis time it was recorded at.
+#[test]
+fn a_jobs_tick_record_keeps_its_newest_ten_ticks_and_last_error() {
+    let redis = RedisServer::start();
+    let mut conn = redis.conn();
+    let finish = redis::Script::new(include_str!("../../lua/finish.lua"));
+    // Ticks 1..=12, ended newest first then oldest first; tick 12 twice.
+    let order = [12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 12];
+    for (i, tick) in order.iter().enumerate() {
+        let error = if i == 5 {
+            r#"{"outcome":"failed","item":"region=US","tick":7,"status":400,"detail":"upstream answered 400"}"#
+        } else {
+            ""
+        };
+        let () = finish
+            .key(format!("qw:done:t{i}"))
+            .key(format!("qw:tick:j:{tick}:outcomes"))
+            .key("qw:ticks:j")
+            .arg("done")
+            .arg("done")
+            .arg(60)
+            .arg("")
+            .arg(*tick)
+            .arg(10)
+            .arg(3600)
+            .arg(error)
+            .invoke(&mut conn)
+            .expect("finish.lua");
+    }
+    let record: std::collections::BTreeMap<String, String> = redis::cmd("HGETALL")
+        .arg("qw:ticks:j")
+        .query(&mut conn)
+        .expect("HGETALL");
+    let ticks: Vec<i64> = record.keys().filter_map(|k| k.parse().ok()).collect();
+    let mut sorted = ticks.clone();
+    sorted.sort();
+    assert_eq!(sorted, (3..=12).collect::<Vec<i64>>(), "{record:?}");
+    let twelve: Value = serde_json::from_str(&record["12"]).expect("JSON");
+    assert_eq!(twelve["done"], 2, "{record:?}");
+    assert!(record["#error"].contains("upstream answered 400"));
+    let at: i64 = record["#error_at_ms"].parse().expect("#error_at_ms");
+    let now_ms = redis.time_us() / 1000;
+    assert!((now_ms - 60_000..=now_ms).contains(&at), "{at} vs {now_ms}");
+    let ttl: i64 = redis::cmd("TTL")
+        .arg("qw:ticks:j")
+        .query(&mut conn)
+        .expect("TTL");
+    assert!((1..=3600).contains(&ttl), "TTL {ttl}");
+}
