@@ -744,7 +744,9 @@ fn waiting_for_a_replica_of_the_embedded_redis_is_a_config_error() {
 /// the rule is the same as on a cluster shard that lost its replica): the
 /// admitted spend's WAIT answers 0, so a fail-closed endpoint's `spend`
 /// exits 69 and its units are refunded, while a fail-open one is allowed
-/// (exit 0) and stays recorded.
+/// (exit 0) and stays recorded. A fresh process's first call runs two WAITs
+/// (NOSCRIPT, then EVAL), each a third of the 3 s timeout: the rest is
+/// margin for a loaded machine.
 #[test]
 fn an_unacknowledged_spend_is_refunded_on_fail_closed_and_kept_on_fail_open() {
     let redis = RedisServer::start();
@@ -752,7 +754,7 @@ fn an_unacknowledged_spend_is_refunded_on_fail_closed_and_kept_on_fail_open() {
         .endpoint(Endpoint::new("open", "c00", 1).limiter_unavailable("fail-open"))
         .redis_url(&redis.url())
         .quota_replicas(1)
-        .redis_timeout("200ms")
+        .redis_timeout("3s")
         .write();
     let used = || {
         let (code, stdout, log) =
@@ -763,7 +765,7 @@ fn an_unacknowledged_spend_is_refunded_on_fail_closed_and_kept_on_fail_open() {
     let (code, _, log) = run_cli(&cfg, None, &["spend", "c00"], Duration::from_secs(30));
     assert_eq!(code, Some(69), "{log}");
     assert!(
-        log.contains("not acknowledged by 1 replica(s) within 66ms (0 did)"),
+        log.contains("not acknowledged by 1 replica(s) within 1s (0 did)"),
         "{log}"
     );
     assert_eq!(used(), 0, "the unacknowledged spend was refunded");
