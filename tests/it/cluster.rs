@@ -450,14 +450,14 @@ async fn a_killed_master_fails_over_and_spends_resume_without_a_restart() {
 const LIMIT: u64 = 40;
 
 /// A 3-master cluster with a replica each, and a limiter on it for three
-/// credentials of [`LIMIT`] units (fail-closed, 400 ms timeout) that waits
+/// credentials of [`LIMIT`] units (fail-closed, 1 s timeout) that waits
 /// for `replicas` replicas.
 async fn failover_rig(replicas: i64) -> (Cluster, Limiter, TestConfig) {
     let cluster = Cluster::with_replicas(3);
     let cfg = many(3, LIMIT, "fail-closed")
         .quota_nodes(cluster.urls())
         .quota_replicas(replicas)
-        .redis_timeout("400ms")
+        .redis_timeout("1s")
         .write();
     let limiter = cluster::limiter(&load(&cfg)).await;
     (cluster, limiter, cfg)
@@ -560,7 +560,7 @@ fn the_daemon_on_a_cluster_never_lets_the_upstream_see_more_than_configured() {
         .redis_url(&queue.url())
         .quota_nodes(cluster.urls())
         .quota_replicas(1)
-        .redis_timeout("400ms")
+        .redis_timeout("2s")
         .worker(Worker::default().concurrency(4).recover_after("6s"));
     for i in 0..KEYS {
         let name = format!("t{i}");
