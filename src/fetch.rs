@@ -671,6 +671,8 @@ pub(crate) fn escaped_item(item: &[(String, String)]) -> String {
 pub(crate) struct Fetcher {
     client: reqwest::Client,
     scrubber: Arc<Scrubber>,
+    /// The secrets `scrubber` scrubs, for [`Fetcher::with_secret`].
+    secrets: Arc<Vec<Secret>>,
 }
 
 impl Fetcher {
@@ -684,10 +686,22 @@ impl Fetcher {
             .redirect(reqwest::redirect::Policy::none())
             .referer(false)
             .build()?;
+        let secrets: Vec<Secret> = secrets.values().cloned().collect();
         Ok(Fetcher {
             client,
-            scrubber: Arc::new(Scrubber::new(secrets.values())),
+            scrubber: Arc::new(Scrubber::new(&secrets)),
+            secrets: Arc::new(secrets),
         })
+    }
+
+    /// The same fetcher (one connection pool), scrubbing `secret` too: a
+    /// template credential's tenant's, read for one task.
+    pub(crate) fn with_secret(&self, secret: &Secret) -> Self {
+        Fetcher {
+            client: self.client.clone(),
+            scrubber: Arc::new(Scrubber::new(self.secrets.iter().chain([secret]))),
+            secrets: self.secrets.clone(),
+        }
     }
 
     /// The request for page `at` of `job` for `ph`'s item.

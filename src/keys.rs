@@ -6,8 +6,60 @@
 //! limit in the config keeps the spends already recorded. Sliding and bucket
 //! windows carry their layout version (`:v2:`), so a script of another layout
 //! never reads or writes them.
+//!
+//! A tenant of a template credential (`[credentials.ig] template =
+//! "account"`) is a credential of its own named `ig[account=<value>]`
+//! ([`tenant`]), so its keys are `qw:{ig[account=123]}:...`: the hash tag
+//! comes from the value, never from the secret.
+
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
 
 use crate::config::{Scope, Window, WindowKind};
+
+/// What a tenant's value keeps as written in its name: letters, digits,
+/// `-`, `.` and `_`. Everything else is percent-encoded, `%` itself
+/// included, so no value can end the hash tag (`}`), open another (`{`),
+/// close the name early (`]`), or act as a SCAN pattern (`*`, `?`, `[`);
+/// and since percent-encoding is one-to-one, two values never share keys.
+const TENANT_KEEPS: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_');
+
+/// A template credential's tenant, as a credential name: `ig[account=123]`
+/// (`credential`, its template's `placeholder`, the tenant's `value`,
+/// percent-encoded past letters, digits, `-`, `.` and `_`).
+///
+/// Why the value itself, escaped, and not a hash of it: it is one-to-one
+/// by construction (a short hash is not), `quota`, logs and `redis-cli`
+/// show which tenant a key is, and `quota ig` can list the tenants from
+/// the keys alone (a hash could not be read back without a second key,
+/// which the one-slot spend script could not write). The price is a key as
+/// long as the value; fan-out values are item names, already in item keys.
+pub fn tenant(credential: &str, placeholder: &str, value: &str) -> String {
+    let escaped = utf8_percent_encode(value, TENANT_KEEPS);
+    format!("{credential}[{placeholder}={escaped}]")
+}
+
+/// The tenant name `name` would be once written canonically: `name` as
+/// `credential[placeholder=value]` with the value decoded and encoded
+/// again (so `ig[account=a b]` and `ig[account=a%20b]` are one tenant).
+/// `None` if it is not of that shape.
+pub fn parse_tenant(name: &str) -> Option<(&str, &str, String)> {
+    let (credential, rest) = name.split_once('[')?;
+    let (placeholder, value) = rest.strip_suffix(']')?.split_once('=')?;
+    let value = percent_decode_str(value).decode_utf8().ok()?;
+    Some((credential, placeholder, value.into_owned()))
+}
+
+/// `s` as a literal in a SCAN pattern.
+pub(crate) fn glob_literal(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
 
 /// The layout version of sliding and bucket window keys (`lua/spend.lua`).
 pub const LAYOUT: &str = "v2";
@@ -34,6 +86,20 @@ impl KeySpace {
     /// them hash to its slot, so one spend runs on one node.
     pub fn hash_tag(credential: &str) -> String {
         format!("{{{credential}}}")
+    }
+
+    /// A SCAN pattern for every key of every tenant of template
+    /// `credential` on `placeholder`.
+    pub(crate) fn tenants_pattern(&self, credential: &str, placeholder: &str) -> String {
+        let tag = glob_literal(&format!("{credential}[{placeholder}="));
+        format!("{}:{{{tag}*\\]}}:*", glob_literal(&self.prefix))
+    }
+
+    /// The tenant a key found by [`KeySpace::tenants_pattern`] belongs to:
+    /// its hash tag (`ig[account=123]`).
+    pub(crate) fn tenant_of<'k>(&self, key: &'k str) -> Option<&'k str> {
+        let rest = key.strip_prefix(&self.prefix)?.strip_prefix(":{")?;
+        Some(&rest[..rest.find('}')?])
     }
 
     /// When the credential's upstream block ends (µs since the epoch).
@@ -219,5 +285,40 @@ mod tests {
             ]
         );
         assert_eq!(ks.blocked("yt-key1"), "qw:{yt-key1}:blocked");
+    }
+
+    #[test]
+    fn tenant_names_keep_one_hash_tag_and_never_collide() {
+        let ks = KeySpace::new("qw");
+        assert_eq!(tenant("ig", "account", "123"), "ig[account=123]");
+        assert_eq!(
+            ks.blocked(&tenant("ig", "account", "123")),
+            "qw:{ig[account=123]}:blocked"
+        );
+        // Braces, brackets, '%', '=' and glob characters cannot end the tag
+        // or the name, or turn two values into one name.
+        let values = [
+            "a}b", "a{b}", "a%7Db", "x]", "x]y", "=", "*", "a b", "a%20b", "ä", "a/b",
+        ];
+        let names: Vec<String> = values.iter().map(|v| tenant("ig", "account", v)).collect();
+        for (v, n) in values.iter().zip(&names) {
+            let key = ks.clock(n);
+            assert_eq!(ks.tenant_of(&key), Some(n.as_str()), "{v:?}");
+            let inner = &n["ig[account=".len()..n.len() - 1];
+            assert!(
+                !inner.contains(['{', '}', '[', ']', '*', '?', '=', ' ']),
+                "{v:?} -> {n}"
+            );
+            let (c, p, back) = parse_tenant(n).unwrap();
+            assert_eq!((c, p, back.as_str()), ("ig", "account", *v));
+        }
+        let mut unique = names.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), names.len(), "{names:?}");
+        assert_eq!(
+            ks.tenants_pattern("ig", "account"),
+            "qw:{ig\\[account=*\\]}:*"
+        );
     }
 }

@@ -6,12 +6,15 @@
 //! it (exit 78 when `run` would refuse to start), and so is every master of
 //! the quota windows' Redis Cluster.
 
+use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
 use super::Exit;
-use crate::config::{Config, Job, Reserve, Scope, UnsafeEviction, Window, fmt_duration};
+use crate::config::{
+    Config, Credential, Job, Reserve, Scope, UnsafeEviction, Window, fmt_duration,
+};
 use crate::eviction::{self, Eviction};
 use crate::quota::QuotaTarget;
 use crate::schedule::source::{Refused, SourceError};
@@ -162,6 +165,12 @@ fn report(config: &Config, now: DateTime<Utc>, sources: &[(String, SourceRead)])
     let mut served: std::collections::BTreeMap<&str, f64> = Default::default();
     for cred in config.credentials.values() {
         out.push_str(&format!("\ncredential {}\n", cred.name));
+        let tenants = cred.template.as_ref().map(|_| Tenants::seen(config, cred));
+        if let Some(t) = &tenants {
+            let (line, warning) = t.report(cred);
+            out.push_str(&line);
+            warnings.extend(warning);
+        }
         let rows = window_rows(config, &cred.name, &cred.windows);
         let scope_w = rows
             .iter()
@@ -174,7 +183,9 @@ fn report(config: &Config, now: DateTime<Utc>, sources: &[(String, SourceRead)])
             .max()
             .unwrap_or(0);
         for row in rows {
-            let worst = row.worst(config, now);
+            // A template's rows count its busiest tenant, so a job's
+            // fraction served is that tenant's (a lower bound for the rest).
+            let worst = row.worst(config, tenants.as_ref(), now);
             if worst > row.window.units.get() {
                 let f = row.window.units.get() as f64 / worst as f64;
                 for job in &row.jobs {
@@ -182,7 +193,8 @@ fn report(config: &Config, now: DateTime<Utc>, sources: &[(String, SourceRead)])
                     *least = least.min(f);
                 }
             }
-            let (line, warning) = row.report(config, &cred.name, now, (scope_w, win_w));
+            let (line, warning) =
+                row.report(config, &cred.name, tenants.as_ref(), now, (scope_w, win_w));
             out.push_str(&line);
             warnings.extend(warning);
         }
@@ -332,27 +344,34 @@ fn window_rows<'a>(config: &'a Config, credential: &str, own: &'a [Window]) -> V
 }
 
 impl Row<'_> {
-    /// The most units its jobs can spend in one window span.
-    fn worst(&self, config: &Config, now: DateTime<Utc>) -> u64 {
+    /// The most units its jobs can spend in one window span. A template
+    /// credential's windows are per tenant: each job counts only the items
+    /// of its busiest tenant.
+    fn worst(&self, config: &Config, tenants: Option<&Tenants>, now: DateTime<Utc>) -> u64 {
         (self.jobs.iter())
             .map(|j| {
-                schedule::worst_ticks(j, self.window.per, now)
-                    .saturating_mul(schedule::worst_per_run(config, j))
+                let run = schedule::worst_per_run(config, j);
+                let run = match tenants {
+                    Some(t) => t.busiest_share(j, run),
+                    None => run,
+                };
+                schedule::worst_ticks(j, self.window.per, now).saturating_mul(run)
             })
             .fold(0, u64::saturating_add)
     }
 
     /// Its line (columns `widths` wide), and a warning when the jobs'
-    /// worst case does not fit.
+    /// worst case does not fit ([`Row::worst`]: per tenant for a template).
     fn report(
         &self,
         config: &Config,
         credential: &str,
+        tenants: Option<&Tenants>,
         now: DateTime<Utc>,
         (scope_w, win_w): (usize, usize),
     ) -> (String, Option<String>) {
         let (scope, w) = (&self.scope, self.window);
-        let worst = self.worst(config, now);
+        let worst = self.worst(config, tenants, now);
         let pct = worst as f64 * 100.0 / w.units.get() as f64;
         let fits = worst <= w.units.get();
         let mut line = format!(
@@ -383,7 +402,9 @@ impl Row<'_> {
             fmt_duration(w.per),
             w.units
         );
-        if let Some((at, job)) = schedule::exhausted_at(config, &self.jobs, w, now) {
+        if tenants.is_some() {
+            msg.push_str(" (for its busiest tenant)");
+        } else if let Some((at, job)) = schedule::exhausted_at(config, &self.jobs, w, now) {
             msg.push_str(&format!(
                 "; starting from an empty window, it runs out at {} (a tick of job {}), and later tasks end as quota_exhausted",
                 at.format("%Y-%m-%d %H:%M UTC"),
@@ -391,6 +412,100 @@ impl Row<'_> {
             ));
         }
         (line, Some(msg))
+    }
+}
+
+/// The tenants of a template credential that `check` can see: the values
+/// of its placeholder in the items of the jobs charged to it (their
+/// `fan_out` lists and `fan_out_from` rows, read now), and which of them
+/// have a token file.
+struct Tenants {
+    /// Distinct values seen, at most [`TENANTS_READ`] of them.
+    values: BTreeSet<String>,
+    /// Whether there were more.
+    more: bool,
+    /// Per job: the most items one tenant has in it, and its items.
+    busiest: HashMap<String, (u64, u64)>,
+}
+
+/// Distinct tenant values `check` reads at most, all jobs together.
+const TENANTS_READ: usize = 100_000;
+/// Tenants without a token file `check` names at most.
+const MISSING_SHOWN: usize = 5;
+
+impl Tenants {
+    /// Reads the items of every job charged to template `cred`.
+    fn seen(config: &Config, cred: &Credential) -> Self {
+        let placeholder = cred.template.as_deref().unwrap_or_default();
+        let mut t = Tenants {
+            values: BTreeSet::new(),
+            more: false,
+            busiest: HashMap::new(),
+        };
+        let jobs = (config.jobs.values())
+            .filter(|j| config.endpoints[&j.endpoint].credential == cred.name);
+        for job in jobs {
+            let mut per_value: HashMap<String, u64> = HashMap::new();
+            let Ok(mut items) = TickItems::read(job) else {
+                continue; // fan_out_lines warns about it
+            };
+            let Ok(iter) = items.from(0) else { continue };
+            for (_, item) in iter.flatten() {
+                let Some((_, v)) = item.into_iter().find(|(k, _)| k == placeholder) else {
+                    continue;
+                };
+                if t.values.len() < TENANTS_READ || t.values.contains(&v) {
+                    t.values.insert(v.clone());
+                } else {
+                    t.more = true;
+                }
+                *per_value.entry(v).or_default() += 1;
+            }
+            let most = per_value.values().copied().max().unwrap_or(0);
+            let all = per_value.values().sum();
+            t.busiest.insert(job.name.clone(), (most, all));
+        }
+        t
+    }
+
+    /// `run` units of one run of `job`, scaled to its busiest tenant's items.
+    fn busiest_share(&self, job: &Job, run: u64) -> u64 {
+        match self.busiest.get(&job.name) {
+            Some(&(most, all)) if all > 0 => {
+                (u128::from(run) * u128::from(most) / u128::from(all)) as u64
+            }
+            _ => run,
+        }
+    }
+
+    /// Its line, and a warning naming tenants without a token file.
+    fn report(&self, cred: &Credential) -> (String, Option<String>) {
+        let placeholder = cred.template.as_deref().unwrap_or_default();
+        let mut missing = Vec::new();
+        let mut with_token = 0usize;
+        for v in &self.values {
+            match cred.tenant_secret(v) {
+                Ok(_) => with_token += 1,
+                Err(e) => missing.push(format!("{}: {e}", cred.tenant(v).unwrap_or_default())),
+            }
+        }
+        let more = if self.more { "+" } else { "" };
+        let line = format!(
+            "  template on {{{placeholder}}}: {}{more} tenant(s) in the jobs' items now, {with_token} with a token file; each tenant has the windows below\n",
+            self.values.len()
+        );
+        if missing.is_empty() {
+            return (line, None);
+        }
+        let n = missing.len();
+        missing.truncate(MISSING_SHOWN);
+        let warning = format!(
+            "credential {}: {n} tenant(s) have no token file, so their items' tasks end failed (\"no secret for ...\"): {}{}",
+            cred.name,
+            missing.join("; ").escape_debug(),
+            if n > MISSING_SHOWN { "; ..." } else { "" }
+        );
+        (line, Some(warning))
     }
 }
 

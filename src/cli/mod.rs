@@ -144,6 +144,7 @@ pub(crate) fn quota_error(config: &Config, e: &crate::quota::QuotaError) -> Exit
     match e {
         Q::UnknownEndpoint(_)
         | Q::UnknownCredential(_)
+        | Q::TemplateNeedsTenant(..)
         | Q::UnknownWindow { .. }
         | Q::CostTooLarge { .. } => Exit::Usage,
         Q::Timeout(_) | Q::Unavailable(_) | Q::NotReplicated { .. } => Exit::Unavailable,

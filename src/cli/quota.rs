@@ -1,5 +1,10 @@
 //! `quota-worker quota [CREDENTIAL] [--json]`: used / remaining / frees-in of
 //! every window, live from Redis. Exit 0, or 69 when Redis is unreachable.
+//!
+//! A template credential's tenants are credentials of their own
+//! (`ig[account=123]`), found by the keys they have in Redis: `quota` shows
+//! the first [`TENANTS_IN_OVERVIEW`] of each template, `quota ig` up to
+//! [`TENANTS_LISTED`], `quota 'ig[account=123]'` that one (keys or not).
 
 use std::sync::Arc;
 
@@ -7,40 +12,122 @@ use serde_json::json;
 
 use super::Exit;
 use crate::config::{Config, fmt_duration};
-use crate::quota::{CredentialUsage, Quotas};
+use crate::quota::{CredentialUsage, Limiter, QuotaError, Quotas};
+
+/// Tenants of each template `quota` shows without a credential.
+pub const TENANTS_IN_OVERVIEW: usize = 10;
+/// Tenants `quota TEMPLATE` lists at most.
+pub const TENANTS_LISTED: usize = 100;
 
 /// Runs the command.
 pub async fn run(config: &Config, credential: Option<&str>, as_json: bool) -> Exit {
     let quotas = Arc::new(Quotas::new(config));
-    let names: Vec<String> = match credential {
-        Some(c) if quotas.credential(c).is_err() => {
-            let known: Vec<_> = quotas.credential_names().collect();
-            eprintln!(
-                "error: unknown credential {c:?} (known: {})",
-                known.join(", ")
-            );
-            return Exit::Usage;
-        }
-        Some(c) => vec![c.to_owned()],
-        None => quotas.credential_names().map(str::to_owned).collect(),
+    // What to show: a credential or tenant by name, or a template's tenants
+    // (at most so many).
+    let wanted: Vec<(String, Option<usize>)> = match credential {
+        Some(c) if quotas.template_of(c).is_some() => vec![(c.to_owned(), Some(TENANTS_LISTED))],
+        Some(c) => match quotas.plan_for(c) {
+            Ok(_) => vec![(c.to_owned(), None)],
+            Err(_) => {
+                let known: Vec<_> = quotas.credential_names().collect();
+                eprintln!(
+                    "error: unknown credential {c:?} (known: {}; a template's tenant is named like ig[account=123])",
+                    known.join(", ")
+                );
+                return Exit::Usage;
+            }
+        },
+        None => quotas
+            .credential_names()
+            .map(|c| {
+                let bound = quotas.template_of(c).map(|_| TENANTS_IN_OVERVIEW);
+                (c.to_owned(), bound)
+            })
+            .collect(),
     };
     let limiter = match super::limiter(config, quotas) {
         Ok(l) => l,
         Err(code) => return code,
     };
     let mut usages = Vec::new();
-    for name in &names {
-        match limiter.peek(name).await {
-            Ok(u) => usages.push(u),
-            Err(e) => return super::quota_error(config, &e),
+    let mut notes = Vec::new();
+    for (name, bound) in &wanted {
+        let got = match bound {
+            None => limiter.peek(name).await.map(|u| usages.push(u)),
+            Some(limit) => tenants(&limiter, name, *limit, &mut usages)
+                .await
+                .map(|n| notes.push(n)),
+        };
+        if let Err(e) = got {
+            return super::quota_error(config, &e);
         }
     }
     if as_json {
-        println!("{}", to_json(&usages));
+        let mut out = to_json(&usages);
+        // Only with templates: a config without any keeps SPEC's shape.
+        if !notes.is_empty() {
+            out["templates"] = notes.iter().map(TemplateNote::to_json).collect();
+        }
+        println!("{out}");
     } else {
         print!("{}", table(&usages));
+        for n in &notes {
+            println!("{}", n.line(credential.is_none()));
+        }
     }
     Exit::Ok
+}
+
+/// What `quota` found of one template's tenants.
+struct TemplateNote {
+    name: String,
+    placeholder: String,
+    shown: usize,
+    more: bool,
+}
+
+impl TemplateNote {
+    fn line(&self, overview: bool) -> String {
+        let (name, ph, shown) = (&self.name, &self.placeholder, self.shown);
+        let found = match (shown, self.more) {
+            (0, _) => "no tenant has keys in Redis yet".to_owned(),
+            (n, false) => format!("{n} tenant(s) with keys in Redis, all shown"),
+            (n, true) if overview => {
+                format!(
+                    "more than {n} tenants with keys in Redis, {n} shown; `quota {name}` lists up to {TENANTS_LISTED}"
+                )
+            }
+            (n, true) => format!("more than {n} tenants with keys in Redis, {n} shown"),
+        };
+        format!("{name}: template on {{{ph}}}: {found}; one tenant: quota '{name}[{ph}=VALUE]'")
+    }
+
+    fn to_json(&self) -> serde_json::Value {
+        json!({"name": self.name, "placeholder": self.placeholder, "tenants_shown": self.shown, "more": self.more})
+    }
+}
+
+/// Peeks the tenants of template `name` found in Redis, at most `limit`.
+async fn tenants(
+    limiter: &Limiter,
+    name: &str,
+    limit: usize,
+    usages: &mut Vec<CredentialUsage>,
+) -> Result<TemplateNote, QuotaError> {
+    let found = limiter.tenants(name, limit).await?;
+    for tenant in &found.names {
+        usages.push(limiter.peek(tenant).await?);
+    }
+    Ok(TemplateNote {
+        name: name.to_owned(),
+        placeholder: limiter
+            .quotas()
+            .template_of(name)
+            .unwrap_or_default()
+            .to_owned(),
+        shown: found.names.len(),
+        more: found.more,
+    })
 }
 
 /// The `--json` shape of SPEC "Command line".

@@ -188,6 +188,81 @@ pub struct Credential {
     pub secret: SecretSource,
     /// Its quota windows, in config order.
     pub windows: Vec<Window>,
+    /// `template = "account"`: one credential per value of `{account}`
+    /// (the tenant), each with its own secret (`secret_file` holds the
+    /// placeholder), windows of this shape, block and Redis keys.
+    pub template: Option<String>,
+}
+
+impl Credential {
+    /// One tenant of a template credential: its name as `quota` shows it
+    /// and its keys carry it (`ig[account=123]`, [`crate::keys::tenant`]).
+    /// `None` for a plain credential.
+    pub fn tenant(&self, value: &str) -> Option<String> {
+        let placeholder = self.template.as_deref()?;
+        Some(crate::keys::tenant(&self.name, placeholder, value))
+    }
+
+    /// Reads one tenant's secret, from `secret_file` with the tenant's
+    /// value in place of the placeholder; read at every call, so a changed
+    /// token file is picked up by the next task.
+    pub fn tenant_secret(&self, value: &str) -> Result<Secret, TenantSecretError> {
+        let (Some(placeholder), SecretSource::File { path, .. }) = (&self.template, &self.secret)
+        else {
+            return Err(TenantSecretError::NotATemplate);
+        };
+        // The value names one file under the template's directories: a
+        // value that could climb out of them (`..`, `a/b`) names none.
+        if value.is_empty()
+            || value == "."
+            || value == ".."
+            || value.contains(['/', '\\', '\0'])
+            || value.chars().any(char::is_control)
+        {
+            return Err(TenantSecretError::BadValue);
+        }
+        let path = path
+            .to_string_lossy()
+            .replace(&format!("{{{placeholder}}}"), value);
+        let path = PathBuf::from(path);
+        match load::read_bounded(&path, defaults::MAX_SECRET_FILE_BYTES, "a secret file") {
+            Ok(v) => {
+                let v = v.trim_end_matches(['\n', '\r']);
+                if v.is_empty() {
+                    Err(TenantSecretError::Empty(path))
+                } else {
+                    Ok(Secret(v.to_owned()))
+                }
+            }
+            Err(why) => Err(TenantSecretError::Unreadable { path, why }),
+        }
+    }
+}
+
+/// Why a tenant of a template credential has no secret. The task of that
+/// item fails; the daemon and the other tenants go on. Fix the token file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TenantSecretError {
+    /// A bug in the caller: a plain credential has no tenants.
+    #[error("the credential is not a template")]
+    NotATemplate,
+    /// The value cannot name a file (empty, `.`, `..`, a `/`, a control
+    /// character): fix the fan-out data.
+    #[error(
+        "the value cannot name a token file (empty, '.', '..', '/', '\\' or a control character)"
+    )]
+    BadValue,
+    /// The token file is missing or unreadable: create it.
+    #[error("cannot read {}: {why}", path.display())]
+    Unreadable {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        why: String,
+    },
+    /// The token file is empty: write the token into it.
+    #[error("{} is empty", .0.display())]
+    Empty(PathBuf),
 }
 
 /// Where a secret is read from.
@@ -694,7 +769,8 @@ impl Config {
     pub fn secrets_with_env(&self, env: EnvLookup<'_>) -> Result<Secrets, ConfigErrors> {
         let mut out = Secrets::new();
         let mut errors = Vec::new();
-        for cred in self.credentials.values() {
+        // A template's secrets are read per task, one tenant at a time.
+        for cred in self.credentials.values().filter(|c| c.template.is_none()) {
             match read_secret(&cred.secret, env) {
                 Ok(s) => {
                     out.insert(cred.name.clone(), s);

@@ -91,6 +91,7 @@ pub(super) struct RawLog {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawCredential {
+    pub(super) template: Option<String>,
     pub(super) secret_env: Option<String>,
     pub(super) secret_file: Option<String>,
     #[serde(default)]

@@ -84,6 +84,10 @@ fn describe() {
         "Seconds until the oldest spend leaves the window (sliding) or it resets (fixed)"
     );
     describe_gauge!(
+        "qw_credential_tenants",
+        "Tenants of a template credential with keys in Redis, up to the 50 whose windows are exported"
+    );
+    describe_gauge!(
         "qw_credential_blocked_seconds",
         "Seconds the credential stays blocked after an upstream 429 (0 = not blocked)"
     );
@@ -143,14 +147,24 @@ async fn refresh_gauges(s: &OpsState) {
             up = false;
             continue;
         };
-        metrics::gauge!("qw_credential_blocked_seconds", "credential" => name.clone())
-            .set(u.blocked_for.as_secs_f64());
+        // A template's tenant: `credential` is the template, `tenant` its
+        // placeholder and value as its keys spell them (`account=123`).
+        let (credential, tenant) = match crate::keys::parse_tenant(&name) {
+            Some((c, _, _)) => (
+                c.to_owned(),
+                name.get(c.len() + 1..name.len() - 1).map(str::to_owned),
+            ),
+            None => (name.clone(), None),
+        };
+        let mut labels = vec![("credential", credential)];
+        labels.extend(tenant.map(|t| ("tenant", t)));
+        metrics::gauge!("qw_credential_blocked_seconds", &labels).set(u.blocked_for.as_secs_f64());
         for w in &u.windows {
-            let labels = [
-                ("credential", name.clone()),
+            let mut labels = labels.clone();
+            labels.extend([
                 ("scope", w.scope.to_string()),
                 ("window", w.window.describe()),
-            ];
+            ]);
             metrics::gauge!("qw_window_used_units", &labels).set(w.used as f64);
             metrics::gauge!("qw_window_remaining_units", &labels).set(w.remaining as f64);
             metrics::gauge!("qw_window_limit_units", &labels).set(w.window.units.get() as f64);

@@ -111,6 +111,10 @@ pub(crate) fn serve(
 /// waits up to 10 s for an answer).
 pub(crate) const REDIS_READ_BUDGET: Duration = Duration::from_secs(2);
 
+/// A template credential's tenants whose windows `/metrics` exports, at
+/// most: one series per tenant and window would otherwise grow with the
+/// tenants (docs/metrics.md); `quota TEMPLATE` lists them all.
+pub(crate) const METRICS_TENANTS: usize = 50;
 /// Runs `read` within [`REDIS_READ_BUDGET`]; `None` (logged, naming
 /// `what`) when it fails or takes longer.
 pub(crate) async fn bounded<T, E: std::fmt::Display>(
@@ -135,12 +139,26 @@ pub(crate) async fn bounded<T, E: std::fmt::Display>(
 
 /// Each credential's windows, read from Redis now, all at once and within
 /// [`REDIS_READ_BUDGET`]; `None` for a credential that could not be read.
+/// A template credential stands for its tenants found in Redis (the first
+/// [`METRICS_TENANTS`] by name), named `ig[account=123]`.
 pub(crate) async fn peek_all(limiter: &Limiter) -> Vec<(String, Option<CredentialUsage>)> {
-    let names: Vec<String> = limiter
-        .quotas()
-        .credential_names()
-        .map(str::to_owned)
-        .collect();
+    let mut names = Vec::new();
+    for name in limiter.quotas().credential_names() {
+        if limiter.quotas().template_of(name).is_none() {
+            names.push(name.to_owned());
+            continue;
+        }
+        let found = tokio::time::timeout(REDIS_READ_BUDGET, limiter.tenants(name, METRICS_TENANTS));
+        match found.await {
+            Ok(Ok(t)) => {
+                ::metrics::gauge!("qw_credential_tenants", "credential" => name.to_owned())
+                    .set(t.names.len() as f64);
+                names.extend(t.names);
+            }
+            Ok(Err(e)) => warn!(credential = %name, error = %e, "cannot list the tenants"),
+            Err(_) => warn!(credential = %name, "listing the tenants timed out"),
+        }
+    }
     let reads = names.iter().map(|name| async move {
         match tokio::time::timeout(REDIS_READ_BUDGET, limiter.peek(name)).await {
             Ok(Ok(u)) => Some(u),

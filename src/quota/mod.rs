@@ -17,7 +17,8 @@
 pub mod backend;
 pub(crate) mod tz;
 
-use std::collections::HashMap;
+use std::borrow::Cow;
+use std::collections::{BTreeSet, HashMap};
 use std::num::NonZeroU64;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
@@ -27,7 +28,7 @@ use redis::{RedisResult, RetryMethod, Value};
 
 use crate::config::{Config, LimiterUnavailable, Reserve, Scope, Window, WindowKind};
 use crate::conn::Lua;
-use crate::keys::KeySpace;
+use crate::keys::{self, KeySpace};
 pub use backend::{QuotaConn, QuotaTarget};
 
 /// The spend script's source, as shipped in `lua/spend.lua`.
@@ -154,6 +155,10 @@ pub enum QuotaError {
     /// Fix the caller: no such credential in the config.
     #[error("unknown credential {0:?}")]
     UnknownCredential(String),
+    /// Fix the caller: a template credential is spent, peeked and blocked
+    /// one tenant at a time (`ig[account=123]`).
+    #[error("credential {0:?} is a template: name one tenant, as {0}[{1}=VALUE]")]
+    TemplateNeedsTenant(String, String),
     /// Fix the caller: the credential has no such window.
     #[error("credential {credential:?} has no window {window}")]
     UnknownWindow {
@@ -230,8 +235,12 @@ pub struct WindowPlan {
 /// Everything a call on one set of windows sends, built once at load.
 #[derive(Debug, Clone)]
 pub struct Plan {
-    /// The credential charged.
+    /// The credential charged: a tenant's own name for a template's tenant
+    /// (`ig[account=123]`).
     pub credential: String,
+    /// The configured credential it comes from (`ig`): the `credential`
+    /// label of the counters, which never carry a tenant (docs/metrics.md).
+    pub family: String,
     /// KEYS: block, clock, then each window's keys.
     pub keys: Vec<String>,
     /// The windows, numbered from 1 in this order.
@@ -268,6 +277,32 @@ impl Plan {
             .collect();
         Plan {
             credential: credential.to_owned(),
+            family: credential.to_owned(),
+            keys,
+            windows,
+        }
+    }
+
+    /// The same windows on `credential`'s keys: a template's plan for one
+    /// of its tenants (the window specs, fixed windows' time zone tables
+    /// included, are the template's).
+    fn for_credential(&self, ks: &KeySpace, credential: &str) -> Plan {
+        let mut keys = vec![ks.blocked(credential), ks.clock(credential)];
+        let windows = self
+            .windows
+            .iter()
+            .map(|w| {
+                let wkeys = ks.window(credential, &w.scope, &w.window);
+                keys.extend(wkeys.iter().cloned());
+                WindowPlan {
+                    keys: wkeys,
+                    ..w.clone()
+                }
+            })
+            .collect();
+        Plan {
+            credential: credential.to_owned(),
+            family: self.family.clone(),
             keys,
             windows,
         }
@@ -316,6 +351,8 @@ pub struct Quotas {
     keys: KeySpace,
     endpoints: HashMap<String, EndpointPlan>,
     credentials: IndexMap<String, Plan>,
+    /// Template credentials by name: their placeholder.
+    templates: HashMap<String, String>,
 }
 
 impl Quotas {
@@ -359,10 +396,16 @@ impl Quotas {
                 (c.name.clone(), Plan::new(&ks, &c.name, windows))
             })
             .collect();
+        let templates = config
+            .credentials
+            .values()
+            .filter_map(|c| Some((c.name.clone(), c.template.clone()?)))
+            .collect();
         Quotas {
             keys: ks,
             endpoints,
             credentials,
+            templates,
         }
     }
 
@@ -385,6 +428,59 @@ impl Quotas {
             .ok_or_else(|| QuotaError::UnknownCredential(name.to_owned()))
     }
 
+    /// A credential's plan by the name `quota` shows: a configured
+    /// credential's, or one tenant's of a template (`ig[account=123]`,
+    /// the value as written or percent-encoded). A template's own name is
+    /// refused: it has no windows of its own.
+    pub(crate) fn plan_for(&self, name: &str) -> Result<Cow<'_, Plan>, QuotaError> {
+        if let Some((cred, placeholder, value)) = keys::parse_tenant(name)
+            && self.templates.get(cred).is_some_and(|p| p == placeholder)
+        {
+            let tenant = keys::tenant(cred, placeholder, &value);
+            return Ok(Cow::Owned(
+                self.credentials[cred].for_credential(&self.keys, &tenant),
+            ));
+        }
+        if let Some(placeholder) = self.templates.get(name) {
+            return Err(QuotaError::TemplateNeedsTenant(
+                name.to_owned(),
+                placeholder.clone(),
+            ));
+        }
+        self.credential(name).map(Cow::Borrowed)
+    }
+
+    /// The template placeholder of credential `name`, if it is a template.
+    pub(crate) fn template_of(&self, name: &str) -> Option<&str> {
+        self.templates.get(name).map(String::as_str)
+    }
+
+    /// An endpoint's plan for one tenant `value` of its template
+    /// credential; for `None` (or a plain credential) the endpoint's own.
+    pub(crate) fn endpoint_for(
+        &self,
+        endpoint: &str,
+        value: Option<&str>,
+    ) -> Result<Cow<'_, EndpointPlan>, QuotaError> {
+        let ep = self.endpoint(endpoint)?;
+        let family = &ep.plan.family;
+        match (value, self.templates.get(family)) {
+            (None, None) => Ok(Cow::Borrowed(ep)),
+            (Some(value), Some(placeholder)) => {
+                let tenant = keys::tenant(family, placeholder, value);
+                Ok(Cow::Owned(EndpointPlan {
+                    plan: ep.plan.for_credential(&self.keys, &tenant),
+                    ..ep.clone()
+                }))
+            }
+            (None, Some(placeholder)) => Err(QuotaError::TemplateNeedsTenant(
+                family.clone(),
+                placeholder.clone(),
+            )),
+            (Some(_), None) => Err(QuotaError::UnknownCredential(format!("{family}[...]"))),
+        }
+    }
+
     /// Credential names, in config order.
     pub(crate) fn credential_names(&self) -> impl Iterator<Item = &str> {
         self.credentials.keys().map(String::as_str)
@@ -398,7 +494,7 @@ impl Quotas {
         scope: &Scope,
         window: &Window,
     ) -> Result<usize, QuotaError> {
-        let plan = self.credential(credential)?;
+        let plan = self.plan_for(credential)?;
         plan.windows
             .iter()
             .position(|w| {
@@ -578,13 +674,28 @@ impl Limiter {
         request_id: &str,
         reserve: Reserve,
     ) -> Result<Decision, QuotaError> {
+        self.spend_for(endpoint, None, cost, request_id, reserve)
+            .await
+    }
+
+    /// [`Limiter::spend_reserved`] on one tenant (`tenant`: its value) of
+    /// the endpoint's template credential; `None` for a plain credential.
+    /// The reserve applies to the tenant's own windows.
+    pub async fn spend_for(
+        &self,
+        endpoint: &str,
+        tenant: Option<&str>,
+        cost: Option<u64>,
+        request_id: &str,
+        reserve: Reserve,
+    ) -> Result<Decision, QuotaError> {
         let cost = self.quotas.checked_cost(endpoint, cost, reserve)?;
-        let ep = self.quotas.endpoint(endpoint)?;
+        let ep = self.quotas.endpoint_for(endpoint, tenant)?;
         let args = ep
             .plan
             .args("spend", request_id, &cost.to_string(), reserve);
         let started = std::time::Instant::now();
-        let reply = self.spend_replicated(ep, args, request_id).await;
+        let reply = self.spend_replicated(&ep, args, request_id).await;
         metrics::histogram!("qw_spend_duration_seconds", "endpoint" => endpoint.to_owned())
             .record(started.elapsed().as_secs_f64());
         let result = match &reply {
@@ -595,7 +706,9 @@ impl Limiter {
             }
             Err(_) => "error",
         };
-        let credential = ep.plan.credential.clone();
+        // The configured credential, not the tenant: hundreds of tenants
+        // would multiply every counter's series (docs/metrics.md).
+        let credential = ep.plan.family.clone();
         metrics::counter!("qw_spends_total", "credential" => credential.clone(), "endpoint" => endpoint.to_owned(), "result" => result)
             .increment(1);
         if result == "allowed" {
@@ -648,7 +761,9 @@ impl Limiter {
             return Ok(r);
         }
         let credential = &ep.plan.credential;
-        metrics::counter!("qw_replica_wait_failures_total", "credential" => credential.clone())
+        // Labelled by the configured credential, not the tenant (as
+        // qw_spends_total is).
+        metrics::counter!("qw_replica_wait_failures_total", "credential" => ep.plan.family.clone())
             .increment(1);
         let err = QuotaError::NotReplicated {
             wanted: self.replicas,
@@ -689,7 +804,18 @@ impl Limiter {
         request_id: &str,
         actual: u64,
     ) -> Result<usize, QuotaError> {
-        let ep = self.quotas.endpoint(endpoint)?;
+        self.settle_for(endpoint, None, request_id, actual).await
+    }
+
+    /// [`Limiter::settle`] on one tenant of a template credential.
+    pub async fn settle_for(
+        &self,
+        endpoint: &str,
+        tenant: Option<&str>,
+        request_id: &str,
+        actual: u64,
+    ) -> Result<usize, QuotaError> {
+        let ep = self.quotas.endpoint_for(endpoint, tenant)?;
         let args = ep
             .plan
             .args("settle", request_id, &actual.to_string(), Reserve::NONE);
@@ -699,11 +825,12 @@ impl Limiter {
 
     /// Blocks `credential` for `for_` (never shortening a longer block), so
     /// no spend anywhere is admitted meanwhile. Returns the block in force.
+    /// A template's tenant is named as `quota` shows it (`ig[account=123]`).
     pub async fn block(&self, credential: &str, for_: Duration) -> Result<Duration, QuotaError> {
-        let plan = self.quotas.credential(credential)?;
+        let plan = self.quotas.plan_for(credential)?;
         let ms = for_.as_millis().max(1).to_string();
         let r = self
-            .call(plan, plan.args("block", &ms, "", Reserve::NONE))
+            .call(&plan, plan.args("block", &ms, "", Reserve::NONE))
             .await?;
         Ok(Duration::from_millis(
             r.first().copied().unwrap_or(0).max(0) as u64,
@@ -712,10 +839,11 @@ impl Limiter {
 
     /// Reads a credential's live usage (drops expired entries on the way,
     /// which changes no answer).
+    /// A template's tenant is named as `quota` shows it (`ig[account=123]`).
     pub async fn peek(&self, credential: &str) -> Result<CredentialUsage, QuotaError> {
-        let plan = self.quotas.credential(credential)?;
+        let plan = self.quotas.plan_for(credential)?;
         let r = self
-            .call(plan, plan.args("peek", "", "", Reserve::NONE))
+            .call(&plan, plan.args("peek", "", "", Reserve::NONE))
             .await?;
         if r.len() != 1 + 4 * plan.windows.len() {
             return Err(QuotaError::Script(format!(
@@ -738,7 +866,7 @@ impl Limiter {
             })
             .collect();
         Ok(CredentialUsage {
-            name: credential.to_owned(),
+            name: plan.credential.clone(),
             blocked_for: Duration::from_millis(u(r[0])),
             windows,
         })
@@ -757,7 +885,7 @@ impl Limiter {
         window: usize,
         upstream_left: u64,
     ) -> Result<u64, QuotaError> {
-        let plan = self.quotas.credential(credential)?;
+        let plan = self.quotas.plan_for(credential)?;
         let Some(w) = plan.windows.get(window) else {
             return Err(QuotaError::UnknownWindow {
                 credential: credential.to_owned(),
@@ -770,10 +898,10 @@ impl Limiter {
             &upstream_left.to_string(),
             Reserve::NONE,
         );
-        let r = self.call(plan, args).await?;
+        let r = self.call(&plan, args).await?;
         let drift = r.first().copied().unwrap_or(0).max(0) as u64;
         if drift > 0 {
-            metrics::counter!("qw_drift_units_total", "credential" => credential.to_owned())
+            metrics::counter!("qw_drift_units_total", "credential" => plan.family.clone())
                 .increment(drift);
             tracing::info!(
                 credential,
@@ -785,6 +913,64 @@ impl Limiter {
             );
         }
         Ok(drift)
+    }
+}
+
+/// The tenants of a template credential found in Redis, by name, at most
+/// `limit` of them, and whether there were more.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tenants {
+    /// Tenant names (`ig[account=123]`), sorted.
+    pub names: Vec<String>,
+    /// More tenants have keys than `names` holds.
+    pub more: bool,
+}
+
+impl Limiter {
+    /// The tenants of template `credential` that have keys in Redis (a
+    /// spend or a block in their windows' lifetime), found by SCAN (in
+    /// steps, each within the timeout; nothing blocks Redis), at most
+    /// `limit` of them.
+    pub async fn tenants(&self, credential: &str, limit: usize) -> Result<Tenants, QuotaError> {
+        let Some(placeholder) = self.quotas.template_of(credential) else {
+            return Err(QuotaError::UnknownCredential(credential.to_owned()));
+        };
+        let ks = self.quotas.keys();
+        let pattern = ks.tenants_pattern(credential, placeholder);
+        let mut found = BTreeSet::new();
+        let mut cursor = 0u64;
+        let mut more = false;
+        loop {
+            let mut conn = self.conn.clone();
+            let mut scan = redis::cmd("SCAN");
+            scan.arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000);
+            let step = scan.query_async::<(u64, Vec<String>)>(&mut conn);
+            let (next, batch) = tokio::time::timeout(self.timeout, step)
+                .await
+                .map_err(|_| QuotaError::Timeout(self.timeout))?
+                .map_err(QuotaError::from_redis)?;
+            for key in &batch {
+                if let Some(t) = ks.tenant_of(key) {
+                    found.insert(t.to_owned());
+                }
+            }
+            if found.len() > limit {
+                more = true;
+                break;
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        Ok(Tenants {
+            names: found.into_iter().take(limit).collect(),
+            more,
+        })
     }
 }
 

@@ -25,7 +25,7 @@ use super::lock::Found;
 use super::spend::{Admission, Spent};
 use super::{CHECKPOINT_TTL, Checkpoint, ITEM_STATE_TTL, TaskError, Worker};
 use crate::config::{Endpoint, Job, OnQuotaExhausted, PageStyle, Secret, fmt_duration};
-use crate::fetch::{BuildError, PageAt, Placeholders, Reply, Request, UpstreamQuota};
+use crate::fetch::{BuildError, Fetcher, PageAt, Placeholders, Reply, Request, UpstreamQuota};
 use crate::history::BlockReason;
 use crate::outcome::{Outcome, OutcomeKind};
 use crate::paging::{Next, Stored, Validators};
@@ -82,7 +82,15 @@ pub(super) struct Run<'a> {
     pub(super) task: &'a TaskArgs,
     pub(super) job: &'a Job,
     pub(super) endpoint: &'a Endpoint,
+    /// The credential spent, as `quota` names it: the endpoint's, or for a
+    /// template credential this item's tenant (`ig[account=123]`).
+    pub(super) credential: String,
+    /// A template credential's tenant: the item's value of its placeholder.
+    pub(super) tenant: Option<String>,
     secret: Secret,
+    /// The fetcher, scrubbing this run's secret too (a tenant's is not
+    /// among the secrets read at start).
+    fetcher: Fetcher,
     max_pages: u32,
     /// `continue = true`.
     continues: bool,
@@ -193,15 +201,46 @@ impl Worker {
             }
         };
         let endpoint = &self.config.endpoints[&job.endpoint];
+        let cred = &self.config.credentials[&endpoint.credential];
+        let (credential, tenant, secret, fetcher) = match &cred.template {
+            None => (
+                cred.name.clone(),
+                None,
+                self.secrets
+                    .get(&cred.name)
+                    .cloned()
+                    .unwrap_or_else(|| Secret::new("")),
+                self.fetcher.clone(),
+            ),
+            Some(placeholder) => {
+                // Config validation makes every item of the job fill it.
+                let value = task.item.iter().find(|(k, _)| k == placeholder);
+                let value = value.map_or("", |(_, v)| v.as_str());
+                let name = cred.tenant(value).unwrap_or_default();
+                match cred.tenant_secret(value) {
+                    Ok(secret) => {
+                        let fetcher = self.fetcher.with_secret(&secret);
+                        (name, Some(value.to_owned()), secret, fetcher)
+                    }
+                    Err(e) => {
+                        // This item only: its checkpoint stays, so the run
+                        // resumes once its token file is there.
+                        let why = format!("no secret for {name}: {e}");
+                        let outcome = Outcome::new(OutcomeKind::Failed, start.page, why);
+                        self.finish(task, Some(job), &outcome).await?;
+                        return Ok(outcome);
+                    }
+                }
+            }
+        };
         let run = Run {
             task,
             job,
             endpoint,
-            secret: self
-                .secrets
-                .get(&endpoint.credential)
-                .cloned()
-                .unwrap_or_else(|| Secret::new("")),
+            credential,
+            tenant,
+            secret,
+            fetcher,
             max_pages: job.max_pages(),
             continues: job.pagination.as_ref().is_some_and(|p| p.continues),
             validators: found.validators.filter(|_| endpoint.conditional),
@@ -278,7 +317,7 @@ impl Worker {
         p.units += cost;
         Stats::add(&self.stats.units, cost);
 
-        let reply = self.fetcher.send(run.endpoint, &request).await;
+        let reply = run.fetcher.send(run.endpoint, &request).await;
         // A 304 the upstream did not price costs the endpoint's `not_modified_cost`.
         let reported = match &reply {
             Reply::NotModified {
@@ -305,7 +344,7 @@ impl Worker {
             Some(token) => PageAt::After(token),
             None => PageAt::Number(p.page),
         };
-        let request = self.fetcher.request(run.job, &ph, at)?;
+        let request = run.fetcher.request(run.job, &ph, at)?;
         Ok(match &run.validators {
             Some(v) if p.page == 1 => request.conditional(v),
             _ => request,
@@ -415,8 +454,8 @@ impl Worker {
                 reason: None,
                 endpoint: run.endpoint.name.clone(),
             };
-            self.block(run.endpoint, u.reset_in, why).await;
-            info!(credential = %run.endpoint.credential, blocked_ms = u.reset_in.as_millis() as u64,
+            self.block(run, u.reset_in, why).await;
+            info!(credential = %run.credential, blocked_ms = u.reset_in.as_millis() as u64,
                   "upstream reports its quota spent; credential blocked until its reset");
         }
         let written = match self.sinks.write(run.job, &run.task.item, body, now).await {
@@ -492,7 +531,7 @@ impl Worker {
             reason,
             endpoint: run.endpoint.name.clone(),
         };
-        let blocked = self.block(run.endpoint, wait, block_reason).await;
+        let blocked = self.block(run, wait, block_reason).await;
         let why = format!("{said}; credential blocked for {}", fmt_duration(blocked));
         let kind = OutcomeKind::UpstreamThrottled;
         let mut o = self.wait_for_quota(run, p, kind, blocked, &why).await?;

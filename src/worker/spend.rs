@@ -28,6 +28,8 @@ pub(super) struct Spent {
     /// Whether the windows recorded it (not when Redis could not answer on a
     /// `fail-open` endpoint): only a recorded spend is settled or refunded.
     recorded: bool,
+    /// The tenant it was spent on (template credentials), settled there.
+    tenant: Option<String>,
 }
 
 /// What a page's spend came to.
@@ -73,7 +75,7 @@ impl Worker {
     /// Spends the page's cost from the endpoint's windows (unless this
     /// daemon holds the credential blocked itself).
     pub(super) async fn spend(&self, run: &Run<'_>, p: &Progress) -> Result<Admission, TaskError> {
-        if let Some(left) = self.local_blocks.left(&run.endpoint.credential) {
+        if let Some(left) = self.local_blocks.left(&run.credential) {
             let why = "credential blocked by this daemon (Redis did not take the upstream's block)";
             let kind = OutcomeKind::QuotaExhausted;
             let o = self.wait_for_quota(run, p, kind, left, why).await?;
@@ -88,13 +90,23 @@ impl Worker {
         let decision = if self.skip_spend {
             Ok(Decision::Unchecked)
         } else {
-            self.limiter
-                .spend_reserved(&run.endpoint.name, None, &request_id, run.job.reserve)
+            // A tenant's spend keeps the job's reserve free in the
+            // tenant's own windows.
+            let tenant = run.tenant.as_deref();
+            (self.limiter)
+                .spend_for(
+                    &run.endpoint.name,
+                    tenant,
+                    None,
+                    &request_id,
+                    run.job.reserve,
+                )
                 .await
         };
         let recorded = match decision {
             Ok(Decision::Allowed { .. }) => {
-                self.record_spent(run.endpoint, run.endpoint.cost.get() as i64);
+                let tenant = run.tenant.as_deref();
+                self.record_spent(run.endpoint, tenant, run.endpoint.cost.get() as i64);
                 true
             }
             Ok(Decision::Unchecked) => false,
@@ -115,6 +127,7 @@ impl Worker {
         Ok(Admission::Spent(Spent {
             request_id,
             recorded,
+            tenant: run.tenant.clone(),
         }))
     }
 
@@ -150,14 +163,14 @@ impl Worker {
             return;
         }
         let request_id = &spent.request_id;
-        match self
-            .limiter
-            .settle(&endpoint.name, request_id, actual)
+        let tenant = spent.tenant.as_deref();
+        match (self.limiter)
+            .settle_for(&endpoint.name, tenant, request_id, actual)
             .await
         {
             Ok(_) => {
                 p.units = p.units - cost + actual;
-                self.record_spent(endpoint, actual as i64 - cost as i64);
+                self.record_spent(endpoint, tenant, actual as i64 - cost as i64);
             }
             Err(e) => error!(endpoint = %endpoint.name, request_id, actual, error = %e,
                              "could not settle a request to its reported cost; the windows keep the configured cost"),
@@ -170,10 +183,14 @@ impl Worker {
             return;
         }
         let request_id = &spent.request_id;
-        match self.limiter.settle(&endpoint.name, request_id, 0).await {
+        let tenant = spent.tenant.as_deref();
+        match (self.limiter)
+            .settle_for(&endpoint.name, tenant, request_id, 0)
+            .await
+        {
             Ok(_) => {
                 p.units -= endpoint.cost.get();
-                self.record_spent(endpoint, -(endpoint.cost.get() as i64));
+                self.record_spent(endpoint, tenant, -(endpoint.cost.get() as i64));
             }
             Err(e) => error!(endpoint = %endpoint.name, request_id, error = %e,
                              "could not refund a request that never left; its units stay spent"),
@@ -183,13 +200,14 @@ impl Worker {
     /// Adds `units` (negative: given back) to the status page's 24-hour
     /// spend history of the endpoint's windows (`crate::history`), off the
     /// task's path: the write runs on its own, and a lost one only thins
-    /// the chart.
+    /// the chart. A template's spend is recorded on its tenant (`tenant`:
+    /// the value), whose windows they are.
     ///
     /// The one place the history is written. Once spend.lua v2 can run
     /// extra work in its own call, this moves into the spend (and settle)
     /// script and costs no round trip of its own.
-    fn record_spent(&self, endpoint: &Endpoint, units: i64) {
-        let Ok(plan) = self.limiter.quotas().endpoint(&endpoint.name) else {
+    fn record_spent(&self, endpoint: &Endpoint, tenant: Option<&str>, units: i64) {
+        let Ok(plan) = self.limiter.quotas().endpoint_for(&endpoint.name, tenant) else {
             return;
         };
         let rings = history::rings(self.keys(), &plan.plan);
@@ -206,20 +224,18 @@ impl Worker {
     /// when this block is the one in force. A block Redis does not take is
     /// never ignored: it is logged as an error and held by this daemon
     /// itself ([`LocalBlocks`]), so no spend of this daemon goes through
-    /// meanwhile.
-    pub(super) async fn block(
-        &self,
-        endpoint: &Endpoint,
-        wait: Duration,
-        why: BlockReason,
-    ) -> Duration {
-        let wait = wait.min(endpoint.max_block).max(Duration::from_millis(1));
-        match self.limiter.block(&endpoint.credential, wait).await {
+    /// meanwhile. A template credential's tenant is blocked alone, and its
+    /// reason recorded on the tenant's name.
+    pub(super) async fn block(&self, run: &Run<'_>, wait: Duration, why: BlockReason) -> Duration {
+        let wait = wait
+            .min(run.endpoint.max_block)
+            .max(Duration::from_millis(1));
+        match self.limiter.block(&run.credential, wait).await {
             Ok(blocked) => {
                 // A longer block set by someone else keeps its own reason.
                 if blocked <= wait + Duration::from_secs(1) {
                     let mut conn = self.conn.clone();
-                    let credential = &endpoint.credential;
+                    let credential = &run.credential;
                     if let Err(e) =
                         history::record_block(&mut conn, self.keys(), credential, blocked, &why)
                             .await
@@ -230,9 +246,9 @@ impl Worker {
                 blocked
             }
             Err(e) => {
-                error!(credential = %endpoint.credential, block_ms = wait.as_millis() as u64, error = %e,
+                error!(credential = %run.credential, block_ms = wait.as_millis() as u64, error = %e,
                        "could not record the upstream's block in Redis; this daemon holds the credential blocked itself");
-                self.local_blocks.hold(&endpoint.credential, wait);
+                self.local_blocks.hold(&run.credential, wait);
                 wait
             }
         }

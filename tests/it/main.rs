@@ -52,6 +52,7 @@ mod sink;
 mod sink_unwritable;
 mod sqlite_key_per_item;
 mod sqlite_two_daemons;
+mod templates;
 mod trigger;
 mod trigger_exit_codes;
 mod upstream_throttle;

@@ -164,6 +164,20 @@ impl Credential {
         }
     }
 
+    /// A template credential: one tenant per value of `{placeholder}`,
+    /// each tenant's token in `secret_file` (holding the placeholder,
+    /// relative to the config's directory).
+    pub fn template(name: &str, placeholder: &str, secret_file: &str) -> Self {
+        let mut fields = Fields::default();
+        fields.set("template", placeholder);
+        fields.set("secret_file", secret_file);
+        Credential {
+            name: name.to_owned(),
+            fields,
+            secret: None,
+        }
+    }
+
     /// The value of its `secret_env` that every process run on the written
     /// config gets ([`TestConfig::env`]).
     pub fn secret(mut self, value: &str) -> Self {

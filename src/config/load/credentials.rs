@@ -5,7 +5,8 @@ use std::path::Path;
 
 use indexmap::IndexMap;
 
-use super::{Loader, expand_vars, read_bounded};
+use super::jobs::RESERVED_KEYS;
+use super::{Loader, NAME_RULE, expand_vars, read_bounded, valid_name};
 use crate::config::defaults::MAX_SECRET_FILE_BYTES as MAX_SECRET;
 use crate::config::raw::RawCredential;
 use crate::config::{
@@ -28,14 +29,61 @@ impl Loader<'_> {
                 continue;
             };
             let windows = self.windows(src, &base.join("windows"), &rc.windows);
+            let template = rc
+                .template
+                .as_ref()
+                .and_then(|t| self.credential_template(src, &base, t, &secret));
+            if let Some(t) = &template {
+                self.templates.insert(name.clone(), t.clone());
+            }
             let credential = Credential {
                 name: name.clone(),
                 secret,
                 windows,
+                template,
             };
             out.insert(name.clone(), credential);
         }
         out
+    }
+
+    /// `template = "account"`: a placeholder name no fan-out may take for
+    /// itself, and a `secret_file` that holds it (each tenant's own token).
+    fn credential_template(
+        &mut self,
+        src: &Source,
+        base: &FieldPath,
+        placeholder: &str,
+        secret: &SecretSource,
+    ) -> Option<String> {
+        if !valid_name(placeholder) || RESERVED_KEYS.contains(&placeholder) {
+            let msg = format!(
+                "bad template placeholder {placeholder:?}: {NAME_RULE}; {} are taken",
+                RESERVED_KEYS.join(", ")
+            );
+            self.error(src, &base.join("template"), msg);
+            return None;
+        }
+        let wanted = format!("{{{placeholder}}}");
+        match secret {
+            SecretSource::File { path, .. } if path.to_string_lossy().contains(&wanted) => {
+                Some(placeholder.to_owned())
+            }
+            SecretSource::File { .. } => {
+                let msg = format!(
+                    "a template's secret_file must hold {wanted}, so each tenant has its own token: secret_file = \"tokens/{wanted}\""
+                );
+                self.error(src, &base.join("secret_file"), msg);
+                None
+            }
+            SecretSource::Env { .. } => {
+                let msg = format!(
+                    "a template reads each tenant's token from a file: secret_file = \"tokens/{wanted}\", not secret_env"
+                );
+                self.error(src, &base.join("secret_env"), msg);
+                None
+            }
+        }
     }
 
     /// `secret_env` or `secret_file`, exactly one. The secret is not read

@@ -115,6 +115,10 @@ impl Loader<'_> {
             .fan_out_from
             .and_then(|raw| self.fan_out_from(src, &base.join("fan_out_from"), dir, raw, &fan_out));
         let columns = fan_out_from.as_ref().map_or(&[][..], |f| &f.columns[..]);
+        if endpoint_valid && !(from_written && fan_out_from.is_none()) {
+            let at = base.join("endpoint");
+            self.check_tenant_filled(src, &at, &endpoints[&rj.endpoint], columns, &fan_out);
+        }
         // A source that failed (reported) leaves its columns unknown: its
         // placeholders are not reported again.
         let places = Placeholders::of(columns, &fan_out)
@@ -220,6 +224,30 @@ impl Loader<'_> {
             self.error(src, at, msg);
         }
         false
+    }
+
+    /// A job charged to a template credential must say which tenant each
+    /// item is: its placeholder must be a fan-out key or a `fan_out_from`
+    /// column.
+    fn check_tenant_filled(
+        &mut self,
+        src: &Source,
+        at: &FieldPath,
+        endpoint: &Endpoint,
+        columns: &[String],
+        fan_out: &[(String, Vec<String>)],
+    ) {
+        let Some(placeholder) = self.templates.get(&endpoint.credential) else {
+            return;
+        };
+        let filled = columns.contains(placeholder) || fan_out.iter().any(|(k, _)| k == placeholder);
+        if !filled {
+            let msg = format!(
+                "endpoint {:?} is charged to credential {:?}, a template on {{{placeholder}}}: this job must provide {{{placeholder}}} (a fan_out key or a fan_out_from column), one tenant per item",
+                endpoint.name, endpoint.credential
+            );
+            self.error(src, at, msg);
+        }
     }
 
     /// `fan_out = { key = [values] }`: each key a placeholder, each list

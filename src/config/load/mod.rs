@@ -34,6 +34,9 @@ pub(super) struct Loader<'a> {
     /// Endpoints that are defined but invalid (already reported): a job
     /// naming one is not told the endpoint is unknown.
     invalid_endpoints: BTreeSet<String>,
+    /// Template credentials (`template = "account"`): their placeholder,
+    /// which every job charged to one must fill.
+    templates: HashMap<String, String>,
     /// Each credential's windows, to check a job's reserve against them.
     credential_windows: HashMap<String, Vec<Window>>,
 }
@@ -44,6 +47,7 @@ impl<'a> Loader<'a> {
             env,
             errors: Vec::new(),
             invalid_endpoints: BTreeSet::new(),
+            templates: HashMap::new(),
             credential_windows: HashMap::new(),
         }
     }
@@ -163,7 +167,7 @@ fn read_source(path: &Path) -> Result<Source, ConfigError> {
 /// Reads a file of at most `limit` bytes (`what` names the kind of file in
 /// the error). Anything but a regular file is refused unopened: reading a
 /// device (`-c /dev/zero`) never ends, opening a FIFO blocks.
-fn read_bounded(path: &Path, limit: u64, what: &str) -> Result<String, String> {
+pub(super) fn read_bounded(path: &Path, limit: u64, what: &str) -> Result<String, String> {
     use std::io::Read;
     use std::os::unix::fs::FileTypeExt;
 

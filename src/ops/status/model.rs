@@ -236,27 +236,10 @@ fn starved_list(s: crate::schedule::StarvedItems) -> Option<Vec<Starved>> {
 pub(crate) async fn gather(s: &OpsState) -> Status {
     let keys = s.queue.keys();
     let quotas = s.limiter.quotas();
-    let names: Vec<String> = quotas.credential_names().map(str::to_owned).collect();
-    let mut rings: Vec<String> = Vec::new();
-    for name in &names {
-        if let Ok(plan) = quotas.credential(name) {
-            for r in history::rings(keys, plan) {
-                if !rings.contains(&r) {
-                    rings.push(r);
-                }
-            }
-        }
-    }
     let conn = s.queue.connection();
     let jobs: Vec<&Job> = s.config.jobs.values().collect();
-    let (usages, spent, reasons, depth, records) = tokio::join!(
+    let (usages, depth, records) = tokio::join!(
         peek_all(&s.limiter),
-        bounded("status page: the spend history", async {
-            history::read_rings(&mut conn.clone(), &rings).await
-        }),
-        bounded("status page: the block reasons", async {
-            history::read_block_reasons(&mut conn.clone(), keys, &names).await
-        }),
         bounded("status page: the queue depth", s.queue.depth()),
         join_all(jobs.iter().map(|j| {
             let mut conn = conn.clone();
@@ -274,6 +257,28 @@ pub(crate) async fn gather(s: &OpsState) -> Status {
                 (record, starved)
             }
         })),
+    );
+    // The credentials as read: a template stands for its tenants found in
+    // Redis (`ig[account=123]`), whose history and block reasons are
+    // recorded on the tenant's name, so they are read after the windows.
+    let names: Vec<String> = usages.iter().map(|(n, _)| n.clone()).collect();
+    let mut rings: Vec<String> = Vec::new();
+    for name in &names {
+        if let Ok(plan) = quotas.plan_for(name) {
+            for r in history::rings(keys, &plan) {
+                if !rings.contains(&r) {
+                    rings.push(r);
+                }
+            }
+        }
+    }
+    let (spent, reasons) = tokio::join!(
+        bounded("status page: the spend history", async {
+            history::read_rings(&mut conn.clone(), &rings).await
+        }),
+        bounded("status page: the block reasons", async {
+            history::read_block_reasons(&mut conn.clone(), keys, &names).await
+        }),
     );
     let mut redis_up = spent.is_some() && reasons.is_some() && depth.is_some();
     let (now_ms, spent) = spent.unwrap_or_else(|| (Utc::now().timestamp_millis(), Vec::new()));
