@@ -816,3 +816,50 @@ async fn an_evicting_cluster_master_is_refused_by_check_and_run() {
         assert!(log.contains(&node), "{args:?}: {log}");
     }
 }
+
+/// Tenants of a template credential (issue 15 item 4) on the cluster: each
+/// tenant's keys carry its own hash tag, so 30 tenants of one credential
+/// spread over the masters, and each admits exactly its own window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn template_tenants_spread_over_the_masters_and_each_admits_its_limit() {
+    let _machine = machine::heavy();
+    let cluster = Cluster::start(3);
+    let cfg = ConfigBuilder::new()
+        .quota_nodes(cluster.urls())
+        .credential(
+            Credential::template("ig", "account", "tokens/{account}")
+                .window(Window::sliding(3, "1h")),
+        )
+        .endpoint(Endpoint::new("ig.media", "ig", 1))
+        .write();
+    let limiter = cluster::limiter(&load(&cfg)).await;
+    for t in 0..30 {
+        let tenant = format!("t{t:02}");
+        let mut admitted = 0;
+        for _ in 0..5 {
+            let d = limiter
+                .spend_for(
+                    "ig.media",
+                    Some(&tenant),
+                    None,
+                    &request_id(),
+                    Default::default(),
+                )
+                .await
+                .expect("spend");
+            admitted += usize::from(d.is_allowed());
+        }
+        assert_eq!(admitted, 3, "tenant {tenant}");
+    }
+    // Where the tenants' keys really are.
+    let holding: Vec<usize> = cluster
+        .masters()
+        .into_iter()
+        .filter(|&m| !cluster.nodes[m].keys("qw:{ig*").is_empty())
+        .collect();
+    assert!(
+        holding.len() >= 2,
+        "30 tenants' keys on {} master(s)",
+        holding.len()
+    );
+}
