@@ -126,4 +126,43 @@ impl LuaCall<'_> {
             reply => reply,
         }
     }
+
+    /// Runs it and then `then`, as one pipeline on one connection (one write,
+    /// one round trip; a cluster sends the pipeline to the node that owns the
+    /// script's first key). For a command whose meaning depends on what this
+    /// connection ran just before it, such as `WAIT`. On NOSCRIPT both run
+    /// again with `EVAL`. Returns the script's reply and `then`'s.
+    pub async fn invoke_then(
+        &self,
+        conn: &mut impl redis::aio::ConnectionLike,
+        then: &redis::Cmd,
+    ) -> redis::RedisResult<(redis::Value, redis::RedisResult<redis::Value>)> {
+        let run = |script: redis::Cmd| {
+            let mut p = redis::pipe();
+            p.add_command(script)
+                .add_command(then.clone())
+                .ignore_errors();
+            p
+        };
+        let replies = |r: Vec<redis::RedisResult<redis::Value>>| {
+            let mut r = r.into_iter();
+            match (r.next(), r.next()) {
+                (Some(script), Some(then)) => Ok((script, then)),
+                _ => Err(redis::RedisError::from((
+                    redis::ErrorKind::Client,
+                    "a two-command pipeline answered fewer than two replies",
+                ))),
+            }
+        };
+        let evalsha = run(self.command("EVALSHA", &self.lua.sha));
+        let (script, then) = replies(evalsha.query_async(conn).await?)?;
+        match script {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                let eval = run(self.command("EVAL", self.lua.source));
+                let (script, then) = replies(eval.query_async(conn).await?)?;
+                Ok((script?, then))
+            }
+            script => Ok((script?, then)),
+        }
+    }
 }

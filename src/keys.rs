@@ -79,7 +79,13 @@ impl KeySpace {
     }
 
     fn credential(&self, credential: &str) -> String {
-        format!("{}:{{{credential}}}", self.prefix)
+        format!("{}:{}", self.prefix, Self::hash_tag(credential))
+    }
+
+    /// The Redis Cluster hash tag every key of `credential` carries: all of
+    /// them hash to its slot, so one spend runs on one node.
+    pub fn hash_tag(credential: &str) -> String {
+        format!("{{{credential}}}")
     }
 
     /// A SCAN pattern for every key of every tenant of template

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use quota_worker::config::Config;
-use quota_worker::quota::{Limiter, Quotas, request_id};
+use quota_worker::quota::{Limiter, Quotas};
 use serde_json::json;
 
 use crate::Ctx;
@@ -76,16 +76,7 @@ pub async fn run(ctx: &Ctx) -> Section {
                     let limiter = limiter.clone();
                     let (calls, secs, ns) = drive(n, plan.round, move || {
                         let limiter = limiter.clone();
-                        async move {
-                            let d = limiter
-                                .spend(endpoint, Some(cost), &request_id())
-                                .await
-                                .expect("spend");
-                            assert!(
-                                d.is_allowed(),
-                                "{endpoint}: {d:?} on a window that never fills"
-                            );
-                        }
+                        async move { common::spend_admitted(&limiter, endpoint, Some(cost)).await }
                     })
                     .await;
                     // Round 0 warms up and is dropped.

@@ -34,6 +34,21 @@ impl Plan {
     }
 }
 
+/// One spend of `cost` (default: the endpoint's) on a window that never
+/// fills: anything but an admission is a bug in the section.
+pub async fn spend_admitted(
+    limiter: &quota_worker::quota::Limiter,
+    endpoint: &str,
+    cost: Option<u64>,
+) {
+    let id = quota_worker::quota::request_id();
+    let d = limiter.spend(endpoint, cost, &id).await.expect("spend");
+    assert!(
+        d.is_allowed(),
+        "{endpoint}: {d:?} on a window that never fills"
+    );
+}
+
 /// A multiplexed connection, as the daemon makes them.
 pub async fn connect(server: &RedisServer) -> ConnectionManager {
     quota_worker::conn::connect(&RedisUrl::new(server.url()), TIMEOUT, 3)

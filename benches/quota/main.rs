@@ -1,8 +1,9 @@
 //! The benchmark of issues 5 and 11: the spend script against the ceiling
 //! Redis itself sets for it, against the naive design and published peers,
 //! memory per weighted call, cost as the window grows, what a refused spend
-//! costs, bucket windows, what the limiter costs end to end, and exactness
-//! under load — in one run, on one private `redis-server`.
+//! costs, bucket windows, what the limiter costs end to end, exactness
+//! under load — in one run, on one private `redis-server` — and the windows
+//! on a private Redis Cluster against one Redis (its own servers).
 //!
 //! ```sh
 //! cargo bench --bench quota                      # everything (< 10 min on 2 cores)
@@ -23,6 +24,7 @@
 mod support;
 
 mod bucket;
+mod cluster;
 mod common;
 mod e2e;
 mod exactness;
@@ -50,8 +52,8 @@ pub struct Ctx {
 }
 
 /// In the issue's order (exactness, its item 5, last of those), then ours,
-/// then issue 11's cells.
-const SECTIONS: [&str; 8] = [
+/// then issue 11's cells, then issue 15's cluster.
+const SECTIONS: [&str; 9] = [
     "throughput",
     "memory",
     "growth",
@@ -60,6 +62,7 @@ const SECTIONS: [&str; 8] = [
     "idle",
     "reject",
     "bucket",
+    "cluster",
 ];
 
 fn main() {
@@ -114,6 +117,7 @@ async fn bench(quick: bool, out: PathBuf, only: Vec<String>) {
             "e2e" => e2e::run(&ctx).await,
             "reject" => reject::run(&ctx).await,
             "bucket" => bucket::run(&ctx).await,
+            "cluster" => cluster::run(&ctx).await,
             _ => unreachable!(),
         };
         eprintln!("== {key}: {:.1} s", t.elapsed().as_secs_f64());

@@ -3,7 +3,8 @@
 //! per window the worst-case units the jobs can spend against its limit,
 //! warning when they cannot fit and when the quota would run out. When the
 //! configured Redis answers, its eviction policy is checked as `run` checks
-//! it (exit 78 when `run` would refuse to start).
+//! it (exit 78 when `run` would refuse to start), and so is every master of
+//! the quota windows' Redis Cluster.
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
@@ -15,6 +16,7 @@ use crate::config::{
     Config, Credential, Job, Reserve, Scope, UnsafeEviction, Window, fmt_duration,
 };
 use crate::eviction::{self, Eviction};
+use crate::quota::QuotaTarget;
 use crate::schedule::source::{Refused, SourceError};
 use crate::schedule::{self, TickItems};
 
@@ -61,8 +63,20 @@ async fn read_sources(config: &Config) -> (Config, Vec<(String, SourceRead)>) {
     (counted, found)
 }
 
-/// Whether the configured Redis keeps every key, when it answers now.
+/// Whether the configured Redis keeps every key, when it answers now, and
+/// every master of the quota windows' cluster (`[redis] quota_nodes`) too.
 async fn redis_eviction(config: &Config) -> Exit {
+    let queue = queue_eviction(config).await;
+    let cluster = cluster_eviction(config).await;
+    if queue == Exit::Config || cluster == Exit::Config {
+        Exit::Config
+    } else {
+        Exit::Ok
+    }
+}
+
+/// The queue's Redis (the windows' too without `quota_nodes`).
+async fn queue_eviction(config: &Config) -> Exit {
     let Some(url) = &config.redis.url else {
         println!("\nredis: embedded, started with maxmemory-policy noeviction");
         return Exit::Ok;
@@ -74,21 +88,47 @@ async fn redis_eviction(config: &Config) -> Exit {
         );
         return Exit::Ok;
     };
-    match eviction::check(&mut conn, wait).await {
+    verdict(
+        config,
+        &url.to_string(),
+        eviction::check(&mut conn, wait).await,
+    )
+}
+
+/// Every master of the cluster of `[redis] quota_nodes`, when it answers now.
+async fn cluster_eviction(config: &Config) -> Exit {
+    if config.redis.quota_nodes.is_empty() {
+        return Exit::Ok;
+    }
+    let target = QuotaTarget::Cluster(config.redis.quota_nodes.clone());
+    let at = format!("the quota windows' {target}");
+    let wait = Duration::from_secs(2);
+    let Ok(Ok(conn)) = tokio::time::timeout(wait, target.connect(wait, 0)).await else {
+        println!(
+            "\nredis: {at} does not answer now; its masters' maxmemory-policy is checked when `run` starts"
+        );
+        return Exit::Ok;
+    };
+    verdict(config, &at, conn.eviction(wait).await)
+}
+
+/// Prints what `eviction` at `at` means for `run`, and the exit code.
+fn verdict(config: &Config, at: &str, eviction: Eviction) -> Exit {
+    match eviction {
         Eviction::Safe => {
-            println!("\nredis: {url}: maxmemory-policy noeviction");
+            println!("\nredis: {at}: maxmemory-policy noeviction");
             Exit::Ok
         }
         Eviction::Unsafe(policy) => {
             let reason = Eviction::unsafe_reason(&policy);
             match config.redis.unsafe_eviction {
                 UnsafeEviction::Refuse => {
-                    eprintln!("error: Redis at {url}: {reason}; `run` refuses to start");
+                    eprintln!("error: Redis at {at}: {reason}; `run` refuses to start");
                     Exit::Config
                 }
                 UnsafeEviction::Warn => {
                     println!(
-                        "\nwarning: Redis at {url}: {reason} (unsafe_eviction = \"warn\": `run` starts anyway)"
+                        "\nwarning: Redis at {at}: {reason} (unsafe_eviction = \"warn\": `run` starts anyway)"
                     );
                     Exit::Ok
                 }
@@ -96,7 +136,7 @@ async fn redis_eviction(config: &Config) -> Exit {
         }
         Eviction::Unknown(why) => {
             println!(
-                "\nwarning: Redis at {url}: its maxmemory-policy cannot be verified ({why}); make sure it is noeviction"
+                "\nwarning: Redis at {at}: its maxmemory-policy cannot be verified ({why}); make sure it is noeviction"
             );
             Exit::Ok
         }

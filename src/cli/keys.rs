@@ -8,6 +8,7 @@ use serde_json::json;
 
 use super::Exit;
 use crate::config::{Config, Reserve};
+use crate::keys::KeySpace;
 use crate::quota::{Quotas, SCRIPT};
 
 /// Runs the command.
@@ -25,14 +26,53 @@ pub fn run(config: &Config, endpoint: &str, cost: Option<u64>, reserve: Reserve)
             return Exit::Software;
         }
     };
-    let out = json!({
+    let mut out = json!({
         "script": script,
         "sha1": crate::quota::script().sha(),
         "keys": plan.keys,
         "args": plan.args("spend", "{request_id}", &cost.to_string(), reserve),
     });
+    if !config.redis.quota_nodes.is_empty() {
+        out["cluster"] = cluster(config, &plan.credential);
+    }
+    if config.redis.quota_replicas > 0 {
+        out["wait"] = wait(config);
+    }
     println!("{out:#}");
     Exit::Ok
+}
+
+/// How to call the script on the cluster of `[redis] quota_nodes`.
+fn cluster(config: &Config, credential: &str) -> serde_json::Value {
+    let tag = KeySpace::hash_tag(credential);
+    let nodes: Vec<String> = (config.redis.quota_nodes.iter())
+        .map(ToString::to_string)
+        .collect();
+    json!({
+        "nodes": nodes,
+        "hash_tag": tag,
+        "how": format!(
+            "every key carries the hash tag {tag}, so all of them are in one slot (CLUSTER KEYSLOT {tag}); \
+             send EVALSHA to the master that owns it (a cluster client routes EVALSHA by its first key and follows MOVED/ASK); \
+             on NOSCRIPT, send EVAL with the script's text to the same node"
+        ),
+    })
+}
+
+/// The `WAIT` that `[redis] quota_replicas` asks after an admitted spend.
+fn wait(config: &Config) -> serde_json::Value {
+    let replicas = config.redis.quota_replicas;
+    let timeout_ms = crate::quota::replica_wait(config.redis.timeout).as_millis() as u64;
+    json!({
+        "replicas": replicas,
+        "timeout_ms": timeout_ms,
+        "how": format!(
+            "after an admitted spend (reply[1] == 1), send WAIT {replicas} {timeout_ms} on the same connection to the same node \
+             (pipelined after EVALSHA, so nothing else runs between them); if it answers fewer than {replicas}, \
+             the spend may be lost in a failover: do not send the request, and refund it \
+             (the same script, op \"settle\", the same request id, actual cost 0)"
+        ),
+    })
 }
 
 /// Prints the spend script this binary runs (`keys --script`).

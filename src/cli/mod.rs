@@ -15,7 +15,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use crate::config::{self, Config};
-use crate::quota::{Limiter, Quotas};
+use crate::quota::{Limiter, QuotaTarget, Quotas};
 
 /// Exit codes, from sysexits.h.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,14 +99,21 @@ pub(crate) fn redis_url(config: &Config) -> config::RedisUrl {
     }
 }
 
-/// A limiter for `quotas` on the configured Redis. It connects on first use,
+/// Where the windows live: the cluster of `[redis] quota_nodes`, else the
+/// Redis of [`redis_url`].
+pub(crate) fn quota_target(config: &Config) -> QuotaTarget {
+    QuotaTarget::of(config, redis_url(config))
+}
+
+/// A limiter for `quotas` where the windows live. It connects on first use,
 /// so an unreachable Redis meets the endpoint's `limiter_unavailable` policy.
 pub(crate) fn limiter(config: &Config, quotas: Arc<Quotas>) -> Result<Limiter, Exit> {
-    let url = redis_url(config);
-    match crate::conn::connect_lazy(&url, config.redis.timeout, 1) {
-        Ok(conn) => Ok(Limiter::new(conn, quotas, config.redis.timeout)),
+    let target = quota_target(config);
+    match target.connect_lazy(config.redis.timeout, 1) {
+        Ok(conn) => Ok(Limiter::new(conn, quotas, config.redis.timeout)
+            .with_replicas(config.redis.quota_replicas)),
         Err(e) => {
-            eprintln!("error: bad Redis URL {url}: {e}");
+            eprintln!("error: bad Redis URL {target}: {e}");
             Err(Exit::Config)
         }
     }
@@ -116,8 +123,8 @@ pub(crate) fn limiter(config: &Config, quotas: Arc<Quotas>) -> Result<Limiter, E
 pub(crate) fn quota_error(config: &Config, e: &crate::quota::QuotaError) -> Exit {
     use crate::quota::QuotaError as Q;
     if e.is_unavailable() {
-        eprintln!("error: Redis at {}: {e}", redis_url(config));
-        if config.redis.url.is_none() {
+        eprintln!("error: Redis at {}: {e}", quota_target(config));
+        if config.redis.url.is_none() && config.redis.quota_nodes.is_empty() {
             eprintln!(
                 "hint: [redis] url is not set, so this uses the embedded Redis of a running `quota-worker run`; start the daemon or set {}",
                 config::REDIS_URL_ENV
@@ -140,7 +147,7 @@ pub(crate) fn quota_error(config: &Config, e: &crate::quota::QuotaError) -> Exit
         | Q::TemplateNeedsTenant(..)
         | Q::UnknownWindow { .. }
         | Q::CostTooLarge { .. } => Exit::Usage,
-        Q::Timeout(_) | Q::Unavailable(_) => Exit::Unavailable,
+        Q::Timeout(_) | Q::Unavailable(_) | Q::NotReplicated { .. } => Exit::Unavailable,
         Q::Script(_) => Exit::Software,
     }
 }

@@ -44,6 +44,7 @@ pub(crate) fn daemon_error(e: &DaemonError) -> Exit {
     tracing::error!(error = %e, "quota-worker cannot run");
     match e {
         DaemonError::Unreachable { .. }
+        | DaemonError::QuotaUnreachable { .. }
         | DaemonError::Embedded(
             EmbeddedError::NotInstalled
             | EmbeddedError::InUse(_)
@@ -54,6 +55,7 @@ pub(crate) fn daemon_error(e: &DaemonError) -> Exit {
         // operator must (EX_CONFIG, like our own config errors).
         DaemonError::Metrics { .. }
         | DaemonError::UnsafeEviction { .. }
+        | DaemonError::QuotaUnsafeEviction { .. }
         | DaemonError::Embedded(EmbeddedError::PathTooLong(_)) => Exit::Config,
         DaemonError::Embedded(EmbeddedError::Io { .. }) | DaemonError::Http(_) => Exit::Software,
     }

@@ -18,6 +18,10 @@ pub const KEY_PREFIX: &str = "qw";
 pub const REDIS_TIMEOUT: Duration = Duration::from_secs(1);
 /// `[redis] unsafe_eviction`: a Redis that may evict keys is refused.
 pub const UNSAFE_EVICTION: UnsafeEviction = UnsafeEviction::Refuse;
+/// `[redis] quota_replicas`: an admitted spend waits for no replica.
+pub const QUOTA_REPLICAS: u8 = 0;
+/// `[redis] quota_replicas` at most: `WAIT 1` (SPEC Part 2).
+pub const MAX_QUOTA_REPLICAS: u8 = 1;
 
 // [worker]
 

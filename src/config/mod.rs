@@ -87,6 +87,14 @@ pub struct RedisConfig {
     pub timeout: Duration,
     /// What `run` does on a Redis whose `maxmemory-policy` may evict keys.
     pub unsafe_eviction: UnsafeEviction,
+    /// Seed nodes of the Redis Cluster that holds the quota windows (spend,
+    /// settle, block, peek, sync); empty: the windows live in `url`'s Redis
+    /// with the queue. The queue never moves to the cluster (apalis-redis
+    /// does not support one).
+    pub quota_nodes: Vec<RedisUrl>,
+    /// Replicas that must acknowledge an admitted spend (`WAIT`) before its
+    /// request is sent: 0 (never waits) or 1.
+    pub quota_replicas: u8,
 }
 
 /// `[redis] unsafe_eviction`: a Redis that may evict keys under memory

@@ -62,6 +62,8 @@ pub(super) struct RawRedis {
     pub(super) key_prefix: Option<String>,
     pub(super) timeout: Option<Dur>,
     pub(super) unsafe_eviction: Option<String>,
+    pub(super) quota_nodes: Option<Vec<String>>,
+    pub(super) quota_replicas: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -27,7 +27,7 @@ use crate::keys::KeySpace;
 use crate::ops::{self, Health, Notifier, OpsState};
 use crate::outcome::OutcomeEvent;
 use crate::queue::Queue;
-use crate::quota::{Limiter, Quotas};
+use crate::quota::{Limiter, QuotaConn, QuotaTarget, Quotas};
 use crate::schedule::Scheduler;
 use crate::sink::Sinks;
 use crate::stats::Stats;
@@ -54,6 +54,24 @@ pub enum DaemonError {
         /// Where (password redacted).
         url: RedisUrl,
         /// Its `maxmemory-policy`.
+        policy: String,
+    },
+    /// The Redis Cluster of `[redis] quota_nodes` stayed unreachable at startup.
+    #[error("the quota windows' {target} is unreachable: {source}")]
+    QuotaUnreachable {
+        /// Its seed nodes (passwords redacted).
+        target: QuotaTarget,
+        /// The last error.
+        #[source]
+        source: redis::RedisError,
+    },
+    /// A master of the quota windows' cluster may evict keys, and
+    /// `[redis] unsafe_eviction` is "refuse".
+    #[error("the quota windows' {target}: {}", Eviction::unsafe_reason(policy))]
+    QuotaUnsafeEviction {
+        /// Its seed nodes (passwords redacted).
+        target: QuotaTarget,
+        /// The evicting node's `maxmemory-policy`, and which node.
         policy: String,
     },
     /// The HTTP client could not be built (TLS roots, say).
@@ -156,7 +174,7 @@ impl Parts {
         config: &Arc<Config>,
         secrets: Arc<Secrets>,
         opts: &RunOptions,
-        limiter_conn: ConnectionManager,
+        limiter_conn: QuotaConn,
         queue_conn: ConnectionManager,
     ) -> Result<Self, DaemonError> {
         let keys = KeySpace::new(config.redis.key_prefix.clone());
@@ -169,7 +187,8 @@ impl Parts {
             limiter_conn,
             Arc::new(Quotas::new(config)),
             config.redis.timeout,
-        );
+        )
+        .with_replicas(config.redis.quota_replicas);
         let shared = &opts.shared;
         let fetcher = Fetcher::new(&secrets)?;
         let worker = Arc::new(Worker {
@@ -275,31 +294,46 @@ async fn wedged(mut stop: watch::Receiver<bool>) {
 }
 
 /// Refuses a Redis that may evict the windows' keys, unless the config says
-/// to run anyway (src/eviction.rs).
+/// to run anyway (src/eviction.rs): the queue's Redis, and the cluster's
+/// masters when the windows live there.
 async fn check_eviction(
     url: &RedisUrl,
     config: &Config,
     conn: &ConnectionManager,
+    quota: &QuotaConn,
 ) -> Result<(), DaemonError> {
     let wait = config.redis.timeout.max(Duration::from_secs(2));
-    match crate::eviction::check(&mut conn.clone(), wait).await {
+    let queue = crate::eviction::check(&mut conn.clone(), wait).await;
+    eviction_verdict(&url.to_string(), config, queue).map_err(|policy| {
+        DaemonError::UnsafeEviction {
+            url: url.clone(),
+            policy,
+        }
+    })?;
+    if let QuotaConn::Cluster(_) = quota {
+        let target = QuotaTarget::of(config, url.clone());
+        let eviction = quota.eviction(wait).await;
+        eviction_verdict(&target.to_string(), config, eviction)
+            .map_err(|policy| DaemonError::QuotaUnsafeEviction { target, policy })?;
+    }
+    Ok(())
+}
+
+/// What the config says to do about `eviction` at `at`: `Err(policy)` to refuse.
+fn eviction_verdict(at: &str, config: &Config, eviction: Eviction) -> Result<(), String> {
+    match eviction {
         Eviction::Safe => {}
         Eviction::Unsafe(policy) => match config.redis.unsafe_eviction {
-            crate::config::UnsafeEviction::Refuse => {
-                return Err(DaemonError::UnsafeEviction {
-                    url: url.clone(),
-                    policy,
-                });
-            }
+            crate::config::UnsafeEviction::Refuse => return Err(policy),
             crate::config::UnsafeEviction::Warn => warn!(
-                redis = %url,
+                redis = %at,
                 policy,
                 "running on a Redis that may evict keys, because [redis] unsafe_eviction = \"warn\": {}",
                 Eviction::unsafe_reason(&policy)
             ),
         },
         Eviction::Unknown(why) => warn!(
-            redis = %url,
+            redis = %at,
             why,
             "cannot verify that Redis never evicts keys (CONFIG renamed or disabled?): make sure its maxmemory-policy is noeviction (docs/redis.md)"
         ),
@@ -307,17 +341,45 @@ async fn check_eviction(
     Ok(())
 }
 
-/// Connects the limiter's and the queue's Redis connections, retrying for 30 s.
+/// Connects the limiter's and the queue's Redis connections, retrying for
+/// 30 s: the limiter's to the cluster of `[redis] quota_nodes` when there is
+/// one, else to `url` like the queue's.
 async fn connect(
     url: &RedisUrl,
     config: &Config,
-) -> Result<(ConnectionManager, ConnectionManager), DaemonError> {
+) -> Result<(QuotaConn, ConnectionManager), DaemonError> {
     let patience = Duration::from_secs(30);
-    let limiter_conn = connect_with_retry(url, config.redis.timeout, patience).await?;
+    let limiter_conn = match QuotaTarget::of(config, url.clone()) {
+        QuotaTarget::Standalone(_) => connect_with_retry(url, config.redis.timeout, patience)
+            .await?
+            .into(),
+        cluster => connect_cluster_with_retry(cluster, config.redis.timeout, patience).await?,
+    };
     // apalis-redis kills its worker on any Redis error, a response timeout
     // included (apalis-redis #76): give the queue's connection patience.
     let queue_conn = connect_with_retry(url, Duration::from_secs(10), patience).await?;
     Ok((limiter_conn, queue_conn))
+}
+
+/// [`connect_with_retry`] for the quota windows' cluster.
+async fn connect_cluster_with_retry(
+    target: QuotaTarget,
+    timeout: Duration,
+    patience: Duration,
+) -> Result<QuotaConn, DaemonError> {
+    let deadline = tokio::time::Instant::now() + patience;
+    let mut wait = Duration::from_millis(100);
+    loop {
+        match target.connect(timeout, 2).await {
+            Ok(c) => return Ok(c),
+            Err(e) if tokio::time::Instant::now() + wait < deadline => {
+                warn!(quota = %target, error = %e, "Redis Cluster unreachable; retrying");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(5));
+            }
+            Err(source) => return Err(DaemonError::QuotaUnreachable { target, source }),
+        }
+    }
 }
 
 /// Runs the daemon until `shutdown` resolves.
@@ -382,10 +444,13 @@ async fn run_on(
         }
         r = connect(url, &config) => r?,
     };
-    check_eviction(url, &config, &limiter_conn).await?;
+    check_eviction(url, &config, &queue_conn, &limiter_conn).await?;
+    let quota = QuotaTarget::of(&config, url.clone());
     let parts = Parts::new(&config, secrets, &opts, limiter_conn, queue_conn)?;
     info!(
         redis = %url,
+        quota = %quota,
+        quota_replicas = config.redis.quota_replicas,
         jobs = config.jobs.len(),
         concurrency = config.worker.concurrency.get(),
         recover_after_ms = config.worker.recover_after.as_millis() as u64,

@@ -8,7 +8,13 @@
 //! ([`QuotaError::CostTooLarge`]), as in governor's `InsufficientCapacity`.
 //! [`Limiter::sync`] records drift when the upstream reports fewer units left
 //! than a window would admit.
+//!
+//! The windows live in the queue's Redis or on a Redis Cluster
+//! (`[redis] quota_nodes`): [`backend`] connects to either, and the Limiter
+//! works the same on both. With `[redis] quota_replicas = 1` an admitted
+//! spend is acknowledged by a replica (`WAIT`) before the Limiter says yes.
 
+pub mod backend;
 mod block;
 pub(crate) mod tz;
 
@@ -19,12 +25,12 @@ use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use indexmap::IndexMap;
-use redis::aio::ConnectionManager;
 use redis::{RedisResult, RetryMethod, Value};
 
 use crate::config::{Config, LimiterUnavailable, Reserve, Scope, Window, WindowKind};
 use crate::conn::Lua;
 use crate::keys::{self, KeySpace};
+pub use backend::{QuotaConn, QuotaTarget};
 
 pub use block::{BlockFor, BlockReason, Blocked, STREAK_MEMORY};
 
@@ -54,10 +60,35 @@ pub fn script() -> &'static Lua {
     &LOADED
 }
 
-async fn eval(conn: &mut ConnectionManager, plan: &Plan, args: &[String]) -> RedisResult<Value> {
+/// Runs the script on `plan`'s keys; with `then`, that command runs right
+/// after it on the same connection and its reply comes back too.
+async fn eval(
+    conn: &mut QuotaConn,
+    plan: &Plan,
+    args: &[String],
+    then: Option<&redis::Cmd>,
+) -> RedisResult<(Value, Option<RedisResult<Value>>)> {
     let mut call = script().call();
     call.key(&plan.keys).arg(args);
-    call.invoke(conn).await
+    match then {
+        None => Ok((call.invoke(conn).await?, None)),
+        Some(then) => {
+            let (script, then) = call.invoke_then(conn, then).await?;
+            Ok((script, Some(then)))
+        }
+    }
+}
+
+/// How long the `WAIT` after an admitted spend waits for replicas, for a
+/// call that may take `timeout` in all: a third of it. A call can hold two
+/// `WAIT`s: on NOSCRIPT the pipeline runs again with `EVAL`, and the first
+/// one's `WAIT` (with nothing new to wait for) still waits when the master
+/// has no replica. So with no replica answering, both return (0) before the
+/// call times out, and the spend is refunded rather than left in doubt.
+/// Never 0, which would make `WAIT` wait forever.
+pub fn replica_wait(timeout: Duration) -> Duration {
+    // Whole milliseconds: what `WAIT` takes, and what the error then says.
+    Duration::from_millis((timeout.as_millis() / 3).max(1) as u64)
 }
 
 /// A fresh request id: unique across processes and hosts.
@@ -153,6 +184,21 @@ pub enum QuotaError {
     /// Try again later: Redis is unreachable, loading, or failing over.
     #[error("Redis is unavailable: {0}")]
     Unavailable(#[source] redis::RedisError),
+    /// Try again later: an admitted spend was not acknowledged by a replica
+    /// (`[redis] quota_replicas`) in time, so a failover could forget it. On a
+    /// fail-closed endpoint the spend has been refunded (when Redis took the
+    /// refund) and nothing may be sent.
+    #[error(
+        "the spend was not acknowledged by {wanted} replica(s) within {waited:?} ({acked} did); a failover could forget it"
+    )]
+    NotReplicated {
+        /// Replicas asked for.
+        wanted: u8,
+        /// Replicas that acknowledged.
+        acked: u64,
+        /// How long `WAIT` waited.
+        waited: Duration,
+    },
     /// A bug: the script refused its arguments or answered nonsense.
     #[error("the spend script failed: {0}")]
     Script(String),
@@ -161,7 +207,10 @@ pub enum QuotaError {
 impl QuotaError {
     /// Whether the limiter itself could not answer (as opposed to a bad call).
     pub(crate) fn is_unavailable(&self) -> bool {
-        matches!(self, QuotaError::Timeout(_) | QuotaError::Unavailable(_))
+        matches!(
+            self,
+            QuotaError::Timeout(_) | QuotaError::Unavailable(_) | QuotaError::NotReplicated { .. }
+        )
     }
 
     fn from_redis(e: redis::RedisError) -> Self {
@@ -528,23 +577,40 @@ pub struct CredentialUsage {
     pub windows: Vec<WindowUsage>,
 }
 
-/// The limiter: spend, settle, block and peek over one Redis connection
-/// (a `ConnectionManager`, which reconnects by itself).
+/// The limiter: spend, settle, block and peek over one connection to where
+/// the windows live ([`QuotaConn`]: a standalone Redis or a Redis Cluster),
+/// which reconnects by itself.
 #[derive(Clone)]
 pub struct Limiter {
-    conn: ConnectionManager,
+    conn: QuotaConn,
     quotas: Arc<Quotas>,
     timeout: Duration,
+    /// Replicas that must acknowledge an admitted spend (0: none).
+    replicas: u8,
 }
 
 impl Limiter {
-    /// A limiter for `quotas` over `conn`; each call waits at most `timeout`.
-    pub fn new(conn: ConnectionManager, quotas: Arc<Quotas>, timeout: Duration) -> Self {
+    /// A limiter for `quotas` over `conn` (a `ConnectionManager` or a cluster
+    /// connection); each call waits at most `timeout`.
+    pub fn new(conn: impl Into<QuotaConn>, quotas: Arc<Quotas>, timeout: Duration) -> Self {
         Limiter {
-            conn,
+            conn: conn.into(),
             quotas,
             timeout,
+            replicas: 0,
         }
+    }
+
+    /// This limiter, with each admitted spend acknowledged by `replicas`
+    /// replicas (`[redis] quota_replicas`) before it counts as admitted: the
+    /// spend and a `WAIT replicas <a third of the timeout>` go to the master as
+    /// one pipeline on one connection, so `WAIT` counts exactly this
+    /// connection's writes, the spend's included. A spend that is not
+    /// acknowledged in time is limiter-unavailable (see [`Limiter::spend`]).
+    #[must_use]
+    pub fn with_replicas(mut self, replicas: u8) -> Self {
+        self.replicas = replicas;
+        self
     }
 
     /// The plans.
@@ -553,16 +619,28 @@ impl Limiter {
     }
 
     /// Runs the script once; a dropped connection is retried once (the
-    /// `ConnectionManager` has reconnected by then): spend and settle are
+    /// connection has reconnected by then): spend and settle are
     /// idempotent by request id, block and peek by nature.
     async fn call(&self, plan: &Plan, args: Vec<String>) -> Result<Vec<i64>, QuotaError> {
+        self.call_then(plan, args, None).await.map(|(r, _)| r)
+    }
+
+    /// [`Limiter::call`], with `then` run right after the script on the same
+    /// connection; its reply (or error) comes back as is.
+    async fn call_then(
+        &self,
+        plan: &Plan,
+        args: Vec<String>,
+        then: Option<&redis::Cmd>,
+    ) -> Result<(Vec<i64>, Option<RedisResult<Value>>), QuotaError> {
         let mut last = None;
         for _ in 0..2 {
             let mut conn = self.conn.clone();
-            let reply = tokio::time::timeout(self.timeout, eval(&mut conn, plan, &args)).await;
+            let reply =
+                tokio::time::timeout(self.timeout, eval(&mut conn, plan, &args, then)).await;
             match reply {
                 Err(_) => return Err(QuotaError::Timeout(self.timeout)),
-                Ok(Ok(v)) => return ints(v),
+                Ok(Ok((v, then))) => return Ok((ints(v)?, then)),
                 Ok(Err(e)) if e.is_connection_dropped() => last = Some(e),
                 Ok(Err(e)) => return Err(QuotaError::from_redis(e)),
             }
@@ -574,6 +652,13 @@ impl Limiter {
     /// applies to `endpoint`, all or nothing. When Redis cannot answer, the
     /// endpoint's `limiter_unavailable` policy decides: fail-closed returns
     /// the error, fail-open returns [`Decision::Unchecked`] and logs it.
+    ///
+    /// With replicas to wait for ([`Limiter::with_replicas`]), an admitted
+    /// spend that no replica acknowledged in time counts as the limiter being
+    /// unavailable: fail-closed refunds it and returns
+    /// [`QuotaError::NotReplicated`]; fail-open logs it and returns
+    /// [`Decision::Allowed`] (the spend is recorded on the master; only a
+    /// failover before it reaches a replica would forget it).
     pub async fn spend(
         &self,
         endpoint: &str,
@@ -615,7 +700,7 @@ impl Limiter {
             .plan
             .args("spend", request_id, &cost.to_string(), reserve);
         let started = std::time::Instant::now();
-        let reply = self.call(&ep.plan, args).await;
+        let reply = self.spend_replicated(&ep, args, request_id).await;
         metrics::histogram!("qw_spend_duration_seconds", "endpoint" => endpoint.to_owned())
             .record(started.elapsed().as_secs_f64());
         let result = match &reply {
@@ -649,6 +734,70 @@ impl Limiter {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// Runs a spend; with replicas to wait for, the `WAIT` after it, and on
+    /// an admitted spend that was not acknowledged, what the endpoint's
+    /// policy says: fail-open logs it and keeps the admission, fail-closed
+    /// refunds the spend and fails. A rejected spend's `WAIT` reply is not
+    /// looked at: a rejection stands whatever the replicas say.
+    async fn spend_replicated(
+        &self,
+        ep: &EndpointPlan,
+        args: Vec<String>,
+        request_id: &str,
+    ) -> Result<Vec<i64>, QuotaError> {
+        if self.replicas == 0 {
+            return self.call(&ep.plan, args).await;
+        }
+        let waited = replica_wait(self.timeout);
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(self.replicas).arg(waited.as_millis() as u64);
+        let (r, acked) = self.call_then(&ep.plan, args, Some(&wait)).await?;
+        if r.first() != Some(&1) {
+            return Ok(r);
+        }
+        // An error answer (WAIT on a replica, say) acknowledges nothing.
+        let acked = match acked {
+            Some(Ok(Value::Int(n))) => n.max(0) as u64,
+            _ => 0,
+        };
+        if acked >= u64::from(self.replicas) {
+            return Ok(r);
+        }
+        let credential = &ep.plan.credential;
+        // Labelled by the configured credential, not the tenant (as
+        // qw_spends_total is).
+        metrics::counter!("qw_replica_wait_failures_total", "credential" => ep.plan.family.clone())
+            .increment(1);
+        let err = QuotaError::NotReplicated {
+            wanted: self.replicas,
+            acked,
+            waited,
+        };
+        if ep.policy == LimiterUnavailable::FailOpen {
+            tracing::warn!(
+                endpoint = %ep.endpoint,
+                credential = %credential,
+                request_id,
+                error = %err,
+                "spend admitted on the master but not acknowledged by a replica; endpoint is fail-open, request allowed"
+            );
+            return Ok(r);
+        }
+        // Fail-closed: nothing will be sent, so the units go back. A refund
+        // Redis does not take leaves them spent, which admits less, never more.
+        let refund = ep.plan.args("settle", request_id, "0", Reserve::NONE);
+        if let Err(e) = self.call(&ep.plan, refund).await {
+            tracing::error!(
+                endpoint = %ep.endpoint,
+                credential = %credential,
+                request_id,
+                error = %e,
+                "could not refund a spend that no replica acknowledged; its units stay spent"
+            );
+        }
+        Err(err)
     }
 
     /// Settles `request_id` to its actual cost in every window its spend

@@ -163,6 +163,67 @@ const CASES: &[Case] = &[
         field: "credentials.yt.windows[0].per",
         says: "months have no fixed length: write days, e.g. \"30d\"",
     },
+    // Issue 15: the windows on a Redis Cluster.
+    Case {
+        what: "a cluster with no node",
+        config: &[(
+            "\n\n[credentials.yt]",
+            "\n[redis]\nquota_nodes = []\n[credentials.yt]",
+        )],
+        job: &[],
+        file: File::Config,
+        line: 3,
+        field: "redis.quota_nodes",
+        says: "names no node",
+    },
+    Case {
+        what: "a cluster node on a Unix socket",
+        config: &[(
+            "\n\n[credentials.yt]",
+            "\n[redis]\nquota_nodes = [\"redis://127.0.0.1:7000\", \"unix:///run/r.sock\"]\n[credentials.yt]",
+        )],
+        job: &[],
+        file: File::Config,
+        line: 3,
+        field: "redis.quota_nodes[1]",
+        says: "a cluster node is reached over TCP",
+    },
+    Case {
+        what: "a cluster node on database 3",
+        config: &[(
+            "\n\n[credentials.yt]",
+            "\n[redis]\nquota_nodes = [\"redis://127.0.0.1:7000/3\"]\n[credentials.yt]",
+        )],
+        job: &[],
+        file: File::Config,
+        line: 3,
+        field: "redis.quota_nodes[0]",
+        says: "only database 0",
+    },
+    Case {
+        what: "cluster nodes with different passwords",
+        config: &[(
+            "\n\n[credentials.yt]",
+            "\n[redis]\nquota_nodes = [\"redis://:a@127.0.0.1:7000\", \"redis://:b@127.0.0.1:7001\"]\n[credentials.yt]",
+        )],
+        job: &[],
+        file: File::Config,
+        line: 3,
+        field: "redis.quota_nodes",
+        says: "different password",
+    },
+    Case {
+        what: "two replicas to wait for",
+        config: &[(
+            "\n\n[credentials.yt]",
+            "\n[redis]\nquota_replicas = 2\n[credentials.yt]",
+        )],
+        job: &[],
+        file: File::Config,
+        line: 3,
+        field: "redis.quota_replicas",
+        says: "must be 0 or 1",
+    },
     // Issue 12: pagination styles, `{since}`, conditional requests.
     Case {
         what: "an unknown pagination style",

@@ -540,6 +540,18 @@ impl ConfigBuilder {
         self
     }
 
+    /// `[redis] quota_nodes`: the windows on a Redis Cluster.
+    pub fn quota_nodes<S: Into<String>>(mut self, urls: impl IntoIterator<Item = S>) -> Self {
+        self.redis.set("quota_nodes", strings(urls));
+        self
+    }
+
+    /// `[redis] quota_replicas`.
+    pub fn quota_replicas(mut self, n: i64) -> Self {
+        self.redis.set("quota_replicas", n);
+        self
+    }
+
     /// The `[worker]` section.
     pub fn worker(mut self, w: Worker) -> Self {
         self.worker = w.0;

@@ -4,7 +4,8 @@
 //!
 //! | module | what |
 //! |---|---|
-//! | [`redis_server`] | a private `redis-server` on a free port: stop, kill, hang, restart, a shifted clock, a cluster of them |
+//! | [`redis_server`] | a private `redis-server` on a free port: stop, kill, hang, restart, a shifted clock |
+//! | [`cluster`] | a private Redis Cluster (3 masters, optionally a replica each): which node masters a key, kill, hang, restart, wait for a failover |
 //! | [`hostile`] | an upstream that redirects anywhere, loops, and answers with huge, endless or echoing bodies (the hardening tests) |
 //! | [`upstream`] | the simulated metered API on its own runtime, a blackhole upstream, what the simulator saw |
 //! | [`config`] | the config builder: credentials, windows, endpoints, jobs, sinks rendered as the TOML files the real loader reads |
@@ -21,6 +22,7 @@
 //! | [`machine`] | which tests must not share the machine |
 
 pub mod browser;
+pub mod cluster;
 pub mod config;
 pub mod daemon;
 pub mod hostile;

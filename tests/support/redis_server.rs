@@ -2,15 +2,13 @@
 //! persistence on a free port, retried on another port when the first was
 //! taken, its log printed when it fails to start, stopped by its pid on
 //! `Drop`. It can be stopped, killed, hung (SIGSTOP), restarted on the same
-//! port, started with its wall clock shifted (a fake clock through
-//! `LD_PRELOAD`), and three of them turned into a Redis Cluster.
+//! port, and started with its wall clock shifted (a fake clock through
+//! `LD_PRELOAD`). Several of them make a Redis Cluster: [`super::cluster`].
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-use super::wait_until;
 
 /// A private `redis-server` on 127.0.0.1.
 pub struct RedisServer {
@@ -196,6 +194,21 @@ impl RedisServer {
             .unwrap_or_else(|e| panic!("{args:?}: {e}"))
     }
 
+    /// Runs one command, or `None` when the server does not answer it
+    /// within a second (killed, hung, refusing it).
+    pub fn try_cmd<T: redis::FromRedisValue>(&self, args: &[&str]) -> Option<T> {
+        let client = redis::Client::open(self.url()).ok()?;
+        let mut conn = client
+            .get_connection_with_timeout(Duration::from_millis(500))
+            .ok()?;
+        conn.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+        let mut c = redis::cmd(args[0]);
+        for a in &args[1..] {
+            c.arg(*a);
+        }
+        c.query(&mut conn).ok()
+    }
+
     /// The server's clock (`TIME`), in µs since the epoch.
     pub fn time_us(&self) -> i64 {
         let t: Vec<i64> = self.cmd(&["TIME"]);
@@ -337,76 +350,6 @@ pub fn fake_clock_lib() -> PathBuf {
         lib
     })
     .clone()
-}
-
-/// A Redis Cluster of private servers, every slot assigned
-/// (`redis-cli --cluster create`, no replicas).
-pub struct Cluster {
-    /// The nodes, in the order they were started.
-    pub nodes: Vec<RedisServer>,
-}
-
-/// A port whose cluster bus port (+10000) is usable too.
-fn cluster_port() -> u16 {
-    loop {
-        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let port = l.local_addr().expect("addr").port();
-        if port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
-            return port;
-        }
-    }
-}
-
-impl Cluster {
-    /// Starts `n` nodes and joins them; returns once every node says
-    /// `cluster_state:ok`.
-    pub fn start(n: usize) -> Self {
-        let nodes: Vec<RedisServer> = (0..n)
-            .map(|_| {
-                RedisServer::start_on_port(
-                    cluster_port(),
-                    &[
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-config-file",
-                        "nodes.conf",
-                    ],
-                )
-            })
-            .collect();
-        let addrs: Vec<String> = nodes
-            .iter()
-            .map(|s| format!("127.0.0.1:{}", s.port()))
-            .collect();
-        let out = Command::new("redis-cli")
-            .arg("--cluster")
-            .arg("create")
-            .args(&addrs)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
-            .output()
-            .expect("redis-cli --cluster create (redis-tools)");
-        assert!(
-            out.status.success(),
-            "cluster create: {}",
-            String::from_utf8_lossy(&out.stdout)
-        );
-        let ok = wait_until(Duration::from_secs(20), || {
-            nodes.iter().all(|s| {
-                let info: String = s.cmd(&["CLUSTER", "INFO"]);
-                info.contains("cluster_state:ok")
-            })
-        });
-        assert!(ok, "cluster did not reach cluster_state:ok");
-        Cluster { nodes }
-    }
-
-    /// `redis://127.0.0.1:PORT/` of every node.
-    pub fn urls(&self) -> Vec<String> {
-        self.nodes
-            .iter()
-            .map(|s| format!("redis://127.0.0.1:{}/", s.port()))
-            .collect()
-    }
 }
 
 /// A synchronous connection to `url` (`redis://...` or `unix://...`).

@@ -45,11 +45,73 @@ impl Loader<'_> {
             raw.unsafe_eviction.as_deref(),
             d::UNSAFE_EVICTION,
         );
+        let quota_nodes = self.quota_nodes(src, raw.quota_nodes.as_deref());
+        let quota_replicas = self.quota_replicas(src, raw.quota_replicas);
+        if quota_replicas > 0 && quota_nodes.is_empty() && url.is_none() {
+            let msg = "needs a Redis with a replica, and the embedded Redis has none: \
+                       set quota_nodes (a Redis Cluster) or url (a Redis with a replica), or write 0";
+            self.error(src, &at("redis", "quota_replicas"), msg);
+        }
         RedisConfig {
             url,
             key_prefix,
             timeout,
             unsafe_eviction,
+            quota_nodes,
+            quota_replicas,
+        }
+    }
+
+    /// `[redis] quota_nodes`: the seed nodes of the Redis Cluster that holds
+    /// the windows, each a TCP URL on database 0, all with the same
+    /// credentials and TLS mode (as redis-rs's cluster client needs them).
+    fn quota_nodes(&mut self, src: &Source, raw: Option<&[String]>) -> Vec<RedisUrl> {
+        let Some(raw) = raw else {
+            return Vec::new();
+        };
+        let field = at("redis", "quota_nodes");
+        if raw.is_empty() {
+            let msg = "names no node: list the cluster's seed nodes (\"redis://HOST:PORT\"), \
+                       or leave quota_nodes out to keep the windows in url's Redis";
+            self.error(src, &field, msg);
+            return Vec::new();
+        }
+        let mut nodes = Vec::new();
+        for (i, written) in raw.iter().enumerate() {
+            let url = RedisUrl(written.clone());
+            match cluster_node(&url) {
+                Ok(()) => nodes.push(url),
+                Err(msg) => self.error(src, &field.join(i), msg),
+            }
+        }
+        if nodes.len() == raw.len()
+            && let Err(e) = redis::cluster::ClusterClient::new(nodes.iter().map(RedisUrl::expose))
+        {
+            // redis-rs's reasons name what differs, never a URL.
+            self.error(
+                src,
+                &field,
+                format!("the nodes cannot form one cluster client: {e}"),
+            );
+        }
+        nodes
+    }
+
+    /// `[redis] quota_replicas`: 0 or 1.
+    fn quota_replicas(&mut self, src: &Source, raw: Option<i64>) -> u8 {
+        let Some(n) = raw else {
+            return d::QUOTA_REPLICAS;
+        };
+        match u8::try_from(n) {
+            Ok(n) if n <= d::MAX_QUOTA_REPLICAS => n,
+            _ => {
+                let msg = format!(
+                    "must be 0 or {}, got {n} (1: an admitted spend waits for one replica's acknowledgement before its request is sent)",
+                    d::MAX_QUOTA_REPLICAS
+                );
+                self.error(src, &at("redis", "quota_replicas"), msg);
+                d::QUOTA_REPLICAS
+            }
         }
     }
 
@@ -144,4 +206,28 @@ impl Loader<'_> {
             }
         }
     }
+}
+
+/// Whether `url` can be a seed node of a Redis Cluster: a URL redis-rs
+/// connects with, over TCP (a cluster names its nodes by IP and port, never
+/// by socket path), on database 0 (the only one a cluster has).
+fn cluster_node(url: &RedisUrl) -> Result<(), String> {
+    use redis::IntoConnectionInfo;
+    url.check()?;
+    let info = url
+        .expose()
+        .into_connection_info()
+        .map_err(|e| format!("invalid Redis URL \"{url}\": {e}"))?;
+    if matches!(info.addr(), redis::ConnectionAddr::Unix(_)) {
+        return Err(format!(
+            "\"{url}\" is a Unix socket; a cluster node is reached over TCP: write redis://HOST:PORT"
+        ));
+    }
+    if info.redis_settings().db() != 0 {
+        return Err(format!(
+            "\"{url}\" names database {}; a Redis Cluster has only database 0 (leave the /N out)",
+            info.redis_settings().db()
+        ));
+    }
+    Ok(())
 }
