@@ -38,8 +38,25 @@ pub fn run(config: &Config, endpoint: &str, cost: Option<u64>, reserve: Reserve)
     if config.redis.quota_replicas > 0 {
         out["wait"] = wait(config);
     }
-    println!("{out:#}");
-    Exit::Ok
+    emit(&format!("{out:#}\n"))
+}
+
+/// Writes `text` to stdout. A reader that stops early (`keys ... | head`)
+/// is not an error, where `print!` would panic on the closed pipe.
+fn emit(text: &str) -> Exit {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Ok(()) => Exit::Ok,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Exit::Ok,
+        Err(e) => {
+            eprintln!("error: cannot write to stdout: {e}");
+            Exit::IoErr
+        }
+    }
 }
 
 /// How to call the script on the cluster of `[redis] quota_nodes`.
@@ -77,8 +94,7 @@ fn wait(config: &Config) -> serde_json::Value {
 
 /// Prints the spend script this binary runs (`keys --script`).
 pub fn print_script() -> Exit {
-    print!("{SCRIPT}");
-    Exit::Ok
+    emit(SCRIPT)
 }
 
 /// A path holding exactly the script this binary runs, wherever the binary

@@ -114,3 +114,28 @@ fn an_unknown_endpoint_lists_the_known_ones() {
         );
     }
 }
+
+/// A reader that stops early (`keys --script | head`) is not an error: the
+/// command exits 0 and does not panic on the closed pipe.
+#[test]
+fn keys_output_into_a_closed_pipe_exits_0_without_a_panic() {
+    use std::io::Read;
+    let cfg = TestConfig::new(CONFIG, &[]);
+    for args in [&["keys", "--script"][..], &["keys", "api.read"][..]] {
+        let mut child = crate::support::process::command(&cfg.path(), args, &cfg.env())
+            .spawn()
+            .expect("run quota-worker");
+        // Close the read end before the binary has loaded its config.
+        drop(child.stdout.take());
+        let status = child.wait().expect("wait");
+        let mut err = String::new();
+        child
+            .stderr
+            .take()
+            .expect("stderr")
+            .read_to_string(&mut err)
+            .ok();
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert_eq!(status.code(), Some(0), "{args:?}: {err}");
+    }
+}
