@@ -27,25 +27,32 @@
 --   renew:   1 if still held (and extended), 0 if lost
 --   release: 1 if released, 0 if it was no longer ours
 
-local op = ARGV[1]
-if op == 'claim' then
-  if redis.call('EXISTS', KEYS[2]) == 1 then
-    return { 0 }
+-- The script is one function, item_lock_main(KEYS, ARGV), called by the last
+-- line, so that lua/claim_spend.lua can claim and spend in one call.
+
+local function item_lock_main(KEYS, ARGV)
+  local op = ARGV[1]
+  if op == 'claim' then
+    if redis.call('EXISTS', KEYS[2]) == 1 then
+      return { 0 }
+    end
+    if not redis.call('SET', KEYS[1], ARGV[2], 'NX', 'PX', ARGV[3]) then
+      return { 1 }
+    end
+    local function get(k) return redis.call('GET', k) or '' end
+    return { 2, get(KEYS[3]), get(KEYS[4]), get(KEYS[5]), get(KEYS[6]),
+             redis.call('TIME')[1] }
   end
-  if not redis.call('SET', KEYS[1], ARGV[2], 'NX', 'PX', ARGV[3]) then
-    return { 1 }
+  if redis.call('GET', KEYS[1]) ~= ARGV[2] then
+    return 0
   end
-  local function get(k) return redis.call('GET', k) or '' end
-  return { 2, get(KEYS[3]), get(KEYS[4]), get(KEYS[5]), get(KEYS[6]),
-           redis.call('TIME')[1] }
+  if op == 'renew' then
+    return redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  end
+  if op == 'release' then
+    return redis.call('DEL', KEYS[1])
+  end
+  return redis.error_reply('ERR quota-worker: unknown op ' .. tostring(op))
 end
-if redis.call('GET', KEYS[1]) ~= ARGV[2] then
-  return 0
-end
-if op == 'renew' then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[3])
-end
-if op == 'release' then
-  return redis.call('DEL', KEYS[1])
-end
-return redis.error_reply('ERR quota-worker: unknown op ' .. tostring(op))
+
+return item_lock_main(KEYS, ARGV)

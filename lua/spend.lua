@@ -16,6 +16,8 @@
 --                              <w>:v2:ts    stream: one entry per spend, id "<position>-<µs>"
 --                              <w>:v2:adj   zset: settled entries (see "Settle")
 --     fixed (1 key)            <w>:fixed    hash: "#period", "#used", "#drift", request id -> units
+--   then, optional, the spend history's rings (ARGV[6+n] says how many):
+--     <prefix>:{<credential>}:spent:<scope>  string: units per 5-minute slot, 24 h
 --
 -- ARGV
 --   1  op: "spend" | "settle" | "block" | "peek" | "sync"
@@ -34,6 +36,11 @@
 --      offset from local midnight and <tz> is "<offset_ms>" or
 --      "<offset_ms>|<utc_ms>|<offset_ms>|..." (UTC offsets and the instants they
 --      start, ascending) — the time zone's rules, so DST shifts the reset.
+--   optional, the spend history the status page charts (absent: none kept):
+--   6+n  number of rings, m (their keys follow the windows' keys)
+--   7+n  slot length, ms (300000)     8+n  slots kept (288)     9+n  ring TTL, ms
+--      An admitted spend adds its cost to the current slot of each ring, a
+--      settle the change it made (negative for a refund); nothing else writes.
 --
 -- Returns
 --   spend:  {allowed, remaining, retry_after_ms, rejecting_window}
@@ -117,8 +124,8 @@ local function spend_main(KEYS, ARGV)
   local windows = {}
   local metas = { KEYS[1], KEYS[2] }
   local maxper, fixed = 1, false
+  local k = 3  -- the next window's first key; after the windows, the first ring's
   do
-    local k = 3
     for i = 1, nwin do
       local kind, units, per, rest = match(ARGV[5 + i], '^(%a+):(%d+):(%d+):?(.*)$')
       if not kind then
@@ -497,6 +504,53 @@ local function spend_main(KEYS, ARGV)
     return true
   end
 
+  -- The spend history (optional, ARGV 6+n): adds `units` to the current slot
+  -- of each ring, on this call's clock. A ring is a fixed-size string of
+  -- unsigned 32-bit counters (BITFIELD, saturating at 0): counter 0 holds the
+  -- newest slot written, counter 1 + (slot mod slots) that slot's units.
+  -- Slots skipped since the newest are zeroed before reuse, a ring idle for
+  -- `slots` slots is dropped whole, and one not written for its TTL expires.
+  local record
+  local nring = tonumber(ARGV[6 + nwin]) or 0
+  if nring > 0 and (op == 'spend' or op == 'settle') then
+    local slot_ms, nslot, ring_ttl = tonumber(ARGV[7 + nwin]), tonumber(ARGV[8 + nwin]), tonumber(ARGV[9 + nwin])
+    if not (slot_ms and slot_ms >= 1 and nslot and nslot >= 1 and ring_ttl and ring_ttl >= 1) then
+      return redis.error_reply('ERR quota-worker: the spend history takes a ring count, a slot length (ms), a slot count and a TTL (ms)')
+    end
+    record = function(units)
+      if units == 0 then
+        return
+      end
+      local now_slot = floor(floor(now / 1000) / slot_ms)
+      for r = k, k + nring - 1 do
+        local ring = KEYS[r]
+        local newest = call('BITFIELD', ring, 'GET', 'u32', '#0')[1]
+        local slot = now_slot
+        if slot > newest then
+          if slot - newest >= nslot then
+            call('DEL', ring)
+          else
+            local zero = {}
+            for s = newest + 1, slot do
+              zero[#zero + 1] = 'SET'
+              zero[#zero + 1] = 'u32'
+              zero[#zero + 1] = '#' .. (1 + s % nslot)
+              zero[#zero + 1] = 0
+            end
+            call('BITFIELD', ring, unpack(zero))
+          end
+          call('BITFIELD', ring, 'SET', 'u32', '#0', slot)
+        else
+          -- The clock is never behind the newest slot but for a failover to
+          -- a skewed replica: count in the newest slot, not a passed one.
+          slot = newest
+        end
+        call('BITFIELD', ring, 'OVERFLOW', 'SAT', 'INCRBY', 'u32', '#' .. (1 + slot % nslot), units)
+        call('PEXPIRE', ring, ring_ttl)
+      end
+    end
+  end
+
   local id = ARGV[2]
   local cost = tonumber(ARGV[3])
   if op == 'spend' or op == 'settle' then
@@ -736,7 +790,9 @@ local function spend_main(KEYS, ARGV)
       return actual - before
     end
 
-    local adjusted = 0
+    -- `changed`: the change in the spend's units, as the first window that
+    -- still held it saw it (every window of a spend recorded the same cost).
+    local adjusted, changed = 0, nil
     for i = 1, nwin do
       local w = windows[i]
       if w.kind == 'fixed' then
@@ -750,11 +806,13 @@ local function spend_main(KEYS, ARGV)
           end
           call('HINCRBY', w.state, '#used', cost - old)
           adjusted = adjusted + 1
+          changed = changed or (cost - old)
         end
       else
         local change = settle_entry(w, cost)
         if change then
           adjusted = adjusted + 1
+          changed = changed or change
           if w.kind == 'bucket' then
             -- As the upstream's own bucket does: the difference is given
             -- back (or charged) at once.
@@ -766,6 +824,9 @@ local function spend_main(KEYS, ARGV)
       end
     end
     save_all()
+    if record and changed then
+      record(changed)
+    end
     return { adjusted }
   end
 
@@ -864,6 +925,9 @@ local function spend_main(KEYS, ARGV)
     end
   end
   save_all()
+  if record then
+    record(cost)
+  end
   return { 1, max(remaining, 0), 0, 0 }
 end
 

@@ -1,22 +1,21 @@
 //! What the status page shows that the windows and the queue do not keep by
 //! themselves, kept in Redis, bounded and expiring: units spent per 5 minutes
-//! over 24 hours (`lua/history.lua`), each job's newest ticks' outcome counts
+//! over 24 hours (written by `lua/spend.lua` in the spend's own call, beside
+//! the windows), each job's newest ticks' outcome counts
 //! and its last error (`lua/finish.lua`), and why a credential is blocked.
 //!
-//! The worker writes it ([`record_spent`], [`record_block`], the finish
-//! script); [`crate::ops`] reads it. Key names come from [`crate::keys`].
+//! The spend script, the worker ([`record_block`]) and the finish script
+//! write it; [`crate::ops`] reads it. Key names come from [`crate::keys`].
 
 use std::collections::BTreeMap;
-use std::sync::LazyLock;
 use std::time::Duration;
 
 use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
 
-use crate::conn::Lua;
 use crate::keys::KeySpace;
-use crate::quota::Plan;
+use crate::quota::QuotaConn;
 
 /// One slot of the spend history.
 pub(crate) const SLOT: Duration = Duration::from_secs(300);
@@ -24,72 +23,41 @@ pub(crate) const SLOT: Duration = Duration::from_secs(300);
 pub(crate) const SLOTS: usize = 288;
 /// A ring outlives its newest slot by the span it covers: after that it
 /// holds only zeros.
-const RING_TTL: Duration = Duration::from_secs(300 * (288 + 1));
+pub(crate) const RING_TTL: Duration = Duration::from_secs(300 * (288 + 1));
 /// How many of a job's ticks its record keeps (the newest).
 pub(crate) const TICKS_KEPT: usize = 10;
 /// How long a job's tick record outlives its last task: long enough for a
 /// monthly job's last tick to stay on the page.
 pub(crate) const TICKS_TTL: Duration = Duration::from_secs(35 * 86_400);
 
-static RECORD: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../lua/history.lua")));
-
-/// The spend-history rings a spend on `plan` adds to: one per scope among
-/// its windows (every window of a scope sees the same spends), in order.
-pub(crate) fn rings(keys: &KeySpace, plan: &Plan) -> Vec<String> {
-    let mut out: Vec<String> = Vec::new();
-    for w in &plan.windows {
-        let key = keys.spent(&plan.credential, &w.scope);
-        if !out.contains(&key) {
-            out.push(key);
-        }
-    }
-    out
-}
-
-/// Adds `units` (negative: taken back by a settle or refund) to the current
-/// slot of each ring, on the Redis clock.
-pub(crate) async fn record_spent(
-    conn: &mut ConnectionManager,
-    rings: &[String],
-    units: i64,
-) -> redis::RedisResult<()> {
-    if rings.is_empty() || units == 0 {
-        return Ok(());
-    }
-    let mut call = RECORD.call();
-    call.key(rings)
-        .arg(units)
-        .arg(SLOT.as_millis() as u64)
-        .arg(SLOTS)
-        .arg(RING_TTL.as_millis() as u64);
-    call.invoke::<i64>(conn).await.map(|_| ())
-}
-
-/// Reads rings and the Redis clock in one round trip: the time (ms since
-/// the epoch) and each ring's units per slot, oldest first, the last slot
-/// being the current one.
+/// Reads rings where the windows live (they are written by the spend
+/// script, beside the windows: the queue's Redis or the quota cluster) and
+/// that Redis's clock: the time (ms since the epoch) and each ring's units
+/// per slot, oldest first, the last slot being the current one. One command
+/// per ring, all in flight at once: on a cluster the rings of different
+/// credentials live on different nodes, which one pipeline cannot reach.
 pub(crate) async fn read_rings(
-    conn: &mut ConnectionManager,
+    conn: &QuotaConn,
     rings: &[String],
 ) -> redis::RedisResult<(i64, Vec<Vec<u64>>)> {
-    let mut pipe = redis::pipe();
-    pipe.cmd("TIME");
-    for r in rings {
-        pipe.cmd("GET").arg(r);
-    }
-    let mut values: Vec<redis::Value> = pipe.query_async(conn).await?;
-    let time: (i64, i64) = redis::from_redis_value(values.remove(0))?;
-    let now_ms = time.0 * 1000 + time.1 / 1000;
+    let time = async {
+        let (s, us): (i64, i64) = redis::cmd("TIME").query_async(&mut conn.clone()).await?;
+        Ok::<_, redis::RedisError>(s * 1000 + us / 1000)
+    };
+    let gets = futures::future::try_join_all(rings.iter().map(|r| async move {
+        let raw: Option<Vec<u8>> = redis::cmd("GET").arg(r).query_async(&mut conn.clone()).await?;
+        Ok::<_, redis::RedisError>(raw)
+    }));
+    let (now_ms, raws) = futures::future::try_join(time, gets).await?;
     let now_slot = (now_ms.max(0) as u64) / SLOT.as_millis() as u64;
-    let mut out = Vec::with_capacity(rings.len());
-    for v in values {
-        let raw: Option<Vec<u8>> = redis::from_redis_value(v)?;
-        out.push(decode(raw.as_deref().unwrap_or_default(), now_slot));
-    }
+    let out = raws
+        .iter()
+        .map(|raw| decode(raw.as_deref().unwrap_or_default(), now_slot))
+        .collect();
     Ok((now_ms, out))
 }
 
-/// The ring `raw` (`lua/history.lua`'s layout) as [`SLOTS`] counts, oldest
+/// The ring `raw` (`lua/spend.lua`'s layout) as [`SLOTS`] counts, oldest
 /// first, ending with `now_slot`'s. Slots the ring has not reached yet, or
 /// has moved past, count 0.
 pub(crate) fn decode(raw: &[u8], now_slot: u64) -> Vec<u64> {

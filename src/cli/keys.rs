@@ -29,7 +29,7 @@ pub fn run(config: &Config, endpoint: &str, cost: Option<u64>, reserve: Reserve)
     let mut out = json!({
         "script": script,
         "sha1": crate::quota::script().sha(),
-        "keys": plan.keys,
+        "keys": plan.keys_for("spend"),
         "args": plan.args("spend", "{request_id}", &cost.to_string(), reserve),
     });
     if !config.redis.quota_nodes.is_empty() {

@@ -69,7 +69,11 @@ async fn eval(
     then: Option<&redis::Cmd>,
 ) -> RedisResult<(Value, Option<RedisResult<Value>>)> {
     let mut call = script().call();
-    call.key(&plan.keys).arg(args);
+    call.key(&plan.keys);
+    if args.first().is_some_and(|op| Plan::keeps_history(op)) {
+        call.key(&plan.rings);
+    }
+    call.arg(args);
     match then {
         None => Ok((call.invoke(conn).await?, None)),
         Some(then) => {
@@ -248,6 +252,11 @@ pub struct Plan {
     pub keys: Vec<String>,
     /// The windows, numbered from 1 in this order.
     pub windows: Vec<WindowPlan>,
+    /// The spend history's rings (`crate::history`): one per scope among
+    /// the windows (every window of a scope sees the same spends). A spend
+    /// or settle passes them after the windows' keys, and the script adds
+    /// to them in the same call.
+    pub rings: Vec<String>,
 }
 
 impl Plan {
@@ -281,6 +290,7 @@ impl Plan {
         Plan {
             credential: credential.to_owned(),
             family: credential.to_owned(),
+            rings: rings(ks, credential, &windows),
             keys,
             windows,
         }
@@ -291,7 +301,7 @@ impl Plan {
     /// included, are the template's).
     fn for_credential(&self, ks: &KeySpace, credential: &str) -> Plan {
         let mut keys = vec![ks.blocked(credential), ks.clock(credential)];
-        let windows = self
+        let windows: Vec<WindowPlan> = self
             .windows
             .iter()
             .map(|w| {
@@ -306,13 +316,32 @@ impl Plan {
         Plan {
             credential: credential.to_owned(),
             family: self.family.clone(),
+            rings: rings(ks, credential, &windows),
             keys,
             windows,
         }
     }
 
+    /// Whether operation `op` writes the spend history: a spend (its cost)
+    /// and a settle (the change it makes).
+    pub(crate) fn keeps_history(op: &str) -> bool {
+        matches!(op, "spend" | "settle")
+    }
+
+    /// KEYS for an operation: the windows' (block, clock, each window's),
+    /// then for a spend or settle the spend history's rings.
+    pub fn keys_for(&self, op: &str) -> Vec<String> {
+        let mut keys = self.keys.clone();
+        if Plan::keeps_history(op) {
+            keys.extend(self.rings.iter().cloned());
+        }
+        keys
+    }
+
     /// ARGV for an operation: op, id / duration / window, cost, reserve
-    /// percent, n, window specs (the script header documents them).
+    /// percent, n, window specs, and for a spend or settle the spend
+    /// history's (ring count, slot length, slots, TTL); the script header
+    /// documents them.
     pub fn args(&self, op: &str, arg: &str, cost: &str, reserve: Reserve) -> Vec<String> {
         let mut args = vec![
             op.to_owned(),
@@ -322,6 +351,14 @@ impl Plan {
             self.windows.len().to_string(),
         ];
         args.extend(self.windows.iter().map(|w| w.spec.clone()));
+        if Plan::keeps_history(op) && !self.rings.is_empty() {
+            args.extend([
+                self.rings.len().to_string(),
+                crate::history::SLOT.as_millis().to_string(),
+                crate::history::SLOTS.to_string(),
+                crate::history::RING_TTL.as_millis().to_string(),
+            ]);
+        }
         args
     }
 
@@ -331,6 +368,43 @@ impl Plan {
             .iter()
             .map(|w| &w.window)
             .min_by_key(|w| w.admits(reserve))
+    }
+}
+
+/// The spend-history rings of `credential`'s `windows`: one per scope among
+/// them, in window order.
+fn rings(ks: &KeySpace, credential: &str, windows: &[WindowPlan]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for w in windows {
+        let key = ks.spent(credential, &w.scope);
+        if !out.contains(&key) {
+            out.push(key);
+        }
+    }
+    out
+}
+
+/// A spend made ready to run ([`Limiter::prepare`]).
+pub(crate) struct PreparedSpend<'a> {
+    /// The endpoint's plan (a template tenant's own).
+    pub(crate) ep: Cow<'a, EndpointPlan>,
+    /// The script's KEYS for it: the windows', then the history's rings.
+    pub(crate) keys: Vec<String>,
+    /// The script's ARGV for it.
+    pub(crate) args: Vec<String>,
+    /// Its cost, checked.
+    pub(crate) cost: u64,
+}
+
+/// Turns a reply that carried a spend's into the spend's own: its values
+/// as numbers, or a script error (`QuotaError::Script`).
+pub(crate) fn spend_reply(values: &[String]) -> Result<Vec<i64>, QuotaError> {
+    match values {
+        [flag, message] if flag == "error" => Err(QuotaError::Script(message.clone())),
+        _ => (values.iter())
+            .map(|v| v.parse::<i64>())
+            .collect::<Result<_, _>>()
+            .map_err(|_| QuotaError::Script(format!("spend returned {values:?}"))),
     }
 }
 
@@ -618,6 +692,11 @@ impl Limiter {
         &self.quotas
     }
 
+    /// The connection to where the windows (and the spend history) live.
+    pub(crate) fn conn(&self) -> &QuotaConn {
+        &self.conn
+    }
+
     /// Runs the script once; a dropped connection is retried once (the
     /// connection has reconnected by then): spend and settle are
     /// idempotent by request id, block and peek by nature.
@@ -694,15 +773,61 @@ impl Limiter {
         request_id: &str,
         reserve: Reserve,
     ) -> Result<Decision, QuotaError> {
+        let spend = self.prepare(endpoint, tenant, cost, request_id, reserve)?;
+        let started = std::time::Instant::now();
+        let reply = (self.spend_replicated(&spend.ep, spend.args.clone(), request_id)).await;
+        self.conclude(&spend, reply, started.elapsed())
+    }
+
+    /// A spend made ready to run: checked, with its KEYS and ARGV.
+    /// [`Limiter::spend_for`] runs it; a script of one's own may run it in
+    /// its own call instead (after [`library`], through `spend_main`) where
+    /// [`Limiter::rides_along`] says that is sound, and hand the spend's
+    /// reply to [`Limiter::conclude`].
+    pub(crate) fn prepare(
+        &self,
+        endpoint: &str,
+        tenant: Option<&str>,
+        cost: Option<u64>,
+        request_id: &str,
+        reserve: Reserve,
+    ) -> Result<PreparedSpend<'_>, QuotaError> {
         let cost = self.quotas.checked_cost(endpoint, cost, reserve)?;
         let ep = self.quotas.endpoint_for(endpoint, tenant)?;
         let args = ep
             .plan
             .args("spend", request_id, &cost.to_string(), reserve);
-        let started = std::time::Instant::now();
-        let reply = self.spend_replicated(&ep, args, request_id).await;
+        Ok(PreparedSpend {
+            keys: ep.plan.keys_for("spend"),
+            args,
+            cost,
+            ep,
+        })
+    }
+
+    /// Whether a spend may run inside a script on the queue's own
+    /// connection: the windows live in the queue's Redis (not on a
+    /// cluster), and no replica has to acknowledge the spend (`WAIT`
+    /// counts one connection's writes; the Limiter's own call sends it).
+    pub(crate) fn rides_along(&self) -> bool {
+        matches!(self.conn, QuotaConn::Standalone(_)) && self.replicas == 0
+    }
+
+    /// What a prepared spend's reply (the script's, or the error of the
+    /// call that carried it) decides, counted in the metrics as every spend
+    /// is; `took`: how long the call took. When Redis could not answer, the
+    /// endpoint's `limiter_unavailable` policy decides: fail-closed returns
+    /// the error, fail-open returns [`Decision::Unchecked`] and logs it.
+    pub(crate) fn conclude(
+        &self,
+        spend: &PreparedSpend<'_>,
+        reply: Result<Vec<i64>, QuotaError>,
+        took: Duration,
+    ) -> Result<Decision, QuotaError> {
+        let (ep, cost) = (&spend.ep, spend.cost);
+        let endpoint = ep.endpoint.as_str();
         metrics::histogram!("qw_spend_duration_seconds", "endpoint" => endpoint.to_owned())
-            .record(started.elapsed().as_secs_f64());
+            .record(took.as_secs_f64());
         let result = match &reply {
             Ok(r) if r.first() == Some(&1) => "allowed",
             Ok(_) => "rejected",

@@ -1,7 +1,8 @@
 //! The item lock (`lua/item_lock.lua`): one task at a time per job fan-out
 //! item. Claimed before the first spend (in the same round trip: whether the
 //! task already ended, the item's checkpoint, its newest completed tick, what
-//! its last complete run left for the next one, and the Redis clock),
+//! its last complete run left for the next one, and the Redis clock; and,
+//! where the windows allow it, the first page's spend: `lua/claim_spend.lua`),
 //! renewed in the background while the task runs, released when it ends.
 
 use std::sync::LazyLock;
@@ -17,9 +18,25 @@ use crate::conn::Lua;
 use crate::keys::KeySpace;
 use crate::paging::Validators;
 use crate::queue::TaskArgs;
+use crate::quota::{PreparedSpend, QuotaError};
 
-static ITEM_LOCK: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(include_str!("../../lua/item_lock.lua")));
+/// `lua/item_lock.lua`: claim, renew, release.
+const ITEM_LOCK_SRC: &str = include_str!("../../lua/item_lock.lua");
+
+static ITEM_LOCK: LazyLock<Lua> = LazyLock::new(|| Lua::new(ITEM_LOCK_SRC));
+
+/// The claim with the first page's spend in the same call: spend.lua's and
+/// item_lock.lua's functions, then `lua/claim_spend.lua`.
+static CLAIM_SPEND_SRC: LazyLock<String> = LazyLock::new(|| {
+    let lock = ITEM_LOCK_SRC
+        .trim_end()
+        .strip_suffix("return item_lock_main(KEYS, ARGV)")
+        .expect("lua/item_lock.lua ends with its dispatch line");
+    let tail = include_str!("../../lua/claim_spend.lua");
+    format!("{}\n{lock}\n{tail}", crate::quota::library())
+});
+
+static CLAIM_SPEND: LazyLock<Lua> = LazyLock::new(|| Lua::new(&CLAIM_SPEND_SRC));
 
 /// What claiming the item found.
 pub(super) enum Claim {
@@ -43,6 +60,9 @@ pub(super) struct Found {
     pub(super) validators: Option<Validators>,
     /// The Redis clock at the claim (epoch s): this run's start.
     pub(super) now: i64,
+    /// The reply of the first page's spend, when it rode in the claim's
+    /// call: spend.lua's values, or the script's error.
+    pub(super) spent: Option<Result<Vec<i64>, QuotaError>>,
 }
 
 /// One task's hold on one item.
@@ -62,18 +82,22 @@ impl ItemLock {
         }
     }
 
-    /// One round trip: done marker, lock, checkpoint, completed tick.
+    /// One round trip: done marker, lock, checkpoint, completed tick; with
+    /// `spend`, the first page's spend too, made only if the claim succeeds.
     pub(super) async fn claim(
         &self,
         conn: &mut ConnectionManager,
         keys: &KeySpace,
         job: &Job,
         task: &TaskArgs,
+        spend: Option<&PreparedSpend<'_>>,
     ) -> redis::RedisResult<Claim> {
         let item = task.item_key();
-        let reply: Vec<String> = ITEM_LOCK
-            .call()
-            .key(&self.key)
+        let mut call = match spend {
+            Some(_) => CLAIM_SPEND.call(),
+            None => ITEM_LOCK.call(),
+        };
+        call.key(&self.key)
             .key(keys.task_done(&task.root))
             .key(keys.cursor(&job.name, &item))
             .key(keys.item_ran(&job.name, &item))
@@ -81,20 +105,25 @@ impl ItemLock {
             .key(keys.validators(&job.name, &item))
             .arg("claim")
             .arg(&self.value)
-            .arg(self.ttl.as_millis() as u64)
-            .invoke(conn)
-            .await?;
+            .arg(self.ttl.as_millis() as u64);
+        if let Some(spend) = spend {
+            call.key(&spend.keys).arg(&spend.args);
+        }
+        let reply: Vec<String> = call.invoke(conn).await?;
         Ok(match reply.as_slice() {
             [state] if state == "0" => Claim::AlreadyDone,
-            [_, saved, ran, since, validators, now] => Claim::Held(Box::new(Found {
-                saved: serde_json::from_str::<Checkpoint>(saved).ok(),
-                ran: ran.parse::<i64>().ok(),
-                since: since.parse::<i64>().ok(),
-                validators: serde_json::from_str::<Validators>(validators).ok(),
-                now: now
-                    .parse::<i64>()
-                    .unwrap_or_else(|_| chrono::Utc::now().timestamp()),
-            })),
+            [state, saved, ran, since, validators, now, spent @ ..] if state == "2" => {
+                Claim::Held(Box::new(Found {
+                    saved: serde_json::from_str::<Checkpoint>(saved).ok(),
+                    ran: ran.parse::<i64>().ok(),
+                    since: since.parse::<i64>().ok(),
+                    validators: serde_json::from_str::<Validators>(validators).ok(),
+                    now: now
+                        .parse::<i64>()
+                        .unwrap_or_else(|_| chrono::Utc::now().timestamp()),
+                    spent: spend.map(|_| crate::quota::spend_reply(spent)),
+                }))
+            }
             _ => Claim::Busy,
         })
     }

@@ -48,6 +48,7 @@ use crate::sink::Sinks;
 use crate::stats::Stats;
 use guards::InFlight;
 use lock::{Claim, ItemLock};
+use spend::FirstSpendSlot;
 pub(crate) use spend::{LocalBlocks, Unanswered};
 
 /// How long pagination checkpoints are kept when nothing resumes them.
@@ -212,7 +213,11 @@ impl Worker {
         };
         let mut conn = self.conn.clone();
         let lock = ItemLock::new(self.keys(), job, task, self.lock_ttl());
-        let found = match lock.claim(&mut conn, self.keys(), job, task).await? {
+        // The first page's spend rides in the claim's call where it may.
+        let ahead = self.spend_ahead(task, job);
+        let started = std::time::Instant::now();
+        let claim = lock.claim(&mut conn, self.keys(), job, task, ahead.as_ref().map(|a| &a.spend));
+        let mut found = match claim.await? {
             Claim::Held(found) => found,
             Claim::AlreadyDone => return Ok(Ran::Skipped(Skip::AlreadyDone)),
             Claim::Busy => {
@@ -224,12 +229,19 @@ impl Worker {
                 return Ok(Ran::Skipped(Skip::Busy));
             }
         };
+        let first = match (ahead, found.spent.take()) {
+            (Some(ahead), Some(reply)) => self.first_spend(ahead, reply, started.elapsed()),
+            _ => FirstSpendSlot::default(),
+        };
         let result = {
             // Undone when this block ends, however it ends (guards.rs).
             let _renewer = lock.keep_renewed(self.conn.clone());
             let _in_flight = InFlight::enter(&self.stats.in_flight);
-            self.run_held(task, job, *found).await
+            self.run_held(task, job, *found, &first).await
         };
+        // Before the item is free: no other task may spend meanwhile on
+        // what this one holds for nothing.
+        self.refund_untaken(&first).await;
         let unlock = lock.release(&mut conn).await;
         let outcome = result?;
         unlock?;

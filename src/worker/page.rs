@@ -21,7 +21,7 @@ use redis::AsyncCommands;
 use serde_json::Value;
 
 use super::lock::Found;
-use super::spend::{Admission, Applied, Spent};
+use super::spend::{Admission, Applied, FirstSpendSlot, Spent};
 use super::{CHECKPOINT_TTL, Checkpoint, ITEM_STATE_TTL, TaskError, Worker};
 use crate::config::{Endpoint, Job, OnQuotaExhausted, PageStyle, Secret, fmt_duration};
 use crate::fetch::{Answered, BuildError, Fetcher, PageAt, Placeholders, Reply, Request};
@@ -97,6 +97,8 @@ pub(super) struct Run<'a> {
     /// Where a complete run leaves its start and its page 1's validators.
     since_key: String,
     validators_key: String,
+    /// The first page's spend, if it rode in the item claim's call.
+    pub(super) first_spend: &'a FirstSpendSlot,
 }
 
 impl Run<'_> {
@@ -168,6 +170,7 @@ impl Worker {
         task: &TaskArgs,
         job: &Job,
         found: Found,
+        first_spend: &FirstSpendSlot,
     ) -> Result<Outcome, TaskError> {
         let item = task.item_key();
         let ran = found.ran;
@@ -225,6 +228,7 @@ impl Worker {
             validators: found.validators.filter(|_| endpoint.conditional),
             since_key: self.keys().since(&job.name, &item),
             validators_key: self.keys().validators(&job.name, &item),
+            first_spend,
         };
         // A resumed or continued run keeps the `{since}` it started with.
         let initial = i64::try_from(job.since_initial.as_secs()).unwrap_or(i64::MAX);

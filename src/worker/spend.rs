@@ -15,12 +15,20 @@ use tracing::{debug, error, info, warn};
 use super::page::{Progress, Run};
 use super::{TaskError, Worker};
 use crate::accounting::{Block, Left, Verdict};
-use crate::config::Endpoint;
+use crate::config::{Endpoint, Job};
 use crate::fetch::Reply;
 use crate::history;
 use crate::outcome::{Outcome, OutcomeKind};
-use crate::quota::{BlockFor, BlockReason, Decision, RejectedBy};
+use crate::queue::TaskArgs;
+use crate::quota::{BlockFor, BlockReason, Decision, PreparedSpend, QuotaError, RejectedBy};
 use crate::stats::Stats;
+
+/// A spend's request id: the task's id, the page (as the step knows it),
+/// and a random part, unique across hosts.
+fn spend_id(task: &TaskArgs, page: &str) -> String {
+    let nonce = crate::quota::request_id();
+    format!("{}:p{page}:{}", task.id, &nonce[..12])
+}
 
 /// The most units a request is ever settled to: Lua numbers are doubles,
 /// exact up to 2^53.
@@ -136,9 +144,109 @@ impl LocalBlocks {
     }
 }
 
+/// The first page's spend, made in the item claim's own call
+/// (`lua/claim_spend.lua`): one round trip fewer per task. The first page's
+/// spend step takes it instead of spending; one no step took (the run was
+/// superseded, its request could not be built, its sink could take
+/// nothing) is refunded when the task ends ([`Worker::refund_untaken`]).
+pub(super) struct FirstSpend {
+    request_id: String,
+    endpoint: String,
+    tenant: Option<String>,
+    decision: Result<Decision, QuotaError>,
+}
+
+/// Where a task keeps its [`FirstSpend`] until its first spend step.
+#[derive(Default)]
+pub(super) struct FirstSpendSlot(Mutex<Option<FirstSpend>>);
+
+impl FirstSpendSlot {
+    fn take(&self) -> Option<FirstSpend> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).take()
+    }
+}
+
+/// A spend made ready to ride in the claim ([`Worker::spend_ahead`]).
+pub(super) struct Ahead<'a> {
+    request_id: String,
+    tenant: Option<String>,
+    pub(super) spend: PreparedSpend<'a>,
+}
+
 impl Worker {
+    /// The first page's spend, ready to ride in the item claim's call, when
+    /// it may: the spend is on, the windows live in the queue's Redis with
+    /// no replica to wait for ([`crate::quota::Limiter::rides_along`]), and
+    /// this daemon does not hold the credential blocked itself. `None`: the
+    /// first page spends in its own call, as every later page does.
+    pub(super) fn spend_ahead(&self, task: &TaskArgs, job: &Job) -> Option<Ahead<'_>> {
+        if self.skip_spend || !self.limiter.rides_along() {
+            return None;
+        }
+        let endpoint = self.config.endpoints.get(&job.endpoint)?;
+        let cred = self.config.credentials.get(&endpoint.credential)?;
+        let tenant = cred.template.as_ref().map(|placeholder| {
+            let value = task.item.iter().find(|(k, _)| k == placeholder);
+            value.map_or("", |(_, v)| v.as_str()).to_owned()
+        });
+        let credential = match &tenant {
+            Some(value) => cred.tenant(value)?,
+            None => cred.name.clone(),
+        };
+        if self.local_blocks.left(&credential).is_some() {
+            return None;
+        }
+        let request_id = spend_id(task, "1");
+        let spend = (self.limiter)
+            .prepare(&endpoint.name, tenant.as_deref(), None, &request_id, job.reserve)
+            .ok()?;
+        Some(Ahead {
+            request_id,
+            tenant,
+            spend,
+        })
+    }
+
+    /// What the spend that rode in the claim decided (`reply`: its part of
+    /// the claim's reply; `took`: the claim's time), for the first page's
+    /// spend step to take.
+    pub(super) fn first_spend(
+        &self,
+        ahead: Ahead<'_>,
+        reply: Result<Vec<i64>, QuotaError>,
+        took: Duration,
+    ) -> FirstSpendSlot {
+        let decision = self.limiter.conclude(&ahead.spend, reply, took);
+        FirstSpendSlot(Mutex::new(Some(FirstSpend {
+            request_id: ahead.request_id,
+            endpoint: ahead.spend.ep.endpoint.clone(),
+            tenant: ahead.tenant,
+            decision,
+        })))
+    }
+
+    /// Refunds a first spend no page step took: nothing was sent for it.
+    pub(super) async fn refund_untaken(&self, slot: &FirstSpendSlot) {
+        let Some(first) = slot.take() else {
+            return;
+        };
+        if !matches!(first.decision, Ok(Decision::Allowed { .. })) {
+            return;
+        }
+        let (endpoint, request_id) = (&first.endpoint, &first.request_id);
+        let tenant = first.tenant.as_deref();
+        if let Err(e) = (self.limiter)
+            .settle_for(endpoint, tenant, request_id, 0)
+            .await
+        {
+            error!(endpoint = %endpoint, request_id, error = %e,
+                   "could not refund the first page's spend of a task that sent nothing; its units stay spent");
+        }
+    }
+
     /// Spends the page's cost from the endpoint's windows (unless this
-    /// daemon holds the credential blocked itself).
+    /// daemon holds the credential blocked itself): for the task's first
+    /// spend step, the spend made in the claim's call when there is one.
     pub(super) async fn spend(&self, run: &Run<'_>, p: &Progress) -> Result<Admission, TaskError> {
         if let Some(left) = self.local_blocks.left(&run.credential) {
             let why = "credential blocked by this daemon (Redis did not take the upstream's block)";
@@ -146,34 +254,13 @@ impl Worker {
             let o = self.wait_for_quota(run, p, kind, left, why).await?;
             return Ok(Admission::Refused(o));
         }
-        let request_id = format!(
-            "{}:p{}:{}",
-            run.task.id,
-            p.page,
-            &crate::quota::request_id()[..12]
-        );
-        let decision = if self.skip_spend {
-            Ok(Decision::Unchecked)
-        } else {
-            // A tenant's spend keeps the job's reserve free in the
-            // tenant's own windows.
-            let tenant = run.tenant.as_deref();
-            (self.limiter)
-                .spend_for(
-                    &run.endpoint.name,
-                    tenant,
-                    None,
-                    &request_id,
-                    run.job.reserve,
-                )
-                .await
+        let (request_id, decision) = match run.first_spend.take() {
+            Some(first) => (first.request_id, first.decision),
+            None => self.spend_now(run, p).await,
         };
         let recorded = match decision {
-            Ok(Decision::Allowed { .. }) => {
-                let tenant = run.tenant.as_deref();
-                self.record_spent(run.endpoint, tenant, run.endpoint.cost.get() as i64);
-                true
-            }
+            // The spend script recorded it in the status page's history too.
+            Ok(Decision::Allowed { .. }) => true,
             Ok(Decision::Unchecked) => false,
             Ok(Decision::Rejected(r)) => {
                 Stats::add(&self.stats.rejected_spends, 1);
@@ -196,6 +283,31 @@ impl Worker {
             flying,
             tenant: run.tenant.clone(),
         }))
+    }
+
+    /// Spends for page `p` in a call of its own.
+    async fn spend_now(
+        &self,
+        run: &Run<'_>,
+        p: &Progress,
+    ) -> (String, Result<Decision, QuotaError>) {
+        let request_id = spend_id(run.task, &p.page.to_string());
+        if self.skip_spend {
+            return (request_id, Ok(Decision::Unchecked));
+        }
+        // A tenant's spend keeps the job's reserve free in the tenant's
+        // own windows.
+        let tenant = run.tenant.as_deref();
+        let decision = (self.limiter)
+            .spend_for(
+                &run.endpoint.name,
+                tenant,
+                None,
+                &request_id,
+                run.job.reserve,
+            )
+            .await;
+        (request_id, decision)
     }
 
     /// Applies what an answer says about the upstream's quota, in this
@@ -305,7 +417,6 @@ impl Worker {
         {
             Ok(_) => {
                 p.units = p.units - cost + actual;
-                self.record_spent(endpoint, tenant, actual as i64 - cost as i64);
             }
             Err(e) => error!(endpoint = %endpoint.name, request_id, actual, error = %e,
                              "could not settle a request to its reported cost; the windows keep the configured cost"),
@@ -325,33 +436,10 @@ impl Worker {
         {
             Ok(_) => {
                 p.units -= endpoint.cost.get();
-                self.record_spent(endpoint, tenant, -(endpoint.cost.get() as i64));
             }
             Err(e) => error!(endpoint = %endpoint.name, request_id, error = %e,
                              "could not refund a request that never left; its units stay spent"),
         }
-    }
-
-    /// Adds `units` (negative: given back) to the status page's 24-hour
-    /// spend history of the endpoint's windows (`crate::history`), off the
-    /// task's path: the write runs on its own, and a lost one only thins
-    /// the chart. A template's spend is recorded on its tenant (`tenant`:
-    /// the value), whose windows they are.
-    ///
-    /// The one place the history is written. Once spend.lua v2 can run
-    /// extra work in its own call, this moves into the spend (and settle)
-    /// script and costs no round trip of its own.
-    fn record_spent(&self, endpoint: &Endpoint, tenant: Option<&str>, units: i64) {
-        let Ok(plan) = self.limiter.quotas().endpoint_for(&endpoint.name, tenant) else {
-            return;
-        };
-        let rings = history::rings(self.keys(), &plan.plan);
-        let mut conn = self.conn.clone();
-        tokio::spawn(async move {
-            if let Err(e) = history::record_spent(&mut conn, &rings, units).await {
-                debug!(error = %e, "could not record the spend history");
-            }
-        });
     }
 
     /// Blocks the endpoint's credential as `b` says (at most `max_block`)

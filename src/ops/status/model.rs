@@ -265,16 +265,16 @@ pub(crate) async fn gather(s: &OpsState) -> Status {
     let mut rings: Vec<String> = Vec::new();
     for name in &names {
         if let Ok(plan) = quotas.plan_for(name) {
-            for r in history::rings(keys, &plan) {
-                if !rings.contains(&r) {
-                    rings.push(r);
+            for r in &plan.rings {
+                if !rings.contains(r) {
+                    rings.push(r.clone());
                 }
             }
         }
     }
     let (spent, reasons) = tokio::join!(
         bounded("status page: the spend history", async {
-            history::read_rings(&mut conn.clone(), &rings).await
+            history::read_rings(s.limiter.conn(), &rings).await
         }),
         bounded("status page: the block reasons", async {
             history::read_block_reasons(&mut conn.clone(), keys, &names).await
