@@ -45,7 +45,10 @@ pub(crate) async fn read_rings(
         Ok::<_, redis::RedisError>(s * 1000 + us / 1000)
     };
     let gets = futures::future::try_join_all(rings.iter().map(|r| async move {
-        let raw: Option<Vec<u8>> = redis::cmd("GET").arg(r).query_async(&mut conn.clone()).await?;
+        let raw: Option<Vec<u8>> = redis::cmd("GET")
+            .arg(r)
+            .query_async(&mut conn.clone())
+            .await?;
         Ok::<_, redis::RedisError>(raw)
     }));
     let (now_ms, raws) = futures::future::try_join(time, gets).await?;

@@ -216,7 +216,13 @@ impl Worker {
         // The first page's spend rides in the claim's call where it may.
         let ahead = self.spend_ahead(task, job);
         let started = std::time::Instant::now();
-        let claim = lock.claim(&mut conn, self.keys(), job, task, ahead.as_ref().map(|a| &a.spend));
+        let claim = lock.claim(
+            &mut conn,
+            self.keys(),
+            job,
+            task,
+            ahead.as_ref().map(|a| &a.spend),
+        );
         let mut found = match claim.await? {
             Claim::Held(found) => found,
             Claim::AlreadyDone => return Ok(Ran::Skipped(Skip::AlreadyDone)),
@@ -239,8 +245,8 @@ impl Worker {
             let _in_flight = InFlight::enter(&self.stats.in_flight);
             self.run_held(task, job, *found, &first).await
         };
-        // Before the item is free: no other task may spend meanwhile on
-        // what this one holds for nothing.
+        // Given back before the outcome is recorded (`run_held`); here only
+        // if the task ended on an error before that.
         self.refund_untaken(&first).await;
         let unlock = lock.release(&mut conn).await;
         let outcome = result?;

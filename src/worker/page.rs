@@ -178,6 +178,7 @@ impl Worker {
             Ok(start) => start,
             Err(why) => {
                 let outcome = Outcome::new(OutcomeKind::Superseded, 0, why);
+                self.refund_untaken(first_spend).await;
                 self.finish(task, Some(job), &outcome).await?;
                 return Ok(outcome);
             }
@@ -209,6 +210,7 @@ impl Worker {
                         // resumes once its token file is there.
                         let why = format!("no secret for {name}: {e}");
                         let outcome = Outcome::new(OutcomeKind::Failed, start.page, why);
+                        self.refund_untaken(first_spend).await;
                         self.finish(task, Some(job), &outcome).await?;
                         return Ok(outcome);
                     }
@@ -260,6 +262,9 @@ impl Worker {
                 .set_ex::<_, _, ()>(&ran_key, task.tick, CHECKPOINT_TTL.as_secs())
                 .await?;
         }
+        // A first spend no page took is given back before the outcome is
+        // told: whoever reads the windows after it sees what was sent.
+        self.refund_untaken(first_spend).await;
         self.finish(task, Some(job), &outcome).await?;
         Ok(outcome)
     }

@@ -190,6 +190,10 @@ impl Worker {
             value.map_or("", |(_, v)| v.as_str()).to_owned()
         });
         let credential = match &tenant {
+            // A tenant whose token cannot be read fails its item before
+            // any page: nothing is spent on it, not even for a moment (it
+            // would show in `quota` as a tenant that spent).
+            Some(value) if cred.tenant_secret(value).is_err() => return None,
             Some(value) => cred.tenant(value)?,
             None => cred.name.clone(),
         };
@@ -198,7 +202,13 @@ impl Worker {
         }
         let request_id = spend_id(task, "1");
         let spend = (self.limiter)
-            .prepare(&endpoint.name, tenant.as_deref(), None, &request_id, job.reserve)
+            .prepare(
+                &endpoint.name,
+                tenant.as_deref(),
+                None,
+                &request_id,
+                job.reserve,
+            )
             .ok()?;
         Some(Ahead {
             request_id,

@@ -9,6 +9,7 @@ mod support;
 
 // The spend: windows, costs, exactness, and the Lua script's edge cases.
 mod bucket_window;
+mod claim_spend;
 mod clock_step_back;
 mod cluster;
 mod drift;

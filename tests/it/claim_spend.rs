@@ -1,0 +1,162 @@
+//! Promise (issue 11 item 5): a task's first page costs no spend round trip
+//! of its own — its spend rides in the call that claims its item
+//! (`lua/claim_spend.lua`) — and every rule of the spend holds unchanged; a
+//! spend made at the claim that the task then does not use is given back
+//! before the task's outcome is told.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+
+use quota_worker::outcome::OutcomeKind;
+use quota_worker::queue::Origin;
+use quota_worker::simulator::SimConfig;
+
+use crate::support::pipeline::{Pipeline, YT_ENDPOINT, YT_KEY, quick_worker, yt, yt_endpoint};
+use crate::support::{ConfigBuilder, Job, RedisServer, Sink, Window};
+
+fn sim(pages: u32) -> SimConfig {
+    SimConfig {
+        pages_per_query: pages,
+        items_per_page: 2,
+        ..SimConfig::default()
+    }
+    .key(YT_KEY, 1_000_000, Duration::from_secs(3600))
+}
+
+fn config(sim: &str, regions: &[&str], pages: u32) -> ConfigBuilder {
+    ConfigBuilder::new()
+        .worker(quick_worker(2))
+        .credential(yt(Window::sliding(100, "1h")))
+        .endpoint(yt_endpoint())
+        .job(
+            Job::videos("two", YT_ENDPOINT, sim)
+                .fan_out("region", regions.iter().copied())
+                .pages(pages)
+                .sink(Sink::jsonl("data/{job}.jsonl").records("/items")),
+        )
+}
+
+/// MONITOR on a test's Redis: every command it runs, scripts' own included,
+/// as Redis saw them, one line each.
+struct Monitor {
+    lines: Arc<Mutex<Vec<String>>>,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl Monitor {
+    /// On once this returns (Redis acknowledged MONITOR).
+    async fn start(redis: &RedisServer) -> Monitor {
+        let client = redis::Client::open(redis.url()).expect("client");
+        let monitor = client.get_async_monitor().await.expect("monitor");
+        let lines: Arc<Mutex<Vec<String>>> = Arc::default();
+        let reader = {
+            let lines = lines.clone();
+            tokio::spawn(async move {
+                let mut feed = monitor.into_on_message::<String>();
+                while let Some(line) = feed.next().await {
+                    lines.lock().expect("lines").push(line);
+                }
+            })
+        };
+        Monitor { lines, reader }
+    }
+
+    /// Stops it, once what Redis sent has arrived; every line.
+    async fn stop(self) -> String {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        self.reader.abort();
+        self.lines.lock().expect("lines").join("\n")
+    }
+}
+
+/// The request ids of the spends in a MONITOR log (client calls only, not
+/// the commands scripts run): those that rode in an item claim's call, and
+/// those that were a call of their own. A call NOSCRIPT made the client
+/// repeat appears twice: the ids are a set.
+fn spends(log: &str) -> (BTreeSet<String>, BTreeSet<String>) {
+    let (mut with_claim, mut alone) = (BTreeSet::new(), BTreeSet::new());
+    for line in log.lines() {
+        if !(line.contains(r#" "EVALSHA" "#) || line.contains(r#" "EVAL" "#)) {
+            continue;
+        }
+        let Some(at) = line.find(r#""spend" ""#) else {
+            continue;
+        };
+        let rest = &line[at + r#""spend" ""#.len()..];
+        let id = rest[..rest.find('"').expect("closing quote")].to_owned();
+        if line.contains(r#""claim""#) && line.contains(":lock:two:") {
+            with_claim.insert(id);
+        } else {
+            alone.insert(id);
+        }
+    }
+    (with_claim, alone)
+}
+
+/// Four items of two pages: each task's page 1 is spent in its claim's
+/// call, page 2 in a call of its own; the window counts every page once,
+/// the upstream saw every page once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_first_pages_spend_rides_in_the_item_claim() {
+    let regions = ["a", "b", "c", "d"];
+    let p = Pipeline::start(sim(2), |sim| config(sim, &regions, 2)).await;
+    let monitor = Monitor::start(&p.redis).await;
+    let tick = p.trigger("two").await;
+    let seen = p.wait_tick("two", tick, 4, Duration::from_secs(30)).await;
+    let log = monitor.stop().await;
+    let done = seen
+        .iter()
+        .filter(|s| s.kind() == OutcomeKind::Done)
+        .count();
+    assert_eq!(done, 4, "{seen:?}");
+
+    let (with_claim, alone) = spends(&log);
+    assert_eq!(
+        with_claim.len(),
+        4,
+        "one first-page spend per task, in its claim: {with_claim:?}"
+    );
+    assert!(
+        with_claim.iter().all(|id| id.contains(":p1:")),
+        "{with_claim:?}"
+    );
+    assert_eq!(
+        alone.len(),
+        4,
+        "page 2 spends in a call of its own: {alone:?}"
+    );
+    assert!(alone.iter().all(|id| id.contains(":p2:")), "{alone:?}");
+
+    let used = p.limiter.peek("yt").await.expect("peek").windows[0].used;
+    assert_eq!(used, 8, "8 pages, 8 units");
+    assert_eq!(p.sim_stats().charges.len(), 8, "the upstream saw 8 pages");
+}
+
+/// A task whose item a newer tick's run already completed is superseded:
+/// the spend its claim made is refunded before its outcome is told, so the
+/// windows show only what was sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_superseded_task_gives_back_the_spend_its_claim_made() {
+    let p = Pipeline::start(sim(1), |sim| config(sim, &["a"], 1)).await;
+    let tick = p.trigger("two").await;
+    let seen = p.wait_tick("two", tick, 1, Duration::from_secs(30)).await;
+    assert_eq!(seen[0].kind(), OutcomeKind::Done, "{seen:?}");
+
+    // An older tick's copy, redelivered late.
+    let old = tick - 60_000;
+    let tasks = quota_worker::schedule::tick_tasks(&p.config.jobs["two"], old, Origin::Trigger);
+    let queued: Vec<_> = tasks.into_iter().map(|t| (t, Duration::ZERO)).collect();
+    p.queue.enqueue(&queued).await.expect("enqueue");
+    let seen = p.wait_tick("two", old, 1, Duration::from_secs(30)).await;
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].kind(), OutcomeKind::Superseded, "{seen:?}");
+    assert_eq!(seen[0].ev.outcome.units, 0);
+
+    // Read right after the outcome: already given back.
+    let used = p.limiter.peek("yt").await.expect("peek").windows[0].used;
+    assert_eq!(used, 1, "only the page that was sent");
+    assert_eq!(p.sim_stats().charges.len(), 1);
+}
