@@ -23,6 +23,7 @@ use quota_worker::quota::{Decision, Limiter, QuotaError, request_id, script};
 
 use crate::support::cluster::{self, Cluster};
 use crate::support::http::http_get;
+use crate::support::logs::Logs;
 use crate::support::process::{Proc, run_cli};
 use crate::support::upstream::Upstream;
 use crate::support::{
@@ -885,29 +886,25 @@ fn readyz_goes_unready_when_the_quota_cluster_stops_and_ready_when_it_is_back() 
         .write();
     let mut d = Proc::daemon("daemon", &cfg, Some(&queue.url()), &[("YT_KEY1", "x")]);
     d.wait_running(Duration::from_secs(30));
-    let readyz = || http_get(port, "/readyz");
-    let mut seen = None;
-    assert!(
-        wait_until(Duration::from_secs(15), || {
-            seen = readyz();
-            matches!(&seen, Some((200, _)))
-        }),
-        "ready on a healthy cluster: {seen:?}\n{}",
-        d.log()
-    );
+    // Polls /readyz until it answers `want`; the last answer.
+    let ready_as = |want: u16, within: u64| {
+        let mut seen = None;
+        let ok = wait_until(Duration::from_secs(within), || {
+            seen = http_get(port, "/readyz");
+            matches!(&seen, Some((s, _)) if *s == want)
+        });
+        (ok, seen)
+    };
+    let (ok, seen) = ready_as(200, 15);
+    assert!(ok, "ready on a healthy cluster: {seen:?}\n{}", d.log());
 
     let masters = cluster.masters();
     for &m in &masters {
         cluster.kill(m);
     }
-    assert!(
-        wait_until(Duration::from_secs(15), || {
-            seen = readyz();
-            matches!(&seen, Some((503, _)))
-        }),
-        "503 once no master answers: {seen:?}"
-    );
-    let body = seen.clone().expect("a reply").1;
+    let (ok, seen) = ready_as(503, 15);
+    assert!(ok, "503 once no master answers: {seen:?}");
+    let body = seen.expect("a reply").1;
     assert!(body.contains("quota"), "names the quota windows: {body:?}");
     assert!(
         !body.contains("redis unreachable"),
@@ -923,31 +920,10 @@ fn readyz_goes_unready_when_the_quota_cluster_stops_and_ready_when_it_is_back() 
         "the cluster comes back: {}",
         cluster.describe()
     );
-    assert!(
-        wait_until(Duration::from_secs(20), || {
-            seen = readyz();
-            matches!(&seen, Some((200, _)))
-        }),
-        "ready again without a restart: {seen:?}\n{}",
-        d.log()
-    );
+    let (ok, seen) = ready_as(200, 20);
+    assert!(ok, "ready again without a restart: {seen:?}\n{}", d.log());
     assert!(d.running(), "the daemon never stopped");
     d.term();
-}
-
-/// The log lines of everything on this thread, as a `tracing` subscriber.
-#[derive(Clone, Default)]
-struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().expect("logs").extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }
 
 /// Every key of `credential` on `node` and its `DUMP` (a replica read
@@ -979,14 +955,7 @@ fn dump(node: &RedisServer, credential: &str) -> BTreeMap<String, Vec<u8>> {
 #[tokio::test]
 async fn settle_sync_and_block_wait_for_a_replica_and_only_log_when_none_answers() {
     let _machine = machine::heavy();
-    let logs = Logs::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::INFO)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    let _logging = tracing::subscriber::set_default(subscriber);
+    let (logs, _logging) = Logs::capture();
 
     let mut cluster = Cluster::with_replicas(3);
     // WAIT gets a third of 3 s: the 300 ms hang below fits with margin.
@@ -1053,9 +1022,9 @@ async fn settle_sync_and_block_wait_for_a_replica_and_only_log_when_none_answers
     assert_ne!(after_block, after_sync, "the block wrote");
     assert_eq!(dump(&cluster.nodes[replica], "c00"), after_block, "block");
     assert!(
-        !logs_text(&logs).contains("not acknowledged"),
+        !logs.text().contains("not acknowledged"),
         "acknowledged writes log nothing: {}",
-        logs_text(&logs)
+        logs.text()
     );
 
     // The replica gone: each write succeeds, and says what it risks.
@@ -1070,7 +1039,7 @@ async fn settle_sync_and_block_wait_for_a_replica_and_only_log_when_none_answers
         .block("c00", Duration::from_secs(90))
         .await
         .expect("block without a replica");
-    let text = logs_text(&logs);
+    let text = logs.text();
     for op in ["settle", "sync", "block"] {
         assert!(
             text.contains(&format!("a {op} was not acknowledged by a replica in time")),
@@ -1081,8 +1050,4 @@ async fn settle_sync_and_block_wait_for_a_replica_and_only_log_when_none_answers
         text.contains("ERROR") && text.contains("if the master fails over now"),
         "{text}"
     );
-}
-
-fn logs_text(logs: &Logs) -> String {
-    String::from_utf8_lossy(&logs.0.lock().expect("logs")).into_owned()
 }
