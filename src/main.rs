@@ -37,7 +37,7 @@ enum Command {
     Check,
     /// Spend once from an endpoint's windows (exit 0 allowed, 75 rejected, 69 Redis unreachable)
     Spend {
-        /// Endpoint name, as in [endpoints."NAME"]
+        /// Endpoint name, as in [endpoints."NAME"] (of a template credential: one tenant, NAME[account=VALUE])
         endpoint: String,
         /// Units to spend [default: the endpoint's cost]
         #[arg(long)]
@@ -51,7 +51,7 @@ enum Command {
     },
     /// Show used / remaining / frees-in of every window, live from Redis
     Quota {
-        /// Only this credential
+        /// Only this credential (a template's tenants, or one: NAME[account=VALUE])
         credential: Option<String>,
         /// Print JSON
         #[arg(long)]
@@ -91,7 +91,7 @@ enum Command {
     },
     /// Print how another program calls lua/spend.lua to spend from an endpoint's windows
     Keys {
-        /// Endpoint name
+        /// Endpoint name (of a template credential: one tenant, NAME[account=VALUE])
         #[arg(required_unless_present = "script")]
         endpoint: Option<String>,
         /// Print the spend script itself instead

@@ -1,6 +1,8 @@
 //! `quota-worker keys ENDPOINT [--cost N] [--reserve P%]`: how another program
 //! (PHP, Python, ...) calls `lua/spend.lua` to spend from the same windows;
-//! `keys --script` prints the script itself.
+//! `keys --script` prints the script itself. An endpoint of a template
+//! credential is named with one tenant (`keys 'ig.media[account=123]'`):
+//! the keys are that tenant's.
 
 use std::path::{Path, PathBuf};
 
@@ -12,13 +14,21 @@ use crate::keys::KeySpace;
 use crate::quota::{Quotas, SCRIPT};
 
 /// Runs the command.
-pub fn run(config: &Config, endpoint: &str, cost: Option<u64>, reserve: Reserve) -> Exit {
+pub fn run(config: &Config, name: &str, cost: Option<u64>, reserve: Reserve) -> Exit {
+    let (endpoint, tenant) = match super::tenant::endpoint_or_exit(config, name, "keys") {
+        Ok(found) => found,
+        Err(code) => return code,
+    };
     let quotas = Quotas::new(config);
-    let cost = match quotas.checked_cost(endpoint, cost, reserve) {
+    let cost = match quotas.checked_cost(&endpoint, cost, reserve) {
         Ok(c) => c,
         Err(e) => return super::quota_error(config, &e),
     };
-    let plan = &quotas.endpoint(endpoint).expect("checked above").plan;
+    let ep = match quotas.endpoint_for(&endpoint, tenant.as_deref()) {
+        Ok(ep) => ep,
+        Err(e) => return super::quota_error(config, &e),
+    };
+    let plan = &ep.plan;
     let script = match script_path(config) {
         Ok(p) => p,
         Err(e) => {
@@ -32,6 +42,10 @@ pub fn run(config: &Config, endpoint: &str, cost: Option<u64>, reserve: Reserve)
         "keys": plan.keys_for("spend"),
         "args": plan.args("spend", "{request_id}", &cost.to_string(), reserve),
     });
+    if tenant.is_some() {
+        // The tenant's name, as `quota` shows it and its keys carry it.
+        out["tenant"] = json!(plan.credential);
+    }
     if !config.redis.quota_nodes.is_empty() {
         out["cluster"] = cluster(config, &plan.credential);
     }

@@ -8,6 +8,7 @@ pub mod quota;
 pub mod run;
 pub mod search;
 pub mod spend;
+pub mod tenant;
 pub mod trigger;
 
 use std::path::{Path, PathBuf};

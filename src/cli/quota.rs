@@ -21,6 +21,12 @@ pub const TENANTS_LISTED: usize = 100;
 
 /// Runs the command.
 pub async fn run(config: &Config, credential: Option<&str>, as_json: bool) -> Exit {
+    if let Some(c) = credential
+        && let Err(e) = super::tenant::credential(config, c)
+    {
+        eprintln!("error: {e}");
+        return Exit::Usage;
+    }
     let quotas = Arc::new(Quotas::new(config));
     // What to show: a credential or tenant by name, or a template's tenants
     // (at most so many).

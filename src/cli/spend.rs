@@ -1,6 +1,8 @@
 //! `quota-worker spend ENDPOINT [--cost N] [--reserve P%] [--json]`: one
 //! spend, for shell scripts and other tools. Exit 0 allowed, 75 rejected, 69
-//! Redis unreachable, 64 a cost that can never fit.
+//! Redis unreachable, 64 a cost that can never fit (or an endpoint or
+//! tenant the config does not have). An endpoint of a template credential
+//! spends from one tenant's windows: `spend 'ig.media[account=123]'`.
 
 use std::sync::Arc;
 
@@ -13,11 +15,16 @@ use crate::quota::{Decision, Quotas, RejectedBy};
 /// Runs the command.
 pub async fn run(
     config: &Config,
-    endpoint: &str,
+    name: &str,
     cost: Option<u64>,
     reserve: Reserve,
     as_json: bool,
 ) -> Exit {
+    let (endpoint, tenant) = match super::tenant::endpoint_or_exit(config, name, "spend") {
+        Ok(found) => found,
+        Err(code) => return code,
+    };
+    let endpoint = endpoint.as_str();
     // A cost that can never fit is a usage error, found before touching Redis.
     let quotas = Arc::new(Quotas::new(config));
     let cost = match quotas.checked_cost(endpoint, cost, reserve) {
@@ -30,7 +37,7 @@ pub async fn run(
     };
     let id = crate::quota::request_id();
     let decision = match limiter
-        .spend_reserved(endpoint, Some(cost), &id, reserve)
+        .spend_for(endpoint, tenant.as_deref(), Some(cost), &id, reserve)
         .await
     {
         Ok(d) => d,
@@ -47,7 +54,7 @@ pub async fn run(
                 );
             } else {
                 println!(
-                    "allowed: spent {cost} units on {endpoint}; {remaining} left in the tightest window (request {id})"
+                    "allowed: spent {cost} units on {name}; {remaining} left in the tightest window (request {id})"
                 );
             }
             Exit::Ok

@@ -211,16 +211,7 @@ impl Credential {
         else {
             return Err(TenantSecretError::NotATemplate);
         };
-        // The value names one file under the template's directories: a
-        // value that could climb out of them (`..`, `a/b`) names none.
-        if value.is_empty()
-            || value == "."
-            || value == ".."
-            || value.contains(['/', '\\', '\0'])
-            || value.chars().any(char::is_control)
-        {
-            return Err(TenantSecretError::BadValue);
-        }
+        check_tenant_value(value)?;
         let path = path
             .to_string_lossy()
             .replace(&format!("{{{placeholder}}}"), value);
@@ -237,6 +228,22 @@ impl Credential {
             Err(why) => Err(TenantSecretError::Unreadable { path, why }),
         }
     }
+}
+
+/// Whether `value` can be a tenant of a template credential: it names one
+/// token file under the template's directories, so a value that could
+/// climb out of them (`..`, `a/b`) or names no file (empty, a control
+/// character) is none.
+pub fn check_tenant_value(value: &str) -> Result<(), TenantSecretError> {
+    if value.is_empty()
+        || value == "."
+        || value == ".."
+        || value.contains(['/', '\\', '\0'])
+        || value.chars().any(char::is_control)
+    {
+        return Err(TenantSecretError::BadValue);
+    }
+    Ok(())
 }
 
 /// Why a tenant of a template credential has no secret. The task of that

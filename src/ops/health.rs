@@ -12,6 +12,8 @@ use chrono::Utc;
 use super::OpsState;
 use crate::config::UnsafeEviction;
 use crate::eviction::{self, Eviction};
+use crate::quota::{ProbeError, QuotaConn};
+use tracing::warn;
 
 /// A loop is healthy if it beat within this long (the feeder can sit in one
 /// Redis call for up to the queue connection's 10 s response timeout).
@@ -46,31 +48,21 @@ fn fresh(slot: &AtomicI64, within: Duration) -> bool {
     last > 0 && Utc::now().timestamp_millis() - last < within.as_millis() as i64
 }
 
+/// How long each readiness read may wait for Redis.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// `/readyz`: 200 when Redis answers (and may not evict keys, unless
-/// `unsafe_eviction = "warn"`) and the scheduler and worker run, else 503
-/// naming what is wrong.
+/// `unsafe_eviction = "warn"`), the quota windows' Redis Cluster answers
+/// too (with `[redis] quota_nodes`), and the scheduler and worker run, else
+/// 503 naming what is wrong.
 pub(super) async fn readyz(State(s): State<OpsState>) -> impl IntoResponse {
     let mut problems = Vec::new();
     let mut warnings = String::new();
-    let mut conn = s.queue.connection();
-    let ping = tokio::time::timeout(
-        Duration::from_secs(1),
-        redis::cmd("PING").query_async::<String>(&mut conn),
-    )
-    .await;
-    if !matches!(ping, Ok(Ok(_))) {
-        problems.push("redis unreachable".to_owned());
-    } else if let Eviction::Unsafe(policy) =
-        eviction::check(&mut conn, Duration::from_secs(1)).await
-    {
-        // Read every time: a CONFIG SET after start changes the answer.
-        let reason = Eviction::unsafe_reason(&policy);
-        match s.unsafe_eviction {
-            UnsafeEviction::Refuse => problems.push(reason),
-            UnsafeEviction::Warn => {
-                warnings = format!("warning (unsafe_eviction = \"warn\"): {reason}\n")
-            }
-        }
+    // Both Redis at once: a probe waits at most about 2 s however many fail.
+    let (queue, quota) = tokio::join!(queue_problems(&s), quota_problems(&s));
+    for (problem, warning) in [queue, quota] {
+        problems.extend(problem);
+        warnings.push_str(&warning.unwrap_or_default());
     }
     if !fresh(&s.health.scheduler, STALE_AFTER) {
         problems.push("scheduler not running".to_owned());
@@ -85,5 +77,72 @@ pub(super) async fn readyz(State(s): State<OpsState>) -> impl IntoResponse {
             StatusCode::SERVICE_UNAVAILABLE,
             format!("not ready: {}\n", problems.join(", ")),
         )
+    }
+}
+
+/// What is wrong with the queue's Redis (which holds the windows too
+/// without `quota_nodes`), and a warning line for a policy let through.
+async fn queue_problems(s: &OpsState) -> (Option<String>, Option<String>) {
+    let mut conn = s.queue.connection();
+    let ping = tokio::time::timeout(
+        PROBE_TIMEOUT,
+        redis::cmd("PING").query_async::<String>(&mut conn),
+    )
+    .await;
+    if !matches!(ping, Ok(Ok(_))) {
+        return (Some("redis unreachable".to_owned()), None);
+    }
+    // Read every time: a CONFIG SET after start changes the answer.
+    let eviction = eviction::check(&mut conn, PROBE_TIMEOUT).await;
+    policy_problem(s, eviction, "")
+}
+
+/// What is wrong with the quota windows' Redis Cluster, when they have one
+/// (`[redis] quota_nodes`): no answer within [`PROBE_TIMEOUT`], a master
+/// that says the cluster is down, or one that may evict keys. Named
+/// "quota" and by host:port only: the nodes' URLs may hold a password.
+async fn quota_problems(s: &OpsState) -> (Option<String>, Option<String>) {
+    let conn = s.limiter.connection();
+    if let QuotaConn::Standalone(_) = conn {
+        // The queue's Redis: its probe is the quota's.
+        return (None, None);
+    }
+    if let Err(e) = conn.probe(PROBE_TIMEOUT).await {
+        warn!(error = %e, "readiness: the quota windows' Redis Cluster does not answer");
+        return (
+            Some(format!(
+                "quota windows' Redis Cluster: {}",
+                probe_reason(&e)
+            )),
+            None,
+        );
+    }
+    let eviction = conn.eviction(PROBE_TIMEOUT).await;
+    policy_problem(s, eviction, "quota windows' Redis Cluster: ")
+}
+
+/// The probe's reason, short: the kind of failure and the node, never a
+/// URL (the client's own error text is logged, not served).
+fn probe_reason(e: &ProbeError) -> String {
+    match e {
+        ProbeError::Timeout(t) => format!("no answer within {t:?}"),
+        ProbeError::Unreachable(_) => "unreachable".to_owned(),
+        ProbeError::ClusterDown { .. } => e.to_string(),
+    }
+}
+
+/// A Redis that may evict keys: a problem, or with `unsafe_eviction =
+/// "warn"` a warning line; `at` says which Redis.
+fn policy_problem(s: &OpsState, eviction: Eviction, at: &str) -> (Option<String>, Option<String>) {
+    let Eviction::Unsafe(policy) = eviction else {
+        return (None, None);
+    };
+    let reason = format!("{at}{}", Eviction::unsafe_reason(&policy));
+    match s.unsafe_eviction {
+        UnsafeEviction::Refuse => (Some(reason), None),
+        UnsafeEviction::Warn => (
+            None,
+            Some(format!("warning (unsafe_eviction = \"warn\"): {reason}\n")),
+        ),
     }
 }

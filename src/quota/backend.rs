@@ -10,6 +10,11 @@
 //! unreachable node surfaces as the call's error (the endpoint's
 //! `limiter_unavailable` decides); the client reconnects by itself, so the
 //! next call after a failover reaches the new master without a restart.
+//!
+//! Also here: how durable a write is (`[redis] quota_replicas`: the `WAIT`
+//! pipelined after a settle, a drift sync or a block, [`Limiter::call_acked`])
+//! and whether the windows' Redis answers at all ([`QuotaConn::probe`], for
+//! `/readyz`).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -21,7 +26,9 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
 use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, RedisResult, Value};
 
+use super::{Limiter, Plan, QuotaError};
 use crate::config::{Config, RedisUrl};
+use crate::conn::LuaCall;
 use crate::eviction::{self, Eviction};
 
 /// A connection to wherever the windows live. Cloning is cheap and shares
@@ -107,6 +114,216 @@ impl QuotaConn {
                 .and_then(|m| m.get("maxmemory-policy").cloned());
             (node, policy)
         }))
+    }
+}
+
+/// Why the windows' Redis is not ready ([`QuotaConn::probe`]). Each says
+/// what to look at; none holds a node's password (nodes are named by
+/// `host:port`, as the cluster itself names them).
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// Check that the nodes run and are reachable from this host.
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    /// Check that the nodes run and are reachable from this host.
+    #[error("unreachable: {0}")]
+    Unreachable(#[source] redis::RedisError),
+    /// Check the cluster (`CLUSTER INFO` on the node): a slot has no master,
+    /// so spends on some credentials fail until a failover or a restart.
+    #[error("cluster node {node} says {state}")]
+    ClusterDown {
+        /// The node, `host:port`.
+        node: String,
+        /// Its `cluster_state:…` line, or its error answer.
+        state: String,
+    },
+}
+
+impl QuotaConn {
+    /// Whether the windows' Redis answers a read now, within `timeout`: a
+    /// standalone Redis a `PING`; a cluster `CLUSTER INFO` on every master
+    /// the client knows, each saying `cluster_state:ok` (while a slot has no
+    /// master, the cluster refuses spends on every credential, with
+    /// `cluster-require-full-coverage yes`, or on that slot's).
+    pub async fn probe(&self, timeout: Duration) -> Result<(), ProbeError> {
+        let read = async {
+            match self {
+                QuotaConn::Standalone(c) => redis::cmd("PING")
+                    .query_async::<Value>(&mut c.clone())
+                    .await
+                    .map(|_| None),
+                QuotaConn::Cluster(c) => {
+                    let mut cmd = redis::cmd("CLUSTER");
+                    cmd.arg("INFO");
+                    let all = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+                    c.clone().route_command(cmd, all).await.map(cluster_down)
+                }
+            }
+        };
+        match tokio::time::timeout(timeout, read).await {
+            Err(_) => Err(ProbeError::Timeout(timeout)),
+            Ok(Err(e)) => Err(ProbeError::Unreachable(e)),
+            Ok(Ok(Some(down))) => Err(down),
+            Ok(Ok(None)) => Ok(()),
+        }
+    }
+}
+
+/// The first master whose `CLUSTER INFO` (in `reply`: node address ->
+/// answer, as the client maps a command sent to every master) is not
+/// `cluster_state:ok`.
+fn cluster_down(reply: Value) -> Option<ProbeError> {
+    let per_node = match reply {
+        Value::Map(m) => m,
+        other => vec![(Value::SimpleString(String::new()), other)],
+    };
+    per_node.into_iter().find_map(|(node, info)| {
+        let node = String::from_redis_value(node).unwrap_or_default();
+        let state = match info {
+            Value::ServerError(e) => e.to_string(),
+            info => {
+                let text = String::from_redis_value(info).unwrap_or_default();
+                let line = text.lines().find(|l| l.starts_with("cluster_state:"));
+                match line.map(str::trim) {
+                    Some("cluster_state:ok") => return None,
+                    Some(other) => other.to_owned(),
+                    None => "no cluster_state".to_owned(),
+                }
+            }
+        };
+        Some(ProbeError::ClusterDown { node, state })
+    })
+}
+
+/// A write that must survive a failover once `[redis] quota_replicas` asks
+/// for it, besides the spend (which refuses itself when not acknowledged):
+/// each of these, forgotten in a failover, lets the windows admit more than
+/// the upstream allows, but by the time it runs the request has left, so an
+/// unacknowledged one is logged, not failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Durable {
+    /// A settle to a cost other than 0 (a refund, lost, admits less: it is
+    /// not waited for).
+    Settle,
+    /// A drift sync (the upstream counted more than the window).
+    Sync,
+    /// A block (the upstream said stop).
+    Block,
+}
+
+impl Durable {
+    fn as_str(self) -> &'static str {
+        match self {
+            Durable::Settle => "settle",
+            Durable::Sync => "sync",
+            Durable::Block => "block",
+        }
+    }
+
+    /// What losing it in a failover would mean, for the error log.
+    fn if_lost(self) -> &'static str {
+        match self {
+            Durable::Settle => {
+                "if the master fails over now, the raise is forgotten and the windows admit up to that many units more than the upstream allows"
+            }
+            Durable::Sync => {
+                "if the master fails over now, the drift is forgotten and the window admits the units the upstream already counted"
+            }
+            Durable::Block => {
+                "if the master fails over now, the block is forgotten and spends are admitted while the upstream refuses them"
+            }
+        }
+    }
+}
+
+impl Limiter {
+    /// Where the windows live, for the readiness probe and its policy check.
+    pub(crate) fn connection(&self) -> &QuotaConn {
+        &self.conn
+    }
+
+    /// The `WAIT` to pipeline after a write, when `[redis] quota_replicas`
+    /// asks for one.
+    fn replica_wait_cmd(&self) -> Option<Cmd> {
+        (self.replicas > 0).then(|| {
+            let mut wait = redis::cmd("WAIT");
+            wait.arg(self.replicas)
+                .arg(super::replica_wait(self.timeout).as_millis() as u64);
+            wait
+        })
+    }
+
+    /// Runs the spend script's `what` on `plan` like [`Limiter::call`],
+    /// followed by the replicas' `WAIT` on the same connection when
+    /// `[redis] quota_replicas` asks for one. Not acknowledged in time: an
+    /// error logged (with what a failover would now cost) and counted in
+    /// `qw_unacknowledged_writes_total`; the call still succeeds (the write
+    /// is on the master, and the request it accounts for has left).
+    pub(super) async fn call_acked(
+        &self,
+        what: Durable,
+        plan: &Plan,
+        args: Vec<String>,
+    ) -> Result<Vec<i64>, QuotaError> {
+        let Some(wait) = self.replica_wait_cmd() else {
+            return self.call(plan, args).await;
+        };
+        let (r, acked) = self.call_then(plan, args, Some(&wait)).await?;
+        // A settle of an id no window holds, or a sync with no drift,
+        // wrote nothing a failover could lose.
+        let wrote = what == Durable::Block || r.first().is_some_and(|&n| n > 0);
+        if wrote {
+            self.check_acked(what, plan, acked);
+        }
+        Ok(r)
+    }
+
+    /// Invokes `call` (a script on `plan`'s keys, the first key routing it)
+    /// within the limiter's timeout, followed by the replicas' `WAIT` like
+    /// [`Limiter::call_acked`].
+    pub(super) async fn invoke_acked<T: FromRedisValue>(
+        &self,
+        what: Durable,
+        plan: &Plan,
+        call: &LuaCall<'_>,
+    ) -> Result<T, QuotaError> {
+        let mut conn = self.conn.clone();
+        let run = async {
+            let Some(wait) = self.replica_wait_cmd() else {
+                return call.invoke::<T>(&mut conn).await;
+            };
+            let (v, acked) = call.invoke_then(&mut conn, &wait).await?;
+            self.check_acked(what, plan, Some(acked));
+            Ok(T::from_redis_value(v)?)
+        };
+        tokio::time::timeout(self.timeout, run)
+            .await
+            .map_err(|_| QuotaError::Timeout(self.timeout))?
+            .map_err(QuotaError::from_redis)
+    }
+
+    /// Logs and counts a write `WAIT` did not see acknowledged.
+    fn check_acked(&self, what: Durable, plan: &Plan, acked: Option<RedisResult<Value>>) {
+        // An error answer (WAIT on a replica, say) acknowledges nothing.
+        let acked = match acked {
+            Some(Ok(Value::Int(n))) => n.max(0) as u64,
+            _ => 0,
+        };
+        if acked >= u64::from(self.replicas) {
+            return;
+        }
+        metrics::counter!("qw_unacknowledged_writes_total", "credential" => plan.family.clone(), "op" => what.as_str())
+            .increment(1);
+        tracing::error!(
+            credential = %plan.credential,
+            op = what.as_str(),
+            wanted = self.replicas,
+            acked,
+            waited_ms = super::replica_wait(self.timeout).as_millis() as u64,
+            "a {} was not acknowledged by a replica in time ([redis] quota_replicas): it is recorded on the master, and the request it accounts for has already left, so nothing fails; {}",
+            what.as_str(),
+            what.if_lost()
+        );
     }
 }
 

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use redis::AsyncCommands;
 
+use super::backend::Durable;
 use super::{Limiter, QuotaError, library};
 use crate::config::Reserve;
 use crate::conn::Lua;
@@ -141,11 +142,8 @@ impl Limiter {
             .key(ks.block_kind(&plan.credential))
             .key(ks.block_streak(&plan.credential))
             .arg(args);
-        let mut conn = self.conn.clone();
-        let reply = tokio::time::timeout(self.timeout, call.invoke::<Vec<i64>>(&mut conn))
-            .await
-            .map_err(|_| QuotaError::Timeout(self.timeout))?
-            .map_err(QuotaError::from_redis)?;
+        // With `[redis] quota_replicas`, a replica acknowledges it too.
+        let reply: Vec<i64> = self.invoke_acked(Durable::Block, &plan, &call).await?;
         let [blocked_ms, streak, ours] = reply[..] else {
             return Err(QuotaError::Script(format!("block returned {reply:?}")));
         };

@@ -30,7 +30,8 @@ use redis::{RedisResult, RetryMethod, Value};
 use crate::config::{Config, LimiterUnavailable, Reserve, Scope, Window, WindowKind};
 use crate::conn::Lua;
 use crate::keys::{self, KeySpace};
-pub use backend::{QuotaConn, QuotaTarget};
+use backend::Durable;
+pub use backend::{ProbeError, QuotaConn, QuotaTarget};
 
 pub use block::{BlockFor, BlockReason, Blocked, STREAK_MEMORY};
 
@@ -949,7 +950,12 @@ impl Limiter {
         let args = ep
             .plan
             .args("settle", request_id, &actual.to_string(), Reserve::NONE);
-        let r = self.call(&ep.plan, args).await?;
+        // A refund lost in a failover admits less, never more: no WAIT.
+        let r = if actual == 0 {
+            self.call(&ep.plan, args).await?
+        } else {
+            self.call_acked(Durable::Settle, &ep.plan, args).await?
+        };
         Ok(r.first().copied().unwrap_or(0).max(0) as usize)
     }
 
@@ -960,7 +966,11 @@ impl Limiter {
         let plan = self.quotas.plan_for(credential)?;
         let ms = for_.as_millis().max(1).to_string();
         let r = self
-            .call(&plan, plan.args("block", &ms, "", Reserve::NONE))
+            .call_acked(
+                Durable::Block,
+                &plan,
+                plan.args("block", &ms, "", Reserve::NONE),
+            )
             .await?;
         Ok(Duration::from_millis(
             r.first().copied().unwrap_or(0).max(0) as u64,
@@ -1036,7 +1046,7 @@ impl Limiter {
             &upstream_left.to_string(),
             Reserve::NONE,
         );
-        let r = self.call(&plan, args).await?;
+        let r = self.call_acked(Durable::Sync, &plan, args).await?;
         let drift = r.first().copied().unwrap_or(0).max(0) as u64;
         if drift > 0 {
             metrics::counter!("qw_drift_units_total", "credential" => plan.family.clone())

@@ -22,11 +22,13 @@ use quota_worker::keys::KeySpace;
 use quota_worker::quota::{Decision, Limiter, QuotaError, request_id, script};
 
 use crate::support::cluster::{self, Cluster};
-use crate::support::process::run_cli;
+use crate::support::http::http_get;
+use crate::support::logs::Logs;
+use crate::support::process::{Proc, run_cli};
 use crate::support::upstream::Upstream;
 use crate::support::{
     ConfigBuilder, Credential, Endpoint, Job, RedisServer, Sink, TestConfig, Window, Worker,
-    machine,
+    daemon, machine, wait_until,
 };
 
 /// `n` credentials `c00`, `c01`, ... with one sliding window of `limit` units
@@ -861,5 +863,191 @@ async fn template_tenants_spread_over_the_masters_and_each_admits_its_limit() {
         holding.len() >= 2,
         "30 tenants' keys on {} master(s)",
         holding.len()
+    );
+}
+
+/// `/readyz` of a daemon whose windows live on the cluster follows the
+/// cluster, not only the queue's Redis: 200 while it answers; 503 naming
+/// "quota" (and no node URL) once every master is SIGKILLed, while the
+/// queue's Redis is fine; 200 again once the masters are restarted on their
+/// ports, without restarting the daemon.
+#[test]
+fn readyz_goes_unready_when_the_quota_cluster_stops_and_ready_when_it_is_back() {
+    let _machine = machine::heavy();
+    let mut cluster = Cluster::start(3);
+    let queue = RedisServer::start();
+    let port = crate::support::free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let cfg = daemon::idle(daemon::yt_key1())
+        .redis_url(&queue.url())
+        .quota_nodes(cluster.urls())
+        .redis_timeout("500ms")
+        .metrics_listen(&listen)
+        .write();
+    let mut d = Proc::daemon("daemon", &cfg, Some(&queue.url()), &[("YT_KEY1", "x")]);
+    d.wait_running(Duration::from_secs(30));
+    // Polls /readyz until it answers `want`; the last answer.
+    let ready_as = |want: u16, within: u64| {
+        let mut seen = None;
+        let ok = wait_until(Duration::from_secs(within), || {
+            seen = http_get(port, "/readyz");
+            matches!(&seen, Some((s, _)) if *s == want)
+        });
+        (ok, seen)
+    };
+    let (ok, seen) = ready_as(200, 15);
+    assert!(ok, "ready on a healthy cluster: {seen:?}\n{}", d.log());
+
+    let masters = cluster.masters();
+    for &m in &masters {
+        cluster.kill(m);
+    }
+    let (ok, seen) = ready_as(503, 15);
+    assert!(ok, "503 once no master answers: {seen:?}");
+    let body = seen.expect("a reply").1;
+    assert!(body.contains("quota"), "names the quota windows: {body:?}");
+    assert!(
+        !body.contains("redis unreachable"),
+        "the queue's Redis is fine: {body:?}"
+    );
+    assert!(!body.contains("redis://"), "no node URL: {body:?}");
+
+    for &m in &masters {
+        cluster.restart(m);
+    }
+    assert!(
+        cluster.wait_ready(Duration::from_secs(30)),
+        "the cluster comes back: {}",
+        cluster.describe()
+    );
+    let (ok, seen) = ready_as(200, 20);
+    assert!(ok, "ready again without a restart: {seen:?}\n{}", d.log());
+    assert!(d.running(), "the daemon never stopped");
+    d.term();
+}
+
+/// Every key of `credential` on `node` and its `DUMP` (a replica read
+/// after `READONLY`): what the node holds of the credential, to compare.
+fn dump(node: &RedisServer, credential: &str) -> BTreeMap<String, Vec<u8>> {
+    let mut c = node.conn();
+    let _: () = redis::cmd("READONLY").query(&mut c).expect("READONLY");
+    let pattern = format!("qw:{}:*", KeySpace::hash_tag(credential));
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(&pattern)
+        .query(&mut c)
+        .expect("KEYS");
+    keys.into_iter()
+        .map(|k| {
+            let v: Vec<u8> = redis::cmd("DUMP").arg(&k).query(&mut c).expect("DUMP");
+            (k, v)
+        })
+        .collect()
+}
+
+/// With `quota_replicas = 1`, a settle that raises a cost, a drift sync and
+/// a block are acknowledged by a replica before the call returns, like the
+/// spend: with the replica hung for a moment, each call returns only after
+/// it is resumed, and the replica then holds exactly what the master holds.
+/// With the replica gone, each still succeeds (the request has left) and
+/// logs an error saying what a failover would now cost.
+// A current-thread runtime: the limiter runs on the test's thread, so the
+// thread's log subscriber sees its lines.
+#[tokio::test]
+async fn settle_sync_and_block_wait_for_a_replica_and_only_log_when_none_answers() {
+    let _machine = machine::heavy();
+    let (logs, _logging) = Logs::capture();
+
+    let mut cluster = Cluster::with_replicas(3);
+    // WAIT gets a third of 3 s: the 300 ms hang below fits with margin.
+    let cfg = many(1, 10, "fail-closed")
+        .quota_nodes(cluster.urls())
+        .quota_replicas(1)
+        .redis_timeout("3s")
+        .write();
+    let limiter = cluster::limiter(&load(&cfg)).await;
+    let master = master_of(&cluster, "c00");
+    let replica = cluster.replica_of(master);
+
+    let first = request_id();
+    let id = first.clone();
+    let d = limiter.spend("c00", None, &id).await.expect("spend");
+    assert!(d.is_allowed(), "{d:?}");
+
+    /// Runs `call` with the replica hung for 300 ms; true if it returned
+    /// only after the replica was resumed.
+    async fn with_replica_hung<T>(
+        cluster: &Cluster,
+        replica: usize,
+        call: impl std::future::Future<Output = T>,
+    ) -> (T, bool) {
+        let resumed = Arc::new(AtomicBool::new(false));
+        let pid = cluster.nodes[replica].pid().expect("replica runs") as i32;
+        // SAFETY: kill(2) on a redis-server this test started.
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+        let flag = resumed.clone();
+        let resumer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            flag.store(true, Ordering::SeqCst);
+            // SAFETY: as above.
+            unsafe { libc::kill(pid, libc::SIGCONT) };
+        });
+        let out = call.await;
+        let waited = resumed.load(Ordering::SeqCst);
+        resumer.join().expect("resumer");
+        (out, waited)
+    }
+
+    let settled = with_replica_hung(&cluster, replica, limiter.settle("c00", &id, 3)).await;
+    assert_eq!(settled.0.expect("settle"), 1);
+    assert!(settled.1, "the settle returned before a replica had it");
+    let on_master = dump(&cluster.nodes[master], "c00");
+    assert_eq!(dump(&cluster.nodes[replica], "c00"), on_master, "settle");
+
+    let synced = with_replica_hung(&cluster, replica, limiter.sync("c00", 0, 2)).await;
+    assert_eq!(synced.0.expect("sync"), 5, "10 units, 3 spent, 2 left");
+    assert!(synced.1, "the sync returned before a replica had it");
+    let after_sync = dump(&cluster.nodes[master], "c00");
+    assert_ne!(after_sync, on_master, "the sync wrote");
+    assert_eq!(dump(&cluster.nodes[replica], "c00"), after_sync, "sync");
+
+    let blocked = with_replica_hung(
+        &cluster,
+        replica,
+        limiter.block("c00", Duration::from_secs(60)),
+    )
+    .await;
+    assert!(blocked.0.expect("block") > Duration::from_secs(50));
+    assert!(blocked.1, "the block returned before a replica had it");
+    let after_block = dump(&cluster.nodes[master], "c00");
+    assert_ne!(after_block, after_sync, "the block wrote");
+    assert_eq!(dump(&cluster.nodes[replica], "c00"), after_block, "block");
+    assert!(
+        !logs.text().contains("not acknowledged"),
+        "acknowledged writes log nothing: {}",
+        logs.text()
+    );
+
+    // The replica gone: each write succeeds, and says what it risks.
+    cluster.kill(replica);
+    let lenient = limiter.settle("c00", &first, 2).await;
+    assert_eq!(lenient.expect("settle without a replica"), 1);
+    limiter
+        .sync("c00", 0, 0)
+        .await
+        .expect("sync without a replica");
+    limiter
+        .block("c00", Duration::from_secs(90))
+        .await
+        .expect("block without a replica");
+    let text = logs.text();
+    for op in ["settle", "sync", "block"] {
+        assert!(
+            text.contains(&format!("a {op} was not acknowledged by a replica in time")),
+            "{op} logged: {text}"
+        );
+    }
+    assert!(
+        text.contains("ERROR") && text.contains("if the master fails over now"),
+        "{text}"
     );
 }

@@ -36,6 +36,7 @@ mod keys_installed;
 mod keys_second_client;
 mod quota_report;
 mod redis_unavailable;
+mod tenant_cli;
 
 // The pipeline: ticks, tasks, the queue and apalis, outcomes, sinks.
 mod accounting;

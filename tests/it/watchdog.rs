@@ -10,8 +10,7 @@
 //! environment. A real systemd tripping `WatchdogSec` on a SIGSTOPped daemon
 //! is the systemd test's business (scripts/).
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use quota_worker::config::Config;
@@ -21,6 +20,7 @@ use quota_worker::ops::{Notifier, STALE_AFTER};
 use crate::support::daemon;
 use crate::support::http::http_get;
 use crate::support::in_process::InProcess;
+use crate::support::logs::Logs;
 use crate::support::machine;
 use crate::support::notify::NotifySocket;
 use crate::support::process::Proc;
@@ -89,27 +89,6 @@ fn pings(n: &NotifySocket) -> Vec<Instant> {
         .collect()
 }
 
-/// The log lines of everything on this thread, as a `tracing` subscriber.
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().expect("logs").extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Logs {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().expect("logs")).into_owned()
-    }
-}
-
 /// Blocking HTTP off the runtime's thread, which serves the daemons.
 async fn get(port: u16, path: &'static str) -> Option<(u16, String)> {
     tokio::task::spawn_blocking(move || http_get(port, path))
@@ -122,14 +101,7 @@ async fn get(port: u16, path: &'static str) -> Option<(u16, String)> {
 #[tokio::test]
 async fn watchdog_pings_stop_when_the_scheduler_loop_is_wedged() {
     let _machine = machine::timing();
-    let logs = Logs::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::INFO)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    let _logging = tracing::subscriber::set_default(subscriber);
+    let (logs, _logging) = Logs::capture();
 
     let redis = RedisServer::start();
     let cfg = config(&redis.url(), "127.0.0.1:0");

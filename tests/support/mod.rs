@@ -28,6 +28,7 @@ pub mod daemon;
 pub mod hostile;
 pub mod http;
 pub mod in_process;
+pub mod logs;
 pub mod machine;
 pub mod notify;
 pub mod pipeline;
