@@ -234,6 +234,9 @@ fn the_status_page_shows_windows_blocks_and_jobs_in_a_real_browser() {
     assert_eq!(block["reason"]["status"], 403, "{block:#}");
     assert_eq!(block["reason"]["reason"], "quotaExceeded", "{block:#}");
     assert_eq!(block["reason"]["endpoint"], "limited.videos");
+    // Why, in its stable word: stored with the block, and in the reason.
+    assert_eq!(block["kind"], "quota_reason", "{block:#}");
+    assert_eq!(block["reason"]["kind"], "quota_reason", "{block:#}");
     assert!(credential(&status, "main")["block"].is_null());
 
     let trending = job(&status, "trending");
@@ -277,6 +280,17 @@ fn the_status_page_shows_windows_blocks_and_jobs_in_a_real_browser() {
         !page.body.contains("<script"),
         "a <script> reached the page"
     );
+    // The block's kind beside the block, and on the credential.
+    for want in [
+        " Kind: <code class=\"kind\" data-kind=\"quota_reason\">quota_reason</code>",
+        "<span class=\"bad\">blocked (quota_reason)</span>",
+    ] {
+        assert!(
+            page.body.contains(want),
+            "the page lacks {want:?}:\n{}",
+            page.body
+        );
+    }
     assert_no_secret("the page", &page.body);
 
     // The page, in a real browser.
@@ -294,6 +308,7 @@ fn the_status_page_shows_windows_blocks_and_jobs_in_a_real_browser() {
         // The block, and why.
         "<div class=\"blocked\" data-credential=\"limited\">",
         "upstream answered 403 (quotaExceeded)",
+        "<code class=\"kind\" data-kind=\"quota_reason\">quota_reason</code>",
         // The jobs, their ticks and last error.
         "data-job=\"trending\"",
         "data-job=\"hot\"",
