@@ -59,6 +59,21 @@ fn seed(
     .write(server, base);
 }
 
+/// 100k entries of 1 unit into `k`'s window, all expired: spent an idle
+/// gap ago, `group` to each spend time, 1 µs apart.
+fn seed_expired(server: &RedisServer, group: usize) {
+    let idle_since = server.time_us() - IDLE_GAP_US;
+    seed(
+        server,
+        K_BASE,
+        "old-",
+        100_000,
+        1,
+        (idle_since, 1, group),
+        K_PER_MS,
+    );
+}
+
 fn zcard(server: &RedisServer, key: &str) -> i64 {
     server.cmd(&["ZCARD", key])
 }
@@ -71,16 +86,7 @@ async fn a_wholly_expired_window_of_100k_entries_is_dropped_and_counts_right() {
     let limiter = support::limiter(&server, &Config::load(&cfg.path()).expect("config")).await;
     let base = K_BASE;
 
-    let idle_since = server.time_us() - IDLE_GAP_US;
-    seed(
-        &server,
-        base,
-        "old-",
-        100_000,
-        1,
-        (idle_since, 1, 1),
-        K_PER_MS,
-    );
+    seed_expired(&server, 1);
     assert_eq!(zcard(&server, &format!("{base}:v2:log")), 100_000);
 
     let d = limiter
@@ -106,16 +112,7 @@ async fn partly_expired_100k_entries_are_evicted_and_count_right() {
     // 100k expired entries, a hundred to each spend time, then three live
     // ones of 5 units, then a real spend of 4 (entries are kept in the order
     // they were spent).
-    let idle_since = server.time_us() - IDLE_GAP_US;
-    seed(
-        &server,
-        base,
-        "old-",
-        100_000,
-        1,
-        (idle_since, 1, 100),
-        K_PER_MS,
-    );
+    seed_expired(&server, 100);
     let now = server.time_us();
     let live_at = now - 300_000;
     // Every count below assumes the live entries are still live: they are

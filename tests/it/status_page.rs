@@ -495,14 +495,7 @@ fn the_status_page_lists_each_tenant_of_a_template_credential() {
         )
         .endpoint(Endpoint::new("ig.media", "ig", 1).throttle_block("10m"))
         .job(
-            Job::new("media", "ig.media")
-                .request(Request::get(&format!("{base}/youtube/v3/videos")).query(&[
-                    ("chart", "mostPopular"),
-                    ("regionCode", "{account}"),
-                    ("part", "snippet"),
-                    ("key", "{secret}"),
-                ]))
-                .sink(Sink::jsonl("data/{job}/{account}.jsonl").records("/items"))
+            Job::videos_by("media", "ig.media", &base, "account")
                 .fan_out("account", ["a", "b"])
                 .pages(3),
         )
