@@ -145,6 +145,18 @@ impl SinkError {
     }
 }
 
+/// What [`Sinks::write`] did with one page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Written {
+    /// Records the page held (where the job's `sink.records` points): zero
+    /// is an empty page, which ends a `style = "page"` run.
+    pub on_page: usize,
+    /// Records written, or spooled to be written. Fewer than `on_page` when
+    /// a SQLite sink with a `key` already holds a newer copy of some: a
+    /// page can hold records and store none.
+    pub stored: usize,
+}
+
 /// Writes fetched pages to the jobs' sinks. Cheap to clone: clones share the
 /// open SQLite connections, the spool and what is known to be stuck.
 #[derive(Clone)]
@@ -196,10 +208,8 @@ impl Sinks {
     }
 
     /// Writes the records of one fetched page, after the job's spooled
-    /// pages; returns how many were written (for SQLite with a key, a
-    /// record older than the stored copy is skipped and not counted) or
-    /// spooled to be written. Zero records is not an error. An error is the
-    /// response's fault ([`SinkError::is_bad_response`]) or
+    /// pages, or spools them to be written. Zero records is not an error.
+    /// An error is the response's fault ([`SinkError::is_bad_response`]) or
     /// [`SinkError::NotStored`] (or, without a spool, the sink's own).
     pub async fn write(
         &self,
@@ -207,8 +217,9 @@ impl Sinks {
         item: &Item,
         body: &Value,
         fetched_at: DateTime<Utc>,
-    ) -> Result<usize, SinkError> {
+    ) -> Result<Written, SinkError> {
         let records = records(body, &job.sink.records)?;
+        let on_page = records.len();
         if self
             .spool
             .as_ref()
@@ -216,14 +227,16 @@ impl Sinks {
             && let Err(e) = self.flush_spool(Some(&job.name)).await
         {
             // The earlier pages still cannot be written: this one joins them.
-            return self.spool_page(job, item, records, fetched_at, e).await;
+            let stored = self.spool_page(job, item, records, fetched_at, e).await?;
+            return Ok(Written { on_page, stored });
         }
-        match self.write_records(job, item, records, fetched_at).await {
+        let stored = match self.write_records(job, item, records, fetched_at).await {
             Err(e) if !e.is_bad_response() => {
                 self.spool_page(job, item, records, fetched_at, e).await
             }
             done => done,
-        }
+        }?;
+        Ok(Written { on_page, stored })
     }
 
     /// Whether a task may spend for a page of `job`'s `item` now: yes,

@@ -119,11 +119,13 @@ enum Onward {
 }
 
 /// What comes after a fetched page, by the job's style: `style = "page"`
-/// ends at the first page with no records, the others where the answer
-/// names no next page. `Err` is a bad response.
-fn onward(job: &Job, next: Next, written: usize) -> Result<Onward, String> {
+/// ends at the first page with no records (`on_page`: records the page
+/// held, not how many the sink stored, which is 0 for a page a keyed SQLite
+/// sink already holds newer copies of), the others where the answer names
+/// no next page. `Err` is a bad response.
+fn onward(job: &Job, next: Next, on_page: usize) -> Result<Onward, String> {
     match (job.pagination.as_ref().map(|p| &p.style), next) {
-        (Some(PageStyle::Page { .. }), _) if written == 0 => Ok(Onward::Last),
+        (Some(PageStyle::Page { .. }), _) if on_page == 0 => Ok(Onward::Last),
         (Some(PageStyle::Page { .. }), _) => Ok(Onward::To(None)),
         (None, _) | (Some(_), Next::End) => Ok(Onward::Last),
         (Some(_), Next::At(token)) => Ok(Onward::To(Some(token))),
@@ -421,7 +423,7 @@ impl Worker {
         now: DateTime<Utc>,
     ) -> Result<Step, TaskError> {
         let written = match self.sinks.write(run.job, &run.task.item, body, now).await {
-            Ok(n) => n,
+            Ok(w) => w,
             Err(e) if e.is_bad_response() => {
                 let why = format!("bad response: {e}");
                 return Ok(Step::End(self.fail(&p, Some(200), &why).await?));
@@ -430,11 +432,11 @@ impl Worker {
             // spend again, so the run waits for an operator.
             Err(e) => return Ok(Step::End(self.sink_stuck(&p, &e).await?)),
         };
-        p.records += written as u64;
-        Stats::add(&self.stats.records, written as u64);
+        p.records += written.stored as u64;
+        Stats::add(&self.stats.records, written.stored as u64);
         p.pages += 1;
         Stats::add(&self.stats.pages, 1);
-        let end = match onward(run.job, next, written) {
+        let end = match onward(run.job, next, written.on_page) {
             Err(why) => {
                 self.fail(&p, Some(200), &format!("bad response: {why}"))
                     .await?

@@ -17,9 +17,18 @@ use crate::support::machine;
 use crate::support::seed::{Seed, spend_time_us, stream_len};
 use crate::support::{self, ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window};
 
+/// `k`'s window, ms. Long enough that the live entries of
+/// [`partly_expired_100k_entries_are_evicted_and_count_right`] stay live for
+/// the whole test however loaded the machine (with 5 s, seeding 100k
+/// entries and a hundred eviction calls could outlast them); the seeded
+/// idle gap is twice as long.
+const K_PER_MS: u64 = 60_000;
+const K_BASE: &str = "qw:{k}:cred:s60000";
+const IDLE_GAP_US: i64 = 2 * K_PER_MS as i64 * 1000;
+
 fn config() -> TestConfig {
     ConfigBuilder::new()
-        .credential(Credential::env("k", "K").window(Window::sliding(200_000, "5s")))
+        .credential(Credential::env("k", "K").window(Window::sliding(200_000, "60s")))
         .credential(Credential::env("big", "B").window(Window::sliding(1_000_000, "1h")))
         .endpoint(Endpoint::new("k", "k", 1))
         .endpoint(Endpoint::new("big", "big", 1))
@@ -50,6 +59,21 @@ fn seed(
     .write(server, base);
 }
 
+/// 100k entries of 1 unit into `k`'s window, all expired: spent an idle
+/// gap ago, `group` to each spend time, 1 µs apart.
+fn seed_expired(server: &RedisServer, group: usize) {
+    let idle_since = server.time_us() - IDLE_GAP_US;
+    seed(
+        server,
+        K_BASE,
+        "old-",
+        100_000,
+        1,
+        (idle_since, 1, group),
+        K_PER_MS,
+    );
+}
+
 fn zcard(server: &RedisServer, key: &str) -> i64 {
     server.cmd(&["ZCARD", key])
 }
@@ -60,10 +84,9 @@ async fn a_wholly_expired_window_of_100k_entries_is_dropped_and_counts_right() {
     let server = RedisServer::start();
     let cfg = config();
     let limiter = support::limiter(&server, &Config::load(&cfg.path()).expect("config")).await;
-    let base = "qw:{k}:cred:s5000";
+    let base = K_BASE;
 
-    let idle_since = server.time_us() - 20_000_000;
-    seed(&server, base, "old-", 100_000, 1, (idle_since, 1, 1), 5_000);
+    seed_expired(&server, 1);
     assert_eq!(zcard(&server, &format!("{base}:v2:log")), 100_000);
 
     let d = limiter
@@ -83,24 +106,19 @@ async fn partly_expired_100k_entries_are_evicted_and_count_right() {
     let server = RedisServer::start();
     let cfg = config();
     let limiter = support::limiter(&server, &Config::load(&cfg.path()).expect("config")).await;
-    let base = "qw:{k}:cred:s5000";
+    let base = K_BASE;
     let log = format!("{base}:v2:log");
 
     // 100k expired entries, a hundred to each spend time, then three live
     // ones of 5 units, then a real spend of 4 (entries are kept in the order
     // they were spent).
-    let idle_since = server.time_us() - 20_000_000;
-    seed(
-        &server,
-        base,
-        "old-",
-        100_000,
-        1,
-        (idle_since, 1, 100),
-        5_000,
-    );
+    seed_expired(&server, 100);
     let now = server.time_us();
-    seed(&server, base, "live-", 3, 5, (now - 300_000, 0, 1), 5_000);
+    let live_at = now - 300_000;
+    // Every count below assumes the live entries are still live: they are
+    // until then (checked at the end).
+    let live_until = live_at + K_PER_MS as i64 * 1000;
+    seed(&server, base, "live-", 3, 5, (live_at, 0, 1), K_PER_MS);
     let d = limiter.spend("k", Some(4), "real").await.expect("spend");
     assert_eq!(
         d,
@@ -115,7 +133,6 @@ async fn partly_expired_100k_entries_are_evicted_and_count_right() {
         (now..=after).contains(&real),
         "spend times are Redis µs: {real} not in {now}..{after}"
     );
-    assert!(after < now + 3_000_000, "seeding took too long");
 
     let d = limiter
         .spend("k", Some(2), "after-the-gap")
@@ -151,6 +168,10 @@ async fn partly_expired_100k_entries_are_evicted_and_count_right() {
     }
     let old: Option<f64> = server.cmd(&["ZSCORE", &log, "old-0099999"]);
     assert_eq!(old, None);
+    assert!(
+        server.time_us() < live_until,
+        "the test outlasted the live entries' {K_PER_MS} ms: its counts assumed them live"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -233,3 +233,100 @@ async fn a_meta_next_url_is_stored_without_the_token_and_resumed_with_it() {
     assert_eq!(p.sim_stats().key(token).ok, 4);
     p.stop().await;
 }
+
+/// Regression (issue 12's leftover): with `style = "page"` and a SQLite
+/// sink with a `key`, a page whose records the sink already holds newer
+/// copies of (another host fetched them later; its clock runs ahead) stores
+/// nothing, and the run ended there as if the page were empty: page 2 and
+/// on were never fetched. A page-number run ends on a page with no records,
+/// not on one that stored nothing new. The real binary, the simulator's
+/// page-number style, the database pre-seeded with every record a day newer
+/// than this run's fetch: every page of each item is fetched once (the
+/// empty fourth too), each run is `done` with all its pages, and no stored
+/// row is overwritten by the older copies.
+#[test]
+fn a_page_number_run_goes_on_past_pages_a_keyed_sqlite_sink_holds_newer() {
+    use crate::support::process::{Proc, run_cli};
+    use crate::support::{RedisServer, Sink, upstream::Upstream};
+    use quota_worker::config::Config;
+    use quota_worker::sink::Sinks;
+
+    const PAGES_PER_ITEM: u32 = 3;
+    let repos = ["a", "b"];
+    let upstream = Upstream::with(sim(SimStyle::PageNumber, PAGES_PER_ITEM, KEY));
+    let redis = RedisServer::start();
+    let crawl = job("crawl", &PAGES, &upstream.base_url(), &repos, &[], 10).sink(
+        Sink::sqlite("data/{job}.sqlite")
+            .records("/items")
+            .key("/id"),
+    );
+    let cfg = config(KEY, wide(), |e| e, [crawl]).write();
+
+    // Every record the upstream will serve, stored as fetched tomorrow.
+    let loaded = Config::load(&cfg.path()).expect("config");
+    let job = &loaded.jobs["crawl"];
+    let tomorrow = chrono::Utc::now() + chrono::Duration::days(1);
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    for repo in repos {
+        let item = vec![("repo".to_owned(), repo.to_owned())];
+        for n in 1..=PAGES_PER_ITEM {
+            let page = serde_json::json!({"items": (1..=2).map(|i| serde_json::json!({
+                "id": format!("{repo}-p{n}-i{i}"),
+                "title": "stored by a host whose clock runs ahead",
+            })).collect::<Vec<_>>()});
+            let w = rt
+                .block_on(Sinks::new(loaded.dir.clone()).write(job, &item, &page, tomorrow))
+                .expect("seed the sink");
+            assert_eq!(w.stored, 2, "seeded");
+        }
+    }
+
+    let env = [(styles::API_KEY_ENV, KEY)];
+    let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &env);
+    d.wait_running(Duration::from_secs(10));
+    let (code, out, err) = run_cli(
+        &cfg,
+        Some(&redis.url()),
+        &["trigger", "crawl", "--wait"],
+        Duration::from_secs(60),
+    );
+    assert_eq!(code, Some(0), "every task ends done\n{out}\n{err}");
+    let per_page = upstream.stats().requests_per_page(0);
+    assert_eq!(
+        per_page,
+        once_each(&repos, 1..=PAGES_PER_ITEM + 1),
+        "requests per (item, page): every page once, the empty one ending the run"
+    );
+    assert!(
+        wait_until_outcomes(&d, repos.len()),
+        "outcomes:\n{}",
+        d.log()
+    );
+    for o in d.outcomes() {
+        assert_eq!(o["outcome"], "done", "{o}");
+        assert_eq!(o["message"], "all pages fetched", "{o}");
+        assert_eq!(o["pages"], PAGES_PER_ITEM + 1, "{o}");
+        assert_eq!(o["records"], 0, "the newer stored copies stay: {o}");
+    }
+    let db = cfg.join("data/crawl.sqlite");
+    let conn = rusqlite::Connection::open(&db).expect("open");
+    let newer: i64 = conn
+        .query_row(
+            r#"SELECT count(*) FROM "crawl" WHERE json_extract(record, '$.title') = 'stored by a host whose clock runs ahead'"#,
+            [],
+            |r| r.get(0),
+        )
+        .expect("count");
+    assert_eq!(newer, (repos.len() as u32 * PAGES_PER_ITEM * 2) as i64);
+    d.term();
+    assert!(
+        d.wait_exit(Duration::from_secs(20)).is_some(),
+        "daemon stops"
+    );
+}
+
+/// Whether `d` logged `n` outcome lines within a few seconds (they are
+/// logged as the tasks end, `trigger --wait` may return first).
+fn wait_until_outcomes(d: &crate::support::process::Proc, n: usize) -> bool {
+    crate::support::wait_until(Duration::from_secs(10), || d.outcomes().len() >= n)
+}

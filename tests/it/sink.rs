@@ -111,7 +111,8 @@ async fn jsonl_lines_are_whole_objects_with_job_item_time_and_record() {
     let n = sinks
         .write(feed, &us, &body, at(12, 0))
         .await
-        .expect("write");
+        .expect("write")
+        .stored;
     assert_eq!(n, 3);
     let path = cfg.join("data/feed/US/2024-05-01.jsonl");
     assert_eq!(sinks.path(feed, &us, at(12, 0).date_naive()), path);
@@ -135,12 +136,14 @@ async fn jsonl_lines_are_whole_objects_with_job_item_time_and_record() {
     let n = sinks
         .write(feed, &us, &json!({"items": [{"id": 4}]}), at(12, 1))
         .await
-        .expect("write");
+        .expect("write")
+        .stored;
     assert_eq!(n, 1);
     let n = sinks
         .write(feed, &us, &json!({"items": []}), at(12, 2))
         .await
-        .expect("empty page");
+        .expect("empty page")
+        .stored;
     assert_eq!(n, 0);
     assert_eq!(lines(&path).len(), 4);
 
@@ -170,12 +173,14 @@ async fn empty_records_pointer_takes_the_whole_body() {
     let n = sinks
         .write(whole, &none, &json!({"id": "only"}), at(1, 0))
         .await
-        .expect("object");
+        .expect("object")
+        .stored;
     assert_eq!(n, 1);
     let n = sinks
         .write(whole, &none, &json!([{"id": 1}, "two", 3]), at(1, 0))
         .await
-        .expect("array");
+        .expect("array")
+        .stored;
     assert_eq!(n, 3);
     let got = lines(&path);
     let records: Vec<_> = got.iter().map(|l| l["record"].clone()).collect();
@@ -315,7 +320,8 @@ async fn concurrent_tasks_append_whole_pages() {
                 let n = sinks
                     .write(&job, &Vec::new(), &page(&w, p), Utc::now())
                     .await
-                    .expect("write");
+                    .expect("write")
+                    .stored;
                 assert_eq!(n, PER_PAGE);
             }
         }));
@@ -355,7 +361,8 @@ fn child_writer() {
             let n = sinks
                 .write(job, &Vec::new(), &page(id, p), Utc::now())
                 .await
-                .expect("write");
+                .expect("write")
+                .stored;
             assert_eq!(n, PER_PAGE);
         }
     });
@@ -479,7 +486,8 @@ async fn sqlite_stores_upserts_by_key_and_searches_the_search_fields_only() {
     let n = sinks
         .write(videos, &us, &page1, at(10, 0))
         .await
-        .expect("write");
+        .expect("write")
+        .stored;
     assert_eq!(n, 3);
 
     // The table is named after the job (quoted: it holds '.' and '-').
@@ -538,7 +546,8 @@ async fn sqlite_stores_upserts_by_key_and_searches_the_search_fields_only() {
     let n = sinks
         .write(videos, &us, &page2, at(11, 0))
         .await
-        .expect("upsert");
+        .expect("upsert")
+        .stored;
     assert_eq!(n, 2);
     assert_eq!(count(&db, r#"SELECT count(*) FROM "video.search-db""#), 4);
     assert_eq!(ids(&search("cats")), ["c"]);
@@ -555,11 +564,12 @@ async fn sqlite_stores_upserts_by_key_and_searches_the_search_fields_only() {
 
     // A late write of an older fetch does not overwrite the newer copy.
     let stale = json!({"items": [video("a", "Stale cats", &[], "")]});
-    let n = sinks
+    let w = sinks
         .write(videos, &us, &stale, at(10, 30))
         .await
         .expect("stale");
-    assert_eq!(n, 0);
+    // The page held a record (a page-number run goes on), none was stored.
+    assert_eq!((w.on_page, w.stored), (1, 0));
     assert!(search("stale").is_empty());
     assert_eq!(ids(&search("sleepy")), ["a"]);
 
@@ -568,7 +578,8 @@ async fn sqlite_stores_upserts_by_key_and_searches_the_search_fields_only() {
     let n = sinks
         .write(videos, &us, &keyless, at(12, 0))
         .await
-        .expect("keyless");
+        .expect("keyless")
+        .stored;
     assert_eq!(n, 2);
     assert_eq!(count(&db, r#"SELECT count(*) FROM "video.search-db""#), 6);
     assert_eq!(search("id").len(), 2);
@@ -677,7 +688,8 @@ async fn sqlite_takes_writers_from_several_processes() {
                 let n = sinks
                     .write(&job, &Vec::new(), &page(&format!("task{w}"), p), Utc::now())
                     .await
-                    .expect("write");
+                    .expect("write")
+                    .stored;
                 assert_eq!(n, PER_PAGE);
             }
         }));

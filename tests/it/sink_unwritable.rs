@@ -214,6 +214,19 @@ fn spooled_files(cfg: &TestConfig) -> usize {
     spooled_files_of(cfg, JOB)
 }
 
+/// Waits for `job`'s spool to empty once its records are in the sink: a
+/// spooled page's file is deleted right *after* its records are written, so
+/// on a loaded machine the last one can still be there when its records are
+/// (the full suite caught it). Ten seconds is far more than one delete
+/// needs; a file that stays is a real failure.
+fn spool_empties(cfg: &TestConfig, job: &str) {
+    assert!(
+        wait_until(Duration::from_secs(10), || spooled_files_of(cfg, job) == 0),
+        "{} spooled files of {job} left after their records were written",
+        spooled_files_of(cfg, job)
+    );
+}
+
 fn trigger(cfg: &TestConfig, redis: &RedisServer) -> (Option<i32>, String) {
     let (code, out, err) = run_cli(
         cfg,
@@ -293,7 +306,7 @@ fn a_full_jsonl_sink_spools_and_the_upstream_sees_each_page_once() {
         d.log()
     );
     every_record_once(&cfg);
-    assert_eq!(spooled_files(&cfg), 0, "the spool is empty once written");
+    spool_empties(&cfg, JOB);
     each_page_once(&upstream);
 }
 
@@ -382,7 +395,7 @@ fn a_full_disk_under_a_sqlite_sink_spools_and_the_rows_arrive_once() {
         d.log()
     );
     assert_eq!(rows(), all);
-    assert_eq!(spooled_files(&cfg), 0);
+    spool_empties(&cfg, JOB);
     each_page_once(&upstream);
     d.term();
     let _ = d.wait_exit(Duration::from_secs(20));
@@ -475,14 +488,7 @@ fn a_spooled_run_is_complete_and_the_next_conditional_run_is_a_304() {
         d.log()
     );
     assert_eq!(lines(), all);
-    // A spooled page is deleted right after its records are written: the
-    // last one may still be there when its lines are.
-    assert!(
-        wait_until(Duration::from_secs(10), || spooled_files_of(&cfg, "issues")
-            == 0),
-        "{} spooled files left",
-        spooled_files_of(&cfg, "issues")
-    );
+    spool_empties(&cfg, "issues");
     let stats = upstream.stats();
     assert_eq!(
         stats.requests.len(),

@@ -104,14 +104,16 @@ async fn two_items_with_the_same_key_keep_both_records() {
         sinks
             .write(issues, &rust, &page("rustc"), at(1))
             .await
-            .expect("write"),
+            .expect("write")
+            .stored,
         2
     );
     assert_eq!(
         sinks
             .write(issues, &tokio, &page("runtime"), at(2))
             .await
-            .expect("write"),
+            .expect("write")
+            .stored,
         2
     );
     assert_eq!(
@@ -145,7 +147,8 @@ async fn two_items_with_the_same_key_keep_both_records() {
         sinks
             .write(issues, &rust, &edited, at(3))
             .await
-            .expect("write"),
+            .expect("write")
+            .stored,
         1
     );
     let now = rows(&db, "issues");

@@ -234,6 +234,9 @@ fn the_status_page_shows_windows_blocks_and_jobs_in_a_real_browser() {
     assert_eq!(block["reason"]["status"], 403, "{block:#}");
     assert_eq!(block["reason"]["reason"], "quotaExceeded", "{block:#}");
     assert_eq!(block["reason"]["endpoint"], "limited.videos");
+    // Why, in its stable word: stored with the block, and in the reason.
+    assert_eq!(block["kind"], "quota_reason", "{block:#}");
+    assert_eq!(block["reason"]["kind"], "quota_reason", "{block:#}");
     assert!(credential(&status, "main")["block"].is_null());
 
     let trending = job(&status, "trending");
@@ -277,6 +280,17 @@ fn the_status_page_shows_windows_blocks_and_jobs_in_a_real_browser() {
         !page.body.contains("<script"),
         "a <script> reached the page"
     );
+    // The block's kind beside the block, and on the credential.
+    for want in [
+        " Kind: <code class=\"kind\" data-kind=\"quota_reason\">quota_reason</code>",
+        "<span class=\"bad\">blocked (quota_reason)</span>",
+    ] {
+        assert!(
+            page.body.contains(want),
+            "the page lacks {want:?}:\n{}",
+            page.body
+        );
+    }
     assert_no_secret("the page", &page.body);
 
     // The page, in a real browser.
@@ -294,6 +308,7 @@ fn the_status_page_shows_windows_blocks_and_jobs_in_a_real_browser() {
         // The block, and why.
         "<div class=\"blocked\" data-credential=\"limited\">",
         "upstream answered 403 (quotaExceeded)",
+        "<code class=\"kind\" data-kind=\"quota_reason\">quota_reason</code>",
         // The jobs, their ticks and last error.
         "data-job=\"trending\"",
         "data-job=\"hot\"",
@@ -443,4 +458,143 @@ fn a_jobs_tick_record_keeps_its_newest_ten_ticks_and_last_error() {
         .query(&mut conn)
         .expect("TTL");
     assert!((1..=3600).contains(&ttl), "TTL {ttl}");
+}
+
+/// A template credential's tenants on the page (SPEC Part 2, "Credential
+/// templates", "Status page"): with `ig` templated on `{account}` and two
+/// tenants spending — `a` 3 pages of its 5-unit window, `b` refused by the
+/// upstream on its second request (403 quotaExceeded) and so blocked — the
+/// page and `/api/status` list each tenant under its `ig[account=…]` name
+/// with its own windows, used and remaining, its spend history and its
+/// block with its kind; no tenant's token is anywhere on the page or in the
+/// JSON.
+#[test]
+fn the_status_page_lists_each_tenant_of_a_template_credential() {
+    const TOK_A: &str = "tenant-token-a-5d2c91";
+    const TOK_B: &str = "tenant-token-b-e07a44";
+    const LIMIT: u64 = 5;
+    let redis = RedisServer::start();
+    let hour = Duration::from_secs(3600);
+    let upstream = Upstream::with(
+        SimConfig {
+            pages_per_query: 3,
+            items_per_page: 2,
+            ..SimConfig::default()
+        }
+        .key(TOK_A, 1_000, hour)
+        .key(TOK_B, 1, hour),
+    );
+    let base = upstream.base_url();
+    let port = free_port();
+    let cfg = ConfigBuilder::new()
+        .worker(quick_worker(2))
+        .metrics_listen(&format!("127.0.0.1:{port}"))
+        .credential(
+            Credential::template("ig", "account", "tokens/{account}")
+                .window(Window::sliding(LIMIT, "1h")),
+        )
+        .endpoint(Endpoint::new("ig.media", "ig", 1).throttle_block("10m"))
+        .job(
+            Job::videos_by("media", "ig.media", &base, "account")
+                .fan_out("account", ["a", "b"])
+                .pages(3),
+        )
+        .redis_url(&redis.url())
+        .write();
+    std::fs::create_dir_all(cfg.join("tokens")).expect("mkdir tokens");
+    for (account, token) in [("a", TOK_A), ("b", TOK_B)] {
+        std::fs::write(cfg.join(format!("tokens/{account}")), token).expect("token");
+    }
+    let _daemon = Proc::start("daemon", &cfg, &["run"], &[]);
+    assert!(
+        http::wait_http(port, Duration::from_secs(30)),
+        "the daemon's listener on {port} did not answer"
+    );
+    let out = cfg.run_on(&redis, &["trigger", "media", "--wait"]);
+    let said = format!(
+        "{}\n{}",
+        crate::support::stdout(&out),
+        crate::support::stderr(&out)
+    );
+    assert_eq!(out.status.code(), Some(75), "a done, b throttled: {said}");
+    let stats = upstream.stats();
+    assert_eq!(
+        (stats.key(TOK_A).units, stats.key(TOK_B).units),
+        (3, 1),
+        "each tenant's own token"
+    );
+
+    let api = || {
+        let a = http_request(port, "GET", "/api/status", &[]).expect("GET /api/status");
+        assert_eq!(a.status, 200, "{}", a.body);
+        (
+            serde_json::from_str::<Value>(&a.body).unwrap_or_else(|e| panic!("{e}: {}", a.body)),
+            a.body,
+        )
+    };
+    // The spend history is written off the task's path: wait for it.
+    let mut last = (Value::Null, String::new());
+    let caught_up = wait_until(Duration::from_secs(10), || {
+        last = api();
+        last.0["credentials"].as_array().is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c["name"] == "ig[account=a]" && c["windows"][0]["spent_last_hour"] == 3)
+        })
+    });
+    let (status, body) = last;
+    assert!(
+        caught_up,
+        "tenant a's history never showed 3 units: {status:#}"
+    );
+    let names: Vec<&str> = status["credentials"]
+        .as_array()
+        .expect("credentials")
+        .iter()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    assert_eq!(names, ["ig[account=a]", "ig[account=b]"], "{status:#}");
+
+    let a = window(&status, "ig[account=a]", "credential");
+    assert_eq!(
+        (&a["used"], &a["remaining"], &a["window"]),
+        (&3.into(), &2.into(), &Value::from("5/1h")),
+        "{a:#}"
+    );
+    assert!(credential(&status, "ig[account=a]")["block"].is_null());
+    let b = credential(&status, "ig[account=b]");
+    let bw = &b["windows"][0];
+    assert_eq!(
+        bw["used"].as_u64().unwrap_or(0) + bw["remaining"].as_u64().unwrap_or(0),
+        LIMIT,
+        "{b:#}"
+    );
+    assert!(bw["used"].as_u64().unwrap_or(0) >= 1, "{b:#}");
+    let block = &b["block"];
+    assert!(block["blocked_for_ms"].as_u64().unwrap_or(0) > 0, "{b:#}");
+    assert_eq!(block["kind"], "quota_reason", "{block:#}");
+    assert_eq!(block["reason"]["status"], 403, "{block:#}");
+    assert_eq!(block["reason"]["endpoint"], "ig.media", "{block:#}");
+    // The job names the credential its endpoint charges: the template.
+    assert_eq!(job(&status, "media")["credential"], "ig");
+
+    let page = http_request(port, "GET", "/", &[]).expect("GET /");
+    assert_eq!(page.status, 200);
+    for want in [
+        "<article class=\"credential\" data-credential=\"ig[account=a]\">",
+        "<article class=\"credential\" data-credential=\"ig[account=b]\">",
+        "<div class=\"blocked\" data-credential=\"ig[account=b]\">",
+        "<span class=\"used\">3 / 5</span>",
+        "<code class=\"kind\" data-kind=\"quota_reason\">quota_reason</code>",
+    ] {
+        assert!(
+            page.body.contains(want),
+            "the page lacks {want:?}:\n{}",
+            page.body
+        );
+    }
+    for (what, text) in [("/api/status", &body), ("the page", &page.body)] {
+        for token in [TOK_A, TOK_B] {
+            assert!(!text.contains(token), "{what} holds {token}:\n{text}");
+        }
+    }
 }

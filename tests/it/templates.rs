@@ -15,8 +15,7 @@ use quota_worker::simulator::SimConfig;
 use crate::support::process::{Proc, run_cli};
 use crate::support::upstream::Upstream;
 use crate::support::{
-    self, ConfigBuilder, Credential, Endpoint, Job, RedisServer, Request, Sink, TestConfig, Window,
-    styles,
+    self, ConfigBuilder, Credential, Endpoint, Job, RedisServer, TestConfig, Window, styles,
 };
 
 /// Each tenant's window: 5 requests an hour.
@@ -33,15 +32,7 @@ fn tenants_config(base: &str) -> ConfigBuilder {
         )
         .endpoint(Endpoint::new("ig.media", "ig", 1).timeout("30s"))
         .job(
-            Job::new("media", "ig.media")
-                .request(Request::get(&format!("{base}/youtube/v3/videos")).query(&[
-                    ("chart", "mostPopular"),
-                    ("regionCode", "{account}"),
-                    ("part", "snippet"),
-                    ("maxResults", "50"),
-                    ("key", "{secret}"),
-                ]))
-                .sink(Sink::jsonl("data/{job}/{account}.jsonl").records("/items"))
+            Job::videos_by("media", "ig.media", base, "account")
                 .fan_out("account", ["a", BRACES, "c"])
                 .pages(20),
         )

@@ -381,15 +381,22 @@ impl Job {
     /// [`Job::fan_out`]), records to `data/{job}/{region}.jsonl`; unpaged
     /// until [`Job::pages`].
     pub fn videos(name: &str, endpoint: &str, base: &str) -> Self {
+        Self::videos_by(name, endpoint, base, "region")
+    }
+
+    /// [`Job::videos`] with the fan-out key `key` in place of `region`
+    /// (`account` for a template credential's tenants).
+    pub fn videos_by(name: &str, endpoint: &str, base: &str, key: &str) -> Self {
+        let value = format!("{{{key}}}");
         Self::new(name, endpoint)
             .request(Request::get(&format!("{base}/youtube/v3/videos")).query(&[
                 ("chart", "mostPopular"),
-                ("regionCode", "{region}"),
+                ("regionCode", value.as_str()),
                 ("part", "snippet"),
                 ("maxResults", "50"),
                 ("key", "{secret}"),
             ]))
-            .sink(Sink::jsonl("data/{job}/{region}.jsonl").records("/items"))
+            .sink(Sink::jsonl(&format!("data/{{job}}/{value}.jsonl")).records("/items"))
     }
 
     /// The cron schedule.

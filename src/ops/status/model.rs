@@ -65,6 +65,11 @@ pub(crate) struct Block {
     pub(crate) blocked_for_ms: u64,
     /// When it ends (RFC 3339, UTC).
     pub(crate) until: String,
+    /// Why, in one stable word (`429`, `quota_reason`, `headers_at_zero`,
+    /// `secondary_limit`, `throttled`, `usage`): the word stored with the
+    /// block itself (so a block set by `quota-worker block`, another host or
+    /// another language shows it too), else the recorded reason's.
+    pub(crate) kind: Option<String>,
     /// Why, as the daemon that blocked it recorded it (`None`: not recorded).
     pub(crate) reason: Option<BlockReason>,
 }
@@ -303,10 +308,17 @@ pub(crate) async fn gather(s: &OpsState) -> Status {
             });
             continue;
         };
-        let block = (!u.blocked_for.is_zero()).then(|| Block {
-            blocked_for_ms: u.blocked_for.as_millis() as u64,
-            until: rfc3339_ms(now_ms + u.blocked_for.as_millis() as i64),
-            reason: reasons.get(i).cloned().flatten(),
+        let block = (!u.blocked_for.is_zero()).then(|| {
+            let reason: Option<BlockReason> = reasons.get(i).cloned().flatten();
+            Block {
+                blocked_for_ms: u.blocked_for.as_millis() as u64,
+                until: rfc3339_ms(now_ms + u.blocked_for.as_millis() as i64),
+                kind: u
+                    .blocked_reason
+                    .map(|k| k.as_str().to_owned())
+                    .or_else(|| reason.as_ref().and_then(|r| r.kind.clone())),
+                reason,
+            }
         });
         let windows = u
             .windows

@@ -114,6 +114,7 @@ fn block(c: &CredentialStatus, b: &Block) -> Markup {
                 }
                 None => { span class="reason muted" { "reason not recorded." } }
             }
+            @if let Some(k) = &b.kind { " Kind: " code class="kind" data-kind=(k) { (k) } }
         }
     }
 }
@@ -123,7 +124,11 @@ fn credential(c: &CredentialStatus) -> Markup {
         article class="credential" data-credential=(c.name) {
             h3 {
                 (c.name)
-                @if c.block.is_some() { " " span class="bad" { "blocked" } }
+                @if let Some(b) = &c.block {
+                    " " span class="bad" {
+                        "blocked" @if let Some(k) = &b.kind { " (" (k) ")" }
+                    }
+                }
             }
             @if !c.readable { p class="bad" { "Its windows could not be read from Redis." } }
             @else {
