@@ -69,10 +69,14 @@ fn python_and_cli_spend_from_the_same_windows() {
         .collect();
     assert_eq!(
         keys.len(),
-        2 + 4 + 1 + 4 + 1,
-        "block, clock, then each window's (4 for a sliding window, 1 for a fixed one), then the spend history's ring"
+        2 + 4 + 1 + 4 + 2,
+        "block, clock, then each window's (4 for a sliding window, 1 for a fixed one), then the spend history's rings (one per scope)"
     );
-    assert_eq!(keys.last(), Some(&"qw:{k}:spent:cred"), "{keys:?}");
+    assert_eq!(
+        keys[11..],
+        ["qw:{k}:spent:cred", "qw:{k}:spent:ep:one"],
+        "{keys:?}"
+    );
     assert!(keys.iter().all(|k| k.starts_with("qw:{k}:")), "{keys:?}");
     let args = spec["args"].as_array().expect("args");
     assert_eq!(args[0], "spend");
@@ -106,15 +110,17 @@ fn python_and_cli_spend_from_the_same_windows() {
     assert_eq!(used, [10, 10, 10]);
     // The spend wrote the status page's history in the same call, for the
     // Python client as for the CLI; refusals add nothing.
-    let ring: Vec<u8> = server.cmd(&["GET", "qw:{k}:spent:cred"]);
-    let charted: u64 = (ring.chunks(4).skip(1))
-        .map(|c| {
-            let mut b = [0u8; 4];
-            b[..c.len()].copy_from_slice(c);
-            u64::from(u32::from_be_bytes(b))
-        })
-        .sum();
-    assert_eq!(charted, 10, "units in the spend history");
+    for ring in ["qw:{k}:spent:cred", "qw:{k}:spent:ep:one"] {
+        let raw: Vec<u8> = server.cmd(&["GET", ring]);
+        let charted: u64 = (raw.chunks(4).skip(1))
+            .map(|c| {
+                let mut b = [0u8; 4];
+                b[..c.len()].copy_from_slice(c);
+                u64::from(u32::from_be_bytes(b))
+            })
+            .sum();
+        assert_eq!(charted, 10, "units in the spend history's {ring}");
+    }
 
     // A Python retry of a spend it already made is admitted, not charged.
     let j = python_spend(&spec_path, &server, "py-0", false);
