@@ -517,6 +517,9 @@ local function spend_main(KEYS, ARGV)
     if not (slot_ms and slot_ms >= 1 and nslot and nslot >= 1 and ring_ttl and ring_ttl >= 1) then
       return redis.error_reply('ERR quota-worker: the spend history takes a ring count, a slot length (ms), a slot count and a TTL (ms)')
     end
+    if KEYS[k + nring - 1] == nil or KEYS[k + nring] ~= nil then
+      return redis.error_reply('ERR quota-worker: the spend history names ' .. nring .. ' ring(s); pass exactly that many keys after the windows\' keys')
+    end
     record = function(units)
       if units == 0 then
         return

@@ -55,7 +55,8 @@ pub async fn run(ctx: &Ctx) -> Section {
         conn.clone(),
         std::sync::Arc::new(Quotas::new(&config)),
         TIMEOUT,
-    );
+    )
+    .without_history();
 
     let mut md = String::from(
         "Spends/s (p50 µs) of `Limiter::spend` at N callers over one shared connection, \

@@ -152,12 +152,14 @@ pub async fn run(ctx: &Ctx) -> Section {
     let mut targets = vec![
         Place {
             name: "standalone",
-            limiter: Limiter::new(conn.clone(), quotas.clone(), TIMEOUT),
+            limiter: Limiter::new(conn.clone(), quotas.clone(), TIMEOUT).without_history(),
             masters: vec![&primary],
         },
         Place {
             name: "standalone, WAIT 1",
-            limiter: Limiter::new(conn, quotas, TIMEOUT).with_replicas(1),
+            limiter: Limiter::new(conn, quotas, TIMEOUT)
+                .without_history()
+                .with_replicas(1),
             masters: vec![&primary],
         },
     ];

@@ -329,7 +329,7 @@ async fn phase(ctx: &Ctx, p: &Phase) -> PhaseResult {
     let config = Config::load(&cfg.path()).expect("exactness config");
     let quotas = Arc::new(Quotas::new(&config));
     let conn = common::connect(&ctx.redis).await;
-    let limiter = Limiter::new(conn.clone(), quotas, common::TIMEOUT);
+    let limiter = Limiter::new(conn.clone(), quotas, common::TIMEOUT).without_history();
     let plan = &limiter.quotas().endpoint("ex").expect("endpoint").plan;
     // blocked, clock, then meta, log, ts, adj per window.
     let keys = plan.keys.clone();

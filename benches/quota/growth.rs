@@ -319,8 +319,8 @@ pub async fn run(ctx: &Ctx) -> Section {
             .map(|(s, n)| (s.as_str(), *n as u64))
             .collect::<Vec<_>>(),
     );
-    let ours_room = Limiter::new(conn.clone(), room.clone(), TIMEOUT);
-    let ours_full = Limiter::new(conn.clone(), full, TIMEOUT);
+    let ours_room = Limiter::new(conn.clone(), room.clone(), TIMEOUT).without_history();
+    let ours_full = Limiter::new(conn.clone(), full, TIMEOUT).without_history();
 
     // Every size is filled first and then sampled round robin, so load on
     // this shared machine hits all sizes and both designs alike. Live

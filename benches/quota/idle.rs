@@ -74,7 +74,7 @@ pub async fn run(ctx: &Ctx) -> Section {
     let q = quotas(&[(CRED, HUGE)]);
     let mut conn = common::connect(&ctx.redis).await;
     common::flushall(&mut conn).await;
-    let limiter = Limiter::new(conn.clone(), q.clone(), TIMEOUT);
+    let limiter = Limiter::new(conn.clone(), q.clone(), TIMEOUT).without_history();
     let keys = ours_keys(&q, CRED);
     let nkey = naive_key(CRED);
     let mut all = keys.clone();

@@ -66,7 +66,10 @@ pub async fn run(ctx: &Ctx) -> Section {
     let mut clients = Vec::new();
     for _ in 0..plan.clients {
         let conn = common::connect(&ctx.redis).await;
-        clients.push((Limiter::new(conn.clone(), q.clone(), TIMEOUT), conn));
+        clients.push((
+            Limiter::new(conn.clone(), q.clone(), TIMEOUT).without_history(),
+            conn,
+        ));
     }
     // Both scripts cached and every connection used before anything counts.
     for (limiter, conn) in &mut clients {

@@ -152,7 +152,7 @@ pub async fn run(ctx: &Ctx) -> Section {
     let mut conn = common::connect(&ctx.redis).await;
     common::flushall(&mut conn).await;
     let q = quotas(&FILLS.map(|f| (f.name, UNITS)));
-    let limiter = Limiter::new(conn.clone(), q.clone(), TIMEOUT);
+    let limiter = Limiter::new(conn.clone(), q.clone(), TIMEOUT).without_history();
 
     // Every window exactly full, its entries spread over the last 30 minutes.
     for f in &FILLS {

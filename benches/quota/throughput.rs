@@ -656,18 +656,18 @@ impl Env<'_> {
                     conns,
                     pipeline,
                 };
-                let args = self
-                    .limiter
-                    .quotas()
+                let plan = &(self.limiter.quotas())
                     .endpoint(&shape.endpoint)
                     .expect("endpoint")
-                    .plan
-                    .args(
-                        "spend",
-                        CEILING_ID,
-                        &caller.cost.to_string(),
-                        quota_worker::config::Reserve::NONE,
-                    );
+                    .plan;
+                let mut args = plan.args(
+                    "spend",
+                    CEILING_ID,
+                    &caller.cost.to_string(),
+                    quota_worker::config::Reserve::NONE,
+                );
+                // As `Ours` spends: without the status page's history.
+                args.truncate(5 + plan.windows.len());
                 let t = Instant::now();
                 let run = ceiling(shot, script().sha(), &shape.keys, &args, count).await;
                 let secs = t.elapsed().as_secs_f64();
@@ -990,7 +990,7 @@ pub async fn run(ctx: &Ctx) -> Section {
 
     let mut admin = connect(&ctx.redis).await;
     let conn = connect(&ctx.redis).await;
-    let limiter = Limiter::new(conn.clone(), quotas, TIMEOUT);
+    let limiter = Limiter::new(conn.clone(), quotas, TIMEOUT).without_history();
 
     // Load the scripts, so EVALSHA finds them from the first call.
     for source in [script().source(), NAIVE.source(), BATCHED.source()] {

@@ -23,7 +23,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster::{ClusterClient, ClusterClientBuilder, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
+use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, RedisResult, Value};
 
 use super::{Limiter, Plan, QuotaError};
@@ -114,6 +114,86 @@ impl QuotaConn {
                 .and_then(|m| m.get("maxmemory-policy").cloned());
             (node, policy)
         }))
+    }
+}
+
+impl QuotaConn {
+    /// SCANs every node that holds windows for keys matching `pattern`: a
+    /// standalone Redis, or each master of a cluster in turn (a cluster
+    /// client sends a plain SCAN to one node, whose cursor means nothing to
+    /// the others). Each batch goes to `take` until it returns false; each
+    /// call waits at most `timeout`.
+    pub(crate) async fn scan_matching(
+        &self,
+        pattern: &str,
+        timeout: Duration,
+        mut take: impl FnMut(Vec<String>) -> bool,
+    ) -> Result<(), QuotaError> {
+        async fn bounded<T>(
+            timeout: Duration,
+            f: impl Future<Output = RedisResult<T>>,
+        ) -> Result<T, QuotaError> {
+            tokio::time::timeout(timeout, f)
+                .await
+                .map_err(|_| QuotaError::Timeout(timeout))?
+                .map_err(QuotaError::from_redis)
+        }
+        // Where to send each SCAN: the Redis, or one master by address.
+        let nodes: Vec<Option<RoutingInfo>> = match self {
+            QuotaConn::Standalone(_) => vec![None],
+            QuotaConn::Cluster(c) => {
+                let all = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+                let mut c = c.clone();
+                let reply: Value =
+                    bounded(timeout, c.route_command(redis::cmd("PING"), all)).await?;
+                let Value::Map(per_node) = reply else {
+                    return Err(QuotaError::Script(format!(
+                        "PING to every master answered {reply:?}"
+                    )));
+                };
+                let mut nodes = Vec::new();
+                for (node, _) in per_node {
+                    let node = String::from_redis_value(node).unwrap_or_default();
+                    let Some((host, port)) = node.rsplit_once(':') else {
+                        continue;
+                    };
+                    let Ok(port) = port.parse::<u16>() else {
+                        continue;
+                    };
+                    let host = host.to_owned();
+                    let at = SingleNodeRoutingInfo::ByAddress { host, port };
+                    nodes.push(Some(RoutingInfo::SingleNode(at)));
+                }
+                nodes
+            }
+        };
+        for node in nodes {
+            let mut cursor = 0u64;
+            loop {
+                let mut scan = redis::cmd("SCAN");
+                scan.arg(cursor)
+                    .arg("MATCH")
+                    .arg(pattern)
+                    .arg("COUNT")
+                    .arg(1000);
+                let reply: Value = match (self, &node) {
+                    (QuotaConn::Cluster(c), Some(at)) => {
+                        bounded(timeout, c.clone().route_command(scan, at.clone())).await?
+                    }
+                    _ => bounded(timeout, scan.query_async::<Value>(&mut self.clone())).await?,
+                };
+                let (next, batch): (u64, Vec<String>) = FromRedisValue::from_redis_value(reply)
+                    .map_err(|e| QuotaError::Script(format!("SCAN answered {e}")))?;
+                if !take(batch) {
+                    return Ok(());
+                }
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        Ok(())
     }
 }
 

@@ -71,7 +71,7 @@ async fn eval(
 ) -> RedisResult<(Value, Option<RedisResult<Value>>)> {
     let mut call = script().call();
     call.key(&plan.keys);
-    if args.first().is_some_and(|op| Plan::keeps_history(op)) {
+    if plan.with_history(args) {
         call.key(&plan.rings);
     }
     call.arg(args);
@@ -327,6 +327,13 @@ impl Plan {
     /// and a settle (the change it makes).
     pub(crate) fn keeps_history(op: &str) -> bool {
         matches!(op, "spend" | "settle")
+    }
+
+    /// Whether ARGV `args` carries the spend history's arguments (after
+    /// the window specs): then the rings follow the windows' KEYS.
+    fn with_history(&self, args: &[String]) -> bool {
+        args.first().is_some_and(|op| Plan::keeps_history(op))
+            && args.len() > 5 + self.windows.len()
     }
 
     /// KEYS for an operation: the windows' (block, clock, each window's),
@@ -662,6 +669,8 @@ pub struct Limiter {
     timeout: Duration,
     /// Replicas that must acknowledge an admitted spend (0: none).
     replicas: u8,
+    /// Whether spends and settles write the status page's spend history.
+    history: bool,
 }
 
 impl Limiter {
@@ -673,7 +682,27 @@ impl Limiter {
             quotas,
             timeout,
             replicas: 0,
+            history: true,
         }
+    }
+
+    /// This limiter, without the status page's spend history: its spends
+    /// and settles write the windows only, as a program that calls the
+    /// script without the history's KEYS and ARGV does. For measuring the
+    /// window arithmetic alone (benches/quota); the daemon keeps it.
+    #[must_use]
+    pub fn without_history(mut self) -> Self {
+        self.history = false;
+        self
+    }
+
+    /// `args` as this limiter sends them: without the history's arguments
+    /// when it keeps none.
+    fn trimmed(&self, plan: &Plan, mut args: Vec<String>) -> Vec<String> {
+        if !self.history {
+            args.truncate(5 + plan.windows.len());
+        }
+        args
     }
 
     /// This limiter, with each admitted spend acknowledged by `replicas`
@@ -713,6 +742,7 @@ impl Limiter {
         args: Vec<String>,
         then: Option<&redis::Cmd>,
     ) -> Result<(Vec<i64>, Option<RedisResult<Value>>), QuotaError> {
+        let args = self.trimmed(plan, args);
         let mut last = None;
         for _ in 0..2 {
             let mut conn = self.conn.clone();
@@ -798,8 +828,12 @@ impl Limiter {
         let args = ep
             .plan
             .args("spend", request_id, &cost.to_string(), reserve);
+        let args = self.trimmed(&ep.plan, args);
         Ok(PreparedSpend {
-            keys: ep.plan.keys_for("spend"),
+            keys: match self.history {
+                true => ep.plan.keys_for("spend"),
+                false => ep.plan.keys.clone(),
+            },
             args,
             cost,
             ep,
@@ -1086,35 +1120,18 @@ impl Limiter {
         let ks = self.quotas.keys();
         let pattern = ks.tenants_pattern(credential, placeholder);
         let mut found = BTreeSet::new();
-        let mut cursor = 0u64;
         let mut more = false;
-        loop {
-            let mut conn = self.conn.clone();
-            let mut scan = redis::cmd("SCAN");
-            scan.arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000);
-            let step = scan.query_async::<(u64, Vec<String>)>(&mut conn);
-            let (next, batch) = tokio::time::timeout(self.timeout, step)
-                .await
-                .map_err(|_| QuotaError::Timeout(self.timeout))?
-                .map_err(QuotaError::from_redis)?;
+        // Every master's keys on a cluster: tenants spread over all of them.
+        let scan = self.conn.scan_matching(&pattern, self.timeout, |batch| {
             for key in &batch {
                 if let Some(t) = ks.tenant_of(key) {
                     found.insert(t.to_owned());
                 }
             }
-            if found.len() > limit {
-                more = true;
-                break;
-            }
-            if next == 0 {
-                break;
-            }
-            cursor = next;
-        }
+            more = found.len() > limit;
+            !more
+        });
+        scan.await?;
         Ok(Tenants {
             names: found.into_iter().take(limit).collect(),
             more,

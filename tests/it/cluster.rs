@@ -864,6 +864,23 @@ async fn template_tenants_spread_over_the_masters_and_each_admits_its_limit() {
         "30 tenants' keys on {} master(s)",
         holding.len()
     );
+    // Listing them finds every one, whichever master holds it (a plain
+    // SCAN through the cluster client reaches one node only).
+    let found = limiter.tenants("ig", 100).await.expect("tenants");
+    assert_eq!(found.names.len(), 30, "{:?}", found.names);
+    assert!(!found.more);
+    let out = cfg.run(&["quota", "ig", "--json"], &[]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        crate::support::stderr(&out)
+    );
+    let shown = crate::support::json(&out)["credentials"]
+        .as_array()
+        .expect("credentials")
+        .len();
+    assert_eq!(shown, 30, "`quota ig` lists every tenant");
 }
 
 /// `/readyz` of a daemon whose windows live on the cluster follows the
