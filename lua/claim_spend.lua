@@ -22,7 +22,8 @@
 --
 -- Returns item_lock.lua's claim reply; when the item was claimed ({2, ...}),
 -- followed by spend.lua's spend reply (4 values), or by "error" and the
--- spend's error message when the spend script refused its arguments.
+-- spend's error message when the spend script refused its arguments or
+-- failed.
 
 local lock_keys, lock_argv = { KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6] },
   { ARGV[1], ARGV[2], ARGV[3] }
@@ -38,10 +39,13 @@ local claimed = item_lock_main(lock_keys, lock_argv)
 if claimed[1] ~= 2 then
   return claimed
 end
-local r = spend_main(spend_keys, spend_argv)
-if r.err then
+-- The claim is written by now: a spend that fails, even by raising (a key
+-- of the wrong type, say), must still return it, so the task ends through
+-- the limiter's error path instead of being redelivered onto its own lock.
+local ok, r = pcall(spend_main, spend_keys, spend_argv)
+if not ok or r.err then
   claimed[#claimed + 1] = 'error'
-  claimed[#claimed + 1] = r.err
+  claimed[#claimed + 1] = ok and r.err or tostring(r)
   return claimed
 end
 for i = 1, #r do

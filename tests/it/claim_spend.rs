@@ -160,3 +160,44 @@ async fn a_superseded_task_gives_back_the_spend_its_claim_made() {
     assert_eq!(used, 1, "only the page that was sent");
     assert_eq!(p.sim_stats().charges.len(), 1);
 }
+
+/// A spend that fails inside the claim's call (here: a window key of the
+/// wrong type) still returns the claim: the task ends through the limiter's
+/// error path with its outcome, instead of erroring the whole call and being
+/// redelivered onto its own lock. Nothing is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_spend_that_fails_inside_the_claim_ends_the_task_and_sends_nothing() {
+    let p = Pipeline::start(sim(1), |sim| {
+        ConfigBuilder::new()
+            .worker(quick_worker(2))
+            .credential(yt(Window::fixed(100, "24h")))
+            .endpoint(yt_endpoint())
+            .job(
+                Job::videos("two", YT_ENDPOINT, sim)
+                    .fan_out("region", ["a"])
+                    .pages(1)
+                    .sink(Sink::jsonl("data/{job}.jsonl").records("/items")),
+            )
+    })
+    .await;
+    // The fixed window's hash as a string: the spend's HMGET on it raises
+    // WRONGTYPE inside the script.
+    let plan = &p
+        .limiter
+        .quotas()
+        .endpoint(YT_ENDPOINT)
+        .expect("endpoint")
+        .plan;
+    let fixed = plan.keys[2].clone();
+    assert!(fixed.ends_with(":fixed"), "{fixed}");
+    let _: String = p.redis.cmd(&["SET", &fixed, "x"]);
+    let tick = p.trigger("two").await;
+    let seen = p.wait_tick("two", tick, 1, Duration::from_secs(15)).await;
+    assert!(
+        !seen.is_empty(),
+        "the task told no outcome (redelivered onto its own lock?)"
+    );
+    assert_ne!(seen[0].kind(), OutcomeKind::Done, "{seen:?}");
+    assert!(seen[0].ev.outcome.detail.contains("WRONGTYPE"), "{seen:?}");
+    assert_eq!(p.sim_stats().requests.len(), 0, "nothing sent");
+}
