@@ -396,12 +396,24 @@ fn rings(ks: &KeySpace, credential: &str, windows: &[WindowPlan]) -> Vec<String>
 pub(crate) struct PreparedSpend<'a> {
     /// The endpoint's plan (a template tenant's own).
     pub(crate) ep: Cow<'a, EndpointPlan>,
-    /// The script's KEYS for it: the windows', then the history's rings.
-    pub(crate) keys: Vec<String>,
     /// The script's ARGV for it.
     pub(crate) args: Vec<String>,
     /// Its cost, checked.
     pub(crate) cost: u64,
+}
+
+impl PreparedSpend<'_> {
+    /// The script's KEYS for it: the windows', then the history's rings
+    /// when its ARGV carries the history.
+    pub(crate) fn keys(&self) -> impl Iterator<Item = &String> {
+        let plan = &self.ep.plan;
+        let rings = if plan.with_history(&self.args) {
+            &plan.rings[..]
+        } else {
+            &[]
+        };
+        plan.keys.iter().chain(rings)
+    }
 }
 
 /// Turns a reply that carried a spend's into the spend's own: its values
@@ -804,9 +816,10 @@ impl Limiter {
         request_id: &str,
         reserve: Reserve,
     ) -> Result<Decision, QuotaError> {
-        let spend = self.prepare(endpoint, tenant, cost, request_id, reserve)?;
+        let mut spend = self.prepare(endpoint, tenant, cost, request_id, reserve)?;
+        let args = std::mem::take(&mut spend.args);
         let started = std::time::Instant::now();
-        let reply = (self.spend_replicated(&spend.ep, spend.args.clone(), request_id)).await;
+        let reply = (self.spend_replicated(&spend.ep, args, request_id)).await;
         self.conclude(&spend, reply, started.elapsed())
     }
 
@@ -829,15 +842,7 @@ impl Limiter {
             .plan
             .args("spend", request_id, &cost.to_string(), reserve);
         let args = self.trimmed(&ep.plan, args);
-        Ok(PreparedSpend {
-            keys: match self.history {
-                true => ep.plan.keys_for("spend"),
-                false => ep.plan.keys.clone(),
-            },
-            args,
-            cost,
-            ep,
-        })
+        Ok(PreparedSpend { args, cost, ep })
     }
 
     /// Whether a spend may run inside a script on the queue's own

@@ -107,7 +107,10 @@ impl ItemLock {
             .arg(&self.value)
             .arg(self.ttl.as_millis() as u64);
         if let Some(spend) = spend {
-            call.key(&spend.keys).arg(&spend.args);
+            for key in spend.keys() {
+                call.key(key);
+            }
+            call.arg(&spend.args);
         }
         let reply: Vec<String> = call.invoke(conn).await?;
         Ok(match reply.as_slice() {
