@@ -266,6 +266,13 @@ pub struct TaskArgs {
 }
 
 impl TaskArgs {
+    /// The item's value for fan-out key `key` ("" when it has none): a
+    /// template credential's tenant, for one.
+    pub(crate) fn value_of(&self, key: &str) -> &str {
+        let found = self.item.iter().find(|(k, _)| k == key);
+        found.map_or("", |(_, v)| v.as_str())
+    }
+
     /// The first task of `item` at `tick`.
     pub fn first(
         job: &str,

@@ -199,8 +199,7 @@ impl Worker {
             ),
             Some(placeholder) => {
                 // Config validation makes every item of the job fill it.
-                let value = task.item.iter().find(|(k, _)| k == placeholder);
-                let value = value.map_or("", |(_, v)| v.as_str());
+                let value = task.value_of(placeholder);
                 let name = cred.tenant(value).unwrap_or_default();
                 match cred.tenant_secret(value) {
                     Ok(secret) => {

@@ -185,10 +185,8 @@ impl Worker {
         }
         let endpoint = self.config.endpoints.get(&job.endpoint)?;
         let cred = self.config.credentials.get(&endpoint.credential)?;
-        let tenant = cred.template.as_ref().map(|placeholder| {
-            let value = task.item.iter().find(|(k, _)| k == placeholder);
-            value.map_or("", |(_, v)| v.as_str()).to_owned()
-        });
+        let tenant =
+            (cred.template.as_ref()).map(|placeholder| task.value_of(placeholder).to_owned());
         let credential = match &tenant {
             // A tenant whose token cannot be read fails its item before
             // any page: nothing is spent on it, not even for a moment (it
