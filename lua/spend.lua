@@ -137,7 +137,7 @@ local function spend_main(KEYS, ARGV)
         kind = kind, i = i, units = units, per = per, hold = per, used = 0, drift = 0,
         -- The units a spend may take: all of them less the reserve.
         lim = units - (floor(units / 100) * reserve + ceil(units % 100 * reserve / 100)),
-        meta = false, log = false, ts = false, adj = false, mi = 0, dirty = false,
+        meta = false, log = false, ts = false, adj = false, mi = 0, dirty = false, ttl = false,
         total = 0, B = 0, hbase = 0, htot = 0, oldest = 0, last = 0, expires = 0, nadj = 0,
         stale = 0, dtot = 0, dbase = 0, neg = 0, L = 0, lt = 0, D = 0, q = 1, perq = 1,
       }
@@ -467,9 +467,15 @@ local function spend_main(KEYS, ARGV)
         if until_ <= now or (w.oldest == 0 and w.nadj == 0 and w.L <= 0) then
           -- Nothing live: the next spend starts from position 0.
           call('DEL', w.meta)
-        else
+        elseif w.ttl or w.L > 0 or not got[w.mi] then
           call('SET', w.meta, pack(w.total, w.B, w.hbase, w.htot, w.oldest, w.last, w.expires,
             w.nadj, w.stale, w.dtot, w.dbase, w.neg, w.L, w.lt, w.D), 'PX', ceil((until_ - now) / 1000))
+        else
+          -- Its expiry moves only with `expires` (and a bucket's level):
+          -- unchanged, the counters keep the TTL they have, which saves
+          -- formatting a number on most spends.
+          call('SET', w.meta, pack(w.total, w.B, w.hbase, w.htot, w.oldest, w.last, w.expires,
+            w.nadj, w.stale, w.dtot, w.dbase, w.neg, w.L, w.lt, w.D), 'KEEPTTL')
         end
       end
     end
@@ -484,7 +490,9 @@ local function spend_main(KEYS, ARGV)
       return false
     end
     w.dtot = w.dtot + drift
-    call('XADD', w.ts, format('%d-%d', C, at), 'd', w.dtot)
+    -- Numbers leave as strings formatted here: redis.call prints a number
+    -- argument with "%.17g", slower than an integer format.
+    call('XADD', w.ts, format('%d-%d', C, at), 'd', w.dtot == 0 and '0' or format('%d', w.dtot))
     w.total, w.last, w.dirty = C, at, true
     if w.oldest == 0 then
       w.oldest = at
@@ -494,6 +502,7 @@ local function spend_main(KEYS, ARGV)
       -- some slack (a quarter window, 1 s to 1 h), so most spends skip the
       -- PEXPIREs; idle keys linger at most that much longer.
       w.expires = at + w.hold + min(max(floor(w.hold / 4), 1000000), 3600000000)
+      w.ttl = true
       local ttl = ceil((w.expires - now) / 1000)
       call('PEXPIRE', w.log, ttl)
       call('PEXPIRE', w.ts, ttl)
@@ -617,7 +626,7 @@ local function spend_main(KEYS, ARGV)
         end
       end
       local eC, eT = MAXPOS, nil
-      local row = call('XRANGE', w.ts, T + H, '+', 'COUNT', 1)[1]
+      local row = call('XRANGE', w.ts, format('%d', T + H), '+', 'COUNT', 1)[1]
       if row then
         local c, tt = match(row[1], '^(%d+)%-(%d+)$')
         eC, eT = tonumber(c), tonumber(tt)
@@ -878,6 +887,7 @@ local function spend_main(KEYS, ARGV)
     return { 0, remaining, ceil(retry / 1000), rejecting }
   end
 
+  local costs = format('%d', cost)  -- the cost as fixed windows store it
   -- Record the id in every window first: a window that already holds it makes
   -- this a retry of a spend that happened (its reply was lost): admitted once,
   -- charged once, and the records just added are taken back.
@@ -886,12 +896,13 @@ local function spend_main(KEYS, ARGV)
     local recorded
     if w.kind == 'fixed' then
       F.open(w)
-      recorded = call('HSETNX', w.state, id, cost) == 1
+      recorded = call('HSETNX', w.state, id, costs) == 1
     else
-      recorded = call('ZADD', w.log, 'NX', w.total + cost, id) == 1
+      local C = format('%d', w.total + cost)
+      recorded = call('ZADD', w.log, 'NX', C, id) == 1
       if not recorded and tonumber(call('ZSCORE', w.log, id)) <= w.B then
         -- An expired spend's id, not yet dropped: a new spend.
-        call('ZADD', w.log, 'XX', w.total + cost, id)
+        call('ZADD', w.log, 'XX', C, id)
         recorded = true
       end
     end
@@ -913,7 +924,7 @@ local function spend_main(KEYS, ARGV)
   for i = 1, nwin do
     local w = windows[i]
     if w.kind == 'fixed' then
-      call('HINCRBY', w.state, '#used', cost)
+      call('HINCRBY', w.state, '#used', costs)
     else
       if not append(w, cost, 0) then
         return redis.error_reply('ERR quota-worker: window ' .. i .. ' ran out of positions; delete its keys')

@@ -2,7 +2,7 @@
 //! Redis itself sets for it, against the naive design and published peers,
 //! memory per weighted call, cost as the window grows, what a refused spend
 //! costs, bucket windows, what the limiter costs end to end, exactness
-//! under load — in one run, on one private `redis-server` — and the windows
+//! under load, where a call's time goes inside Redis — in one run, on one private `redis-server` — and the windows
 //! on a private Redis Cluster against one Redis (its own servers).
 //!
 //! ```sh
@@ -23,6 +23,7 @@
 #[path = "../../tests/support/mod.rs"]
 mod support;
 
+mod anatomy;
 mod bucket;
 mod cluster;
 mod common;
@@ -52,8 +53,8 @@ pub struct Ctx {
 }
 
 /// In the issue's order (exactness, its item 5, last of those), then ours,
-/// then issue 11's cells, then issue 15's cluster.
-const SECTIONS: [&str; 9] = [
+/// then issue 11's cells (and where their time goes), then issue 15's cluster.
+const SECTIONS: [&str; 10] = [
     "throughput",
     "memory",
     "growth",
@@ -62,6 +63,7 @@ const SECTIONS: [&str; 9] = [
     "idle",
     "reject",
     "bucket",
+    "anatomy",
     "cluster",
 ];
 
@@ -117,6 +119,7 @@ async fn bench(quick: bool, out: PathBuf, only: Vec<String>) {
             "e2e" => e2e::run(&ctx).await,
             "reject" => reject::run(&ctx).await,
             "bucket" => bucket::run(&ctx).await,
+            "anatomy" => anatomy::run(&ctx).await,
             "cluster" => cluster::run(&ctx).await,
             _ => unreachable!(),
         };

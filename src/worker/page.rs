@@ -201,7 +201,10 @@ impl Worker {
                 // Config validation makes every item of the job fill it.
                 let value = task.value_of(placeholder);
                 let name = cred.tenant(value).unwrap_or_default();
-                match cred.tenant_secret(value) {
+                // Read once per task: the claim's spend read it already.
+                let secret =
+                    (first_spend.tenant_secret()).map_or_else(|| cred.tenant_secret(value), Ok);
+                match secret {
                     Ok(secret) => {
                         let fetcher = self.fetcher.with_secret(&secret);
                         (name, Some(value.to_owned()), secret, fetcher)

@@ -15,7 +15,7 @@ use tracing::{debug, error, info, warn};
 use super::page::{Progress, Run};
 use super::{TaskError, Worker};
 use crate::accounting::{Block, Left, Verdict};
-use crate::config::{Endpoint, Job};
+use crate::config::{Endpoint, Job, Secret};
 use crate::fetch::Reply;
 use crate::history;
 use crate::outcome::{Outcome, OutcomeKind};
@@ -153,6 +153,9 @@ pub(super) struct FirstSpend {
     request_id: String,
     endpoint: String,
     tenant: Option<String>,
+    /// The tenant's token, read once when the spend was made ready (the
+    /// run uses it rather than reading the file again).
+    secret: Option<Secret>,
     decision: Result<Decision, QuotaError>,
 }
 
@@ -164,12 +167,20 @@ impl FirstSpendSlot {
     fn take(&self) -> Option<FirstSpend> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner).take()
     }
+
+    /// The template tenant's token read for the spend in the claim, if one
+    /// was.
+    pub(super) fn tenant_secret(&self) -> Option<Secret> {
+        let first = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        first.as_ref().and_then(|f| f.secret.clone())
+    }
 }
 
 /// A spend made ready to ride in the claim ([`Worker::spend_ahead`]).
 pub(super) struct Ahead<'a> {
     request_id: String,
     tenant: Option<String>,
+    secret: Option<Secret>,
     pub(super) spend: PreparedSpend<'a>,
 }
 
@@ -187,13 +198,12 @@ impl Worker {
         let cred = self.config.credentials.get(&endpoint.credential)?;
         let tenant =
             (cred.template.as_ref()).map(|placeholder| task.value_of(placeholder).to_owned());
-        let credential = match &tenant {
+        let (credential, secret) = match &tenant {
             // A tenant whose token cannot be read fails its item before
             // any page: nothing is spent on it, not even for a moment (it
             // would show in `quota` as a tenant that spent).
-            Some(value) if cred.tenant_secret(value).is_err() => return None,
-            Some(value) => cred.tenant(value)?,
-            None => cred.name.clone(),
+            Some(value) => (cred.tenant(value)?, Some(cred.tenant_secret(value).ok()?)),
+            None => (cred.name.clone(), None),
         };
         if self.local_blocks.left(&credential).is_some() {
             return None;
@@ -211,6 +221,7 @@ impl Worker {
         Some(Ahead {
             request_id,
             tenant,
+            secret,
             spend,
         })
     }
@@ -229,6 +240,7 @@ impl Worker {
             request_id: ahead.request_id,
             endpoint: ahead.spend.ep.endpoint.clone(),
             tenant: ahead.tenant,
+            secret: ahead.secret,
             decision,
         })))
     }
