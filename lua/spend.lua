@@ -96,12 +96,16 @@
 -- acts on the reply (e.g. claims only when the spend was admitted).
 
 local function spend_main(KEYS, ARGV)
-  -- Performance notes (Redis's Lua 5.1 runs this whole chunk on every call):
-  -- the spend path is written inline with two small closures; every other
-  -- helper is created only in the branch that needs it (a closure costs an
-  -- allocation plus a search per upvalue); numbers go to redis.call as numbers
-  -- (Redis prints integers below 2^53 exactly) and string.format, which is
-  -- slow here, runs once per spend (a stream entry id).
+  -- Performance notes (Redis's Lua 5.1 runs this whole chunk on every call,
+  -- and what a call allocates it pays for again in garbage collection; see
+  -- the benchmark's "anatomy" section): the spend path is written inline
+  -- with two small functions that every call needs (save_all, append), which
+  -- take what they use as arguments and reach the libraries as globals, so
+  -- creating them allocates no upvalues; every other helper is a closure
+  -- created only in the branch that needs it. Numbers that go to redis.call
+  -- on every spend are formatted as integers here (redis.call prints a
+  -- number with "%.17g", slower); the rest go as numbers (Redis prints
+  -- integers below 2^53 exactly).
 
   local call = redis.call
   local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
@@ -455,26 +459,27 @@ local function spend_main(KEYS, ARGV)
     end
   end
 
-  -- Writes back every changed window's counters, expiring with its keys.
-  local function save_all()
+  -- Writes back every changed window's counters, expiring with its keys
+  -- (`got`: the counters as the call found them; none: the key is new).
+  local function save_all(windows, nwin, now, got)
     for i = 1, nwin do
       local w = windows[i]
       if w.dirty then
         local until_ = w.expires
         if w.L > 0 then
-          until_ = max(until_, w.lt + ceil(w.L / w.units) * w.q + 1000000)
+          until_ = math.max(until_, w.lt + math.ceil(w.L / w.units) * w.q + 1000000)
         end
         if until_ <= now or (w.oldest == 0 and w.nadj == 0 and w.L <= 0) then
           -- Nothing live: the next spend starts from position 0.
-          call('DEL', w.meta)
+          redis.call('DEL', w.meta)
         elseif w.ttl or w.L > 0 or not got[w.mi] then
-          call('SET', w.meta, pack(w.total, w.B, w.hbase, w.htot, w.oldest, w.last, w.expires,
-            w.nadj, w.stale, w.dtot, w.dbase, w.neg, w.L, w.lt, w.D), 'PX', ceil((until_ - now) / 1000))
+          redis.call('SET', w.meta, cmsgpack.pack(w.total, w.B, w.hbase, w.htot, w.oldest, w.last, w.expires,
+            w.nadj, w.stale, w.dtot, w.dbase, w.neg, w.L, w.lt, w.D), 'PX', math.ceil((until_ - now) / 1000))
         else
           -- Its expiry moves only with `expires` (and a bucket's level):
           -- unchanged, the counters keep the TTL they have, which saves
           -- formatting a number on most spends.
-          call('SET', w.meta, pack(w.total, w.B, w.hbase, w.htot, w.oldest, w.last, w.expires,
+          redis.call('SET', w.meta, cmsgpack.pack(w.total, w.B, w.hbase, w.htot, w.oldest, w.last, w.expires,
             w.nadj, w.stale, w.dtot, w.dbase, w.neg, w.L, w.lt, w.D), 'KEEPTTL')
         end
       end
@@ -483,16 +488,16 @@ local function spend_main(KEYS, ARGV)
 
   -- Appends `units` to a window's stream at max(now, newest), `drift` of them
   -- drift. False when the window's positions ran out (2^53 units).
-  local function append(w, units, drift)
-    local at = max(now, w.last)
+  local function append(w, units, drift, now)
+    local at = math.max(now, w.last)
     local C = w.total + units
-    if C >= MAXPOS then
+    if C >= 9007199254740992 then  -- MAXPOS
       return false
     end
     w.dtot = w.dtot + drift
     -- Numbers leave as strings formatted here: redis.call prints a number
     -- argument with "%.17g", slower than an integer format.
-    call('XADD', w.ts, format('%d-%d', C, at), 'd', w.dtot == 0 and '0' or format('%d', w.dtot))
+    redis.call('XADD', w.ts, string.format('%d-%d', C, at), 'd', w.dtot == 0 and '0' or string.format('%d', w.dtot))
     w.total, w.last, w.dirty = C, at, true
     if w.oldest == 0 then
       w.oldest = at
@@ -501,13 +506,13 @@ local function spend_main(KEYS, ARGV)
       -- The keys must outlive this entry by a window. Their TTL is set with
       -- some slack (a quarter window, 1 s to 1 h), so most spends skip the
       -- PEXPIREs; idle keys linger at most that much longer.
-      w.expires = at + w.hold + min(max(floor(w.hold / 4), 1000000), 3600000000)
+      w.expires = at + w.hold + math.min(math.max(math.floor(w.hold / 4), 1000000), 3600000000)
       w.ttl = true
-      local ttl = ceil((w.expires - now) / 1000)
-      call('PEXPIRE', w.log, ttl)
-      call('PEXPIRE', w.ts, ttl)
+      local ttl = math.ceil((w.expires - now) / 1000)
+      redis.call('PEXPIRE', w.log, ttl)
+      redis.call('PEXPIRE', w.ts, ttl)
       if w.nadj > 0 then
-        call('PEXPIRE', w.adj, ttl)
+        redis.call('PEXPIRE', w.adj, ttl)
       end
     end
     return true
@@ -567,14 +572,14 @@ local function spend_main(KEYS, ARGV)
   local cost = tonumber(ARGV[3])
   if op == 'spend' or op == 'settle' then
     if id == nil or id == '' or string.sub(id, 1, 1) == '#' or id == '{request_id}' then
-      save_all()
+      save_all(windows, nwin, now, got)
       return redis.error_reply('ERR quota-worker: request id must be unique, non-empty, not start with "#" (got ' .. tostring(id) .. ')')
     end
     -- A spend costs 1 or more, a settle 0 or more (a refund); both below
     -- 2^53, as every count here: a larger one would be rounded.
     local least = op == 'spend' and 1 or 0
     if cost == nil or cost < least or cost >= MAXPOS or cost ~= floor(cost) then
-      save_all()
+      save_all(windows, nwin, now, got)
       return redis.error_reply('ERR quota-worker: ' .. op .. ' cost must be a whole number from ' .. least .. ' to 2^53 - 1 (got ' .. tostring(ARGV[3]) .. ')')
     end
   end
@@ -584,7 +589,7 @@ local function spend_main(KEYS, ARGV)
     for i = 1, nwin do
       local w = windows[i]
       if cost > w.lim then
-        save_all()
+        save_all(windows, nwin, now, got)
         return redis.error_reply('ERR quota-worker: cost ' .. cost .. ' can never fit window ' .. i .. ' (' .. w.lim .. ' units with the reserve)')
       end
       local left = w.lim - w.used
@@ -661,7 +666,7 @@ local function spend_main(KEYS, ARGV)
       out[#out + 1] = w.used > 0 and ceil(frees_in(w, w.used - 1) / 1000) or 0
       out[#out + 1] = w.drift
     end
-    save_all()
+    save_all(windows, nwin, now, got)
     return out
   end
 
@@ -671,7 +676,7 @@ local function spend_main(KEYS, ARGV)
     local w = windows[tonumber(ARGV[2]) or 0]
     local upstream_left = tonumber(ARGV[3])
     if not w or not upstream_left or upstream_left < 0 or upstream_left >= MAXPOS or upstream_left ~= floor(upstream_left) then
-      save_all()
+      save_all(windows, nwin, now, got)
       return redis.error_reply('ERR quota-worker: sync takes a window number and the upstream\'s remaining units (a whole number from 0 to 2^53 - 1)')
     end
     -- Drift only ever lowers what we admit: recorded as units spent now.
@@ -685,14 +690,14 @@ local function spend_main(KEYS, ARGV)
         w.L = w.L + drift * w.perq
         w.D = w.D + drift * w.perq
         w.dirty = true
-      elseif not append(w, drift, drift) then
-        save_all()
+      elseif not append(w, drift, drift, now) then
+        save_all(windows, nwin, now, got)
         return redis.error_reply('ERR quota-worker: window ' .. w.i .. ' ran out of positions; delete its keys')
       end
     else
       drift = 0
     end
-    save_all()
+    save_all(windows, nwin, now, got)
     return { drift }
   end
 
@@ -835,7 +840,7 @@ local function spend_main(KEYS, ARGV)
         end
       end
     end
-    save_all()
+    save_all(windows, nwin, now, got)
     if record and changed then
       record(changed)
     end
@@ -843,7 +848,7 @@ local function spend_main(KEYS, ARGV)
   end
 
   if op ~= 'spend' then
-    save_all()
+    save_all(windows, nwin, now, got)
     return redis.error_reply('ERR quota-worker: unknown op ' .. tostring(op))
   end
 
@@ -880,7 +885,7 @@ local function spend_main(KEYS, ARGV)
       local C = tonumber(call('ZSCORE', best.log, id))
       held = C ~= nil and C > best.B
     end
-    save_all()
+    save_all(windows, nwin, now, got)
     if held then
       return { 1, remaining, 0, 0 }
     end
@@ -915,7 +920,7 @@ local function spend_main(KEYS, ARGV)
           call('ZREM', u.log, id)
         end
       end
-      save_all()
+      save_all(windows, nwin, now, got)
       return { 1, remaining, 0, 0 }
     end
   end
@@ -926,7 +931,7 @@ local function spend_main(KEYS, ARGV)
     if w.kind == 'fixed' then
       call('HINCRBY', w.state, '#used', costs)
     else
-      if not append(w, cost, 0) then
+      if not append(w, cost, 0, now) then
         return redis.error_reply('ERR quota-worker: window ' .. i .. ' ran out of positions; delete its keys')
       end
       if w.kind == 'bucket' then
@@ -938,7 +943,7 @@ local function spend_main(KEYS, ARGV)
       remaining = left
     end
   end
-  save_all()
+  save_all(windows, nwin, now, got)
   if record then
     record(cost)
   end
