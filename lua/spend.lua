@@ -465,20 +465,25 @@ local function spend_main(KEYS, ARGV)
     for i = 1, nwin do
       local w = windows[i]
       if w.dirty then
-        local until_ = w.expires
+        -- The counters live until `expires` and, for a bucket, until its
+        -- level has drained (1 s slack): usually well before `expires`
+        -- (a bucket's keys outlive each entry by at least 60 s).
+        local until_, moved = w.expires, w.ttl
         if w.L > 0 then
-          until_ = math.max(until_, w.lt + math.ceil(w.L / w.units) * w.q + 1000000)
+          local drained = w.lt + math.ceil(w.L / w.units) * w.q + 1000000
+          if drained > until_ then
+            until_, moved = drained, true
+          end
         end
         if until_ <= now or (w.oldest == 0 and w.nadj == 0 and w.L <= 0) then
           -- Nothing live: the next spend starts from position 0.
           redis.call('DEL', w.meta)
-        elseif w.ttl or w.L > 0 or not got[w.mi] then
+        elseif moved or not got[w.mi] then
           redis.call('SET', w.meta, cmsgpack.pack(w.total, w.B, w.hbase, w.htot, w.oldest, w.last, w.expires,
             w.nadj, w.stale, w.dtot, w.dbase, w.neg, w.L, w.lt, w.D), 'PX', math.ceil((until_ - now) / 1000))
         else
-          -- Its expiry moves only with `expires` (and a bucket's level):
-          -- unchanged, the counters keep the TTL they have, which saves
-          -- formatting a number on most spends.
+          -- Unmoved, the counters keep the TTL they have (never shorter
+          -- than `until_`), which saves formatting a number on most spends.
           redis.call('SET', w.meta, cmsgpack.pack(w.total, w.B, w.hbase, w.htot, w.oldest, w.last, w.expires,
             w.nadj, w.stale, w.dtot, w.dbase, w.neg, w.L, w.lt, w.D), 'KEEPTTL')
         end

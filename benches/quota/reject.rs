@@ -38,20 +38,55 @@ struct Fill {
     name: &'static str,
     label: &'static str,
     entry_cost: u64,
+    /// `stream-node-max-entries` while the window is filled (None: the
+    /// server's default, 100): the entries a stream node holds.
+    node_entries: Option<u32>,
 }
 
-const FILLS: [Fill; 2] = [
+/// The node size docs/spend.md suggests for a Redis with windows of many
+/// small entries.
+const SMALL_NODES: u32 = 32;
+
+const FILLS: [Fill; 3] = [
     Fill {
         name: "rj1",
         label: "full of 10,000 entries of 1 unit",
         entry_cost: 1,
+        node_entries: None,
     },
     Fill {
         name: "rj100",
         label: "full of 100 entries of 100 units",
         entry_cost: 100,
+        node_entries: None,
+    },
+    Fill {
+        name: "rj1n",
+        label: "full of 10,000 entries of 1 unit, stream-node-max-entries 32",
+        entry_cost: 1,
+        node_entries: Some(SMALL_NODES),
     },
 ];
+
+async fn config_get(conn: &mut ConnectionManager, name: &str) -> String {
+    let kv: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg(name)
+        .query_async(conn)
+        .await
+        .expect("CONFIG GET");
+    kv.get(1).cloned().expect("a config value")
+}
+
+async fn config_set(conn: &mut ConnectionManager, name: &str, value: &str) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg(name)
+        .arg(value)
+        .query_async(conn)
+        .await
+        .expect("CONFIG SET");
+}
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Imp {
@@ -155,7 +190,14 @@ pub async fn run(ctx: &Ctx) -> Section {
     let limiter = Limiter::new(conn.clone(), q.clone(), TIMEOUT).without_history();
 
     // Every window exactly full, its entries spread over the last 30 minutes.
+    // A stream's nodes are cut as it grows: the node size in force while a
+    // window is filled is the one its stream keeps.
+    let default_nodes = config_get(&mut conn, "stream-node-max-entries").await;
+    let mut entry_bytes = Vec::new();
     for f in &FILLS {
+        if let Some(n) = f.node_entries {
+            config_set(&mut conn, "stream-node-max-entries", &n.to_string()).await;
+        }
         let now = common::redis_now_us(&mut conn).await;
         let span = (now - PER_US / 2, now - 1_000_000);
         let n = (UNITS / f.entry_cost) as usize;
@@ -179,8 +221,26 @@ pub async fn run(ctx: &Ctx) -> Section {
         )
         .await;
         fill_list(&mut conn, &list_key(f.name), UNITS as usize, span.0, span.1).await;
+        config_set(&mut conn, "stream-node-max-entries", &default_nodes).await;
         let u = limiter.peek(f.name).await.expect("peek").windows[0].clone();
         assert_eq!((u.used, u.remaining), (UNITS, 0), "{}: full", f.name);
+        if f.entry_cost == 1 {
+            let bytes: i64 = redis::cmd("MEMORY")
+                .arg("USAGE")
+                .arg(&ours_keys(&q, f.name)[2])
+                .arg("SAMPLES")
+                .arg(0)
+                .query_async(&mut conn)
+                .await
+                .expect("MEMORY USAGE");
+            entry_bytes.push((
+                f.node_entries.map_or_else(
+                    || format!("{default_nodes} (the default)"),
+                    |n| n.to_string(),
+                ),
+                bytes as f64 / n as f64,
+            ));
+        }
     }
 
     let mut md = String::from(
@@ -291,6 +351,18 @@ pub async fn run(ctx: &Ctx) -> Section {
          (one LINDEX; it gives no exact weighted retry-after). Neither has request ids, settle, \
          blocks or several windows in one call.\n",
     );
+    md.push_str(&format!(
+        "\nA stream keeps its entries in nodes of up to `stream-node-max-entries`, and `XRANGE` walks \
+         a node from its first entry to the one it returns: a refusal at cost 1 finds its entry at \
+         the head of the oldest node, one at cost 100 on cost-1 entries 100 entries on. With \
+         smaller nodes the walk is shorter and the stream larger; bytes per entry of the windows \
+         of cost-1 entries above (`MEMORY USAGE` of the stream ÷ its entries): {}.\n",
+        entry_bytes
+            .iter()
+            .map(|(nodes, b)| format!("{b:.1} B with {nodes} per node"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
     common::flushall(&mut conn).await;
     Section {
         key: "reject",
@@ -300,6 +372,10 @@ pub async fn run(ctx: &Ctx) -> Section {
             "units": UNITS,
             "rounds": plan.rounds,
             "round_ms": plan.round.as_millis() as u64,
+            "stream_bytes_per_entry": entry_bytes
+                .iter()
+                .map(|(nodes, b)| json!({ "stream_node_max_entries": nodes, "bytes": b }))
+                .collect::<Vec<_>>(),
             "cells": data,
         }),
         targets,

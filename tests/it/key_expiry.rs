@@ -96,3 +96,75 @@ async fn keys_outlive_their_newest_entry_by_a_window_then_expire() {
         pttls(&server)
     );
 }
+
+/// A bucket's counters hold its level, which may outlive every entry's
+/// keys (a drift synced onto a bucket with no spend yet): they expire when
+/// the level has drained, not before. The script renews their TTL only when
+/// that moves (other calls keep it), so this pins both paths: the spend
+/// that sets it, the sync that keeps it, and the sync that must move it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_buckets_counters_live_until_its_level_has_drained() {
+    let server = RedisServer::start();
+    // 100 units per 10 min: a full level drains in 600 s; the bucket's
+    // keys outlive an entry by its period plus a quarter (750 s).
+    let cfg = ConfigBuilder::new()
+        .credential(Credential::env("b", "B").window(Window::bucket(100, "10m")))
+        .credential(Credential::env("s", "S").window(Window::bucket(100, "10m")))
+        .credential(Credential::env("t", "T").window(Window::bucket(100, "1m")))
+        .endpoint(Endpoint::new("e", "b", 1))
+        .endpoint(Endpoint::new("f", "t", 1))
+        .write();
+    let limiter = support::limiter(&server, &Config::load(&cfg.path()).expect("config")).await;
+    let meta_ttl = |cred: &str| -> i64 {
+        let keys = server.keys(&format!("qw:{{{cred}}}:*:meta"));
+        assert_eq!(keys.len(), 1, "{keys:?}");
+        server.cmd(&["PTTL", &keys[0]])
+    };
+
+    // A spend: the keys live 750 s; a sync that fills the level (its drain
+    // ends in 600 s, before them) leaves the counters' TTL as it was.
+    let d = limiter
+        .spend("e", None, &request_id())
+        .await
+        .expect("spend");
+    assert!(d.is_allowed(), "{d:?}");
+    let after_spend = meta_ttl("b");
+    assert!(
+        (749_000..=750_000).contains(&after_spend),
+        "{after_spend} ms"
+    );
+    assert_eq!(limiter.sync("b", 0, 0).await.expect("sync"), 99);
+    let after_sync = meta_ttl("b");
+    assert!(
+        (749_000..=after_spend).contains(&after_sync),
+        "a sync whose level drains before the keys expire keeps their TTL: {after_sync} ms"
+    );
+
+    // A sync onto a bucket with no spend: nothing but the level is live,
+    // and the counters keep it until it has drained (600 s, 1 s of slack).
+    assert_eq!(limiter.sync("s", 0, 0).await.expect("sync"), 100);
+    let level_only = meta_ttl("s");
+    assert!(
+        (600_000..=601_000).contains(&level_only),
+        "the counters expire with the level: {level_only} ms"
+    );
+    let u = limiter.peek("s").await.expect("peek");
+    assert_eq!((u.windows[0].used, u.windows[0].drift), (100, 100), "{u:?}");
+
+    // 1 min: a spend's keys live 75 s. 16 s on, a sync that fills the
+    // level drains 61 s from then, after the TTL the spend set (59 s left):
+    // the counters' TTL moves to the level's (later is fine: the wait may
+    // run long, up to the keys' 75 s).
+    let d = limiter
+        .spend("f", None, &request_id())
+        .await
+        .expect("spend");
+    assert!(d.is_allowed(), "{d:?}");
+    tokio::time::sleep(Duration::from_secs(16)).await;
+    assert_eq!(limiter.sync("t", 0, 0).await.expect("sync"), 100);
+    let moved = meta_ttl("t");
+    assert!(
+        (60_500..=61_000).contains(&moved),
+        "the counters outlive the level (61 s), not the spend's TTL: {moved} ms"
+    );
+}
