@@ -43,8 +43,8 @@ struct Fill {
     node_entries: Option<u32>,
 }
 
-/// The node size docs/spend.md suggests for a Redis with windows of many
-/// small entries.
+/// The node size docs/redis.md ("Stream node size") offers for a Redis
+/// with windows of many small entries.
 const SMALL_NODES: u32 = 32;
 
 const FILLS: [Fill; 3] = [

@@ -100,8 +100,9 @@ async fn keys_outlive_their_newest_entry_by_a_window_then_expire() {
 /// A bucket's counters hold its level, which may outlive every entry's
 /// keys (a drift synced onto a bucket with no spend yet): they expire when
 /// the level has drained, not before. The script renews their TTL only when
-/// that moves (other calls keep it), so this pins both paths: the spend
-/// that sets it, the sync that keeps it, and the sync that must move it.
+/// that moves (other calls keep it), so this pins the three paths: the
+/// spend that sets it, the sync that keeps it, and the sync that must move
+/// it. (Bounds allow a slow machine a second between a call and its PTTL.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_buckets_counters_live_until_its_level_has_drained() {
     let server = RedisServer::start();
@@ -130,13 +131,13 @@ async fn a_buckets_counters_live_until_its_level_has_drained() {
     assert!(d.is_allowed(), "{d:?}");
     let after_spend = meta_ttl("b");
     assert!(
-        (749_000..=750_000).contains(&after_spend),
+        (745_000..=750_000).contains(&after_spend),
         "{after_spend} ms"
     );
     assert_eq!(limiter.sync("b", 0, 0).await.expect("sync"), 99);
     let after_sync = meta_ttl("b");
     assert!(
-        (749_000..=after_spend).contains(&after_sync),
+        (745_000..=after_spend).contains(&after_sync),
         "a sync whose level drains before the keys expire keeps their TTL: {after_sync} ms"
     );
 
@@ -145,16 +146,15 @@ async fn a_buckets_counters_live_until_its_level_has_drained() {
     assert_eq!(limiter.sync("s", 0, 0).await.expect("sync"), 100);
     let level_only = meta_ttl("s");
     assert!(
-        (600_000..=601_000).contains(&level_only),
+        (599_000..=601_000).contains(&level_only),
         "the counters expire with the level: {level_only} ms"
     );
     let u = limiter.peek("s").await.expect("peek");
     assert_eq!((u.windows[0].used, u.windows[0].drift), (100, 100), "{u:?}");
 
     // 1 min: a spend's keys live 75 s. 16 s on, a sync that fills the
-    // level drains 61 s from then, after the TTL the spend set (59 s left):
-    // the counters' TTL moves to the level's (later is fine: the wait may
-    // run long, up to the keys' 75 s).
+    // level drains 61 s from then, after the TTL the spend set (59 s left,
+    // less if the sleep runs long): the counters' TTL moves to the level's.
     let d = limiter
         .spend("f", None, &request_id())
         .await
@@ -164,7 +164,7 @@ async fn a_buckets_counters_live_until_its_level_has_drained() {
     assert_eq!(limiter.sync("t", 0, 0).await.expect("sync"), 100);
     let moved = meta_ttl("t");
     assert!(
-        (60_500..=61_000).contains(&moved),
+        (60_000..=61_000).contains(&moved),
         "the counters outlive the level (61 s), not the spend's TTL: {moved} ms"
     );
 }
