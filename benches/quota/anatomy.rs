@@ -9,7 +9,9 @@
 //!   entry, counters) and checks nothing. Its time is the best any script on
 //!   this layout can do; the gap from it to ours is our logic;
 //! - refusing at cost 100 against cost 1 on a window of 10,000 cost-1
-//!   entries: the one lookup both make (`XRANGE … COUNT 1`) is timed apart.
+//!   entries: the one lookup both make (`XRANGE … COUNT 1`) is timed apart;
+//! - a bucket window's admission against a sliding one's (the bucket
+//!   section's target), without the client's share of the time.
 //!
 //! Callers share one connection, as in the other sections. Nothing here
 //! asserts a speed.
@@ -17,8 +19,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use quota_worker::config::Config;
 use quota_worker::conn::Lua;
-use quota_worker::quota::{Decision, Limiter, request_id};
+use quota_worker::quota::{Decision, Limiter, Quotas, request_id};
 use redis::aio::ConnectionManager;
 use serde::Serialize;
 use serde_json::json;
@@ -27,6 +30,7 @@ use crate::Ctx;
 use crate::common::{self, Plan, TIMEOUT, drive, median};
 use crate::growth::{HUGE, NAIVE, PER_MS, PER_US, fill_ours, naive_key, ours_keys, quotas};
 use crate::report::Section;
+use crate::support::TestConfig;
 
 static FLOOR: std::sync::LazyLock<Lua> =
     std::sync::LazyLock::new(|| Lua::new(include_str!("../baseline/layout_floor.lua")));
@@ -42,15 +46,17 @@ enum Call {
     OursAdmit,
     OursReject1,
     OursReject100,
+    BucketAdmit,
 }
 
 impl Call {
-    const ALL: [Call; 5] = [
+    const ALL: [Call; 6] = [
         Call::NaiveAdmit,
         Call::FloorAdmit,
         Call::OursAdmit,
         Call::OursReject1,
         Call::OursReject100,
+        Call::BucketAdmit,
     ];
 
     fn label(self) -> &'static str {
@@ -60,6 +66,7 @@ impl Call {
             Call::OursAdmit => "spend.lua, admit cost 1",
             Call::OursReject1 => "spend.lua, refuse cost 1 (10,000 entries of 1)",
             Call::OursReject100 => "spend.lua, refuse cost 100 (10,000 entries of 1)",
+            Call::BucketAdmit => "spend.lua, admit cost 1, bucket window",
         }
     }
 }
@@ -114,13 +121,21 @@ async fn reset_stats(conn: &mut ConnectionManager) {
 
 struct Bench {
     limiter: Limiter,
+    /// The bucket section's credentials (`bk`: a bucket that never fills).
+    bucket: Limiter,
     conn: ConnectionManager,
     floor_keys: Vec<String>,
 }
 
 impl Bench {
     /// One call of `what`; panics if it is not admitted / refused as meant.
-    async fn once(limiter: Limiter, mut conn: ConnectionManager, keys: Vec<String>, what: Call) {
+    async fn once(
+        limiter: Limiter,
+        bucket: Limiter,
+        mut conn: ConnectionManager,
+        keys: Vec<String>,
+        what: Call,
+    ) {
         match what {
             Call::NaiveAdmit => {
                 let r: Vec<i64> = NAIVE
@@ -160,19 +175,33 @@ impl Bench {
                     "ours: admitted on a full window"
                 );
             }
+            Call::BucketAdmit => {
+                let d = bucket.spend("bk", Some(1), &request_id()).await;
+                assert!(
+                    d.expect("spend").is_allowed(),
+                    "ours: refused by a bucket that never fills"
+                );
+            }
         }
     }
 
     /// Runs `what` at `n` callers for `d`; its Redis cost per call.
     async fn measure(&mut self, what: Call, n: usize, d: Duration) -> Cost {
         reset_stats(&mut self.conn).await;
-        let (limiter, conn, keys) = (
+        let (limiter, bucket, conn, keys) = (
             self.limiter.clone(),
+            self.bucket.clone(),
             self.conn.clone(),
             self.floor_keys.clone(),
         );
         let (calls, _, _) = drive(n, d, move || {
-            Bench::once(limiter.clone(), conn.clone(), keys.clone(), what)
+            Bench::once(
+                limiter.clone(),
+                bucket.clone(),
+                conn.clone(),
+                keys.clone(),
+                what,
+            )
         })
         .await;
         let stats = commandstats(&mut self.conn).await;
@@ -233,8 +262,18 @@ pub async fn run(ctx: &Ctx) -> Section {
         "the refusals' window is full"
     );
 
+    let bucket_cfg = TestConfig::new(crate::bucket::CONFIG, &[]);
+    let bucket = Limiter::new(
+        conn.clone(),
+        std::sync::Arc::new(Quotas::new(
+            &Config::load(&bucket_cfg.path()).expect("bucket bench config"),
+        )),
+        TIMEOUT,
+    )
+    .without_history();
     let mut bench = Bench {
         limiter,
+        bucket,
         conn: conn.clone(),
         floor_keys,
     };
@@ -302,13 +341,16 @@ pub async fn run(ctx: &Ctx) -> Section {
     }
     let floor_vs_naive = naive / costs[1].evalsha_us;
     let ours_vs_floor = costs[1].evalsha_us / costs[2].evalsha_us;
+    let bucket_vs_sliding = costs[2].evalsha_us / costs[5].evalsha_us;
     let xr = |i: usize| costs[i].commands.get("XRANGE").copied().unwrap_or(0.0);
     md.push_str(&format!(
         "\nAt cost 1 the layout floor itself allows {floor_vs_naive:.2}× the naive log's rate; \
          spend.lua runs at {ours_vs_floor:.2}× the floor. A refusal at cost 100 spends \
          {:.1} µs in its `XRANGE` where one at cost 1 spends {:.1} µs: the entry 100 units on \
          sits further into its stream node (up to 100 entries, which Redis walks from the \
-         node's start), the same constant at any window size (the growth section).\n",
+         node's start), the same constant at any window size (the growth section). A bucket \
+         window's admission allows {bucket_vs_sliding:.2}× the rate of a sliding one's (the \
+         bucket section's target, here without the client's share).\n",
         xr(4),
         xr(3),
     ));
@@ -323,6 +365,7 @@ pub async fn run(ctx: &Ctx) -> Section {
             "round_ms": plan.round.as_millis() as u64,
             "floor_rate_vs_naive": floor_vs_naive,
             "ours_rate_vs_floor": ours_vs_floor,
+            "bucket_rate_vs_sliding": bucket_vs_sliding,
             "calls": data,
         }),
         targets: Vec::new(),

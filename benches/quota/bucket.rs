@@ -16,8 +16,8 @@ use crate::report::{Section, Target};
 use crate::support::TestConfig;
 
 /// A bucket no benchmark fills (a billion units a second) and a sliding hour
-/// of a trillion.
-const CONFIG: &str = r#"
+/// of a trillion (the anatomy section spends from the bucket too).
+pub const CONFIG: &str = r#"
 [redis]
 key_prefix = "qwbk"
 
