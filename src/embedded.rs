@@ -209,6 +209,11 @@ impl EmbeddedRedis {
             // Exactness needs every key kept (src/eviction.rs): under memory
             // pressure writes fail loudly instead of windows vanishing.
             .args(["--maxmemory-policy", "noeviction"])
+            // Stream nodes of 32 entries, not 100: a refused spend's one
+            // XRANGE walks at most 32 entries of a node, so a refusal at any
+            // cost costs what one at cost 1 does, for ~10 B more per spend
+            // (docs/redis.md, "Stream node size"; BENCHMARKS.md §7).
+            .args(["--stream-node-max-entries", "32"])
             .arg("--logfile")
             .arg(&self.log)
             .stdin(Stdio::null())
