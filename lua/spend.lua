@@ -528,7 +528,8 @@ local function spend_main(KEYS, ARGV)
   -- unsigned 32-bit counters (BITFIELD, saturating at 0): counter 0 holds the
   -- newest slot written, counter 1 + (slot mod slots) that slot's units.
   -- Slots skipped since the newest are zeroed before reuse, a ring idle for
-  -- `slots` slots is dropped whole, and one not written for its TTL expires.
+  -- `slots` slots is dropped whole, and one whose newest slot began its TTL
+  -- ago expires.
   local record
   local nring = tonumber(ARGV[6 + nwin]) or 0
   if nring > 0 and (op == 'spend' or op == 'settle') then
@@ -562,13 +563,17 @@ local function spend_main(KEYS, ARGV)
             call('BITFIELD', ring, unpack(zero))
           end
           call('BITFIELD', ring, 'SET', 'u32', '#0', slot)
-        else
+          -- Its TTL runs from the first write of its newest slot: by the
+          -- time it ends (a TTL of the ring's span plus a slot) that slot
+          -- has left the span, so nothing expires that a reader would show,
+          -- and the other writes of the slot skip the PEXPIRE.
+          call('PEXPIRE', ring, ring_ttl)
+        elseif slot < newest then
           -- The clock is never behind the newest slot but for a failover to
           -- a skewed replica: count in the newest slot, not a passed one.
           slot = newest
         end
         call('BITFIELD', ring, 'OVERFLOW', 'SAT', 'INCRBY', 'u32', '#' .. (1 + slot % nslot), units)
-        call('PEXPIRE', ring, ring_ttl)
       end
     end
   end
