@@ -111,14 +111,6 @@ async fn commandstats(conn: &mut ConnectionManager) -> BTreeMap<String, (f64, f6
     out
 }
 
-async fn reset_stats(conn: &mut ConnectionManager) {
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(conn)
-        .await
-        .expect("CONFIG RESETSTAT");
-}
-
 struct Bench {
     limiter: Limiter,
     /// The bucket section's credentials (`bk`: a bucket that never fills).
@@ -187,7 +179,7 @@ impl Bench {
 
     /// Runs `what` at `n` callers for `d`; its Redis cost per call.
     async fn measure(&mut self, what: Call, n: usize, d: Duration) -> Cost {
-        reset_stats(&mut self.conn).await;
+        common::reset_stats(&mut self.conn).await;
         let (limiter, bucket, conn, keys) = (
             self.limiter.clone(),
             self.bucket.clone(),

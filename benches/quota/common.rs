@@ -100,6 +100,36 @@ pub async fn used_memory(conn: &mut ConnectionManager) -> i64 {
         .expect("used_memory")
 }
 
+/// A server setting's value (`CONFIG GET`).
+pub async fn config_get(conn: &mut ConnectionManager, name: &str) -> String {
+    let kv: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg(name)
+        .query_async(conn)
+        .await
+        .expect("CONFIG GET");
+    kv.get(1).cloned().expect("a config value")
+}
+
+pub async fn config_set(conn: &mut ConnectionManager, name: &str, value: &str) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg(name)
+        .arg(value)
+        .query_async(conn)
+        .await
+        .expect("CONFIG SET");
+}
+
+/// `CONFIG RESETSTAT`: `INFO commandstats` and the like count from here.
+pub async fn reset_stats(conn: &mut ConnectionManager) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(conn)
+        .await
+        .expect("CONFIG RESETSTAT");
+}
+
 /// `MEMORY USAGE key SAMPLES 0` (exact: every element counted).
 pub async fn memory_usage(conn: &mut ConnectionManager, key: &str) -> i64 {
     let n: Option<i64> = redis::cmd("MEMORY")

@@ -35,7 +35,7 @@ use serde::Serialize;
 use tokio::sync::{broadcast, oneshot};
 
 use crate::Ctx;
-use crate::common::{connect, flushall, info_field, median, min_max, thousands};
+use crate::common::{connect, flushall, info_field, median, min_max, reset_stats, thousands};
 use crate::report::{Section, Target};
 use crate::support::RedisServer;
 use crate::support::in_process::InProcess;
@@ -613,11 +613,7 @@ async fn run_once(
     let job = &config.jobs[JOB];
 
     // Counters from here: the daemon's start-up is not the pipeline's work.
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(conn)
-        .await
-        .expect("CONFIG RESETSTAT");
+    reset_stats(conn).await;
     let redis_cpu0 = redis_cpu_us(conn).await;
     let cpu0 = process_cpu_us();
     // What the scheduler does on a tick: fan out, claim the tick, enqueue.

@@ -68,26 +68,6 @@ const FILLS: [Fill; 3] = [
     },
 ];
 
-async fn config_get(conn: &mut ConnectionManager, name: &str) -> String {
-    let kv: Vec<String> = redis::cmd("CONFIG")
-        .arg("GET")
-        .arg(name)
-        .query_async(conn)
-        .await
-        .expect("CONFIG GET");
-    kv.get(1).cloned().expect("a config value")
-}
-
-async fn config_set(conn: &mut ConnectionManager, name: &str, value: &str) {
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg(name)
-        .arg(value)
-        .query_async(conn)
-        .await
-        .expect("CONFIG SET");
-}
-
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Imp {
     Ours,
@@ -192,11 +172,11 @@ pub async fn run(ctx: &Ctx) -> Section {
     // Every window exactly full, its entries spread over the last 30 minutes.
     // A stream's nodes are cut as it grows: the node size in force while a
     // window is filled is the one its stream keeps.
-    let default_nodes = config_get(&mut conn, "stream-node-max-entries").await;
+    let default_nodes = common::config_get(&mut conn, "stream-node-max-entries").await;
     let mut entry_bytes = Vec::new();
     for f in &FILLS {
         if let Some(n) = f.node_entries {
-            config_set(&mut conn, "stream-node-max-entries", &n.to_string()).await;
+            common::config_set(&mut conn, "stream-node-max-entries", &n.to_string()).await;
         }
         let now = common::redis_now_us(&mut conn).await;
         let span = (now - PER_US / 2, now - 1_000_000);
@@ -221,18 +201,11 @@ pub async fn run(ctx: &Ctx) -> Section {
         )
         .await;
         fill_list(&mut conn, &list_key(f.name), UNITS as usize, span.0, span.1).await;
-        config_set(&mut conn, "stream-node-max-entries", &default_nodes).await;
+        common::config_set(&mut conn, "stream-node-max-entries", &default_nodes).await;
         let u = limiter.peek(f.name).await.expect("peek").windows[0].clone();
         assert_eq!((u.used, u.remaining), (UNITS, 0), "{}: full", f.name);
         if f.entry_cost == 1 {
-            let bytes: i64 = redis::cmd("MEMORY")
-                .arg("USAGE")
-                .arg(&ours_keys(&q, f.name)[2])
-                .arg("SAMPLES")
-                .arg(0)
-                .query_async(&mut conn)
-                .await
-                .expect("MEMORY USAGE");
+            let bytes = common::memory_usage(&mut conn, &ours_keys(&q, f.name)[2]).await;
             entry_bytes.push((
                 f.node_entries.map_or_else(
                     || format!("{default_nodes} (the default)"),

@@ -168,3 +168,55 @@ async fn a_buckets_counters_live_until_its_level_has_drained() {
         "the counters outlive the level (61 s), not the spend's TTL: {moved} ms"
     );
 }
+
+/// The spend history's ring renews its TTL when a new slot begins (the
+/// script skips the PEXPIRE for the other writes of a slot): a ring written
+/// slot after slot never expires under its writers. Run through the script
+/// as another language calls it, with 1 s slots and a 4 s TTL so the test
+/// sees a slot go by.
+#[test]
+fn the_history_ring_renews_its_ttl_when_a_new_slot_begins() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let script = redis::Script::new(quota_worker::quota::SCRIPT);
+    let ring = "{h}:ring";
+    let keys = [
+        "{h}:blocked",
+        "{h}:clock",
+        "{h}:w:meta",
+        "{h}:w:log",
+        "{h}:w:ts",
+        "{h}:w:adj",
+        ring,
+    ];
+    let mut spend = || {
+        let r: Vec<i64> = script
+            .key(&keys[..])
+            .arg("spend")
+            .arg(request_id())
+            .arg(1)
+            .arg(0)
+            .arg(1)
+            .arg("sliding:1000:60000")
+            .arg(1) // one ring, 1 s slots, 3 slots, a 4 s TTL
+            .arg(1_000)
+            .arg(3)
+            .arg(4_000)
+            .invoke(&mut conn)
+            .expect("spend");
+        assert_eq!(r[0], 1, "admitted: {r:?}");
+    };
+
+    spend();
+    let first: i64 = server.cmd(&["PTTL", ring]);
+    assert!((3_000..=4_000).contains(&first), "{first} ms");
+    // 1.2 s on the spend lands in a later slot: the TTL starts again, where
+    // without the renewal it would be down to under 2.8 s.
+    std::thread::sleep(Duration::from_millis(1_200));
+    spend();
+    let renewed: i64 = server.cmd(&["PTTL", ring]);
+    assert!(
+        renewed >= 3_000,
+        "the ring's TTL was not renewed when its newest slot changed: {renewed} ms (first {first} ms)"
+    );
+}
