@@ -15,7 +15,7 @@
 //!   clamped to the endpoint's `max_block` (`crate::accounting` reads them:
 //!   every answer comes back with its [`Verdict`]).
 //! - **Text** it sends back (error bodies, undecodable bodies, the strings of
-//!   a JSON body) has every known secret scrubbed ([`Scrubber`]) before it is
+//!   a JSON body) has every known secret scrubbed (`crate::scrub`) before it is
 //!   logged, stored or put in an error.
 //! - **URL placeholders** are percent-encoded as RFC 6570 simple expansion
 //!   does, so no value changes the URL's path, query or fragment (`{+name}`
@@ -30,16 +30,15 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use aho_corasick::{AhoCorasick, MatchKind};
 use chrono::{DateTime, Utc};
-use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use reqwest::Url;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
 
 use crate::accounting::{self, Verdict};
-use crate::config::{Endpoint, Expansion, Job, Method, PageStyle, Secret, Secrets};
+use crate::config::{Endpoint, Job, Method, PageStyle, Secret, Secrets, expand};
 use crate::paging::{self, Next, Stored, StoredError, Validators};
+use crate::scrub::{Scrubber, snippet};
 
 /// Redirects followed for one page at most (each one spent). The request
 /// before them makes `MAX_REDIRECTS + 1` upstream requests in all.
@@ -48,17 +47,6 @@ pub(crate) const MAX_REDIRECTS: u32 = 3;
 /// Error answers (4xx, 5xx) are read this far at most: enough for the log
 /// and for a quota reason, never a reason to fail.
 const ERROR_BODY_LIMIT: u64 = 64 * 1024;
-
-/// What a scrubbed secret is replaced with.
-pub(crate) const REDACTED: &str = "[redacted]";
-
-/// RFC 3986 unreserved characters stay; everything else is encoded
-/// (RFC 6570 simple expansion).
-const SIMPLE: &AsciiSet = &NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'.')
-    .remove(b'_')
-    .remove(b'~');
 
 /// Values the request template's placeholders take for one task.
 #[derive(Debug, Clone)]
@@ -452,186 +440,6 @@ impl Answered {
     }
 }
 
-/// Removes every known secret from text the upstream sent back: each
-/// credential's secret as it is, percent-encoded (upper- and lower-case
-/// hex, `+` for spaces as forms write it) and JSON-escaped, since an
-/// upstream echoes the URL or the request in any of these forms.
-///
-/// It also writes a next-page cursor or URL in stored form
-/// ([`Scrubber::templatize`]): each spelling of a secret as the placeholder
-/// that renders it back.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Scrubber {
-    /// One automaton for every form of every secret; `None` without secrets.
-    matcher: Option<AhoCorasick>,
-    /// Per pattern of `matcher`: the placeholder that renders it back in a
-    /// URL (`{secret}` percent-encodes, `{+secret}` keeps it as it is).
-    placeholders: Vec<&'static str>,
-}
-
-/// A secret spelled percent-encoded: rendered back by simple expansion.
-const ENCODED: &str = "{secret}";
-/// A secret spelled as it is: rendered back by reserved expansion (which
-/// keeps the characters a URL may hold as they are).
-const VERBATIM: &str = "{+secret}";
-
-impl Scrubber {
-    /// A scrubber for `secrets`.
-    pub(crate) fn new<'a>(secrets: impl IntoIterator<Item = &'a Secret>) -> Self {
-        let mut forms: Vec<(String, &'static str)> = Vec::new();
-        for s in secrets {
-            let s = s.expose();
-            if s.is_empty() {
-                continue;
-            }
-            let encoded = utf8_percent_encode(s, SIMPLE).to_string();
-            let json = serde_json::to_string(s).unwrap_or_default();
-            forms.extend([
-                (s.to_owned(), VERBATIM),
-                (encoded.replace("%20", "+"), ENCODED),
-                (lower_hex(&encoded), ENCODED),
-                // The quotes around it, not the escaped ones inside.
-                (
-                    json.get(1..json.len().saturating_sub(1))
-                        .unwrap_or_default()
-                        .to_owned(),
-                    VERBATIM,
-                ),
-                (encoded, ENCODED),
-            ]);
-        }
-        forms.retain(|(f, _)| !f.is_empty());
-        // Where two spellings are the same text, the one listed first wins
-        // (stable sort): as it is renders it back exactly.
-        forms.sort_by(|a, b| a.0.cmp(&b.0));
-        forms.dedup_by(|b, a| a.0 == b.0);
-        let matcher = if forms.is_empty() {
-            None
-        } else {
-            AhoCorasick::builder()
-                .match_kind(MatchKind::LeftmostLongest)
-                .build(forms.iter().map(|(f, _)| f))
-                .ok()
-        };
-        Scrubber {
-            matcher,
-            placeholders: forms.into_iter().map(|(_, p)| p).collect(),
-        }
-    }
-
-    /// `text` (a cursor or next URL from the upstream) in stored form:
-    /// braces doubled, so it holds no placeholder of its own, and each
-    /// spelling of a secret written as the placeholder that renders it back
-    /// ([`Stored::render`]).
-    pub(crate) fn templatize(&self, text: &str) -> String {
-        let escape = |t: &str| t.replace('{', "{{").replace('}', "}}");
-        let mut out = String::with_capacity(text.len());
-        let mut last = 0;
-        if let Some(m) = &self.matcher {
-            for found in m.find_iter(text) {
-                out.push_str(&escape(&text[last..found.start()]));
-                out.push_str(self.placeholders[found.pattern().as_usize()]);
-                last = found.end();
-            }
-        }
-        out.push_str(&escape(&text[last..]));
-        out
-    }
-
-    /// `text` with every secret replaced by [`REDACTED`].
-    pub(crate) fn scrub<'t>(&self, text: &'t str) -> Cow<'t, str> {
-        match &self.matcher {
-            Some(m) if m.is_match(text) => {
-                let with: Vec<&str> = vec![REDACTED; m.patterns_len()];
-                Cow::Owned(m.replace_all(text, &with))
-            }
-            _ => Cow::Borrowed(text),
-        }
-    }
-
-    /// Scrubs every string of a JSON value (records, cursors) in place.
-    pub(crate) fn scrub_json(&self, value: &mut Value) {
-        if self.matcher.is_none() {
-            return;
-        }
-        match value {
-            Value::String(s) => {
-                if let Cow::Owned(clean) = self.scrub(s) {
-                    *s = clean;
-                }
-            }
-            Value::Array(items) => items.iter_mut().for_each(|v| self.scrub_json(v)),
-            Value::Object(map) => map.values_mut().for_each(|v| self.scrub_json(v)),
-            _ => {}
-        }
-    }
-
-    /// Scrubs every piece of upstream text a reply carries (its next page
-    /// and validators were taken out before, without the secret).
-    fn scrub_reply(&self, reply: &mut Reply) {
-        match reply {
-            Reply::Ok { body, .. } => self.scrub_json(body),
-            Reply::ClientError { detail, .. }
-            | Reply::BadBody { detail, .. }
-            | Reply::Unsent { detail }
-            | Reply::Unreached { detail }
-            | Reply::TimedOut { detail }
-            | Reply::RedirectRefused { why: detail, .. } => {
-                if let Cow::Owned(clean) = self.scrub(detail) {
-                    *detail = clean;
-                }
-            }
-            Reply::Throttled { .. }
-            | Reply::NotModified { .. }
-            | Reply::ServerError { .. }
-            | Reply::Redirect { .. }
-            | Reply::TooLarge { .. } => {}
-        }
-    }
-}
-
-/// `%2F` → `%2f`: the other spelling of the same encoding.
-fn lower_hex(encoded: &str) -> String {
-    let mut out = String::with_capacity(encoded.len());
-    let mut hex_left = 0;
-    for c in encoded.chars() {
-        if c == '%' {
-            hex_left = 2;
-            out.push(c);
-        } else if hex_left > 0 {
-            hex_left -= 1;
-            out.push(c.to_ascii_lowercase());
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-/// A value as RFC 6570 expands it into a URL.
-pub(crate) fn expand(value: &str, how: Expansion) -> Cow<'_, str> {
-    match how {
-        Expansion::Simple => utf8_percent_encode(value, SIMPLE).into(),
-        Expansion::Reserved => {
-            // Unreserved and reserved characters and %XX triplets stay.
-            const KEEP: &[u8] = b"-._~:/?#[]@!$&'()*+,;=";
-            let bytes = value.as_bytes();
-            let mut out = String::with_capacity(value.len());
-            for (i, &b) in bytes.iter().enumerate() {
-                let triplet = b == b'%'
-                    && bytes.get(i + 1).is_some_and(u8::is_ascii_hexdigit)
-                    && bytes.get(i + 2).is_some_and(u8::is_ascii_hexdigit);
-                if b.is_ascii_alphanumeric() || KEEP.contains(&b) || triplet {
-                    out.push(b as char);
-                } else {
-                    out.push_str(&format!("%{b:02X}"));
-                }
-            }
-            Cow::Owned(out)
-        }
-    }
-}
-
 fn path_segments(url: &Url) -> usize {
     url.path_segments().map_or(0, Iterator::count)
 }
@@ -782,10 +590,33 @@ impl Fetcher {
             Err(e) => Answered::new(transport_error(e), Verdict::default()),
             Ok(resp) => answer(endpoint, req, resp, &self.scrubber).await,
         };
-        self.scrubber.scrub_reply(&mut answered.reply);
+        scrub_reply(&self.scrubber, &mut answered.reply);
         metrics::counter!("qw_upstream_responses_total", "endpoint" => endpoint.name.clone(), "status" => answered.reply.status_label())
             .increment(1);
         answered
+    }
+}
+
+/// Scrubs every piece of upstream text a reply carries (its next page
+/// and validators were taken out before, without the secret).
+fn scrub_reply(scrubber: &Scrubber, reply: &mut Reply) {
+    match reply {
+        Reply::Ok { body, .. } => scrubber.scrub_json(body),
+        Reply::ClientError { detail, .. }
+        | Reply::BadBody { detail, .. }
+        | Reply::Unsent { detail }
+        | Reply::Unreached { detail }
+        | Reply::TimedOut { detail }
+        | Reply::RedirectRefused { why: detail, .. } => {
+            if let Cow::Owned(clean) = scrubber.scrub(detail) {
+                *detail = clean;
+            }
+        }
+        Reply::Throttled { .. }
+        | Reply::NotModified { .. }
+        | Reply::ServerError { .. }
+        | Reply::Redirect { .. }
+        | Reply::TooLarge { .. } => {}
     }
 }
 
@@ -973,11 +804,6 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
-fn snippet(body: &[u8]) -> String {
-    let s = String::from_utf8_lossy(&body[..body.len().min(200)]);
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
 /// Classifies a complete HTTP answer (not a redirect: see
 /// [`Reply::Redirect`]); `refused` is the [`Verdict`]'s: the upstream
 /// throttled this request, whatever its status (Shopify's `THROTTLED`
@@ -1045,18 +871,6 @@ mod tests {
         ));
     }
 
-    #[test]
-    fn simple_expansion_keeps_only_unreserved_characters() {
-        let e = |v| expand(v, Expansion::Simple).into_owned();
-        assert_eq!(e("../../etc/x"), "..%2F..%2Fetc%2Fx");
-        assert_eq!(e("&key=evil"), "%26key%3Devil");
-        assert_eq!(e("a?b#c d%"), "a%3Fb%23c%20d%25");
-        assert_eq!(e("Zürich-1_~."), "Z%C3%BCrich-1_~.");
-        let r = |v| expand(v, Expansion::Reserved).into_owned();
-        assert_eq!(r("a/b?c=d&e#f"), "a/b?c=d&e#f");
-        assert_eq!(r("%41 %zz"), "%41%20%25zz");
-    }
-
     /// Issue 12, item 3: a 304 was `failed`. It is its own answer.
     #[test]
     fn a_304_is_not_modified() {
@@ -1064,64 +878,5 @@ mod tests {
             classify(304, b"", false),
             Reply::NotModified { status: 304 }
         ));
-    }
-
-    /// A next URL is kept with each spelling of the secret as the
-    /// placeholder that renders it back, and nothing else the upstream
-    /// wrote can become a placeholder.
-    #[test]
-    fn next_urls_are_kept_without_the_secret_and_render_back() {
-        let secret = Secret::new("k/y+z ä");
-        let s = Scrubber::new([&secret]);
-        let encoded = "k%2Fy%2Bz%20%C3%A4";
-        let url = format!(
-            "https://graph.example/v1/me/media?access_token={encoded}&after=c2&x={{region}}"
-        );
-        let stored = s.templatize(&url);
-        assert_eq!(
-            stored,
-            "https://graph.example/v1/me/media?access_token={secret}&after=c2&x={{region}}"
-        );
-        let back = Stored::new(stored).render(&secret, true).unwrap();
-        assert_eq!(back, url, "rendered back as it was sent");
-        // The lower-case and form spellings render back as equivalents.
-        let lower = s.templatize("?t=k%2fy%2bz%20%c3%a4&u=k%2Fy%2Bz+%C3%A4");
-        assert_eq!(lower, "?t={secret}&u={secret}");
-        // A token of URL-safe characters only: kept as it is.
-        let meta = Secret::new("EAAGm0PX4ZCps");
-        let s = Scrubber::new([&meta]);
-        let stored = s.templatize("https://g/x?access_token=EAAGm0PX4ZCps&limit=2");
-        assert_eq!(stored, "https://g/x?access_token={+secret}&limit=2");
-        let back = Stored::new(stored).render(&meta, true).unwrap();
-        assert_eq!(back, "https://g/x?access_token=EAAGm0PX4ZCps&limit=2");
-        // Without secrets only the braces change.
-        assert_eq!(Scrubber::default().templatize("a{b}"), "a{{b}}");
-    }
-
-    #[test]
-    fn scrubber_finds_every_spelling() {
-        let s = Scrubber::new([&Secret::new("k/y+z ä\"")]);
-        for text in [
-            "k/y+z ä\"",
-            "k%2Fy%2Bz%20%C3%A4%22",
-            "k%2fy%2bz%20%c3%a4%22",
-            "k%2Fy%2Bz+%C3%A4%22",
-            "k/y+z ä\\\"",
-        ] {
-            let line = format!("GET /x?key={text}&a=1");
-            assert_eq!(
-                s.scrub(&line),
-                format!("GET /x?key={REDACTED}&a=1"),
-                "{text}"
-            );
-        }
-        let mut v =
-            serde_json::json!({"a": ["x k/y+z ä\" y", 1], "b": {"c": "k%2Fy%2Bz%20%C3%A4%22"}});
-        s.scrub_json(&mut v);
-        assert_eq!(
-            v,
-            serde_json::json!({"a": [format!("x {REDACTED} y"), 1], "b": {"c": REDACTED}})
-        );
-        assert_eq!(Scrubber::default().scrub("anything"), "anything");
     }
 }

@@ -41,7 +41,8 @@
 //!   what it says about the upstream's own quota (one `Verdict`: settle,
 //!   resync, block, per upstream: GitHub, Shopify, Meta, IETF); `paging`: where
 //!   the next page is in each pagination style (cursor, next URL, `Link`
-//!   header, page number) and how it is kept without the secret.
+//!   header, page number) and how it is kept without the secret; `scrub`:
+//!   the secret scrubber every piece of upstream text passes through.
 //! - [`sink`]: where records go: JSON lines files (whole-page appends, safe
 //!   across processes) or SQLite with an FTS5 index that serves search.
 //! - [`ops`]: Prometheus metrics, `/healthz`, `/readyz`, the status page
@@ -76,6 +77,7 @@ pub(crate) mod paging;
 pub mod queue;
 pub mod quota;
 pub mod schedule;
+pub(crate) mod scrub;
 pub mod simulator;
 pub mod sink;
 pub mod stats;

@@ -53,7 +53,7 @@ impl Stored {
         }
         let lookup = |_: &str| Some(secret.expose());
         Ok(if in_url {
-            t.render_with(lookup, crate::fetch::expand)
+            t.render_with(lookup, crate::config::expand)
         } else {
             t.render(lookup)
         })

@@ -36,6 +36,7 @@ use indexmap::IndexMap;
 pub use duration::{fmt_duration, parse_duration};
 pub use error::{ConfigError, ConfigErrors, FieldPath, Seg, Source};
 pub use redis_url::RedisUrl;
+pub(crate) use template::expand;
 pub use template::{Expansion, Template, TemplateError};
 
 use choice::Choice;

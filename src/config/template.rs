@@ -6,6 +6,40 @@
 use std::borrow::Cow;
 use std::fmt;
 
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+
+/// RFC 3986 unreserved characters stay; everything else is encoded
+/// (RFC 6570 simple expansion).
+const SIMPLE: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// A value as RFC 6570 expands it into a URL.
+pub(crate) fn expand(value: &str, how: Expansion) -> Cow<'_, str> {
+    match how {
+        Expansion::Simple => utf8_percent_encode(value, SIMPLE).into(),
+        Expansion::Reserved => {
+            // Unreserved and reserved characters and %XX triplets stay.
+            const KEEP: &[u8] = b"-._~:/?#[]@!$&'()*+,;=";
+            let bytes = value.as_bytes();
+            let mut out = String::with_capacity(value.len());
+            for (i, &b) in bytes.iter().enumerate() {
+                let triplet = b == b'%'
+                    && bytes.get(i + 1).is_some_and(u8::is_ascii_hexdigit)
+                    && bytes.get(i + 2).is_some_and(u8::is_ascii_hexdigit);
+                if b.is_ascii_alphanumeric() || KEEP.contains(&b) || triplet {
+                    out.push(b as char);
+                } else {
+                    out.push_str(&format!("%{b:02X}"));
+                }
+            }
+            Cow::Owned(out)
+        }
+    }
+}
+
 /// A parsed template: literal text and placeholders, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Template {
@@ -154,6 +188,18 @@ impl fmt::Display for Template {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn simple_expansion_keeps_only_unreserved_characters() {
+        let e = |v| expand(v, Expansion::Simple).into_owned();
+        assert_eq!(e("../../etc/x"), "..%2F..%2Fetc%2Fx");
+        assert_eq!(e("&key=evil"), "%26key%3Devil");
+        assert_eq!(e("a?b#c d%"), "a%3Fb%23c%20d%25");
+        assert_eq!(e("Zürich-1_~."), "Z%C3%BCrich-1_~.");
+        let r = |v| expand(v, Expansion::Reserved).into_owned();
+        assert_eq!(r("a/b?c=d&e#f"), "a/b?c=d&e#f");
+        assert_eq!(r("%41 %zz"), "%41%20%25zz");
+    }
 
     #[test]
     fn renders_placeholders_and_escapes() {
