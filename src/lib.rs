@@ -54,8 +54,9 @@
 //! - [`conn`], `embedded`: reaching Redis, or running one; `eviction`:
 //!   whether that Redis may evict the windows' keys.
 //! - [`logging`]: the log subscriber (text or JSON lines).
-//! - [`simulator`]: a simulated metered API on loopback, for `demo` and the
-//!   integration tests; the daemon never imports it.
+//! - `simulator` (its own crate, `crates/simulator`): a simulated metered
+//!   API on loopback, for `demo`, the integration tests and the benchmarks;
+//!   the daemon never imports it.
 //! - [`cli`]: one file per command; `main.rs` only parses and dispatches.
 #![warn(missing_docs, unreachable_pub)]
 #![deny(clippy::await_holding_lock)]
@@ -78,7 +79,6 @@ pub mod queue;
 pub mod quota;
 pub mod schedule;
 pub(crate) mod scrub;
-pub mod simulator;
 pub mod sink;
 pub mod stats;
 pub(crate) mod worker;

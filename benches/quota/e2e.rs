@@ -29,9 +29,9 @@ use quota_worker::outcome::OutcomeEvent;
 use quota_worker::outcome::OutcomeKind;
 use quota_worker::queue::{Origin, Queue};
 use quota_worker::quota::{Limiter, Quotas};
-use quota_worker::simulator::{SimConfig, Simulator};
 use redis::aio::ConnectionManager;
 use serde::Serialize;
+use simulator::{SimConfig, Simulator};
 use tokio::sync::{broadcast, oneshot};
 
 use crate::Ctx;
@@ -519,7 +519,7 @@ async fn run_once(
             items_per_page: 1,
             ..SimConfig::default()
         }
-        .cost(quota_worker::simulator::VIDEOS, COST)
+        .cost(simulator::VIDEOS, COST)
         .key("bench-key", u64::MAX / 4, Duration::from_secs(3600)),
     )
     .await

@@ -21,8 +21,8 @@ use crate::config::{Config, Secrets, Template, fmt_duration};
 use crate::daemon::{self, RunOptions, Shared};
 use crate::outcome::{OutcomeEvent, OutcomeKind};
 use crate::quota::{Limiter, Quotas};
-use crate::simulator::{KeyQuota, SimConfig, SimStats, Simulator};
 use crate::stats::Stats;
+use simulator::{KeyQuota, SimConfig, SimStats, Simulator};
 
 /// Request URLs in `config/demo.toml` start with this; the demo points them at
 /// the simulator (the `.invalid` domain can never resolve to anything real).
@@ -32,7 +32,7 @@ pub(crate) const DEMO_UPSTREAM: &str = "http://upstream.invalid";
 const KEYS: [(&str, &str); 1] = [("yt-demo", "demo-key")];
 
 /// The simulated upstream's search path: a bucket of its own per key.
-const SEARCH: &str = crate::simulator::SEARCH;
+const SEARCH: &str = simulator::SEARCH;
 
 /// The simulated upstream's own quotas: YouTube's model (a shared window,
 /// search in a bucket of its own at 1 unit a call, both reset at fixed

@@ -13,8 +13,8 @@
 
 use std::time::Duration;
 
-use quota_worker::simulator::{Fault, SimConfig};
 use serde_json::Value;
+use simulator::{Fault, SimConfig};
 
 use crate::support::process::{Proc, run_cli};
 use crate::support::upstream::{KEY_ENV, SIM_KEY, Upstream};

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use quota_worker::simulator::{Fault, SimAccounting, SimConfig, SimStyle};
+use simulator::{Fault, SimAccounting, SimConfig, SimStyle};
 
 use crate::accounting::{CRED, ENDPOINT, Rig, config, job, paged};
 use crate::support::Window;

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use quota_worker::simulator::{SimAccounting, SimConfig};
+use simulator::{SimAccounting, SimConfig};
 
 use crate::accounting::{Rig, config, job};
 use crate::support::Window;

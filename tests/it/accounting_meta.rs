@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use quota_worker::simulator::{SimAccounting, SimConfig, SimStyle};
+use simulator::{SimAccounting, SimConfig, SimStyle};
 
 use crate::accounting::{Rig, config, job, paged};
 use crate::support::Window;

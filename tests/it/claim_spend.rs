@@ -12,7 +12,7 @@ use futures::StreamExt;
 
 use quota_worker::outcome::OutcomeKind;
 use quota_worker::queue::Origin;
-use quota_worker::simulator::SimConfig;
+use simulator::SimConfig;
 
 use crate::support::pipeline::{Pipeline, YT_ENDPOINT, YT_KEY, quick_worker, yt, yt_endpoint};
 use crate::support::{ConfigBuilder, Job, RedisServer, Sink, Window};

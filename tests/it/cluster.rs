@@ -549,7 +549,7 @@ fn the_daemon_on_a_cluster_never_lets_the_upstream_see_more_than_configured() {
     let regions = ["US", "GB", "DE", "FR", "IN", "BR", "AU", "CA"];
     let mut cluster = Cluster::with_replicas(3);
     let queue = RedisServer::start();
-    let mut sim = quota_worker::simulator::SimConfig {
+    let mut sim = simulator::SimConfig {
         pages_per_query: 3,
         items_per_page: 1,
         ..Default::default()

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use quota_worker::config::Config;
 use quota_worker::keys::KeySpace;
-use quota_worker::simulator::Simulator;
 use serde_json::Value;
+use simulator::Simulator;
 
 use crate::support::pipeline::{YT_ENDPOINT, one_page_sim, quick_worker, yt, yt_endpoint};
 use crate::support::process::Proc;

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use quota_worker::outcome::OutcomeKind;
-use quota_worker::simulator::{Fault, Logged, SimStyle};
+use simulator::{Fault, Logged, SimStyle};
 
 use crate::support::pipeline::Pipeline;
 use crate::support::process::{Proc, run_cli};

@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use quota_worker::simulator::SimConfig;
+use simulator::SimConfig;
 
 use crate::support::http::http_get;
 use crate::support::notify::NotifySocket;

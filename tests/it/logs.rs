@@ -7,8 +7,8 @@
 
 use std::time::Duration;
 
-use quota_worker::simulator::SimConfig;
 use serde_json::Value;
+use simulator::SimConfig;
 
 use crate::support::daemon;
 use crate::support::process::Proc;

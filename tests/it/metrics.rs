@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use quota_worker::simulator::SimConfig;
+use simulator::SimConfig;
 
 use crate::support::daemon;
 use crate::support::http::{self, Metrics, scrape, scrape_fresh};

@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use quota_worker::config::Config;
-use quota_worker::simulator::{SimConfig, Simulator};
 use serde_json::Value;
+use simulator::{SimConfig, Simulator};
 
 use crate::support::pipeline::{YT_ENDPOINT, quick_worker, yt, yt_endpoint};
 use crate::support::process::Proc;

@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use quota_worker::outcome::OutcomeKind;
-use quota_worker::simulator::{SimStyle, Simulator};
+use simulator::{SimStyle, Simulator};
 
 use crate::support::pipeline::{Pipeline, kinds};
 use crate::support::styles::{

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use quota_worker::outcome::OutcomeKind;
-use quota_worker::simulator::{SimConfig, VIDEOS};
+use simulator::{SimConfig, VIDEOS};
 
 use crate::support::machine;
 use crate::support::pipeline::{

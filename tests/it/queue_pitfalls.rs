@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use quota_worker::queue::{Origin, RETENTION, TaskArgs};
-use quota_worker::simulator::{Fault, SimConfig};
+use simulator::{Fault, SimConfig};
 
 use crate::support::machine;
 use crate::support::pipeline::{Pipeline, YT_ENDPOINT, YT_KEY, kinds, yt, yt_endpoint};

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use quota_worker::outcome::OutcomeKind;
 use quota_worker::quota::{Decision, request_id};
-use quota_worker::simulator::{Fault, SimConfig};
 use quota_worker::stats::Stats;
+use simulator::{Fault, SimConfig};
 
 use crate::support::machine;
 use crate::support::pipeline::{

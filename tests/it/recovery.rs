@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
-use quota_worker::simulator::Fault;
+use simulator::Fault;
 
 use crate::support::daemon::{
     self, JOB, REGIONS, ended, sink_records, tick_claims, tick_outcomes, wait_ticks_ended, workers,

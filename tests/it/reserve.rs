@@ -12,7 +12,7 @@ use std::time::Duration;
 use quota_worker::config::{Config, Reserve};
 use quota_worker::outcome::OutcomeKind;
 use quota_worker::quota::{Decision, QuotaError, RejectedBy, request_id};
-use quota_worker::simulator::SimConfig;
+use simulator::SimConfig;
 
 use crate::support::pipeline::{
     Pipeline, YT_ENDPOINT, YT_KEY, kinds, quick_worker, yt, yt_endpoint,

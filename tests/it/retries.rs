@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use quota_worker::outcome::OutcomeKind;
-use quota_worker::simulator::{Fault, SimConfig};
+use simulator::{Fault, SimConfig};
 
 use crate::support::machine;
 use crate::support::pipeline::{

@@ -11,7 +11,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use quota_worker::simulator::{Fault, SimConfig};
+use simulator::{Fault, SimConfig};
 
 use crate::support::daemon;
 use crate::support::http::{self, wait_http};

@@ -7,7 +7,7 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use quota_worker::simulator::Fault;
+use simulator::Fault;
 
 use crate::support::daemon::{
     self, JOB, REGIONS, queue_state, sink_records, tick_claims, tick_outcomes, wait_ticks_ended,

@@ -5,10 +5,10 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use quota_worker::simulator::{CHANNELS, Fault, KeyQuota, SEARCH, SimConfig, Simulator, VIDEOS};
 use reqwest::StatusCode;
 use reqwest::header::HeaderMap;
 use serde_json::Value;
+use simulator::{CHANNELS, Fault, KeyQuota, SEARCH, SimConfig, Simulator, VIDEOS};
 
 use crate::support::machine;
 

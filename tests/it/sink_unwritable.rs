@@ -24,7 +24,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use quota_worker::simulator::SimStyle;
+use simulator::SimStyle;
 
 use crate::support::daemon::{self, JOB, REGIONS, sink_records};
 use crate::support::process::{Proc, run_cli};

@@ -11,8 +11,8 @@
 
 use std::time::Duration;
 
-use quota_worker::simulator::SimConfig;
 use serde_json::Value;
+use simulator::SimConfig;
 
 use crate::support::browser::Chromium;
 use crate::support::http::{self, http_request};

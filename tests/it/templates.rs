@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use quota_worker::simulator::SimConfig;
+use simulator::SimConfig;
 
 use crate::support::process::{Proc, run_cli};
 use crate::support::upstream::Upstream;

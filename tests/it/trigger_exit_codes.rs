@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use quota_worker::conn::Lua;
-use quota_worker::simulator::Fault;
+use simulator::Fault;
 
 use crate::support::daemon::{self, JOB};
 use crate::support::machine;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use quota_worker::outcome::OutcomeKind;
 use quota_worker::quota::{Decision, RejectedBy, request_id};
-use quota_worker::simulator::{Fault, SimConfig};
+use simulator::{Fault, SimConfig};
 
 use crate::support::machine;
 use crate::support::pipeline::{Pipeline, Seen, YT_ENDPOINT, kinds, quick_worker, yt, yt_endpoint};

@@ -18,7 +18,7 @@ use quota_worker::outcome::OutcomeEvent;
 use quota_worker::outcome::OutcomeKind;
 use quota_worker::queue::{Origin, Queue};
 use quota_worker::quota::{CredentialUsage, Limiter, Quotas};
-use quota_worker::simulator::{SimConfig, SimStats, Simulator};
+use simulator::{SimConfig, SimStats, Simulator};
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 

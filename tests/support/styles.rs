@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use quota_worker::simulator::{SimConfig, SimStyle};
+use simulator::{SimConfig, SimStyle};
 
 use super::config::{ConfigBuilder, Credential, Endpoint, Job, Request, Sink, Window, Worker};
 use super::pipeline::Pipeline;

@@ -1,5 +1,5 @@
 //! Upstreams on loopback for the tests that drive processes: the real
-//! simulated metered API (`quota_worker::simulator`) on a runtime of its own
+//! simulated metered API (`simulator`) on a runtime of its own
 //! (those tests are synchronous), a "blackhole" that accepts connections and
 //! never answers, and readers of what the simulator saw.
 
@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use quota_worker::simulator::{Fault, SimConfig, SimStats, Simulator};
+use simulator::{Fault, SimConfig, SimStats, Simulator};
 
 /// The API key the simulator accepts in [`Upstream::start`], and the value
 /// of [`KEY_ENV`] the daemons run with.

@@ -147,7 +147,7 @@ fn body(
     let (base, path) = (at.base, at.path);
     let next_query = with_param(at.query, style.param(), &next_value(style, at.n + 1));
     match style {
-        SimStyle::Token => unreachable!("the YouTube style is served by simulator::page"),
+        SimStyle::Token => unreachable!("the YouTube style is served by the crate root's page"),
         SimStyle::Link => {
             if at.more {
                 let last_query = with_param(at.query, "page", &at.last.to_string());
@@ -209,9 +209,9 @@ fn with_param(query: &[(String, String)], name: &str, value: &str) -> String {
 }
 
 fn form_urlencoded(pairs: &[(&str, &str)]) -> String {
-    let mut url = reqwest::Url::parse("http://x/").expect("a valid URL");
-    url.query_pairs_mut().extend_pairs(pairs);
-    url.query().unwrap_or("").to_owned()
+    form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(pairs)
+        .finish()
 }
 
 /// The `ETag` of one page: it changes when the items are touched.

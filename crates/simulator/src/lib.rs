@@ -9,8 +9,10 @@
 //! so a test can check what the upstream saw ([`SimStats`]), and it can be
 //! told to misbehave ([`Fault`]).
 //!
-//! The daemon never imports this module: to the daemon it is just an HTTP
-//! server. Its clock is real time, like any external system's.
+//! A crate of its own, not a module of quota-worker: fault injection and
+//! test helpers are no part of the product's API. Only `quota-worker demo`
+//! starts it; the daemon never imports it (to the daemon it is just an HTTP
+//! server). Its clock is real time, like any external system's.
 //!
 //! # Responses
 //!
@@ -40,6 +42,8 @@
 //! The key comes in the `key` or `access_token` query parameter, or as
 //! `Authorization: Bearer KEY`. Every request, whatever its answer, goes
 //! into the request log ([`SimStats::requests`]).
+
+#![warn(missing_docs, unreachable_pub)]
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io;
