@@ -38,7 +38,7 @@ use serde_json::Value;
 use crate::accounting::{self, Verdict};
 use crate::config::{Endpoint, Job, Method, PageStyle, Secret, Secrets, expand};
 use crate::paging::{self, Next, Stored, StoredError, Validators};
-use crate::scrub::{Scrubber, snippet};
+use crate::scrub::Scrubber;
 
 /// Redirects followed for one page at most (each one spent). The request
 /// before them makes `MAX_REDIRECTS + 1` upstream requests in all.
@@ -702,8 +702,11 @@ async fn answer(
 ) -> Answered {
     let status = resp.status().as_u16();
     let headers = std::mem::take(resp.headers_mut());
-    // What it says about the quota, from its headers and `body`.
-    let verdict = |body: &[u8]| accounting::read(endpoint, status, &headers, body, Utc::now());
+    // What it says about the quota, from its headers and `body`. The
+    // adapters log a value they cannot read as it was written: they read
+    // the headers scrubbed.
+    let scrubbed = scrubber.headers(&headers);
+    let verdict = |body: &[u8]| accounting::read(endpoint, status, &scrubbed, body, Utc::now());
     if matches!(status, 301 | 302 | 303 | 307 | 308) {
         // The body of a redirect is never read: the connection goes.
         let reply = match req.redirected(status, &headers) {
@@ -731,15 +734,15 @@ async fn answer(
     if success && resp.content_length().is_some_and(|n| n > limit) {
         return too_large();
     }
-    let body = match read_body(&mut resp, limit).await {
-        Ok(Body::Whole(b)) => b,
+    let (body, cut) = match read_body(&mut resp, limit).await {
+        Ok(Body::Whole(b)) => (b, false),
         // An error answer's start is all the log needs.
-        Ok(Body::Over(b)) if !success => b,
+        Ok(Body::Over(b)) if !success => (b, true),
         Ok(Body::Over(_)) => return too_large(),
         Err(e) => return Answered::new(transport_error(e), Verdict::default()),
     };
     let verdict = verdict(&body);
-    let mut reply = classify(status, &body, verdict.refused);
+    let mut reply = classify(status, &body, cut, verdict.refused, scrubber);
     if let Reply::Ok {
         body,
         next,
@@ -807,8 +810,16 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 /// Classifies a complete HTTP answer (not a redirect: see
 /// [`Reply::Redirect`]); `refused` is the [`Verdict`]'s: the upstream
 /// throttled this request, whatever its status (Shopify's `THROTTLED`
-/// comes with a 200). Its text is not yet scrubbed of secrets.
-pub(crate) fn classify(status: u16, body: &[u8], refused: bool) -> Reply {
+/// comes with a 200). A snippet of `body` (`cut`: the start of a longer
+/// one) is scrubbed before it is cut; a decoded body is scrubbed later,
+/// after the next page is read from it.
+pub(crate) fn classify(
+    status: u16,
+    body: &[u8],
+    cut: bool,
+    refused: bool,
+    scrubber: &Scrubber,
+) -> Reply {
     if refused {
         return Reply::Throttled { status };
     }
@@ -822,7 +833,7 @@ pub(crate) fn classify(status: u16, body: &[u8], refused: bool) -> Reply {
             },
             Err(e) => Reply::BadBody {
                 status,
-                detail: format!("not JSON ({e}): {}", snippet(body)),
+                detail: format!("not JSON ({e}): {}", scrubber.snippet(body, cut)),
             },
         },
         // Only a conditional request gets one; never a failure.
@@ -830,7 +841,7 @@ pub(crate) fn classify(status: u16, body: &[u8], refused: bool) -> Reply {
         500..=599 => Reply::ServerError { status },
         _ => Reply::ClientError {
             status,
-            detail: snippet(body),
+            detail: scrubber.snippet(body, cut),
         },
     }
 }
@@ -845,12 +856,15 @@ mod tests {
     fn a_refused_answer_is_throttled_whatever_its_status() {
         for status in [200, 400, 403, 429, 503] {
             assert!(
-                matches!(classify(status, b"{}", true), Reply::Throttled { status: s } if s == status)
+                matches!(classify(status, b"{}", false, true, &Scrubber::default()), Reply::Throttled { status: s } if s == status)
             );
         }
-        assert!(matches!(classify(200, b"{}", false), Reply::Ok { .. }));
         assert!(matches!(
-            classify(429, b"", false),
+            classify(200, b"{}", false, false, &Scrubber::default()),
+            Reply::Ok { .. }
+        ));
+        assert!(matches!(
+            classify(429, b"", false, false, &Scrubber::default()),
             Reply::ClientError { status: 429, .. }
         ));
     }
@@ -858,15 +872,15 @@ mod tests {
     #[test]
     fn bodies_that_are_not_json_are_bad() {
         assert!(matches!(
-            classify(200, b"<html>", false),
+            classify(200, b"<html>", false, false, &Scrubber::default()),
             Reply::BadBody { .. }
         ));
         assert!(matches!(
-            classify(503, b"", false),
+            classify(503, b"", false, false, &Scrubber::default()),
             Reply::ServerError { status: 503 }
         ));
         assert!(matches!(
-            classify(404, b"nope", false),
+            classify(404, b"nope", false, false, &Scrubber::default()),
             Reply::ClientError { status: 404, .. }
         ));
     }
@@ -875,7 +889,7 @@ mod tests {
     #[test]
     fn a_304_is_not_modified() {
         assert!(matches!(
-            classify(304, b"", false),
+            classify(304, b"", false, false, &Scrubber::default()),
             Reply::NotModified { status: 304 }
         ));
     }

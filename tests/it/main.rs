@@ -78,6 +78,7 @@ mod install;
 mod logs;
 mod metrics;
 mod notify;
+mod secret_spellings;
 mod secrets;
 mod status_page;
 mod units;

@@ -18,8 +18,10 @@
 //! | `/throttle?ra=V` | 429 with `Retry-After: V` |
 //! | `/cost?v=V` | 200 with one record and `x-quota-cost: V` |
 //! | `/cursor` | 200 with one record and `nextPageToken: "same"`, always |
+//! | `/canned/{name}` | what [`Hostile::answer`] set for `name` (status, headers, body as bytes) |
 //! | anything else | 200 with one record |
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
@@ -66,10 +68,28 @@ impl Seen {
 
 type Log = Arc<Mutex<Vec<Seen>>>;
 
+/// An answer set in advance: status, headers, body.
+#[derive(Debug, Clone)]
+struct Canned {
+    status: u16,
+    headers: Vec<(String, Vec<u8>)>,
+    body: Bytes,
+}
+
+type Answers = Arc<Mutex<HashMap<String, Canned>>>;
+
+/// What the handler shares with the test.
+#[derive(Clone)]
+struct Shared {
+    seen: Log,
+    answers: Answers,
+}
+
 /// A running hostile upstream.
 pub struct Hostile {
     addr: SocketAddr,
     seen: Log,
+    answers: Answers,
     rt: Option<tokio::runtime::Runtime>,
 }
 
@@ -84,7 +104,11 @@ impl Hostile {
             .build()
             .expect("runtime");
         let seen: Log = Arc::default();
-        let state = seen.clone();
+        let answers: Answers = Arc::default();
+        let state = Shared {
+            seen: seen.clone(),
+            answers: answers.clone(),
+        };
         let listener = rt
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
             .expect("bind 127.0.0.1:0");
@@ -96,8 +120,32 @@ impl Hostile {
         Hostile {
             addr,
             seen,
+            answers,
             rt: Some(rt),
         }
+    }
+
+    /// Makes `/canned/{name}` answer `status` with `headers` (values as
+    /// bytes, sent as they are) and `body`.
+    pub fn answer(
+        &self,
+        name: &str,
+        status: u16,
+        headers: &[(&str, &[u8])],
+        body: impl Into<Vec<u8>>,
+    ) {
+        let canned = Canned {
+            status,
+            headers: headers
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), v.to_vec()))
+                .collect(),
+            body: Bytes::from(body.into()),
+        };
+        self.answers
+            .lock()
+            .expect("answers")
+            .insert(name.to_owned(), canned);
     }
 
     /// `http://127.0.0.1:PORT`.
@@ -162,7 +210,7 @@ fn stream(bytes: Option<u64>) -> Body {
     Body::from_stream(chunks)
 }
 
-async fn handle(State(log): State<Log>, req: Request) -> Response {
+async fn handle(State(shared): State<Shared>, req: Request) -> Response {
     let method = req.method().to_string();
     let target = req
         .uri()
@@ -189,7 +237,7 @@ async fn handle(State(log): State<Log>, req: Request) -> Response {
         headers,
         body,
     };
-    log.lock().expect("log").push(seen.clone());
+    shared.seen.lock().expect("log").push(seen.clone());
 
     let path = seen.path().to_owned();
     let mut parts = path.trim_start_matches('/').splitn(2, '/');
@@ -248,6 +296,20 @@ async fn handle(State(log): State<Log>, req: Request) -> Response {
             let mut resp = json(StatusCode::OK, one_record("cost"));
             if let Some(v) = query(&target, "v").and_then(|v| HeaderValue::from_str(&v).ok()) {
                 resp.headers_mut().insert("x-quota-cost", v);
+            }
+            resp
+        }
+        "canned" => {
+            let canned = shared.answers.lock().expect("answers").get(rest).cloned();
+            let Some(c) = canned else {
+                return (StatusCode::NOT_FOUND, "nothing canned here").into_response();
+            };
+            let mut resp = Response::new(Body::from(c.body));
+            *resp.status_mut() = StatusCode::from_u16(c.status).expect("status");
+            for (k, v) in c.headers {
+                let name = header::HeaderName::from_bytes(k.as_bytes()).expect("header name");
+                resp.headers_mut()
+                    .append(name, HeaderValue::from_bytes(&v).expect("header value"));
             }
             resp
         }
