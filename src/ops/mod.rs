@@ -6,11 +6,14 @@
 //! - `notify`: `READY=1`, `STOPPING=1`, `STATUS=`, and `WATCHDOG=1`, sent
 //!   only while the scheduler and feeder loops keep beating: a wedged loop
 //!   stops the pings and systemd restarts the service;
-//! - `status`: the status page, `GET /` and `GET /api/status` (read-only).
+//! - `status`: the status page, `GET /` and `GET /api/status` (read-only);
+//! - `listener`: the HTTP server for all of it, with a cap on connections and
+//!   a request-head timeout.
 //!
 //! The daemon ([`crate::daemon`]) starts all of it; nothing here knows the daemon.
 
 mod health;
+mod listener;
 mod metrics;
 mod notify;
 mod status;
@@ -27,6 +30,7 @@ use tracing::{info, warn};
 
 pub use health::Health;
 pub use health::STALE_AFTER;
+pub use listener::{HEAD_TIMEOUT, MAX_CONNECTIONS};
 pub(crate) use metrics::{GaugeReads, recorder};
 pub use notify::Notifier;
 pub(crate) use status::StatusReads;
@@ -64,7 +68,7 @@ pub(crate) async fn bind(listen: SocketAddr) -> std::io::Result<TcpListener> {
     if let Some(why) = exposed(listen) {
         warn!(addr = %listen, "{why}");
     }
-    TcpListener::bind(listen).await
+    listener::bind(listen)
 }
 
 /// Why serving the endpoints on `listen` deserves a warning, if it does:
@@ -77,12 +81,14 @@ pub fn exposed(listen: SocketAddr) -> Option<&'static str> {
 }
 
 /// Serves `/metrics`, `/healthz`, `/readyz`, and the status page (`/`,
-/// `/api/status`) on `listener` until `stop`.
+/// `/api/status`) on `listener` until `stop`, at most [`MAX_CONNECTIONS`]
+/// connections at once, each dropped when it sends no request head within
+/// [`HEAD_TIMEOUT`] ([`listener`]).
 /// Returns the bound address (for `listen = "127.0.0.1:0"`).
 pub(crate) fn serve(
     listener: TcpListener,
     state: OpsState,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) -> std::io::Result<SocketAddr> {
     let addr = listener.local_addr()?;
     recorder();
@@ -93,14 +99,7 @@ pub(crate) fn serve(
         .route("/", get(status::page))
         .route("/api/status", get(status::api))
         .with_state(state);
-    tokio::spawn(async move {
-        let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-            let _ = stop.wait_for(|s| *s).await;
-        });
-        if let Err(e) = server.await {
-            warn!(error = %e, "metrics server stopped");
-        }
-    });
+    tokio::spawn(listener::run(listener, app, stop));
     info!(%addr, "metrics listening: /metrics /healthz /readyz, status page / and /api/status");
     Ok(addr)
 }

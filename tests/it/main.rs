@@ -75,6 +75,7 @@ mod shutdown;
 mod hardening;
 mod health;
 mod install;
+mod listener_limits;
 mod logs;
 mod metrics;
 mod notify;

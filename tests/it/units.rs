@@ -3,7 +3,7 @@
 //! rate them 2.0 or lower. Skipped, with a note, where `systemd-analyze` is
 //! not installed. And the units agree with the daemon and the shipped config
 //! wherever they must, which needs no systemd: `Type=notify` with a watchdog,
-//! a stop timeout above the shutdown timeout, a credential for every
+//! a stop timeout above the shutdown timeout, `LimitNOFILE=65536`, a credential for every
 //! `secret_file` the config reads from `$CREDENTIALS_DIRECTORY`.
 
 use std::path::Path;
@@ -127,6 +127,9 @@ fn unit_files_agree_with_the_daemon_and_the_shipped_config() {
             config.worker.shutdown_timeout
         );
         assert_eq!(one(&s, "Restart"), "on-failure");
+        // Above systemd's default soft limit of 1,024 (issue 22 item 7:
+        // tests/it/listener_limits.rs shows what exhausting it did).
+        assert_eq!(one(&s, "LimitNOFILE"), "65536", "{unit}");
         assert_eq!(one(&s, "DynamicUser"), "yes");
         // ExecStart runs `run` on the config in the configuration directory.
         let exec = one(&s, "ExecStart");
