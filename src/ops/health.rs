@@ -56,10 +56,25 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// too (with `[redis] quota_nodes`), and the scheduler and worker run, else
 /// 503 naming what is wrong.
 pub(super) async fn readyz(State(s): State<OpsState>) -> impl IntoResponse {
+    let (problems, warnings) = readiness(&s).await;
+    if problems.is_empty() {
+        (StatusCode::OK, format!("ready\n{warnings}"))
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {}\n", problems.join(", ")),
+        )
+    }
+}
+
+/// What keeps the daemon from being ready (none: ready), and warning lines
+/// for what is let through: `/readyz`'s answer, and `qw_ready` in
+/// `/metrics` (so an alerting rule sees what a probe sees).
+pub(super) async fn readiness(s: &OpsState) -> (Vec<String>, String) {
     let mut problems = Vec::new();
     let mut warnings = String::new();
     // Both Redis at once: a probe waits at most about 2 s however many fail.
-    let (queue, quota) = tokio::join!(queue_problems(&s), quota_problems(&s));
+    let (queue, quota) = tokio::join!(queue_problems(s), quota_problems(s));
     for (problem, warning) in [queue, quota] {
         problems.extend(problem);
         warnings.push_str(&warning.unwrap_or_default());
@@ -70,14 +85,7 @@ pub(super) async fn readyz(State(s): State<OpsState>) -> impl IntoResponse {
     if s.health.worker.load(Ordering::Relaxed) == 0 {
         problems.push("worker not running".to_owned());
     }
-    if problems.is_empty() {
-        (StatusCode::OK, format!("ready\n{warnings}"))
-    } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("not ready: {}\n", problems.join(", ")),
-        )
-    }
+    (problems, warnings)
 }
 
 /// What is wrong with the queue's Redis (which holds the windows too

@@ -13,6 +13,8 @@ use axum::response::IntoResponse;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use super::{OpsState, bounded, peek_all};
+use crate::config::Config;
+use crate::outcome::OutcomeKind;
 use crate::stats::Stats;
 
 /// Spend latency buckets, seconds: a local Redis answers in well under 1 ms.
@@ -111,9 +113,30 @@ fn describe() {
     );
     describe_gauge!("qw_tasks_in_flight", "Tasks this daemon is running now");
     describe_gauge!(
+        "qw_window_drift_units",
+        "Units recorded as drift still counted in the window (the upstream reported fewer left than it would admit), read from Redis at scrape time"
+    );
+    describe_gauge!(
+        "qw_ready",
+        "1 if /readyz answers 200 now (Redis answers and may not evict keys, the scheduler and the worker run); 0 if not"
+    );
+    describe_gauge!(
         "qw_redis_up",
         "1 if this scrape read the windows and the queue from Redis; 0 if not (those gauges then hold their last values)"
     );
+}
+
+/// Every job's `qw_tasks_total` series at 0, one per outcome, before the
+/// first task ends: a counter that appears with its first event at 1 shows
+/// no `increase()`, so an alert on the first failed task after a start
+/// would never fire (contrib/prometheus/alerts.yml).
+pub(crate) fn zero_counters(config: &Config) {
+    for job in config.jobs.keys() {
+        for kind in OutcomeKind::ALL {
+            metrics::counter!("qw_tasks_total", "qw_job" => job.clone(), "outcome" => kind.as_str())
+                .increment(0);
+        }
+    }
 }
 
 pub(super) async fn metrics(State(s): State<OpsState>) -> impl IntoResponse {
@@ -140,7 +163,9 @@ pub(super) async fn metrics(State(s): State<OpsState>) -> impl IntoResponse {
 /// gauges keep their last values and `qw_redis_up` says 0.
 async fn refresh_gauges(s: &OpsState) {
     let depth = bounded("metrics: the queue depth", s.queue.depth());
-    let (usages, depth) = tokio::join!(peek_all(&s.limiter), depth);
+    let (usages, depth, (problems, _)) =
+        tokio::join!(peek_all(&s.limiter), depth, super::health::readiness(s));
+    metrics::gauge!("qw_ready").set(if problems.is_empty() { 1.0 } else { 0.0 });
     let mut up = depth.is_some();
     for (name, usage) in usages {
         let Some(u) = usage else {
@@ -169,6 +194,7 @@ async fn refresh_gauges(s: &OpsState) {
             metrics::gauge!("qw_window_remaining_units", &labels).set(w.remaining as f64);
             metrics::gauge!("qw_window_limit_units", &labels).set(w.window.units.get() as f64);
             metrics::gauge!("qw_window_frees_in_seconds", &labels).set(w.frees_in.as_secs_f64());
+            metrics::gauge!("qw_window_drift_units", &labels).set(w.drift as f64);
         }
     }
     if let Some(d) = depth {

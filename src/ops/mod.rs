@@ -92,6 +92,7 @@ pub(crate) fn serve(
 ) -> std::io::Result<SocketAddr> {
     let addr = listener.local_addr()?;
     recorder();
+    metrics::zero_counters(&state.config);
     let app = Router::new()
         .route("/metrics", get(metrics::metrics))
         .route("/healthz", get(|| async { "ok\n" }))

@@ -72,6 +72,7 @@ mod run_exit_codes;
 mod shutdown;
 
 // Operations: systemd, metrics and health, logs, secrets, a hostile upstream.
+mod alert_rules;
 mod hardening;
 mod health;
 mod install;
