@@ -9,45 +9,10 @@
 //!
 //! A tenant of a template credential (`[credentials.ig] template =
 //! "account"`) is a credential of its own named `ig[account=<value>]`
-//! ([`tenant`]), so its keys are `qw:{ig[account=123]}:...`: the hash tag
+//! ([`crate::config::tenant_name`]), so its keys are `qw:{ig[account=123]}:...`: the hash tag
 //! comes from the value, never from the secret.
 
-use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
-
 use crate::config::{Scope, Window, WindowKind};
-
-/// What a tenant's value keeps as written in its name: letters, digits,
-/// `-`, `.` and `_`. Everything else is percent-encoded, `%` itself
-/// included, so no value can end the hash tag (`}`), open another (`{`),
-/// close the name early (`]`), or act as a SCAN pattern (`*`, `?`, `[`);
-/// and since percent-encoding is one-to-one, two values never share keys.
-const TENANT_KEEPS: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_');
-
-/// A template credential's tenant, as a credential name: `ig[account=123]`
-/// (`credential`, its template's `placeholder`, the tenant's `value`,
-/// percent-encoded past letters, digits, `-`, `.` and `_`).
-///
-/// Why the value itself, escaped, and not a hash of it: it is one-to-one
-/// by construction (a short hash is not), `quota`, logs and `redis-cli`
-/// show which tenant a key is, and `quota ig` can list the tenants from
-/// the keys alone (a hash could not be read back without a second key,
-/// which the one-slot spend script could not write). The price is a key as
-/// long as the value; fan-out values are item names, already in item keys.
-pub fn tenant(credential: &str, placeholder: &str, value: &str) -> String {
-    let escaped = utf8_percent_encode(value, TENANT_KEEPS);
-    format!("{credential}[{placeholder}={escaped}]")
-}
-
-/// The tenant name `name` would be once written canonically: `name` as
-/// `credential[placeholder=value]` with the value decoded and encoded
-/// again (so `ig[account=a b]` and `ig[account=a%20b]` are one tenant).
-/// `None` if it is not of that shape.
-pub fn parse_tenant(name: &str) -> Option<(&str, &str, String)> {
-    let (credential, rest) = name.split_once('[')?;
-    let (placeholder, value) = rest.strip_suffix(']')?.split_once('=')?;
-    let value = percent_decode_str(value).decode_utf8().ok()?;
-    Some((credential, placeholder, value.into_owned()))
-}
 
 /// `s` as a literal in a SCAN pattern.
 pub(crate) fn glob_literal(s: &str) -> String {
@@ -147,13 +112,14 @@ impl KeySpace {
         }
     }
 
-    /// Why the credential is blocked (JSON, `history::BlockReason`), kept
+    /// Why the credential is blocked (JSON, `quota::BlockNote`), kept
     /// as long as the block it explains.
     pub(crate) fn block_reason(&self, credential: &str) -> String {
         format!("{}:blocked:why", self.credential(credential))
     }
 
-    /// The 24-hour ring of units spent per 5 minutes (`lua/history.lua`)
+    /// The 24-hour ring of units spent per 5 minutes (`lua/spend.lua`,
+    /// `quota::ring`)
     /// of one scope of a credential's windows: every window of a scope sees
     /// the same spends.
     pub(crate) fn spent(&self, credential: &str, scope: &Scope) -> String {
@@ -303,6 +269,7 @@ mod tests {
 
     #[test]
     fn tenant_names_keep_one_hash_tag_and_never_collide() {
+        use crate::config::{parse_tenant, tenant_name as tenant};
         let ks = KeySpace::new("qw");
         assert_eq!(tenant("ig", "account", "123"), "ig[account=123]");
         assert_eq!(

@@ -185,7 +185,7 @@ fn tenant_value(
         base: base.to_owned(),
         placeholder: placeholder.to_owned(),
     };
-    let (_, given, value) = crate::keys::parse_tenant(name).ok_or_else(shape)?;
+    let (_, given, value) = crate::config::parse_tenant(name).ok_or_else(shape)?;
     if given != placeholder {
         return Err(TenantNameError::WrongPlaceholder {
             name: name.to_owned(),

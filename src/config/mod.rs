@@ -21,6 +21,7 @@ mod load;
 mod raw;
 mod redis_url;
 mod template;
+mod tenant;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -38,6 +39,7 @@ pub use error::{ConfigError, ConfigErrors, FieldPath, Seg, Source};
 pub use redis_url::RedisUrl;
 pub(crate) use template::expand;
 pub use template::{Expansion, Template, TemplateError};
+pub use tenant::{parse_tenant, tenant_name};
 
 use choice::Choice;
 use load::{Loader, read_secret};
@@ -197,11 +199,11 @@ pub struct Credential {
 
 impl Credential {
     /// One tenant of a template credential: its name as `quota` shows it
-    /// and its keys carry it (`ig[account=123]`, [`crate::keys::tenant`]).
+    /// and its keys carry it (`ig[account=123]`, [`tenant_name`]).
     /// `None` for a plain credential.
     pub fn tenant(&self, value: &str) -> Option<String> {
         let placeholder = self.template.as_deref()?;
-        Some(crate::keys::tenant(&self.name, placeholder, value))
+        Some(tenant_name(&self.name, placeholder, value))
     }
 
     /// Reads one tenant's secret, from `secret_file` with the tenant's

@@ -174,7 +174,7 @@ async fn refresh_gauges(s: &OpsState) {
         };
         // A template's tenant: `credential` is the template, `tenant` its
         // placeholder and value as its keys spell them (`account=123`).
-        let (credential, tenant) = match crate::keys::parse_tenant(&name) {
+        let (credential, tenant) = match crate::config::parse_tenant(&name) {
             Some((c, _, _)) => (
                 c.to_owned(),
                 name.get(c.len() + 1..name.len() - 1).map(str::to_owned),

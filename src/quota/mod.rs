@@ -29,7 +29,7 @@ use redis::{RedisResult, RetryMethod, Value};
 
 use crate::config::{Config, LimiterUnavailable, Reserve, Scope, Window, WindowKind};
 use crate::conn::Lua;
-use crate::keys::{self, KeySpace};
+use crate::keys::KeySpace;
 use backend::Durable;
 pub use backend::{ProbeError, QuotaConn, QuotaTarget};
 
@@ -530,10 +530,10 @@ impl Quotas {
     /// the value as written or percent-encoded). A template's own name is
     /// refused: it has no windows of its own.
     pub(crate) fn plan_for(&self, name: &str) -> Result<Cow<'_, Plan>, QuotaError> {
-        if let Some((cred, placeholder, value)) = keys::parse_tenant(name)
+        if let Some((cred, placeholder, value)) = crate::config::parse_tenant(name)
             && self.templates.get(cred).is_some_and(|p| p == placeholder)
         {
-            let tenant = keys::tenant(cred, placeholder, &value);
+            let tenant = crate::config::tenant_name(cred, placeholder, &value);
             return Ok(Cow::Owned(
                 self.credentials[cred].for_credential(&self.keys, &tenant),
             ));
@@ -564,7 +564,7 @@ impl Quotas {
         match (value, self.templates.get(family)) {
             (None, None) => Ok(Cow::Borrowed(ep)),
             (Some(value), Some(placeholder)) => {
-                let tenant = keys::tenant(family, placeholder, value);
+                let tenant = crate::config::tenant_name(family, placeholder, value);
                 Ok(Cow::Owned(EndpointPlan {
                     plan: ep.plan.for_credential(&self.keys, &tenant),
                     ..ep.clone()
