@@ -47,9 +47,12 @@
 //!   across processes) or SQLite with an FTS5 index that serves search.
 //! - [`ops`]: Prometheus metrics, `/healthz`, `/readyz`, the status page
 //!   (`/`, `/api/status`), and the systemd notify protocol (watchdog pings
-//!   only while the daemon's loops beat); `history`: what the status page
-//!   shows that Redis would not otherwise keep (24-hour spend rings, each
-//!   job's last ticks and error, why a credential is blocked).
+//!   only while the daemon's loops beat). What the status page shows that
+//!   Redis would not otherwise keep is written beside its writer (24-hour
+//!   spend rings: `quota::ring`; each job's last ticks and error:
+//!   `queue::scripts::finish`; why a credential is blocked:
+//!   `quota::BlockNote`) and read through one read-only module
+//!   (`ops::status::read`).
 //! - [`stats`]: this process's counters (the demo's progress, the metrics).
 //! - [`conn`], `embedded`: reaching Redis, or running one; `eviction`:
 //!   whether that Redis may evict the windows' keys.
@@ -69,7 +72,6 @@ pub mod daemon;
 pub(crate) mod embedded;
 pub(crate) mod eviction;
 pub(crate) mod fetch;
-pub(crate) mod history;
 pub mod keys;
 pub mod logging;
 pub mod ops;

@@ -2,18 +2,22 @@
 //! ([`BlockReason`], one stable word each), kept beside the block in Redis
 //! by `lua/block.lua` so `quota`, the metrics and the status page can say
 //! why, and blocks that double when they come in a row (GitHub's secondary
-//! rate limit).
+//! rate limit); and the blocking daemon's note in words ([`BlockNote`]:
+//! what the upstream answered, on which endpoint) for the status page.
 
 use std::fmt;
 use std::sync::LazyLock;
 use std::time::Duration;
 
 use redis::AsyncCommands;
+use redis::aio::ConnectionManager;
+use serde::{Deserialize, Serialize};
 
 use super::backend::Durable;
 use super::{Limiter, QuotaError, library};
 use crate::config::Reserve;
 use crate::conn::Lua;
+use crate::keys::KeySpace;
 
 /// How long a doubling streak is remembered after its last block ends: a
 /// secondary limit an hour after the last block ended starts again at the
@@ -111,6 +115,50 @@ pub struct Blocked {
     /// Whether this block is the one in force (not a longer one already
     /// there, whose reason stays).
     pub ours: bool,
+}
+
+/// Why a credential is blocked, in words, as the daemon whose block is in
+/// force recorded it (`keys::block_reason`, in the queue's Redis): what the
+/// upstream answered, on which endpoint. The status page shows it beside
+/// the block; [`BlockReason`], the stable word, is kept with the block
+/// itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct BlockNote {
+    /// What happened, in words: "upstream answered 429 (quotaExceeded)",
+    /// "upstream reports 0 remaining".
+    pub(crate) why: String,
+    /// The HTTP status that said so, if one did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) status: Option<u16>,
+    /// The upstream's own reason (`quotaExceeded`, a message), if it gave one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) reason: Option<String>,
+    /// The endpoint whose answer blocked it.
+    pub(crate) endpoint: String,
+    /// Why, in one stable word ([`BlockReason`]: `"429"`,
+    /// `"headers_at_zero"`, `"secondary_limit"`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) kind: Option<String>,
+}
+
+impl BlockNote {
+    /// Records this note for `credential`, for as long as `blocked` (the
+    /// block in force). Only the daemon whose block is the one in force
+    /// ([`Blocked::ours`]) records it, so a shorter block never replaces a
+    /// longer one's note.
+    pub(crate) async fn record(
+        &self,
+        conn: &mut ConnectionManager,
+        keys: &KeySpace,
+        credential: &str,
+        blocked: Duration,
+    ) -> redis::RedisResult<()> {
+        let json = serde_json::to_string(self).map_err(|e| {
+            redis::RedisError::from((redis::ErrorKind::Client, "block note", e.to_string()))
+        })?;
+        let ms = (blocked.as_millis() as u64).max(1);
+        conn.pset_ex(keys.block_reason(credential), json, ms).await
+    }
 }
 
 impl Limiter {

@@ -16,6 +16,7 @@
 
 pub mod backend;
 mod block;
+pub(crate) mod ring;
 pub(crate) mod tz;
 
 use std::borrow::Cow;
@@ -33,6 +34,7 @@ use crate::keys::KeySpace;
 use backend::Durable;
 pub use backend::{ProbeError, QuotaConn, QuotaTarget};
 
+pub(crate) use block::BlockNote;
 pub use block::{BlockFor, BlockReason, Blocked, STREAK_MEMORY};
 
 /// The spend script's source, as shipped in `lua/spend.lua`.
@@ -253,7 +255,7 @@ pub struct Plan {
     pub keys: Vec<String>,
     /// The windows, numbered from 1 in this order.
     pub windows: Vec<WindowPlan>,
-    /// The spend history's rings (`crate::history`): one per scope among
+    /// The spend history's rings ([`ring`]): one per scope among
     /// the windows (every window of a scope sees the same spends). A spend
     /// or settle passes them after the windows' keys, and the script adds
     /// to them in the same call.
@@ -362,9 +364,9 @@ impl Plan {
         if Plan::keeps_history(op) && !self.rings.is_empty() {
             args.extend([
                 self.rings.len().to_string(),
-                crate::history::SLOT.as_millis().to_string(),
-                crate::history::SLOTS.to_string(),
-                crate::history::RING_TTL.as_millis().to_string(),
+                ring::SLOT.as_millis().to_string(),
+                ring::SLOTS.to_string(),
+                ring::RING_TTL.as_millis().to_string(),
             ]);
         }
         args

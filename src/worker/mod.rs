@@ -27,7 +27,7 @@ mod lock;
 mod page;
 mod spend;
 
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::AsyncCommands;
@@ -36,12 +36,11 @@ use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 use crate::config::{Config, Job, Secrets};
-use crate::conn::Lua;
 use crate::fetch::Fetcher;
-use crate::history;
 use crate::keys::KeySpace;
 use crate::outcome::{Outcome, OutcomeEvent, OutcomeKind};
 use crate::paging::{Stored, Validators};
+use crate::queue::scripts::finish::Finish;
 use crate::queue::{Origin, Queue, QueueError, TaskArgs};
 use crate::quota::Limiter;
 use crate::sink::Sinks;
@@ -59,58 +58,12 @@ const CHECKPOINT_TTL: Duration = Duration::from_secs(7 * 86_400);
 /// outlive any gap between two complete runs of a live item, a yearly job's
 /// included; an item dropped from the fan-out frees its keys after this.
 const ITEM_STATE_TTL: Duration = Duration::from_secs(400 * 86_400);
-/// How long "this task already ended" is remembered (covers redelivery).
-const DONE_TTL: Duration = Duration::from_secs(86_400);
 /// The item lock's longest lifetime; renewed every third of it while the
 /// task runs. A killed daemon's lock lapses within it, so it is also kept
 /// under half of `recover_after` (see [`Worker::lock_ttl`]).
 const LOCK_TTL: Duration = Duration::from_secs(10);
 /// Wait before a task that found its item busy tries again.
 const BUSY_RETRY: Duration = Duration::from_secs(2);
-
-/// How long a job's starved items are kept after the last of them starved:
-/// longer than any gap between two ticks of a live job.
-const STARVED_TTL: Duration = Duration::from_secs(400 * 86_400);
-
-/// What a task's end says about its item's share of the quota, for fair
-/// rotation (`lua/finish.lua`, docs/outcomes.md "starved_ticks").
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Served {
-    /// The quota (ours or the upstream's) said no before any page.
-    Starved,
-    /// It said no after some pages: served, but cut short.
-    Cut,
-    /// A spend was admitted and the task did not end on a "no".
-    Yes,
-    /// Neither: nothing was spent for another reason (superseded, a
-    /// request that could not be built, a job gone).
-    Neither,
-}
-
-impl Served {
-    fn of(o: &Outcome) -> Self {
-        match o.kind {
-            OutcomeKind::QuotaExhausted | OutcomeKind::UpstreamThrottled if o.pages == 0 => {
-                Served::Starved
-            }
-            OutcomeKind::QuotaExhausted | OutcomeKind::UpstreamThrottled => Served::Cut,
-            OutcomeKind::Done => Served::Yes,
-            _ if o.units > 0 || o.pages > 0 => Served::Yes,
-            _ => Served::Neither,
-        }
-    }
-
-    fn as_str(self) -> &'static str {
-        match self {
-            Served::Starved => "starved",
-            Served::Cut => "cut",
-            Served::Yes => "served",
-            Served::Neither => "",
-        }
-    }
-}
-
-static FINISH: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../../lua/finish.lua")));
 
 /// Where the next page of an item's run starts. Holds no secret: a cursor
 /// or next URL that held one holds its placeholder instead.
@@ -276,46 +229,16 @@ impl Worker {
     }
 
     /// Records the outcome: the done marker, the tick's counts (and the
-    /// earliest retry-after, `lua/finish.lua`), the counters, the log line.
+    /// earliest retry-after), the job's tick record, fair rotation
+    /// (`lua/finish.lua`), the counters, the log line.
     async fn finish(
         &self,
         task: &TaskArgs,
         job: Option<&Job>,
         o: &Outcome,
     ) -> Result<(), TaskError> {
-        let keys = self.keys();
-        // Only an outcome that ends its chain on a quota's "no" tells
-        // `trigger --wait` when to come back; a deferred one comes back by itself.
-        let retry_after_ms = match o.retry_after {
-            Some(d) if o.is_terminal() && o.kind.is_quota() => (d.as_millis() as u64).to_string(),
-            _ => String::new(),
-        };
-        let item = task.item_key();
-        let starved_ticks: i64 = FINISH
-            .call()
-            .key(keys.task_done(&task.root))
-            .key(keys.tick_outcomes(&task.job, task.tick))
-            .key(keys.job_ticks(&task.job))
-            .key(keys.fair(&task.job))
-            .key(keys.starved(&task.job))
-            .arg(o.kind.as_str())
-            .arg(o.tick_field())
-            .arg(DONE_TTL.as_secs())
-            .arg(retry_after_ms)
-            .arg(task.tick)
-            .arg(history::TICKS_KEPT)
-            .arg(history::TICKS_TTL.as_secs())
-            .arg(last_error(task, o))
-            .arg(Served::of(o).as_str())
-            .arg(task.tick)
-            .arg(task.index)
-            .arg(task.turn.map(|t| t.to_string()).unwrap_or_default())
-            .arg(&item)
-            .arg(STARVED_TTL.as_millis() as u64)
-            .arg(crate::schedule::STARVED_CAP)
-            .invoke(&mut self.conn.clone())
-            .await?;
-        let starved_ticks = u64::try_from(starved_ticks).ok();
+        let finish = Finish::new(self.keys(), task, o);
+        let starved_ticks = finish.invoke(&mut self.conn.clone()).await?;
         self.stats.outcome(o.kind);
         metrics::counter!("qw_tasks_total", "qw_job" => task.job.clone(), "outcome" => o.kind.as_str())
             .increment(1);
@@ -340,24 +263,6 @@ impl Worker {
         }
         Ok(())
     }
-}
-
-/// The job's last error for the status page, as JSON, when `o` is one (a
-/// failure, or a retry after one); "" when not. The detail is the one
-/// logged, so it holds no secret.
-fn last_error(task: &TaskArgs, o: &Outcome) -> String {
-    if !matches!(o.kind, OutcomeKind::Failed | OutcomeKind::Retrying) {
-        return String::new();
-    }
-    let e = history::LastError {
-        outcome: o.kind.as_str().to_owned(),
-        item: task.item_key(),
-        tick: task.tick,
-        status: o.status,
-        detail: o.detail.clone(),
-        at_ms: 0,
-    };
-    serde_json::to_string(&e).unwrap_or_default()
 }
 
 /// Every outcome is one structured line: job, item, page, units, retry-after.

@@ -17,10 +17,11 @@ use super::{TaskError, Worker};
 use crate::accounting::{Block, Left, Verdict};
 use crate::config::{Endpoint, Job, Secret};
 use crate::fetch::Reply;
-use crate::history;
 use crate::outcome::{Outcome, OutcomeKind};
 use crate::queue::TaskArgs;
-use crate::quota::{BlockFor, BlockReason, Decision, PreparedSpend, QuotaError, RejectedBy};
+use crate::quota::{
+    BlockFor, BlockNote, BlockReason, Decision, PreparedSpend, QuotaError, RejectedBy,
+};
 use crate::stats::Stats;
 
 /// A spend's request id: the task's id, the page (as the step knows it),
@@ -466,7 +467,7 @@ impl Worker {
     /// and returns the block in force. Its reason is kept beside it in
     /// Redis (the stable word, `quota::BlockReason`), and when this block
     /// is the one in force, the status page's account of it
-    /// (`history::BlockReason`: what the upstream answered, on which
+    /// (`quota::BlockNote`: what the upstream answered, on which
     /// endpoint). A block Redis does not take is never ignored: it is
     /// logged as an error and held by this daemon itself ([`LocalBlocks`]),
     /// so no spend of this daemon goes through meanwhile. A template
@@ -497,7 +498,7 @@ impl Worker {
                         Some(s) => format!("upstream answered {s}{detail}"),
                         None => format!("upstream reports nothing left ({})", b.reason),
                     };
-                    let why = history::BlockReason {
+                    let note = BlockNote {
                         why: said,
                         status,
                         reason: b.detail.clone(),
@@ -505,11 +506,9 @@ impl Worker {
                         kind: Some(b.reason.as_str().to_owned()),
                     };
                     let mut conn = self.conn.clone();
-                    let keys = self.keys();
-                    let (ms, reason) = (blocked.blocked_for, &why);
-                    if let Err(e) =
-                        history::record_block(&mut conn, keys, credential, ms, reason).await
-                    {
+                    let noted =
+                        note.record(&mut conn, self.keys(), credential, blocked.blocked_for);
+                    if let Err(e) = noted.await {
                         debug!(error = %e, "could not record why the credential is blocked");
                     }
                 }

@@ -4,6 +4,8 @@
 //! Redis.
 //!
 //! - `model`: what the page shows, read from Redis at request time;
+//! - `read`: the reads of what the windows and the queue do not keep by
+//!   themselves (spend history, tick records, block notes), read-only;
 //! - `page`: the HTML (maud), inline CSS and SVG, no script.
 //!
 //! Behind a reverse proxy under a path prefix every link works as it is
@@ -12,6 +14,7 @@
 
 mod model;
 mod page;
+mod read;
 
 use std::sync::Arc;
 

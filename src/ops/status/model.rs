@@ -1,6 +1,6 @@
 //! What the status page shows, as data: read from Redis at request time
-//! (the windows through the spend script's peek, the rest from
-//! [`crate::history`] and the queue), the same for `GET /` and
+//! (the windows through the spend script's peek, the rest through
+//! [`super::read`] and the queue), the same for `GET /` and
 //! `GET /api/status` (docs/status.md lists every field).
 
 use std::collections::BTreeMap;
@@ -11,10 +11,12 @@ use futures::future::join_all;
 use serde::Serialize;
 
 use super::super::{OpsState, bounded, peek_all};
+use super::read;
 use crate::config::{Job, WindowKind};
-use crate::history::{self, BlockReason, LastError, TickRecord};
 use crate::outcome::{DEFERRED, OutcomeKind, RETRYING};
+use crate::queue::scripts::finish::{LastError, TickRecord};
 use crate::quota::WindowUsage;
+use crate::quota::{BlockNote, ring};
 
 /// Slots in the last hour of the spend history.
 const HOUR_SLOTS: usize = 12;
@@ -71,7 +73,7 @@ pub(crate) struct Block {
     /// another language shows it too), else the recorded reason's.
     pub(crate) kind: Option<String>,
     /// Why, as the daemon that blocked it recorded it (`None`: not recorded).
-    pub(crate) reason: Option<BlockReason>,
+    pub(crate) reason: Option<BlockNote>,
 }
 
 /// One window of a credential.
@@ -251,12 +253,12 @@ pub(crate) async fn gather(s: &OpsState) -> Status {
             async move {
                 let record = bounded(
                     "status page: a job's ticks",
-                    history::read_job(&mut conn, keys, &j.name),
+                    read::read_job(&mut conn, keys, &j.name),
                 )
                 .await;
                 let starved = bounded(
                     "status page: a job's starved items",
-                    crate::schedule::starved_items(&mut conn, keys, &j.name, STARVED_SHOWN),
+                    read::starved_items(&mut conn, keys, &j.name, STARVED_SHOWN),
                 )
                 .await;
                 (record, starved)
@@ -279,10 +281,10 @@ pub(crate) async fn gather(s: &OpsState) -> Status {
     }
     let (spent, reasons) = tokio::join!(
         bounded("status page: the spend history", async {
-            history::read_rings(s.limiter.conn(), &rings).await
+            read::read_rings(s.limiter.conn(), &rings).await
         }),
         bounded("status page: the block reasons", async {
-            history::read_block_reasons(&mut conn.clone(), keys, &names).await
+            read::read_block_notes(&mut conn.clone(), keys, &names).await
         }),
     );
     let mut redis_up = spent.is_some() && reasons.is_some() && depth.is_some();
@@ -294,7 +296,7 @@ pub(crate) async fn gather(s: &OpsState) -> Status {
             .iter()
             .position(|r| *r == key)
             .and_then(|i| spent.get(i).cloned())
-            .unwrap_or_else(|| vec![0; history::SLOTS])
+            .unwrap_or_else(|| vec![0; ring::SLOTS])
     };
     let mut credentials = Vec::with_capacity(usages.len());
     for (i, (name, usage)) in usages.into_iter().enumerate() {
@@ -309,7 +311,7 @@ pub(crate) async fn gather(s: &OpsState) -> Status {
             continue;
         };
         let block = (!u.blocked_for.is_zero()).then(|| {
-            let reason: Option<BlockReason> = reasons.get(i).cloned().flatten();
+            let reason: Option<BlockNote> = reasons.get(i).cloned().flatten();
             Block {
                 blocked_for_ms: u.blocked_for.as_millis() as u64,
                 until: rfc3339_ms(now_ms + u.blocked_for.as_millis() as i64),
@@ -359,7 +361,7 @@ pub(crate) async fn gather(s: &OpsState) -> Status {
 }
 
 fn window(w: &WindowUsage, ring: Vec<u64>, now_ms: i64) -> WindowStatus {
-    let slot_ms = history::SLOT.as_millis() as i64;
+    let slot_ms = ring::SLOT.as_millis() as i64;
     let last_hour: u64 = ring.iter().rev().take(HOUR_SLOTS).sum();
     // The last hour: eleven whole slots and the current one so far.
     let span = Duration::from_millis(
@@ -383,7 +385,7 @@ fn window(w: &WindowUsage, ring: Vec<u64>, now_ms: i64) -> WindowStatus {
         Projection::ResetsFirst => RunsOut::ResetsFirst,
         Projection::NotAtThisRate => RunsOut::NotAtThisRate,
     };
-    let first_slot = now_ms.div_euclid(slot_ms) - (history::SLOTS as i64 - 1);
+    let first_slot = now_ms.div_euclid(slot_ms) - (ring::SLOTS as i64 - 1);
     WindowStatus {
         scope: w.scope.to_string(),
         kind: w.window.kind_name(),
