@@ -55,45 +55,45 @@ impl KeySpace {
 
     /// A SCAN pattern for every key of every tenant of template
     /// `credential` on `placeholder`.
-    pub(crate) fn tenants_pattern(&self, credential: &str, placeholder: &str) -> String {
+    pub fn tenants_pattern(&self, credential: &str, placeholder: &str) -> String {
         let tag = glob_literal(&format!("{credential}[{placeholder}="));
         format!("{}:{{{tag}*\\]}}:*", glob_literal(&self.prefix))
     }
 
     /// The tenant a key found by [`KeySpace::tenants_pattern`] belongs to:
     /// its hash tag (`ig[account=123]`).
-    pub(crate) fn tenant_of<'k>(&self, key: &'k str) -> Option<&'k str> {
+    pub fn tenant_of<'k>(&self, key: &'k str) -> Option<&'k str> {
         let rest = key.strip_prefix(&self.prefix)?.strip_prefix(":{")?;
         Some(&rest[..rest.find('}')?])
     }
 
     /// When the credential's upstream block ends (µs since the epoch).
-    pub(crate) fn blocked(&self, credential: &str) -> String {
+    pub fn blocked(&self, credential: &str) -> String {
         format!("{}:blocked", self.credential(credential))
     }
 
     /// Why the credential is blocked, in one stable word
     /// (`quota::BlockReason`), expiring with the block it explains
     /// (`lua/block.lua`).
-    pub(crate) fn block_kind(&self, credential: &str) -> String {
+    pub fn block_kind(&self, credential: &str) -> String {
         format!("{}:blocked:kind", self.credential(credential))
     }
 
     /// How many secondary-limit blocks in a row the credential has had
     /// (`lua/block.lua`): each one doubles the next.
-    pub(crate) fn block_streak(&self, credential: &str) -> String {
+    pub fn block_streak(&self, credential: &str) -> String {
         format!("{}:blocked:streak", self.credential(credential))
     }
 
     /// The latest Redis time a spend on the credential saw.
-    pub(crate) fn clock(&self, credential: &str) -> String {
+    pub fn clock(&self, credential: &str) -> String {
         format!("{}:clock", self.credential(credential))
     }
 
     /// The keys of one window, as the spend script expects them: a sliding
     /// or bucket window's counters, id log, entry stream and settled entries
     /// (layout v2), or a fixed window's state hash (unchanged since v1).
-    pub(crate) fn window(&self, credential: &str, scope: &Scope, window: &Window) -> Vec<String> {
+    pub fn window(&self, credential: &str, scope: &Scope, window: &Window) -> Vec<String> {
         let scope = match scope {
             Scope::Credential => "cred".to_owned(),
             Scope::Endpoint(e) => format!("ep:{e}"),
@@ -114,7 +114,7 @@ impl KeySpace {
 
     /// Why the credential is blocked (JSON, `quota::BlockNote`), kept
     /// as long as the block it explains.
-    pub(crate) fn block_reason(&self, credential: &str) -> String {
+    pub fn block_reason(&self, credential: &str) -> String {
         format!("{}:blocked:why", self.credential(credential))
     }
 
@@ -122,7 +122,7 @@ impl KeySpace {
     /// `quota::ring`)
     /// of one scope of a credential's windows: every window of a scope sees
     /// the same spends.
-    pub(crate) fn spent(&self, credential: &str, scope: &Scope) -> String {
+    pub fn spent(&self, credential: &str, scope: &Scope) -> String {
         match scope {
             Scope::Credential => format!("{}:spent:cred", self.credential(credential)),
             Scope::Endpoint(e) => format!("{}:spent:ep:{e}", self.credential(credential)),
@@ -131,106 +131,106 @@ impl KeySpace {
 
     /// The apalis-redis queue name; apalis builds its own keys from it
     /// (`<prefix>:queue:active`, `...:scheduled`, ...).
-    pub(crate) fn queue(&self) -> String {
+    pub fn queue(&self) -> String {
         format!("{}:queue", self.prefix)
     }
 
     /// Tasks waiting to enter the apalis queue (zset: task id -> run at, ms).
-    pub(crate) fn backlog(&self) -> String {
+    pub fn backlog(&self) -> String {
         format!("{}:backlog", self.prefix)
     }
 
     /// Their payloads (hash: task id -> JSON).
-    pub(crate) fn backlog_data(&self) -> String {
+    pub fn backlog_data(&self) -> String {
         format!("{}:backlog:data", self.prefix)
     }
 
     /// Backlog tasks being handed to apalis (zset: task id -> lease end, ms).
-    pub(crate) fn backlog_feeding(&self) -> String {
+    pub fn backlog_feeding(&self) -> String {
         format!("{}:backlog:feeding", self.prefix)
     }
 
     /// The claim that one daemon fans out `job`'s tick at `tick_ms`.
-    pub(crate) fn tick_claim(&self, job: &str, tick_ms: i64) -> String {
+    pub fn tick_claim(&self, job: &str, tick_ms: i64) -> String {
         format!("{}:tick:{job}:{tick_ms}", self.prefix)
     }
 
     /// How far a tick's fan-out has got while it is queued in chunks (hash:
     /// owner, lease, next, origin; gone once every task is queued).
-    pub(crate) fn tick_fan_out(&self, job: &str, tick_ms: i64) -> String {
+    pub fn tick_fan_out(&self, job: &str, tick_ms: i64) -> String {
         format!("{}:tick:{job}:{tick_ms}:fan_out", self.prefix)
     }
 
     /// The fan-outs being queued (zset: `<job>:<tick_ms>` -> lease end, ms):
     /// where a daemon finds one whose enqueuer died, to finish it.
-    pub(crate) fn fanning(&self) -> String {
+    pub fn fanning(&self) -> String {
         format!("{}:fanning", self.prefix)
     }
 
     /// Where a job's ticks start serving their items (hash: tick, turn,
     /// offset, n, first; `lua/rotate.lua`): one small hash per job.
-    pub(crate) fn fair(&self, job: &str) -> String {
+    pub fn fair(&self, job: &str) -> String {
         format!("{}:fair:{job}", self.prefix)
     }
 
     /// A job's starved items (hash: item key -> the turn its starvation
     /// began; `lua/finish.lua`), bounded by [`crate::schedule::STARVED_CAP`].
-    pub(crate) fn starved(&self, job: &str) -> String {
+    pub fn starved(&self, job: &str) -> String {
         format!("{}:starved:{job}", self.prefix)
     }
 
     /// Where one tick of a job serves its items from, and its turn (hash:
     /// offset, turn; `lua/rotate.lua`), kept as long as the tick's claim.
-    pub(crate) fn tick_rotation(&self, job: &str, tick_ms: i64) -> String {
+    pub fn tick_rotation(&self, job: &str, tick_ms: i64) -> String {
         format!("{}:tick:{job}:{tick_ms}:rotation", self.prefix)
     }
 
     /// Outcome counts of one tick's tasks (hash: outcome -> count, plus "#items").
-    pub(crate) fn tick_outcomes(&self, job: &str, tick_ms: i64) -> String {
+    pub fn tick_outcomes(&self, job: &str, tick_ms: i64) -> String {
         format!("{}:tick:{job}:{tick_ms}:outcomes", self.prefix)
     }
 
     /// One job's newest ticks' outcome counts and its last error
     /// (hash, `lua/finish.lua`), for the status page.
-    pub(crate) fn job_ticks(&self, job: &str) -> String {
+    pub fn job_ticks(&self, job: &str) -> String {
         format!("{}:ticks:{job}", self.prefix)
     }
 
     /// The pagination checkpoint of one job's fan-out item.
-    pub(crate) fn cursor(&self, job: &str, item: &str) -> String {
+    pub fn cursor(&self, job: &str, item: &str) -> String {
         format!("{}:cursor:{job}:{item}", self.prefix)
     }
 
     /// The newest tick whose run of one job's fan-out item completed.
-    pub(crate) fn item_ran(&self, job: &str, item: &str) -> String {
+    pub fn item_ran(&self, job: &str, item: &str) -> String {
         format!("{}:ran:{job}:{item}", self.prefix)
     }
 
     /// When the last complete run of one job's fan-out item started, in
     /// seconds since the epoch: its next run's `{since}`.
-    pub(crate) fn since(&self, job: &str, item: &str) -> String {
+    pub fn since(&self, job: &str, item: &str) -> String {
         format!("{}:since:{job}:{item}", self.prefix)
     }
 
     /// The `ETag` / `Last-Modified` of page 1 of the last complete run of
     /// one job's fan-out item (JSON), sent back by its next run.
-    pub(crate) fn validators(&self, job: &str, item: &str) -> String {
+    pub fn validators(&self, job: &str, item: &str) -> String {
         format!("{}:validators:{job}:{item}", self.prefix)
     }
 
     /// Held while a task works on one job's fan-out item (value: task id).
-    pub(crate) fn item_lock(&self, job: &str, item: &str) -> String {
+    pub fn item_lock(&self, job: &str, item: &str) -> String {
         format!("{}:lock:{job}:{item}", self.prefix)
     }
 
     /// Set when a task has ended for good, so a redelivered copy does nothing.
-    pub(crate) fn task_done(&self, task_id: &str) -> String {
+    pub fn task_done(&self, task_id: &str) -> String {
         format!("{}:done:{task_id}", self.prefix)
     }
 
     /// Where the queue's trim keeps its scan cursors between calls (hash:
     /// apalis set -> SSCAN cursor), so each call takes one bounded step.
-    pub(crate) fn trim_cursors(&self) -> String {
+    pub fn trim_cursors(&self) -> String {
         format!("{}:trim", self.prefix)
     }
 }

@@ -46,6 +46,10 @@ pub(super) enum Claim {
     Busy,
     /// Ours, and what the item's state in Redis is.
     Held(Box<Found>),
+    /// A reply that is none of these (a script that is not the one this
+    /// daemon ships, say): a protocol error. The task ends `failed` with
+    /// it rather than being taken for busy and retried every 2 s for ever.
+    Unexpected(String),
 }
 
 /// What a claim found of the item's state.
@@ -63,6 +67,86 @@ pub(super) struct Found {
     /// The reply of the first page's spend, when it rode in the claim's
     /// call: spend.lua's values, or the script's error.
     pub(super) spent: Option<Result<Vec<i64>, QuotaError>>,
+    /// Why the item's state could not be read (a checkpoint that does not
+    /// parse, a foreign writer's or another version's): the task ends
+    /// `failed` with it and the state stays as it is, rather than the run
+    /// silently starting over.
+    pub(super) unreadable: Option<String>,
+}
+
+/// The claim's reply as `lua/item_lock.lua`'s header lays it out (followed,
+/// `with_spend`, by `lua/claim_spend.lua`'s spend reply); `state` names the
+/// keys the item's state was read from (checkpoint, completed tick,
+/// `{since}`, validators). Every shape is matched: anything else is
+/// [`Claim::Unexpected`], as apalis's `deserialize_with_meta` refuses a
+/// task it cannot read.
+fn read_claim(reply: &[String], with_spend: bool, state: &[String; 4]) -> Claim {
+    match reply {
+        [done] if done == "0" => Claim::AlreadyDone,
+        [busy] if busy == "1" => Claim::Busy,
+        [held, saved, ran, since, validators, now, spent @ ..]
+            if held == "2" && (with_spend || spent.is_empty()) =>
+        {
+            let mut r = Reader::default();
+            let [cursor_key, ran_key, since_key, validators_key] = state;
+            let saved = r.field(cursor_key, "checkpoint", saved, |s| serde_json::from_str(s));
+            let ran = r.field(ran_key, "completed tick", ran, str::parse);
+            let since = r.field(since_key, "{since}", since, str::parse);
+            let validators = r.field(validators_key, "validators", validators, |s| {
+                serde_json::from_str(s)
+            });
+            let now = match now.parse::<i64>() {
+                Ok(now) => now,
+                Err(e) => {
+                    r.unreadable = Some(format!(
+                        "protocol error: the item claim's Redis time {now:?}: {e}"
+                    ));
+                    chrono::Utc::now().timestamp()
+                }
+            };
+            Claim::Held(Box::new(Found {
+                saved,
+                ran,
+                since,
+                validators,
+                now,
+                spent: with_spend.then(|| crate::quota::spend_reply(spent)),
+                unreadable: r.unreadable,
+            }))
+        }
+        other => Claim::Unexpected(format!(
+            "protocol error: the item claim answered {other:?}, not what lua/item_lock.lua answers"
+        )),
+    }
+}
+
+/// Reads a held claim's fields, keeping why the first that did not parse.
+#[derive(Default)]
+struct Reader {
+    unreadable: Option<String>,
+}
+
+impl Reader {
+    /// `raw` ("": none) read by `parse`; `None` too when it does not parse,
+    /// which is noted with `key` and `what` it is.
+    fn field<T, E: std::fmt::Display>(
+        &mut self,
+        key: &str,
+        what: &str,
+        raw: &str,
+        parse: impl FnOnce(&str) -> Result<T, E>,
+    ) -> Option<T> {
+        if raw.is_empty() {
+            return None;
+        }
+        match parse(raw) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                (self.unreadable).get_or_insert_with(|| format!("unreadable {what} at {key}: {e}"));
+                None
+            }
+        }
+    }
 }
 
 /// One task's hold on one item.
@@ -97,12 +181,18 @@ impl ItemLock {
             Some(_) => CLAIM_SPEND.call(),
             None => ITEM_LOCK.call(),
         };
+        let state = [
+            keys.cursor(&job.name, &item),
+            keys.item_ran(&job.name, &item),
+            keys.since(&job.name, &item),
+            keys.validators(&job.name, &item),
+        ];
         call.key(&self.key)
             .key(keys.task_done(&task.root))
-            .key(keys.cursor(&job.name, &item))
-            .key(keys.item_ran(&job.name, &item))
-            .key(keys.since(&job.name, &item))
-            .key(keys.validators(&job.name, &item))
+            .key(&state[0])
+            .key(&state[1])
+            .key(&state[2])
+            .key(&state[3])
             .arg("claim")
             .arg(&self.value)
             .arg(self.ttl.as_millis() as u64);
@@ -113,22 +203,7 @@ impl ItemLock {
             call.arg(&spend.args);
         }
         let reply: Vec<String> = call.invoke(conn).await?;
-        Ok(match reply.as_slice() {
-            [state] if state == "0" => Claim::AlreadyDone,
-            [state, saved, ran, since, validators, now, spent @ ..] if state == "2" => {
-                Claim::Held(Box::new(Found {
-                    saved: serde_json::from_str::<Checkpoint>(saved).ok(),
-                    ran: ran.parse::<i64>().ok(),
-                    since: since.parse::<i64>().ok(),
-                    validators: serde_json::from_str::<Validators>(validators).ok(),
-                    now: now
-                        .parse::<i64>()
-                        .unwrap_or_else(|_| chrono::Utc::now().timestamp()),
-                    spent: spend.map(|_| crate::quota::spend_reply(spent)),
-                }))
-            }
-            _ => Claim::Busy,
-        })
+        Ok(read_claim(&reply, spend.is_some(), &state))
     }
 
     /// Renews the lock every third of its TTL until the returned guard is
@@ -164,5 +239,119 @@ impl ItemLock {
             .invoke::<i64>(conn)
             .await
             .map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state() -> [String; 4] {
+        [
+            "qw:cursor:j:-",
+            "qw:ran:j:-",
+            "qw:since:j:-",
+            "qw:validators:j:-",
+        ]
+        .map(String::from)
+    }
+
+    fn reply(values: &[&str]) -> Vec<String> {
+        values.iter().map(|v| (*v).to_owned()).collect()
+    }
+
+    fn held(c: Claim) -> Found {
+        match c {
+            Claim::Held(found) => *found,
+            _ => panic!("not held"),
+        }
+    }
+
+    #[test]
+    fn every_reply_of_the_header_is_read() {
+        assert!(matches!(
+            read_claim(&reply(&["0"]), false, &state()),
+            Claim::AlreadyDone
+        ));
+        assert!(matches!(
+            read_claim(&reply(&["1"]), true, &state()),
+            Claim::Busy
+        ));
+        let fresh = held(read_claim(
+            &reply(&["2", "", "", "", "", "1700000000"]),
+            false,
+            &state(),
+        ));
+        assert!(fresh.saved.is_none() && fresh.ran.is_none() && fresh.since.is_none());
+        assert_eq!((fresh.now, fresh.unreadable), (1_700_000_000, None));
+        assert!(fresh.spent.is_none());
+
+        let cp = r#"{"tick":5,"page":3,"token":null}"#;
+        let resumed = held(read_claim(
+            &reply(&[
+                "2",
+                cp,
+                "4",
+                "1699990000",
+                "",
+                "1700000000",
+                "0",
+                "7",
+                "0",
+                "0",
+            ]),
+            true,
+            &state(),
+        ));
+        assert_eq!(resumed.saved.map(|c| (c.tick, c.page)), Some((5, 3)));
+        assert_eq!((resumed.ran, resumed.since), (Some(4), Some(1_699_990_000)));
+        assert!(resumed.unreadable.is_none());
+        assert_eq!(resumed.spent.map(|s| s.ok()), Some(Some(vec![0, 7, 0, 0])));
+    }
+
+    /// Regression (issue 23 item 8): any reply that was not "already done"
+    /// or "held" was taken for `Busy`, so a script that answered otherwise
+    /// had its task retried every 2 s for ever.
+    #[test]
+    fn a_reply_of_another_shape_is_a_protocol_error_not_busy() {
+        for bad in [
+            &[][..],
+            &["3"],
+            &["2"],
+            &["1", "x"],
+            &["busy"],
+            &["2", "", "", "", "", "1700000000", "unexpected"],
+        ] {
+            match read_claim(&reply(bad), false, &state()) {
+                Claim::Unexpected(why) => assert!(why.starts_with("protocol error"), "{why}"),
+                _ => panic!("{bad:?} was read as a claim"),
+            }
+        }
+    }
+
+    /// Regression (issue 23 item 8): a checkpoint that did not parse was
+    /// read as none (`.ok()`), so the item's run silently started over.
+    #[test]
+    fn an_unreadable_checkpoint_is_named_not_dropped() {
+        let found = held(read_claim(
+            &reply(&["2", "{not json", "", "", "", "1700000000"]),
+            false,
+            &state(),
+        ));
+        let why = found.unreadable.expect("unreadable");
+        assert!(
+            why.starts_with("unreadable checkpoint at qw:cursor:j:-: "),
+            "{why}"
+        );
+        let bad_tick = held(read_claim(
+            &reply(&["2", "", "soon", "", "", "1700000000"]),
+            false,
+            &state(),
+        ));
+        assert!(
+            bad_tick
+                .unreadable
+                .is_some_and(|w| w.contains("qw:ran:j:-"))
+        );
     }
 }

@@ -187,6 +187,18 @@ impl Worker {
                 Stats::add(&self.stats.requeued, 1);
                 return Ok(Ran::Skipped(Skip::Busy));
             }
+            Claim::Unexpected(why) => {
+                // Whether the claim (and its spend) happened is unknown:
+                // both are undone if they did, and the task ends.
+                if let Some(ahead) = ahead {
+                    self.refund_unknown(ahead).await;
+                }
+                let outcome = Outcome::new(OutcomeKind::Failed, 0, why);
+                let unlock = lock.release(&mut conn).await;
+                self.finish(task, Some(job), &outcome).await?;
+                unlock?;
+                return Ok(Ran::Ended(outcome));
+            }
         };
         let first = match (ahead, found.spent.take()) {
             (Some(ahead), Some(reply)) => self.first_spend(ahead, reply, started.elapsed()),

@@ -175,6 +175,17 @@ impl Worker {
         first_spend: &FirstSpendSlot,
     ) -> Result<Outcome, TaskError> {
         let item = task.item_key();
+        if let Some(why) = found.unreadable {
+            // The item's state stays as it is, for an operator to look at
+            // (or for the daemon version that wrote it); nothing is sent.
+            let why = format!(
+                "{why}; nothing fetched, the item's state in Redis is left as it is (delete it to start the item's run over)"
+            );
+            let outcome = Outcome::new(OutcomeKind::Failed, 0, why);
+            self.refund_untaken(first_spend).await;
+            self.finish(task, Some(job), &outcome).await?;
+            return Ok(outcome);
+        }
         let ran = found.ran;
         let start = match start_at(task, found.saved, ran) {
             Ok(start) => start,

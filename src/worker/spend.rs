@@ -246,6 +246,21 @@ impl Worker {
         })))
     }
 
+    /// Gives back a spend that rode in a claim whose reply could not be
+    /// read: it may or may not have been made, and a settle of a request
+    /// the windows do not hold changes nothing.
+    pub(super) async fn refund_unknown(&self, ahead: Ahead<'_>) {
+        let (endpoint, request_id) = (&ahead.spend.ep.endpoint, &ahead.request_id);
+        let tenant = ahead.tenant.as_deref();
+        if let Err(e) = (self.limiter)
+            .settle_for(endpoint, tenant, request_id, 0)
+            .await
+        {
+            error!(endpoint = %endpoint, request_id, error = %e,
+                   "could not give back the first page's spend of an unreadable claim; its units may stay spent");
+        }
+    }
+
     /// Refunds a first spend no page step took: nothing was sent for it.
     pub(super) async fn refund_untaken(&self, slot: &FirstSpendSlot) {
         let Some(first) = slot.take() else {

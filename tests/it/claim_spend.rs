@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 
+use quota_worker::keys::KeySpace;
 use quota_worker::outcome::OutcomeKind;
 use quota_worker::queue::Origin;
 use simulator::SimConfig;
@@ -200,4 +201,37 @@ async fn a_spend_that_fails_inside_the_claim_ends_the_task_and_sends_nothing() {
     assert_ne!(seen[0].kind(), OutcomeKind::Done, "{seen:?}");
     assert!(seen[0].ev.outcome.detail.contains("WRONGTYPE"), "{seen:?}");
     assert_eq!(p.sim_stats().requests.len(), 0, "nothing sent");
+}
+
+/// Regression (issue 23 item 8): a checkpoint that did not parse was read as
+/// none, and the item's run silently started over at page 1. The task ends
+/// `failed` naming the key, sends nothing, gives back the spend its claim
+/// made, and leaves the checkpoint as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unreadable_checkpoint_ends_the_task_failed_and_sends_nothing() {
+    let p = Pipeline::start(sim(2), |sim| config(sim, &["a"], 2)).await;
+    let cursor = KeySpace::new("qw").cursor("two", "region=a");
+    let _: String = p
+        .redis
+        .cmd(&["SET", &cursor, "{written by another version"]);
+    let tick = p.trigger("two").await;
+    let seen = p.wait_tick("two", tick, 1, Duration::from_secs(15)).await;
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    let o = &seen[0].ev.outcome;
+    assert_eq!(o.kind, OutcomeKind::Failed, "{seen:?}");
+    assert!(
+        o.detail
+            .starts_with(&format!("unreadable checkpoint at {cursor}: ")),
+        "{}",
+        o.detail
+    );
+    assert_eq!((o.pages, o.units), (0, 0));
+    assert!(p.sim_stats().charges.is_empty(), "the upstream saw nothing");
+    let used = p.limiter.peek("yt").await.expect("peek").windows[0].used;
+    assert_eq!(used, 0, "the claim's spend was given back");
+    let kept: String = p.redis.cmd(&["GET", &cursor]);
+    assert_eq!(
+        kept, "{written by another version",
+        "the checkpoint is left as it was"
+    );
 }
