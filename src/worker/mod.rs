@@ -17,15 +17,21 @@
 //! on a conditional endpoint (`keys::validators`).
 //!
 //! - this file: a task's frame — claim the item, run, record the outcome;
-//! - `page`: the pages, one step at a time, one short arm per upstream answer;
-//! - `spend`: the task's side of the quota — spend, settle, refund, block;
+//! - `run`: the run over the item's pages, one step at a time: gather what
+//!   happened, decide, carry it out;
+//! - `step`: a step as data — where the run is (`Progress`, which owns the
+//!   claim's first spend), what happened (`Answer`), what it leads to
+//!   (`Action`) — and the pure `decide`, unit-tested for every answer;
+//! - `spend`: the task's side of the quota, as data — spend, settle,
+//!   refund, block — never ending the task itself;
 //! - `lock`: the item lock; `guards`: what undoes a running task's side
 //!   effects however it ends, a panic included.
 
 mod guards;
 mod lock;
-mod page;
+mod run;
 mod spend;
+mod step;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,7 +53,6 @@ use crate::sink::Sinks;
 use crate::stats::Stats;
 use guards::InFlight;
 use lock::{Claim, ItemLock};
-use spend::FirstSpendSlot;
 pub(crate) use spend::{LocalBlocks, Unanswered};
 
 /// How long pagination checkpoints are kept when nothing resumes them.
@@ -201,18 +206,16 @@ impl Worker {
             }
         };
         let first = match (ahead, found.spent.take()) {
-            (Some(ahead), Some(reply)) => self.first_spend(ahead, reply, started.elapsed()),
-            _ => FirstSpendSlot::default(),
+            (Some(ahead), Some(reply)) => Some(self.first_spend(ahead, reply, started.elapsed())),
+            _ => None,
         };
         let result = {
             // Undone when this block ends, however it ends (guards.rs).
             let _renewer = lock.keep_renewed(self.conn.clone());
             let _in_flight = InFlight::enter(&self.stats.in_flight);
-            self.run_held(task, job, *found, &first).await
+            // Its progress owns the first spend from here (`run_held`).
+            self.run_held(task, job, *found, first).await
         };
-        // Given back before the outcome is recorded (`run_held`); here only
-        // if the task ended on an error before that.
-        self.refund_untaken(&first).await;
         let unlock = lock.release(&mut conn).await;
         let outcome = result?;
         unlock?;

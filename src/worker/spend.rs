@@ -1,10 +1,16 @@
-//! A task's side of the quota: the spend before each request, and after
-//! its answer what the upstream's own accounting says ([`Worker::account`],
-//! the one place a [`Verdict`] is applied): the settle to what the request
-//! really cost, the resync of the `upstream = true` windows (drift), and
-//! the credential block when the upstream throttles, held by this daemon
-//! itself when Redis does not take it ([`LocalBlocks`]); and the refund of
-//! a request that never left.
+//! A task's side of the quota, as data: the spend before each request
+//! ([`Admission`]: admitted, refused with a wait, or the limiter could not
+//! answer), and after its answer what the upstream's own accounting says
+//! ([`Worker::account`], the one place a [`Verdict`] is applied): the settle
+//! to what the request really cost (the change in units), the resync of
+//! the `upstream = true` windows (drift), and the credential block when the
+//! upstream throttles ([`Applied`]), held by this daemon itself when Redis
+//! does not take it ([`LocalBlocks`]); and the refund of a request that
+//! never left.
+//!
+//! Nothing here ends a task or touches its progress: the step
+//! (`step::decide`) says what an admission or an answer means for the task,
+//! and applies the units these functions return.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -12,12 +18,10 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, error, info, warn};
 
-use super::page::{Progress, Run};
-use super::{TaskError, Worker};
+use super::Worker;
 use crate::accounting::{Block, Left, Verdict};
 use crate::config::{Endpoint, Job, Secret};
 use crate::fetch::Reply;
-use crate::outcome::{Outcome, OutcomeKind};
 use crate::queue::TaskArgs;
 use crate::quota::{
     BlockFor, BlockNote, BlockReason, Decision, PreparedSpend, QuotaError, RejectedBy,
@@ -35,6 +39,19 @@ fn spend_id(task: &TaskArgs, page: &str) -> String {
 /// exact up to 2^53.
 const MAX_SETTLE: u64 = (1 << 53) - 1;
 
+/// Whose windows a run's requests spend from: the task, its job and
+/// endpoint, and the credential as `quota` names it.
+pub(super) struct Payer<'a> {
+    pub(super) task: &'a TaskArgs,
+    pub(super) job: &'a Job,
+    pub(super) endpoint: &'a Endpoint,
+    /// The credential spent: the endpoint's, or for a template credential
+    /// this item's tenant (`ig[account=123]`).
+    pub(super) credential: String,
+    /// A template credential's tenant: the item's value of its placeholder.
+    pub(super) tenant: Option<String>,
+}
+
 /// A page's spend, admitted.
 pub(super) struct Spent {
     /// The spend's request id, for a settle or refund.
@@ -46,6 +63,39 @@ pub(super) struct Spent {
     flying: Flying,
     /// The tenant it was spent on (template credentials), settled there.
     tenant: Option<String>,
+}
+
+/// What a page's spend came to.
+#[must_use]
+pub(super) enum Admission {
+    /// Admitted (or, `fail-open` with Redis away, let through unrecorded).
+    Admitted(Spent),
+    /// The quota said no.
+    Refused(Refusal),
+    /// The limiter could not answer and the endpoint is `fail-closed`.
+    Unavailable(QuotaError),
+}
+
+/// A spend the quota refused, and for how long.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Refusal {
+    /// Who said no.
+    pub(super) by: RefusedBy,
+    /// When a spend may fit again.
+    pub(super) wait: Duration,
+    /// Why, in words, for the outcome.
+    pub(super) why: &'static str,
+}
+
+/// Who refused a spend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum RefusedBy {
+    /// This daemon holds the credential blocked itself ([`LocalBlocks`]).
+    HeldHere,
+    /// The credential is blocked in Redis (the upstream throttled it).
+    Blocked,
+    /// A window is full.
+    Window,
 }
 
 /// Units this daemon has spent per credential whose requests have not been
@@ -95,8 +145,18 @@ impl Drop for Flying {
     }
 }
 
+/// What an answer's accounting did: the change in the request's units (a
+/// settle to its reported cost) and the block it asked for, as recorded.
+#[must_use]
+pub(super) struct Accounted {
+    /// Units added to (or, negative, taken from) the request's cost.
+    pub(super) change: i64,
+    /// The block, if the accounting asked for one.
+    pub(super) blocked: Option<Applied>,
+}
+
 /// A block the upstream's accounting asked for, as recorded.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Applied {
     /// The block in force (this one, or a longer one already there).
     pub(super) blocked: Duration,
@@ -104,13 +164,6 @@ pub(super) struct Applied {
     pub(super) reason: BlockReason,
     /// What the upstream said, for the outcome line.
     pub(super) detail: Option<String>,
-}
-
-/// What a page's spend came to.
-pub(super) enum Admission {
-    Spent(Spent),
-    /// The quota said no (or the limiter could not answer): the task ends.
-    Refused(Outcome),
 }
 
 /// Credentials blocked in this process only: when Redis does not take a
@@ -146,10 +199,10 @@ impl LocalBlocks {
 }
 
 /// The first page's spend, made in the item claim's own call
-/// (`lua/claim_spend.lua`): one round trip fewer per task. The first page's
-/// spend step takes it instead of spending; one no step took (the run was
-/// superseded, its request could not be built, its sink could take
-/// nothing) is refunded when the task ends ([`Worker::refund_untaken`]).
+/// (`lua/claim_spend.lua`): one round trip fewer per task. The task's
+/// progress owns it: the first page's spend step takes it instead of
+/// spending, and the task's one exit gives back one no step took
+/// ([`Worker::give_back`]).
 pub(super) struct FirstSpend {
     request_id: String,
     endpoint: String,
@@ -160,20 +213,10 @@ pub(super) struct FirstSpend {
     decision: Result<Decision, QuotaError>,
 }
 
-/// Where a task keeps its [`FirstSpend`] until its first spend step.
-#[derive(Default)]
-pub(super) struct FirstSpendSlot(Mutex<Option<FirstSpend>>);
-
-impl FirstSpendSlot {
-    fn take(&self) -> Option<FirstSpend> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).take()
-    }
-
-    /// The template tenant's token read for the spend in the claim, if one
-    /// was.
-    pub(super) fn tenant_secret(&self) -> Option<Secret> {
-        let first = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        first.as_ref().and_then(|f| f.secret.clone())
+impl FirstSpend {
+    /// The template tenant's token read for this spend, if one was.
+    pub(super) fn tenant_secret(&self) -> Option<&Secret> {
+        self.secret.as_ref()
     }
 }
 
@@ -228,22 +271,37 @@ impl Worker {
     }
 
     /// What the spend that rode in the claim decided (`reply`: its part of
-    /// the claim's reply; `took`: the claim's time), for the first page's
-    /// spend step to take.
+    /// the claim's reply; `took`: the claim's time).
     pub(super) fn first_spend(
         &self,
         ahead: Ahead<'_>,
         reply: Result<Vec<i64>, QuotaError>,
         took: Duration,
-    ) -> FirstSpendSlot {
+    ) -> FirstSpend {
         let decision = self.limiter.conclude(&ahead.spend, reply, took);
-        FirstSpendSlot(Mutex::new(Some(FirstSpend {
+        FirstSpend {
             request_id: ahead.request_id,
             endpoint: ahead.spend.ep.endpoint.clone(),
             tenant: ahead.tenant,
             secret: ahead.secret,
             decision,
-        })))
+        }
+    }
+
+    /// Gives back a first spend no page step took: nothing was sent for it.
+    pub(super) async fn give_back(&self, first: FirstSpend) {
+        if !matches!(first.decision, Ok(Decision::Allowed { .. })) {
+            return;
+        }
+        let (endpoint, request_id) = (&first.endpoint, &first.request_id);
+        let tenant = first.tenant.as_deref();
+        if let Err(e) = (self.limiter)
+            .settle_for(endpoint, tenant, request_id, 0)
+            .await
+        {
+            error!(endpoint = %endpoint, request_id, error = %e,
+                   "could not refund the first page's spend of a task that sent nothing; its units stay spent");
+        }
     }
 
     /// Gives back a spend that rode in a claim whose reply could not be
@@ -261,38 +319,30 @@ impl Worker {
         }
     }
 
-    /// Refunds a first spend no page step took: nothing was sent for it.
-    pub(super) async fn refund_untaken(&self, slot: &FirstSpendSlot) {
-        let Some(first) = slot.take() else {
-            return;
-        };
-        if !matches!(first.decision, Ok(Decision::Allowed { .. })) {
-            return;
-        }
-        let (endpoint, request_id) = (&first.endpoint, &first.request_id);
-        let tenant = first.tenant.as_deref();
-        if let Err(e) = (self.limiter)
-            .settle_for(endpoint, tenant, request_id, 0)
-            .await
-        {
-            error!(endpoint = %endpoint, request_id, error = %e,
-                   "could not refund the first page's spend of a task that sent nothing; its units stay spent");
-        }
+    /// The refusal of any spend on the payer's credential while this
+    /// daemon holds it blocked itself (Redis did not take the upstream's
+    /// block); checked before a spend, so a first spend stays unused.
+    pub(super) fn held_here(&self, payer: &Payer<'_>) -> Option<Refusal> {
+        let wait = self.local_blocks.left(&payer.credential)?;
+        Some(Refusal {
+            by: RefusedBy::HeldHere,
+            wait,
+            why: "credential blocked by this daemon (Redis did not take the upstream's block)",
+        })
     }
 
-    /// Spends the page's cost from the endpoint's windows (unless this
-    /// daemon holds the credential blocked itself): for the task's first
-    /// spend step, the spend made in the claim's call when there is one.
-    pub(super) async fn spend(&self, run: &Run<'_>, p: &Progress) -> Result<Admission, TaskError> {
-        if let Some(left) = self.local_blocks.left(&run.credential) {
-            let why = "credential blocked by this daemon (Redis did not take the upstream's block)";
-            let kind = OutcomeKind::QuotaExhausted;
-            let o = self.wait_for_quota(run, p, kind, left, why).await?;
-            return Ok(Admission::Refused(o));
-        }
-        let (request_id, decision) = match run.first_spend.take() {
+    /// Spends one page's cost from the endpoint's windows: `first`, the
+    /// spend made in the claim's call, when there is one, else a call of
+    /// its own for page `page`.
+    pub(super) async fn spend(
+        &self,
+        payer: &Payer<'_>,
+        page: u32,
+        first: Option<FirstSpend>,
+    ) -> Admission {
+        let (request_id, decision) = match first {
             Some(first) => (first.request_id, first.decision),
-            None => self.spend_now(run, p).await,
+            None => self.spend_now(payer, page).await,
         };
         let recorded = match decision {
             // The spend script recorded it in the status page's history too.
@@ -300,47 +350,49 @@ impl Worker {
             Ok(Decision::Unchecked) => false,
             Ok(Decision::Rejected(r)) => {
                 Stats::add(&self.stats.rejected_spends, 1);
-                let why = match r.by {
-                    RejectedBy::Blocked => "credential blocked after the upstream throttled it",
-                    RejectedBy::Window(_) => "spend rejected by a quota window",
+                let (by, why) = match r.by {
+                    RejectedBy::Blocked => (
+                        RefusedBy::Blocked,
+                        "credential blocked after the upstream throttled it",
+                    ),
+                    RejectedBy::Window(_) => {
+                        (RefusedBy::Window, "spend rejected by a quota window")
+                    }
                 };
-                let kind = OutcomeKind::QuotaExhausted;
-                let o = self
-                    .wait_for_quota(run, p, kind, r.retry_after, why)
-                    .await?;
-                return Ok(Admission::Refused(o));
+                let wait = r.retry_after;
+                return Admission::Refused(Refusal { by, wait, why });
             }
-            Err(e) => return Ok(Admission::Refused(self.limiter_down(run, p, &e).await?)),
+            Err(e) => return Admission::Unavailable(e),
         };
-        let flying = (self.unanswered).fly(&run.credential, run.endpoint.cost.get());
-        Ok(Admission::Spent(Spent {
+        let flying = (self.unanswered).fly(&payer.credential, payer.endpoint.cost.get());
+        Admission::Admitted(Spent {
             request_id,
             recorded,
             flying,
-            tenant: run.tenant.clone(),
-        }))
+            tenant: payer.tenant.clone(),
+        })
     }
 
-    /// Spends for page `p` in a call of its own.
+    /// Spends for page `page` in a call of its own.
     async fn spend_now(
         &self,
-        run: &Run<'_>,
-        p: &Progress,
+        payer: &Payer<'_>,
+        page: u32,
     ) -> (String, Result<Decision, QuotaError>) {
-        let request_id = spend_id(run.task, &p.page.to_string());
+        let request_id = spend_id(payer.task, &page.to_string());
         if self.skip_spend {
             return (request_id, Ok(Decision::Unchecked));
         }
         // A tenant's spend keeps the job's reserve free in the tenant's
         // own windows.
-        let tenant = run.tenant.as_deref();
+        let tenant = payer.tenant.as_deref();
         let decision = (self.limiter)
             .spend_for(
-                &run.endpoint.name,
+                &payer.endpoint.name,
                 tenant,
                 None,
                 &request_id,
-                run.job.reserve,
+                payer.job.reserve,
             )
             .await;
         (request_id, decision)
@@ -351,25 +403,30 @@ impl Worker {
     /// not price costs `not_modified_cost`); then resync every
     /// `upstream = true` window of the spend to what is left (after the
     /// settle, which the upstream's count already holds); then block the
-    /// credential. Returns the block, if one was asked for.
+    /// credential. Returns the settle's change and the block, if one was
+    /// asked for.
     pub(super) async fn account(
         &self,
-        run: &Run<'_>,
+        payer: &Payer<'_>,
         spent: &Spent,
         reply: &Reply,
         verdict: Verdict,
-        p: &mut Progress,
-    ) -> Option<Applied> {
-        let endpoint = run.endpoint;
+    ) -> Accounted {
+        let endpoint = payer.endpoint;
         let cost = match reply {
             Reply::NotModified { .. } => verdict.cost.or(Some(endpoint.not_modified_cost)),
             _ => verdict.cost,
         };
-        self.settle_reported(endpoint, spent, cost, p).await;
+        let change = self.settle_reported(endpoint, spent, cost).await;
         if let Some(left) = verdict.left {
-            self.resync(run, spent, left).await;
+            self.resync(payer, spent, left).await;
         }
-        let b = verdict.block?;
+        let Some(b) = verdict.block else {
+            return Accounted {
+                change,
+                blocked: None,
+            };
+        };
         // A refusal's status says what happened; a page with nothing left
         // after it has none to tell.
         let status = if verdict.refused {
@@ -377,22 +434,25 @@ impl Worker {
         } else {
             None
         };
-        let blocked = self.block(run, &b, status).await;
-        Some(Applied {
-            blocked,
-            reason: b.reason,
-            detail: b.detail,
-        })
+        let blocked = self.block(payer, &b, status).await;
+        Accounted {
+            change,
+            blocked: Some(Applied {
+                blocked,
+                reason: b.reason,
+                detail: b.detail,
+            }),
+        }
     }
 
-    /// Resyncs every `upstream = true` window of the run's spend (a
+    /// Resyncs every `upstream = true` window of the payer's spend (a
     /// template's: its tenant's) to what the upstream says is left, less
     /// the units this daemon has in flight on the credential besides this
     /// request (the upstream has not counted them yet). A window that
     /// already admits no more records nothing: drift only lowers what a
     /// window admits.
-    async fn resync(&self, run: &Run<'_>, spent: &Spent, left: Left) {
-        let (endpoint, credential) = (run.endpoint, &run.credential);
+    async fn resync(&self, payer: &Payer<'_>, spent: &Spent, left: Left) {
+        let (endpoint, credential) = (payer.endpoint, &payer.credential);
         let others = (self.unanswered.units(credential)).saturating_sub(spent.flying.units);
         for (scope, w) in self.config.windows_of(endpoint) {
             if !w.upstream {
@@ -414,19 +474,18 @@ impl Worker {
     }
 
     /// The upstream said what a request really cost (a cost header,
-    /// Shopify's `actualQueryCost`, on any answer): the windows and the
-    /// task's count follow. Nothing to settle for a spend that was not
-    /// recorded (fail-open).
+    /// Shopify's `actualQueryCost`, on any answer): the windows follow, and
+    /// the change in units is returned for the task's count. Nothing to
+    /// settle (0) for a spend that was not recorded (fail-open).
     async fn settle_reported(
         &self,
         endpoint: &Endpoint,
         spent: &Spent,
         reported: Option<u64>,
-        p: &mut Progress,
-    ) {
+    ) -> i64 {
         let cost = endpoint.cost.get();
         let Some(reported) = reported.filter(|a| spent.recorded && *a != cost) else {
-            return;
+            return 0;
         };
         // More than the largest window fills every window: settling more
         // says nothing new, and a huge number would fail the script (its
@@ -443,7 +502,7 @@ impl Worker {
                   "the upstream reported a cost above the largest window; settled to that window's units");
         }
         if actual == cost {
-            return;
+            return 0;
         }
         let request_id = &spent.request_id;
         let tenant = spent.tenant.as_deref();
@@ -451,18 +510,21 @@ impl Worker {
             .settle_for(&endpoint.name, tenant, request_id, actual)
             .await
         {
-            Ok(_) => {
-                p.units = p.units - cost + actual;
+            // Both at most 2^53: exact as i64.
+            Ok(_) => actual as i64 - cost as i64,
+            Err(e) => {
+                error!(endpoint = %endpoint.name, request_id, actual, error = %e,
+                       "could not settle a request to its reported cost; the windows keep the configured cost");
+                0
             }
-            Err(e) => error!(endpoint = %endpoint.name, request_id, actual, error = %e,
-                             "could not settle a request to its reported cost; the windows keep the configured cost"),
         }
     }
 
-    /// Gives back the units of a request that never left.
-    pub(super) async fn refund(&self, endpoint: &Endpoint, spent: &Spent, p: &mut Progress) {
+    /// Gives back the units of a request that never left; returns the
+    /// change in units (minus its cost, or 0 when nothing was given back).
+    pub(super) async fn refund(&self, endpoint: &Endpoint, spent: &Spent) -> i64 {
         if !spent.recorded {
-            return;
+            return 0;
         }
         let request_id = &spent.request_id;
         let tenant = spent.tenant.as_deref();
@@ -470,15 +532,16 @@ impl Worker {
             .settle_for(&endpoint.name, tenant, request_id, 0)
             .await
         {
-            Ok(_) => {
-                p.units -= endpoint.cost.get();
+            Ok(_) => -(endpoint.cost.get().min(MAX_SETTLE) as i64),
+            Err(e) => {
+                error!(endpoint = %endpoint.name, request_id, error = %e,
+                       "could not refund a request that never left; its units stay spent");
+                0
             }
-            Err(e) => error!(endpoint = %endpoint.name, request_id, error = %e,
-                             "could not refund a request that never left; its units stay spent"),
         }
     }
 
-    /// Blocks the endpoint's credential as `b` says (at most `max_block`)
+    /// Blocks the payer's credential as `b` says (at most `max_block`)
     /// and returns the block in force. Its reason is kept beside it in
     /// Redis (the stable word, `quota::BlockReason`), and when this block
     /// is the one in force, the status page's account of it
@@ -488,8 +551,8 @@ impl Worker {
     /// so no spend of this daemon goes through meanwhile. A template
     /// credential's tenant is blocked alone, its reasons recorded on the
     /// tenant's name.
-    async fn block(&self, run: &Run<'_>, b: &Block, status: Option<u16>) -> Duration {
-        let endpoint = run.endpoint;
+    async fn block(&self, payer: &Payer<'_>, b: &Block, status: Option<u16>) -> Duration {
+        let endpoint = payer.endpoint;
         let bound = |d: Duration| d.min(endpoint.max_block).max(Duration::from_millis(1));
         let for_ = match b.for_ {
             BlockFor::Fixed(d) => BlockFor::Fixed(bound(d)),
@@ -498,34 +561,13 @@ impl Worker {
                 cap: bound(cap),
             },
         };
-        let credential = &run.credential;
+        let credential = &payer.credential;
         match self.limiter.block_because(credential, for_, b.reason).await {
             Ok(blocked) => {
                 info!(credential = %credential, reason = %b.reason, blocked_ms = blocked.blocked_for.as_millis() as u64,
                       streak = blocked.streak, "the upstream's accounting blocks the credential");
                 if blocked.ours {
-                    let detail = b
-                        .detail
-                        .as_ref()
-                        .map(|d| format!(" ({d})"))
-                        .unwrap_or_default();
-                    let said = match status {
-                        Some(s) => format!("upstream answered {s}{detail}"),
-                        None => format!("upstream reports nothing left ({})", b.reason),
-                    };
-                    let note = BlockNote {
-                        why: said,
-                        status,
-                        reason: b.detail.clone(),
-                        endpoint: endpoint.name.clone(),
-                        kind: Some(b.reason.as_str().to_owned()),
-                    };
-                    let mut conn = self.conn.clone();
-                    let noted =
-                        note.record(&mut conn, self.keys(), credential, blocked.blocked_for);
-                    if let Err(e) = noted.await {
-                        debug!(error = %e, "could not record why the credential is blocked");
-                    }
+                    self.note_block(payer, b, status, blocked.blocked_for).await;
                 }
                 blocked.blocked_for
             }
@@ -538,6 +580,36 @@ impl Worker {
                 self.local_blocks.hold(credential, wait);
                 wait
             }
+        }
+    }
+
+    /// Records why the payer's credential is blocked, for the status page
+    /// (best effort: the block itself is recorded already).
+    async fn note_block(
+        &self,
+        payer: &Payer<'_>,
+        b: &Block,
+        status: Option<u16>,
+        blocked: Duration,
+    ) {
+        let detail = (b.detail.as_ref())
+            .map(|d| format!(" ({d})"))
+            .unwrap_or_default();
+        let said = match status {
+            Some(s) => format!("upstream answered {s}{detail}"),
+            None => format!("upstream reports nothing left ({})", b.reason),
+        };
+        let note = BlockNote {
+            why: said,
+            status,
+            reason: b.detail.clone(),
+            endpoint: payer.endpoint.name.clone(),
+            kind: Some(b.reason.as_str().to_owned()),
+        };
+        let mut conn = self.conn.clone();
+        let noted = note.record(&mut conn, self.keys(), &payer.credential, blocked);
+        if let Err(e) = noted.await {
+            debug!(error = %e, "could not record why the credential is blocked");
         }
     }
 }

@@ -1,0 +1,573 @@
+//! A task's run over its item's pages, one step at a time: each step
+//! gathers what happened ([`Answer`]: build the request, spend, send,
+//! account, write) and carries out what [`decide`] makes of it
+//! ([`Action`]: save the checkpoint, complete the run, retry, defer, fail).
+//!
+//! Where the next page is comes from the answer (`fetch` reads it, by the
+//! job's pagination style, before the body is scrubbed) or, for
+//! `style = "page"`, from counting. A run is complete when no page is left:
+//! only then do `{since}` and the validators move on ([`Worker::complete`]);
+//! a run that stops at `max_pages` with `continue = true` keeps its
+//! checkpoint for the item's next run instead.
+
+use std::ops::ControlFlow;
+
+use chrono::{DateTime, Utc};
+use redis::AsyncCommands;
+
+use super::lock::Found;
+use super::spend::{Admission, FirstSpend, Payer, Spent};
+use super::step::{Action, Answer, End, Progress, Rules, decide, defers};
+use super::{CHECKPOINT_TTL, Checkpoint, ITEM_STATE_TTL, TaskError, Worker};
+use crate::config::{Job, Secret};
+use crate::fetch::{Answered, BuildError, Fetcher, PageAt, Placeholders, Request};
+use crate::outcome::{Outcome, OutcomeKind};
+use crate::paging::{Stored, Validators};
+use crate::queue::{Origin, QueueError, TaskArgs};
+use crate::stats::Stats;
+
+/// What every page of one task's run shares.
+pub(super) struct Run<'a> {
+    /// Whose windows its requests spend from.
+    payer: Payer<'a>,
+    /// What `decide` reads of the job.
+    rules: Rules<'a>,
+    secret: Secret,
+    /// The fetcher, scrubbing this run's secret too (a tenant's is not
+    /// among the secrets read at start).
+    fetcher: Fetcher,
+    /// Where the run's checkpoint is, and where a complete run leaves its
+    /// start and its page 1's validators.
+    cursor_key: String,
+    since_key: String,
+    validators_key: String,
+}
+
+impl Run<'_> {
+    fn task(&self) -> &TaskArgs {
+        self.payer.task
+    }
+
+    fn job(&self) -> &Job {
+        self.payer.job
+    }
+}
+
+/// What carrying out an [`Action`] came to.
+enum Acted {
+    /// The sink answered the page: decide on that.
+    Answered(Answer),
+    /// Go on with the next step.
+    Continue,
+    /// The task ends.
+    End(Outcome),
+}
+
+/// Where this run starts, or why it does not run at all (it is superseded).
+///
+/// A fresh task resumes any interrupted run of its item (and takes it over);
+/// a continuation (retry, deferral) resumes only its own tick's run. A copy
+/// of an older tick's task (redelivered after an incident, or long queued)
+/// whose item a run of this tick or a newer one already completed does not
+/// run: fetching it again would spend quota on older data.
+fn start_at(
+    task: &TaskArgs,
+    saved: Option<Checkpoint>,
+    ran: Option<i64>,
+) -> Result<Checkpoint, &'static str> {
+    let own_run = saved.as_ref().is_some_and(|cp| cp.tick == task.tick);
+    if ran.is_some_and(|r| r >= task.tick) && !own_run {
+        return Err("a run of this or a newer tick already completed this item");
+    }
+    match (task.continuation, saved) {
+        (false, Some(cp)) => Ok(cp),
+        (false, None) => Ok(Checkpoint {
+            tick: task.tick,
+            page: 1,
+            token: None,
+            first: 1,
+            since: None,
+            started: None,
+            validators: None,
+        }),
+        (true, Some(cp)) if cp.tick == task.tick => Ok(cp),
+        (true, _) => Err("a newer tick's task took over this item's run"),
+    }
+}
+
+impl Worker {
+    /// Runs the task's pages while it holds its item, and records the
+    /// outcome. The one exit of a held task: a first spend (made in the
+    /// claim's call) no page took is given back here, before the outcome
+    /// is told (whoever reads the windows after it sees what was sent), and
+    /// when the run ended on an error too.
+    pub(super) async fn run_held(
+        &self,
+        task: &TaskArgs,
+        job: &Job,
+        found: Found,
+        first_spend: Option<FirstSpend>,
+    ) -> Result<Outcome, TaskError> {
+        let mut p = Progress::new(first_spend);
+        let ended = self.run_pages(task, job, found, &mut p).await;
+        if let Some(unused) = p.first_spend.take() {
+            self.give_back(unused).await;
+        }
+        let outcome = ended?;
+        self.finish(task, Some(job), &outcome).await?;
+        Ok(outcome)
+    }
+
+    /// The run: where it starts, whose quota it spends, its pages.
+    async fn run_pages(
+        &self,
+        task: &TaskArgs,
+        job: &Job,
+        found: Found,
+        p: &mut Progress,
+    ) -> Result<Outcome, TaskError> {
+        if let Some(why) = found.unreadable {
+            // The item's state stays as it is, for an operator to look at
+            // (or for the daemon version that wrote it); nothing is sent.
+            let why = format!(
+                "{why}; nothing fetched, the item's state in Redis is left as it is (delete it to start the item's run over)"
+            );
+            return Ok(Outcome::new(OutcomeKind::Failed, 0, why));
+        }
+        let start = match start_at(task, found.saved, found.ran) {
+            Ok(start) => start,
+            Err(why) => return Ok(Outcome::new(OutcomeKind::Superseded, 0, why)),
+        };
+        let run = match self.open(task, job, found.validators, p) {
+            Ok(run) => run,
+            // This item only: its checkpoint stays, so the run resumes
+            // once its token file is there.
+            Err(why) => return Ok(Outcome::new(OutcomeKind::Failed, start.page, why)),
+        };
+        // A resumed or continued run keeps the `{since}` it started with.
+        let initial = i64::try_from(job.since_initial.as_secs()).unwrap_or(i64::MAX);
+        p.page = start.page;
+        p.token = start.token;
+        p.first = start.first;
+        p.since = (start.since.or(found.since)).unwrap_or(found.now.saturating_sub(initial));
+        p.started = start.started.unwrap_or(found.now);
+        p.held = start.validators;
+        let outcome = loop {
+            if let ControlFlow::Break(outcome) = self.step(&run, p).await? {
+                break outcome;
+            }
+        };
+        if outcome.kind == OutcomeKind::Done && found.ran.is_none_or(|r| r < task.tick) {
+            let ran_key = self.keys().item_ran(&job.name, &task.item_key());
+            self.conn
+                .clone()
+                .set_ex::<_, _, ()>(&ran_key, task.tick, CHECKPOINT_TTL.as_secs())
+                .await?;
+        }
+        Ok(outcome)
+    }
+
+    /// What the run shares: whose quota it spends (a template credential's
+    /// tenant, with the tenant's own secret), the job's rules, its keys.
+    /// `Err`: the tenant's secret cannot be read.
+    fn open<'a>(
+        &'a self,
+        task: &'a TaskArgs,
+        job: &'a Job,
+        validators: Option<Validators>,
+        p: &Progress,
+    ) -> Result<Run<'a>, String> {
+        let endpoint = &self.config.endpoints[&job.endpoint];
+        let cred = &self.config.credentials[&endpoint.credential];
+        let (credential, tenant, secret, fetcher) = match &cred.template {
+            None => {
+                let secret = self.secrets.get(&cred.name).cloned();
+                let secret = secret.unwrap_or_else(|| Secret::new(""));
+                (cred.name.clone(), None, secret, self.fetcher.clone())
+            }
+            Some(placeholder) => {
+                // Config validation makes every item of the job fill it.
+                let value = task.value_of(placeholder);
+                let name = cred.tenant(value).unwrap_or_default();
+                // Read once per task: the claim's spend read it already.
+                let read = (p.first_spend.as_ref()).and_then(|f| f.tenant_secret().cloned());
+                let secret = read.map_or_else(|| cred.tenant_secret(value), Ok);
+                let secret = secret.map_err(|e| format!("no secret for {name}: {e}"))?;
+                let fetcher = self.fetcher.with_secret(&secret);
+                (name, Some(value.to_owned()), secret, fetcher)
+            }
+        };
+        let item = task.item_key();
+        Ok(Run {
+            payer: Payer {
+                task,
+                job,
+                endpoint,
+                credential,
+                tenant,
+            },
+            rules: Rules {
+                job,
+                throttle_block: endpoint.throttle_block,
+                validators: validators.filter(|_| endpoint.conditional),
+                failures: task.failures,
+            },
+            secret,
+            fetcher,
+            cursor_key: self.keys().cursor(&job.name, &item),
+            since_key: self.keys().since(&job.name, &item),
+            validators_key: self.keys().validators(&job.name, &item),
+        })
+    }
+
+    /// One page (or one hop of a page's redirect): what happened, what it
+    /// leads to, and that carried out. A fetched page is written before the
+    /// rest is decided: the sink's answer is part of what happened.
+    async fn step(
+        &self,
+        run: &Run<'_>,
+        p: &mut Progress,
+    ) -> Result<ControlFlow<Outcome>, TaskError> {
+        let now = Utc::now();
+        let (mut answer, spent) = self.attempt(run, p, now).await;
+        loop {
+            let action = decide(answer, p, &run.rules);
+            match self.act(run, p, spent.as_ref(), action, now).await? {
+                Acted::Answered(next) => answer = next,
+                Acted::Continue => return Ok(ControlFlow::Continue(())),
+                Acted::End(outcome) => return Ok(ControlFlow::Break(outcome)),
+            }
+        }
+    }
+
+    /// Everything that happens before a decision: build the request (a
+    /// request that cannot be built is never sent, so nothing is spent for
+    /// it), check the sink can take a page, spend, send, and apply what the
+    /// answer says about the upstream's quota. With the answer, the spend
+    /// it was sent on (none when nothing was spent).
+    async fn attempt(
+        &self,
+        run: &Run<'_>,
+        p: &mut Progress,
+        now: DateTime<Utc>,
+    ) -> (Answer, Option<Spent>) {
+        if p.page > run.rules.last_page(p) {
+            return (Answer::PastLastPage, None);
+        }
+        let request = match p.redirect.take() {
+            Some(next) => *next,
+            None => match self.build(run, p, now) {
+                Ok(r) => r,
+                Err(e) => return (Answer::Unbuildable(e.to_string()), None),
+            },
+        };
+        // A sink that could take no page here, not even into the spool,
+        // gets no page fetched for it until it can (sink.rs).
+        if let Err(e) = self.sinks.ready(run.job(), &run.task().item, now).await {
+            return (Answer::SinkNotReady(e), None);
+        }
+        // This daemon's own hold first: a first spend stays unused then.
+        let admission = match self.held_here(&run.payer) {
+            Some(refusal) => Admission::Refused(refusal),
+            None => {
+                let first = p.first_spend.take();
+                self.spend(&run.payer, p.page, first).await
+            }
+        };
+        let spent = match admission {
+            Admission::Admitted(spent) => spent,
+            Admission::Refused(refusal) => return (Answer::Refused(refusal), None),
+            Admission::Unavailable(e) => return (Answer::LimiterDown(e), None),
+        };
+        let cost = run.payer.endpoint.cost.get();
+        p.units += cost;
+        Stats::add(&self.stats.units, cost);
+
+        let endpoint = run.payer.endpoint;
+        let Answered { reply, verdict } = run.fetcher.send(endpoint, &request).await;
+        let accounted = self.account(&run.payer, &spent, &reply, verdict).await;
+        p.add_units(accounted.change);
+        let blocked = accounted.blocked;
+        (Answer::Replied { reply, blocked }, Some(spent))
+    }
+
+    /// The request for the run's next page: its cursor or next URL, or its
+    /// number; page 1 conditional on the last complete run's validators.
+    fn build(
+        &self,
+        run: &Run<'_>,
+        p: &Progress,
+        now: DateTime<Utc>,
+    ) -> Result<Request, BuildError> {
+        let since = DateTime::from_timestamp(p.since, 0).unwrap_or(now);
+        let ph = Placeholders::new(run.job(), &run.task().item, &run.secret, now, since);
+        let at = match &p.token {
+            Some(token) => PageAt::After(token),
+            None => PageAt::Number(p.page),
+        };
+        let request = run.fetcher.request(run.job(), &ph, at)?;
+        Ok(match &run.rules.validators {
+            Some(v) if p.page == 1 => request.conditional(v),
+            _ => request,
+        })
+    }
+
+    /// Carries out `action`: the sink, the checkpoint, the outcome.
+    async fn act(
+        &self,
+        run: &Run<'_>,
+        p: &mut Progress,
+        spent: Option<&Spent>,
+        action: Action,
+        now: DateTime<Utc>,
+    ) -> Result<Acted, TaskError> {
+        match action {
+            Action::Write {
+                body,
+                next,
+                validators,
+            } => {
+                if p.page == 1 && run.payer.endpoint.conditional {
+                    p.held = Some(validators).filter(|v| !v.is_empty());
+                }
+                let written = (self.sinks)
+                    .write(run.job(), &run.task().item, &body, now)
+                    .await;
+                if let Ok(w) = &written {
+                    p.records += w.stored as u64;
+                    Stats::add(&self.stats.records, w.stored as u64);
+                    p.pages += 1;
+                    Stats::add(&self.stats.pages, 1);
+                }
+                Ok(Acted::Answered(Answer::Written { written, next }))
+            }
+            Action::Next { token } => {
+                p.page += 1;
+                p.token = token;
+                self.save(run, p).await?;
+                Ok(Acted::Continue)
+            }
+            // An answer: this hop's units stay spent; the next hop is
+            // spent by the next step, for the same page.
+            Action::Follow(next) => {
+                p.redirect = Some(next);
+                Ok(Acted::Continue)
+            }
+            Action::End(end) => Ok(Acted::End(self.end(run, p, spent, end).await?)),
+        }
+    }
+
+    /// Ends the task as `end` says: the checkpoint (saved, dropped, or the
+    /// run complete), a copy queued for later, and the outcome.
+    async fn end(
+        &self,
+        run: &Run<'_>,
+        p: &mut Progress,
+        spent: Option<&Spent>,
+        end: End,
+    ) -> Result<Outcome, TaskError> {
+        // A request that never left gives its units back first: the
+        // outcome reports what was spent.
+        if let (true, Some(spent)) = (end.refunds(), spent) {
+            let change = self.refund(run.payer.endpoint, spent).await;
+            p.add_units(change);
+        }
+        // The outcome, the HTTP status that decided it, and the copy to
+        // queue (why, and when it runs).
+        let (mut o, status, again) = match end {
+            End::Complete {
+                why,
+                status,
+                not_modified,
+            } => (
+                self.complete(run, p, why, not_modified).await?,
+                status,
+                None,
+            ),
+            End::Continue { token, why } => (self.hand_on(run, p, token, why).await?, None, None),
+            End::Fail {
+                status,
+                why,
+                keep_checkpoint,
+                ..
+            } => {
+                if keep_checkpoint {
+                    self.save(run, p).await?;
+                } else {
+                    self.conn.clone().del::<_, ()>(&run.cursor_key).await?;
+                }
+                (p.outcome(OutcomeKind::Failed, why), status, None)
+            }
+            End::Wait {
+                kind,
+                wait,
+                status,
+                why,
+            } => {
+                self.save(run, p).await?;
+                let mut o = p.outcome(kind, why);
+                o.retry_after = Some(wait);
+                (
+                    o,
+                    status,
+                    defers(run.job()).then_some((Origin::Defer, wait)),
+                )
+            }
+            End::Retry {
+                status,
+                why,
+                again_in,
+                ..
+            } => {
+                self.save(run, p).await?;
+                let o = p.outcome(OutcomeKind::Retrying, why);
+                (o, status, Some((Origin::Retry, again_in)))
+            }
+            End::Later { wait, why } => {
+                self.save(run, p).await?;
+                let o = p.outcome(OutcomeKind::Retrying, why);
+                (o, None, Some((Origin::Defer, wait)))
+            }
+        };
+        o.status = status;
+        if let Some((origin, wait)) = again {
+            (self.queue)
+                .enqueue(&[(run.task().again(origin), wait)])
+                .await?;
+            o.requeued_in = Some(wait);
+        }
+        Ok(o)
+    }
+
+    /// `done` for this run at `max_pages`: the item's next run goes on at
+    /// the next page (`token`), from the checkpoint saved here.
+    async fn hand_on(
+        &self,
+        run: &Run<'_>,
+        p: &mut Progress,
+        token: Option<Stored>,
+        why: String,
+    ) -> Result<Outcome, TaskError> {
+        let o = p.outcome(OutcomeKind::Done, why);
+        p.page += 1;
+        p.token = token;
+        p.first = p.page;
+        self.save(run, p).await?;
+        Ok(o)
+    }
+
+    /// The run is complete: its checkpoint goes, and what the item's next
+    /// run needs stays: when this run started (its `{since}`) and, on a
+    /// conditional endpoint, page 1's validators (or none, if it had none;
+    /// `not_modified`: the ones its page 1 was sent with, as a 304 says).
+    async fn complete(
+        &self,
+        run: &Run<'_>,
+        p: &mut Progress,
+        why: &str,
+        not_modified: bool,
+    ) -> Result<Outcome, TaskError> {
+        if not_modified {
+            p.held = run.rules.validators.clone();
+        }
+        let ttl = ITEM_STATE_TTL.as_secs();
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .del(&run.cursor_key)
+            .ignore()
+            .set_ex(&run.since_key, p.started, ttl)
+            .ignore();
+        if run.payer.endpoint.conditional {
+            match &p.held {
+                Some(v) => {
+                    let json = serde_json::to_string(v).map_err(QueueError::from)?;
+                    pipe.set_ex(&run.validators_key, json, ttl).ignore()
+                }
+                None => pipe.del(&run.validators_key).ignore(),
+            };
+        }
+        pipe.query_async::<()>(&mut self.conn.clone()).await?;
+        let o = p.outcome(OutcomeKind::Done, why);
+        Ok(Outcome { not_modified, ..o })
+    }
+
+    /// Checkpoints the run: the next run of the item resumes at `p.page`.
+    async fn save(&self, run: &Run<'_>, p: &Progress) -> Result<(), TaskError> {
+        let cp = Checkpoint {
+            tick: run.task().tick,
+            page: p.page,
+            token: p.token.clone(),
+            first: p.first,
+            since: Some(p.since),
+            started: Some(p.started),
+            validators: p.held.clone(),
+        };
+        let json = serde_json::to_string(&cp).map_err(QueueError::from)?;
+        self.conn
+            .clone()
+            .set_ex::<_, _, ()>(&run.cursor_key, json, CHECKPOINT_TTL.as_secs())
+            .await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(tick: i64, continuation: bool) -> TaskArgs {
+        let t = TaskArgs::first("j", tick, 0, vec![], crate::queue::Origin::Tick);
+        if continuation {
+            t.again(Origin::Retry)
+        } else {
+            t
+        }
+    }
+
+    fn cp(tick: i64, page: u32) -> Checkpoint {
+        Checkpoint {
+            tick,
+            page,
+            token: Some(Stored::new(format!("t{page}"))),
+            first: 1,
+            since: None,
+            started: None,
+            validators: None,
+        }
+    }
+
+    #[test]
+    fn a_fresh_task_starts_at_page_1_or_takes_over_an_interrupted_run() {
+        assert_eq!(
+            start_at(&task(10, false), None, None).map(|c| c.page),
+            Ok(1)
+        );
+        // An older tick's interrupted run is resumed where it stopped.
+        assert_eq!(
+            start_at(&task(10, false), Some(cp(5, 3)), Some(4)),
+            Ok(cp(5, 3))
+        );
+    }
+
+    #[test]
+    fn a_continuation_resumes_only_its_own_run() {
+        assert_eq!(
+            start_at(&task(10, true), Some(cp(10, 2)), None),
+            Ok(cp(10, 2))
+        );
+        assert!(start_at(&task(10, true), Some(cp(11, 2)), None).is_err());
+        assert!(start_at(&task(10, true), None, None).is_err());
+    }
+
+    #[test]
+    fn an_older_ticks_copy_of_a_completed_item_is_superseded() {
+        assert!(start_at(&task(10, false), None, Some(10)).is_err());
+        assert!(start_at(&task(10, false), None, Some(12)).is_err());
+        assert!(start_at(&task(10, false), None, Some(9)).is_ok());
+        // Its own run's checkpoint still wins (a redelivery mid-run).
+        assert_eq!(
+            start_at(&task(10, false), Some(cp(10, 2)), Some(10)),
+            Ok(cp(10, 2))
+        );
+    }
+}

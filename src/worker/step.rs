@@ -1,0 +1,942 @@
+//! One page step as data: where the run is ([`Progress`]), what came back
+//! ([`Answer`]: the spend's refusal, the upstream's reply, the sink's
+//! answer, ...) and what it leads to ([`Action`]), chosen by [`decide`], a
+//! pure function: no Redis, no HTTP, no clock. `run` gathers the answer
+//! and carries the action out.
+//!
+//! A new kind of answer is one more [`Answer`] (or `fetch::Reply`) variant
+//! and one more arm in [`decide`], with its unit test below.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::spend::{Applied, FirstSpend, Refusal};
+use crate::config::{Job, OnQuotaExhausted, PageStyle, fmt_duration};
+use crate::fetch::{Reply, Request};
+use crate::outcome::{Outcome, OutcomeKind};
+use crate::paging::{Next, Stored, Validators};
+use crate::quota::QuotaError;
+use crate::sink::{SinkError, Written};
+
+/// How long a task whose limiter could not answer (fail-closed) waits
+/// before it comes back; not a failure.
+const LIMITER_DOWN_WAIT: Duration = Duration::from_secs(5);
+
+/// Where a run is, and what it has done so far.
+pub(super) struct Progress {
+    /// The first page's spend, made in the item claim's call, until the
+    /// first spend step takes it; the task's one exit gives back one no
+    /// step took (`run::Worker::run_held`).
+    pub(super) first_spend: Option<FirstSpend>,
+    /// The next page's number (1 = first).
+    pub(super) page: u32,
+    /// The cursor or next URL for `page`, in stored form.
+    pub(super) token: Option<Stored>,
+    /// The page this run started at (`Checkpoint::first`).
+    pub(super) first: u32,
+    /// The run's `{since}` and its start, epoch s (`Checkpoint`).
+    pub(super) since: i64,
+    pub(super) started: i64,
+    /// Page 1's validators, stored when the run is complete.
+    pub(super) held: Option<Validators>,
+    /// A same-origin redirect the upstream answered this page with: the
+    /// page's next request, spent like any other (`fetch::MAX_REDIRECTS`).
+    pub(super) redirect: Option<Box<Request>>,
+    pub(super) pages: u32,
+    pub(super) records: u64,
+    pub(super) units: u64,
+}
+
+impl Progress {
+    /// A run that has done nothing yet, holding the claim's first spend.
+    pub(super) fn new(first_spend: Option<FirstSpend>) -> Self {
+        Progress {
+            first_spend,
+            page: 1,
+            token: None,
+            first: 1,
+            since: 0,
+            started: 0,
+            held: None,
+            redirect: None,
+            pages: 0,
+            records: 0,
+            units: 0,
+        }
+    }
+
+    /// An outcome that reports what the run did.
+    pub(super) fn outcome(&self, kind: OutcomeKind, detail: impl Into<String>) -> Outcome {
+        Outcome {
+            pages: self.pages,
+            records: self.records,
+            units: self.units,
+            ..Outcome::new(kind, self.page, detail)
+        }
+    }
+
+    /// Counts `change` units more (a spend, a settle) or fewer (a refund).
+    pub(super) fn add_units(&mut self, change: i64) {
+        self.units = self.units.saturating_add_signed(change);
+    }
+}
+
+/// What [`decide`] reads besides the answer and the progress: the job's
+/// rules for this run.
+pub(super) struct Rules<'a> {
+    pub(super) job: &'a Job,
+    /// The endpoint's `throttle_block`: how long a refusal that came with
+    /// no block of its own waits.
+    pub(super) throttle_block: Duration,
+    /// The validators of the item's last complete run, sent with page 1
+    /// (a 304 keeps them).
+    pub(super) validators: Option<Validators>,
+    /// The task's real failures before this copy (`TaskArgs::failures`).
+    pub(super) failures: u32,
+}
+
+impl Rules<'_> {
+    /// The last page this run may fetch: `max_pages` from the page it
+    /// started at.
+    pub(super) fn last_page(&self, p: &Progress) -> u32 {
+        p.first.saturating_add(self.job.max_pages() - 1)
+    }
+}
+
+/// What happened in one step, before anything is decided.
+pub(super) enum Answer {
+    /// The checkpoint is past `max_pages` (lowered since): nothing to fetch.
+    PastLastPage,
+    /// The request could not be built (a control character in an item, an
+    /// unsendable header, a next page on another origin): nothing spent.
+    Unbuildable(String),
+    /// The sink can take no page here, not even into the spool: nothing
+    /// spent.
+    SinkNotReady(SinkError),
+    /// The quota said no.
+    Refused(Refusal),
+    /// The limiter could not answer and the endpoint is `fail-closed`.
+    LimiterDown(QuotaError),
+    /// The upstream answered; `blocked`: the block its accounting applied.
+    Replied {
+        reply: Reply,
+        blocked: Option<Applied>,
+    },
+    /// The sink's answer to a page, and where the page said the next is.
+    Written {
+        written: Result<Written, SinkError>,
+        next: Next,
+    },
+}
+
+/// What a step leads to; `run` carries it out.
+#[must_use]
+#[derive(Debug)]
+pub(super) enum Action {
+    /// Write the page to the sink, then decide on the sink's answer
+    /// ([`Answer::Written`]). `validators`: the page's, kept when it is
+    /// page 1 of a conditional endpoint's run.
+    Write {
+        body: Value,
+        next: Next,
+        validators: Validators,
+    },
+    /// Go on with the next page (`token`: its cursor or next URL); the
+    /// checkpoint moves to it.
+    Next { token: Option<Stored> },
+    /// Send the redirect's next hop, for the same page (this hop's units
+    /// stay spent: it was an answer).
+    Follow(Box<Request>),
+    /// The task ends.
+    End(End),
+}
+
+/// How a task ends.
+#[derive(Debug)]
+pub(super) enum End {
+    /// The run is complete: the checkpoint goes; `{since}` and page 1's
+    /// validators stay for the item's next run (a 304 keeps the ones it
+    /// was sent with).
+    Complete {
+        why: &'static str,
+        status: Option<u16>,
+        not_modified: bool,
+    },
+    /// `done` at `max_pages` with `continue = true`: the item's next run
+    /// goes on at the next page (`token`), from a checkpoint.
+    Continue { token: Option<Stored>, why: String },
+    /// `failed`. The checkpoint stays (`keep_checkpoint`: the sink could
+    /// not take the page, or the attempts are used up: the next run
+    /// resumes) or goes (the response is to blame: repeating it would fail
+    /// the same way). `refund`: the request never left, its units go back.
+    Fail {
+        status: Option<u16>,
+        why: String,
+        refund: bool,
+        keep_checkpoint: bool,
+    },
+    /// The quota (ours or the upstream's) says wait: the checkpoint stays,
+    /// the task ends now (`defer`: a copy comes back after `wait`).
+    Wait {
+        kind: OutcomeKind,
+        wait: Duration,
+        status: Option<u16>,
+        why: String,
+    },
+    /// A real failure, retried: the checkpoint stays and a copy comes back
+    /// after `again_in` (a failure counted against the attempts).
+    Retry {
+        status: Option<u16>,
+        why: String,
+        refund: bool,
+        again_in: Duration,
+    },
+    /// The limiter could not answer (fail-closed): the checkpoint stays and
+    /// a copy comes back after `wait`, not counted as a failure.
+    Later { wait: Duration, why: String },
+}
+
+impl End {
+    /// Whether the step's request never left, so its units go back.
+    pub(super) fn refunds(&self) -> bool {
+        matches!(
+            self,
+            End::Fail { refund: true, .. } | End::Retry { refund: true, .. }
+        )
+    }
+}
+
+/// What `answer` leads to, for a run at `p` under `rules`.
+pub(super) fn decide(answer: Answer, p: &Progress, rules: &Rules<'_>) -> Action {
+    match answer {
+        Answer::PastLastPage => complete("max_pages reached"),
+        Answer::Unbuildable(why) => fail(None, format!("request not sent: {why}")),
+        Answer::SinkNotReady(e) => stuck(p, &e),
+        Answer::Refused(r) => Action::End(End::Wait {
+            kind: OutcomeKind::QuotaExhausted,
+            wait: r.wait,
+            status: None,
+            why: r.why.to_owned(),
+        }),
+        Answer::LimiterDown(e) => Action::End(End::Later {
+            wait: LIMITER_DOWN_WAIT,
+            why: format!("limiter unavailable ({e}); endpoint is fail-closed, nothing sent"),
+        }),
+        Answer::Replied { reply, blocked } => replied(reply, blocked, rules),
+        Answer::Written { written, next } => written_(written, next, p, rules),
+    }
+}
+
+/// One arm per kind of upstream answer.
+fn replied(reply: Reply, blocked: Option<Applied>, rules: &Rules<'_>) -> Action {
+    match reply {
+        Reply::Ok {
+            body,
+            next,
+            validators,
+            ..
+        } => Action::Write {
+            body,
+            next,
+            validators,
+        },
+        // Nothing changed since the item's last complete run: this run is
+        // complete too, with nothing written; its validators stay.
+        Reply::NotModified { status } => Action::End(End::Complete {
+            why: "not modified: the upstream answered 304 to the conditional request",
+            status: Some(status),
+            not_modified: true,
+        }),
+        Reply::Throttled { status } => throttled(status, blocked, rules),
+        Reply::Unreached { detail } => retry(
+            rules,
+            None,
+            format!("upstream unreachable (units refunded): {detail}"),
+            true,
+        ),
+        Reply::TimedOut { detail } => {
+            retry(rules, None, format!("no complete answer: {detail}"), false)
+        }
+        // Its units are kept (it may have been charged) unless the
+        // upstream said what it charged (settled in `account`).
+        Reply::ServerError { status } => retry(
+            rules,
+            Some(status),
+            format!("upstream answered {status}"),
+            false,
+        ),
+        Reply::ClientError { status, detail } => fail(
+            Some(status),
+            format!("upstream answered {status}: {detail}"),
+        ),
+        Reply::BadBody { status, detail } => fail(Some(status), format!("bad response: {detail}")),
+        Reply::Redirect { next, .. } => Action::Follow(next),
+        Reply::RedirectRefused { status, why } => fail(Some(status), why),
+        Reply::TooLarge { status, limit } => fail(
+            Some(status),
+            format!(
+                "response body over max_body {}; reading stopped there",
+                crate::fetch::fmt_size(limit)
+            ),
+        ),
+        Reply::Unsent { detail } => Action::End(End::Fail {
+            status: None,
+            why: format!("request not sent (units refunded): {detail}"),
+            refund: true,
+            keep_checkpoint: false,
+        }),
+    }
+}
+
+/// The upstream refused this request: its accounting blocked the
+/// credential for every spender (`blocked`), so the task waits as a
+/// quota's "no" does. A refusal always comes with a block
+/// (`accounting::Verdict`); if one ever does not, it waits `throttle_block`.
+fn throttled(status: u16, blocked: Option<Applied>, rules: &Rules<'_>) -> Action {
+    let (wait, why) = match blocked {
+        Some(b) => {
+            let said = b.detail.map(|d| format!(" ({d})")).unwrap_or_default();
+            let why = format!(
+                "upstream answered {status}{said}; credential blocked for {} ({})",
+                fmt_duration(b.blocked),
+                b.reason
+            );
+            (b.blocked, why)
+        }
+        None => {
+            let wait = rules.throttle_block;
+            let why = format!("upstream answered {status}; waiting {}", fmt_duration(wait));
+            (wait, why)
+        }
+    };
+    Action::End(End::Wait {
+        kind: OutcomeKind::UpstreamThrottled,
+        wait,
+        status: Some(status),
+        why,
+    })
+}
+
+/// The sink's answer to a fetched page: what comes after it, by the job's
+/// style. `style = "page"` ends at the first page with no records
+/// (records the page held, not how many the sink stored, which is 0 for a
+/// page a keyed SQLite sink already holds newer copies of); the others
+/// where the answer names no next page.
+fn written_(
+    written: Result<Written, SinkError>,
+    next: Next,
+    p: &Progress,
+    rules: &Rules<'_>,
+) -> Action {
+    let written = match written {
+        Ok(w) => w,
+        Err(e) if e.is_bad_response() => return fail(Some(200), format!("bad response: {e}")),
+        // Neither written nor spooled: fetching it again now would only
+        // spend again, so the run waits for an operator.
+        Err(e) => return stuck(p, &e),
+    };
+    let style = rules.job.pagination.as_ref().map(|p| &p.style);
+    let token = match (style, next) {
+        (Some(PageStyle::Page { .. }), _) if written.on_page == 0 => None,
+        (Some(PageStyle::Page { .. }), _) => Some(None),
+        (None, _) | (Some(_), Next::End) => None,
+        (Some(_), Next::At(token)) => Some(Some(token)),
+        (Some(_), Next::Bad(why)) => return fail(Some(200), format!("bad response: {why}")),
+    };
+    match token {
+        None => complete("all pages fetched"),
+        // The same page again, for ever: each one spent.
+        Some(token) if token.is_some() && token == p.token => fail(
+            Some(200),
+            "cursor repeated: the upstream pointed at the page it just answered".into(),
+        ),
+        Some(token) if p.page < rules.last_page(p) => Action::Next { token },
+        // This run is done; the item's next one goes on from here.
+        Some(token) if rules.job.pagination.as_ref().is_some_and(|p| p.continues) => {
+            let why = format!(
+                "max_pages reached; the item's next run goes on at page {}",
+                p.page + 1
+            );
+            Action::End(End::Continue { token, why })
+        }
+        Some(_) => complete("max_pages reached"),
+    }
+}
+
+fn complete(why: &'static str) -> Action {
+    Action::End(End::Complete {
+        why,
+        status: None,
+        not_modified: false,
+    })
+}
+
+/// A failure the response itself caused (a 4xx such as a stale page
+/// token, a body that does not decode): retrying would repeat it, so the
+/// checkpoint goes and the next run starts over.
+fn fail(status: Option<u16>, why: String) -> Action {
+    Action::End(End::Fail {
+        status,
+        why,
+        refund: false,
+        keep_checkpoint: false,
+    })
+}
+
+/// The sink can take no page (not even into the spool): `failed` with the
+/// checkpoint kept at this page, so it is fetched again only once the sink
+/// or the spool can be written, never retried before.
+fn stuck(p: &Progress, e: &SinkError) -> Action {
+    let why = format!(
+        "sink: {e}; nothing more is fetched for this job here until its sink or spool can be written, then the item resumes at page {}",
+        p.page
+    );
+    Action::End(End::Fail {
+        status: None,
+        why,
+        refund: false,
+        keep_checkpoint: true,
+    })
+}
+
+/// A real failure: retried with backoff, or `failed` when the attempts
+/// are used up. Either way the checkpoint stays, so the next run resumes.
+fn retry(rules: &Rules<'_>, status: Option<u16>, why: String, refund: bool) -> Action {
+    let failures = rules.failures + 1;
+    let attempts = rules.job.retry.attempts;
+    if failures >= attempts.get() {
+        return Action::End(End::Fail {
+            status,
+            why: format!("{why}; attempts used up ({failures} of {attempts})"),
+            refund,
+            keep_checkpoint: true,
+        });
+    }
+    let again_in = rules.job.retry.backoff_for(failures);
+    let why = format!(
+        "{why}; attempt {} of {attempts} in {}",
+        failures + 1,
+        fmt_duration(again_in)
+    );
+    Action::End(End::Retry {
+        status,
+        why,
+        refund,
+        again_in,
+    })
+}
+
+/// Whether the job sends a copy of a task the quota stopped to run at its
+/// retry-after (`on_quota_exhausted = "defer"`).
+pub(super) fn defers(job: &Job) -> bool {
+    job.on_quota_exhausted == OnQuotaExhausted::Defer
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::quota::BlockReason;
+    use crate::worker::spend::RefusedBy;
+
+    /// A job of 3 pages at most, cursor at `/next`, 3 attempts with a 1 s
+    /// backoff; `extra` adds lines to its `[j.pagination]` table.
+    fn job(extra: &str) -> Job {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = dir.path().join("config.toml");
+        std::fs::create_dir(dir.path().join("jobs")).expect("jobs");
+        std::fs::write(
+            &config,
+            r#"jobs = "jobs/*.toml"
+[credentials.c]
+secret_env = "K"
+windows = [{ units = 10, per = "1h" }]
+[endpoints.e]
+credential = "c"
+cost = 1
+"#,
+        )
+        .expect("config");
+        std::fs::write(
+            dir.path().join("jobs/j.toml"),
+            format!(
+                r#"[j]
+schedule = "0 * * * * *"
+endpoint = "e"
+retry = {{ attempts = 3, backoff = "1s", max_backoff = "1m" }}
+[j.request]
+url = "http://127.0.0.1:1/items"
+[j.pagination]
+cursor = "/next"
+param = "after"
+max_pages = 3
+{extra}
+[j.sink]
+kind = "jsonl"
+path = "out.jsonl"
+records = "/items"
+"#
+            ),
+        )
+        .expect("job");
+        let env = |name: &str| (name == "K").then(|| "secret".to_owned());
+        let config = Config::load_with_env(&config, &env).expect("config loads");
+        config.jobs["j"].clone()
+    }
+
+    fn rules(job: &Job) -> Rules<'_> {
+        Rules {
+            job,
+            throttle_block: Duration::from_secs(60),
+            validators: None,
+            failures: 0,
+        }
+    }
+
+    fn at(page: u32, token: Option<&str>) -> Progress {
+        Progress {
+            page,
+            token: token.map(|t| Stored::new(t.to_owned())),
+            ..Progress::new(None)
+        }
+    }
+
+    fn replied(reply: Reply) -> Answer {
+        Answer::Replied {
+            reply,
+            blocked: None,
+        }
+    }
+
+    fn page_written(on_page: usize, next: Next) -> Answer {
+        Answer::Written {
+            written: Ok(Written {
+                on_page,
+                stored: on_page,
+            }),
+            next,
+        }
+    }
+
+    fn next_at(token: &str) -> Next {
+        Next::At(Stored::new(token.to_owned()))
+    }
+
+    #[test]
+    fn a_page_is_written_before_anything_else_is_decided() {
+        let job = job("");
+        let body = serde_json::json!({"items": [1]});
+        let answer = replied(Reply::Ok {
+            body: body.clone(),
+            next: next_at("p2"),
+            validators: Validators::default(),
+            status: 200,
+        });
+        match decide(answer, &at(1, None), &rules(&job)) {
+            Action::Write { body: b, next, .. } => {
+                assert_eq!(b, body);
+                assert_eq!(next, next_at("p2"));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_written_page_with_a_next_one_goes_on_to_it() {
+        let job = job("");
+        let a = decide(page_written(2, next_at("p2")), &at(1, None), &rules(&job));
+        assert!(
+            matches!(&a, Action::Next { token: Some(t) } if *t == Stored::new("p2".into())),
+            "{a:?}"
+        );
+    }
+
+    #[test]
+    fn the_last_page_completes_the_run_done() {
+        let job = job("");
+        let a = decide(page_written(2, Next::End), &at(2, Some("p2")), &rules(&job));
+        assert!(
+            matches!(
+                a,
+                Action::End(End::Complete {
+                    why: "all pages fetched",
+                    status: None,
+                    not_modified: false
+                })
+            ),
+            "{a:?}"
+        );
+        // At max_pages with more to come: complete too, without `continue`...
+        let a = decide(
+            page_written(2, next_at("p4")),
+            &at(3, Some("p3")),
+            &rules(&job),
+        );
+        assert!(
+            matches!(
+                a,
+                Action::End(End::Complete {
+                    why: "max_pages reached",
+                    ..
+                })
+            ),
+            "{a:?}"
+        );
+        // ... and handed to the item's next run with it.
+        let job = job_continue();
+        let a = decide(
+            page_written(2, next_at("p4")),
+            &at(3, Some("p3")),
+            &rules(&job),
+        );
+        match a {
+            Action::End(End::Continue { token, why }) => {
+                assert_eq!(token, Some(Stored::new("p4".into())));
+                assert_eq!(
+                    why,
+                    "max_pages reached; the item's next run goes on at page 4"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        // A checkpoint past a lowered max_pages.
+        let a = decide(Answer::PastLastPage, &at(5, Some("p5")), &rules(&job));
+        assert!(
+            matches!(
+                a,
+                Action::End(End::Complete {
+                    why: "max_pages reached",
+                    ..
+                })
+            ),
+            "{a:?}"
+        );
+    }
+
+    fn job_continue() -> Job {
+        job("continue = true")
+    }
+
+    #[test]
+    fn a_repeated_cursor_or_a_bad_one_fails_and_drops_the_checkpoint() {
+        let job = job("");
+        let a = decide(
+            page_written(1, next_at("p2")),
+            &at(2, Some("p2")),
+            &rules(&job),
+        );
+        assert!(
+            matches!(&a, Action::End(End::Fail { status: Some(200), why, keep_checkpoint: false, .. }) if why.starts_with("cursor repeated")),
+            "{a:?}"
+        );
+        let bad = Next::Bad("the cursor at /next is an object".into());
+        let a = decide(page_written(1, bad), &at(1, None), &rules(&job));
+        assert!(
+            matches!(&a, Action::End(End::Fail { status: Some(200), why, keep_checkpoint: false, .. }) if why == "bad response: the cursor at /next is an object"),
+            "{a:?}"
+        );
+    }
+
+    #[test]
+    fn a_304_completes_the_run_not_modified() {
+        let job = job("");
+        let a = decide(
+            replied(Reply::NotModified { status: 304 }),
+            &at(1, None),
+            &rules(&job),
+        );
+        assert!(
+            matches!(
+                a,
+                Action::End(End::Complete {
+                    status: Some(304),
+                    not_modified: true,
+                    ..
+                })
+            ),
+            "{a:?}"
+        );
+    }
+
+    #[test]
+    fn a_throttled_answer_waits_for_the_block_its_accounting_applied() {
+        let job = job("");
+        let blocked = Applied {
+            blocked: Duration::from_secs(90),
+            reason: BlockReason::TooManyRequests,
+            detail: None,
+        };
+        let a = decide(
+            Answer::Replied {
+                reply: Reply::Throttled { status: 429 },
+                blocked: Some(blocked),
+            },
+            &at(2, Some("p2")),
+            &rules(&job),
+        );
+        match a {
+            Action::End(End::Wait {
+                kind,
+                wait,
+                status,
+                why,
+            }) => {
+                assert_eq!(kind, OutcomeKind::UpstreamThrottled);
+                assert_eq!((wait, status), (Duration::from_secs(90), Some(429)));
+                assert_eq!(
+                    why,
+                    "upstream answered 429; credential blocked for 1m 30s (429)"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        // Without a block (never expected): the endpoint's throttle_block.
+        let a = decide(
+            replied(Reply::Throttled { status: 429 }),
+            &at(1, None),
+            &rules(&job),
+        );
+        assert!(
+            matches!(a, Action::End(End::Wait { wait, .. }) if wait == Duration::from_secs(60)),
+            "{a:?}"
+        );
+    }
+
+    #[test]
+    fn a_quota_reason_waits_with_the_upstreams_words() {
+        let job = job("");
+        let blocked = Applied {
+            blocked: Duration::from_secs(3600),
+            reason: BlockReason::QuotaReason,
+            detail: Some("quotaExceeded".into()),
+        };
+        let a = decide(
+            Answer::Replied {
+                reply: Reply::Throttled { status: 403 },
+                blocked: Some(blocked),
+            },
+            &at(1, None),
+            &rules(&job),
+        );
+        match a {
+            Action::End(End::Wait { kind, why, .. }) => {
+                assert_eq!(kind, OutcomeKind::UpstreamThrottled);
+                assert_eq!(
+                    why,
+                    "upstream answered 403 (quotaExceeded); credential blocked for 1h (quota_reason)"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_refused_spend_waits_quota_exhausted() {
+        let job = job("");
+        let refusal = Refusal {
+            by: RefusedBy::Window,
+            wait: Duration::from_secs(42),
+            why: "spend rejected by a quota window",
+        };
+        let a = decide(Answer::Refused(refusal), &at(2, Some("p2")), &rules(&job));
+        assert!(
+            matches!(&a, Action::End(End::Wait { kind: OutcomeKind::QuotaExhausted, wait, status: None, why })
+                if *wait == Duration::from_secs(42) && why == "spend rejected by a quota window"),
+            "{a:?}"
+        );
+        let a = decide(
+            Answer::LimiterDown(QuotaError::Timeout(Duration::from_secs(1))),
+            &at(1, None),
+            &rules(&job),
+        );
+        assert!(
+            matches!(a, Action::End(End::Later { wait, .. }) if wait == LIMITER_DOWN_WAIT),
+            "{a:?}"
+        );
+    }
+
+    #[test]
+    fn a_5xx_is_retried_with_backoff_until_the_attempts_are_used_up() {
+        let job = job("");
+        let mut r = rules(&job);
+        let a = decide(
+            replied(Reply::ServerError { status: 503 }),
+            &at(2, None),
+            &r,
+        );
+        match a {
+            Action::End(End::Retry {
+                status,
+                why,
+                refund,
+                again_in,
+            }) => {
+                assert_eq!((status, refund), (Some(503), false));
+                assert_eq!(again_in, Duration::from_secs(1));
+                assert_eq!(why, "upstream answered 503; attempt 2 of 3 in 1s");
+            }
+            other => panic!("{other:?}"),
+        }
+        r.failures = 2;
+        let a = decide(
+            replied(Reply::ServerError { status: 503 }),
+            &at(2, None),
+            &r,
+        );
+        assert!(
+            matches!(&a, Action::End(End::Fail { status: Some(503), keep_checkpoint: true, refund: false, why })
+                if why == "upstream answered 503; attempts used up (3 of 3)"),
+            "{a:?}"
+        );
+        let a = decide(
+            replied(Reply::TimedOut {
+                detail: "read timed out".into(),
+            }),
+            &at(2, None),
+            &rules(&job),
+        );
+        assert!(
+            matches!(a, Action::End(End::Retry { refund: false, .. })),
+            "{a:?}"
+        );
+    }
+
+    #[test]
+    fn an_unreachable_upstream_is_refunded_and_retried() {
+        let job = job("");
+        let a = decide(
+            replied(Reply::Unreached {
+                detail: "connection refused".into(),
+            }),
+            &at(1, None),
+            &rules(&job),
+        );
+        assert!(
+            matches!(&a, Action::End(End::Retry { status: None, refund: true, why, .. })
+                if why.starts_with("upstream unreachable (units refunded): connection refused")),
+            "{a:?}"
+        );
+        let a = decide(
+            replied(Reply::Unsent {
+                detail: "builder error".into(),
+            }),
+            &at(1, None),
+            &rules(&job),
+        );
+        assert!(
+            matches!(
+                a,
+                Action::End(End::Fail {
+                    refund: true,
+                    keep_checkpoint: false,
+                    ..
+                })
+            ),
+            "{a:?}"
+        );
+    }
+
+    #[test]
+    fn a_bad_body_or_a_client_error_fails_and_drops_the_checkpoint() {
+        let job = job("");
+        for reply in [
+            Reply::BadBody {
+                status: 200,
+                detail: "expected value".into(),
+            },
+            Reply::ClientError {
+                status: 400,
+                detail: "bad page token".into(),
+            },
+            Reply::TooLarge {
+                status: 200,
+                limit: 1024,
+            },
+            Reply::RedirectRefused {
+                status: 302,
+                why: "to another origin".into(),
+            },
+        ] {
+            let a = decide(replied(reply), &at(2, Some("p2")), &rules(&job));
+            assert!(
+                matches!(
+                    a,
+                    Action::End(End::Fail {
+                        status: Some(_),
+                        refund: false,
+                        keep_checkpoint: false,
+                        ..
+                    })
+                ),
+                "{a:?}"
+            );
+        }
+        let a = decide(
+            Answer::Unbuildable("bad url".into()),
+            &at(1, None),
+            &rules(&job),
+        );
+        assert!(
+            matches!(&a, Action::End(End::Fail { status: None, why, .. }) if why == "request not sent: bad url"),
+            "{a:?}"
+        );
+    }
+
+    #[test]
+    fn a_sink_that_refuses_the_page_fails_and_keeps_the_checkpoint() {
+        let job = job("");
+        let refused = || SinkError::Io {
+            path: "out.jsonl".into(),
+            source: std::io::Error::from(std::io::ErrorKind::StorageFull),
+        };
+        let a = decide(
+            Answer::Written {
+                written: Err(refused()),
+                next: next_at("p3"),
+            },
+            &at(2, Some("p2")),
+            &rules(&job),
+        );
+        assert!(
+            matches!(&a, Action::End(End::Fail { keep_checkpoint: true, status: None, why, .. })
+                if why.starts_with("sink: cannot write out.jsonl") && why.ends_with("resumes at page 2")),
+            "{a:?}"
+        );
+        let a = decide(Answer::SinkNotReady(refused()), &at(1, None), &rules(&job));
+        assert!(
+            matches!(
+                a,
+                Action::End(End::Fail {
+                    keep_checkpoint: true,
+                    ..
+                })
+            ),
+            "{a:?}"
+        );
+        // Records the response does not hold: the response is to blame.
+        let bad = SinkError::BadRecords {
+            pointer: "/items".into(),
+            problem: "is missing".into(),
+        };
+        let a = decide(
+            Answer::Written {
+                written: Err(bad),
+                next: Next::End,
+            },
+            &at(1, None),
+            &rules(&job),
+        );
+        assert!(
+            matches!(
+                a,
+                Action::End(End::Fail {
+                    keep_checkpoint: false,
+                    status: Some(200),
+                    ..
+                })
+            ),
+            "{a:?}"
+        );
+    }
+}
