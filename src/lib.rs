@@ -44,7 +44,9 @@
 //!   header, page number) and how it is kept without the secret; `scrub`:
 //!   the secret scrubber every piece of upstream text passes through.
 //! - [`sink`]: where records go: JSON lines files (whole-page appends, safe
-//!   across processes) or SQLite with an FTS5 index that serves search.
+//!   across processes), SQLite with an FTS5 index that serves search, or a
+//!   PostgreSQL table (each page exactly once, a `tsvector` for search);
+//!   [`pg`]: connecting to PostgreSQL (password file, TLS, pools).
 //! - [`ops`]: Prometheus metrics, `/healthz`, `/readyz`, the status page
 //!   (`/`, `/api/status`), and the systemd notify protocol (watchdog pings
 //!   only while the daemon's loops beat). What the status page shows that
@@ -77,6 +79,7 @@ pub mod logging;
 pub mod ops;
 pub mod outcome;
 pub(crate) mod paging;
+pub mod pg;
 pub mod queue;
 pub mod quota;
 pub mod schedule;

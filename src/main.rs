@@ -76,7 +76,7 @@ enum Command {
         #[arg(long, value_name = "DIR")]
         out: Option<PathBuf>,
     },
-    /// Full-text search over what a job stored in its SQLite sink (local: spends nothing)
+    /// Full-text search over what a job stored in its SQLite or PostgreSQL sink (spends nothing)
     Search {
         /// Job name
         job: String,
@@ -179,7 +179,7 @@ fn main() -> ExitCode {
                 query,
                 limit,
                 json,
-            } => cli::search::run(&config, &job, &query, limit, json),
+            } => cli::search::run(&config, &job, &query, limit, json).await,
             Command::Run => cli::run::run(config).await,
             Command::Trigger { job, wait } => cli::trigger::run(&config, &job, wait).await,
             Command::Demo { for_, out } => {

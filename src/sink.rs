@@ -54,7 +54,16 @@
 //!
 //! See `sqlite`: a table per job, upserts by (item, key), an FTS5 index, and
 //! [`find`] / [`search`] to query it.
+//!
+//! # PostgreSQL
+//!
+//! See `postgres`: a table per job, each page written once whatever
+//! happens between the write and the checkpoint (its rows carry the page's
+//! id, [`PageRef`]), upserts by (item, key), a `tsvector` column for
+//! search, and [`find_postgres`]. A server that is down or refusing is a
+//! sink failure like a full disk: the page is spooled.
 
+mod postgres;
 mod spool;
 mod sqlite;
 
@@ -70,8 +79,20 @@ use serde::{Serialize, Serializer};
 use serde_json::Value;
 
 use crate::config::{Config, ConfigError, ConfigErrors, Job, SinkKind, Template};
+use crate::pg::PgError;
+pub use postgres::{TableState, check_tables, find as find_postgres};
 pub use sqlite::{Hit, find};
 use sqlite::{Pool, Row, TableSpec};
+
+/// Which page of which run a write is: with the job and the item, the
+/// page's id in a postgres sink, the same for every fetch of that page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageRef {
+    /// The run's tick (ms since the epoch).
+    pub tick: i64,
+    /// The page number in the run (1 = first).
+    pub page: u32,
+}
 
 /// One fan-out item: the fan-out key/value pairs of a task, e.g.
 /// `[("region", "US")]`.
@@ -131,6 +152,10 @@ pub enum SinkError {
         /// The job.
         job: String,
     },
+    /// A PostgreSQL server is down, refuses, or its table is not one this
+    /// sink can write.
+    #[error("{0}")]
+    Postgres(#[source] Box<PgError>),
     /// The blocking task that did the I/O panicked or was cancelled.
     #[error("sink I/O task ended abnormally: {0}")]
     Task(#[source] tokio::task::JoinError),
@@ -165,6 +190,8 @@ pub struct Sinks {
     base_dir: PathBuf,
     /// Open SQLite connections, one per database file.
     dbs: Arc<Pool>,
+    /// PostgreSQL pools, one per server, and the tables made sure of.
+    pg: Arc<postgres::PgSinks>,
     /// Where pages the sink cannot take wait; none: such a page is an error.
     spool: Option<Arc<spool::Spool>>,
     /// Jobs whose last page could be neither written nor spooled here.
@@ -186,6 +213,7 @@ impl Sinks {
         Sinks {
             base_dir,
             dbs: Arc::new(Pool::default()),
+            pg: Arc::new(postgres::PgSinks::new(DEFAULT_PG_POOL)),
             spool: None,
             stuck: Arc::default(),
         }
@@ -196,6 +224,8 @@ impl Sinks {
     /// spooled are written from now on (call it inside a Tokio runtime).
     pub fn for_config(config: &Config) -> Self {
         let mut sinks = Sinks::new(config.dir.clone());
+        // As many connections per server as tasks can write at once.
+        sinks.pg = Arc::new(postgres::PgSinks::new(config.worker.concurrency.get()));
         let spool = spool::Spool::new(spool_dir(config), config.jobs.clone());
         sinks.spool = Some(Arc::new(spool));
         sinks.keep_flushing();
@@ -215,6 +245,7 @@ impl Sinks {
         &self,
         job: &Job,
         item: &Item,
+        at: PageRef,
         body: &Value,
         fetched_at: DateTime<Utc>,
     ) -> Result<Written, SinkError> {
@@ -227,12 +258,14 @@ impl Sinks {
             && let Err(e) = self.flush_spool(Some(&job.name)).await
         {
             // The earlier pages still cannot be written: this one joins them.
-            let stored = self.spool_page(job, item, records, fetched_at, e).await?;
+            let stored = (self.spool_page(job, item, Some(at), records, fetched_at, e)).await?;
             return Ok(Written { on_page, stored });
         }
-        let stored = match self.write_records(job, item, records, fetched_at).await {
+        let written = self.write_records(job, item, Some(at), records, fetched_at);
+        let stored = match written.await {
             Err(e) if !e.is_bad_response() => {
-                self.spool_page(job, item, records, fetched_at, e).await
+                self.spool_page(job, item, Some(at), records, fetched_at, e)
+                    .await
             }
             done => done,
         }?;
@@ -249,12 +282,23 @@ impl Sinks {
             return Ok(());
         }
         let path = self.path(job, item, now.date_naive());
-        let sink_dir = path.parent().map(Path::to_owned).unwrap_or_default();
+        // A postgres sink has no directory: only its spool can take pages.
+        let sink_dir = (job.sink.kind != SinkKind::Postgres)
+            .then(|| path.parent().map(Path::to_owned).unwrap_or_default());
         let spool_dir = self.spool.as_ref().map(|s| s.dir_for(&job.name));
         blocking(move || {
-            if spool_dir.as_deref().is_some_and(|d| probe_dir(d).is_ok()) {
+            let spool_ok = spool_dir.as_deref().map(probe_dir);
+            if spool_ok.as_ref().is_some_and(Result::is_ok) {
                 return Ok(());
             }
+            let Some(sink_dir) = sink_dir else {
+                let dir = spool_dir.unwrap_or_default();
+                let source = match spool_ok {
+                    Some(Err(e)) => e,
+                    _ => io::Error::other("no spool"),
+                };
+                return Err(SinkError::Io { path: dir, source });
+            };
             probe_dir(&sink_dir).map_err(|source| SinkError::Io {
                 path: sink_dir,
                 source,
@@ -269,18 +313,20 @@ impl Sinks {
         lock(&self.stuck).insert(job.to_owned());
     }
 
-    /// Writes records to the job's sink, nothing else.
+    /// Writes records to the job's sink, nothing else. `at` is `None` for
+    /// a page spooled by a version that did not keep it.
     async fn write_records(
         &self,
         job: &Job,
         item: &Item,
+        at: Option<PageRef>,
         records: &[Value],
         fetched_at: DateTime<Utc>,
     ) -> Result<usize, SinkError> {
         let path = self.path(job, item, fetched_at.date_naive());
         // Fixed width (always 3 fraction digits, 'Z'): text order is time
         // order, which the upsert relies on.
-        let fetched_at = fetched_at.to_rfc3339_opts(SecondsFormat::Millis, true);
+        let fetched_text = fetched_at.to_rfc3339_opts(SecondsFormat::Millis, true);
         // Encoding happens here, borrowing the records, so the blocking task
         // gets bytes to write rather than a copy of the page.
         match job.sink.kind {
@@ -293,7 +339,7 @@ impl Sinks {
                     let line = Line {
                         job: &job.name,
                         item: ItemJson(item),
-                        fetched_at: &fetched_at,
+                        fetched_at: &fetched_text,
                         record,
                     };
                     serde_json::to_writer(&mut buf, &line).map_err(SinkError::Encode)?;
@@ -311,41 +357,94 @@ impl Sinks {
                     search: job.sink.search.clone(),
                 };
                 let item = sqlite::item_column(item);
-                let mut missing_keys = 0usize;
-                let mut rows = Vec::with_capacity(records.len());
-                for record in records {
-                    let key = job
-                        .sink
-                        .key
-                        .as_deref()
-                        .and_then(|p| sqlite::key_of(record, p));
-                    if job.sink.key.is_some() && key.is_none() {
-                        missing_keys += 1;
-                    }
-                    rows.push(Row {
+                let (keyed, missing_keys) = keyed_rows(job, records)?;
+                warn_missing_keys(job, missing_keys);
+                let rows: Vec<Row> = (keyed.into_iter().zip(records))
+                    .map(|((key, record_text), record)| Row {
                         key,
-                        record: serde_json::to_string(record).map_err(SinkError::Encode)?,
+                        record: record_text,
                         search_text: sqlite::search_text(record, &job.sink.search),
-                    });
-                }
-                if missing_keys > 0 {
-                    tracing::warn!(
-                        job = %job.name,
-                        missing_keys,
-                        key = job.sink.key.as_deref().unwrap_or_default(),
-                        "records without a key value are stored without one: re-fetches of them add rows"
-                    );
-                }
+                    })
+                    .collect();
                 let pool = self.dbs.clone();
                 blocking(move || {
                     let db = pool.get(&path)?;
                     let mut db = lock(&db);
-                    db.write(&spec, &item, &fetched_at, &rows)
+                    db.write(&spec, &item, &fetched_text, &rows)
                         .map_err(|source| SinkError::Sqlite { path, source })
                 })
                 .await
             }
+            SinkKind::Postgres => (self.write_postgres(job, item, at, records, fetched_at)).await,
         }
+    }
+
+    /// [`Sinks::write_records`] for a postgres sink.
+    async fn write_postgres(
+        &self,
+        job: &Job,
+        item: &Item,
+        at: Option<PageRef>,
+        records: &[Value],
+        fetched_at: DateTime<Utc>,
+    ) -> Result<usize, SinkError> {
+        let Some(spec) = postgres::TableSpec::of(job) else {
+            return Ok(0);
+        };
+        let item = sqlite::item_column(item);
+        let page_id = match at {
+            Some(at) => postgres::page_id(&job.name, at.tick, at.page, &item),
+            // The fetch time stands in for the page: the same at every
+            // replay of that spooled page.
+            None => format!(
+                "{}:at:{}:{item}",
+                job.name,
+                fetched_at.to_rfc3339_opts(SecondsFormat::Millis, true)
+            ),
+        };
+        let (rows, missing_keys) = keyed_rows(job, records)?;
+        warn_missing_keys(job, missing_keys);
+        let page = postgres::page_rows(item, page_id, fetched_at, spec.keyed, rows);
+        self.pg
+            .write(&spec, &page)
+            .await
+            .map_err(|e| SinkError::Postgres(Box::new(e)))
+    }
+}
+
+/// Connections per PostgreSQL server of [`Sinks::new`] (the daemon's are
+/// its `concurrency`).
+const DEFAULT_PG_POOL: usize = 4;
+
+/// A record's key and its JSON text.
+type KeyedRow = (Option<String>, String);
+
+/// Each record with its key (`None` without `sink.key`, or when the record
+/// has no value there) and its JSON text; and how many had no key value.
+fn keyed_rows(job: &Job, records: &[Value]) -> Result<(Vec<KeyedRow>, usize), SinkError> {
+    let mut missing = 0usize;
+    let mut rows = Vec::with_capacity(records.len());
+    for record in records {
+        let key = (job.sink.key.as_deref()).and_then(|p| sqlite::key_of(record, p));
+        if job.sink.key.is_some() && key.is_none() {
+            missing += 1;
+        }
+        rows.push((
+            key,
+            serde_json::to_string(record).map_err(SinkError::Encode)?,
+        ));
+    }
+    Ok((rows, missing))
+}
+
+fn warn_missing_keys(job: &Job, missing_keys: usize) {
+    if missing_keys > 0 {
+        tracing::warn!(
+            job = %job.name,
+            missing_keys,
+            key = job.sink.key.as_deref().unwrap_or_default(),
+            "records without a key value are stored without one: re-fetches of them add rows"
+        );
     }
 }
 
@@ -617,7 +716,11 @@ pub fn probe_dir(dir: &Path) -> io::Result<()> {
 pub fn check_dirs(config: &Config) -> Result<(), ConfigErrors> {
     let mut seen = HashSet::new();
     let mut errors: Vec<ConfigError> = Vec::new();
-    for job in config.jobs.values() {
+    for job in config
+        .jobs
+        .values()
+        .filter(|j| j.sink.kind != SinkKind::Postgres)
+    {
         let dir = config.dir.join(fixed_dir(job));
         if !seen.insert(dir.clone()) {
             continue;

@@ -35,9 +35,34 @@ pub async fn run(config: &Config, now: DateTime<Utc>) -> Exit {
     if let Err(code) = super::check_sinks(config) {
         return code;
     }
+    let tables = match super::check_tables(config, false).await {
+        Ok(t) => t,
+        Err(code) => return code,
+    };
     let (config, sources) = read_sources(config).await;
     print!("{}", report(&config, now, &sources));
+    print!("{}", tables_report(&tables));
     redis_eviction(&config).await
+}
+
+/// One line per postgres sink table: ready, to be created, or not
+/// answering now.
+fn tables_report(tables: &[(String, crate::sink::TableState)]) -> String {
+    use crate::sink::TableState;
+    let mut out = String::new();
+    for (what, state) in tables {
+        let line = match state {
+            TableState::Ready { .. } => format!("\npostgres: {what}: ready\n"),
+            TableState::Missing => {
+                format!("\npostgres: {what}: not there yet; `run` creates it\n")
+            }
+            TableState::Unreachable(why) => format!(
+                "\nwarning: postgres: {what}: {why}; its table is checked when `run` starts or the first page is written (pages are spooled meanwhile)\n"
+            ),
+        };
+        out.push_str(&line);
+    }
+    out
 }
 
 /// What reading one job's `fan_out_from` source found now.

@@ -88,6 +88,29 @@ pub(crate) fn check_sinks(config: &Config) -> Result<(), Exit> {
     })
 }
 
+/// `check` (`create = false`: looks only) and `run` at start (`create`:
+/// creates and migrates): every postgres sink's table. A table of other
+/// columns, a password that cannot be read, a login refused are config
+/// errors (exit 78) naming the job's `sink.url` and what differs; a server
+/// that does not answer now is not (its pages are spooled until it does).
+pub(crate) async fn check_tables(
+    config: &Config,
+    create: bool,
+) -> Result<Vec<(String, crate::sink::TableState)>, Exit> {
+    crate::sink::check_tables(config, create)
+        .await
+        .map_err(|errors| {
+            for e in &errors.0 {
+                eprintln!("error: {e}");
+            }
+            eprintln!(
+                "{}: postgres sink tables cannot be written; nothing was run",
+                config.path.display()
+            );
+            Exit::Config
+        })
+}
+
 /// The URL to reach Redis at: the configured one, or the embedded Redis's
 /// socket in the state directory.
 pub(crate) fn redis_url(config: &Config) -> config::RedisUrl {

@@ -61,6 +61,23 @@ pub(crate) fn daemon_error(e: &DaemonError) -> Exit {
     }
 }
 
+/// Logs what making sure of each postgres sink's table did.
+fn log_tables(tables: &[(String, crate::sink::TableState)]) {
+    use crate::sink::TableState;
+    for (what, state) in tables {
+        match state {
+            TableState::Ready { done } => {
+                for step in done {
+                    tracing::info!(sink = %what, "postgres sink: {step}");
+                }
+            }
+            TableState::Missing => {}
+            TableState::Unreachable(why) => tracing::warn!(sink = %what, error = %why,
+                "postgres sink: the server does not answer; its table is checked, and pages spooled meanwhile written, once it does"),
+        }
+    }
+}
+
 /// Runs the command.
 pub async fn run(config: Config) -> Exit {
     let secrets = match config.secrets() {
@@ -74,6 +91,10 @@ pub async fn run(config: Config) -> Exit {
     };
     if let Err(code) = super::check_sinks(&config) {
         return code;
+    }
+    match super::check_tables(&config, true).await {
+        Err(code) => return code,
+        Ok(tables) => log_tables(&tables),
     }
     // Without a spool, a page the sink cannot take ends its task `failed`
     // (cursor kept) instead of waiting there: worth a warning, not a refusal.

@@ -1,7 +1,8 @@
 //! `quota-worker search JOB QUERY [--limit N] [--json]`: full-text search
 //! over the records a job stored in its SQLite sink (every database file its
-//! path template has made), best matches first. It reads local files only:
-//! a search never spends quota, and needs neither Redis nor the daemon.
+//! path template has made) or its PostgreSQL table, best matches first. It
+//! reads the sink only: a search never spends quota, and needs neither
+//! Redis nor the daemon.
 
 use std::path::PathBuf;
 
@@ -12,7 +13,7 @@ use crate::config::{Config, SinkKind};
 use crate::sink::{self, Hit, SinkError};
 
 /// Runs the command.
-pub fn run(config: &Config, job: &str, query: &str, limit: usize, as_json: bool) -> Exit {
+pub async fn run(config: &Config, job: &str, query: &str, limit: usize, as_json: bool) -> Exit {
     let Some(job) = config.jobs.get(job) else {
         let known: Vec<&str> = config.jobs.keys().map(String::as_str).collect();
         eprintln!(
@@ -25,9 +26,9 @@ pub fn run(config: &Config, job: &str, query: &str, limit: usize, as_json: bool)
         );
         return Exit::Usage;
     };
-    if job.sink.kind != SinkKind::Sqlite {
+    if job.sink.kind == SinkKind::Jsonl {
         eprintln!(
-            "error: job {} writes JSON lines ({}); search reads sinks with kind = \"sqlite\" and `search` fields",
+            "error: job {} writes JSON lines ({}); search reads sinks with kind = \"sqlite\" or \"postgres\" and `search` fields",
             job.name, job.sink.path
         );
         return Exit::Usage;
@@ -37,6 +38,9 @@ pub fn run(config: &Config, job: &str, query: &str, limit: usize, as_json: bool)
             "warning: job {} indexes no fields (its sink has no `search`): nothing can match",
             job.name
         );
+    }
+    if let Some(pg) = &job.sink.postgres {
+        return postgres(job, pg, query, limit, as_json).await;
     }
     let dbs = sink::databases(config, job);
     if dbs.is_empty() {
@@ -63,6 +67,39 @@ pub fn run(config: &Config, job: &str, query: &str, limit: usize, as_json: bool)
     hits.truncate(limit);
     if as_json {
         println!("{}", as_json_value(&job.name, query, &dbs, &hits));
+    } else {
+        print!("{}", as_text(&job.name, query, &hits));
+    }
+    Exit::Ok
+}
+
+/// `search` over a postgres sink's table.
+async fn postgres(
+    job: &crate::config::Job,
+    pg: &crate::config::PgSink,
+    query: &str,
+    limit: usize,
+    as_json: bool,
+) -> Exit {
+    let hits = match sink::find_postgres(job, query, limit).await {
+        Ok(h) => h,
+        Err(e @ SinkError::NoIndex { .. }) if job.sink.search.is_empty() => {
+            eprintln!("note: {e}");
+            Vec::new()
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            return match &e {
+                SinkError::Postgres(pg) if pg.is_unreachable() => Exit::Unavailable,
+                _ => Exit::IoErr,
+            };
+        }
+    };
+    // Where the rows are, as the SQLite results name their file.
+    let at = PathBuf::from(format!("{} table {}", pg.target, pg.table_name()));
+    let hits: Vec<(PathBuf, Hit)> = hits.into_iter().map(|h| (at.clone(), h)).collect();
+    if as_json {
+        println!("{}", as_json_value(&job.name, query, &[at], &hits));
     } else {
         print!("{}", as_text(&job.name, query, &hits));
     }

@@ -91,8 +91,11 @@ impl Choice for Method {
 
 impl Choice for SinkKind {
     const WHAT: &'static str = "sink kind";
-    const CHOICES: &'static [(&'static str, Self)] =
-        &[("jsonl", SinkKind::Jsonl), ("sqlite", SinkKind::Sqlite)];
+    const CHOICES: &'static [(&'static str, Self)] = &[
+        ("jsonl", SinkKind::Jsonl),
+        ("sqlite", SinkKind::Sqlite),
+        ("postgres", SinkKind::Postgres),
+    ];
 }
 
 /// `[job.pagination] style`, before its fields make it a
@@ -149,7 +152,7 @@ mod tests {
         assert_eq!(SinkKind::parse("sqlite"), Ok(SinkKind::Sqlite));
         assert_eq!(
             SinkKind::parse("csv").unwrap_err(),
-            r#"unknown sink kind "csv": use "jsonl" or "sqlite""#
+            r#"unknown sink kind "csv": use "jsonl", "sqlite" or "postgres""#
         );
         assert_eq!(
             Method::parse("GOT").unwrap_err(),

@@ -18,6 +18,7 @@ pub mod defaults;
 mod duration;
 mod error;
 mod load;
+mod postgres;
 mod raw;
 mod redis_url;
 mod template;
@@ -36,12 +37,14 @@ use indexmap::IndexMap;
 
 pub use duration::{fmt_duration, parse_duration};
 pub use error::{ConfigError, ConfigErrors, FieldPath, Seg, Source};
+pub use postgres::{PasswordFrom, PgTarget, PgTls, PgTlsMode};
 pub use redis_url::RedisUrl;
 pub(crate) use template::expand;
 pub use template::{Expansion, Template, TemplateError};
 pub use tenant::{parse_tenant, tenant_name};
 
 use choice::Choice;
+pub(crate) use load::read_bounded;
 use load::{Loader, read_secret};
 
 /// Environment variable naming the config file when `-c` is not given.
@@ -152,7 +155,7 @@ impl FromStr for LogFormat {
 }
 
 /// Where a field was written, to position errors found after loading.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Location {
     file: PathBuf,
     line: usize,
@@ -632,13 +635,22 @@ pub enum DataSource {
         /// One read-only statement.
         query: String,
     },
+    /// `postgres = "postgres://…"` with one read-only `query`, run in a
+    /// read-only transaction.
+    Postgres {
+        /// The server (boxed: it is much larger than a path).
+        target: Box<PgTarget>,
+        /// One read-only statement.
+        query: String,
+    },
 }
 
 impl DataSource {
-    /// The file.
+    /// What errors name it by: the file, or the server's URL.
     pub fn path(&self) -> &Path {
         match self {
             DataSource::Csv { path } | DataSource::Sqlite { path, .. } => path,
+            DataSource::Postgres { target, .. } => Path::new(&target.url),
         }
     }
 }
@@ -734,18 +746,23 @@ pub enum PageStyle {
 /// `[job.sink]`.
 #[derive(Debug, Clone)]
 pub struct SinkConfig {
-    /// jsonl or sqlite.
+    /// jsonl, sqlite or postgres.
     pub kind: SinkKind,
-    /// Path template, relative to the config directory.
+    /// Path template, relative to the config directory (empty for a
+    /// postgres sink, which has none).
     pub path: Template,
-    /// Where `path` is written, for errors found at start (an unwritable
-    /// sink directory).
+    /// Where `path` (`url` for postgres) is written, for errors found at
+    /// start (an unwritable sink directory, a table of other columns).
     pub at: Location,
+    /// postgres: the server and the table.
+    pub postgres: Option<PgSink>,
     /// JSON pointer to the array of records ("" = the whole body).
     pub records: String,
-    /// sqlite: JSON pointers of the fields the full-text index covers.
+    /// sqlite, postgres: JSON pointers of the fields the full-text index
+    /// covers.
     pub search: Vec<String>,
-    /// sqlite: JSON pointer of a record's unique id (re-fetches replace it).
+    /// sqlite, postgres: JSON pointer of a record's unique id (re-fetches
+    /// replace it).
     pub key: Option<String>,
 }
 
@@ -756,6 +773,35 @@ pub enum SinkKind {
     Jsonl,
     /// SQLite with an FTS5 index.
     Sqlite,
+    /// A PostgreSQL table, with a `tsvector` column for `search`.
+    Postgres,
+}
+
+/// A postgres sink's server and table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PgSink {
+    /// The server.
+    pub target: PgTarget,
+    /// The table: `[name]` or `[schema, name]`, each quoted as written
+    /// (the job's name when `table` is not written).
+    pub table: Vec<String>,
+}
+
+impl PgSink {
+    /// The table as SQL: each part a quoted identifier.
+    pub fn table_sql(&self) -> String {
+        let quoted: Vec<String> = self
+            .table
+            .iter()
+            .map(|p| format!("\"{}\"", p.replace('"', "\"\"")))
+            .collect();
+        quoted.join(".")
+    }
+
+    /// The table as written (`ingest.trending`).
+    pub fn table_name(&self) -> String {
+        self.table.join(".")
+    }
 }
 
 /// Bounded retries with exponential backoff.

@@ -163,6 +163,8 @@ pub(super) struct RawJob {
 pub(super) struct RawFanOutFrom {
     pub(super) csv: Option<String>,
     pub(super) sqlite: Option<String>,
+    pub(super) postgres: Option<String>,
+    pub(super) password_file: Option<String>,
     pub(super) query: Option<String>,
     pub(super) columns: Option<Vec<String>>,
     pub(super) max_items: Option<u64>,
@@ -198,7 +200,10 @@ pub(super) struct RawPagination {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawSink {
     pub(super) kind: String,
-    pub(super) path: String,
+    pub(super) path: Option<String>,
+    pub(super) url: Option<String>,
+    pub(super) password_file: Option<String>,
+    pub(super) table: Option<String>,
     pub(super) records: Option<String>,
     #[serde(default)]
     pub(super) search: Vec<String>,

@@ -13,7 +13,8 @@
 //! and the query must prepare as one statement that returns columns and
 //! that SQLite calls read-only (`sqlite3_stmt_readonly`): a write is refused
 //! at load (a config error) and again at every tick, and could not write
-//! through that connection anyway.
+//! through that connection anyway. A PostgreSQL query runs in a read-only
+//! transaction (`pg`).
 
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, BufWriter, Seek, Write};
@@ -24,6 +25,9 @@ use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OpenFlags};
 
 use crate::config::{DataSource, FanOutFrom};
+use crate::pg::PgError;
+
+mod pg;
 
 /// How long a query waits for a SQLite writer's lock before the tick gives
 /// up (WAL readers rarely wait at all).
@@ -81,6 +85,20 @@ pub enum SourceError {
         "the query must only read: one SELECT (or WITH … SELECT) that returns columns; writes, ATTACH, PRAGMA changes and transactions are refused"
     )]
     NotReadOnly,
+    /// PostgreSQL failed: unreachable, the login refused, a syntax error,
+    /// no such table.
+    #[error("{0}")]
+    Pg(#[from] PgError),
+    /// A PostgreSQL result column of a type not read as text.
+    #[error(
+        "column {column} is of type {type_name}: cast it to text in the query ({column}::text AS {column})"
+    )]
+    ColumnType {
+        /// The column.
+        column: String,
+        /// Its type, as PostgreSQL names it.
+        type_name: String,
+    },
     /// More rows than `max_items`.
     #[error(
         "{} has more than {max} rows (max_items): this tick fans out nothing; narrow the source or raise max_items",
@@ -129,10 +147,12 @@ impl SourceError {
     }
 
     /// Whether the source itself is missing (a file another job has not
-    /// created yet), as opposed to a source that is there and wrong.
+    /// created yet, a server that does not answer now), as opposed to a
+    /// source that is there and wrong.
     pub fn is_missing(&self) -> bool {
         match self {
             SourceError::Unreadable { path, .. } => !path.exists(),
+            SourceError::Pg(e) => e.is_unreachable(),
             SourceError::Sqlite {
                 source: rusqlite::Error::SqliteFailure(e, _),
                 ..
@@ -155,6 +175,7 @@ pub(crate) fn columns(source: &DataSource) -> Result<Vec<String>, SourceError> {
             let stmt = prepare(&conn, path, query)?;
             Ok(stmt.column_names().map(str::to_owned).collect())
         }
+        DataSource::Postgres { target, query } => pg::columns(target, query),
     }
 }
 
@@ -218,6 +239,9 @@ pub(crate) fn read(from: &FanOutFrom) -> Result<Rows, SourceError> {
     match &from.source {
         DataSource::Csv { path } => read_csv(path, &from.columns, &mut spool)?,
         DataSource::Sqlite { path, query } => read_sqlite(path, query, &from.columns, &mut spool)?,
+        DataSource::Postgres { target, query } => {
+            pg::read(target, query, &from.columns, &mut spool)?;
+        }
     }
     spool.finish()
 }
@@ -447,8 +471,8 @@ fn sql_text(v: ValueRef<'_>) -> Result<String, String> {
     }
 }
 
-/// Whether `query` reads at first sight: its first keyword is SELECT, WITH
-/// or VALUES. For a database that does not exist yet, where SQLite cannot
+/// Whether `query` reads at first sight: its first keyword is SELECT, WITH,
+/// VALUES or TABLE. For a database that does not exist yet, where SQLite cannot
 /// prepare the query; every tick checks it fully.
 pub(crate) fn looks_read_only(query: &str) -> bool {
     let mut rest = query.trim_start();
@@ -466,7 +490,7 @@ pub(crate) fn looks_read_only(query: &str) -> bool {
         .take_while(char::is_ascii_alphabetic)
         .collect::<String>()
         .to_ascii_uppercase();
-    matches!(word.as_str(), "SELECT" | "WITH" | "VALUES")
+    matches!(word.as_str(), "SELECT" | "WITH" | "VALUES" | "TABLE")
 }
 
 #[cfg(test)]

@@ -4,7 +4,8 @@
 //! of a local error.
 //!
 //! One file per page, `<state_dir>/spool/<job>/<fetched_at ms>-<uuid>.json`,
-//! holding the job, the item, the fetch time and the page's records. It is
+//! holding the job, the item, the fetch time, which page of which run it is
+//! (a postgres sink's page id) and the page's records. It is
 //! written under a dot-name, `fsync`ed and renamed into place, so a reader
 //! only ever sees whole pages. Pages are replayed oldest first:
 //!
@@ -20,7 +21,8 @@
 //! before letting go; a file deleted under a waiting replayer is skipped
 //! (its link count is 0). Delivery stays at least once: a process killed
 //! between the sink's write and the delete writes that page again later
-//! (SQLite with `key` absorbs it).
+//! (SQLite with `key` absorbs it; a postgres sink knows the page's id and
+//! adds nothing).
 
 use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
@@ -36,7 +38,7 @@ use indexmap::IndexMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{Item, SinkError, Sinks, blocking, lock, sanitize};
+use super::{Item, PageRef, SinkError, Sinks, blocking, lock, sanitize};
 use crate::config::Job;
 
 /// The retry loop's first wait, and its longest.
@@ -61,6 +63,12 @@ struct Page {
     job: String,
     item: Item,
     fetched_at: String,
+    /// The run's tick and the page number; absent in pages spooled before
+    /// they were kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    tick: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    page: Option<u32>,
     records: Vec<Value>,
 }
 
@@ -187,6 +195,7 @@ impl Sinks {
         &self,
         job: &Job,
         item: &Item,
+        at: Option<PageRef>,
         records: &[Value],
         fetched_at: DateTime<Utc>,
         cause: SinkError,
@@ -199,6 +208,8 @@ impl Sinks {
             job: job.name.clone(),
             item: item.clone(),
             fetched_at: fetched_at.to_rfc3339_opts(SecondsFormat::Millis, true),
+            tick: at.map(|a| a.tick),
+            page: at.map(|a| a.page),
             records: records.to_vec(),
         };
         let dir = spool.dir_for(&job.name);
@@ -304,8 +315,18 @@ impl Sinks {
             .map(|t| t.with_timezone(&Utc))
             .unwrap_or_else(|_| Utc::now());
         let item = crate::queue::item_key(&claimed.page.item);
+        let at = match (claimed.page.tick, claimed.page.page) {
+            (Some(tick), Some(page)) => Some(PageRef { tick, page }),
+            _ => None,
+        };
         let written = self
-            .write_records(job, &claimed.page.item, &claimed.page.records, fetched_at)
+            .write_records(
+                job,
+                &claimed.page.item,
+                at,
+                &claimed.page.records,
+                fetched_at,
+            )
             .await?;
         let file = claimed.path.clone();
         blocking(move || {

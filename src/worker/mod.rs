@@ -97,6 +97,14 @@ pub(crate) struct Checkpoint {
     /// run may make the next one conditional: a 304 ends it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) validators: Option<Validators>,
+    /// The tick that began this run; a newer tick's task that takes the run
+    /// over keeps it. With the item and the page number it names a page
+    /// (a postgres sink's page id), so a page written before its
+    /// checkpoint, by a daemon killed in between, is the same page when
+    /// whichever task resumes the run writes it again. Absent in
+    /// checkpoints written before it was kept: `tick` stands in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) run: Option<i64>,
 }
 
 fn first_page() -> u32 {

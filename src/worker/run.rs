@@ -24,6 +24,7 @@ use crate::fetch::{Answered, BuildError, Fetcher, PageAt, Placeholders, Request}
 use crate::outcome::{Outcome, OutcomeKind};
 use crate::paging::{Stored, Validators};
 use crate::queue::{Origin, QueueError, TaskArgs};
+use crate::sink::PageRef;
 use crate::stats::Stats;
 
 /// What every page of one task's run shares.
@@ -89,6 +90,7 @@ fn start_at(
             since: None,
             started: None,
             validators: None,
+            run: None,
         }),
         (true, Some(cp)) if cp.tick == task.tick => Ok(cp),
         (true, _) => Err("a newer tick's task took over this item's run"),
@@ -151,6 +153,7 @@ impl Worker {
         p.first = start.first;
         p.since = (start.since.or(found.since)).unwrap_or(found.now.saturating_sub(initial));
         p.started = start.started.unwrap_or(found.now);
+        p.run = start.run.unwrap_or(start.tick);
         p.held = start.validators;
         let outcome = loop {
             if let ControlFlow::Break(outcome) = self.step(&run, p).await? {
@@ -330,8 +333,12 @@ impl Worker {
                 if p.page == 1 && run.payer.endpoint.conditional {
                     p.held = Some(validators).filter(|v| !v.is_empty());
                 }
+                let at = PageRef {
+                    tick: p.run,
+                    page: p.page,
+                };
                 let written = (self.sinks)
-                    .write(run.job(), &run.task().item, &body, now)
+                    .write(run.job(), &run.task().item, at, &body, now)
                     .await;
                 if let Ok(w) = &written {
                     p.records += w.stored as u64;
@@ -501,6 +508,7 @@ impl Worker {
             since: Some(p.since),
             started: Some(p.started),
             validators: p.held.clone(),
+            run: Some(p.run),
         };
         let json = serde_json::to_string(&cp).map_err(QueueError::from)?;
         self.conn
@@ -533,6 +541,7 @@ mod tests {
             since: None,
             started: None,
             validators: None,
+            run: None,
         }
     }
 

@@ -38,6 +38,9 @@ pub(super) struct Progress {
     /// The run's `{since}` and its start, epoch s (`Checkpoint`).
     pub(super) since: i64,
     pub(super) started: i64,
+    /// The tick that began the run (`Checkpoint::run`): with the page
+    /// number, the page's id in a postgres sink.
+    pub(super) run: i64,
     /// Page 1's validators, stored when the run is complete.
     pub(super) held: Option<Validators>,
     /// A same-origin redirect the upstream answered this page with: the
@@ -58,6 +61,7 @@ impl Progress {
             first: 1,
             since: 0,
             started: 0,
+            run: 0,
             held: None,
             redirect: None,
             pages: 0,

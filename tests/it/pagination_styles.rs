@@ -249,7 +249,7 @@ fn a_page_number_run_goes_on_past_pages_a_keyed_sqlite_sink_holds_newer() {
     use crate::support::process::{Proc, run_cli};
     use crate::support::{RedisServer, Sink, upstream::Upstream};
     use quota_worker::config::Config;
-    use quota_worker::sink::Sinks;
+    use quota_worker::sink::{PageRef, Sinks};
 
     const PAGES_PER_ITEM: u32 = 3;
     let repos = ["a", "b"];
@@ -275,7 +275,13 @@ fn a_page_number_run_goes_on_past_pages_a_keyed_sqlite_sink_holds_newer() {
                 "title": "stored by a host whose clock runs ahead",
             })).collect::<Vec<_>>()});
             let w = rt
-                .block_on(Sinks::new(loaded.dir.clone()).write(job, &item, &page, tomorrow))
+                .block_on(Sinks::new(loaded.dir.clone()).write(
+                    job,
+                    &item,
+                    PageRef { tick: 0, page: 1 },
+                    &page,
+                    tomorrow,
+                ))
                 .expect("seed the sink");
             assert_eq!(w.stored, 2, "seeded");
         }

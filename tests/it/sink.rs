@@ -10,12 +10,16 @@ use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
 use quota_worker::config::{Config, Job};
-use quota_worker::sink::{self, Item, SinkError, Sinks};
+use quota_worker::sink::{self, Item, PageRef, SinkError, Sinks};
 use serde_json::{Value, json};
 
 use crate::support::{
     self, ConfigBuilder, Credential, Endpoint, Request, Sink, TestConfig, Window,
 };
+
+/// Which page a direct write is: these tests are about the file or table,
+/// not the run.
+const PAGE: PageRef = PageRef { tick: 0, page: 1 };
 
 /// A job of endpoint `ep` every half hour, fetching `url` into `sink`.
 fn sink_job(name: &str, url: &str, sink: Sink) -> support::Job {
@@ -109,7 +113,7 @@ async fn jsonl_lines_are_whole_objects_with_job_item_time_and_record() {
         json!({"items": [{"id": 1, "t": "a\nb"}, {"id": 2}, {"id": 3}], "nextPageToken": "p2"});
 
     let n = sinks
-        .write(feed, &us, &body, at(12, 0))
+        .write(feed, &us, PAGE, &body, at(12, 0))
         .await
         .expect("write")
         .stored;
@@ -134,13 +138,13 @@ async fn jsonl_lines_are_whole_objects_with_job_item_time_and_record() {
 
     // A second page appends; an empty page writes nothing.
     let n = sinks
-        .write(feed, &us, &json!({"items": [{"id": 4}]}), at(12, 1))
+        .write(feed, &us, PAGE, &json!({"items": [{"id": 4}]}), at(12, 1))
         .await
         .expect("write")
         .stored;
     assert_eq!(n, 1);
     let n = sinks
-        .write(feed, &us, &json!({"items": []}), at(12, 2))
+        .write(feed, &us, PAGE, &json!({"items": []}), at(12, 2))
         .await
         .expect("empty page")
         .stored;
@@ -151,12 +155,12 @@ async fn jsonl_lines_are_whole_objects_with_job_item_time_and_record() {
     let gb = item(&[("region", "GB")]);
     let next_day = at(23, 59) + chrono::Duration::minutes(2);
     sinks
-        .write(feed, &gb, &json!({"items": []}), next_day)
+        .write(feed, &gb, PAGE, &json!({"items": []}), next_day)
         .await
         .expect("empty page");
     assert!(!cfg.join("data/feed/GB").exists());
     sinks
-        .write(feed, &gb, &json!({"items": [{"id": 5}]}), next_day)
+        .write(feed, &gb, PAGE, &json!({"items": [{"id": 5}]}), next_day)
         .await
         .expect("write");
     assert_eq!(lines(&cfg.join("data/feed/GB/2024-05-02.jsonl")).len(), 1);
@@ -171,13 +175,13 @@ async fn empty_records_pointer_takes_the_whole_body() {
     let path = cfg.join("data/whole.jsonl");
 
     let n = sinks
-        .write(whole, &none, &json!({"id": "only"}), at(1, 0))
+        .write(whole, &none, PAGE, &json!({"id": "only"}), at(1, 0))
         .await
         .expect("object")
         .stored;
     assert_eq!(n, 1);
     let n = sinks
-        .write(whole, &none, &json!([{"id": 1}, "two", 3]), at(1, 0))
+        .write(whole, &none, PAGE, &json!([{"id": 1}, "two", 3]), at(1, 0))
         .await
         .expect("array")
         .stored;
@@ -196,7 +200,7 @@ async fn empty_records_pointer_takes_the_whole_body() {
     assert_eq!(got[0]["item"], json!({}));
 
     let err = sinks
-        .write(whole, &none, &json!("just a string"), at(1, 0))
+        .write(whole, &none, PAGE, &json!("just a string"), at(1, 0))
         .await
         .expect_err("a string is no record list");
     assert!(err.is_bad_response(), "{err}");
@@ -215,7 +219,7 @@ async fn a_records_pointer_that_finds_no_array_is_a_bad_response() {
             json!([1, 2]),
         ] {
             let err = sinks
-                .write(job(&config, name), &us, &body, at(12, 0))
+                .write(job(&config, name), &us, PAGE, &body, at(12, 0))
                 .await
                 .expect_err("no array at /items");
             assert!(err.is_bad_response(), "{name}: {err}");
@@ -244,7 +248,7 @@ async fn fan_out_values_cannot_escape_the_sink_directory() {
         let path = sinks.path(feed, &it, at(0, 0).date_naive());
         assert_eq!(path, cfg.join(format!("data/feed/{dir}/2024-05-01.jsonl")));
         sinks
-            .write(feed, &it, &body, at(0, 0))
+            .write(feed, &it, PAGE, &body, at(0, 0))
             .await
             .expect("write");
         assert_eq!(lines(&path).len(), 1, "{value:?}");
@@ -318,7 +322,7 @@ async fn concurrent_tasks_append_whole_pages() {
         tasks.push(tokio::spawn(async move {
             for p in 0..PAGES {
                 let n = sinks
-                    .write(&job, &Vec::new(), &page(&w, p), Utc::now())
+                    .write(&job, &Vec::new(), PAGE, &page(&w, p), Utc::now())
                     .await
                     .expect("write")
                     .stored;
@@ -359,7 +363,7 @@ fn child_writer() {
     rt.block_on(async {
         for p in 0..PAGES {
             let n = sinks
-                .write(job, &Vec::new(), &page(id, p), Utc::now())
+                .write(job, &Vec::new(), PAGE, &page(id, p), Utc::now())
                 .await
                 .expect("write")
                 .stored;
@@ -410,7 +414,7 @@ async fn concurrent_processes_append_whole_pages() {
         handles.push(tokio::spawn(async move {
             for p in 0..PAGES {
                 sinks
-                    .write(&job, &Vec::new(), &page(&w, p), Utc::now())
+                    .write(&job, &Vec::new(), PAGE, &page(&w, p), Utc::now())
                     .await
                     .expect("write");
             }
@@ -439,6 +443,7 @@ async fn a_torn_last_line_never_swallows_the_next_page() {
         .write(
             job(&config, "contended"),
             &Vec::new(),
+            PAGE,
             &json!({"items": [{"id": 1}, {"id": 2}]}),
             at(3, 0),
         )
@@ -484,7 +489,7 @@ async fn sqlite_stores_upserts_by_key_and_searches_the_search_fields_only() {
         video("c", "Cats and dogs", &[], "x"),
     ]});
     let n = sinks
-        .write(videos, &us, &page1, at(10, 0))
+        .write(videos, &us, PAGE, &page1, at(10, 0))
         .await
         .expect("write")
         .stored;
@@ -544,7 +549,7 @@ async fn sqlite_stores_upserts_by_key_and_searches_the_search_fields_only() {
     // Re-fetched "a" replaces the stored copy, in the table and the index.
     let page2 = json!({"items": [video("a", "Sleepy dogs", &[], "walrus"), video("d", "New one", &[], "")]});
     let n = sinks
-        .write(videos, &us, &page2, at(11, 0))
+        .write(videos, &us, PAGE, &page2, at(11, 0))
         .await
         .expect("upsert")
         .stored;
@@ -565,7 +570,7 @@ async fn sqlite_stores_upserts_by_key_and_searches_the_search_fields_only() {
     // A late write of an older fetch does not overwrite the newer copy.
     let stale = json!({"items": [video("a", "Stale cats", &[], "")]});
     let w = sinks
-        .write(videos, &us, &stale, at(10, 30))
+        .write(videos, &us, PAGE, &stale, at(10, 30))
         .await
         .expect("stale");
     // The page held a record (a page-number run goes on), none was stored.
@@ -576,7 +581,7 @@ async fn sqlite_stores_upserts_by_key_and_searches_the_search_fields_only() {
     // Records without a key value are kept, each its own row.
     let keyless = json!({"items": [{"snippet": {"title": "no id"}}, {"id": null, "snippet": {"title": "no id"}}]});
     let n = sinks
-        .write(videos, &us, &keyless, at(12, 0))
+        .write(videos, &us, PAGE, &keyless, at(12, 0))
         .await
         .expect("keyless")
         .stored;
@@ -604,7 +609,7 @@ async fn search_ranks_better_matches_first() {
         video("thrice", "guitar guitar guitar", &[], ""),
     ]});
     sinks
-        .write(videos, &us, &page, at(9, 0))
+        .write(videos, &us, PAGE, &page, at(9, 0))
         .await
         .expect("write");
     let db = cfg.join("db/video.search-db.db");
@@ -625,6 +630,7 @@ async fn search_without_an_index_says_so() {
         .write(
             job(&config, "video.search-db"),
             &item(&[("region", "US")]),
+            PAGE,
             &json!({"items": []}),
             at(0, 0),
         )
@@ -645,7 +651,7 @@ async fn changing_the_search_fields_reindexes_stored_records() {
     let us = item(&[("region", "US")]);
     let page = json!({"items": [video("a", "cats", &[], "walrus")]});
     Sinks::new(config.dir.clone())
-        .write(job(&config, "video.search-db"), &us, &page, at(1, 0))
+        .write(job(&config, "video.search-db"), &us, PAGE, &page, at(1, 0))
         .await
         .expect("write");
     let db = cfg.join("db/video.search-db.db");
@@ -662,6 +668,7 @@ async fn changing_the_search_fields_reindexes_stored_records() {
         .write(
             job(&config, "video.search-db"),
             &us,
+            PAGE,
             &json!({"items": []}),
             at(2, 0),
         )
@@ -686,7 +693,13 @@ async fn sqlite_takes_writers_from_several_processes() {
         handles.push(tokio::spawn(async move {
             for p in 0..PAGES {
                 let n = sinks
-                    .write(&job, &Vec::new(), &page(&format!("task{w}"), p), Utc::now())
+                    .write(
+                        &job,
+                        &Vec::new(),
+                        PAGE,
+                        &page(&format!("task{w}"), p),
+                        Utc::now(),
+                    )
                     .await
                     .expect("write")
                     .stored;

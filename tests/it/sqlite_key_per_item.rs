@@ -10,8 +10,12 @@
 use crate::support::{self, TestConfig};
 use chrono::{DateTime, TimeZone, Utc};
 use quota_worker::config::{Config, Job};
-use quota_worker::sink::{Item, Sinks};
+use quota_worker::sink::{Item, PageRef, Sinks};
 use serde_json::{Value, json};
+
+/// Which page a direct write is: these tests are about the file or table,
+/// not the run.
+const PAGE: PageRef = PageRef { tick: 0, page: 1 };
 
 const CONFIG: &str = r#"
 jobs = "jobs/*.toml"
@@ -102,7 +106,7 @@ async fn two_items_with_the_same_key_keep_both_records() {
     };
     assert_eq!(
         sinks
-            .write(issues, &rust, &page("rustc"), at(1))
+            .write(issues, &rust, PAGE, &page("rustc"), at(1))
             .await
             .expect("write")
             .stored,
@@ -110,7 +114,7 @@ async fn two_items_with_the_same_key_keep_both_records() {
     );
     assert_eq!(
         sinks
-            .write(issues, &tokio, &page("runtime"), at(2))
+            .write(issues, &tokio, PAGE, &page("runtime"), at(2))
             .await
             .expect("write")
             .stored,
@@ -145,7 +149,7 @@ async fn two_items_with_the_same_key_keep_both_records() {
     let edited = json!([issue(7, "rustc seven, edited")]);
     assert_eq!(
         sinks
-            .write(issues, &rust, &edited, at(3))
+            .write(issues, &rust, PAGE, &edited, at(3))
             .await
             .expect("write")
             .stored,
@@ -201,7 +205,13 @@ async fn a_table_of_the_first_layout_is_migrated_without_losing_a_row() {
     let issues = job(&config, "issues");
     let tokio = repo("tokio-rs/tokio");
     sinks
-        .write(issues, &tokio, &json!([issue(7, "tokio seven")]), at(1))
+        .write(
+            issues,
+            &tokio,
+            PAGE,
+            &json!([issue(7, "tokio seven")]),
+            at(1),
+        )
         .await
         .expect("write after migration");
     let conn = rusqlite::Connection::open(&db).expect("open");
@@ -264,6 +274,7 @@ async fn the_search_command_finds_records_in_every_database_of_the_job() {
         .write(
             regions,
             &us,
+            PAGE,
             &json!({"items": [video("u1", "Guitar lesson"), video("u2", "Cooking")]}),
             at(1),
         )
@@ -273,6 +284,7 @@ async fn the_search_command_finds_records_in_every_database_of_the_job() {
         .write(
             regions,
             &gb,
+            PAGE,
             &json!({"items": [video("g1", "guitar guitar guitar"), video("g2", "Tea")]}),
             at(2),
         )

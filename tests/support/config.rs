@@ -331,19 +331,39 @@ impl Sink {
         Sink(f)
     }
 
+    /// A PostgreSQL table at `url` (the job's name unless [`Sink::table`]).
+    pub fn postgres(url: &str) -> Self {
+        let mut f = Fields::default();
+        f.set("kind", "postgres");
+        f.set("url", url);
+        Sink(f)
+    }
+
+    /// postgres: the table.
+    pub fn table(mut self, table: &str) -> Self {
+        self.0.set("table", table);
+        self
+    }
+
+    /// postgres: the password's file.
+    pub fn password_file(mut self, path: &str) -> Self {
+        self.0.set("password_file", path);
+        self
+    }
+
     /// The JSON pointer to the records array (`"/items"`).
     pub fn records(mut self, pointer: &str) -> Self {
         self.0.set("records", pointer);
         self
     }
 
-    /// SQLite: the JSON pointer to a record's key.
+    /// SQLite, postgres: the JSON pointer to a record's key.
     pub fn key(mut self, pointer: &str) -> Self {
         self.0.set("key", pointer);
         self
     }
 
-    /// SQLite: the JSON pointers the full-text index holds.
+    /// SQLite, postgres: the JSON pointers the full-text index holds.
     pub fn search(mut self, pointers: &[&str]) -> Self {
         self.0.set("search", strings(pointers.iter().copied()));
         self

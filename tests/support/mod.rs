@@ -13,6 +13,7 @@
 //! | [`daemon`] | the config the multi-process tests share, and what daemons leave in Redis and the sinks |
 //! | [`styles`] | jobs in each of the simulator's pagination styles (GitHub, Meta, page numbers, ...), and a scan of every key and value in Redis for a secret |
 //! | [`pipeline`] | the daemon in-process, with every task outcome as an event |
+//! | [`postgres`] | a private PostgreSQL server (`initdb` into a temp dir, as `nobody` under root): stop, restart on the same port, roles, queries |
 //! | [`in_process`] | start, wait for ready, and stop `daemon::run` in this process |
 //! | [`notify`] | a `NOTIFY_SOCKET` that records who sent what |
 //! | [`http`] | `/metrics`, `/healthz`, `/readyz` and the status page over plain HTTP (any method, extra headers), and the Prometheus text format |
@@ -32,6 +33,7 @@ pub mod logs;
 pub mod machine;
 pub mod notify;
 pub mod pipeline;
+pub mod postgres;
 pub mod process;
 pub mod procfs;
 pub mod redis_server;

@@ -128,7 +128,7 @@ impl Loader<'_> {
             .pagination
             .as_ref()
             .and_then(|p| self.pagination(src, &base.join("pagination"), p));
-        let sink = self.sink(src, &base.join("sink"), rj.sink, &places);
+        let sink = self.sink(src, &base.join("sink"), dir, name, rj.sink, &places);
         let retry = self.retry(src, &base.join("retry"), rj.retry.as_ref());
         let endpoint = endpoints.get(&rj.endpoint);
         let reserve = self.reserve(src, &base.join("reserve"), rj.reserve.as_deref(), endpoint);
@@ -321,10 +321,17 @@ impl Loader<'_> {
                 }
                 declared
             }
+            // The table may be another job's sink, not made yet; the server
+            // may be down now. The declared columns stand in for the query's.
             (Err(e), Some(declared))
-                if e.is_missing() || matches!(e, source::SourceError::Sqlite { .. }) =>
+                if e.is_missing()
+                    || matches!(
+                        e,
+                        source::SourceError::Sqlite { .. } | source::SourceError::Pg(_)
+                    ) =>
             {
-                if let DataSource::Sqlite { query, .. } = &source
+                if let DataSource::Sqlite { query, .. } | DataSource::Postgres { query, .. } =
+                    &source
                     && !source::looks_read_only(query)
                 {
                     let e = source::SourceError::NotReadOnly;
@@ -333,19 +340,7 @@ impl Loader<'_> {
                 declared
             }
             (Err(e), declared) => {
-                let mut msg = e.to_string();
-                if e.is_missing() && declared.is_none() {
-                    msg.push_str(
-                        "; if another job creates it, declare the placeholders it will fill: columns = [\"channel\", ...]",
-                    );
-                }
-                let at = match e {
-                    source::SourceError::MultipleStatements
-                    | source::SourceError::NotReadOnly
-                    | source::SourceError::Sqlite { .. } => base.join("query"),
-                    _ => at,
-                };
-                self.error(src, &at, msg);
+                self.source_error(src, base, at, &e, declared.is_some());
                 return None;
             }
         };
@@ -358,7 +353,37 @@ impl Loader<'_> {
         })
     }
 
-    /// `csv`, or `sqlite` with `query`: the source, and the field naming its file.
+    /// A source that cannot be read at load: the error at the field to fix
+    /// (`query` for what the query does), with what to declare when the
+    /// source is only missing or down now.
+    fn source_error(
+        &mut self,
+        src: &Source,
+        base: &FieldPath,
+        at: FieldPath,
+        e: &source::SourceError,
+        declared: bool,
+    ) {
+        use source::SourceError as E;
+        let mut msg = e.to_string();
+        if e.is_missing() && !declared {
+            msg.push_str(match e {
+                E::Pg(_) => "; to load while it is down, declare the placeholders the query fills: columns = [\"repo\", ...]",
+                _ => "; if another job creates it, declare the placeholders it will fill: columns = [\"channel\", ...]",
+            });
+        }
+        let at = match e {
+            E::MultipleStatements | E::NotReadOnly | E::ColumnType { .. } | E::Sqlite { .. } => {
+                base.join("query")
+            }
+            E::Pg(pg) if pg.code().is_some() => base.join("query"),
+            _ => at,
+        };
+        self.error(src, &at, msg);
+    }
+
+    /// `csv`, or `sqlite` or `postgres` with `query`: the source, and the
+    /// field naming its file or server.
     fn data_source(
         &mut self,
         src: &Source,
@@ -366,47 +391,81 @@ impl Loader<'_> {
         dir: &Path,
         raw: &RawFanOutFrom,
     ) -> Option<(DataSource, FieldPath)> {
-        let mut path = |field: &str, written: &str| {
-            let at = base.join(field);
-            // `$VARS` first, as in sink paths (`${STATE_DIRECTORY:-../state}/...`).
-            match expand_vars(written, self.env) {
-                Ok(p) => Some((dir.join(p), at)),
-                Err(e) => {
-                    self.error(src, &at, e);
-                    None
-                }
+        let written: Vec<&str> = [
+            ("csv", raw.csv.is_some()),
+            ("sqlite", raw.sqlite.is_some()),
+            ("postgres", raw.postgres.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(f, set)| set.then_some(f))
+        .collect();
+        if raw.password_file.is_some() && raw.postgres.is_none() {
+            let msg = "password_file logs in to a postgres source: name it with postgres = \"postgres://...\"";
+            self.error(src, &base.join("password_file"), msg);
+        }
+        let source = match written[..] {
+            [one] => one,
+            [] => {
+                let msg = "needs a source: csv = \"file.csv\", or sqlite = \"file.db\" or postgres = \"postgres://...\" with a query";
+                self.error(src, base, msg);
+                return None;
+            }
+            [_, second, ..] => {
+                let msg = format!(
+                    "a fan-out reads one source: {}, not several",
+                    written.join(" or ")
+                );
+                self.error(src, &base.join(second), msg);
+                return None;
             }
         };
-        match (&raw.csv, &raw.sqlite, &raw.query) {
-            (Some(csv), None, None) => {
-                let (path, at) = path("csv", csv)?;
+        let at = base.join(source);
+        match (source, &raw.query) {
+            ("csv", None) => {
+                let path = self.source_path(src, &at, dir, raw.csv.as_deref()?)?;
                 Some((DataSource::Csv { path }, at))
             }
-            (None, Some(db), Some(query)) => {
-                let (path, at) = path("sqlite", db)?;
-                let query = query.clone();
-                Some((DataSource::Sqlite { path, query }, at))
-            }
-            (Some(_), Some(_), _) => {
-                let msg = "a fan-out reads one source: csv or sqlite, not both";
-                self.error(src, &base.join("sqlite"), msg);
-                None
-            }
-            (None, Some(_), None) => {
-                let msg =
-                    "a sqlite source needs its query: query = \"SELECT ... AS channel FROM ...\"";
-                self.error(src, &base.join("sqlite"), msg);
-                None
-            }
-            (_, None, Some(_)) => {
-                let msg = "query reads a SQLite file: name it with sqlite = \"...db\"";
+            ("csv", Some(_)) => {
+                let msg = "query reads a database: name it with sqlite = \"...db\" or postgres = \"postgres://...\"";
                 self.error(src, &base.join("query"), msg);
                 None
             }
-            (None, None, None) => {
-                let msg =
-                    "needs a source: csv = \"file.csv\", or sqlite = \"file.db\" with a query";
-                self.error(src, base, msg);
+            ("sqlite", Some(query)) => {
+                let path = self.source_path(src, &at, dir, raw.sqlite.as_deref()?)?;
+                let query = query.clone();
+                Some((DataSource::Sqlite { path, query }, at))
+            }
+            ("postgres", Some(query)) => {
+                let url = raw.postgres.as_deref()?;
+                let password = (raw.password_file.as_deref(), base.join("password_file"));
+                let target = Box::new(self.pg_target(src, dir, (url, at.clone()), password)?);
+                let query = query.clone();
+                Some((DataSource::Postgres { target, query }, at))
+            }
+            (_, None) => {
+                let msg = format!(
+                    "a {source} source needs its query: query = \"SELECT ... AS channel FROM ...\""
+                );
+                self.error(src, &at, msg);
+                None
+            }
+            _ => None,
+        }
+    }
+
+    /// A source file's path, `$VARS` expanded (as in sink paths:
+    /// `${STATE_DIRECTORY:-../state}/...`), relative to the config file.
+    fn source_path(
+        &mut self,
+        src: &Source,
+        at: &FieldPath,
+        dir: &Path,
+        written: &str,
+    ) -> Option<PathBuf> {
+        match expand_vars(written, self.env) {
+            Ok(p) => Some(dir.join(p)),
+            Err(e) => {
+                self.error(src, at, e);
                 None
             }
         }

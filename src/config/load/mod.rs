@@ -10,6 +10,7 @@ mod accounting;
 mod credentials;
 mod endpoints;
 mod jobs;
+mod postgres;
 mod request;
 mod settings;
 mod sink;
@@ -169,7 +170,7 @@ fn read_source(path: &Path) -> Result<Source, ConfigError> {
 /// Reads a file of at most `limit` bytes (`what` names the kind of file in
 /// the error). Anything but a regular file is refused unopened: reading a
 /// device (`-c /dev/zero`) never ends, opening a FIFO blocks.
-pub(super) fn read_bounded(path: &Path, limit: u64, what: &str) -> Result<String, String> {
+pub(crate) fn read_bounded(path: &Path, limit: u64, what: &str) -> Result<String, String> {
     use std::io::Read;
     use std::os::unix::fs::FileTypeExt;
 

@@ -1,0 +1,843 @@
+//! The postgres sink: a table per job (or per `table`), each page written in
+//! one transaction, exactly once; a generated `tsvector` column with a GIN
+//! index for `search`; and the search that reads it. The layout is
+//! documented for users in docs/jobs.md ("The PostgreSQL layout"); keep the
+//! two in step.
+//!
+//! # Each page once
+//!
+//! Every row carries its page's id (`job:tick:page:item`, the same when a
+//! retried or resumed task fetches that page again, and when a spooled page
+//! is replayed). A page's transaction first takes a transaction-scoped
+//! advisory lock on the id, then looks for a row with it: if there is one,
+//! the page was written before (its rows commit together, so it is all
+//! there) and the transaction adds nothing. The lock makes two writers of
+//! one page (a replay racing a retry) take turns, so the second sees the
+//! first's rows. With `key`, rows are also upserted by `(item, key)` — a
+//! record seen again on a later page replaces its row unless that row was
+//! fetched later (a late replay never rolls a row back).
+//!
+//! # The table
+//!
+//! `(item text, key text, page_id text, fetched_at timestamptz, record
+//! jsonb)`, created if missing, with an index on `page_id`; with `key`, a
+//! unique index on `(item, key)` (not a primary key: a record the key
+//! pointer finds nothing in keeps `key` NULL, as in SQLite, and is not
+//! lost); with `search`, a column `search tsvector GENERATED ALWAYS AS (…)
+//! STORED` over the strings under each field, a GIN index on it, and a
+//! column comment naming the fields, so a change of fields re-creates the
+//! column. Every step is `IF NOT EXISTS` or checked first, under an
+//! advisory lock per table, so daemons starting together and runs repeated
+//! are safe. A table that exists with other columns (a missing one, another
+//! type, a `NOT NULL` column without a default that rows of this sink
+//! cannot fill) is refused with what differs: at `check` and at `run`'s
+//! start, as a config error.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use deadpool_postgres::GenericClient;
+use serde_json::Value;
+use tokio_postgres::error::SqlState;
+
+use super::{Hit, SinkError};
+use crate::config::{Config, ConfigError, ConfigErrors, Job, PgSink, SinkKind};
+use crate::pg::{self, PgError, ident, literal};
+
+/// How long one page's transaction may take before the page is spooled
+/// (a server that stopped answering must not hold a task for ever).
+const PAGE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long making sure of a table's layout may take (adding the search
+/// column rewrites the table).
+const SCHEMA_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// The text search configuration of the `search` column and of queries:
+/// words as written, lower-cased, no stemming and no stop words (as the
+/// SQLite sink's index), whatever language the records are in.
+const TS_CONFIG: &str = "simple";
+
+/// How the `search` column's comment starts: the column is this sink's.
+const SEARCH_MARK: &str = "quota-worker search ";
+
+/// The columns every sink table has, with their types as `format_type`
+/// prints them.
+const COLUMNS: [(&str, &str); 5] = [
+    ("item", "text"),
+    ("key", "text"),
+    ("page_id", "text"),
+    ("fetched_at", "timestamp with time zone"),
+    ("record", "jsonb"),
+];
+
+/// What a job's table must look like.
+pub(super) struct TableSpec<'a> {
+    pub(super) sink: &'a PgSink,
+    /// Upserted by `(item, key)`.
+    pub(super) keyed: bool,
+    /// `search`'s JSON pointers.
+    pub(super) search: &'a [String],
+}
+
+impl TableSpec<'_> {
+    /// The spec of `job`'s sink, if it is a postgres one.
+    pub(super) fn of(job: &Job) -> Option<TableSpec<'_>> {
+        let sink = job.sink.postgres.as_ref()?;
+        Some(TableSpec {
+            sink,
+            keyed: job.sink.key.is_some(),
+            search: &job.sink.search,
+        })
+    }
+
+    /// Identifies the layout, to make sure of it once per process.
+    fn ready_key(&self) -> String {
+        format!(
+            "{}\0{}\0{}\0{:?}",
+            self.sink.target.url,
+            self.sink.table_sql(),
+            self.keyed,
+            self.search
+        )
+    }
+
+    fn table(&self) -> String {
+        self.sink.table_sql()
+    }
+
+    /// An index name: the table's own name and a suffix, at most 63 bytes.
+    fn index(&self, suffix: &str) -> String {
+        let base = self.sink.table.last().map_or("", String::as_str);
+        let mut name = format!("{base}_{suffix}");
+        while name.len() > 63 {
+            let cut = base.len().min(name.len() - 63);
+            name = format!("{}_{suffix}", &base[..base.len() - cut]);
+            if cut == 0 {
+                break;
+            }
+        }
+        ident(&name)
+    }
+}
+
+/// One page, encoded for PostgreSQL.
+pub(super) struct PageRows {
+    /// The item, as JSON with sorted keys.
+    pub(super) item: String,
+    /// `job:tick:page:item`.
+    pub(super) page_id: String,
+    pub(super) fetched_at: DateTime<Utc>,
+    /// Each record's key (`None` without `key`, or when the record has no
+    /// value there).
+    pub(super) keys: Vec<Option<String>>,
+    /// Each record, as JSON text.
+    pub(super) records: Vec<String>,
+}
+
+/// The postgres sinks of one process: a pool per server, and the tables
+/// whose layout it has made sure of.
+#[derive(Debug, Default)]
+pub(super) struct PgSinks {
+    pools: pg::Pools,
+    /// Connections per server at most: the tasks that can write at once.
+    pool_size: usize,
+    /// [`TableSpec::ready_key`]s made sure of.
+    ready: Mutex<HashSet<String>>,
+}
+
+impl PgSinks {
+    pub(super) fn new(pool_size: usize) -> Self {
+        PgSinks {
+            pool_size,
+            ..PgSinks::default()
+        }
+    }
+
+    /// Writes one page in one transaction; returns the rows it added or
+    /// replaced (0 for a page written before).
+    pub(super) async fn write(
+        &self,
+        spec: &TableSpec<'_>,
+        page: &PageRows,
+    ) -> Result<usize, PgError> {
+        let target = &spec.sink.target;
+        match tokio::time::timeout(PAGE_TIMEOUT, self.write_page(spec, page)).await {
+            Ok(done) => done,
+            Err(_) => Err(PgError::timeout(
+                target,
+                "a page's transaction",
+                PAGE_TIMEOUT,
+            )),
+        }
+    }
+
+    async fn write_page(&self, spec: &TableSpec<'_>, page: &PageRows) -> Result<usize, PgError> {
+        let target = &spec.sink.target;
+        let q = |e: tokio_postgres::Error| PgError::query(target, &e);
+        let mut conn = self.pools.get(target, self.pool_size.max(1)).await?;
+        let ready_key = spec.ready_key();
+        if !self
+            .ready
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&ready_key)
+        {
+            ensure(&mut conn, spec).await?;
+            self.ready
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(ready_key);
+        }
+        let t = spec.table();
+        let upsert = if spec.keyed {
+            format!(
+                " ON CONFLICT (item, key) DO UPDATE SET page_id = excluded.page_id,
+                   fetched_at = excluded.fetched_at, record = excluded.record
+                 WHERE excluded.fetched_at >= {t}.fetched_at"
+            )
+        } else {
+            String::new()
+        };
+        // One statement adds the page unless a row of it is there, and says
+        // whether one was (the outer EXISTS sees the statement's snapshot,
+        // from before the insert). Its snapshot is taken when it starts,
+        // after the lock statement before it has returned: a writer of the
+        // same page that held the lock has committed by then.
+        let lock = conn
+            .prepare_cached("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+            .await
+            .map_err(q)?;
+        let insert = conn
+            .prepare_cached(&format!(
+                "WITH added AS (
+                   INSERT INTO {t} (item, key, page_id, fetched_at, record)
+                   SELECT $1, u.k, $2, $3, u.r::jsonb FROM unnest($4::text[], $5::text[]) AS u(k, r)
+                   WHERE NOT EXISTS (SELECT 1 FROM {t} WHERE page_id = $2){upsert}
+                   RETURNING 1
+                 )
+                 SELECT (SELECT count(*) FROM added), EXISTS (SELECT 1 FROM {t} WHERE page_id = $2)"
+            ))
+            .await
+            .map_err(q)?;
+        let tx = conn.transaction().await.map_err(q)?;
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [
+            &page.item,
+            &page.page_id,
+            &page.fetched_at,
+            &page.keys,
+            &page.records,
+        ];
+        // Sent together (tokio-postgres pipelines requests polled at once,
+        // in the order they are first polled): one round trip for both.
+        let lock_params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&page.page_id];
+        let (_, row) = futures::try_join!(
+            tx.execute(&lock, &lock_params),
+            tx.query_one(&insert, &params)
+        )
+        .map_err(q)?;
+        let (added, before): (i64, bool) = (row.get(0), row.get(1));
+        if before {
+            tracing::info!(page_id = %page.page_id, table = %spec.sink.table_name(),
+                "this page was written before: nothing added");
+        }
+        let n = added;
+        tx.commit().await.map_err(q)?;
+        Ok(usize::try_from(n).unwrap_or(usize::MAX))
+    }
+}
+
+/// One page's rows: with `keyed`, one per key (the last of a key on the
+/// page wins: one statement may not touch a row twice).
+pub(super) fn page_rows(
+    item: String,
+    page_id: String,
+    fetched_at: DateTime<Utc>,
+    keyed: bool,
+    rows: Vec<(Option<String>, String)>,
+) -> PageRows {
+    let rows = if keyed {
+        let mut last: HashMap<&str, usize> = HashMap::new();
+        for (i, (k, _)) in rows.iter().enumerate() {
+            if let Some(k) = k {
+                last.insert(k, i);
+            }
+        }
+        let keep: Vec<bool> = (rows.iter().enumerate())
+            .map(|(i, (k, _))| k.as_deref().is_none_or(|k| last[k] == i))
+            .collect();
+        rows.into_iter()
+            .zip(keep)
+            .filter_map(|(r, keep)| keep.then_some(r))
+            .collect()
+    } else {
+        rows
+    };
+    let (keys, records) = rows.into_iter().unzip();
+    PageRows {
+        item,
+        page_id,
+        fetched_at,
+        keys,
+        records,
+    }
+}
+
+/// A page's id: the same for every fetch of that page of that run.
+pub(super) fn page_id(job: &str, tick: i64, page: u32, item: &str) -> String {
+    format!("{job}:{tick}:{page}:{item}")
+}
+
+/// One column as the catalog has it.
+#[derive(Debug, Clone)]
+struct Column {
+    name: String,
+    type_name: String,
+    not_null: bool,
+    has_default: bool,
+    generated: bool,
+    comment: Option<String>,
+}
+
+/// What an existing table lacks or has in the way, for `spec`; empty when
+/// this sink can write it. The `search` column is the caller's business.
+fn differences(columns: &[Column]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (name, want) in COLUMNS {
+        match columns.iter().find(|c| c.name == name) {
+            None => out.push(format!("has no column {name} ({want})")),
+            Some(c) if c.type_name != want => out.push(format!(
+                "has column {name} of type {}, not {want}",
+                c.type_name
+            )),
+            Some(_) => {}
+        }
+    }
+    for c in columns {
+        let ours = COLUMNS.iter().any(|(n, _)| *n == c.name) || c.name == "search";
+        if !ours && c.not_null && !c.has_default && !c.generated {
+            out.push(format!(
+                "has column {} NOT NULL without a default, which rows of this sink cannot fill",
+                c.name
+            ));
+        }
+    }
+    out
+}
+
+/// The columns of `table` (quoted SQL), none when it does not exist.
+async fn columns(
+    client: &impl GenericClient,
+    table: &str,
+) -> Result<Option<Vec<Column>>, tokio_postgres::Error> {
+    let exists = client
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])
+        .await?
+        .get::<_, bool>(0);
+    if !exists {
+        return Ok(None);
+    }
+    let rows = client
+        .query(
+            "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), a.attnotnull,
+                    a.atthasdef, a.attgenerated <> '', col_description(a.attrelid, a.attnum)
+             FROM pg_attribute a
+             WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped
+             ORDER BY a.attnum",
+            &[&table],
+        )
+        .await?;
+    Ok(Some(
+        rows.iter()
+            .map(|r| Column {
+                name: r.get(0),
+                type_name: r.get(1),
+                not_null: r.get(2),
+                has_default: r.get(3),
+                generated: r.get(4),
+                comment: r.get(5),
+            })
+            .collect(),
+    ))
+}
+
+/// Whether `table` has a unique index on exactly `(item, key)`, without a
+/// predicate: what `ON CONFLICT (item, key)` needs.
+async fn has_key_index(
+    client: &impl GenericClient,
+    table: &str,
+) -> Result<bool, tokio_postgres::Error> {
+    Ok(client
+        .query_one(
+            "SELECT EXISTS (
+               SELECT 1 FROM pg_index i
+               WHERE i.indrelid = to_regclass($1) AND i.indisunique AND i.indpred IS NULL
+                 AND i.indnkeyatts = 2
+                 AND (SELECT array_agg(a.attname::text ORDER BY a.attname)
+                      FROM pg_attribute a
+                      WHERE a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey::int2[]))
+                     = ARRAY['item', 'key'])",
+            &[&table],
+        )
+        .await?
+        .get(0))
+}
+
+/// The `search` column's comment for `fields`.
+fn search_mark(fields: &[String]) -> String {
+    format!(
+        "{SEARCH_MARK}{}",
+        serde_json::to_string(fields).unwrap_or_default()
+    )
+}
+
+/// The generated column's expression: the strings under each field (in
+/// arrays and objects there too), as one `tsvector`.
+fn search_expr(fields: &[String]) -> String {
+    let parts: Vec<String> = fields
+        .iter()
+        .map(|f| {
+            let path: Vec<String> = f
+                .split('/')
+                .skip(1)
+                .map(|t| literal(&t.replace("~1", "/").replace("~0", "~")))
+                .collect();
+            format!(
+                "jsonb_to_tsvector('{TS_CONFIG}'::regconfig, coalesce(record #> ARRAY[{}]::text[], 'null'::jsonb), '[\"string\"]'::jsonb)",
+                path.join(", ")
+            )
+        })
+        .collect();
+    if parts.is_empty() {
+        "''::tsvector".to_owned()
+    } else {
+        parts.join(" || ")
+    }
+}
+
+/// What making sure of a table found and did.
+#[derive(Debug, Default)]
+pub(super) struct Ensured {
+    /// Steps taken ("created the table", "added the search column").
+    pub(super) done: Vec<String>,
+}
+
+/// Makes `spec`'s table what this sink writes: created if missing, its
+/// indexes and `search` column added or re-created; refused with what
+/// differs when it has other columns. One transaction, under an advisory
+/// lock per table.
+async fn ensure(
+    client: &mut deadpool_postgres::Object,
+    spec: &TableSpec<'_>,
+) -> Result<Ensured, PgError> {
+    let target = &spec.sink.target;
+    let q = |e: tokio_postgres::Error| PgError::query(target, &e);
+    let run = async {
+        let tx = client.transaction().await.map_err(q)?;
+        let mut ensured = Ensured::default();
+        let cols = ensure_table(&tx, spec, &mut ensured).await?;
+        mismatch(spec, &cols)?;
+        tx.batch_execute(&format!(
+            "CREATE INDEX IF NOT EXISTS {} ON {} (page_id)",
+            spec.index("page_id"),
+            spec.table()
+        ))
+        .await
+        .map_err(q)?;
+        if spec.keyed {
+            ensure_key_index(&tx, spec, &mut ensured).await?;
+        }
+        ensure_search(&tx, spec, &cols, &mut ensured).await?;
+        tx.commit().await.map_err(q)?;
+        Ok(ensured)
+    };
+    match tokio::time::timeout(SCHEMA_TIMEOUT, run).await {
+        Ok(done) => done,
+        Err(_) => Err(PgError::timeout(
+            target,
+            "the table's layout",
+            SCHEMA_TIMEOUT,
+        )),
+    }
+}
+
+/// Takes the table's advisory lock, and creates the table if it is
+/// missing; returns its columns.
+async fn ensure_table(
+    tx: &deadpool_postgres::Transaction<'_>,
+    spec: &TableSpec<'_>,
+    ensured: &mut Ensured,
+) -> Result<Vec<Column>, PgError> {
+    let q = |e: tokio_postgres::Error| PgError::query(&spec.sink.target, &e);
+    let t = spec.table();
+    // "already exists, skipping" notices of the IF NOT EXISTS steps would
+    // reach the log at every start.
+    tx.batch_execute("SET LOCAL client_min_messages = warning")
+        .await
+        .map_err(q)?;
+    tx.execute(
+        "SELECT pg_advisory_xact_lock(hashtextextended('quota-worker table ' || $1, 0))",
+        &[&t],
+    )
+    .await
+    .map_err(q)?;
+    if let Some(cols) = columns(tx, &t).await.map_err(q)? {
+        return Ok(cols);
+    }
+    tx.batch_execute(&format!(
+        "CREATE TABLE IF NOT EXISTS {t} (
+           item text NOT NULL,
+           key text,
+           page_id text NOT NULL,
+           fetched_at timestamptz NOT NULL,
+           record jsonb NOT NULL
+         )"
+    ))
+    .await
+    .map_err(q)?;
+    ensured.done.push("created the table".into());
+    Ok(columns(tx, &t).await.map_err(q)?.unwrap_or_default())
+}
+
+/// A keyed sink's unique index on `(item, key)`, made unless one is there.
+async fn ensure_key_index(
+    tx: &deadpool_postgres::Transaction<'_>,
+    spec: &TableSpec<'_>,
+    ensured: &mut Ensured,
+) -> Result<(), PgError> {
+    let q = |e: tokio_postgres::Error| PgError::query(&spec.sink.target, &e);
+    let schema = |why: String| PgError::Schema {
+        target: spec.sink.target.url.clone(),
+        table: spec.sink.table_name(),
+        why,
+    };
+    let t = spec.table();
+    if has_key_index(tx, &t).await.map_err(q)? {
+        return Ok(());
+    }
+    let made = tx
+        .batch_execute(&format!(
+            "CREATE UNIQUE INDEX IF NOT EXISTS {} ON {t} (item, key)",
+            spec.index("item_key")
+        ))
+        .await;
+    match made {
+        Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) => {
+            return Err(schema(
+                "holds rows that repeat an (item, key): it was written without key; use another table for a keyed sink".into(),
+            ));
+        }
+        other => other.map_err(q)?,
+    }
+    if !has_key_index(tx, &t).await.map_err(q)? {
+        return Err(schema(format!(
+            "has no unique index on (item, key), and {} names something else",
+            spec.index("item_key")
+        )));
+    }
+    ensured
+        .done
+        .push("added the unique index on (item, key)".into());
+    Ok(())
+}
+
+/// The `search` column: re-created when its fields changed, dropped when
+/// the sink has none, added when it has some and the column is missing.
+async fn ensure_search(
+    tx: &deadpool_postgres::Transaction<'_>,
+    spec: &TableSpec<'_>,
+    cols: &[Column],
+    ensured: &mut Ensured,
+) -> Result<(), PgError> {
+    let q = |e: tokio_postgres::Error| PgError::query(&spec.sink.target, &e);
+    let t = spec.table();
+    let ours = cols.iter().find(|c| is_our_search(c));
+    let wanted = search_mark(spec.search);
+    let built = ours.is_some_and(|c| c.comment.as_deref() == Some(wanted.as_str()));
+    if ours.is_some() && (spec.search.is_empty() || !built) {
+        tx.batch_execute(&format!("ALTER TABLE {t} DROP COLUMN search"))
+            .await
+            .map_err(q)?;
+        ensured.done.push("dropped the old search column".into());
+    }
+    if spec.search.is_empty() || built {
+        return Ok(());
+    }
+    tx.batch_execute(&format!(
+        "ALTER TABLE {t} ADD COLUMN search tsvector GENERATED ALWAYS AS ({}) STORED;
+         CREATE INDEX IF NOT EXISTS {} ON {t} USING gin (search);
+         COMMENT ON COLUMN {t}.search IS {}",
+        search_expr(spec.search),
+        spec.index("search"),
+        literal(&wanted)
+    ))
+    .await
+    .map_err(q)?;
+    ensured
+        .done
+        .push(format!("added the search column over {:?}", spec.search));
+    Ok(())
+}
+
+/// What [`check_tables`] found for one sink.
+pub enum TableState {
+    /// It matches (or was made to).
+    Ready {
+        /// What was done to it.
+        done: Vec<String>,
+    },
+    /// It will be created at the first page (`check` creates nothing).
+    Missing,
+    /// The server does not answer now: checked when it does.
+    Unreachable(String),
+}
+
+/// `check` (`create = false`: looks only) and `run` at start (`create`:
+/// makes each table what its sink writes): every postgres sink's table.
+/// A password that cannot be read, a login refused, a table of other
+/// columns are errors at the sink's `url` (exit 78); a server that does not
+/// answer is reported, and checked when the first page is written.
+pub async fn check_tables(
+    config: &Config,
+    create: bool,
+) -> Result<Vec<(String, TableState)>, ConfigErrors> {
+    let mut seen = HashSet::new();
+    let mut found = Vec::new();
+    let mut errors: Vec<ConfigError> = Vec::new();
+    for job in config
+        .jobs
+        .values()
+        .filter(|j| j.sink.kind == SinkKind::Postgres)
+    {
+        let Some(spec) = TableSpec::of(job) else {
+            continue;
+        };
+        if !seen.insert(spec.ready_key()) {
+            continue;
+        }
+        let what = format!(
+            "job {}: table {} at {}",
+            job.name,
+            spec.sink.table_name(),
+            spec.sink.target
+        );
+        match check_table(&spec, create).await {
+            Ok(state) => found.push((what, state)),
+            Err(e) if e.is_unreachable() => found.push((what, TableState::Unreachable(e.detail()))),
+            Err(e) => errors.push(job.sink.at.error(e.to_string())),
+        }
+    }
+    if errors.is_empty() {
+        Ok(found)
+    } else {
+        Err(ConfigErrors(errors))
+    }
+}
+
+async fn check_table(spec: &TableSpec<'_>, create: bool) -> Result<TableState, PgError> {
+    let target = &spec.sink.target;
+    let mut conn = pg::connect(target).await?;
+    if create {
+        return Ok(TableState::Ready {
+            done: ensure(&mut conn, spec).await?.done,
+        });
+    }
+    let q = |e: tokio_postgres::Error| PgError::query(target, &e);
+    let Some(cols) = columns(&conn, &spec.table()).await.map_err(q)? else {
+        return Ok(TableState::Missing);
+    };
+    mismatch(spec, &cols)?;
+    Ok(TableState::Ready { done: Vec::new() })
+}
+
+/// Whether `c` is the `search` column this sink made (generated, marked).
+fn is_our_search(c: &Column) -> bool {
+    c.name == "search"
+        && c.generated
+        && c.comment
+            .as_deref()
+            .is_some_and(|m| m.starts_with(SEARCH_MARK))
+}
+
+/// The error for a table this sink cannot write, if `cols` make one.
+fn mismatch(spec: &TableSpec<'_>, cols: &[Column]) -> Result<(), PgError> {
+    let mut diff = differences(cols);
+    let theirs = cols.iter().any(|c| c.name == "search" && !is_our_search(c));
+    if theirs && !spec.search.is_empty() {
+        diff.push("has a column search of its own, where this sink's search = [...] puts its generated tsvector".into());
+    }
+    if diff.is_empty() {
+        return Ok(());
+    }
+    Err(PgError::Schema {
+        target: spec.sink.target.url.clone(),
+        table: spec.sink.table_name(),
+        why: format!(
+            "{}: use another table (table = \"...\"), or make this one match (docs/jobs.md, \"The PostgreSQL layout\")",
+            diff.join("; ")
+        ),
+    })
+}
+
+/// Full-text search over `job`'s postgres table: the best `limit` rows
+/// whose `search` column matches `query` (`websearch_to_tsquery`: words,
+/// "quoted phrases", `or`, `-word`), best first (`ts_rank`, negated so that
+/// lower is better, as SQLite's bm25), with a snippet of the matching text
+/// (matches in `[...]`).
+pub async fn find(job: &Job, query: &str, limit: usize) -> Result<Vec<Hit>, SinkError> {
+    let Some(spec) = TableSpec::of(job) else {
+        return Ok(Vec::new());
+    };
+    let target = &spec.sink.target;
+    let pg_err = |e: PgError| SinkError::Postgres(Box::new(e));
+    let q = |e: tokio_postgres::Error| pg_err(PgError::query(target, &e));
+    let conn = pg::connect(target).await.map_err(pg_err)?;
+    let t = spec.table();
+    let has_search = columns(&conn, &t)
+        .await
+        .map_err(q)?
+        .is_some_and(|cols| cols.iter().any(|c| c.name == "search"));
+    if !has_search {
+        return Err(SinkError::NoIndex {
+            path: std::path::PathBuf::from(format!("{} table {}", target, spec.sink.table_name())),
+            job: job.name.clone(),
+        });
+    }
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let rows = conn
+        .query(
+            &format!(
+                "SELECT item, key, fetched_at, record::text, ts_rank(search, q) AS rank
+                 FROM {t}, websearch_to_tsquery('{TS_CONFIG}', $1) AS q
+                 WHERE search @@ q ORDER BY rank DESC, fetched_at DESC LIMIT $2"
+            ),
+            &[&query, &limit],
+        )
+        .await
+        .map_err(q)?;
+    let mut hits = Vec::new();
+    let mut texts = Vec::new();
+    for r in &rows {
+        let item: String = r.get(0);
+        let record: String = r.get(3);
+        let fetched_at: DateTime<Utc> = r.get(2);
+        let rank: f32 = r.get(4);
+        let (Ok(item), Ok(record)) = (
+            serde_json::from_str::<Value>(&item),
+            serde_json::from_str::<Value>(&record),
+        ) else {
+            tracing::warn!(table = %spec.sink.table_name(), "stored record or item is not JSON");
+            continue;
+        };
+        texts.push(super::sqlite::search_text(&record, spec.search));
+        hits.push(Hit {
+            item,
+            key: r.get(1),
+            fetched_at: fetched_at.to_rfc3339_opts(SecondsFormat::Millis, true),
+            snippet: String::new(),
+            record,
+            rank: -f64::from(rank),
+        });
+    }
+    if !hits.is_empty() {
+        let snippets = conn
+            .query(
+                &format!(
+                    "SELECT ts_headline('{TS_CONFIG}', t, websearch_to_tsquery('{TS_CONFIG}', $1),
+                       'StartSel=[, StopSel=], MaxWords=20, MinWords=6, MaxFragments=2, FragmentDelimiter=\" … \"')
+                     FROM unnest($2::text[]) WITH ORDINALITY AS u(t, n) ORDER BY n"
+                ),
+                &[&query, &texts],
+            )
+            .await
+            .map_err(q)?;
+        for (hit, row) in hits.iter_mut().zip(&snippets) {
+            hit.snippet = row.get(0);
+        }
+    }
+    Ok(hits)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn col(name: &str, ty: &str) -> Column {
+        Column {
+            name: name.into(),
+            type_name: ty.into(),
+            not_null: false,
+            has_default: false,
+            generated: false,
+            comment: None,
+        }
+    }
+
+    #[test]
+    fn a_table_of_other_columns_says_what_differs() {
+        let ours: Vec<Column> = COLUMNS.iter().map(|(n, t)| col(n, t)).collect();
+        assert!(differences(&ours).is_empty());
+        let mut extra = ours.clone();
+        extra.push(col("note", "text"));
+        assert!(
+            differences(&extra).is_empty(),
+            "a nullable extra column is fine"
+        );
+        extra.push(Column {
+            not_null: true,
+            ..col("owner", "text")
+        });
+        assert_eq!(
+            differences(&extra),
+            ["has column owner NOT NULL without a default, which rows of this sink cannot fill"]
+        );
+        let other = vec![
+            col("id", "integer"),
+            col("record", "text"),
+            col("item", "text"),
+        ];
+        assert_eq!(
+            differences(&other),
+            [
+                "has no column key (text)",
+                "has no column page_id (text)",
+                "has no column fetched_at (timestamp with time zone)",
+                "has column record of type text, not jsonb",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_page_keeps_the_last_record_of_each_key() {
+        let rows = vec![
+            (Some("a".into()), "1".into()),
+            (None, "2".into()),
+            (Some("b".into()), "3".into()),
+            (Some("a".into()), "4".into()),
+            (None, "5".into()),
+        ];
+        let p = page_rows("{}".into(), "p".into(), Utc::now(), true, rows.clone());
+        assert_eq!(p.records, ["2", "3", "4", "5"]);
+        assert_eq!(p.keys, [None, Some("b".into()), Some("a".into()), None]);
+        let p = page_rows("{}".into(), "p".into(), Utc::now(), false, rows);
+        assert_eq!(p.records.len(), 5);
+    }
+
+    #[test]
+    fn the_search_expression_reads_each_pointer() {
+        assert_eq!(
+            search_expr(&["/snippet/title".into(), "/a~1b/0".into()]),
+            "jsonb_to_tsvector('simple'::regconfig, coalesce(record #> ARRAY['snippet', 'title']::text[], 'null'::jsonb), '[\"string\"]'::jsonb) || \
+             jsonb_to_tsvector('simple'::regconfig, coalesce(record #> ARRAY['a/b', '0']::text[], 'null'::jsonb), '[\"string\"]'::jsonb)"
+        );
+    }
+
+    #[test]
+    fn page_ids_name_job_tick_page_and_item() {
+        assert_eq!(
+            page_id("trending", 1_700_000_000_000, 3, r#"{"region":"US"}"#),
+            r#"trending:1700000000000:3:{"region":"US"}"#
+        );
+    }
+}
