@@ -63,6 +63,11 @@
 //!   API on loopback, for `demo`, the integration tests and the benchmarks;
 //!   the daemon never imports it.
 //! - [`cli`]: one file per command; `main.rs` only parses and dispatches.
+//!
+//! A module with modules of its own is a folder whose `mod.rs` is its
+//! root (`quota/mod.rs`, `sink/mod.rs`), never `sink.rs` beside `sink/`:
+//! most of the tree was already so, and a folder then holds all of its
+//! module.
 #![warn(missing_docs, unreachable_pub)]
 #![deny(clippy::await_holding_lock)]
 

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use quota_worker::cli::{self, Exit};
-use quota_worker::config::{LogFormat, Reserve};
+use quota_worker::config::{Config, LogFormat, Reserve};
 
 /// Spend weighted quota units from shared sliding windows in Redis before
 /// every request to a metered API.
@@ -155,43 +155,45 @@ fn main() -> ExitCode {
             return Exit::Software.into();
         }
     };
-    let code = runtime.block_on(async {
-        match args.command {
-            Command::Check => cli::check::run(&config, chrono::Utc::now()).await,
-            Command::Spend {
-                endpoint,
-                cost,
-                reserve,
-                json,
-            } => cli::spend::run(&config, &endpoint, cost, reserve, json).await,
-            Command::Quota { credential, json } => {
-                cli::quota::run(&config, credential.as_deref(), json).await
-            }
-            Command::Keys {
-                endpoint: Some(endpoint),
-                cost,
-                reserve,
-                ..
-            } => cli::keys::run(&config, &endpoint, cost, reserve),
-            Command::Keys { .. } => cli::keys::print_script(),
-            Command::Search {
-                job,
-                query,
-                limit,
-                json,
-            } => cli::search::run(&config, &job, &query, limit, json).await,
-            Command::Run => cli::run::run(config).await,
-            Command::Trigger { job, wait } => cli::trigger::run(&config, &job, wait).await,
-            Command::Demo { for_, out } => {
-                let out = out.unwrap_or_else(|| {
-                    std::env::temp_dir().join(format!(
-                        "quota-worker-demo-{}",
-                        chrono::Utc::now().format("%Y%m%d-%H%M%S")
-                    ))
-                });
-                cli::demo::run(config, for_, &out).await
-            }
+    runtime.block_on(dispatch(args.command, config)).into()
+}
+
+/// Runs `command` on `config`; its exit code.
+async fn dispatch(command: Command, config: Config) -> Exit {
+    match command {
+        Command::Check => cli::check::run(&config, chrono::Utc::now()).await,
+        Command::Spend {
+            endpoint,
+            cost,
+            reserve,
+            json,
+        } => cli::spend::run(&config, &endpoint, cost, reserve, json).await,
+        Command::Quota { credential, json } => {
+            cli::quota::run(&config, credential.as_deref(), json).await
         }
-    });
-    code.into()
+        Command::Keys {
+            endpoint: Some(endpoint),
+            cost,
+            reserve,
+            ..
+        } => cli::keys::run(&config, &endpoint, cost, reserve),
+        Command::Keys { .. } => cli::keys::print_script(),
+        Command::Search {
+            job,
+            query,
+            limit,
+            json,
+        } => cli::search::run(&config, &job, &query, limit, json).await,
+        Command::Run => cli::run::run(config).await,
+        Command::Trigger { job, wait } => cli::trigger::run(&config, &job, wait).await,
+        Command::Demo { for_, out } => {
+            let out = out.unwrap_or_else(|| {
+                std::env::temp_dir().join(format!(
+                    "quota-worker-demo-{}",
+                    chrono::Utc::now().format("%Y%m%d-%H%M%S")
+                ))
+            });
+            cli::demo::run(config, for_, &out).await
+        }
+    }
 }

@@ -43,8 +43,21 @@ pub async fn run(
         Ok(d) => d,
         Err(e) => return super::quota_error(config, &e),
     };
+    report(config, name, endpoint, cost, &id, &decision, as_json)
+}
+
+/// Prints `decision` (text or JSON) and returns its exit code.
+fn report(
+    config: &Config,
+    name: &str,
+    endpoint: &str,
+    cost: u64,
+    id: &str,
+    decision: &Decision,
+    as_json: bool,
+) -> Exit {
     let windows = config.windows_of(&config.endpoints[endpoint]);
-    match &decision {
+    match decision {
         Decision::Allowed { remaining } => {
             if as_json {
                 println!(

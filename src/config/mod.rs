@@ -604,6 +604,12 @@ impl Job {
     }
 }
 
+/// One fan-out item: placeholder name → value (`[("region", "US")]`), a
+/// `fan_out_from` row's columns first. A task carries one
+/// (`queue::TaskArgs::item`); it fills the job's request and sink
+/// templates.
+pub type Item = Vec<(String, String)>;
+
 /// `[job.fan_out_from]`: where a job's items come from at every tick.
 #[derive(Debug, Clone)]
 pub struct FanOutFrom {

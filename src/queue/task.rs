@@ -5,6 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::Item;
+
 use super::scripts::rotate::Rotation;
 
 /// Why a task was queued.
@@ -74,7 +76,7 @@ pub struct TaskArgs {
     /// The item's index in the fan-out.
     pub index: u64,
     /// The item: fan-out key/value pairs.
-    pub item: Vec<(String, String)>,
+    pub item: Item,
     /// Why this copy was queued.
     pub origin: Origin,
     /// Whether it continues its tick's interrupted run (retry, deferral): it
@@ -99,13 +101,7 @@ impl TaskArgs {
     }
 
     /// The first task of `item` at `tick`.
-    pub fn first(
-        job: &str,
-        tick: i64,
-        index: u64,
-        item: Vec<(String, String)>,
-        origin: Origin,
-    ) -> Self {
+    pub fn first(job: &str, tick: i64, index: u64, item: Item, origin: Origin) -> Self {
         let id = format!("{job}:{tick}:{index}");
         TaskArgs {
             root: id.clone(),
@@ -132,7 +128,7 @@ impl TaskArgs {
         rotation: Rotation,
         total: u64,
         index: u64,
-        item: Vec<(String, String)>,
+        item: Item,
     ) -> Self {
         let width = total.saturating_sub(1).max(1).ilog10() as usize + 1;
         let position = rotation.position_of(index, total);

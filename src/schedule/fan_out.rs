@@ -9,15 +9,12 @@
 
 use std::time::Duration;
 
-use crate::config::Job;
+use crate::config::{Item, Job};
 use crate::queue::{
     Chunk, FAN_OUT_CHUNK, Origin, Queue, QueueError, Rotation, TaskArgs, TickFanOut,
 };
 
 use super::source::{self, Refused, Rows, SourceError};
-
-/// One item: placeholder name → value, the row's columns first.
-pub type Item = Vec<(String, String)>;
 
 /// The items of one tick of a job.
 #[derive(Debug)]

@@ -24,7 +24,7 @@ use crate::config::{Config, Job, Window, WindowKind};
 
 pub(crate) use fairness::share;
 pub use fairness::{STARVED_CAP, StarvedItems, starved_items};
-pub use fan_out::{FanOutCause, FanOutError, Fanned, Item, TickItems, queue_tick, tick_tasks};
+pub use fan_out::{FanOutCause, FanOutError, Fanned, TickItems, queue_tick, tick_tasks};
 pub(crate) use scheduler::Scheduler;
 
 /// The next `n` fire times of `job` after `after`.

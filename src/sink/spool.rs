@@ -38,7 +38,8 @@ use indexmap::IndexMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{Item, PageRef, SinkError, Sinks, blocking, lock, sanitize};
+use super::{PageRef, SinkError, Sinks, blocking, lock, sanitize};
+use crate::config::Item;
 use crate::config::Job;
 
 /// The retry loop's first wait, and its longest.

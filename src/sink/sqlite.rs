@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionBehavior, params};
 use serde_json::Value;
 
-use super::{Item, SinkError, lock};
+use super::{SinkError, lock};
+use crate::config::Item;
 
 /// How long a SQLite write waits for another connection's transaction
 /// before the page is spooled instead (see `spool`).

@@ -146,6 +146,11 @@ pub(crate) enum TaskError {
     /// The queue failed.
     #[error(transparent)]
     Queue(#[from] QueueError),
+    /// The item's state (its checkpoint, page 1's validators) did not
+    /// encode as JSON: a bug, not the data (its fields are strings and
+    /// numbers). Not a task payload, so not [`QueueError::Payload`].
+    #[error("cannot encode the item's state: {0}")]
+    State(#[source] serde_json::Error),
 }
 
 /// Runs of one task that did nothing: a duplicate delivery, or a busy item.

@@ -23,7 +23,7 @@ use crate::config::{Job, Secret};
 use crate::fetch::{Answered, BuildError, Fetcher, PageAt, Placeholders, Request};
 use crate::outcome::{Outcome, OutcomeKind};
 use crate::paging::{Stored, Validators};
-use crate::queue::{Origin, QueueError, TaskArgs};
+use crate::queue::{Origin, TaskArgs};
 use crate::sink::PageRef;
 use crate::stats::Stats;
 
@@ -487,7 +487,7 @@ impl Worker {
         if run.payer.endpoint.conditional {
             match &p.held {
                 Some(v) => {
-                    let json = serde_json::to_string(v).map_err(QueueError::from)?;
+                    let json = serde_json::to_string(v).map_err(TaskError::State)?;
                     pipe.set_ex(&run.validators_key, json, ttl).ignore()
                 }
                 None => pipe.del(&run.validators_key).ignore(),
@@ -510,7 +510,7 @@ impl Worker {
             validators: p.held.clone(),
             run: Some(p.run),
         };
-        let json = serde_json::to_string(&cp).map_err(QueueError::from)?;
+        let json = serde_json::to_string(&cp).map_err(TaskError::State)?;
         self.conn
             .clone()
             .set_ex::<_, _, ()>(&run.cursor_key, json, CHECKPOINT_TTL.as_secs())

@@ -9,8 +9,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
+use quota_worker::config::Item;
 use quota_worker::config::{Config, Job};
-use quota_worker::sink::{self, Item, PageRef, SinkError, Sinks};
+use quota_worker::sink::{self, PageRef, SinkError, Sinks};
 use serde_json::{Value, json};
 
 use crate::support::{

@@ -9,8 +9,9 @@
 
 use crate::support::{self, TestConfig};
 use chrono::{DateTime, TimeZone, Utc};
+use quota_worker::config::Item;
 use quota_worker::config::{Config, Job};
-use quota_worker::sink::{Item, PageRef, Sinks};
+use quota_worker::sink::{PageRef, Sinks};
 use serde_json::{Value, json};
 
 /// Which page a direct write is: these tests are about the file or table,

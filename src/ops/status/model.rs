@@ -12,11 +12,11 @@ use serde::Serialize;
 
 use super::super::{OpsState, bounded, peek_all};
 use super::read;
-use crate::config::{Job, WindowKind};
+use crate::config::{Job, Scope, WindowKind};
 use crate::outcome::{DEFERRED, OutcomeKind, RETRYING};
 use crate::queue::scripts::finish::{LastError, TickRecord};
-use crate::quota::WindowUsage;
 use crate::quota::{BlockNote, ring};
+use crate::quota::{CredentialUsage, WindowUsage};
 
 /// Slots in the last hour of the spend history.
 const HOUR_SLOTS: usize = 12;
@@ -242,7 +242,6 @@ fn starved_list(s: crate::schedule::StarvedItems) -> Option<Vec<Starved>> {
 /// could not be read is shown as such (`redis_up` false).
 pub(crate) async fn gather(s: &OpsState) -> Status {
     let keys = s.queue.keys();
-    let quotas = s.limiter.quotas();
     let conn = s.queue.connection();
     let jobs: Vec<&Job> = s.config.jobs.values().collect();
     let (usages, depth, records) = tokio::join!(
@@ -269,16 +268,7 @@ pub(crate) async fn gather(s: &OpsState) -> Status {
     // Redis (`ig[account=123]`), whose history and block reasons are
     // recorded on the tenant's name, so they are read after the windows.
     let names: Vec<String> = usages.iter().map(|(n, _)| n.clone()).collect();
-    let mut rings: Vec<String> = Vec::new();
-    for name in &names {
-        if let Ok(plan) = quotas.plan_for(name) {
-            for r in &plan.rings {
-                if !rings.contains(r) {
-                    rings.push(r.clone());
-                }
-            }
-        }
-    }
+    let rings = rings_of(s, &names);
     let (spent, reasons) = tokio::join!(
         bounded("status page: the spend history", async {
             read::read_rings(s.limiter.conn(), &rings).await
@@ -290,7 +280,7 @@ pub(crate) async fn gather(s: &OpsState) -> Status {
     let mut redis_up = spent.is_some() && reasons.is_some() && depth.is_some();
     let (now_ms, spent) = spent.unwrap_or_else(|| (Utc::now().timestamp_millis(), Vec::new()));
     let reasons = reasons.unwrap_or_default();
-    let ring_of = |name: &str, scope: &crate::config::Scope| -> Vec<u64> {
+    let ring_of = |name: &str, scope: &Scope| -> Vec<u64> {
         let key = keys.spent(name, scope);
         rings
             .iter()
@@ -300,39 +290,10 @@ pub(crate) async fn gather(s: &OpsState) -> Status {
     };
     let mut credentials = Vec::with_capacity(usages.len());
     for (i, (name, usage)) in usages.into_iter().enumerate() {
-        let Some(u) = usage else {
-            redis_up = false;
-            credentials.push(CredentialStatus {
-                name,
-                readable: false,
-                block: None,
-                windows: Vec::new(),
-            });
-            continue;
-        };
-        let block = (!u.blocked_for.is_zero()).then(|| {
-            let reason: Option<BlockNote> = reasons.get(i).cloned().flatten();
-            Block {
-                blocked_for_ms: u.blocked_for.as_millis() as u64,
-                until: rfc3339_ms(now_ms + u.blocked_for.as_millis() as i64),
-                kind: u
-                    .blocked_reason
-                    .map(|k| k.as_str().to_owned())
-                    .or_else(|| reason.as_ref().and_then(|r| r.kind.clone())),
-                reason,
-            }
-        });
-        let windows = u
-            .windows
-            .iter()
-            .map(|w| window(w, ring_of(&name, &w.scope), now_ms))
-            .collect();
-        credentials.push(CredentialStatus {
-            name,
-            readable: true,
-            block,
-            windows,
-        });
+        let note = reasons.get(i).cloned().flatten();
+        let c = credential(name, usage, note, &ring_of, now_ms);
+        redis_up &= c.readable;
+        credentials.push(c);
     }
     let jobs = jobs
         .iter()
@@ -357,6 +318,58 @@ pub(crate) async fn gather(s: &OpsState) -> Status {
         }),
         credentials,
         jobs,
+    }
+}
+
+/// The spend history's rings of `credentials`, each once (the rings of a
+/// credential's scopes; endpoints of one scope share them).
+fn rings_of(s: &OpsState, credentials: &[String]) -> Vec<String> {
+    let mut rings: Vec<String> = Vec::new();
+    for name in credentials {
+        if let Ok(plan) = s.limiter.quotas().plan_for(name) {
+            for r in &plan.rings {
+                if !rings.contains(r) {
+                    rings.push(r.clone());
+                }
+            }
+        }
+    }
+    rings
+}
+
+/// One credential as read (`usage`: `None` when its windows could not be
+/// read), with the note on its block and each window's spend history
+/// (`ring_of`).
+fn credential(
+    name: String,
+    usage: Option<CredentialUsage>,
+    note: Option<BlockNote>,
+    ring_of: &dyn Fn(&str, &Scope) -> Vec<u64>,
+    now_ms: i64,
+) -> CredentialStatus {
+    let Some(u) = usage else {
+        return CredentialStatus {
+            name,
+            readable: false,
+            block: None,
+            windows: Vec::new(),
+        };
+    };
+    let block = (!u.blocked_for.is_zero()).then(|| Block {
+        blocked_for_ms: u.blocked_for.as_millis() as u64,
+        until: rfc3339_ms(now_ms + u.blocked_for.as_millis() as i64),
+        kind: (u.blocked_reason.map(|k| k.as_str().to_owned()))
+            .or_else(|| note.as_ref().and_then(|r| r.kind.clone())),
+        reason: note,
+    });
+    let windows = (u.windows.iter())
+        .map(|w| window(w, ring_of(&name, &w.scope), now_ms))
+        .collect();
+    CredentialStatus {
+        name,
+        readable: true,
+        block,
+        windows,
     }
 }
 

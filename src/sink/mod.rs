@@ -78,7 +78,7 @@ use chrono::{DateTime, NaiveDate, SecondsFormat, Utc};
 use serde::{Serialize, Serializer};
 use serde_json::Value;
 
-use crate::config::{Config, ConfigError, ConfigErrors, Job, SinkKind, Template};
+use crate::config::{Config, ConfigError, ConfigErrors, Item, Job, SinkKind, Template};
 use crate::pg::PgError;
 pub use postgres::{TableState, check_tables, find as find_postgres};
 pub use sqlite::{Hit, find};
@@ -93,10 +93,6 @@ pub struct PageRef {
     /// The page number in the run (1 = first).
     pub page: u32,
 }
-
-/// One fan-out item: the fan-out key/value pairs of a task, e.g.
-/// `[("region", "US")]`.
-pub type Item = Vec<(String, String)>;
 
 /// Why a page could not be written.
 #[derive(Debug, thiserror::Error)]
