@@ -15,7 +15,7 @@
 use crate::config::{Scope, Window, WindowKind};
 
 /// `s` as a literal in a SCAN pattern.
-pub(crate) fn glob_literal(s: &str) -> String {
+pub fn glob_literal(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         if matches!(c, '*' | '?' | '[' | ']' | '\\') {

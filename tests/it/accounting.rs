@@ -145,11 +145,12 @@ impl Rig {
     /// cannot wait a minute); its reasons go with it, as they would (the
     /// streak stays: it outlives the block by an hour).
     pub(crate) fn end_block(&self) {
+        let keys = crate::support::keys::keys();
         let () = self.redis.cmd(&[
             "DEL",
-            &format!("qw:{{{CRED}}}:blocked"),
-            &format!("qw:{{{CRED}}}:blocked:kind"),
-            &format!("qw:{{{CRED}}}:blocked:why"),
+            &keys.blocked(CRED),
+            &keys.block_kind(CRED),
+            &keys.block_reason(CRED),
         ]);
     }
 

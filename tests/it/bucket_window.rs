@@ -49,7 +49,9 @@ async fn a_bucket_admits_its_burst_then_refills_at_its_rate_with_exact_retry_aft
     let _machine = machine::timing();
     let server = RedisServer::start();
     let cfg = TestConfig::new(CONFIG, &[]);
-    let limiter = support::limiter(&server, &Config::load(&cfg.path()).expect("config")).await;
+    let config = Config::load(&cfg.path()).expect("config");
+    let limiter = support::limiter(&server, &config).await;
+    let bucket = support::keys::window(&config, "shop", None, 0);
 
     // The burst: 10 units at once. The level drains from the first spend on
     // (its time is in the bucket's id log).
@@ -60,8 +62,8 @@ async fn a_bucket_admits_its_burst_then_refills_at_its_rate_with_exact_retry_aft
             .expect("spend");
         assert!(d.is_allowed(), "spend {i} of the burst: {d:?}");
     }
-    let start = support::seed::spend_time_us(&server, "qw:{shop}:cred:b1000", "burst-0")
-        .expect("the first spend's time");
+    let start =
+        support::seed::spend_time_us(&server, &bucket, "burst-0").expect("the first spend's time");
     let ms_since = |t: i64| (t - start) / 1000;
     let before = server.time_us();
     let r = support::rejected(limiter.spend("gql", None, "x1").await.expect("spend"));
@@ -125,7 +127,12 @@ async fn a_bucket_and_a_sliding_window_admit_all_or_nothing() {
     let _machine = machine::timing();
     let server = RedisServer::start();
     let cfg = TestConfig::new(CONFIG, &[]);
-    let limiter = support::limiter(&server, &Config::load(&cfg.path()).expect("config")).await;
+    let config = Config::load(&cfg.path()).expect("config");
+    let limiter = support::limiter(&server, &config).await;
+    let (bucket, hourly) = (
+        support::keys::window(&config, "both", None, 0),
+        support::keys::window(&config, "both", None, 1),
+    );
     let used = || async {
         let u = limiter.peek("both").await.expect("peek");
         u.windows.iter().map(|w| w.used).collect::<Vec<_>>()
@@ -143,8 +150,8 @@ async fn a_bucket_and_a_sliding_window_admit_all_or_nothing() {
     assert_eq!(r.by, RejectedBy::Window(1), "the bucket");
     // The bucket drains a unit every 100 ms meanwhile, so its level is read
     // with that slack; that no window recorded b is exact.
-    let in_bucket = |id: &str| support::seed::spend_time_us(&server, "qw:{both}:cred:b1000", id);
-    let in_hourly = |id: &str| support::seed::spend_time_us(&server, "qw:{both}:cred:s3600000", id);
+    let in_bucket = |id: &str| support::seed::spend_time_us(&server, &bucket, id);
+    let in_hourly = |id: &str| support::seed::spend_time_us(&server, &hourly, id);
     assert!(in_bucket("a").is_some() && in_hourly("a").is_some());
     assert_eq!((in_bucket("b"), in_hourly("b")), (None, None));
     let u = used().await;

@@ -23,6 +23,7 @@ use quota_worker::quota::{Decision, Limiter, QuotaError, request_id, script};
 
 use crate::support::cluster::{self, Cluster};
 use crate::support::http::http_get;
+use crate::support::keys as support_keys;
 use crate::support::logs::Logs;
 use crate::support::process::{Proc, run_cli};
 use crate::support::upstream::Upstream;
@@ -212,7 +213,7 @@ fn parallel_spends_from_several_processes_admit_exactly_each_limit() {
     let holding: Vec<usize> = masters
         .iter()
         .copied()
-        .filter(|&m| !cluster.nodes[m].keys("qw:*").is_empty())
+        .filter(|&m| !cluster.nodes[m].keys(&support_keys::all()).is_empty())
         .collect();
     assert!(
         holding.len() >= 2,
@@ -857,7 +858,10 @@ async fn template_tenants_spread_over_the_masters_and_each_admits_its_limit() {
     let holding: Vec<usize> = cluster
         .masters()
         .into_iter()
-        .filter(|&m| !cluster.nodes[m].keys("qw:{ig*").is_empty())
+        .filter(|&m| {
+            let tenants = support_keys::keys().tenants_pattern("ig", "account");
+            !cluster.nodes[m].keys(&tenants).is_empty()
+        })
         .collect();
     assert!(
         holding.len() >= 2,
@@ -948,7 +952,7 @@ fn readyz_goes_unready_when_the_quota_cluster_stops_and_ready_when_it_is_back() 
 fn dump(node: &RedisServer, credential: &str) -> BTreeMap<String, Vec<u8>> {
     let mut c = node.conn();
     let _: () = redis::cmd("READONLY").query(&mut c).expect("READONLY");
-    let pattern = format!("qw:{}:*", KeySpace::hash_tag(credential));
+    let pattern = support_keys::of_credential(credential);
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg(&pattern)
         .query(&mut c)

@@ -40,7 +40,8 @@ async fn a_repeated_request_id_is_admitted_and_charged_once() {
         "not charged twice"
     );
     assert_eq!(used(&limiter).await, [2, 2, 2]);
-    let n: i64 = server.cmd(&["ZCARD", "qw:{k}:cred:s3600000:v2:log"]);
+    let log = support::keys::window_log(&support::load(&cfg), "k", None, 0);
+    let n: i64 = server.cmd(&["ZCARD", &log]);
     assert_eq!(n, 1);
 
     // Fill the window with other requests: the repeat is still the request

@@ -111,7 +111,7 @@ async fn a_bucket_endpoint_spends_only_its_own_window_and_the_credentials_block_
     let keys = cfg.run_on(&redis, &["keys", "upload"]);
     assert_eq!(keys.status.code(), Some(0), "{}", support::stderr(&keys));
     let keys = support::json(&keys);
-    assert_eq!(keys["keys"][0], "qw:{yt}:blocked");
+    assert_eq!(keys["keys"][0], support::keys::keys().blocked("yt"));
     assert_eq!(keys["args"][3], "0", "no reserve");
     assert_eq!(keys["args"][4], "1", "one window: its own");
     let config = Config::load(&cfg.path()).expect("config");

@@ -14,6 +14,7 @@ use quota_worker::outcome::OutcomeKind;
 use toml::Value;
 
 use crate::support::config::NEVER;
+use crate::support::keys::{any_tick, keys};
 use crate::support::pipeline::{
     Pipeline, YT_ENDPOINT, kinds, one_page_sim, quick_worker, yt, yt_endpoint,
 };
@@ -226,7 +227,7 @@ async fn rows_differing_in_one_column_are_different_items() {
     let items: BTreeSet<String> = evs.iter().map(|s| s.ev.item.clone()).collect();
     assert_eq!(items.len(), 4, "{items:?}");
     // Each item keeps its own state: its own "last run" marker in Redis.
-    let ran = p.redis.keys("qw:ran:rows:*");
+    let ran = p.redis.keys(&keys().item_ran("rows", "*"));
     assert_eq!(ran.len(), 4, "{ran:?}");
     assert_eq!(scopes(&p).len(), 4);
     p.stop().await;
@@ -667,7 +668,7 @@ fn a_bad_source_fans_out_nothing_and_the_daemon_keeps_running() {
 /// `#items` of `feed`'s tick `tick`: set once all its tasks are queued.
 fn items_queued(conn: &mut redis::Connection, tick: i64) -> Option<i64> {
     redis::cmd("HGET")
-        .arg(format!("qw:tick:feed:{tick}:outcomes"))
+        .arg(keys().tick_outcomes("feed", tick))
         .arg("#items")
         .query(conn)
         .expect("HGET")
@@ -676,7 +677,7 @@ fn items_queued(conn: &mut redis::Connection, tick: i64) -> Option<i64> {
 /// Every claimed tick of job `feed`.
 fn tick_claims(conn: &mut redis::Connection) -> Vec<i64> {
     let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("qw:tick:feed:*")
+        .arg(any_tick(|t| keys().tick_claim("feed", t)))
         .query(conn)
         .expect("KEYS");
     keys.iter()

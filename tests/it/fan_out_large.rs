@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use quota_worker::outcome::OutcomeKind;
 use quota_worker::queue::{Chunk, FAN_OUT_CHUNK, Origin, TickFanOut};
 
+use crate::support::keys::{any_tick, keys};
 use crate::support::machine;
 use crate::support::pipeline::{Pipeline, YT_ENDPOINT, kinds, one_page_sim, yt, yt_endpoint};
 use crate::support::process::{Proc, run_cli};
@@ -74,7 +75,7 @@ fn a_large_trigger_killed_part_way_is_resumed_by_running_it_again() {
     let mut progress = None;
     let killed = support::wait_until(Duration::from_secs(120), || {
         let keys: Vec<String> = redis::cmd("KEYS")
-            .arg("qw:tick:big:*:fan_out")
+            .arg(any_tick(|t| keys().tick_fan_out("big", t)))
             .query(&mut conn)
             .expect("KEYS");
         progress = keys.first().and_then(|k| hget(&mut conn, k, "next"));
@@ -83,7 +84,7 @@ fn a_large_trigger_killed_part_way_is_resumed_by_running_it_again() {
     assert!(killed, "never saw progress; {}", first.log());
     first.kill();
     let queued: u64 = redis::cmd("ZCARD")
-        .arg("qw:backlog")
+        .arg(keys().backlog())
         .query(&mut conn)
         .expect("ZCARD");
     println!(
@@ -92,12 +93,13 @@ fn a_large_trigger_killed_part_way_is_resumed_by_running_it_again() {
     );
     assert!(queued > 0 && queued < TASKS as u64, "{queued}");
     let claims: Vec<String> = redis::cmd("KEYS")
-        .arg("qw:tick:big:*")
+        .arg(any_tick(|t| keys().tick_claim("big", t)))
         .query(&mut conn)
         .expect("KEYS");
+    let of_big = any_tick(|t| keys().tick_claim("big", t)).replace('*', "");
     let tick: i64 = claims
         .iter()
-        .find_map(|k| k.strip_prefix("qw:tick:big:")?.parse().ok())
+        .find_map(|k| k.strip_prefix(&of_big)?.parse().ok())
         .expect("the claimed tick");
 
     // Run it again: it waits for the dead one's lease, then goes on.
@@ -118,12 +120,12 @@ fn a_large_trigger_killed_part_way_is_resumed_by_running_it_again() {
 
     // Exactly one tick, every task id of it once, nothing in progress.
     let claims: Vec<String> = redis::cmd("KEYS")
-        .arg("qw:tick:big:*")
+        .arg(any_tick(|t| keys().tick_claim("big", t)))
         .query(&mut conn)
         .expect("KEYS");
     let ticks: BTreeSet<&str> = claims
         .iter()
-        .filter_map(|k| k.strip_prefix("qw:tick:big:")?.split(':').next())
+        .filter_map(|k| k.strip_prefix(&of_big)?.split(':').next())
         .collect();
     assert_eq!(ticks.len(), 1, "{claims:?}");
     assert!(
@@ -131,7 +133,7 @@ fn a_large_trigger_killed_part_way_is_resumed_by_running_it_again() {
         "{claims:?}"
     );
     let ids: Vec<String> = redis::cmd("ZRANGE")
-        .arg("qw:backlog")
+        .arg(keys().backlog())
         .arg(0)
         .arg(-1)
         .query(&mut conn)
@@ -152,18 +154,18 @@ fn a_large_trigger_killed_part_way_is_resumed_by_running_it_again() {
         "a task is missing or doubled"
     );
     let data: u64 = redis::cmd("HLEN")
-        .arg("qw:backlog:data")
+        .arg(keys().backlog_data())
         .query(&mut conn)
         .expect("HLEN");
     assert_eq!(data, TASKS as u64);
     assert_eq!(
-        hget(&mut conn, &format!("qw:tick:big:{tick}:outcomes"), "#items"),
+        hget(&mut conn, &keys().tick_outcomes("big", tick), "#items"),
         Some(TASKS as u64)
     );
     // Items follow their index: row i / 2, lang i % 2 (the last list fastest).
     for i in [0usize, 1, queued as usize, TASKS - 1] {
         let payload: String = redis::cmd("HGET")
-            .arg("qw:backlog:data")
+            .arg(keys().backlog_data())
             // Ids name their position, zero-padded (docs/jobs.md
             // "Fairness"); the first tick starts at item 0.
             .arg(format!("{prefix}{i:06}"))
@@ -178,7 +180,7 @@ fn a_large_trigger_killed_part_way_is_resumed_by_running_it_again() {
         );
     }
     let fanning: u64 = redis::cmd("ZCARD")
-        .arg("qw:fanning")
+        .arg(keys().fanning())
         .query(&mut conn)
         .expect("ZCARD");
     assert_eq!(fanning, 0);
@@ -278,11 +280,11 @@ async fn a_daemon_finishes_a_tick_whose_enqueuer_died() {
     );
     let mut conn = redis_conn(&p.redis.url());
     assert_eq!(
-        hget(&mut conn, &format!("qw:tick:big:{tick}:outcomes"), "#items"),
+        hget(&mut conn, &keys().tick_outcomes("big", tick), "#items"),
         Some(N as u64)
     );
     let fanning: u64 = redis::cmd("ZCARD")
-        .arg("qw:fanning")
+        .arg(keys().fanning())
         .query(&mut conn)
         .expect("ZCARD");
     assert_eq!(fanning, 0);

@@ -23,7 +23,6 @@ use crate::support::{self, ConfigBuilder, Credential, Endpoint, RedisServer, Tes
 /// entries and a hundred eviction calls could outlast them); the seeded
 /// idle gap is twice as long.
 const K_PER_MS: u64 = 60_000;
-const K_BASE: &str = "qw:{k}:cred:s60000";
 const IDLE_GAP_US: i64 = 2 * K_PER_MS as i64 * 1000;
 
 fn config() -> TestConfig {
@@ -39,7 +38,7 @@ fn config() -> TestConfig {
 /// window, entry `i` spent at `start + i / group * step` µs.
 fn seed(
     server: &RedisServer,
-    base: &str,
+    window: &[String],
     prefix: &str,
     n: usize,
     cost: u64,
@@ -56,16 +55,16 @@ fn seed(
         group,
         per_ms,
     }
-    .write(server, base);
+    .write(server, window);
 }
 
-/// 100k entries of 1 unit into `k`'s window, all expired: spent an idle
-/// gap ago, `group` to each spend time, 1 µs apart.
-fn seed_expired(server: &RedisServer, group: usize) {
+/// 100k entries of 1 unit into `k`'s window (`window`), all expired:
+/// spent an idle gap ago, `group` to each spend time, 1 µs apart.
+fn seed_expired(server: &RedisServer, window: &[String], group: usize) {
     let idle_since = server.time_us() - IDLE_GAP_US;
     seed(
         server,
-        K_BASE,
+        window,
         "old-",
         100_000,
         1,
@@ -83,11 +82,13 @@ async fn a_wholly_expired_window_of_100k_entries_is_dropped_and_counts_right() {
     let _machine = machine::heavy();
     let server = RedisServer::start();
     let cfg = config();
-    let limiter = support::limiter(&server, &Config::load(&cfg.path()).expect("config")).await;
-    let base = K_BASE;
+    let config = Config::load(&cfg.path()).expect("config");
+    let limiter = support::limiter(&server, &config).await;
+    let window = support::keys::window(&config, "k", None, 0);
+    let log = &window[1];
 
-    seed_expired(&server, 1);
-    assert_eq!(zcard(&server, &format!("{base}:v2:log")), 100_000);
+    seed_expired(&server, &window, 1);
+    assert_eq!(zcard(&server, log), 100_000);
 
     let d = limiter
         .spend("k", None, "after-the-gap")
@@ -96,8 +97,8 @@ async fn a_wholly_expired_window_of_100k_entries_is_dropped_and_counts_right() {
     assert_eq!(d, Decision::Allowed { remaining: 199_999 });
     let w = &limiter.peek("k").await.expect("peek").windows[0];
     assert_eq!((w.used, w.remaining), (1, 199_999));
-    assert_eq!(zcard(&server, &format!("{base}:v2:log")), 1);
-    assert_eq!(stream_len(&server, base), 1, "only the new entry");
+    assert_eq!(zcard(&server, log), 1);
+    assert_eq!(stream_len(&server, &window), 1, "only the new entry");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -105,20 +106,21 @@ async fn partly_expired_100k_entries_are_evicted_and_count_right() {
     let _machine = machine::heavy();
     let server = RedisServer::start();
     let cfg = config();
-    let limiter = support::limiter(&server, &Config::load(&cfg.path()).expect("config")).await;
-    let base = K_BASE;
-    let log = format!("{base}:v2:log");
+    let config = Config::load(&cfg.path()).expect("config");
+    let limiter = support::limiter(&server, &config).await;
+    let window = support::keys::window(&config, "k", None, 0);
+    let log = window[1].clone();
 
     // 100k expired entries, a hundred to each spend time, then three live
     // ones of 5 units, then a real spend of 4 (entries are kept in the order
     // they were spent).
-    seed_expired(&server, 100);
+    seed_expired(&server, &window, 100);
     let now = server.time_us();
     let live_at = now - 300_000;
     // Every count below assumes the live entries are still live: they are
     // until then (checked at the end).
     let live_until = live_at + K_PER_MS as i64 * 1000;
-    seed(&server, base, "live-", 3, 5, (live_at, 0, 1), K_PER_MS);
+    seed(&server, &window, "live-", 3, 5, (live_at, 0, 1), K_PER_MS);
     let d = limiter.spend("k", Some(4), "real").await.expect("spend");
     assert_eq!(
         d,
@@ -127,7 +129,7 @@ async fn partly_expired_100k_entries_are_evicted_and_count_right() {
         },
         "the seeded entries expired while the spend ran"
     );
-    let real = spend_time_us(&server, base, "real").expect("recorded");
+    let real = spend_time_us(&server, &window, "real").expect("recorded");
     let after = server.time_us();
     assert!(
         (now..=after).contains(&real),
@@ -147,7 +149,7 @@ async fn partly_expired_100k_entries_are_evicted_and_count_right() {
     );
     let w = &limiter.peek("k").await.expect("peek").windows[0];
     assert_eq!(w.used, 4 + 15 + 2);
-    assert_eq!(stream_len(&server, base), 5, "five live entries");
+    assert_eq!(stream_len(&server, &window), 5, "five live entries");
 
     // The expired ids leave the log a slice per call, never all at once.
     let left = zcard(&server, &log);
@@ -179,8 +181,9 @@ async fn a_window_of_200k_live_entries_answers_exactly() {
     let _machine = machine::heavy();
     let server = RedisServer::start();
     let cfg = config();
-    let limiter = support::limiter(&server, &Config::load(&cfg.path()).expect("config")).await;
-    let base = "qw:{big}:cred:s3600000";
+    let config = Config::load(&cfg.path()).expect("config");
+    let limiter = support::limiter(&server, &config).await;
+    let window = support::keys::window(&config, "big", None, 0);
     let per = 3_600_000_000i64;
 
     // ~200k entries of 5 units, 5 ms apart, the oldest 30 minutes old:
@@ -190,7 +193,7 @@ async fn a_window_of_200k_live_entries_answers_exactly() {
     let at = |i: usize| oldest + i as i64 * 5_000;
     seed(
         &server,
-        base,
+        &window,
         "e-",
         199_990,
         5,
@@ -220,7 +223,7 @@ async fn a_window_of_200k_live_entries_answers_exactly() {
         );
     }
     assert_eq!(
-        zcard(&server, &format!("{base}:v2:log")),
+        zcard(&server, &window[1]),
         199_991,
         "rejections record nothing"
     );

@@ -7,9 +7,10 @@
 
 use std::time::{Duration, Instant};
 
-use quota_worker::config::Config;
+use quota_worker::config::{Config, Scope};
 use quota_worker::quota::request_id;
 
+use crate::support::keys;
 use crate::support::machine;
 use crate::support::{self, ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window};
 
@@ -21,12 +22,14 @@ fn config() -> TestConfig {
 }
 
 /// The spend history's ring: written by every spend, kept 24 h 5 min.
-const RING: &str = "qw:{c}:spent:cred";
+fn ring() -> String {
+    keys::keys().spent("c", &Scope::Credential)
+}
 
 /// Every key but the history's ring, with its PTTL.
 fn pttls(server: &RedisServer) -> Vec<(String, i64)> {
-    let mut keys = server.keys("qw:*");
-    keys.retain(|k| k != RING);
+    let mut keys = server.keys(&format!("{}:*", keys::PREFIX));
+    keys.retain(|k| *k != ring());
     keys.sort();
     keys.into_iter()
         .map(|k| {
@@ -62,7 +65,7 @@ async fn keys_outlive_their_newest_entry_by_a_window_then_expire() {
     for (k, ttl) in &first {
         assert!((6_900..=7_500).contains(ttl), "{k}: {ttl} ms");
     }
-    let ring_ttl: i64 = server.cmd(&["PTTL", RING]);
+    let ring_ttl: i64 = server.cmd(&["PTTL", &ring()]);
     assert!(
         (86_000_000..=86_700_000).contains(&ring_ttl),
         "the history's ring expires 24 h 5 min after its last write: {ring_ttl} ms"
@@ -115,11 +118,11 @@ async fn a_buckets_counters_live_until_its_level_has_drained() {
         .endpoint(Endpoint::new("e", "b", 1))
         .endpoint(Endpoint::new("f", "t", 1))
         .write();
-    let limiter = support::limiter(&server, &Config::load(&cfg.path()).expect("config")).await;
+    let config = Config::load(&cfg.path()).expect("config");
+    let limiter = support::limiter(&server, &config).await;
     let meta_ttl = |cred: &str| -> i64 {
-        let keys = server.keys(&format!("qw:{{{cred}}}:*:meta"));
-        assert_eq!(keys.len(), 1, "{keys:?}");
-        server.cmd(&["PTTL", &keys[0]])
+        let meta = &keys::window(&config, cred, None, 0)[0];
+        server.cmd(&["PTTL", meta])
     };
 
     // A spend: the keys live 750 s; a sync that fills the level (its drain

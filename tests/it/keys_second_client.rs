@@ -6,9 +6,20 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use quota_worker::config::Scope;
 use serde_json::Value;
 
 use crate::support::{self, ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window};
+
+/// The spend history's rings of `k`: its own scope's, then the endpoint
+/// `one`'s.
+fn rings() -> [String; 2] {
+    let keys = support::keys::keys();
+    [
+        keys.spent("k", &Scope::Credential),
+        keys.spent("k", &Scope::Endpoint("one".into())),
+    ]
+}
 
 fn config() -> TestConfig {
     ConfigBuilder::new()
@@ -72,12 +83,10 @@ fn python_and_cli_spend_from_the_same_windows() {
         2 + 4 + 1 + 4 + 2,
         "block, clock, then each window's (4 for a sliding window, 1 for a fixed one), then the spend history's rings (one per scope)"
     );
-    assert_eq!(
-        keys[11..],
-        ["qw:{k}:spent:cred", "qw:{k}:spent:ep:one"],
-        "{keys:?}"
-    );
-    assert!(keys.iter().all(|k| k.starts_with("qw:{k}:")), "{keys:?}");
+    assert_eq!(keys[11..], rings(), "{keys:?}");
+    let of_k = support::keys::of_credential("k");
+    let of_k = of_k.trim_end_matches('*');
+    assert!(keys.iter().all(|k| k.starts_with(of_k)), "{keys:?}");
     let args = spec["args"].as_array().expect("args");
     assert_eq!(args[0], "spend");
     assert_eq!(args[1], "{request_id}");
@@ -110,8 +119,8 @@ fn python_and_cli_spend_from_the_same_windows() {
     assert_eq!(used, [10, 10, 10]);
     // The spend wrote the status page's history in the same call, for the
     // Python client as for the CLI; refusals add nothing.
-    for ring in ["qw:{k}:spent:cred", "qw:{k}:spent:ep:one"] {
-        let raw: Vec<u8> = server.cmd(&["GET", ring]);
+    for ring in rings() {
+        let raw: Vec<u8> = server.cmd(&["GET", &ring]);
         let charted: u64 = (raw.chunks(4).skip(1))
             .map(|c| {
                 let mut b = [0u8; 4];

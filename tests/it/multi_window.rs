@@ -6,6 +6,7 @@
 
 use serde_json::Value;
 
+use crate::support::keys;
 use crate::support::{self, ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window};
 
 fn config() -> TestConfig {
@@ -49,8 +50,26 @@ fn used(cfg: &TestConfig, server: &RedisServer, credential: &str) -> Vec<u64> {
         .collect()
 }
 
-fn zcard(server: &RedisServer, key: &str) -> i64 {
-    server.cmd(&["ZCARD", key])
+/// Ids in the logs of `credential`'s windows, as `scopes` lists them: one
+/// entry per window, `None` for the credential's own (in config order),
+/// `Some(endpoint)` for that endpoint's.
+fn logs(
+    cfg: &TestConfig,
+    server: &RedisServer,
+    credential: &str,
+    scopes: &[Option<&str>],
+) -> Vec<i64> {
+    let config = support::load(cfg);
+    let mut next = std::collections::HashMap::new();
+    scopes
+        .iter()
+        .map(|scope| {
+            let n = next.entry(*scope).or_insert(0);
+            let log = keys::window_log(&config, credential, *scope, *n);
+            *n += 1;
+            server.cmd(&["ZCARD", &log])
+        })
+        .collect()
 }
 
 #[test]
@@ -69,9 +88,10 @@ fn rejection_by_the_endpoint_window_records_nothing_in_the_credential_windows() 
     assert!((25_000..=30_000).contains(&retry), "{retry}");
     // quota lists k's windows then each endpoint's: [5s, 1m, capped 30s].
     assert_eq!(used(&cfg, &server, "k"), [10, 10, 10]);
-    assert_eq!(zcard(&server, "qw:{k}:cred:s5000:v2:log"), 2);
-    assert_eq!(zcard(&server, "qw:{k}:cred:s60000:v2:log"), 2);
-    assert_eq!(zcard(&server, "qw:{k}:ep:capped:s30000:v2:log"), 2);
+    assert_eq!(
+        logs(&cfg, &server, "k", &[None, None, Some("capped")]),
+        [2, 2, 2]
+    );
 
     // The credential windows still have room for another endpoint.
     assert_eq!(spend(&cfg, &server, "plain").0, 0);
@@ -106,9 +126,10 @@ fn of_several_rejecting_windows_the_one_that_frees_last_is_named() {
 
     // Neither rejection recorded anything anywhere.
     assert_eq!(used(&cfg, &server, "k"), [25, 25, 10]);
-    assert_eq!(zcard(&server, "qw:{k}:cred:s5000:v2:log"), 5);
-    assert_eq!(zcard(&server, "qw:{k}:cred:s60000:v2:log"), 5);
-    assert_eq!(zcard(&server, "qw:{k}:ep:capped:s30000:v2:log"), 2);
+    assert_eq!(
+        logs(&cfg, &server, "k", &[None, None, Some("capped")]),
+        [5, 5, 2]
+    );
 }
 
 #[test]
@@ -135,5 +156,5 @@ fn the_second_credential_window_is_numbered_two() {
     assert_eq!(j["rejecting_window"], 2, "{j}");
     assert_eq!(j["remaining"], 0, "window 2 has none left");
     assert_eq!(used(&cfg, &server, "m"), [0, 50]);
-    assert_eq!(zcard(&server, "qw:{m}:cred:s1000:v2:log"), 0);
+    assert_eq!(logs(&cfg, &server, "m", &[None]), [0]);
 }

@@ -11,9 +11,15 @@ use std::time::{Duration, Instant};
 use quota_worker::queue::{Origin, RETENTION, TaskArgs};
 use simulator::{Fault, SimConfig};
 
+use crate::support::keys::{self, apalis};
 use crate::support::machine;
 use crate::support::pipeline::{Pipeline, YT_ENDPOINT, YT_KEY, kinds, yt, yt_endpoint};
 use crate::support::{self, ConfigBuilder, Job, Sink, Window, Worker};
+
+/// Every task's metadata hash in apalis.
+fn meta_pattern() -> String {
+    format!("{}:*", apalis().job_meta_hash())
+}
 
 /// The job `j` over `regions`, one page of two records each.
 async fn start(worker: Worker, regions: &[&str]) -> Pipeline {
@@ -37,7 +43,7 @@ async fn start(worker: Worker, regions: &[&str]) -> Pipeline {
     .await
 }
 
-fn keys(pl: &Pipeline, pattern: &str) -> Vec<String> {
+fn keys_like(pl: &Pipeline, pattern: &str) -> Vec<String> {
     pl.redis.keys(pattern)
 }
 
@@ -58,9 +64,9 @@ async fn apalis_pitfall_5_trim_drops_finished_tasks_and_keeps_waiting_ones() {
     pl.stop().await;
     // apalis acks after our handler returns: give the last ack a moment.
     assert!(support::wait_until(Duration::from_secs(5), || {
-        pl.redis.cmd::<i64>(&["SCARD", "qw:queue:done"]) == 5
+        pl.redis.cmd::<i64>(&["SCARD", &apalis().done_jobs_set()]) == 5
     }));
-    assert_eq!(keys(&pl, "qw:queue:meta:*").len(), 5);
+    assert_eq!(keys_like(&pl, &meta_pattern()).len(), 5);
 
     // A task that waits in apalis (the daemon is stopped, so nobody takes it).
     let waiting = TaskArgs::first(
@@ -79,7 +85,10 @@ async fn apalis_pitfall_5_trim_drops_finished_tasks_and_keeps_waiting_ones() {
     // Within the retention nothing goes.
     let (dropped, _) = pl.queue.trim(RETENTION).await.expect("trim");
     assert_eq!(dropped, 0);
-    assert_eq!(pl.redis.cmd::<i64>(&["SCARD", "qw:queue:done"]), 5);
+    assert_eq!(
+        pl.redis.cmd::<i64>(&["SCARD", &apalis().done_jobs_set()]),
+        5
+    );
 
     // Past it (retention 0, and a second for done_at's whole seconds), the
     // finished tasks go in full passes; the waiting one stays.
@@ -93,20 +102,27 @@ async fn apalis_pitfall_5_trim_drops_finished_tasks_and_keeps_waiting_ones() {
         }
     }
     assert_eq!(total, 5);
-    assert_eq!(pl.redis.cmd::<i64>(&["SCARD", "qw:queue:done"]), 0);
+    assert_eq!(
+        pl.redis.cmd::<i64>(&["SCARD", &apalis().done_jobs_set()]),
+        0
+    );
     assert!(
-        keys(&pl, "qw:queue:meta:*")
+        keys_like(&pl, &meta_pattern())
             .iter()
             .all(|k| k.ends_with(&waiting.id))
     );
-    let data: Vec<String> = pl.redis.cmd(&["HKEYS", "qw:queue:data"]);
+    let data: Vec<String> = pl.redis.cmd(&["HKEYS", &apalis().job_data_hash()]);
     assert_eq!(
         data,
         vec![waiting.id.clone()],
         "only the waiting task's data is left"
     );
-    let active: Vec<String> = pl.redis.cmd(&["LRANGE", "qw:queue:active", "0", "-1"]);
-    let scheduled: Vec<String> = pl.redis.cmd(&["ZRANGE", "qw:queue:scheduled", "0", "-1"]);
+    let active: Vec<String> = pl
+        .redis
+        .cmd(&["LRANGE", &apalis().active_jobs_list(), "0", "-1"]);
+    let scheduled: Vec<String> =
+        pl.redis
+            .cmd(&["ZRANGE", &apalis().scheduled_jobs_set(), "0", "-1"]);
     assert!(
         active.contains(&waiting.id) || scheduled.contains(&waiting.id),
         "the waiting task is still queued: active {active:?} scheduled {scheduled:?}"
@@ -133,7 +149,7 @@ async fn apalis_pitfall_9_heartbeats_go_on_while_every_slot_is_busy() {
 
     let score = |pl: &Pipeline| -> Vec<(String, f64)> {
         pl.redis
-            .cmd(&["ZRANGE", "qw:queue:workers", "0", "-1", "WITHSCORES"])
+            .cmd(&["ZRANGE", &apalis().workers_set(), "0", "-1", "WITHSCORES"])
     };
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let early = score(&pl);
@@ -150,7 +166,7 @@ async fn apalis_pitfall_9_heartbeats_go_on_while_every_slot_is_busy() {
         late[0].1 > early[0].1,
         "the heartbeat went on while the slot was busy: {early:?} then {late:?}"
     );
-    let queued: i64 = pl.redis.cmd(&["LLEN", "qw:queue:active"]);
+    let queued: i64 = pl.redis.cmd(&["LLEN", &apalis().active_jobs_list()]);
     assert_eq!(
         queued, 1,
         "the second task waits in the queue, not in the busy worker"
@@ -221,11 +237,13 @@ async fn apalis_pitfall_12_queue_keys_use_the_explicit_name() {
     let pl = start(Worker::default().concurrency(2), &["US", "GB"]).await;
     let tick = pl.trigger("j").await;
     pl.wait_tick("j", tick, 2, Duration::from_secs(20)).await;
-    let all = keys(&pl, "*");
-    assert!(all.iter().any(|k| k.starts_with("qw:queue:")), "{all:?}");
+    let all = keys_like(&pl, "*");
+    let queue = format!("{}:", keys::keys().queue());
+    assert!(all.iter().any(|k| k.starts_with(&queue)), "{all:?}");
+    let ours = format!("{}:", keys::PREFIX);
     let foreign: Vec<&String> = all
         .iter()
-        .filter(|k| !k.starts_with("qw:") && k.as_str() != "core:apalis:queues:list")
+        .filter(|k| !k.starts_with(&ours) && k.as_str() != "core:apalis:queues:list")
         .collect();
     assert!(foreign.is_empty(), "keys outside the prefix: {foreign:?}");
     assert!(

@@ -11,6 +11,7 @@ use quota_worker::quota::{Decision, request_id};
 use quota_worker::stats::Stats;
 use simulator::{Fault, SimConfig};
 
+use crate::support::keys::keys;
 use crate::support::machine;
 use crate::support::pipeline::{
     Pipeline, YT_ENDPOINT, YT_KEY, kinds, quick_worker, yt, yt_endpoint,
@@ -108,7 +109,7 @@ async fn fifty_tasks_on_an_exhausted_window_end_at_once_without_sleeping() {
     assert_eq!(Stats::get(&p.shared.stats.in_flight), 0, "every slot freed");
     assert!(p.sim_stats().charges.is_empty(), "the upstream saw nothing");
     // Cursor kept at page 1, as the next run needs it.
-    let cursors = p.redis.keys("qw:cursor:flood:*");
+    let cursors = p.redis.keys(&keys().cursor("flood", "*"));
     assert_eq!(cursors.len(), 50, "{cursors:?}");
     p.stop().await;
 }

@@ -56,9 +56,9 @@ fn quota_json_has_the_spec_shape_and_live_numbers() {
         let out = cfg.run_on(&server, &["spend", "e"]);
         assert_eq!(out.status.code(), Some(0), "{}", support::stderr(&out));
     }
-    let log: Vec<String> = server.cmd(&["ZRANGE", "qw:{k}:cred:s3600000:v2:log", "0", "0"]);
-    let first = support::seed::spend_time_us(&server, "qw:{k}:cred:s3600000", &log[0])
-        .expect("the oldest spend");
+    let window = support::keys::window(&support::load(&cfg), "k", None, 0);
+    let log: Vec<String> = server.cmd(&["ZRANGE", &window[1], "0", "0"]);
+    let first = support::seed::spend_time_us(&server, &window, &log[0]).expect("the oldest spend");
 
     let (j, t0, t1) = quota_json(&cfg, &server, &["quota", "--json"]);
     assert_eq!(keys(&j), BTreeSet::from(["credentials"]));

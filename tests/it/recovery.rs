@@ -16,6 +16,7 @@ use simulator::Fault;
 use crate::support::daemon::{
     self, JOB, REGIONS, ended, sink_records, tick_claims, tick_outcomes, wait_ticks_ended, workers,
 };
+use crate::support::keys::apalis;
 use crate::support::machine;
 use crate::support::process::{Proc, run_cli};
 use crate::support::redis_server::redis_conn;
@@ -364,7 +365,7 @@ fn retry_after_a_redelivered_copy_found_the_item_busy_is_not_lost() {
 
     // A's request times out (10 s) and A queues the retry; B runs it.
     let (ok, all) = wait_ticks_ended(&mut conn, &[tick], 1, Duration::from_secs(40));
-    let copies: Vec<String> = redis.cmd(&["HKEYS", "qw:queue:data"]);
+    let copies: Vec<String> = redis.cmd(&["HKEYS", &apalis().job_data_hash()]);
     assert!(
         ok,
         "the retry was lost: {all:?}; task copies queued: {copies:?}; daemon-b's outcomes: {:?}",

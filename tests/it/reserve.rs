@@ -14,6 +14,7 @@ use quota_worker::outcome::OutcomeKind;
 use quota_worker::quota::{Decision, QuotaError, RejectedBy, request_id};
 use simulator::SimConfig;
 
+use crate::support::keys;
 use crate::support::pipeline::{
     Pipeline, YT_ENDPOINT, YT_KEY, kinds, quick_worker, yt, yt_endpoint,
 };
@@ -104,8 +105,9 @@ async fn a_reserved_spend_waits_exactly_for_the_reduced_limit() {
     let _machine = machine::timing();
     let server = RedisServer::start();
     let cfg = TestConfig::new(CONFIG, &[]);
-    let limiter = support::limiter(&server, &Config::load(&cfg.path()).expect("config")).await;
-    let base = "qw:{s}:cred:s3000";
+    let config = Config::load(&cfg.path()).expect("config");
+    let limiter = support::limiter(&server, &config).await;
+    let window = keys::window(&config, "s", None, 0);
     let per_us = 3_000_000;
 
     // Three plain spends of 2, 200 ms apart: 6 of 10 used.
@@ -121,7 +123,7 @@ async fn a_reserved_spend_waits_exactly_for_the_reduced_limit() {
                 .is_allowed()
         );
     }
-    let at = |id| spend_time_us(&server, base, id).expect("spent");
+    let at = |id| spend_time_us(&server, &window, id).expect("spent");
 
     // With half kept free a spend may use 5: cost 1 needs 2 units freed (a's),
     // cost 3 needs 4 (a's and b's). Plain, cost 4 fits at once.

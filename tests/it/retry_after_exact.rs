@@ -31,7 +31,7 @@ async fn weighted_retry_after_waits_for_enough_units_not_the_oldest_entry() {
     let cfg = config();
     let config = Config::load(&cfg.path()).expect("config");
     let limiter = support::limiter(&server, &config).await;
-    let base = "qw:{k}:cred:s3000";
+    let window = support::keys::window(&config, "k", None, 0);
 
     // Three spends of 3, 300 ms apart: 9 of 10 units used.
     let mut spent_at = Vec::new();
@@ -46,7 +46,7 @@ async fn weighted_retry_after_waits_for_enough_units_not_the_oldest_entry() {
                 remaining: 7 - 3 * i as u64
             }
         );
-        spent_at.push(support::seed::spend_time_us(&server, base, id).expect("spent"));
+        spent_at.push(support::seed::spend_time_us(&server, &window, id).expect("spent"));
     }
 
     // Cost 7 needs 6 units freed: the oldest entry (3) is not enough, the

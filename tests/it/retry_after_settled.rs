@@ -71,7 +71,8 @@ async fn cost_100_over_1000_cost_1_entries_waits_for_the_100th() {
     let _machine = machine::timing();
     let server = RedisServer::start();
     let cfg = TestConfig::new(CONFIG, &[]);
-    let limiter = support::limiter(&server, &Config::load(&cfg.path()).expect("config")).await;
+    let config = Config::load(&cfg.path()).expect("config");
+    let limiter = support::limiter(&server, &config).await;
     // 1,000 entries of 1 unit, 1 ms apart, the oldest 10 s old: full.
     let first = server.time_us() - 10_000_000;
     Seed {
@@ -83,7 +84,7 @@ async fn cost_100_over_1000_cost_1_entries_waits_for_the_100th() {
         group: 1,
         per_ms: 60_000,
     }
-    .write(&server, "qw:{big}:cred:s60000");
+    .write(&server, &support::keys::window(&config, "big", None, 0));
     let expiry = |i: i64| first + i * 1_000 + 60_000_000;
     for (cost, nth) in [(1, 0), (100, 99), (1_000, 999), (37, 36)] {
         assert_waits_until(
@@ -129,8 +130,9 @@ async fn settled_entries_count_what_they_settled_to_in_retry_after_and_used() {
     let _machine = machine::timing();
     let server = RedisServer::start();
     let cfg = TestConfig::new(CONFIG, &[]);
-    let limiter = support::limiter(&server, &Config::load(&cfg.path()).expect("config")).await;
-    let base = "qw:{k}:cred:s30000";
+    let config = Config::load(&cfg.path()).expect("config");
+    let limiter = support::limiter(&server, &config).await;
+    let window = support::keys::window(&config, "k", None, 0);
     let (limit, per) = (20u64, 30_000_000i64);
 
     // Eight spends filling the window exactly, 20 ms apart.
@@ -147,7 +149,7 @@ async fn settled_entries_count_what_they_settled_to_in_retry_after_and_used() {
     ] {
         let d = limiter.spend("e", Some(cost), id).await.expect("spend");
         assert!(d.is_allowed(), "{id}: {d:?}");
-        let at = spend_time_us(&server, base, id).expect("spent");
+        let at = spend_time_us(&server, &window, id).expect("spent");
         entries.push(Entry {
             id,
             at,
@@ -204,8 +206,9 @@ async fn used_stays_exact_as_settled_entries_expire_after_an_idle_gap() {
     let _machine = machine::heavy();
     let server = RedisServer::start();
     let cfg = TestConfig::new(CONFIG, &[]);
-    let limiter = support::limiter(&server, &Config::load(&cfg.path()).expect("config")).await;
-    let base = "qw:{gap}:cred:s10000";
+    let config = Config::load(&cfg.path()).expect("config");
+    let limiter = support::limiter(&server, &config).await;
+    let window = support::keys::window(&config, "gap", None, 0);
     let per = 10_000_000;
     let used = || async { limiter.peek("gap").await.expect("peek").windows[0].used };
 
@@ -222,7 +225,7 @@ async fn used_stays_exact_as_settled_entries_expire_after_an_idle_gap() {
         group: 100,
         per_ms: 10_000,
     }
-    .write(&server, base);
+    .write(&server, &window);
     for (id, actual) in [
         ("old-0000007", 0),
         ("old-0050000", 0),
@@ -246,7 +249,7 @@ async fn used_stays_exact_as_settled_entries_expire_after_an_idle_gap() {
             .is_allowed()
     );
     assert_eq!(limiter.settle("g", "live", 4).await.expect("settle"), 1);
-    let live = spend_time_us(&server, base, "live").expect("spent");
+    let live = spend_time_us(&server, &window, "live").expect("spent");
     assert!(
         live < first + per,
         "the seeding took too long: the old entries expired first"
@@ -263,6 +266,6 @@ async fn used_stays_exact_as_settled_entries_expire_after_an_idle_gap() {
             .is_allowed()
     );
     assert_waits_until(&server, &limiter, "g", 4, live + per, "after the gap").await;
-    let fill = spend_time_us(&server, base, "fill").expect("spent");
+    let fill = spend_time_us(&server, &window, "fill").expect("spent");
     assert_waits_until(&server, &limiter, "g", 5, fill + per, "after the gap").await;
 }

@@ -12,6 +12,7 @@ use std::time::Duration;
 use quota_worker::config::Config;
 use quota_worker::quota::{Decision, Limiter, QuotaError, RejectedBy};
 
+use crate::support::keys;
 use crate::support::machine;
 use crate::support::{self, ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window};
 
@@ -41,22 +42,22 @@ async fn used(limiter: &Limiter) -> Vec<u64> {
 
 /// Every request id every window of `k` remembers (the sliding windows'
 /// logs, the fixed window's hash), to see that a refund forgets it.
-fn entries(server: &RedisServer) -> Vec<(String, i64)> {
-    [
-        "qw:{k}:cred:s3600000:v2:log",
-        "qw:{k}:ep:e:s3600000:v2:log",
-        "qw:{k}:cred:f86400000:fixed",
-    ]
-    .into_iter()
-    .map(|k| {
-        let n: i64 = if k.ends_with(":log") {
-            server.cmd(&["ZCARD", k])
-        } else {
-            server.cmd(&["HLEN", k])
-        };
-        (k.to_owned(), n)
-    })
-    .collect()
+fn entries(server: &RedisServer, cfg: &TestConfig) -> Vec<(String, i64)> {
+    let config = support::load(cfg);
+    let logs = [
+        keys::window_log(&config, "k", None, 0),
+        keys::window_log(&config, "k", Some("e"), 0),
+    ];
+    let fixed = keys::window(&config, "k", None, 1)[0].clone();
+    let mut all: Vec<(String, i64)> = (logs.into_iter())
+        .map(|k| {
+            let n: i64 = server.cmd(&["ZCARD", &k]);
+            (k, n)
+        })
+        .collect();
+    let n: i64 = server.cmd(&["HLEN", &fixed]);
+    all.push((fixed, n));
+    all
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -72,7 +73,7 @@ async fn settle_refunds_adjusts_and_ignores_unknown_ids() {
     let n = limiter.settle("e", "a", 0).await.expect("settle");
     assert_eq!(n, 3, "every window the spend touched");
     assert_eq!(used(&limiter).await, [0, 0, 0]);
-    for (key, n) in entries(&server) {
+    for (key, n) in entries(&server, &cfg) {
         // Left: no id in a sliding window's log; a fixed window's "#period"
         // and "#used".
         let expect = if key.ends_with(":log") { 0 } else { 2 };
@@ -97,10 +98,10 @@ async fn settle_refunds_adjusts_and_ignores_unknown_ids() {
     assert_eq!(used(&limiter).await, [8, 8, 3]);
 
     // An id nobody spent changes nothing, anywhere.
-    let before = (used(&limiter).await, entries(&server));
+    let before = (used(&limiter).await, entries(&server, &cfg));
     assert_eq!(limiter.settle("e", "nobody", 7).await.expect("settle"), 0);
     assert_eq!(limiter.settle("e", "nobody", 0).await.expect("settle"), 0);
-    assert_eq!((used(&limiter).await, entries(&server)), before);
+    assert_eq!((used(&limiter).await, entries(&server, &cfg)), before);
 
     // A settled-up request still refunds whole.
     assert_eq!(limiter.settle("e", "b", 0).await.expect("settle"), 3);
@@ -209,7 +210,7 @@ async fn numbers_the_script_cannot_hold_exactly_are_refused_and_change_nothing()
             .expect("spend")
             .is_allowed()
     );
-    let blocked_key = "qw:{k}:blocked";
+    let blocked_key = keys::keys().blocked("k");
 
     // Through the library: typed, with the script's reason.
     let err = limiter
@@ -296,7 +297,7 @@ async fn numbers_the_script_cannot_hold_exactly_are_refused_and_change_nothing()
     assert!(err.contains("block duration"), "{err}");
 
     // Nothing was written: no block, a's 10 units as they were, no b.
-    assert_eq!(server.cmd::<i64>(&["EXISTS", blocked_key]), 0);
+    assert_eq!(server.cmd::<i64>(&["EXISTS", &blocked_key]), 0);
     assert_eq!(used(&limiter).await, [10, 10, 10]);
 
     // The same calls with numbers it can hold go through.
@@ -308,5 +309,5 @@ async fn numbers_the_script_cannot_hold_exactly_are_refused_and_change_nothing()
     assert_eq!(used(&limiter).await, [4, 4, 4]);
     let ms = eval("block", "60000", "").expect("block 1 min")[0];
     assert!((59_000..=60_000).contains(&ms), "{ms}");
-    assert_eq!(server.cmd::<i64>(&["EXISTS", blocked_key]), 1);
+    assert_eq!(server.cmd::<i64>(&["EXISTS", &blocked_key]), 1);
 }

@@ -11,11 +11,13 @@
 
 use std::time::Duration;
 
+use quota_worker::config::Scope;
 use serde_json::Value;
 use simulator::SimConfig;
 
 use crate::support::browser::Chromium;
 use crate::support::http::{self, http_request};
+use crate::support::keys::keys;
 use crate::support::pipeline::quick_worker;
 use crate::support::process::Proc;
 use crate::support::upstream::Upstream;
@@ -390,12 +392,17 @@ fn the_status_page_is_read_only_and_works_behind_a_path_prefix() {
 
     // What the status page keeps in Redis is bounded and expires.
     let mut conn = rig.redis.conn();
-    let rings: Vec<String> = redis::cmd("KEYS")
-        .arg("qw:*:spent:*")
-        .query(&mut conn)
-        .expect("KEYS");
+    // Every credential's rings, of either scope.
+    let mut rings: Vec<String> = Vec::new();
+    for scope in [Scope::Credential, Scope::Endpoint("*".into())] {
+        let found: Vec<String> = redis::cmd("KEYS")
+            .arg(keys().spent("*", &scope))
+            .query(&mut conn)
+            .expect("KEYS");
+        rings.extend(found);
+    }
     assert!(!rings.is_empty(), "no spend history recorded");
-    for key in rings.iter().chain(["qw:ticks:broken".to_owned()].iter()) {
+    for key in rings.iter().chain([keys().job_ticks("broken")].iter()) {
         let ttl: i64 = redis::cmd("PTTL").arg(key).query(&mut conn).expect("PTTL");
         assert!(ttl > 0, "{key} has no expiry ({ttl})");
     }
@@ -425,9 +432,9 @@ fn a_jobs_tick_record_keeps_its_newest_ten_ticks_and_last_error() {
             ""
         };
         let () = finish
-            .key(format!("qw:done:t{i}"))
-            .key(format!("qw:tick:j:{tick}:outcomes"))
-            .key("qw:ticks:j")
+            .key(keys().task_done(&format!("t{i}")))
+            .key(keys().tick_outcomes("j", *tick))
+            .key(keys().job_ticks("j"))
             .arg("done")
             .arg("done")
             .arg(60)
@@ -440,7 +447,7 @@ fn a_jobs_tick_record_keeps_its_newest_ten_ticks_and_last_error() {
             .expect("finish.lua");
     }
     let record: std::collections::BTreeMap<String, String> = redis::cmd("HGETALL")
-        .arg("qw:ticks:j")
+        .arg(keys().job_ticks("j"))
         .query(&mut conn)
         .expect("HGETALL");
     let ticks: Vec<i64> = record.keys().filter_map(|k| k.parse().ok()).collect();
@@ -454,7 +461,7 @@ fn a_jobs_tick_record_keeps_its_newest_ten_ticks_and_last_error() {
     let now_ms = redis.time_us() / 1000;
     assert!((now_ms - 60_000..=now_ms).contains(&at), "{at} vs {now_ms}");
     let ttl: i64 = redis::cmd("TTL")
-        .arg("qw:ticks:j")
+        .arg(keys().job_ticks("j"))
         .query(&mut conn)
         .expect("TTL");
     assert!((1..=3600).contains(&ttl), "TTL {ttl}");

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use simulator::SimConfig;
 
+use crate::support::keys;
 use crate::support::process::{Proc, run_cli};
 use crate::support::upstream::Upstream;
 use crate::support::{
@@ -108,10 +109,10 @@ fn each_tenant_spends_its_own_windows_with_its_own_token_and_a_missing_token_fai
     );
 
     // Keys carry the escaped value as their hash tag, never a token.
-    let a = redis.keys("qw:{ig\\[account=a\\]}:*");
-    let b = redis.keys("qw:{ig\\[account=b%7D%7Bx\\]}:*");
+    let a = redis.keys(&keys::of_credential("ig[account=a]"));
+    let b = redis.keys(&keys::of_credential("ig[account=b%7D%7Bx]"));
     assert!(!a.is_empty() && !b.is_empty(), "{a:?} {b:?}");
-    for k in redis.keys("qw:{ig*") {
+    for k in redis.keys(&keys::keys().tenants_pattern("ig", "account")) {
         let tag = &k[k.find('{').expect("tag") + 1..k.find('}').expect("tag end")];
         assert!(!tag.contains('{'), "{k}: one hash tag");
     }

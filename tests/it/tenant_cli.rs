@@ -11,6 +11,7 @@
 
 use std::time::Duration;
 
+use crate::support::keys;
 use crate::support::process::run_cli;
 use crate::support::{ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window};
 
@@ -79,7 +80,7 @@ fn spend_keys_and_quota_address_one_tenant() {
     assert!(
         listed
             .iter()
-            .all(|k| k.starts_with("qw:{ig[account=123]}:")),
+            .all(|k| k.starts_with(&keys::credential_prefix("ig[account=123]"))),
         "{listed:?}"
     );
 
@@ -95,7 +96,7 @@ fn spend_keys_and_quota_address_one_tenant() {
 
     // The keys `keys` printed are the keys the spends wrote (those that
     // exist: a window keeps some only when it needs them).
-    let written = redis.keys("qw:*");
+    let written = redis.keys(&keys::all());
     assert!(!written.is_empty());
     listed.sort();
     for k in &written {

@@ -10,6 +10,7 @@ use quota_worker::conn::Lua;
 use simulator::Fault;
 
 use crate::support::daemon::{self, JOB};
+use crate::support::keys::keys;
 use crate::support::machine;
 use crate::support::process::{Proc, run_cli};
 use crate::support::upstream::Upstream;
@@ -116,6 +117,7 @@ fn the_tick_keeps_its_earliest_retry_moment() {
     let _machine = machine::timing();
     let redis = RedisServer::start();
     let finish = Lua::new(include_str!("../../lua/finish.lua"));
+    let outcomes = keys().tick_outcomes("j", 1);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -133,8 +135,8 @@ fn the_tick_keeps_its_earliest_retry_moment() {
         ] {
             let () = finish
                 .call()
-                .key(format!("qw:done:{task}"))
-                .key("qw:tick:j:1:outcomes")
+                .key(keys().task_done(task))
+                .key(&outcomes)
                 .arg(outcome)
                 .arg(outcome)
                 .arg(60)
@@ -143,7 +145,7 @@ fn the_tick_keeps_its_earliest_retry_moment() {
                 .await
                 .expect("finish.lua");
         }
-        redis::AsyncCommands::hget::<_, _, u64>(&mut conn, "qw:tick:j:1:outcomes", "#retry_at_ms")
+        redis::AsyncCommands::hget::<_, _, u64>(&mut conn, &outcomes, "#retry_at_ms")
             .await
             .expect("#retry_at_ms")
     });
@@ -152,13 +154,10 @@ fn the_tick_keeps_its_earliest_retry_moment() {
         retry_at > now_ms && retry_at <= now_ms + 1000,
         "kept {retry_at}, Redis time now {now_ms}: the earliest is 1 s after the second call"
     );
-    let counts: Vec<(String, String)> = redis.cmd(&["HGETALL", "qw:tick:j:1:outcomes"]);
+    let counts: Vec<(String, String)> = redis.cmd(&["HGETALL", &outcomes]);
     assert!(
         counts.contains(&("quota_exhausted".into(), "2".into())),
         "{counts:?}"
     );
-    assert!(
-        redis.cmd::<i64>(&["TTL", "qw:tick:j:1:outcomes"]) > 0,
-        "expires"
-    );
+    assert!(redis.cmd::<i64>(&["TTL", &outcomes]) > 0, "expires");
 }

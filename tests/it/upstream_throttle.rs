@@ -211,7 +211,9 @@ async fn upstream_403_quota_exceeded_blocks_for_throttle_block() {
     assert_eq!(p.sim_stats().key("yt-key").quota_errors, 1);
     assert_blocked(&p, Duration::from_secs(3)).await;
     // The cursor was kept at page 3: the refused page is the next one asked for.
-    let cursor: String = p.redis.cmd(&["GET", "qw:cursor:hot:region=US"]);
+    let cursor: String = p
+        .redis
+        .cmd(&["GET", &support::keys::keys().cursor("hot", "region=US")]);
     assert!(cursor.contains(r#""page":3"#), "{cursor}");
     assert_eq!(
         p.sim_stats().key("yt-key").quota_errors,

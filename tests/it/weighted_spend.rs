@@ -2,6 +2,7 @@
 //! exactly 9 calls, and each call costs O(1) memory whatever its cost: one
 //! entry per window, not one per unit.
 
+use crate::support::keys;
 use crate::support::{self, ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window};
 
 fn config() -> TestConfig {
@@ -47,26 +48,29 @@ fn cost_100_on_950_units_admits_exactly_nine_with_one_entry_each() {
     );
 
     // Memory: one entry per call in every window, whatever the cost.
-    let logs = server.keys("qw:{yt}:*:v2:log");
-    assert_eq!(logs.len(), 2, "two sliding windows: {logs:?}");
-    for log in &logs {
+    let config = support::load(&cfg);
+    let sliding = [
+        keys::window(&config, "yt", None, 0),
+        keys::window(&config, "yt", Some("search"), 0),
+    ];
+    for window in &sliding {
+        let (log, ts) = (&window[1], &window[2]);
         let n: i64 = server.cmd(&["ZCARD", log]);
         assert_eq!(n, 9, "{log} holds one id per spend, not one per unit");
-        let ts = log.replace(":log", ":ts");
-        let entries: i64 = server.cmd(&["XLEN", &ts]);
+        let entries: i64 = server.cmd(&["XLEN", ts]);
         assert_eq!(entries, 9, "{ts}: one entry per spend");
         // The last entry's position is the window's total: 9 x 100 units.
         let last: Vec<(String, Vec<String>)> =
-            server.cmd(&["XREVRANGE", &ts, "+", "-", "COUNT", "1"]);
+            server.cmd(&["XREVRANGE", ts, "+", "-", "COUNT", "1"]);
         assert!(last[0].0.starts_with("900-"), "{last:?}");
     }
-    let fixed = server.keys("qw:{yt}:*:fixed");
-    assert_eq!(fixed.len(), 1, "{fixed:?}");
+    let fixed = keys::window(&config, "yt", None, 1);
+    assert_eq!(fixed.len(), 1, "a fixed window is one hash: {fixed:?}");
     let fields: i64 = server.cmd(&["HLEN", &fixed[0]]);
     assert_eq!(fields, 11, "9 spends, #period and #used");
 
     // Every key expires by itself.
-    for key in server.keys("qw:*") {
+    for key in server.keys(&format!("{}:*", keys::PREFIX)) {
         let ttl: i64 = server.cmd(&["PTTL", &key]);
         assert!(ttl > 0, "{key} has no expiry ({ttl})");
     }

@@ -12,12 +12,11 @@ use chrono::{DateTime, Datelike, Timelike, Utc};
 use serde_json::Value;
 
 use super::config::{ConfigBuilder, Credential, Endpoint, Job, TestConfig, Window};
+use super::keys::{any_tick, apalis, keys};
 use super::upstream::KEY_ENV;
 
 /// The job [`config`] defines.
 pub const JOB: &str = "trending";
-/// The key prefix every config here uses (the default).
-pub const PREFIX: &str = "qw";
 /// Eight regions: the fan-out of SPEC's example job.
 pub const REGIONS: [&str; 8] = ["US", "GB", "DE", "FR", "IN", "BR", "AU", "CA"];
 /// Outcome fields of a tick hash that end a task's chain.
@@ -149,7 +148,7 @@ pub fn start_before_first_tick<T>(
 
 /// The claimed ticks of [`JOB`]: tick ms → who claimed it.
 pub fn tick_claims(conn: &mut redis::Connection) -> HashMap<i64, String> {
-    let pattern = format!("{PREFIX}:tick:{JOB}:*");
+    let pattern = any_tick(|t| keys().tick_claim(JOB, t));
     let keys: Vec<String> = redis::cmd("KEYS").arg(&pattern).query(conn).expect("KEYS");
     let mut claims = HashMap::new();
     for k in keys {
@@ -165,7 +164,7 @@ pub fn tick_claims(conn: &mut redis::Connection) -> HashMap<i64, String> {
 /// The outcome hash of [`JOB`]'s tick `tick`.
 pub fn tick_outcomes(conn: &mut redis::Connection, tick: i64) -> HashMap<String, i64> {
     redis::cmd("HGETALL")
-        .arg(format!("{PREFIX}:tick:{JOB}:{tick}:outcomes"))
+        .arg(keys().tick_outcomes(JOB, tick))
         .query(conn)
         .expect("HGETALL outcomes")
 }
@@ -224,7 +223,7 @@ pub fn sink_records(cfg: &TestConfig) -> Vec<(String, String)> {
     out
 }
 
-/// Where the tasks of [`PREFIX`]'s queue are.
+/// Where the tasks of the queue are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QueueState {
     /// In our backlog (zset).
@@ -246,15 +245,15 @@ impl QueueState {
 
 /// Reads [`QueueState`].
 pub fn queue_state(conn: &mut redis::Connection) -> QueueState {
-    let q = format!("{PREFIX}:queue");
+    let q = apalis();
     let (backlog, scheduled, active): (u64, u64, u64) = redis::pipe()
-        .zcard(format!("{PREFIX}:backlog"))
-        .zcard(format!("{q}:scheduled"))
-        .llen(format!("{q}:active"))
+        .zcard(keys().backlog())
+        .zcard(q.scheduled_jobs_set())
+        .llen(q.active_jobs_list())
         .query(conn)
         .expect("queue sizes");
     let sets: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{q}:inflight:*"))
+        .arg(format!("{}:*", q.inflight_jobs_set()))
         .query(conn)
         .expect("KEYS inflight");
     let mut inflight = 0;
@@ -273,7 +272,7 @@ pub fn queue_state(conn: &mut redis::Connection) -> QueueState {
 /// The worker names registered in apalis's workers set.
 pub fn workers(conn: &mut redis::Connection) -> Vec<String> {
     redis::cmd("ZRANGE")
-        .arg(format!("{PREFIX}:queue:workers"))
+        .arg(apalis().workers_set())
         .arg(0)
         .arg(-1)
         .query(conn)

@@ -19,6 +19,7 @@
 //! | [`http`] | `/metrics`, `/healthz`, `/readyz` and the status page over plain HTTP (any method, extra headers), and the Prometheus text format |
 //! | [`browser`] | headless Chromium: the DOM after load, a screenshot (fails saying how to install it, unless `QW_SKIP_BROWSER=1`) |
 //! | [`procfs`] | `/proc`: children, liveness, environment |
+//! | [`keys`] | key names as `KeySpace` names them (tests never spell `qw:…`), a window's keys from the loaded config |
 //! | [`seed`] | a sliding window's Redis layout (v2): seed entries at chosen times, take the newest back, snapshot, read a spend's time |
 //! | [`machine`] | which tests must not share the machine |
 
@@ -29,6 +30,7 @@ pub mod daemon;
 pub mod hostile;
 pub mod http;
 pub mod in_process;
+pub mod keys;
 pub mod logs;
 pub mod machine;
 pub mod notify;
@@ -49,6 +51,12 @@ pub use config::{
     ConfigBuilder, Credential, Endpoint, Job, Request, Sink, TestConfig, Window, Worker,
 };
 pub use redis_server::{RedisServer, admit_n, free_port, limiter, rejected};
+
+/// The config `cfg` as the daemon loads it (secrets are read later, by
+/// whoever runs it).
+pub fn load(cfg: &TestConfig) -> quota_worker::config::Config {
+    quota_worker::config::Config::load(&cfg.path()).expect("the test's config loads")
+}
 
 /// The binary under test.
 pub fn bin() -> PathBuf {

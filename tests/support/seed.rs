@@ -1,7 +1,8 @@
 //! What tests and benchmarks need to know of a sliding window's Redis layout
 //! (v2, `lua/spend.lua`): writing many entries into it at chosen past times,
 //! and reading when a request was spent. Kept in one place so the layout is
-//! known here and in the script only.
+//! known here and in the script only; the window's key names come from
+//! `KeySpace::window` (`support::keys::window`): meta, log, ts, adj.
 
 use super::RedisServer;
 
@@ -19,12 +20,6 @@ pub fn pop_cmd(keys: &[String], id: &str) -> redis::Cmd {
     let mut c = redis::cmd("EVAL");
     c.arg(POP).arg(4).arg(keys).arg(id);
     c
-}
-
-/// A sliding window's keys under its base name
-/// (`qw:{k}:cred:s3600000` -> meta, log, ts, adj).
-pub fn window_keys(base: &str) -> [String; 4] {
-    ["meta", "log", "ts", "adj"].map(|k| format!("{base}:v2:{k}"))
 }
 
 /// Where `n` seeded entries go: entry `i` is `{prefix}{i:07}`, spent at
@@ -59,10 +54,10 @@ impl Seed<'_> {
         c
     }
 
-    /// Appends them to the window at `base` on `server`.
-    pub fn write(&self, server: &RedisServer, base: &str) {
+    /// Appends them to the window `keys` on `server`.
+    pub fn write(&self, server: &RedisServer, keys: &[String]) {
         let _: i64 = self
-            .cmd(&window_keys(base))
+            .cmd(keys)
             .query(&mut server.conn())
             .expect("seed the window");
     }
@@ -106,18 +101,18 @@ pub fn snapshot_entries(
         .collect()
 }
 
-/// When `id` was spent in the window at `base` (µs, Redis time), if it holds it.
-pub fn spend_time_us(server: &RedisServer, base: &str, id: &str) -> Option<i64> {
-    let [_, log, ts, _] = window_keys(base);
-    let pos: Option<f64> = server.cmd(&["ZSCORE", &log, id]);
+/// When `id` was spent in the window `keys` (µs, Redis time), if it holds it.
+pub fn spend_time_us(server: &RedisServer, keys: &[String], id: &str) -> Option<i64> {
+    let (log, ts) = (&keys[1], &keys[2]);
+    let pos: Option<f64> = server.cmd(&["ZSCORE", log, id]);
     let pos = format!("{}", pos? as i64);
-    let rows: Vec<(String, Vec<String>)> = server.cmd(&["XRANGE", &ts, &pos, &pos]);
+    let rows: Vec<(String, Vec<String>)> = server.cmd(&["XRANGE", ts, &pos, &pos]);
     let (entry, _) = rows.first()?;
     entry.split_once('-').and_then(|(_, t)| t.parse().ok())
 }
 
-/// Entries the stream of the window at `base` holds: one per spend (expired
+/// Entries the stream of the window `keys` holds: one per spend (expired
 /// ones are dropped lazily, a few calls later).
-pub fn stream_len(server: &RedisServer, base: &str) -> i64 {
-    server.cmd(&["XLEN", &window_keys(base)[2]])
+pub fn stream_len(server: &RedisServer, keys: &[String]) -> i64 {
+    server.cmd(&["XLEN", &keys[2]])
 }
