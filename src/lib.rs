@@ -83,7 +83,6 @@ pub mod keys;
 pub mod logging;
 pub mod ops;
 pub mod outcome;
-pub(crate) mod paging;
 pub mod pg;
 pub mod queue;
 pub mod quota;

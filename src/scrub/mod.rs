@@ -178,7 +178,7 @@ impl Scrubber {
     /// `text` (a cursor or next URL from the upstream) in stored form:
     /// braces doubled, so it holds no placeholder of its own, and each
     /// spelling of a secret written as the placeholder that renders it back
-    /// ([`Stored::render`](crate::paging::Stored::render)).
+    /// ([`Stored::render`](crate::fetch::paging::Stored::render)).
     pub(crate) fn templatize(&self, text: &str) -> String {
         let escape = |t: &str| t.replace('{', "{{").replace('}', "}}");
         let mut out = String::with_capacity(text.len());
@@ -368,7 +368,7 @@ fn lower_hex(encoded: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::paging::Stored;
+    use crate::fetch::paging::Stored;
 
     /// A next URL is kept with each spelling of the secret as the
     /// placeholder that renders it back, and nothing else the upstream

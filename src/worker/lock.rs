@@ -15,8 +15,8 @@ use super::Checkpoint;
 use super::guards::Renewer;
 use crate::config::Job;
 use crate::conn::Lua;
+use crate::fetch::paging::Validators;
 use crate::keys::KeySpace;
-use crate::paging::Validators;
 use crate::queue::TaskArgs;
 use crate::quota::{PreparedSpend, QuotaError};
 
@@ -303,7 +303,7 @@ mod tests {
             true,
             &state(),
         ));
-        assert_eq!(resumed.saved.map(|c| (c.tick, c.page)), Some((5, 3)));
+        assert_eq!(resumed.saved.map(|c| (c.tick, c.cursor.page)), Some((5, 3)));
         assert_eq!((resumed.ran, resumed.since), (Some(4), Some(1_699_990_000)));
         assert!(resumed.unreadable.is_none());
         assert_eq!(resumed.spent.map(|s| s.ok()), Some(Some(vec![0, 7, 0, 0])));

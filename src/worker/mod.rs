@@ -43,9 +43,9 @@ use tracing::{info, warn};
 
 use crate::config::{Config, Job, Secrets};
 use crate::fetch::Fetcher;
+use crate::fetch::paging::{Cursor, Validators};
 use crate::keys::KeySpace;
 use crate::outcome::{Outcome, OutcomeEvent, OutcomeKind};
-use crate::paging::{Stored, Validators};
 use crate::queue::scripts::finish::Finish;
 use crate::queue::{Origin, Queue, QueueError, TaskArgs};
 use crate::quota::Limiter;
@@ -76,16 +76,10 @@ const BUSY_RETRY: Duration = Duration::from_secs(2);
 pub(crate) struct Checkpoint {
     /// The tick whose run this is.
     pub(crate) tick: i64,
-    /// The next page's number (1 = first).
-    pub(crate) page: u32,
-    /// The cursor or next URL to send for it (none for page 1, and for
-    /// `style = "page"`, which counts).
-    pub(crate) token: Option<Stored>,
-    /// The page this run started at: 1, or where it went on from a run
-    /// that stopped at `max_pages` (`continue = true`). `max_pages` counts
-    /// from here, a resumed run included.
-    #[serde(default = "first_page")]
-    pub(crate) first: u32,
+    /// Where the run is in its pages: page, cursor or next URL, first page
+    /// (`page`, `token`, `first` in the JSON, as before).
+    #[serde(flatten)]
+    pub(crate) cursor: Cursor,
     /// The run's `{since}` (epoch s): a resumed or continued run keeps it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) since: Option<i64>,
@@ -105,10 +99,6 @@ pub(crate) struct Checkpoint {
     /// checkpoints written before it was kept: `tick` stands in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) run: Option<i64>,
-}
-
-fn first_page() -> u32 {
-    1
 }
 
 /// Everything a task needs; shared by all of one daemon's tasks.

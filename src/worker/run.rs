@@ -20,9 +20,9 @@ use super::spend::{Admission, FirstSpend, Payer, Spent};
 use super::step::{Action, Answer, End, Progress, Rules, decide, defers};
 use super::{CHECKPOINT_TTL, Checkpoint, ITEM_STATE_TTL, TaskError, Worker};
 use crate::config::{Job, Secret};
+use crate::fetch::paging::{Cursor, Stored, Validators};
 use crate::fetch::{Answered, BuildError, Fetcher, PageAt, Placeholders, Request};
 use crate::outcome::{Outcome, OutcomeKind};
-use crate::paging::{Stored, Validators};
 use crate::queue::{Origin, TaskArgs};
 use crate::sink::PageRef;
 use crate::stats::Stats;
@@ -84,9 +84,7 @@ fn start_at(
         (false, Some(cp)) => Ok(cp),
         (false, None) => Ok(Checkpoint {
             tick: task.tick,
-            page: 1,
-            token: None,
-            first: 1,
+            cursor: Cursor::start(),
             since: None,
             started: None,
             validators: None,
@@ -144,13 +142,11 @@ impl Worker {
             Ok(run) => run,
             // This item only: its checkpoint stays, so the run resumes
             // once its token file is there.
-            Err(why) => return Ok(Outcome::new(OutcomeKind::Failed, start.page, why)),
+            Err(why) => return Ok(Outcome::new(OutcomeKind::Failed, start.cursor.page, why)),
         };
         // A resumed or continued run keeps the `{since}` it started with.
         let initial = i64::try_from(job.since_initial.as_secs()).unwrap_or(i64::MAX);
-        p.page = start.page;
-        p.token = start.token;
-        p.first = start.first;
+        p.cursor = start.cursor;
         p.since = (start.since.or(found.since)).unwrap_or(found.now.saturating_sub(initial));
         p.started = start.started.unwrap_or(found.now);
         p.run = start.run.unwrap_or(start.tick);
@@ -254,7 +250,7 @@ impl Worker {
         p: &mut Progress,
         now: DateTime<Utc>,
     ) -> (Answer, Option<Spent>) {
-        if p.page > run.rules.last_page(p) {
+        if p.cursor.page > run.rules.last_page(p) {
             return (Answer::PastLastPage, None);
         }
         let request = match p.redirect.take() {
@@ -274,7 +270,7 @@ impl Worker {
             Some(refusal) => Admission::Refused(refusal),
             None => {
                 let first = p.first_spend.take();
-                self.spend(&run.payer, p.page, first).await
+                self.spend(&run.payer, p.cursor.page, first).await
             }
         };
         let spent = match admission {
@@ -304,13 +300,13 @@ impl Worker {
     ) -> Result<Request, BuildError> {
         let since = DateTime::from_timestamp(p.since, 0).unwrap_or(now);
         let ph = Placeholders::new(run.job(), &run.task().item, &run.secret, now, since);
-        let at = match &p.token {
+        let at = match &p.cursor.token {
             Some(token) => PageAt::After(token),
-            None => PageAt::Number(p.page),
+            None => PageAt::Number(p.cursor.page),
         };
         let request = run.fetcher.request(run.job(), &ph, at)?;
         Ok(match &run.rules.validators {
-            Some(v) if p.page == 1 => request.conditional(v),
+            Some(v) if p.cursor.page == 1 => request.conditional(v),
             _ => request,
         })
     }
@@ -330,12 +326,12 @@ impl Worker {
                 next,
                 validators,
             } => {
-                if p.page == 1 && run.payer.endpoint.conditional {
+                if p.cursor.page == 1 && run.payer.endpoint.conditional {
                     p.held = Some(validators).filter(|v| !v.is_empty());
                 }
                 let at = PageRef {
                     tick: p.run,
-                    page: p.page,
+                    page: p.cursor.page,
                 };
                 let written = (self.sinks)
                     .write(run.job(), &run.task().item, at, &body, now)
@@ -349,8 +345,7 @@ impl Worker {
                 Ok(Acted::Answered(Answer::Written { written, next }))
             }
             Action::Next { token } => {
-                p.page += 1;
-                p.token = token;
+                p.cursor.advance(token);
                 self.save(run, p).await?;
                 Ok(Acted::Continue)
             }
@@ -456,9 +451,7 @@ impl Worker {
         why: String,
     ) -> Result<Outcome, TaskError> {
         let o = p.outcome(OutcomeKind::Done, why);
-        p.page += 1;
-        p.token = token;
-        p.first = p.page;
+        p.cursor.hand_on(token);
         self.save(run, p).await?;
         Ok(o)
     }
@@ -498,13 +491,11 @@ impl Worker {
         Ok(Outcome { not_modified, ..o })
     }
 
-    /// Checkpoints the run: the next run of the item resumes at `p.page`.
+    /// Checkpoints the run: the next run of the item resumes at its cursor.
     async fn save(&self, run: &Run<'_>, p: &Progress) -> Result<(), TaskError> {
         let cp = Checkpoint {
             tick: run.task().tick,
-            page: p.page,
-            token: p.token.clone(),
-            first: p.first,
+            cursor: p.cursor.clone(),
             since: Some(p.since),
             started: Some(p.started),
             validators: p.held.clone(),
@@ -533,11 +524,14 @@ mod tests {
     }
 
     fn cp(tick: i64, page: u32) -> Checkpoint {
-        Checkpoint {
-            tick,
+        let cursor = Cursor {
             page,
             token: Some(Stored::new(format!("t{page}"))),
             first: 1,
+        };
+        Checkpoint {
+            tick,
+            cursor,
             since: None,
             started: None,
             validators: None,
@@ -545,10 +539,33 @@ mod tests {
         }
     }
 
+    /// The cursor moved into `fetch::paging` and is flattened into the
+    /// checkpoint: a checkpoint written before reads the same, and one
+    /// written now has the same fields.
+    #[test]
+    fn a_checkpoint_keeps_its_json_shape() {
+        let before = r#"{"tick":5,"page":3,"token":"t3","since":1700000000,"started":1700000100}"#;
+        let cp: Checkpoint = serde_json::from_str(before).expect("reads");
+        assert_eq!(
+            cp.cursor,
+            Cursor {
+                page: 3,
+                token: Some(Stored::new("t3".into())),
+                first: 1
+            }
+        );
+        let json = serde_json::to_value(&cp).expect("writes");
+        assert_eq!(
+            json,
+            serde_json::json!({"tick": 5, "page": 3, "token": "t3", "first": 1,
+                               "since": 1_700_000_000, "started": 1_700_000_100})
+        );
+    }
+
     #[test]
     fn a_fresh_task_starts_at_page_1_or_takes_over_an_interrupted_run() {
         assert_eq!(
-            start_at(&task(10, false), None, None).map(|c| c.page),
+            start_at(&task(10, false), None, None).map(|c| c.cursor.page),
             Ok(1)
         );
         // An older tick's interrupted run is resumed where it stopped.

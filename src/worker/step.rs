@@ -12,10 +12,10 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::spend::{Applied, FirstSpend, Refusal};
-use crate::config::{Job, OnQuotaExhausted, PageStyle, fmt_duration};
+use crate::config::{Job, OnQuotaExhausted, fmt_duration};
+use crate::fetch::paging::{Cursor, Next, Onward, Stored, Validators, onward};
 use crate::fetch::{Reply, Request};
 use crate::outcome::{Outcome, OutcomeKind};
-use crate::paging::{Next, Stored, Validators};
 use crate::quota::QuotaError;
 use crate::sink::{SinkError, Written};
 
@@ -29,12 +29,8 @@ pub(super) struct Progress {
     /// first spend step takes it; the task's one exit gives back one no
     /// step took (`run::Worker::run_held`).
     pub(super) first_spend: Option<FirstSpend>,
-    /// The next page's number (1 = first).
-    pub(super) page: u32,
-    /// The cursor or next URL for `page`, in stored form.
-    pub(super) token: Option<Stored>,
-    /// The page this run started at (`Checkpoint::first`).
-    pub(super) first: u32,
+    /// Where the run is in its pages (`Checkpoint::cursor`).
+    pub(super) cursor: Cursor,
     /// The run's `{since}` and its start, epoch s (`Checkpoint`).
     pub(super) since: i64,
     pub(super) started: i64,
@@ -56,9 +52,7 @@ impl Progress {
     pub(super) fn new(first_spend: Option<FirstSpend>) -> Self {
         Progress {
             first_spend,
-            page: 1,
-            token: None,
-            first: 1,
+            cursor: Cursor::start(),
             since: 0,
             started: 0,
             run: 0,
@@ -76,7 +70,7 @@ impl Progress {
             pages: self.pages,
             records: self.records,
             units: self.units,
-            ..Outcome::new(kind, self.page, detail)
+            ..Outcome::new(kind, self.cursor.page, detail)
         }
     }
 
@@ -104,7 +98,7 @@ impl Rules<'_> {
     /// The last page this run may fetch: `max_pages` from the page it
     /// started at.
     pub(super) fn last_page(&self, p: &Progress) -> u32 {
-        p.first.saturating_add(self.job.max_pages() - 1)
+        p.cursor.last_page(self.job.max_pages())
     }
 }
 
@@ -322,11 +316,8 @@ fn throttled(status: u16, blocked: Option<Applied>, rules: &Rules<'_>) -> Action
     })
 }
 
-/// The sink's answer to a fetched page: what comes after it, by the job's
-/// style. `style = "page"` ends at the first page with no records
-/// (records the page held, not how many the sink stored, which is 0 for a
-/// page a keyed SQLite sink already holds newer copies of); the others
-/// where the answer names no next page.
+/// The sink's answer to a fetched page: what comes after it (`onward`, by
+/// the job's pagination style), and whether this run may fetch it.
 fn written_(
     written: Result<Written, SinkError>,
     next: Next,
@@ -340,32 +331,29 @@ fn written_(
         // spend again, so the run waits for an operator.
         Err(e) => return stuck(p, &e),
     };
-    let style = rules.job.pagination.as_ref().map(|p| &p.style);
-    let token = match (style, next) {
-        (Some(PageStyle::Page { .. }), _) if written.on_page == 0 => None,
-        (Some(PageStyle::Page { .. }), _) => Some(None),
-        (None, _) | (Some(_), Next::End) => None,
-        (Some(_), Next::At(token)) => Some(Some(token)),
-        (Some(_), Next::Bad(why)) => return fail(Some(200), format!("bad response: {why}")),
+    let pagination = rules.job.pagination.as_ref();
+    let token = match onward(pagination.map(|p| &p.style), next, written.on_page) {
+        Ok(Onward::To(token)) => token,
+        Ok(Onward::Last) => return complete("all pages fetched"),
+        Err(why) => return fail(Some(200), format!("bad response: {why}")),
     };
-    match token {
-        None => complete("all pages fetched"),
+    if token.is_some() && token == p.cursor.token {
         // The same page again, for ever: each one spent.
-        Some(token) if token.is_some() && token == p.token => fail(
-            Some(200),
-            "cursor repeated: the upstream pointed at the page it just answered".into(),
-        ),
-        Some(token) if p.page < rules.last_page(p) => Action::Next { token },
-        // This run is done; the item's next one goes on from here.
-        Some(token) if rules.job.pagination.as_ref().is_some_and(|p| p.continues) => {
-            let why = format!(
-                "max_pages reached; the item's next run goes on at page {}",
-                p.page + 1
-            );
-            Action::End(End::Continue { token, why })
-        }
-        Some(_) => complete("max_pages reached"),
+        let why = "cursor repeated: the upstream pointed at the page it just answered";
+        return fail(Some(200), why.into());
     }
+    if p.cursor.page < rules.last_page(p) {
+        return Action::Next { token };
+    }
+    if pagination.is_some_and(|p| p.continues) {
+        // This run is done; the item's next one goes on from here.
+        let why = format!(
+            "max_pages reached; the item's next run goes on at page {}",
+            p.cursor.page + 1
+        );
+        return Action::End(End::Continue { token, why });
+    }
+    complete("max_pages reached")
 }
 
 fn complete(why: &'static str) -> Action {
@@ -394,7 +382,7 @@ fn fail(status: Option<u16>, why: String) -> Action {
 fn stuck(p: &Progress, e: &SinkError) -> Action {
     let why = format!(
         "sink: {e}; nothing more is fetched for this job here until its sink or spool can be written, then the item resumes at page {}",
-        p.page
+        p.cursor.page
     );
     Action::End(End::Fail {
         status: None,
@@ -499,9 +487,13 @@ records = "/items"
     }
 
     fn at(page: u32, token: Option<&str>) -> Progress {
-        Progress {
+        let cursor = Cursor {
             page,
             token: token.map(|t| Stored::new(t.to_owned())),
+            first: 1,
+        };
+        Progress {
+            cursor,
             ..Progress::new(None)
         }
     }

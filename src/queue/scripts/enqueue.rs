@@ -15,7 +15,7 @@ static ENQUEUE: LazyLock<Lua> =
 
 /// `lua/enqueue.lua`'s arguments.
 pub(crate) struct Enqueue {
-    /// KEYS[1] the backlog (zset), KEYS[2] its payloads (hash).
+    /// `KEYS[1]` the backlog (zset), `KEYS[2]` its payloads (hash).
     keys: [String; 2],
     /// ARGV: per task, its id, its delay (ms) and its payload (JSON).
     tasks: Vec<(String, u64, String)>,

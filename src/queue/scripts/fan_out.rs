@@ -47,18 +47,18 @@ pub(crate) struct FanOut<'a> {
     /// KEYS: the backlog, its payloads, the tick's claim, its outcome hash,
     /// its fan-out progress, the `fanning` zset.
     keys: [String; 6],
-    /// ARGV[1] who calls, ARGV[7] the tasks' origin; ARGV[6] the fan-out's
+    /// `ARGV[1]` who calls, `ARGV[7]` the tasks' origin; `ARGV[6]` the fan-out's
     /// member in `fanning`.
     fan_out: &'a TickFanOut<'a>,
-    /// ARGV[2]: the index of this chunk's first task.
+    /// `ARGV[2]`: the index of this chunk's first task.
     start: u64,
-    /// ARGV[3]: whether this chunk is the fan-out's last.
+    /// `ARGV[3]`: whether this chunk is the fan-out's last.
     last: bool,
-    /// ARGV[4]: how long the caller may be silent before another takes
-    /// over; ARGV[5]: the TTL of the tick's claim, outcome and progress.
+    /// `ARGV[4]`: how long the caller may be silent before another takes
+    /// over; `ARGV[5]`: the TTL of the tick's claim, outcome and progress.
     lease: Duration,
     tick_ttl: Duration,
-    /// ARGV[8..]: per task, its id and payload (queued with no delay).
+    /// `ARGV[8..]`: per task, its id and payload (queued with no delay).
     tasks: &'a [(String, String)],
 }
 

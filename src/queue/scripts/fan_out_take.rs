@@ -40,14 +40,14 @@ pub enum TakeOver {
 
 /// `lua/fan_out_take.lua`'s arguments.
 pub(crate) struct FanOutTake<'a> {
-    /// KEYS[1] the tick's fan-out progress, KEYS[2] the `fanning` zset.
+    /// `KEYS[1]` the tick's fan-out progress, `KEYS[2]` the `fanning` zset.
     keys: [String; 2],
-    /// ARGV[1]: who takes over; ARGV[2]: the lease it takes.
+    /// `ARGV[1]`: who takes over; `ARGV[2]`: the lease it takes.
     who: &'a str,
     lease: Duration,
-    /// ARGV[3]: the fan-out's member in `fanning`.
+    /// `ARGV[3]`: the fan-out's member in `fanning`.
     member: String,
-    /// ARGV[4]: take it only if its tasks are of this origin.
+    /// `ARGV[4]`: take it only if its tasks are of this origin.
     only: Option<Origin>,
 }
 

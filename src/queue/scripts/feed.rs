@@ -15,15 +15,15 @@ static FED: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../../../lua
 
 /// `lua/feed.lua`'s arguments.
 pub(crate) struct Feed {
-    /// KEYS[1..3]: the backlog, its payloads, the leases in transit.
+    /// `KEYS[1..3]`: the backlog, its payloads, the leases in transit.
     backlog: [String; 3],
-    /// KEYS[4], KEYS[5]: apalis's scheduled set and active list.
+    /// `KEYS[4]`, `KEYS[5]`: apalis's scheduled set and active list.
     apalis: [String; 2],
-    /// ARGV[1]: most tasks in apalis and in transit together.
+    /// `ARGV[1]`: most tasks in apalis and in transit together.
     cap: usize,
-    /// ARGV[2]: how long a feeder may take to push what it leased.
+    /// `ARGV[2]`: how long a feeder may take to push what it leased.
     lease: Duration,
-    /// ARGV[3]: most tasks leased by this call.
+    /// `ARGV[3]`: most tasks leased by this call.
     batch: usize,
 }
 

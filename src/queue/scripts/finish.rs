@@ -62,7 +62,7 @@ impl Served {
         }
     }
 
-    /// As the script takes it (ARGV[9]).
+    /// As the script takes it (`ARGV[9]`).
     fn as_str(self) -> &'static str {
         match self {
             Served::Starved => "starved",
@@ -118,24 +118,24 @@ pub(crate) struct TickRecord {
 
 /// `lua/finish.lua`'s arguments: one task's end.
 pub(crate) struct Finish {
-    /// KEYS[1] `done:<root>`, KEYS[2] the tick's outcome hash, KEYS[3] the
-    /// job's tick record, KEYS[4] its rotation, KEYS[5] its starved items.
+    /// `KEYS[1]` `done:<root>`, `KEYS[2]` the tick's outcome hash, `KEYS[3]` the
+    /// job's tick record, `KEYS[4]` its rotation, `KEYS[5]` its starved items.
     keys: [String; 5],
-    /// ARGV[1]: the outcome, stored in the done marker.
+    /// `ARGV[1]`: the outcome, stored in the done marker.
     outcome: &'static str,
-    /// ARGV[2]: the tick hash's field it counts in ([`Outcome::tick_field`]).
+    /// `ARGV[2]`: the tick hash's field it counts in ([`Outcome::tick_field`]).
     field: &'static str,
-    /// ARGV[4]: when an outcome that ends its chain on a quota's "no" may
+    /// `ARGV[4]`: when an outcome that ends its chain on a quota's "no" may
     /// retry (what `trigger --wait` reports); a deferred one comes back by
     /// itself, so it has none.
     retry_after: Option<Duration>,
-    /// ARGV[5] (the tick record's field) and ARGV[10] (the rotation's tick).
+    /// `ARGV[5]` (the tick record's field) and `ARGV[10]` (the rotation's tick).
     tick: i64,
-    /// ARGV[8]: the job's last error, when this outcome is one.
+    /// `ARGV[8]`: the job's last error, when this outcome is one.
     last_error: Option<LastError>,
-    /// ARGV[9]: the item's share, for fair rotation.
+    /// `ARGV[9]`: the item's share, for fair rotation.
     served: Served,
-    /// ARGV[11], ARGV[12], ARGV[13]: the item's index, its tick's turn
+    /// `ARGV[11]`, `ARGV[12]`, `ARGV[13]`: the item's index, its tick's turn
     /// (none: queued without rotation, no fairness), its key.
     index: u64,
     turn: Option<u64>,

@@ -43,12 +43,12 @@ impl Rotation {
 
 /// `lua/rotate.lua`'s arguments: one tick of one job.
 pub(crate) struct Rotate {
-    /// KEYS[1] the job's rotation (hash), KEYS[2] the tick's (hash).
+    /// `KEYS[1]` the job's rotation (hash), `KEYS[2]` the tick's (hash).
     keys: [String; 2],
-    /// ARGV[1] the tick (ms), ARGV[2] its item count.
+    /// `ARGV[1]` the tick (ms), `ARGV[2]` its item count.
     tick: i64,
     total: u64,
-    /// ARGV[3] the job's rotation's TTL (refreshed by every tick), ARGV[4]
+    /// `ARGV[3]` the job's rotation's TTL (refreshed by every tick), `ARGV[4]`
     /// the tick's (its claim's).
     fair_ttl: Duration,
     tick_ttl: Duration,

@@ -12,16 +12,16 @@ static TRIM: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../../../lu
 
 /// `lua/trim.lua`'s arguments.
 pub(crate) struct Trim {
-    /// KEYS[1..4]: apalis's done set, dead set, task data hash, workers
-    /// zset; KEYS[5]: our scan cursors between calls.
+    /// `KEYS[1..4]`: apalis's done set, dead set, task data hash, workers
+    /// zset; `KEYS[5]`: our scan cursors between calls.
     keys: [String; 5],
-    /// ARGV[1]: apalis's task metadata prefix.
+    /// `ARGV[1]`: apalis's task metadata prefix.
     meta: String,
-    /// ARGV[2]: tasks done before this (Unix seconds) are dropped.
+    /// `ARGV[2]`: tasks done before this (Unix seconds) are dropped.
     cutoff: u64,
-    /// ARGV[3]: members per scan step.
+    /// `ARGV[3]`: members per scan step.
     step: usize,
-    /// ARGV[4]: apalis's worker metadata prefix.
+    /// `ARGV[4]`: apalis's worker metadata prefix.
     workers_meta: String,
 }
 

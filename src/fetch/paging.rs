@@ -1,5 +1,8 @@
-//! Where a job's next page is (SPEC "Pagination styles"), and how it is kept
-//! between pages and runs without the secret.
+//! Pagination, in one place: where a job's next page is (SPEC "Pagination
+//! styles", [`next_page`] reads it from an answer), how a run keeps its
+//! place between pages and runs without the secret ([`Cursor`], the
+//! checkpoint's pagination part), and when a run's pages are over
+//! ([`onward`]).
 //!
 //! - `cursor`: the string or number at a JSON pointer, sent as a query
 //!   parameter; `next_url`: the URL at a JSON pointer; `link`: the `Link`
@@ -14,10 +17,13 @@
 //!   job's origin (`fetch::Origin`), so the secret put back into it goes
 //!   nowhere else.
 
+use reqwest::Url;
+use reqwest::header::HeaderMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::config::{Secret, Template};
+use crate::config::{Job, PageStyle, Secret, Template};
+use crate::scrub::Scrubber;
 use crate::sink::json_kind;
 
 /// A next-page cursor or URL as it is kept: the secret in it written as a
@@ -307,6 +313,153 @@ impl Validators {
     /// Whether there is nothing to send.
     pub(crate) fn is_empty(&self) -> bool {
         self.etag.is_none() && self.last_modified.is_none()
+    }
+}
+
+/// Where a page's answer says the next page is, by the job's style.
+#[derive(Debug, Clone)]
+pub(super) enum NextIn {
+    /// Nowhere: no pagination, or `style = "page"` (the worker counts).
+    Nowhere,
+    /// A cursor at this JSON pointer.
+    Cursor(String),
+    /// A URL at this JSON pointer.
+    Url(String),
+    /// The `Link` header's `rel="next"`.
+    Link,
+}
+
+impl NextIn {
+    pub(super) fn of(job: &Job) -> Self {
+        match job.pagination.as_ref().map(|p| &p.style) {
+            Some(PageStyle::Cursor { cursor, .. }) => NextIn::Cursor(cursor.clone()),
+            Some(PageStyle::NextUrl { next }) => NextIn::Url(next.clone()),
+            Some(PageStyle::Link) => NextIn::Link,
+            Some(PageStyle::Page { .. }) | None => NextIn::Nowhere,
+        }
+    }
+}
+
+/// Where a page's answer says the next page is, in stored form (`body`
+/// and `headers` not yet scrubbed: the secret in a next URL becomes its
+/// placeholder, not `[redacted]`). A relative URL resolves against the
+/// request's URL (`request_url`); its origin is checked when its request
+/// is built.
+pub(super) fn next_page(
+    next_in: &NextIn,
+    request_url: &Url,
+    headers: &HeaderMap,
+    body: &Value,
+    scrubber: &Scrubber,
+) -> Next {
+    let url = match next_in {
+        NextIn::Nowhere => return Next::End,
+        NextIn::Cursor(ptr) => {
+            return match cursor_at(body, ptr) {
+                Ok(Some(c)) => Next::At(Stored::new(scrubber.templatize(&c))),
+                Ok(None) => Next::End,
+                Err(e) => Next::Bad(e),
+            };
+        }
+        NextIn::Url(ptr) => match url_at(body, ptr) {
+            Ok(url) => url,
+            Err(e) => return Next::Bad(e),
+        },
+        NextIn::Link => next_link(
+            headers
+                .get_all(reqwest::header::LINK)
+                .iter()
+                .filter_map(|v| v.to_str().ok()),
+        ),
+    };
+    let Some(url) = url else {
+        return Next::End;
+    };
+    match request_url.join(&url) {
+        Ok(next) => Next::At(Stored::new(scrubber.templatize(next.as_str()))),
+        // The parse error names no part of the URL (which may hold the secret).
+        Err(e) => Next::Bad(format!("the next page's URL does not parse: {e}")),
+    }
+}
+
+/// Where a run is in its item's pages: the pagination part of the
+/// checkpoint (`worker::Checkpoint` flattens it, so the JSON kept in Redis
+/// is as it was).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Cursor {
+    /// The next page's number (1 = first).
+    pub(crate) page: u32,
+    /// The cursor or next URL to send for it (none for page 1, and for
+    /// `style = "page"`, which counts).
+    pub(crate) token: Option<Stored>,
+    /// The page this run started at: 1, or where it went on from a run
+    /// that stopped at `max_pages` (`continue = true`). `max_pages` counts
+    /// from here, a resumed run included.
+    #[serde(default = "first_page")]
+    pub(crate) first: u32,
+}
+
+fn first_page() -> u32 {
+    1
+}
+
+impl Cursor {
+    /// A run's first page.
+    pub(crate) fn start() -> Self {
+        Cursor {
+            page: 1,
+            token: None,
+            first: 1,
+        }
+    }
+
+    /// The last page this run may fetch: `max_pages` from the page it
+    /// started at.
+    pub(crate) fn last_page(&self, max_pages: u32) -> u32 {
+        self.first.saturating_add(max_pages - 1)
+    }
+
+    /// On to the next page, asked for by `token`.
+    pub(crate) fn advance(&mut self, token: Option<Stored>) {
+        self.page += 1;
+        self.token = token;
+    }
+
+    /// On to the next page, where the item's next run starts
+    /// (`continue = true`: `max_pages` counts from there).
+    pub(crate) fn hand_on(&mut self, token: Option<Stored>) {
+        self.advance(token);
+        self.first = self.page;
+    }
+}
+
+/// What a fetched page says comes after it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Onward {
+    /// Nothing: the run's pages are over.
+    Last,
+    /// Another page, with the cursor or next URL that asks for it (none
+    /// for `style = "page"`, which counts).
+    To(Option<Stored>),
+}
+
+/// What comes after a fetched page, by the job's `style`: `style = "page"`
+/// ends at the first page with no records (`on_page`: records the page
+/// held, not how many the sink stored, which is 0 for a page a keyed
+/// SQLite sink already holds newer copies of), the others where the answer
+/// names no next page. `Err` is a bad response (a next page that cannot be
+/// used).
+pub(crate) fn onward(
+    style: Option<&PageStyle>,
+    next: Next,
+    on_page: usize,
+) -> Result<Onward, String> {
+    match (style, next) {
+        (Some(PageStyle::Page { .. }), _) if on_page == 0 => Ok(Onward::Last),
+        (Some(PageStyle::Page { .. }), _) => Ok(Onward::To(None)),
+        (None, _) | (Some(_), Next::End) => Ok(Onward::Last),
+        (Some(_), Next::At(token)) => Ok(Onward::To(Some(token))),
+        (Some(_), Next::Bad(why)) => Err(why),
     }
 }
 

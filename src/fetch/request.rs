@@ -1,0 +1,357 @@
+//! A job's request for one page, ready to send ([`Request`]): its
+//! template rendered for one item's values ([`Placeholders`], RFC 6570
+//! expansion so no value changes the URL's shape), the page's cursor, next
+//! URL or number put in, and checked to stay on the job's origin
+//! ([`Origin`]); and a redirect's next hop, within that origin.
+
+use std::fmt;
+
+use chrono::{DateTime, Utc};
+use reqwest::Url;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+
+use super::Fetcher;
+use super::paging::{self, NextIn, Stored, StoredError, Validators};
+use crate::config::{Job, Method, PageStyle, Secret, expand};
+
+/// Redirects followed for one page at most (each one spent). The request
+/// before them makes `MAX_REDIRECTS + 1` upstream requests in all.
+pub(crate) const MAX_REDIRECTS: u32 = 3;
+
+/// Values the request template's placeholders take for one task.
+#[derive(Debug, Clone)]
+pub(crate) struct Placeholders<'a> {
+    /// The job's name: `{job}`.
+    pub job: &'a str,
+    /// The fan-out item: `{region}` and friends.
+    pub item: &'a [(String, String)],
+    /// The credential's secret: `{secret}`.
+    pub secret: &'a Secret,
+    /// `{date}`: the UTC day the request is made.
+    pub date: String,
+    /// `{since}`: when the item's last run that ended `done` started, RFC
+    /// 3339 UTC with seconds.
+    pub since: String,
+    /// `{since_epoch}`: the same, in seconds since the epoch.
+    pub since_epoch: String,
+}
+
+impl<'a> Placeholders<'a> {
+    /// Placeholders for `job` and `item` at `now`, for a run whose
+    /// `{since}` is `since`.
+    pub(crate) fn new(
+        job: &'a Job,
+        item: &'a [(String, String)],
+        secret: &'a Secret,
+        now: DateTime<Utc>,
+        since: DateTime<Utc>,
+    ) -> Self {
+        Placeholders {
+            job: &job.name,
+            item,
+            secret,
+            date: now.format("%Y-%m-%d").to_string(),
+            since: since.format("%Y-%m-%dT%H:%M:%SZ").to_string(),
+            since_epoch: since.timestamp().to_string(),
+        }
+    }
+
+    fn lookup(&self, name: &str) -> Option<&str> {
+        match name {
+            "job" => Some(self.job),
+            "date" => Some(&self.date),
+            "secret" => Some(self.secret.expose()),
+            "since" => Some(&self.since),
+            "since_epoch" => Some(&self.since_epoch),
+            _ => self
+                .item
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.as_str()),
+        }
+    }
+}
+
+/// Where a request may go: the scheme, host and port of the job's request
+/// URL. Shown as `https://host:port`, never with a path or query.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Origin {
+    scheme: String,
+    host: String,
+    port: Option<u16>,
+}
+
+impl Origin {
+    fn of(url: &Url) -> Self {
+        Origin {
+            scheme: url.scheme().to_owned(),
+            host: url.host_str().unwrap_or("").to_owned(),
+            port: url.port_or_known_default(),
+        }
+    }
+
+    /// The one same-origin check, for redirects and next pages alike:
+    /// `Err` with `url`'s origin when it is not this one. Nothing is ever
+    /// requested from there.
+    fn admits(&self, url: &Url) -> Result<(), Origin> {
+        let to = Origin::of(url);
+        if to == *self { Ok(()) } else { Err(to) }
+    }
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}://{}", self.scheme, self.host)?;
+        match self.port {
+            Some(p) => write!(f, ":{p}"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// One upstream request, ready to send: the page's rendered template, or a
+/// redirect within its origin. Its URL and headers may hold the secret, so
+/// it prints only its method, origin and hops.
+#[derive(Clone)]
+pub(crate) struct Request {
+    pub(super) method: reqwest::Method,
+    pub(super) url: Url,
+    pub(super) headers: HeaderMap,
+    pub(super) body: Option<String>,
+    /// The job's request URL's origin: redirects and next pages may not
+    /// leave it.
+    origin: Origin,
+    /// Redirects followed to get here.
+    hops: u32,
+    /// Where its answer says the next page is.
+    pub(super) next_in: NextIn,
+}
+
+/// Which page of a run a request is for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum PageAt<'a> {
+    /// Page `n` as the worker counts them: page 1 is the request template
+    /// as written; with `style = "page"` every page is, plus its number.
+    Number(u32),
+    /// The page the previous one pointed to: a cursor, or a next URL that
+    /// replaces the request's URL and query (stored form).
+    After(&'a Stored),
+}
+
+impl fmt::Debug for Request {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Request")
+            .field("method", &self.method)
+            .field("origin", &self.origin)
+            .field("hops", &self.hops)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Request {
+    /// The redirect this answer asks for, if it may be followed.
+    pub(super) fn redirected(&self, status: u16, headers: &HeaderMap) -> Result<Request, String> {
+        let Some(location) = headers
+            .get(reqwest::header::LOCATION)
+            .and_then(|v| v.to_str().ok())
+        else {
+            return Err(format!(
+                "upstream answered {status} without a usable Location; not followed"
+            ));
+        };
+        let Ok(next) = self.url.join(location.trim()) else {
+            return Err(format!(
+                "upstream answered {status} with a Location that is not a URL; not followed"
+            ));
+        };
+        if let Err(to) = self.origin.admits(&next) {
+            return Err(format!(
+                "redirect leaves the origin: upstream answered {status} to {to}, outside the job's origin {}; not requested",
+                self.origin
+            ));
+        }
+        if self.hops >= MAX_REDIRECTS {
+            return Err(format!(
+                "too many redirects: upstream answered {status} after {MAX_REDIRECTS} redirects were followed"
+            ));
+        }
+        // As browsers do: 303 turns into GET, and so do 301/302 after a
+        // POST; 307 and 308 repeat the method and body (same origin only).
+        let to_get = status == 303 || (matches!(status, 301 | 302) && self.method == "POST");
+        let (method, body) = if to_get && self.method != reqwest::Method::HEAD {
+            (reqwest::Method::GET, None)
+        } else {
+            (self.method.clone(), self.body.clone())
+        };
+        Ok(Request {
+            method,
+            url: next,
+            headers: self.headers.clone(),
+            body,
+            origin: self.origin.clone(),
+            hops: self.hops + 1,
+            next_in: self.next_in.clone(),
+        })
+    }
+
+    /// The same request, conditional on the validators of the item's last
+    /// complete run: `If-None-Match`, `If-Modified-Since`.
+    pub(crate) fn conditional(mut self, v: &Validators) -> Request {
+        for (name, value) in [
+            (reqwest::header::IF_NONE_MATCH, &v.etag),
+            (reqwest::header::IF_MODIFIED_SINCE, &v.last_modified),
+        ] {
+            if let Some(value) = value.as_deref().and_then(|v| HeaderValue::from_str(v).ok()) {
+                self.headers.insert(name, value);
+            }
+        }
+        self
+    }
+}
+
+/// Why a request could not be built. Nothing was sent, so nothing needs to
+/// be spent: the task ends `failed` with this reason.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum BuildError {
+    /// A fan-out value holds a control character (CR, LF, NUL, ESC, ...).
+    #[error("fan-out item {item} holds control characters; refused")]
+    ControlChars {
+        /// The item key, control characters escaped.
+        item: String,
+    },
+    /// The URL does not parse once its placeholders are filled in.
+    #[error("the request URL does not parse with this item's values: {0}")]
+    Url(String),
+    /// A value would change the URL's path (a whole segment of `.` or `..`).
+    #[error(
+        "a placeholder value would change the request URL's path (a value of \".\" or \"..\"?); refused"
+    )]
+    PathChanged,
+    /// A header's rendered value cannot be sent.
+    #[error(
+        "header {name}: the rendered value cannot be sent (control characters such as CR or LF)"
+    )]
+    Header {
+        /// The header's name.
+        name: String,
+    },
+    /// The previous page's next URL is on another origin than the job's
+    /// request URL: never requested, so no secret goes there.
+    #[error(
+        "next page leaves the origin: the upstream's next page is on {to}, outside the job's origin {origin}; not requested"
+    )]
+    LeavesOrigin {
+        /// The next page's origin, secrets scrubbed (a host could hold one).
+        to: String,
+        /// The job's, likewise.
+        origin: String,
+    },
+    /// The stored cursor or next URL cannot be sent.
+    #[error(transparent)]
+    Stored(#[from] StoredError),
+    /// The next URL does not parse once the secret is back in it.
+    #[error("the next page's URL does not parse: {0}")]
+    NextUrl(String),
+}
+
+impl Fetcher {
+    /// The request for page `at` of `job` for `ph`'s item.
+    ///
+    /// A next URL (`next_url`, `link`) replaces the template's URL and query
+    /// (headers and body are rendered as always), and only if it is on the
+    /// job's origin: the one place a next page is checked, before anything
+    /// is spent, so a checkpoint written before the job's URL changed never
+    /// sends the secret to the old host either.
+    pub(crate) fn request(
+        &self,
+        job: &Job,
+        ph: &Placeholders<'_>,
+        at: PageAt<'_>,
+    ) -> Result<Request, BuildError> {
+        if ph.item.iter().any(|(_, v)| v.chars().any(char::is_control)) {
+            return Err(BuildError::ControlChars {
+                item: escaped_item(ph.item),
+            });
+        }
+        let req = &job.request;
+        let mut url = template_url(job, ph)?;
+        let origin = Origin::of(&url);
+        match (at, job.pagination.as_ref().map(|p| &p.style)) {
+            (PageAt::After(next), Some(PageStyle::NextUrl { .. } | PageStyle::Link)) => {
+                let rendered = next.render(ph.secret, true)?;
+                url = Url::parse(&rendered).map_err(|e| BuildError::NextUrl(e.to_string()))?;
+                origin.admits(&url).map_err(|to| BuildError::LeavesOrigin {
+                    to: self.scrubber.scrub(&to.to_string()).into_owned(),
+                    origin: self.scrubber.scrub(&origin.to_string()).into_owned(),
+                })?;
+            }
+            (at, style) => {
+                let mut query: Vec<(&str, String)> = req
+                    .query
+                    .iter()
+                    .map(|(k, t)| (k.as_str(), t.render(|n| ph.lookup(n))))
+                    .collect();
+                match (at, style) {
+                    (PageAt::After(c), Some(PageStyle::Cursor { param, .. })) => {
+                        query.push((param, c.render(ph.secret, false)?));
+                    }
+                    (PageAt::Number(n), Some(PageStyle::Page { param, start, step })) => {
+                        query.push((param, paging::page_value(*start, *step, n).to_string()));
+                    }
+                    _ => {}
+                }
+                if !query.is_empty() {
+                    url.query_pairs_mut().extend_pairs(query);
+                }
+            }
+        }
+        let mut headers = HeaderMap::new();
+        for (k, t) in &req.headers {
+            let bad = || BuildError::Header { name: k.clone() };
+            let name = HeaderName::from_bytes(k.as_bytes()).map_err(|_| bad())?;
+            let value = HeaderValue::from_str(&t.render(|n| ph.lookup(n))).map_err(|_| bad())?;
+            headers.append(name, value);
+        }
+        let method = match req.method {
+            Method::Get => reqwest::Method::GET,
+            Method::Post => reqwest::Method::POST,
+            Method::Put => reqwest::Method::PUT,
+            Method::Patch => reqwest::Method::PATCH,
+            Method::Delete => reqwest::Method::DELETE,
+        };
+        Ok(Request {
+            method,
+            origin,
+            url,
+            headers,
+            body: req.body.as_ref().map(|b| b.render(|n| ph.lookup(n))),
+            hops: 0,
+            next_in: NextIn::of(job),
+        })
+    }
+}
+
+/// The job's request URL for `ph`'s item, without its query.
+fn template_url(job: &Job, ph: &Placeholders<'_>) -> Result<Url, BuildError> {
+    let t = &job.request.url;
+    let url = Url::parse(&t.render_with(|k| ph.lookup(k), expand))
+        .map_err(|e| BuildError::Url(e.to_string()))?;
+    // Simple expansion encodes '/', so only a whole segment of "." or
+    // ".." (which URL parsing removes) can change the path's shape.
+    if !t.has_reserved() {
+        let shape = Url::parse(&t.render(|_| Some("x"))).map(|u| path_segments(&u));
+        if shape.ok() != Some(path_segments(&url)) {
+            return Err(BuildError::PathChanged);
+        }
+    }
+    Ok(url)
+}
+
+fn path_segments(url: &Url) -> usize {
+    url.path_segments().map_or(0, Iterator::count)
+}
+
+/// `region=a\rb`: an item key fit for a log line.
+pub(crate) fn escaped_item(item: &[(String, String)]) -> String {
+    crate::queue::item_key(item).escape_debug().to_string()
+}
