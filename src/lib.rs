@@ -15,38 +15,53 @@
 //! back up: `quota` knows no HTTP and no queue, `fetch` knows no Redis, `ops`
 //! knows no daemon.
 //!
-//! # Where things are
+//! # Where things are, in the order a task meets them
+//!
+//! (docs/layout.md draws the same map.)
+//!
+//! 1. [`schedule`]: when a job fires (cron) and **where a tick is fanned
+//!    out** into tasks (`schedule::TickItems`: `fan_out` lists ×
+//!    `fan_out_from` rows, `schedule::source`; `schedule::queue_tick`:
+//!    queued in bounded chunks, once per tick across daemons, by the
+//!    daemon's `schedule::Scheduler` loop and `trigger`); fair rotation;
+//!    worst-case spending per window.
+//! 2. [`queue`]: the tasks in Redis — apalis-redis, our backlog in front of
+//!    it, our janitor behind it, the workarounds for apalis's pitfalls;
+//!    `queue::scripts`: one file per Lua script, its KEYS and ARGV typed.
+//! 3. `worker`: one task — claim its item, run its pages, record how it
+//!    ended. `worker::run`: the run, step by step; `worker::step`: **where
+//!    an answer becomes an action** (the pure `decide`, unit-tested for
+//!    every kind of answer); `worker::spend`: the task's side of the quota,
+//!    as data.
+//! 4. `fetch`: the upstream request and what its answer means —
+//!    `fetch::request` (the template for one page, its origin, redirects),
+//!    `fetch::paging` (**where pagination lives**: the next page in each
+//!    style, the checkpoint's cursor, when the pages end), `fetch::answer`
+//!    (`Reply`: a page, throttled, a 5xx, ..., read within bounds and
+//!    scrubbed).
+//! 5. [`sink`]: where records go: JSON lines files (whole-page appends,
+//!    safe across processes), SQLite with an FTS5 index that serves search,
+//!    or a PostgreSQL table (each page exactly once, a `tsvector` for
+//!    search); [`pg`]: connecting to PostgreSQL (password file, TLS, pools).
+//! 6. [`outcome`]: **where an outcome is defined** — `done`,
+//!    `quota_exhausted`, … and what each carries (retry-after, pages,
+//!    units).
+//!
+//! Beside the path:
 //!
 //! - [`config`]: the config files, parsed and validated (errors name file,
 //!   line, field); everything else reads it.
-//! - [`daemon`]: `quota-worker run` — starts Redis (or connects to it) and the
-//!   loops below, and stops them on shutdown.
-//! - [`schedule`]: when a job fires (cron) and **where a tick is fanned out**
-//!   into tasks (`schedule::TickItems`: `fan_out` lists × `fan_out_from` rows,
-//!   `schedule::source`; `schedule::queue_tick`: queued in bounded chunks,
-//!   once per tick across daemons, by the daemon's `schedule::Scheduler` loop
-//!   and `trigger`); worst-case spending per window.
-//! - [`queue`]: the tasks in Redis — apalis-redis, our backlog in front of it,
-//!   our janitor behind it, and the workarounds for apalis's pitfalls.
-//! - `worker`: one task, page by page: spend → fetch → sink → checkpoint,
-//!   and how it ends.
-//! - [`outcome`]: **where an outcome is defined** — `done`,
-//!   `quota_exhausted`, … and what each carries (retry-after, pages, units).
+//! - [`daemon`]: `quota-worker run` — starts Redis (or connects to it) and
+//!   the loops, and stops them on shutdown.
 //! - [`quota`]: **where a spend is decided** — the windows and the spend
-//!   script (`lua/spend.lua`): spend, settle, block, peek. The CLI's `spend`,
-//!   the worker and the benchmarks call the same function.
+//!   script (`lua/spend.lua`): spend, settle, block, peek. The CLI's
+//!   `spend`, the worker and the benchmarks call the same function.
+//!   `accounting`: what an answer says about the upstream's own quota (one
+//!   `Verdict`: settle, resync, block, per upstream: GitHub, Shopify, Meta,
+//!   IETF).
 //! - [`keys`]: **where a Redis key is named** — every key name, in one place.
-//! - `fetch`: the upstream request (templates, pagination) and what its
-//!   answer means (`Reply`: a page, throttled, a 5xx, ...); `accounting`:
-//!   what it says about the upstream's own quota (one `Verdict`: settle,
-//!   resync, block, per upstream: GitHub, Shopify, Meta, IETF); `paging`: where
-//!   the next page is in each pagination style (cursor, next URL, `Link`
-//!   header, page number) and how it is kept without the secret; `scrub`:
-//!   the secret scrubber every piece of upstream text passes through.
-//! - [`sink`]: where records go: JSON lines files (whole-page appends, safe
-//!   across processes), SQLite with an FTS5 index that serves search, or a
-//!   PostgreSQL table (each page exactly once, a `tsvector` for search);
-//!   [`pg`]: connecting to PostgreSQL (password file, TLS, pools).
+//! - `scrub`: the secret scrubber every piece of upstream text passes
+//!   through.
 //! - [`ops`]: Prometheus metrics, `/healthz`, `/readyz`, the status page
 //!   (`/`, `/api/status`), and the systemd notify protocol (watchdog pings
 //!   only while the daemon's loops beat). What the status page shows that
