@@ -254,7 +254,7 @@ fn job_lines(config: &Config, job: &Job, now: DateTime<Utc>) -> String {
         )
     };
     format!(
-        "\njob {} ({}): endpoint {}, {} task(s) per tick, worst case {} units per run ({} item(s) x {} page(s) x {} unit(s))\n{reserve}  next: {} ({} {})\n",
+        "\njob {} ({}): endpoint {}, {} task(s) per tick, worst case {} units per run ({} item(s) x {} page(s) x {} unit(s))\n{reserve}  next: {}\n",
         job.name,
         job.file.display(),
         ep.name,
@@ -263,14 +263,22 @@ fn job_lines(config: &Config, job: &Job, now: DateTime<Utc>) -> String {
         job.items(),
         job.max_pages(),
         ep.cost,
-        if next.is_empty() {
-            "never".into()
-        } else {
-            next.join(", ")
-        },
-        job.schedule.source(),
-        job.timezone
+        next_line(job, &next),
     )
+}
+
+/// What `check` prints for a job's next fire times: "manual" for a job
+/// only `trigger` runs, "never" for a schedule with no future fire time.
+fn next_line(job: &Job, next: &[String]) -> String {
+    if job.schedule.is_manual() {
+        return "manual (only `quota-worker trigger` runs it; not counted in the windows' worst case below)".into();
+    }
+    let next = if next.is_empty() {
+        "never".into()
+    } else {
+        next.join(", ")
+    };
+    format!("{next} ({} {})", job.schedule, job.timezone)
 }
 
 /// A job's `fan_out_from` (what its source holds now) and the warnings:

@@ -147,7 +147,7 @@ fn print_intro(config: &Config, sim_url: &str, duration: Duration, out_dir: &Pat
         println!(
             "  job {}: {} ({}), {} task(s) per tick, up to {} page(s) each, endpoint {} at {} unit(s)",
             job.name,
-            job.schedule.source(),
+            job.schedule,
             job.timezone,
             job.items(),
             job.max_pages(),

@@ -544,6 +544,44 @@ pub enum OnQuotaExhausted {
     Defer,
 }
 
+/// When a job fires by itself.
+#[derive(Debug, Clone)]
+pub enum Schedule {
+    /// A cron expression, seconds first (boxed: it is large, and a job
+    /// is read far more often than built).
+    Cron(Box<cron::Schedule>),
+    /// `schedule = "manual"`: never by itself; `quota-worker trigger` runs it.
+    Manual,
+}
+
+impl Schedule {
+    /// What `schedule` says for a job that only `trigger` runs.
+    pub const MANUAL: &'static str = "manual";
+
+    /// The cron schedule; `None` for a manual job.
+    pub fn cron(&self) -> Option<&cron::Schedule> {
+        match self {
+            Schedule::Cron(c) => Some(c),
+            Schedule::Manual => None,
+        }
+    }
+
+    /// Whether only `trigger` runs the job.
+    pub fn is_manual(&self) -> bool {
+        matches!(self, Schedule::Manual)
+    }
+}
+
+/// As written: the cron expression, or "manual".
+impl fmt::Display for Schedule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Schedule::Cron(c) => f.write_str(c.source()),
+            Schedule::Manual => f.write_str(Self::MANUAL),
+        }
+    }
+}
+
 /// A scheduled ingestion.
 #[derive(Debug, Clone)]
 pub struct Job {
@@ -551,8 +589,8 @@ pub struct Job {
     pub name: String,
     /// The file it is defined in.
     pub file: PathBuf,
-    /// Its cron schedule (seconds first).
-    pub schedule: cron::Schedule,
+    /// When it fires by itself: a cron schedule, or never (`"manual"`).
+    pub schedule: Schedule,
     /// The time zone the schedule is read in.
     pub timezone: Tz,
     /// The endpoint each request spends from.

@@ -27,23 +27,27 @@ pub use fairness::{STARVED_CAP, StarvedItems, starved_items};
 pub use fan_out::{FanOutCause, FanOutError, Fanned, TickItems, queue_tick, tick_tasks};
 pub(crate) use scheduler::Scheduler;
 
-/// The next `n` fire times of `job` after `after`.
+/// The next `n` fire times of `job` after `after` (none for a manual job).
 pub(crate) fn next_fires(job: &Job, after: DateTime<Utc>, n: usize) -> Vec<DateTime<Utc>> {
-    job.schedule
+    let Some(schedule) = job.schedule.cron() else {
+        return Vec::new();
+    };
+    schedule
         .after(&after.with_timezone(&job.timezone))
         .take(n)
         .map(|t| t.with_timezone(&Utc))
         .collect()
 }
 
-/// Fire times of `job` in `[from, to)`, at most `cap` of them.
+/// Fire times of `job` in `[from, to)`, at most `cap` of them (none for a
+/// manual job).
 pub(crate) fn fires_between(
     job: &Job,
     from: DateTime<Utc>,
     to: DateTime<Utc>,
     cap: usize,
 ) -> Vec<DateTime<Utc>> {
-    Cron::of(job).fires(from, to, cap)
+    Cron::of(job).map_or_else(Vec::new, |c| c.fires(from, to, cap))
 }
 
 /// A cron schedule read in a time zone.
@@ -54,11 +58,13 @@ struct Cron<'a> {
 }
 
 impl<'a> Cron<'a> {
-    fn of(job: &'a Job) -> Self {
-        Cron {
-            schedule: &job.schedule,
+    /// The job's cron schedule; `None` for a manual job, which never fires
+    /// by itself.
+    fn of(job: &'a Job) -> Option<Self> {
+        Some(Cron {
+            schedule: job.schedule.cron()?,
             timezone: &job.timezone,
-        }
+        })
     }
 
     /// Fire times in `[from, to)`, at most `cap` of them.
@@ -156,9 +162,10 @@ fn densest(fires: &[DateTime<Utc>], per: chrono::Duration) -> u64 {
 /// full period of its schedule past its next fire time ([`scan_span`]), and
 /// around each daylight-saving change of its time zone within a year (a
 /// daily 02:30 job fires twice within an hour when the clocks go back).
-/// Schedules too dense to enumerate are extrapolated from their rate.
+/// Schedules too dense to enumerate are extrapolated from their rate. A
+/// manual job has no ticks: only `trigger` runs it.
 pub(crate) fn worst_ticks(job: &Job, per: Duration, from: DateTime<Utc>) -> u64 {
-    worst_ticks_of(Cron::of(job), per, from)
+    Cron::of(job).map_or(0, |c| worst_ticks_of(c, per, from))
 }
 
 fn worst_ticks_of(cron: Cron<'_>, per: Duration, from: DateTime<Utc>) -> u64 {
@@ -211,7 +218,7 @@ pub(crate) fn exhausted_at<'a>(
     // A schedule enumerated only up to the cap is known up to its last tick.
     let mut known_until = DateTime::<Utc>::MAX_UTC;
     for job in jobs {
-        let Some((_, end)) = scan_span(Cron::of(job), per, start) else {
+        let Some((_, end)) = Cron::of(job).and_then(|c| scan_span(c, per, start)) else {
             continue;
         };
         let fires = fires_between(job, start, end, TICK_CAP);

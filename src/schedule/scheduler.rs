@@ -35,7 +35,9 @@ impl Scheduler {
     /// Runs one loop per job until `stop`. Only the next tick after now is
     /// ever fired: a daemon that was down does not replay the ticks it missed.
     pub(crate) async fn run(self, config: Arc<Config>) {
+        // A manual job never fires by itself: `trigger` runs it.
         let mut loops: Vec<_> = (config.jobs.values())
+            .filter(|job| !job.schedule.is_manual())
             .map(|job| tokio::spawn(self.clone().job_loop(job.clone())))
             .collect();
         if !loops.is_empty() {

@@ -80,6 +80,7 @@ mod health;
 mod install;
 mod listener_limits;
 mod logs;
+mod manual_jobs;
 mod metrics;
 mod notify;
 mod secret_spellings;

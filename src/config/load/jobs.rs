@@ -14,7 +14,8 @@ use crate::config::choice::PageStyleName;
 use crate::config::defaults as d;
 use crate::config::raw::{RawFanOutFrom, RawJob, RawPagination, RawRetry};
 use crate::config::{
-    DataSource, Endpoint, FanOutFrom, FieldPath, Job, PageStyle, Pagination, Reserve, Retry, Source,
+    DataSource, Endpoint, FanOutFrom, FieldPath, Job, PageStyle, Pagination, Reserve, Retry,
+    Schedule, Source,
 };
 use crate::schedule::source;
 
@@ -194,12 +195,17 @@ impl Loader<'_> {
         reserve
     }
 
-    /// `schedule`: cron with seconds first.
-    fn schedule(&mut self, src: &Source, at: &FieldPath, raw: &str) -> Option<cron::Schedule> {
+    /// `schedule`: cron with seconds first, or `"manual"` (only `trigger`
+    /// runs the job).
+    fn schedule(&mut self, src: &Source, at: &FieldPath, raw: &str) -> Option<Schedule> {
+        if raw.trim() == Schedule::MANUAL {
+            return Some(Schedule::Manual);
+        }
         cron::Schedule::from_str(raw.trim())
+            .map(|c| Schedule::Cron(Box::new(c)))
             .map_err(|e| {
                 let msg = format!(
-                    "bad cron expression {raw:?}: {e} (six or seven fields, seconds first: \"0 */30 * * * *\")"
+                    "bad cron expression {raw:?}: {e} (six or seven fields, seconds first: \"0 */30 * * * *\"; or \"manual\": only `trigger` runs the job)"
                 );
                 self.error(src, at, msg);
             })

@@ -1,0 +1,92 @@
+//! Promise: a job with `schedule = "manual"` never fires by itself, while
+//! the daemon's other jobs tick; `trigger` runs it like any job; `check`
+//! prints "manual" for its next fire times.
+
+use std::time::Duration;
+
+use crate::support::config::ConfigBuilder;
+use crate::support::daemon::{self, PREFIX};
+use crate::support::process::{Proc, run_cli};
+use crate::support::redis_server::redis_conn;
+use crate::support::upstream::Upstream;
+use crate::support::{RedisServer, wait_until};
+
+/// Ticks of `job` claimed in Redis (one key per tick).
+fn ticks_of(redis: &RedisServer, job: &str) -> usize {
+    let mut conn = redis_conn(&redis.url());
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{PREFIX}:tick:{job}:*"))
+        .query(&mut conn)
+        .expect("KEYS");
+    // The claim is `tick:JOB:MS`; the tick's other keys carry a suffix.
+    (keys.iter())
+        .filter(|k| {
+            k.rsplit(':')
+                .next()
+                .is_some_and(|s| s.parse::<i64>().is_ok())
+        })
+        .count()
+}
+
+#[test]
+fn a_manual_job_never_fires_by_itself_and_trigger_runs_it() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start(1, 2);
+    let base = upstream.base_url();
+    let cfg = ConfigBuilder::new()
+        .credential(daemon::credential())
+        .endpoint(daemon::endpoint())
+        .job(daemon::videos_job("every", "sim.videos", &base, &["US"], 1).schedule("* * * * * *"))
+        .job(
+            daemon::videos_job("backfill", "sim.videos", &base, &["GB", "DE"], 1)
+                .schedule("manual"),
+        )
+        .write();
+
+    let (code, out, err) = run_cli(
+        &cfg,
+        Some(&redis.url()),
+        &["check"],
+        Duration::from_secs(30),
+    );
+    assert_eq!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}");
+    let backfill = out
+        .split("\njob ")
+        .find(|j| j.starts_with("backfill "))
+        .unwrap_or_else(|| panic!("no job backfill in:\n{out}"));
+    assert!(
+        backfill.contains("next: manual (only `quota-worker trigger` runs it"),
+        "{out}"
+    );
+
+    let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
+    d.wait_running(Duration::from_secs(20));
+    // Three ticks of the cron job: the scheduler runs and fires.
+    let ticked = wait_until(Duration::from_secs(60), || {
+        (d.outcomes().iter())
+            .filter(|o| o["job"] == "every" && o["outcome"] == "done")
+            .count()
+            >= 3
+    });
+    assert!(ticked, "the cron job did not tick:\n{}", d.log());
+    assert_eq!(
+        ticks_of(&redis, "backfill"),
+        0,
+        "the manual job fired by itself"
+    );
+    assert!(
+        !d.outcomes().iter().any(|o| o["job"] == "backfill"),
+        "{}",
+        d.log()
+    );
+
+    let (code, out, err) = run_cli(
+        &cfg,
+        Some(&redis.url()),
+        &["trigger", "backfill", "--wait"],
+        Duration::from_secs(60),
+    );
+    assert_eq!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}");
+    assert!(out.contains("2 task(s) ended: 2 done"), "{out}");
+    assert_eq!(ticks_of(&redis, "backfill"), 1);
+}
