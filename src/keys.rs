@@ -228,6 +228,18 @@ impl KeySpace {
         format!("{}:done:{task_id}", self.prefix)
     }
 
+    /// The jobs running daemons have loaded (hash: job -> Redis time, ms,
+    /// a daemon last said it had it; `lua/known.lua`).
+    pub fn known_jobs(&self) -> String {
+        format!("{}:known:jobs", self.prefix)
+    }
+
+    /// The daemons running on this Redis and prefix (hash: daemon id ->
+    /// alive-until and what it loaded; `lua/known.lua`).
+    pub fn daemons(&self) -> String {
+        format!("{}:known:daemons", self.prefix)
+    }
+
     /// Where the queue's trim keeps its scan cursors between calls (hash:
     /// apalis set -> SSCAN cursor), so each call takes one bounded step.
     pub fn trim_cursors(&self) -> String {

@@ -12,6 +12,7 @@ use super::Exit;
 use crate::config::{Config, Job, RedisUrl, fmt_duration};
 use crate::keys::KeySpace;
 use crate::outcome::{DEFERRED, OutcomeKind, RETRY_AT_MS, RETRYING};
+use crate::queue::known;
 use crate::queue::{FAN_OUT_LEASE, Origin, Queue, QueueError, TakeOver, TickFanOut};
 use crate::schedule::{FanOutCause, Fanned, TickItems, queue_tick};
 
@@ -52,6 +53,7 @@ pub async fn run(config: &Config, job_name: &str, wait: bool) -> Exit {
         Ok(t) => t,
         Err(code) => return code,
     };
+    reload_hint(&mut conn.clone(), &keys, config, job).await;
     if !wait {
         return Exit::Ok;
     }
@@ -66,6 +68,39 @@ pub async fn run(config: &Config, job_name: &str, wait: bool) -> Exit {
         Ok(counts) => verdict(&counts),
         Err(code) => code,
     }
+}
+
+/// When daemons run on this Redis and prefix and none has `job` loaded (a
+/// job added to the files since they started, or since their last reload),
+/// says so on stderr: they need a reload, and meanwhile its tasks are given
+/// back until one has it, for up to `unknown_job_grace`. Silent when it
+/// cannot tell (no daemon announces its jobs: none runs, or they predate
+/// the announcement).
+async fn reload_hint(conn: &mut ConnectionManager, keys: &KeySpace, config: &Config, job: &Job) {
+    let Ok((now, live, last)) = known::live_daemons(conn, keys, &job.name).await else {
+        return;
+    };
+    if live.is_empty() || known::has_it_now(now, last) {
+        return;
+    }
+    let older = (live.iter())
+        .filter(|(_, l)| l.fingerprint != config.fingerprint)
+        .count();
+    let why = if older > 0 {
+        format!(
+            " ({older} of them loaded other files than {} has now)",
+            config.path.display()
+        )
+    } else {
+        String::new()
+    };
+    eprintln!(
+        "warning: job {} is in {}, but none of the {} daemon(s) running on this Redis has it loaded{why}: reload them (`systemctl reload quota-worker`, or SIGHUP to each); until one has it, its tasks are given back, for up to unknown_job_grace ({}), then end failed",
+        job.name,
+        job.file.display(),
+        live.len(),
+        fmt_duration(config.worker.unknown_job_grace)
+    );
 }
 
 /// Queues one tick of `job`, or the rest of an earlier `trigger` of it that

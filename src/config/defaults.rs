@@ -33,6 +33,14 @@ pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
 pub const RECOVER_AFTER: Duration = Duration::from_secs(30);
 /// `[worker] poll_interval`.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(200);
+/// `[worker] unknown_job_grace`: how long a task of a job this daemon does
+/// not know is given back for another daemon, counted from the last time
+/// any daemon had the job loaded (rolling deploys, reloads).
+pub const UNKNOWN_JOB_GRACE: Duration = Duration::from_secs(600);
+/// `[worker] unknown_job_grace` at least, unless 0 (fail at once): daemons
+/// say what they have loaded every 5 s (`queue::known`), so a shorter grace
+/// could fail a task that a running daemon knows.
+pub const MIN_UNKNOWN_JOB_GRACE: Duration = Duration::from_secs(15);
 /// `[worker] fan_out_warn`: `check` warns about a tick of more tasks (each
 /// waits in Redis, about 400 bytes apiece, until a worker takes it).
 pub const FAN_OUT_WARN: u64 = 100_000;
@@ -193,6 +201,7 @@ mod tests {
         says_duration(c, f, "recover_after", RECOVER_AFTER);
         says_duration(c, f, "poll_interval", POLL_INTERVAL);
         says(c, f, "fan_out_warn", &FAN_OUT_WARN.to_string());
+        says_duration(c, f, "unknown_job_grace", UNKNOWN_JOB_GRACE);
         says(c, f, "listen", &format!("{METRICS_LISTEN:?}"));
         says(c, f, "state_dir", &format!("{STATE_DIR:?}"));
         says(c, f, "reset", &format!("{WINDOW_RESET:?}"));

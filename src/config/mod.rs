@@ -79,6 +79,11 @@ pub struct Config {
     pub endpoints: IndexMap<String, Endpoint>,
     /// Every job of every job file, in file then config order.
     pub jobs: IndexMap<String, Job>,
+    /// The files as read (the config file and every job file, their paths
+    /// and contents), hashed: the same files give the same fingerprint, so
+    /// `trigger` can tell a daemon that runs another config than the one on
+    /// disk (12 hex digits of SHA-1; not a security boundary).
+    pub fingerprint: String,
 }
 
 /// `[redis]`.
@@ -128,6 +133,10 @@ pub struct WorkerConfig {
     pub poll_interval: Duration,
     /// `check` warns about a job whose tick fans out to more tasks than this.
     pub fan_out_warn: u64,
+    /// A task of a job this daemon's config does not have is given back
+    /// (for a daemon that has it) until no daemon has had the job loaded
+    /// for this long; then it ends `failed`. 0: it fails at once.
+    pub unknown_job_grace: Duration,
 }
 
 /// `[metrics]`.

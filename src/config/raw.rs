@@ -74,6 +74,7 @@ pub(super) struct RawWorker {
     pub(super) recover_after: Option<Dur>,
     pub(super) poll_interval: Option<Dur>,
     pub(super) fan_out_warn: Option<u64>,
+    pub(super) unknown_job_grace: Option<Dur>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -5,6 +5,7 @@
 //! systemd notifications ([`crate::ops`]). [`run`] returns when `shutdown`
 //! resolves and the running tasks finished (or `shutdown_timeout` passed).
 
+mod announce;
 mod drain;
 mod feeder;
 mod supervisor;
@@ -224,16 +225,27 @@ struct Loops {
     scheduler: JoinHandle<()>,
     feeder: JoinHandle<()>,
     workers: JoinHandle<supervisor::Stopped>,
+    announce: JoinHandle<()>,
 }
 
 impl Loops {
     fn spawn(
         config: &Arc<Config>,
+        live: &watch::Receiver<Arc<Config>>,
         parts: &Parts,
         hooks: &Hooks,
         stop: &watch::Receiver<bool>,
     ) -> Self {
         let health = parts.ops.health.clone();
+        let host = supervisor::hostname();
+        let announce = tokio::spawn(announce::run(
+            parts.queue.connection(),
+            parts.queue.keys().clone(),
+            announce::daemon_id(&host),
+            host,
+            live.clone(),
+            stop.clone(),
+        ));
         let scheduler = if hooks.wedge_scheduler {
             tokio::spawn(wedged(stop.clone()))
         } else {
@@ -265,6 +277,7 @@ impl Loops {
             scheduler,
             feeder,
             workers,
+            announce,
         }
     }
 
@@ -273,6 +286,7 @@ impl Loops {
     async fn join(self, config: &Config, stats: &Stats) {
         let _ = self.scheduler.await;
         let _ = self.feeder.await;
+        let _ = self.announce.await;
         let drain = config.worker.shutdown_timeout + Duration::from_secs(1);
         // The supervisor bounds its drain by the shutdown timeout itself;
         // the extra second here only guards against a drain that hangs.
@@ -468,7 +482,8 @@ async fn run_on(
             let _ = tx.send(Some(bound));
         }
     }
-    let loops = Loops::spawn(&config, &parts, &opts.hooks, &stop_rx);
+    let (_live_tx, live) = watch::channel(config.clone());
+    let loops = Loops::spawn(&config, &live, &parts, &opts.hooks, &stop_rx);
     if let Some(ready) = &opts.ready {
         let _ = ready.send(true);
     }

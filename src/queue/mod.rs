@@ -23,6 +23,7 @@
 //! - orphaned tasks come back after heartbeat × missed heartbeats: both are
 //!   derived from `[worker] recover_after`.
 
+pub mod known;
 pub(crate) mod scripts;
 mod task;
 

@@ -90,6 +90,21 @@ pub struct TaskArgs {
     /// task queued without one (`enqueue_tick`), which fairness ignores.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub turn: Option<u64>,
+    /// Times a daemon whose config does not have the job gave this task
+    /// back (rolling deploys, reloads): each give-back waits twice as long
+    /// as the last ([`TaskArgs::given_back`]). Absent in tasks queued
+    /// before it existed, and ignored by daemons that predate it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub given_back: u32,
+    /// When (Redis time, ms) the first daemon that did not know the job
+    /// gave it back: the grace of a job no daemon has ever had counts from
+    /// there (`queue::known`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unknown_since: Option<i64>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl TaskArgs {
@@ -115,6 +130,8 @@ impl TaskArgs {
             failures: 0,
             seq: 0,
             turn: None,
+            given_back: 0,
+            unknown_since: None,
         }
     }
 
@@ -166,6 +183,17 @@ impl TaskArgs {
                 next.id = format!("{}:b{}", self.root, next.seq);
             }
         }
+        next
+    }
+
+    /// This task given back by a daemon whose config does not have its job,
+    /// for another daemon (or this one, reloaded): the same task (a busy
+    /// copy: same root, no attempt counted), with the give-back counted
+    /// and the time the job was first found unknown (`since`, Redis ms).
+    pub(crate) fn given_back(&self, since: i64) -> Self {
+        let mut next = self.again(Origin::Busy);
+        next.given_back = self.given_back.saturating_add(1);
+        next.unknown_since = Some(self.unknown_since.unwrap_or(since));
         next
     }
 

@@ -46,6 +46,7 @@ use crate::fetch::Fetcher;
 use crate::fetch::paging::{Cursor, Validators};
 use crate::keys::KeySpace;
 use crate::outcome::{Outcome, OutcomeEvent, OutcomeKind};
+use crate::queue::known::{self, Unknown};
 use crate::queue::scripts::finish::Finish;
 use crate::queue::{Origin, Queue, QueueError, TaskArgs};
 use crate::quota::Limiter;
@@ -150,6 +151,9 @@ pub(crate) enum Skip {
     AlreadyDone,
     /// Another task holds the item; a copy was queued to try again.
     Busy,
+    /// This daemon does not know the job; the task was queued again for
+    /// one that does.
+    GivenBack,
 }
 
 /// What running a task amounted to.
@@ -170,7 +174,7 @@ impl Worker {
     /// records the outcome, frees the item.
     pub(crate) async fn run(&self, task: &TaskArgs) -> Result<Ran, TaskError> {
         let Some(job) = self.config.jobs.get(&task.job) else {
-            return self.job_gone(task).await;
+            return self.job_unknown(task).await;
         };
         let mut conn = self.conn.clone();
         let lock = ItemLock::new(self.keys(), job, task, self.lock_ttl());
@@ -225,16 +229,43 @@ impl Worker {
         Ok(Ran::Ended(outcome))
     }
 
-    /// A task of a job that is no longer configured fails (once).
-    async fn job_gone(&self, task: &TaskArgs) -> Result<Ran, TaskError> {
+    /// A task of a job this daemon's config does not have: a rolling deploy
+    /// or a reload that reached some daemons before others. While some
+    /// daemon has had the job within `unknown_job_grace`, the task is given
+    /// back for it (queued again, no attempt counted, each wait twice the
+    /// last: `queue::known`); after that it fails, once, saying so.
+    async fn job_unknown(&self, task: &TaskArgs) -> Result<Ran, TaskError> {
+        let mut conn = self.conn.clone();
         let done = self.keys().task_done(&task.root);
-        if self.conn.clone().exists::<_, bool>(done).await? {
+        if conn.exists::<_, bool>(done).await? {
             return Ok(Ran::Skipped(Skip::AlreadyDone));
         }
-        let why = format!("job {:?} is not in the configuration any more", task.job);
-        let outcome = Outcome::new(OutcomeKind::Failed, 0, why);
-        self.finish(task, None, &outcome).await?;
-        Ok(Ran::Ended(outcome))
+        let (now, last) = known::last_known(&mut conn, self.keys(), &task.job).await?;
+        let grace = self.config.worker.unknown_job_grace;
+        let since = task.unknown_since;
+        match known::verdict(&task.job, now, last, since, task.given_back, grace) {
+            Unknown::GiveBack { wait, since } => {
+                let back = task.given_back(since);
+                self.queue.enqueue(&[(back, wait)]).await?;
+                Stats::add(&self.stats.requeued, 1);
+                metrics::counter!("qw_tasks_given_back_total", "qw_job" => task.job.clone())
+                    .increment(1);
+                info!(
+                    job = %task.job,
+                    item = %task.item_key(),
+                    task = %task.id,
+                    given_back = task.given_back + 1,
+                    requeued_in_ms = wait.as_millis() as u64,
+                    "job not in this daemon's configuration: task given back for a daemon that has it"
+                );
+                Ok(Ran::Skipped(Skip::GivenBack))
+            }
+            Unknown::Fail(why) => {
+                let outcome = Outcome::new(OutcomeKind::Failed, 0, why);
+                self.finish(task, None, &outcome).await?;
+                Ok(Ran::Ended(outcome))
+            }
+        }
     }
 
     /// The item lock's lifetime: at most [`LOCK_TTL`], and under half of

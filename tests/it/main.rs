@@ -57,6 +57,7 @@ mod queue_limits;
 mod queue_pitfalls;
 mod quota_exhausted;
 mod retries;
+mod rolling_deploy;
 mod sink;
 mod sink_unwritable;
 mod sqlite_key_per_item;

@@ -526,6 +526,12 @@ impl Worker {
         self.0.set("poll_interval", d);
         self
     }
+
+    /// How long a task of a job no daemon has is given back before it fails.
+    pub fn unknown_job_grace(mut self, d: &str) -> Self {
+        self.0.set("unknown_job_grace", d);
+        self
+    }
 }
 
 /// A whole configuration: `config.toml` and its job files.

@@ -9,7 +9,7 @@ use std::str::FromStr;
 use indexmap::IndexMap;
 
 use super::request::Placeholders;
-use super::{Loader, NAME_RULE, expand_vars, read_source, valid_name};
+use super::{Loader, NAME_RULE, expand_vars, valid_name};
 use crate::config::choice::PageStyleName;
 use crate::config::defaults as d;
 use crate::config::raw::{RawFanOutFrom, RawJob, RawPagination, RawRetry};
@@ -61,7 +61,7 @@ impl Loader<'_> {
         endpoints: &IndexMap<String, Endpoint>,
         jobs: &mut IndexMap<String, Job>,
     ) {
-        let src = match read_source(file) {
+        let src = match self.source(file) {
             Ok(s) => s,
             Err(e) => return self.errors.push(e),
         };

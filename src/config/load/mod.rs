@@ -41,6 +41,8 @@ pub(super) struct Loader<'a> {
     templates: HashMap<String, String>,
     /// Each credential's windows, to check a job's reserve against them.
     credential_windows: HashMap<String, Vec<Window>>,
+    /// Every file read so far, paths and contents: the config's fingerprint.
+    read: sha1_smol::Sha1,
 }
 
 impl<'a> Loader<'a> {
@@ -51,12 +53,24 @@ impl<'a> Loader<'a> {
             invalid_endpoints: BTreeSet::new(),
             templates: HashMap::new(),
             credential_windows: HashMap::new(),
+            read: sha1_smol::Sha1::new(),
         }
+    }
+
+    /// Reads a config or job file, and counts it in the fingerprint.
+    fn source(&mut self, path: &Path) -> Result<Source, ConfigError> {
+        let src = read_source(path)?;
+        // Length-prefixed, so no two sequences of files hash alike.
+        for part in [path.to_string_lossy().as_bytes(), src.text().as_bytes()] {
+            self.read.update(&(part.len() as u64).to_le_bytes());
+            self.read.update(part);
+        }
+        Ok(src)
     }
 
     /// The config file and every job file its `jobs` glob names.
     pub(super) fn load(mut self, path: &Path) -> Result<Config, ConfigErrors> {
-        let src = read_source(path)?;
+        let src = self.source(path)?;
         let raw: RawConfig = toml::from_str(src.text()).map_err(|e| src.from_toml(&e))?;
         let dir = config_dir(path);
 
@@ -90,6 +104,7 @@ impl<'a> Loader<'a> {
             credentials,
             endpoints,
             jobs,
+            fingerprint: self.read.digest().to_string()[..12].to_owned(),
         })
     }
 

@@ -130,11 +130,20 @@ impl Loader<'_> {
             recover_after: raw.recover_after.map_or(d::RECOVER_AFTER, |t| t.0),
             poll_interval: raw.poll_interval.map_or(d::POLL_INTERVAL, |t| t.0),
             fan_out_warn: raw.fan_out_warn.unwrap_or(d::FAN_OUT_WARN),
+            unknown_job_grace: raw.unknown_job_grace.map_or(d::UNKNOWN_JOB_GRACE, |t| t.0),
         };
         if worker.recover_after < d::MIN_RECOVER_AFTER {
             let min = fmt_duration(d::MIN_RECOVER_AFTER);
             let msg = format!("must be at least {min} (workers heartbeat every third of it)");
             self.error(src, &at("worker", "recover_after"), msg);
+        }
+        let grace = worker.unknown_job_grace;
+        if !grace.is_zero() && grace < d::MIN_UNKNOWN_JOB_GRACE {
+            let min = fmt_duration(d::MIN_UNKNOWN_JOB_GRACE);
+            let msg = format!(
+                "must be \"0s\" (a task of a job this daemon does not know fails at once) or at least {min} (daemons say which jobs they have loaded every 5 s)"
+            );
+            self.error(src, &at("worker", "unknown_job_grace"), msg);
         }
         if worker.poll_interval.is_zero() {
             self.error(src, &at("worker", "poll_interval"), "must be more than 0");

@@ -9,5 +9,6 @@ pub(crate) mod fan_out;
 pub(crate) mod fan_out_take;
 pub(crate) mod feed;
 pub(crate) mod finish;
+pub(crate) mod known;
 pub(crate) mod rotate;
 pub(crate) mod trim;
