@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use crate::support::config::ConfigBuilder;
-use crate::support::daemon::{self, PREFIX};
+use crate::support::daemon;
+use crate::support::keys::{any_tick, keys};
 use crate::support::process::{Proc, run_cli};
 use crate::support::redis_server::redis_conn;
 use crate::support::upstream::Upstream;
@@ -15,10 +16,11 @@ use crate::support::{RedisServer, wait_until};
 fn ticks_of(redis: &RedisServer, job: &str) -> usize {
     let mut conn = redis_conn(&redis.url());
     let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{PREFIX}:tick:{job}:*"))
+        .arg(any_tick(|t| keys().tick_claim(job, t)))
         .query(&mut conn)
         .expect("KEYS");
-    // The claim is `tick:JOB:MS`; the tick's other keys carry a suffix.
+    // `*` also matches the tick's other keys (`…:outcomes`): a claim's
+    // name ends in the tick.
     (keys.iter())
         .filter(|k| {
             k.rsplit(':')

@@ -13,6 +13,7 @@ use serde_json::Value;
 
 use crate::support::config::{ConfigBuilder, TestConfig, Worker};
 use crate::support::daemon;
+use crate::support::keys::keys;
 use crate::support::process::{Proc, run_cli};
 use crate::support::upstream::Upstream;
 use crate::support::{RedisServer, wait_until};
@@ -146,7 +147,7 @@ fn a_task_of_a_job_no_daemon_has_fails_after_the_grace_and_gives_back_a_few_time
     assert!(wait_until(Duration::from_secs(10), || {
         let mut conn = crate::support::redis_server::redis_conn(&redis.url());
         redis::cmd("HLEN")
-            .arg("qw:known:daemons")
+            .arg(keys().daemons())
             .query::<u64>(&mut conn)
             .is_ok_and(|n| n == 1)
     }));
