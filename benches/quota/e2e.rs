@@ -64,13 +64,68 @@ const MAX_COST: f64 = 0.10;
 /// a disk that wait can bound the whole pipeline; on tmpfs it costs nothing,
 /// which leaves the limiter's share of the remaining (CPU) work in view.
 #[derive(Debug, Clone, Serialize)]
-struct SinkDir {
+pub(crate) struct SinkDir {
     /// `disk` or `tmpfs`.
-    name: &'static str,
+    pub(crate) name: &'static str,
     #[serde(skip)]
-    base: PathBuf,
+    pub(crate) base: PathBuf,
     /// The file system, from /proc/mounts (`ext4 on /`).
-    fs: String,
+    pub(crate) fs: String,
+}
+
+/// What a pipeline run's job writes to: the jsonl file of section `e2e`,
+/// or the SQLite or PostgreSQL sink of section `sinks` (a record per task,
+/// keyed, as a real ingestion would).
+#[derive(Debug, Clone)]
+pub(crate) enum Store {
+    Jsonl,
+    Sqlite,
+    /// A server and a role: `url` logs in with `password` (its file is
+    /// written in the run's config dir).
+    Postgres {
+        url: String,
+        password: String,
+    },
+}
+
+impl Store {
+    /// The job's `[sink]` table.
+    fn sink_toml(&self, table: &str) -> String {
+        match self {
+            Store::Jsonl => "kind = \"jsonl\"\npath = \"data/{job}.jsonl\"\nrecords = \"/items\"\n".into(),
+            Store::Sqlite => {
+                "kind = \"sqlite\"\npath = \"data/{job}.sqlite\"\nrecords = \"/items\"\nkey = \"/id\"\n".into()
+            }
+            Store::Postgres { url, .. } => format!(
+                "kind = \"postgres\"\nurl = \"{url}\"\npassword_file = \"pg-password\"\ntable = \"{table}\"\nrecords = \"/items\"\nkey = \"/id\"\n"
+            ),
+        }
+    }
+
+    /// The records the run's sink holds.
+    async fn stored(&self, dir: &Path, table: &str) -> usize {
+        match self {
+            Store::Jsonl => std::fs::read_to_string(dir.join(format!("data/{JOB}.jsonl")))
+                .expect("read the sink")
+                .lines()
+                .count(),
+            Store::Sqlite => {
+                let db = dir.join(format!("data/{JOB}.sqlite"));
+                let n: i64 = rusqlite::Connection::open(db)
+                    .and_then(|c| {
+                        c.query_row(&format!("SELECT count(*) FROM \"{JOB}\""), [], |r| r.get(0))
+                    })
+                    .expect("count the sqlite rows");
+                n as usize
+            }
+            Store::Postgres { url, password } => {
+                pg_query(url, password, &format!("SELECT count(*) FROM \"{table}\""))
+                    .await
+                    .parse::<usize>()
+                    .expect("a count")
+            }
+        }
+    }
 }
 
 /// A run cut short by a stall (see [`STALL`]).
@@ -84,14 +139,14 @@ struct Stall {
 
 /// One run of the pipeline.
 #[derive(Debug, Clone, Serialize)]
-struct Run {
+pub(crate) struct Run {
     round: usize,
     sink: &'static str,
     concurrency: usize,
     spend: bool,
     tasks: usize,
     secs: f64,
-    tasks_per_s: f64,
+    pub(crate) tasks_per_s: f64,
     /// Seconds from the tick to the first `done`.
     first_done_secs: f64,
     /// The longest wait between two `done`s (s), and how many were done
@@ -172,7 +227,18 @@ pub async fn run(ctx: &Ctx) -> Section {
                 let r = loop {
                     flushall(&mut conn).await;
                     attempt += 1;
-                    let r = run_once(&redis, &mut conn, sink, round, concurrency, spend, n).await;
+                    let r = run_once(
+                        &redis,
+                        &mut conn,
+                        sink,
+                        &Store::Jsonl,
+                        round,
+                        concurrency,
+                        spend,
+                        n,
+                        STALL,
+                    )
+                    .await;
                     let what = format!(
                         "   round {round}, sink {:<5}, concurrency {concurrency:>2}, spend {:>3}",
                         sink.name,
@@ -346,7 +412,7 @@ pub async fn run(ctx: &Ctx) -> Section {
 }
 
 /// The local disk (the system temp dir) and, when there is one, tmpfs.
-fn sink_dirs() -> Vec<SinkDir> {
+pub(crate) fn sink_dirs() -> Vec<SinkDir> {
     let mut out = Vec::new();
     let tmp = std::env::temp_dir();
     out.push(SinkDir {
@@ -481,7 +547,7 @@ cost = {COST}
     )
 }
 
-fn job_text(sim_url: &str, n: usize) -> String {
+fn job_text(sim_url: &str, n: usize, sink: &str) -> String {
     let regions: Vec<String> = (0..n).map(|i| format!("\"r{i:05}\"")).collect();
     format!(
         r#"
@@ -496,23 +562,28 @@ url = "{sim_url}/youtube/v3/videos"
 query = {{ chart = "mostPopular", regionCode = "{{region}}", maxResults = "1", key = "{{secret}}" }}
 
 [{JOB}.sink]
-kind = "jsonl"
-path = "data/{{job}}.jsonl"
-records = "/items"
-"#,
+{sink}"#,
         regions = regions.join(", ")
     )
 }
 
-async fn run_once(
+/// One pipeline run of `n` tasks into `store` (its files under `sink`);
+/// `None` when no task was done `stall` after the tick ([`STALL`] here). Its table, for a postgres store, is `table`
+/// (fresh per run: the page ids of two runs' ticks differ anyway, but a
+/// count must be of this run's rows).
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn run_once(
     redis: &RedisServer,
     conn: &mut ConnectionManager,
     sink: &SinkDir,
+    store: &Store,
     round: usize,
     concurrency: usize,
     spend: bool,
     n: usize,
+    stall: Duration,
 ) -> Option<Run> {
+    let table = format!("e2e_{}", uuid::Uuid::new_v4().simple());
     let sim = Simulator::start(
         SimConfig {
             pages_per_query: 1,
@@ -533,9 +604,12 @@ async fn run_once(
     .expect("write config");
     std::fs::write(
         dir.path().join("jobs/e2e.toml"),
-        job_text(&sim.base_url(), n),
+        job_text(&sim.base_url(), n, &store.sink_toml(&table)),
     )
     .expect("write job");
+    if let Store::Postgres { password, .. } = store {
+        std::fs::write(dir.path().join("pg-password"), password).expect("write the password");
+    }
     // Only this variable: nothing leaks in from the environment.
     let lookup = |name: &str| (name == "QW_BENCH_KEY").then(|| "bench-key".to_owned());
     let config = Config::load_with_env(&dir.path().join("config.toml"), &lookup)
@@ -625,7 +699,7 @@ async fn run_once(
         .await
         .expect("enqueue the tick");
     assert_eq!(queued, Some(n), "the tick fanned out {n} tasks");
-    let stalled = tokio::time::timeout_at((t0 + STALL).into(), first_rx)
+    let stalled = tokio::time::timeout_at((t0 + stall).into(), first_rx)
         .await
         .is_err();
     if stalled {
@@ -655,11 +729,11 @@ async fn run_once(
         "a page fetched twice"
     );
     assert_eq!(sim_stats.key("bench-key").quota_errors, 0);
-    let lines = std::fs::read_to_string(dir.path().join(format!("data/{JOB}.jsonl")))
-        .expect("read the sink")
-        .lines()
-        .count();
-    assert_eq!(lines, n, "sink lines");
+    assert_eq!(
+        store.stored(dir.path(), &table).await,
+        n,
+        "records in the sink"
+    );
     let used = limiter
         .peek(CREDENTIAL)
         .await
@@ -702,6 +776,27 @@ async fn run_once(
         process_cpu_us_per_task: per((cpu1 - cpu0) as f64),
         units_recorded: used,
     })
+}
+
+/// One value (the first column of the first row, as text) that `sql`
+/// returns on the server at `url`.
+pub(crate) async fn pg_query(url: &str, password: &str, sql: &str) -> String {
+    let mut config: tokio_postgres::Config = url.parse().expect("a postgres URL");
+    config.password(password);
+    let (client, conn) = config
+        .connect(tokio_postgres::NoTls)
+        .await
+        .expect("connect to postgres");
+    let driver = tokio::spawn(conn);
+    let rows = client.simple_query(sql).await.expect("postgres query");
+    drop(client);
+    let _ = driver.await;
+    rows.into_iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+            _ => None,
+        })
+        .unwrap_or_default()
 }
 
 /// The `done` outcomes of a run, as they arrived.

@@ -2,8 +2,9 @@
 //! Redis itself sets for it, against the naive design and published peers,
 //! memory per weighted call, cost as the window grows, what a refused spend
 //! costs, bucket windows, what the limiter costs end to end, exactness
-//! under load, where a call's time goes inside Redis — in one run, on one private `redis-server` — and the windows
-//! on a private Redis Cluster against one Redis (its own servers).
+//! under load, where a call's time goes inside Redis — in one run, on one private `redis-server` — the windows
+//! on a private Redis Cluster against one Redis (its own servers), and the
+//! PostgreSQL sink beside the SQLite sink (a private PostgreSQL server).
 //!
 //! ```sh
 //! cargo bench --bench quota                      # everything (< 10 min on 2 cores)
@@ -34,6 +35,7 @@ mod idle;
 mod memory;
 mod reject;
 mod report;
+mod sinks;
 mod throughput;
 
 use std::path::PathBuf;
@@ -53,8 +55,9 @@ pub struct Ctx {
 }
 
 /// In the issue's order (exactness, its item 5, last of those), then ours,
-/// then issue 11's cells (and where their time goes), then issue 15's cluster.
-const SECTIONS: [&str; 10] = [
+/// then issue 11's cells (and where their time goes), then issue 15's
+/// cluster, then issue 27's PostgreSQL sink.
+const SECTIONS: [&str; 11] = [
     "throughput",
     "memory",
     "growth",
@@ -65,6 +68,7 @@ const SECTIONS: [&str; 10] = [
     "bucket",
     "anatomy",
     "cluster",
+    "sinks",
 ];
 
 fn main() {
@@ -121,6 +125,7 @@ async fn bench(quick: bool, out: PathBuf, only: Vec<String>) {
             "bucket" => bucket::run(&ctx).await,
             "anatomy" => anatomy::run(&ctx).await,
             "cluster" => cluster::run(&ctx).await,
+            "sinks" => sinks::run(&ctx).await,
             _ => unreachable!(),
         };
         eprintln!("== {key}: {:.1} s", t.elapsed().as_secs_f64());
