@@ -13,7 +13,7 @@ use std::time::Duration;
 use simulator::Fault;
 
 use crate::support::http::http_get;
-use crate::support::postgres::Postgres;
+use crate::support::postgres::{Postgres, TlsFiles};
 use crate::support::process::{Proc, run_cli};
 use crate::support::upstream::Upstream;
 use crate::support::{
@@ -572,5 +572,72 @@ fn a_table_of_other_columns_is_refused_at_check_and_run() {
             "SELECT count(*) FROM information_schema.columns WHERE table_name = 'trending'"
         ),
         4
+    );
+}
+
+/// TLS where the URL asks for it, checked as asked: a certificate for
+/// `db.example` signed by a private CA. `verify-ca` with that CA as
+/// `sslrootcert` logs in over TLS (the server logs "SSL enabled"); the
+/// host name 127.0.0.1 is not the certificate's, so `verify-full` refuses,
+/// as does `require` without `sslrootcert` (the Mozilla roots do not know
+/// the CA): exit 78 at `check`, naming the certificate. Without `sslmode`
+/// the connection is plain text.
+#[test]
+fn tls_is_used_and_checked_where_the_url_asks_for_it() {
+    let tls = TlsFiles::new("DNS:db.example");
+    let mut settings: Vec<(String, String)> = tls.settings();
+    settings.push(("log_connections".into(), "on".into()));
+    let settings: Vec<(&str, &str)> = (settings.iter())
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let pg = Postgres::start_with(&settings);
+    pg.role(ROLE, PASSWORD);
+    let redis = RedisServer::start();
+    let upstream = Upstream::start(PAGES, ITEMS);
+    let ca = tls.ca.display().to_string();
+    let check = |query: &str| {
+        let url = format!("{}{query}", pg.url(ROLE, ROLE));
+        let cfg = config(
+            &upstream,
+            &["US"],
+            Sink::postgres(&url)
+                .password_file("secrets/pg")
+                .records("/items"),
+        );
+        let (code, out, err) = run_cli(
+            &cfg,
+            Some(&redis.url()),
+            &["check"],
+            Duration::from_secs(60),
+        );
+        (code, format!("{out}\n{err}"))
+    };
+    let ssl_logins = || pg.log().matches("SSL enabled").count();
+
+    let (code, out) = check(&format!("?sslmode=verify-ca&sslrootcert={ca}"));
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(ssl_logins(), 1, "{}", pg.log());
+
+    for (query, want) in [
+        (
+            format!("?sslmode=verify-full&sslrootcert={ca}"),
+            "certificate",
+        ),
+        ("?sslmode=require".to_owned(), "certificate"),
+    ] {
+        let (code, out) = check(&query);
+        assert_eq!(code, Some(78), "{query}: {out}");
+        assert!(out.contains(want), "{query}: {out}");
+        assert!(out.contains("trending.sink.url"), "{query}: {out}");
+    }
+    assert_eq!(ssl_logins(), 1, "a refused certificate logs nothing in");
+
+    let (code, out) = check("");
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(ssl_logins(), 1, "no sslmode: plain text");
+    assert!(
+        pg.log().contains("connection authorized: user=ingest"),
+        "{}",
+        pg.log()
     );
 }

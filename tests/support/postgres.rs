@@ -339,6 +339,135 @@ impl Postgres {
     }
 }
 
+/// A CA and a server certificate it signed, for a server with `ssl = on`.
+pub struct TlsFiles {
+    /// The CA's certificate (PEM): what a client's `sslrootcert` names.
+    pub ca: PathBuf,
+    /// The server's certificate and key (PEM), readable by the server's
+    /// user only.
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl TlsFiles {
+    /// A fresh CA and a server certificate for `names` (a subjectAltName
+    /// list: `DNS:db.example,IP:127.0.0.1`), made with the `openssl` CLI.
+    pub fn new(names: &str) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let user = unprivileged();
+        chown(dir.path(), user);
+        let at = |f: &str| dir.path().join(f);
+        let ext = at("ext.cnf");
+        std::fs::write(
+            &ext,
+            format!(
+                "subjectAltName={names}\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n"
+            ),
+        )
+        .expect("ext");
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        let steps: Vec<Vec<String>> = vec![
+            ["req", "-x509"]
+                .iter()
+                .chain(&ec)
+                .map(|s| s.to_string())
+                .chain(
+                    [
+                        "-keyout",
+                        "ca.key",
+                        "-out",
+                        "ca.pem",
+                        "-days",
+                        "2",
+                        "-subj",
+                        "/CN=quota-worker test CA",
+                    ]
+                    .map(String::from),
+                )
+                .collect(),
+            ["req"]
+                .iter()
+                .chain(&ec)
+                .map(|s| s.to_string())
+                .chain(
+                    [
+                        "-keyout",
+                        "server.key",
+                        "-out",
+                        "server.csr",
+                        "-subj",
+                        "/CN=quota-worker test server",
+                    ]
+                    .map(String::from),
+                )
+                .collect(),
+            [
+                "x509",
+                "-req",
+                "-in",
+                "server.csr",
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                "server.pem",
+                "-days",
+                "2",
+                "-extfile",
+                "ext.cnf",
+            ]
+            .map(String::from)
+            .to_vec(),
+        ];
+        for args in steps {
+            let out = Command::new("openssl")
+                .args(&args)
+                .current_dir(dir.path())
+                .output()
+                .unwrap_or_else(|e| {
+                    panic!("cannot run openssl ({e}): install it (apt-get install openssl)")
+                });
+            assert!(
+                out.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        for f in ["server.pem", "server.key"] {
+            chown(&at(f), user);
+        }
+        std::fs::set_permissions(
+            at("server.key"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .expect("chmod key");
+        TlsFiles {
+            ca: at("ca.pem"),
+            cert: at("server.pem"),
+            key: at("server.key"),
+            _dir: dir,
+        }
+    }
+
+    /// The server settings that use them.
+    pub fn settings(&self) -> Vec<(String, String)> {
+        vec![
+            ("ssl".into(), "on".into()),
+            ("ssl_cert_file".into(), self.cert.display().to_string()),
+            ("ssl_key_file".into(), self.key.display().to_string()),
+        ]
+    }
+}
+
 impl Drop for Postgres {
     fn drop(&mut self) {
         // An immediate shutdown (SIGQUIT): its sessions are told to quit at
