@@ -99,7 +99,7 @@ pub async fn run(ctx: &Ctx) -> Section {
         .and_then(|r| r.into_iter().next().flatten())
         .unwrap_or_default();
     let url = pg.url(ROLE, ROLE);
-    let (pages, rounds) = if ctx.quick { (5, 1) } else { (60, 5) };
+    let (pages, rounds) = if ctx.quick { (5, 1) } else { (60, 9) };
 
     let mut writes: Vec<WriteRun> = Vec::new();
     for round in 0..rounds {
@@ -199,13 +199,15 @@ pub async fn run(ctx: &Ctx) -> Section {
                     Some(a.tasks_per_s / b.tasks_per_s)
                 })
                 .collect();
-            let range = min_max(&rates);
+            let (range, r_range) = (min_max(&rates), min_max(&ratios));
             md.push_str(&format!(
-                "| {sink} | {concurrency} | {} ({}–{}) | {:.2} |\n",
+                "| {sink} | {concurrency} | {} ({}–{}) | {:.2} ({:.2}–{:.2}) |\n",
                 thousands(median(rates.clone())),
                 thousands(range.0),
                 thousands(range.1),
                 median(ratios.clone()),
+                r_range.0,
+                r_range.1,
             ));
             pipeline_cells.push(json!({
                 "sink": sink, "concurrency": concurrency,
