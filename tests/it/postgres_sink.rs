@@ -641,3 +641,73 @@ fn tls_is_used_and_checked_where_the_url_asks_for_it() {
         pg.log()
     );
 }
+
+/// Changing `search` re-makes the generated column over the new fields at
+/// the next start (its comment says which fields it was built from), and
+/// removing `search` drops it; the rows stay.
+#[test]
+fn changing_the_search_fields_remakes_the_search_column() {
+    let pg = server();
+    let redis = RedisServer::start();
+    let upstream = Upstream::start(1, ITEMS);
+    let search = |cfg: &TestConfig, words: &str| -> usize {
+        let (code, out, err) = run_cli(
+            cfg,
+            None,
+            &["search", JOB, words, "--json", "--limit", "100"],
+            Duration::from_secs(30),
+        );
+        assert_eq!(code, Some(0), "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).expect("json");
+        v["results"].as_array().map_or(0, Vec::len)
+    };
+    let start = |cfg: &TestConfig| {
+        let (code, out, err) =
+            run_cli(cfg, Some(&redis.url()), &["check"], Duration::from_secs(60));
+        assert_eq!(code, Some(0), "{out}\n{err}");
+        let mut d = Proc::daemon("daemon", cfg, Some(&redis.url()), &[]);
+        d.wait_running(Duration::from_secs(20));
+        d
+    };
+    // Titles: "Simulated US item 1 (US-p1-i1)"; descriptions: "Deterministic item …".
+    let cfg = config(
+        &upstream,
+        &["US"],
+        sink(&pg).key("/id").search(&["/snippet/title"]),
+    );
+    let mut d = start(&cfg);
+    let (code, out) = trigger(&cfg, &redis);
+    assert_eq!(code, Some(0), "{out}");
+    d.term();
+    let _ = d.wait_exit(Duration::from_secs(20));
+    assert_eq!(search(&cfg, "simulated"), ITEMS as usize);
+    assert_eq!(search(&cfg, "deterministic"), 0);
+
+    let cfg = config(
+        &upstream,
+        &["US"],
+        sink(&pg).key("/id").search(&["/snippet/description"]),
+    );
+    let mut d = start(&cfg);
+    assert_eq!(
+        d.messages("postgres sink: dropped the old search column")
+            .len(),
+        1,
+        "{}",
+        d.log()
+    );
+    d.term();
+    let _ = d.wait_exit(Duration::from_secs(20));
+    assert_eq!(search(&cfg, "deterministic"), ITEMS as usize);
+    assert_eq!(search(&cfg, "simulated"), 0);
+
+    let cfg = config(&upstream, &["US"], sink(&pg).key("/id"));
+    let mut d = start(&cfg);
+    d.term();
+    let _ = d.wait_exit(Duration::from_secs(20));
+    assert_eq!(
+        pg.count(ROLE, "SELECT count(*) FROM information_schema.columns WHERE table_name = 'trending' AND column_name = 'search'"),
+        0
+    );
+    assert_eq!(rows(&pg, JOB), i64::from(ITEMS));
+}
