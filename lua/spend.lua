@@ -16,6 +16,9 @@
 --                              <w>:v2:ts    stream: one entry per spend, id "<position>-<µs>"
 --                              <w>:v2:adj   zset: settled entries (see "Settle")
 --     fixed (1 key)            <w>:fixed    hash: "#period", "#used", "#drift", request id -> units
+--     concurrent (3 keys)      <w>:meta     string: units in flight, earliest lease bound, expiry (msgpack)
+--                              <w>:lease    zset: request id -> when its lease expires, µs
+--                              <w>:held     hash: request id -> its units
 --   then, optional, the spend history's rings (ARGV[6+n] says how many):
 --     <prefix>:{<credential>}:spent:<scope>  string: units per 5-minute slot, 24 h
 --
@@ -32,6 +35,8 @@
 --   6 .. 5+n  one window each:
 --      "sliding:<units>:<period_ms>"
 --      "bucket:<units>:<period_ms>"  (leaky bucket: burst <units>, refilled at units/period)
+--      "concurrent:<units>:<lease_ms>"  (at most <units> in flight; a spend's lease
+--      ends at its settle, or by itself <lease_ms> after the spend)
 --      "fixed:<units>:<period_ms>:<reset_ms>:<tz>" where reset_ms is the reset's
 --      offset from local midnight and <tz> is "<offset_ms>" or
 --      "<offset_ms>|<utc_ms>|<offset_ms>|..." (UTC offsets and the instants they
@@ -50,10 +55,14 @@
 --           of this cost and reserve would be admitted by every window if nobody
 --           else spent (0 when allowed); rejecting_window = 1-based index of the
 --           rejecting window that frees last, 0 when allowed or when the
---           credential block is what frees last.
---   settle: {windows_adjusted}
+--           credential block is what frees last. A concurrent window that
+--           refuses waits until its earliest lease expires, at most 1,000 ms.
+--   settle: {windows_adjusted}   (a concurrent window that held the spend's
+--           lease counts: the settle, whatever its cost, ended the lease)
 --   block:  {blocked_for_ms}
---   peek:   {blocked_for_ms, used_1, remaining_1, frees_in_ms_1, drift_1, used_2, ...}
+--   peek:   {blocked_for_ms, used_1, remaining_1, frees_in_ms_1, drift_1, leases_1, used_2, ...}
+--           (concurrent: used = units in flight, frees_in = until the earliest
+--           lease expires, leases = leases held; other kinds: leases 0)
 --   sync:   {drift_units_recorded}
 --
 -- Layout of a sliding window (every path O(log n), n = live entries):
@@ -81,6 +90,17 @@
 --   keys expire, the adjustment count, stale entries to drop, the running drift
 --   total and its value at base, whether an adjustment is negative, and for a
 --   bucket its level, the level's time and the drift within the level.
+--
+-- A concurrent window admits while its units in flight plus the cost fit its
+-- units. A spend takes a lease of its cost (HSETNX held, ZADD lease with its
+-- expiry); the settle of its request id, whatever the cost, returns it (the
+-- answer was read, or nothing was sent). A lease not returned (its process
+-- died) lapses at its expiry: the meta string keeps a lower bound of the
+-- earliest expiry, and only a call at or past it reads the zset, dropping at
+-- most LAPSE expired leases (the first ones by score: one ZRANGEBYSCORE, one
+-- HMGET, one ZREMRANGEBYRANK), so admit, reject and lapse are O(log n). Its
+-- keys outlive the latest lease (a quarter lease of slack) and go when nothing
+-- is in flight.
 --
 -- A bucket window (GCRA) admits while its level plus the cost fits its units;
 -- the level drains continuously at units/period. Its level is the one value
@@ -115,6 +135,8 @@ local function spend_main(KEYS, ARGV)
   local CLEAN = 1024      -- expired log members dropped per call at most
   local SCAN = 16         -- stream entries read before bisecting
   local STALE = 64        -- expired entries tolerated before a cleanup
+  local LAPSE = 128       -- expired leases dropped per concurrent window and call at most
+  local SOON = 1000000    -- a concurrent window's refusal waits at most this (µs)
   local MAXPOS = 9007199254740992  -- 2^53: positions are exact integers below it
 
   local op = ARGV[1]
@@ -144,11 +166,21 @@ local function spend_main(KEYS, ARGV)
         meta = false, log = false, ts = false, adj = false, mi = 0, dirty = false, ttl = false,
         total = 0, B = 0, hbase = 0, htot = 0, oldest = 0, last = 0, expires = 0, nadj = 0,
         stale = 0, dtot = 0, dbase = 0, neg = 0, L = 0, lt = 0, D = 0, q = 1, perq = 1,
+        lease = false, held = false, low = 0,
       }
-      if per > maxper then
+      if per > maxper and kind ~= 'concurrent' then
         maxper = per
       end
-      if kind == 'sliding' or kind == 'bucket' then
+      if kind == 'concurrent' then
+        -- `per` is the lease's length; the counters come with the MGET below.
+        w.meta, w.lease, w.held = KEYS[k], KEYS[k + 1], KEYS[k + 2]
+        metas[#metas + 1] = w.meta
+        w.mi = #metas
+        k = k + 3
+        if per < 1000 then
+          return redis.error_reply('ERR quota-worker: concurrent window ' .. i .. ' needs a lease of at least 1 ms')
+        end
+      elseif kind == 'sliding' or kind == 'bucket' then
         w.meta, w.log, w.ts, w.adj = KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
         metas[#metas + 1] = w.meta
         w.mi = #metas
@@ -326,10 +358,46 @@ local function spend_main(KEYS, ARGV)
   -- only when some window needs it.
   local evict
 
+  -- Drops a concurrent window's leases that expired (their process died
+  -- before it settled them), at most LAPSE a call: the first by score, so one
+  -- ZRANGEBYSCORE finds them and one ZREMRANGEBYRANK drops them; their units
+  -- leave the count. `low` becomes the earliest lease left (past `now` again
+  -- unless more than LAPSE had expired: the next call drops more).
+  local function lapse(w)
+    local ids = call('ZRANGEBYSCORE', w.lease, '-inf', format('%d', now), 'LIMIT', 0, LAPSE)
+    if #ids > 0 then
+      local units, freed = call('HMGET', w.held, unpack(ids)), 0
+      for j = 1, #units do
+        freed = freed + (tonumber(units[j]) or 0)
+      end
+      call('HDEL', w.held, unpack(ids))
+      call('ZREMRANGEBYRANK', w.lease, 0, #ids - 1)
+      w.used = max(w.used - freed, 0)
+    end
+    local first = call('ZRANGE', w.lease, 0, 0, 'WITHSCORES')
+    w.low = tonumber(first[2]) or 0
+    if w.low == 0 then
+      w.used = 0
+    end
+    w.dirty = true
+  end
+
   for i = 1, nwin do
     local w = windows[i]
     if w.kind == 'fixed' then
       F.state(w)
+    elseif w.kind == 'concurrent' then
+      local raw = got[w.mi]
+      if raw then
+        w.used, w.low, w.expires = unpackmp(raw)
+        if w.low ~= 0 and w.low <= now then
+          lapse(w)
+        end
+      elseif op ~= 'peek' and call('EXISTS', w.lease, w.held) > 0 then
+        -- Counters gone with leases left (they expired apart): no stray
+        -- lease may count.
+        call('UNLINK', w.lease, w.held)
+      end
     else
       local raw = got[w.mi]
       if raw then
@@ -464,7 +532,17 @@ local function spend_main(KEYS, ARGV)
   local function save_all(windows, nwin, now, got)
     for i = 1, nwin do
       local w = windows[i]
-      if w.dirty then
+      if w.dirty and w.kind == 'concurrent' then
+        -- Nothing in flight: nothing to remember (the lease zset and held
+        -- hash are empty, so Redis has dropped them already).
+        if w.used <= 0 or w.expires <= now then
+          redis.call('DEL', w.meta)
+        elseif w.ttl or not got[w.mi] then
+          redis.call('SET', w.meta, cmsgpack.pack(w.used, w.low, w.expires), 'PX', math.ceil((w.expires - now) / 1000))
+        else
+          redis.call('SET', w.meta, cmsgpack.pack(w.used, w.low, w.expires), 'KEEPTTL')
+        end
+      elseif w.dirty then
         -- The counters live until `expires` and, for a bucket, until its
         -- level has drained (1 s slack): usually well before `expires`
         -- (a bucket's keys outlive each entry by at least 60 s).
@@ -625,6 +703,11 @@ local function spend_main(KEYS, ARGV)
     frees_in = function(w, target)
       if w.kind == 'fixed' then
         return w.ends - now
+      elseif w.kind == 'concurrent' then
+        -- Until the earliest lease expires (a settle may free one sooner:
+        -- nobody can know when).
+        local first = call('ZRANGE', w.lease, 0, 0, 'WITHSCORES')
+        return max((tonumber(first[2]) or now) - now, 1)
       elseif w.kind == 'bucket' then
         local excess = w.L - target * w.perq
         if excess <= 0 then
@@ -675,6 +758,7 @@ local function spend_main(KEYS, ARGV)
       out[#out + 1] = max(w.units - w.used, 0)
       out[#out + 1] = w.used > 0 and ceil(frees_in(w, w.used - 1) / 1000) or 0
       out[#out + 1] = w.drift
+      out[#out + 1] = w.kind == 'concurrent' and call('ZCARD', w.lease) or 0
     end
     save_all(windows, nwin, now, got)
     return out
@@ -691,6 +775,10 @@ local function spend_main(KEYS, ARGV)
     end
     -- Drift only ever lowers what we admit: recorded as units spent now.
     local drift = w.units - w.used - upstream_left
+    if w.kind == 'concurrent' then
+      -- Units in flight are no spent units: nothing to resync.
+      drift = 0
+    end
     if drift > 0 then
       if w.kind == 'fixed' then
         F.open(w)
@@ -819,10 +907,22 @@ local function spend_main(KEYS, ARGV)
 
     -- `changed`: the change in the spend's units, as the first window that
     -- still held it saw it (every window of a spend recorded the same cost).
-    local adjusted, changed = 0, nil
+    local adjusted, changed, leased = 0, nil, nil
     for i = 1, nwin do
       local w = windows[i]
-      if w.kind == 'fixed' then
+      if w.kind == 'concurrent' then
+        -- Whatever the cost, a settle ends the lease: the answer was read,
+        -- or nothing was sent. A lease already returned or lapsed: nothing.
+        local held = tonumber(call('HGET', w.held, id))
+        if held then
+          call('HDEL', w.held, id)
+          call('ZREM', w.lease, id)
+          w.used = max(w.used - held, 0)
+          w.dirty = true
+          adjusted = adjusted + 1
+          leased = leased or (cost - held)
+        end
+      elseif w.kind == 'fixed' then
         -- A spend in a past period needs no settling.
         local old = not w.fresh_period and tonumber(call('HGET', w.state, id))
         if old then
@@ -851,6 +951,9 @@ local function spend_main(KEYS, ARGV)
       end
     end
     save_all(windows, nwin, now, got)
+    -- The spent units' change; a spend on concurrent windows alone has only
+    -- its lease's.
+    changed = changed or leased
     if record and changed then
       record(changed)
     end
@@ -873,12 +976,19 @@ local function spend_main(KEYS, ARGV)
       local w = windows[i]
       if w.used + cost > w.lim then
         local wait = frees_in(w, w.lim - cost)
+        if w.kind == 'concurrent' then
+          -- Momentary: a lease may be returned any time, so the caller
+          -- asks again soon rather than at the lease's end.
+          wait = min(wait, SOON)
+        end
         if wait > retry then
           retry, rejecting = wait, i
         end
       end
-      -- The window that remembers ids longest (see below).
-      if not best or (w.kind ~= 'fixed' and (best.kind == 'fixed' or w.hold > best.hold))
+      -- The window that remembers ids longest (see below); a concurrent
+      -- window only while its lease lasts, so it is asked last.
+      if not best or (best.kind == 'concurrent' and w.kind ~= 'concurrent')
+        or (w.kind ~= 'fixed' and w.kind ~= 'concurrent' and (best.kind == 'fixed' or w.hold > best.hold))
         or (w.kind == 'fixed' and best.kind == 'fixed' and w.per > best.per) then
         best = w
       end
@@ -891,6 +1001,8 @@ local function spend_main(KEYS, ARGV)
     local held = false
     if best and best.kind == 'fixed' then
       held = not best.fresh_period and call('HEXISTS', best.state, id) == 1
+    elseif best and best.kind == 'concurrent' then
+      held = call('HEXISTS', best.held, id) == 1
     elseif best then
       local C = tonumber(call('ZSCORE', best.log, id))
       held = C ~= nil and C > best.B
@@ -912,6 +1024,8 @@ local function spend_main(KEYS, ARGV)
     if w.kind == 'fixed' then
       F.open(w)
       recorded = call('HSETNX', w.state, id, costs) == 1
+    elseif w.kind == 'concurrent' then
+      recorded = call('HSETNX', w.held, id, costs) == 1
     else
       local C = format('%d', w.total + cost)
       recorded = call('ZADD', w.log, 'NX', C, id) == 1
@@ -926,6 +1040,8 @@ local function spend_main(KEYS, ARGV)
         local u = windows[j]
         if u.kind == 'fixed' then
           call('HDEL', u.state, id)
+        elseif u.kind == 'concurrent' then
+          call('HDEL', u.held, id)
         else
           call('ZREM', u.log, id)
         end
@@ -938,8 +1054,30 @@ local function spend_main(KEYS, ARGV)
   remaining = nil
   for i = 1, nwin do
     local w = windows[i]
+    local left = w.lim - w.used - cost
+    if remaining == nil or left < remaining then
+      remaining = left
+    end
     if w.kind == 'fixed' then
       call('HINCRBY', w.state, '#used', costs)
+    elseif w.kind == 'concurrent' then
+      -- The lease: its expiry in the zset (its units are in `held`).
+      local at = now + w.per
+      call('ZADD', w.lease, format('%d', at), id)
+      w.used = w.used + cost
+      if w.low == 0 or at < w.low then
+        w.low = at
+      end
+      if w.expires < at then
+        -- The keys outlive every lease, with a quarter lease of slack (1 s
+        -- to 1 h), so most spends skip the PEXPIREs.
+        w.expires = at + min(max(floor(w.per / 4), 1000000), 3600000000)
+        w.ttl = true
+        local ttl = ceil((w.expires - now) / 1000)
+        call('PEXPIRE', w.lease, ttl)
+        call('PEXPIRE', w.held, ttl)
+      end
+      w.dirty = true
     else
       if not append(w, cost, 0, now) then
         return redis.error_reply('ERR quota-worker: window ' .. i .. ' ran out of positions; delete its keys')
@@ -947,10 +1085,6 @@ local function spend_main(KEYS, ARGV)
       if w.kind == 'bucket' then
         w.L = w.L + cost * w.perq
       end
-    end
-    local left = w.lim - w.used - cost
-    if remaining == nil or left < remaining then
-      remaining = left
     end
   end
   save_all(windows, nwin, now, got)

@@ -92,7 +92,8 @@ impl KeySpace {
 
     /// The keys of one window, as the spend script expects them: a sliding
     /// or bucket window's counters, id log, entry stream and settled entries
-    /// (layout v2), or a fixed window's state hash (unchanged since v1).
+    /// (layout v2), a fixed window's state hash (unchanged since v1), or a
+    /// concurrent window's counters, lease expiries and leased units.
     pub fn window(&self, credential: &str, scope: &Scope, window: &Window) -> Vec<String> {
         let scope = match scope {
             Scope::Credential => "cred".to_owned(),
@@ -109,6 +110,11 @@ impl KeySpace {
                 .map(|k| format!("{base}:{LAYOUT}:{k}"))
                 .to_vec(),
             WindowKind::Fixed { .. } => vec![format!("{base}:fixed")],
+            // One per scope (config validation), named for no lease: a
+            // changed lease keeps the leases in flight.
+            WindowKind::Concurrent { .. } => ["meta", "lease", "held"]
+                .map(|k| format!("{}:{scope}:inflight:{k}", self.credential(credential)))
+                .to_vec(),
         }
     }
 

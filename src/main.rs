@@ -49,6 +49,18 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Settle a spend to its actual cost: 0 refunds it; any cost returns its lease (exit 0; 64 unknown endpoint or id)
+    Settle {
+        /// Endpoint name, as given to `spend`
+        endpoint: String,
+        /// The spend's id, as `spend` printed it
+        id: String,
+        /// What the request really cost, in units (0: it was never sent)
+        cost: u64,
+        /// Print one JSON object
+        #[arg(long)]
+        json: bool,
+    },
     /// Show used / remaining / frees-in of every window, live from Redis
     Quota {
         /// Only this credential (a template's tenants, or one: NAME[account=VALUE])
@@ -140,6 +152,7 @@ fn main() -> ExitCode {
     let default_level = match args.command {
         Command::Demo { .. }
         | Command::Spend { .. }
+        | Command::Settle { .. }
         | Command::Quota { .. }
         | Command::Keys { .. }
         | Command::Search { .. }
@@ -168,6 +181,12 @@ async fn dispatch(command: Command, config: Config) -> Exit {
             reserve,
             json,
         } => cli::spend::run(&config, &endpoint, cost, reserve, json).await,
+        Command::Settle {
+            endpoint,
+            id,
+            cost,
+            json,
+        } => cli::settle::run(&config, &endpoint, &id, cost, json).await,
         Command::Quota { credential, json } => {
             cli::quota::run(&config, credential.as_deref(), json).await
         }

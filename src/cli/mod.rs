@@ -7,6 +7,7 @@ pub mod keys;
 pub mod quota;
 pub mod run;
 pub mod search;
+pub mod settle;
 pub mod spend;
 pub mod tenant;
 pub mod trigger;

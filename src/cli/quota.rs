@@ -145,7 +145,7 @@ pub(crate) fn to_json(usages: &[CredentialUsage]) -> serde_json::Value {
                 .windows
                 .iter()
                 .map(|w| {
-                    json!({
+                    let mut out = json!({
                         "scope": w.scope.to_string(),
                         "kind": w.window.kind_name(),
                         "units": w.window.units.get(),
@@ -154,7 +154,13 @@ pub(crate) fn to_json(usages: &[CredentialUsage]) -> serde_json::Value {
                         "remaining": w.remaining,
                         "frees_in_ms": w.frees_in.as_millis() as u64,
                         "drift": w.drift,
-                    })
+                    });
+                    // A concurrent window: `used` is units in flight, held
+                    // by this many leases (it has no period: 0).
+                    if w.window.is_concurrent() {
+                        out["leases"] = json!(w.leases);
+                    }
+                    out
                 })
                 .collect();
             let reason = u.blocked_reason.map(|r| r.as_str());
@@ -191,10 +197,16 @@ pub(crate) fn table(usages: &[CredentialUsage]) -> String {
                 } else {
                     fmt_duration(w.frees_in)
                 };
+                let window = if w.window.is_concurrent() {
+                    let s = if w.leases == 1 { "" } else { "s" };
+                    format!("{} ({} lease{s} held)", w.window.describe(), w.leases)
+                } else {
+                    w.window.describe()
+                };
                 [
                     format!("{}", i + 1),
                     w.scope.to_string(),
-                    w.window.describe(),
+                    window,
                     w.used.to_string(),
                     w.remaining.to_string(),
                     frees,

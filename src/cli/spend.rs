@@ -2,7 +2,10 @@
 //! spend, for shell scripts and other tools. Exit 0 allowed, 75 rejected, 69
 //! Redis unreachable, 64 a cost that can never fit (or an endpoint or
 //! tenant the config does not have). An endpoint of a template credential
-//! spends from one tenant's windows: `spend 'ig.media[account=123]'`.
+//! spends from one tenant's windows: `spend 'ig.media[account=123]'`. On an
+//! endpoint with a concurrent window an admitted spend holds a lease, named
+//! by its id (`lease`), until `quota-worker settle ENDPOINT ID COST` returns
+//! it or it lapses.
 
 use std::sync::Arc;
 
@@ -57,18 +60,32 @@ fn report(
     as_json: bool,
 ) -> Exit {
     let windows = config.windows_of(&config.endpoints[endpoint]);
+    // Whether an admitted spend holds a lease, and how long it lasts
+    // unreturned (the longest of its concurrent windows').
+    let lease = (windows.iter())
+        .filter_map(|(_, w)| w.lease_for(&config.endpoints[endpoint]))
+        .max()
+        .map(|l| l.as_millis() as u64);
     match decision {
         Decision::Allowed { remaining } => {
             if as_json {
-                println!(
-                    "{}",
-                    json!({"allowed": true, "remaining": remaining, "retry_after_ms": 0,
-                           "rejecting_window": 0, "request_id": id})
-                );
+                let mut out = json!({"allowed": true, "remaining": remaining, "retry_after_ms": 0,
+                                     "rejecting_window": 0, "request_id": id});
+                if let Some(ms) = lease {
+                    out["lease"] = json!(id);
+                    out["lease_ms"] = json!(ms);
+                }
+                println!("{out}");
             } else {
                 println!(
                     "allowed: spent {cost} units on {name}; {remaining} left in the tightest window (request {id})"
                 );
+                if let Some(ms) = lease {
+                    println!(
+                        "lease {id} held until `quota-worker settle '{name}' {id} COST` returns it, or for {}",
+                        fmt_duration(std::time::Duration::from_millis(ms))
+                    );
+                }
             }
             Exit::Ok
         }
@@ -98,7 +115,7 @@ fn report(
             } else {
                 let why = match r.by {
                     RejectedBy::Blocked => "the upstream throttled this credential".to_owned(),
-                    RejectedBy::Window(n) => {
+                    RejectedBy::Window(n) | RejectedBy::InFlight(n) => {
                         let (scope, w) = &windows[n - 1];
                         format!("window {n} ({scope} {})", w.describe())
                     }

@@ -132,6 +132,8 @@ pub(crate) enum WindowKindName {
     Fixed,
     /// `"bucket"`.
     Bucket,
+    /// `"concurrent"`.
+    Concurrent,
 }
 
 impl Choice for WindowKindName {
@@ -140,6 +142,7 @@ impl Choice for WindowKindName {
         ("sliding", WindowKindName::Sliding),
         ("fixed", WindowKindName::Fixed),
         ("bucket", WindowKindName::Bucket),
+        ("concurrent", WindowKindName::Concurrent),
     ];
 }
 

@@ -134,6 +134,8 @@ pub const MAX_CONFIG_FILE_BYTES: u64 = 1 << 20;
 pub const MAX_SECRET_FILE_BYTES: u64 = 64 << 10;
 /// `recover_after` at least: workers heartbeat every third of it.
 pub const MIN_RECOVER_AFTER: Duration = Duration::from_secs(3);
+/// A concurrent window's `lease`, at least.
+pub const MIN_LEASE: Duration = Duration::from_millis(100);
 /// A window's `per`, at least...
 pub const MIN_WINDOW: Duration = Duration::from_millis(1);
 /// ...and at most.

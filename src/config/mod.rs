@@ -336,7 +336,7 @@ pub type Secrets = HashMap<String, Secret>;
 pub struct Window {
     /// At most this many units...
     pub units: NonZeroU64,
-    /// ...per this period.
+    /// ...per this period (zero for a concurrent window: it has none).
     pub per: Duration,
     /// Trailing (sliding), calendar-aligned (fixed) or a leaky bucket.
     pub kind: WindowKind,
@@ -360,15 +360,32 @@ pub enum WindowKind {
     /// A leaky bucket (GCRA): at most `units` at once, refilled continuously
     /// at `units / per`.
     Bucket,
+    /// At most `units` (weighted by cost) in flight at once: a spend takes a
+    /// lease that its settle returns, or that lapses after `lease` (none
+    /// written: the spending endpoint's `timeout` + [`LEASE_SLACK`]).
+    Concurrent {
+        /// How long a lease lasts when nothing returns it.
+        lease: Option<Duration>,
+    },
 }
 
+/// What a concurrent window's lease lasts beyond the endpoint's `timeout`
+/// when the window names no `lease`: a request's answer is read (and its
+/// lease returned) within the timeout, so a lease still held after it
+/// belongs to a process that died.
+pub const LEASE_SLACK: Duration = Duration::from_secs(5);
+
 impl Window {
-    /// "9500/24h", "100/1h fixed at 00:00 America/Los_Angeles".
+    /// "9500/24h", "100/1h fixed at 00:00 America/Los_Angeles", "8 in flight".
     pub fn describe(&self) -> String {
         let base = format!("{}/{}", self.units, fmt_duration(self.per));
         match &self.kind {
             WindowKind::Sliding => base,
             WindowKind::Bucket => format!("{base} bucket"),
+            WindowKind::Concurrent { lease: None } => format!("{} in flight", self.units),
+            WindowKind::Concurrent { lease: Some(l) } => {
+                format!("{} in flight (lease {})", self.units, fmt_duration(*l))
+            }
             WindowKind::Fixed { reset, timezone } => {
                 let s = reset.as_secs();
                 format!(
@@ -380,12 +397,30 @@ impl Window {
         }
     }
 
-    /// "sliding", "fixed" or "bucket".
+    /// "sliding", "fixed", "bucket" or "concurrent".
     pub fn kind_name(&self) -> &'static str {
         match self.kind {
             WindowKind::Sliding => "sliding",
             WindowKind::Fixed { .. } => "fixed",
             WindowKind::Bucket => "bucket",
+            WindowKind::Concurrent { .. } => "concurrent",
+        }
+    }
+
+    /// Whether it counts requests in flight rather than units per period.
+    pub fn is_concurrent(&self) -> bool {
+        matches!(self.kind, WindowKind::Concurrent { .. })
+    }
+
+    /// A concurrent window's lease for a spend by `endpoint`: its own
+    /// `lease`, else the endpoint's `timeout` + [`LEASE_SLACK`]. `None`
+    /// for the other kinds.
+    pub fn lease_for(&self, endpoint: &Endpoint) -> Option<Duration> {
+        match self.kind {
+            WindowKind::Concurrent { lease } => {
+                Some(lease.unwrap_or(endpoint.timeout + LEASE_SLACK))
+            }
+            _ => None,
         }
     }
 

@@ -103,7 +103,8 @@ pub(super) struct RawCredential {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawWindow {
     pub(super) units: u64,
-    pub(super) per: Dur,
+    pub(super) per: Option<Dur>,
+    pub(super) lease: Option<Dur>,
     pub(super) kind: Option<String>,
     pub(super) reset: Option<String>,
     pub(super) timezone: Option<String>,

@@ -124,6 +124,29 @@ impl Decision {
     pub fn is_allowed(&self) -> bool {
         !matches!(self, Decision::Rejected(_))
     }
+
+    /// This decision, a refusal by one of `plan`'s concurrent windows
+    /// named as such ([`RejectedBy::InFlight`]).
+    fn in_flight(self, plan: &Plan) -> Self {
+        match self {
+            Decision::Rejected(
+                r @ Rejection {
+                    by: RejectedBy::Window(n),
+                    ..
+                },
+            ) if plan
+                .windows
+                .get(n - 1)
+                .is_some_and(|w| w.window.is_concurrent()) =>
+            {
+                Decision::Rejected(Rejection {
+                    by: RejectedBy::InFlight(n),
+                    ..r
+                })
+            }
+            other => other,
+        }
+    }
 }
 
 /// Why and for how long a spend was refused.
@@ -142,6 +165,9 @@ pub struct Rejection {
 pub enum RejectedBy {
     /// A window, by its 1-based number (credential windows first).
     Window(usize),
+    /// A concurrent window, by its 1-based number: as many requests are in
+    /// flight as it allows. The wait (at most 1 s) is momentary.
+    InFlight(usize),
     /// The credential is blocked after the upstream throttled it.
     Blocked,
 }
@@ -150,7 +176,7 @@ impl RejectedBy {
     /// The spend script's `rejecting_window` (0 for a block).
     pub(crate) fn window_number(self) -> usize {
         match self {
-            RejectedBy::Window(n) => n,
+            RejectedBy::Window(n) | RejectedBy::InFlight(n) => n,
             RejectedBy::Blocked => 0,
         }
     }
@@ -263,7 +289,14 @@ pub struct Plan {
 }
 
 impl Plan {
-    fn new(ks: &KeySpace, credential: &str, windows: Vec<(Scope, Window)>) -> Self {
+    /// `lease`: a concurrent window's lease when it names none (the
+    /// spending endpoint's `timeout` + [`crate::config::LEASE_SLACK`]).
+    fn new(
+        ks: &KeySpace,
+        credential: &str,
+        windows: Vec<(Scope, Window)>,
+        lease: Duration,
+    ) -> Self {
         let now = chrono::Utc::now();
         let mut keys = vec![ks.blocked(credential), ks.clock(credential)];
         let windows: Vec<WindowPlan> = windows
@@ -275,6 +308,11 @@ impl Plan {
                 let spec = match &window.kind {
                     WindowKind::Sliding => format!("sliding:{}:{per}", window.units),
                     WindowKind::Bucket => format!("bucket:{}:{per}", window.units),
+                    WindowKind::Concurrent { lease: own } => format!(
+                        "concurrent:{}:{}",
+                        window.units,
+                        own.unwrap_or(lease).as_millis()
+                    ),
                     WindowKind::Fixed { reset, timezone } => format!(
                         "fixed:{}:{per}:{}:{}",
                         window.units,
@@ -443,6 +481,14 @@ pub struct EndpointPlan {
     pub plan: Plan,
 }
 
+impl EndpointPlan {
+    /// Whether a spend takes a lease: one of its windows is concurrent, so
+    /// the request's settle must follow it (it returns the lease).
+    pub fn takes_lease(&self) -> bool {
+        self.plan.windows.iter().any(|w| w.window.is_concurrent())
+    }
+}
+
 /// Every plan of a config: per endpoint (spend, settle) and per credential
 /// (peek, block; all its windows, endpoints' included).
 #[derive(Debug, Clone)]
@@ -467,11 +513,12 @@ impl Quotas {
                     .into_iter()
                     .map(|(s, w)| (s, w.clone()))
                     .collect();
+                let lease = e.timeout + crate::config::LEASE_SLACK;
                 let plan = EndpointPlan {
                     endpoint: e.name.clone(),
                     cost: e.cost,
                     policy: e.limiter_unavailable,
-                    plan: Plan::new(&ks, &e.credential, windows),
+                    plan: Plan::new(&ks, &e.credential, windows, lease),
                 };
                 (e.name.clone(), plan)
             })
@@ -485,14 +532,17 @@ impl Quotas {
                     .iter()
                     .map(|w| (Scope::Credential, w.clone()))
                     .collect();
+                // Peek, block and sync read no lease: any valid one does.
+                let mut lease = crate::config::LEASE_SLACK;
                 for e in config.endpoints.values().filter(|e| e.credential == c.name) {
+                    lease = lease.max(e.timeout + crate::config::LEASE_SLACK);
                     windows.extend(
                         e.windows
                             .iter()
                             .map(|w| (Scope::Endpoint(e.name.clone()), w.clone())),
                     );
                 }
-                (c.name.clone(), Plan::new(&ks, &c.name, windows))
+                (c.name.clone(), Plan::new(&ks, &c.name, windows, lease))
             })
             .collect();
         let templates = config
@@ -648,16 +698,20 @@ pub struct WindowUsage {
     pub scope: Scope,
     /// The window.
     pub window: Window,
-    /// Units recorded in it now.
+    /// Units recorded in it now (concurrent: units in flight).
     pub used: u64,
     /// Units left.
     pub remaining: u64,
     /// Sliding: when its oldest units expire; fixed: when it resets; bucket:
-    /// when the next unit drains. Zero when empty.
+    /// when the next unit drains; concurrent: when its earliest lease
+    /// expires (a settle may return one sooner). Zero when empty.
     pub frees_in: Duration,
     /// Units recorded as drift (the upstream reported fewer left than the
     /// window would admit) and still counted in `used`.
     pub drift: u64,
+    /// A concurrent window's leases held now (requests in flight); 0 for
+    /// the other kinds.
+    pub leases: u64,
 }
 
 /// Live usage of a credential.
@@ -888,7 +942,7 @@ impl Limiter {
                 .increment(cost);
         }
         match reply {
-            Ok(r) => decision(&r),
+            Ok(r) => decision(&r).map(|d| d.in_flight(&ep.plan)),
             Err(e) if e.is_unavailable() && ep.policy == LimiterUnavailable::FailOpen => {
                 tracing::warn!(
                     endpoint,
@@ -1026,7 +1080,7 @@ impl Limiter {
         let r = self
             .call(&plan, plan.args("peek", "", "", Reserve::NONE))
             .await?;
-        if r.len() != 1 + 4 * plan.windows.len() {
+        if r.len() != 1 + 5 * plan.windows.len() {
             return Err(QuotaError::Script(format!(
                 "peek returned {} values",
                 r.len()
@@ -1036,7 +1090,7 @@ impl Limiter {
         let windows = plan
             .windows
             .iter()
-            .zip(r[1..].chunks(4))
+            .zip(r[1..].chunks(5))
             .map(|(w, c)| WindowUsage {
                 scope: w.scope.clone(),
                 window: w.window.clone(),
@@ -1044,6 +1098,7 @@ impl Limiter {
                 remaining: u(c[1]),
                 frees_in: Duration::from_millis(u(c[2])),
                 drift: u(c[3]),
+                leases: u(c[4]),
             })
             .collect();
         let blocked_for = Duration::from_millis(u(r[0]));

@@ -212,6 +212,9 @@ pub(crate) fn exhausted_at<'a>(
     let start = match &window.kind {
         WindowKind::Sliding | WindowKind::Bucket => from,
         WindowKind::Fixed { .. } => period_end(window, from).unwrap_or(from),
+        // Units in flight come back with every answer: no schedule uses
+        // them up (`check` compares the cap with the daemons' concurrency).
+        WindowKind::Concurrent { .. } => return None,
     };
     let per = chrono::Duration::from_std(window.per).ok()?;
     let mut ticks: Vec<(DateTime<Utc>, &Job)> = Vec::new();
@@ -261,6 +264,7 @@ pub(crate) fn exhausted_at<'a>(
                 }
             }
         }
+        WindowKind::Concurrent { .. } => {}
         WindowKind::Fixed { .. } => {
             let mut reset = period_end(window, start)?;
             for (t, job) in &ticks {

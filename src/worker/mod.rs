@@ -24,10 +24,13 @@
 //!   (`Action`) — and the pure `decide`, unit-tested for every answer;
 //! - `spend`: the task's side of the quota, as data — spend, settle,
 //!   refund, block — never ending the task itself;
+//! - `lease`: a request's lease in its concurrent windows, returned by its
+//!   settle exactly once (or, dropped unreturned, by a spawned settle);
 //! - `lock`: the item lock; `guards`: what undoes a running task's side
 //!   effects however it ends, a panic included.
 
 mod guards;
+mod lease;
 mod lock;
 mod run;
 mod spend;

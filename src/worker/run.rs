@@ -228,10 +228,10 @@ impl Worker {
         p: &mut Progress,
     ) -> Result<ControlFlow<Outcome>, TaskError> {
         let now = Utc::now();
-        let (mut answer, spent) = self.attempt(run, p, now).await;
+        let (mut answer, mut spent) = self.attempt(run, p, now).await;
         loop {
             let action = decide(answer, p, &run.rules);
-            match self.act(run, p, spent.as_ref(), action, now).await? {
+            match self.act(run, p, spent.as_mut(), action, now).await? {
                 Acted::Answered(next) => answer = next,
                 Acted::Continue => return Ok(ControlFlow::Continue(())),
                 Acted::End(outcome) => return Ok(ControlFlow::Break(outcome)),
@@ -273,7 +273,7 @@ impl Worker {
                 self.spend(&run.payer, p.cursor.page, first).await
             }
         };
-        let spent = match admission {
+        let mut spent = match admission {
             Admission::Admitted(spent) => spent,
             Admission::Refused(refusal) => return (Answer::Refused(refusal), None),
             Admission::Unavailable(e) => return (Answer::LimiterDown(e), None),
@@ -284,7 +284,7 @@ impl Worker {
 
         let endpoint = run.payer.endpoint;
         let Answered { reply, verdict } = run.fetcher.send(endpoint, &request).await;
-        let accounted = self.account(&run.payer, &spent, &reply, verdict).await;
+        let accounted = self.account(&run.payer, &mut spent, &reply, verdict).await;
         p.add_units(accounted.change);
         let blocked = accounted.blocked;
         (Answer::Replied { reply, blocked }, Some(spent))
@@ -316,7 +316,7 @@ impl Worker {
         &self,
         run: &Run<'_>,
         p: &mut Progress,
-        spent: Option<&Spent>,
+        spent: Option<&mut Spent>,
         action: Action,
         now: DateTime<Utc>,
     ) -> Result<Acted, TaskError> {
@@ -365,7 +365,7 @@ impl Worker {
         &self,
         run: &Run<'_>,
         p: &mut Progress,
-        spent: Option<&Spent>,
+        spent: Option<&mut Spent>,
         end: End,
     ) -> Result<Outcome, TaskError> {
         // A request that never left gives its units back first: the
@@ -405,15 +405,13 @@ impl Worker {
                 wait,
                 status,
                 why,
+                momentary,
             } => {
                 self.save(run, p).await?;
                 let mut o = p.outcome(kind, why);
                 o.retry_after = Some(wait);
-                (
-                    o,
-                    status,
-                    defers(run.job()).then_some((Origin::Defer, wait)),
-                )
+                let again = momentary || defers(run.job());
+                (o, status, again.then_some((Origin::Defer, wait)))
             }
             End::Retry {
                 status,

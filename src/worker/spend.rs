@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use tracing::{debug, error, info, warn};
 
 use super::Worker;
+use super::lease::{self, Lease};
 use crate::accounting::{Block, Left, Verdict};
 use crate::config::{Endpoint, Job, Secret};
 use crate::fetch::Reply;
@@ -63,6 +64,10 @@ pub(super) struct Spent {
     flying: Flying,
     /// The tenant it was spent on (template credentials), settled there.
     tenant: Option<String>,
+    /// Its lease in the endpoint's concurrent windows, until a settle
+    /// returns it (`lease::settle`; dropped unreturned, it is returned by a
+    /// spawned settle).
+    lease: Option<Lease>,
 }
 
 /// What a page's spend came to.
@@ -96,6 +101,10 @@ pub(super) enum RefusedBy {
     Blocked,
     /// A window is full.
     Window,
+    /// A concurrent window has as many requests in flight as it allows:
+    /// the wait is momentary, and the task comes back after it whatever
+    /// `on_quota_exhausted` says.
+    InFlight,
 }
 
 /// Units this daemon has spent per credential whose requests have not been
@@ -207,6 +216,9 @@ pub(super) struct FirstSpend {
     request_id: String,
     endpoint: String,
     tenant: Option<String>,
+    /// Its lease, when it was admitted on an endpoint with a concurrent
+    /// window.
+    lease: Option<Lease>,
     /// The tenant's token, read once when the spend was made ready (the
     /// run uses it rather than reading the file again).
     secret: Option<Secret>,
@@ -279,26 +291,36 @@ impl Worker {
         took: Duration,
     ) -> FirstSpend {
         let decision = self.limiter.conclude(&ahead.spend, reply, took);
+        let endpoint = ahead.spend.ep.endpoint.clone();
+        let lease = match decision {
+            Ok(Decision::Allowed { .. }) => Lease::taken(
+                &self.limiter,
+                &endpoint,
+                ahead.tenant.as_deref(),
+                &ahead.request_id,
+                ahead.spend.cost,
+            ),
+            _ => None,
+        };
         FirstSpend {
             request_id: ahead.request_id,
-            endpoint: ahead.spend.ep.endpoint.clone(),
+            endpoint,
             tenant: ahead.tenant,
+            lease,
             secret: ahead.secret,
             decision,
         }
     }
 
     /// Gives back a first spend no page step took: nothing was sent for it.
-    pub(super) async fn give_back(&self, first: FirstSpend) {
+    pub(super) async fn give_back(&self, mut first: FirstSpend) {
         if !matches!(first.decision, Ok(Decision::Allowed { .. })) {
             return;
         }
         let (endpoint, request_id) = (&first.endpoint, &first.request_id);
         let tenant = first.tenant.as_deref();
-        if let Err(e) = (self.limiter)
-            .settle_for(endpoint, tenant, request_id, 0)
-            .await
-        {
+        let lease = &mut first.lease;
+        if let Err(e) = lease::settle(&self.limiter, endpoint, tenant, request_id, lease, 0).await {
             error!(endpoint = %endpoint, request_id, error = %e,
                    "could not refund the first page's spend of a task that sent nothing; its units stay spent");
         }
@@ -340,9 +362,20 @@ impl Worker {
         page: u32,
         first: Option<FirstSpend>,
     ) -> Admission {
-        let (request_id, decision) = match first {
-            Some(first) => (first.request_id, first.decision),
-            None => self.spend_now(payer, page).await,
+        let (request_id, decision, lease) = match first {
+            Some(first) => (first.request_id, first.decision, first.lease),
+            None => {
+                let (id, decision) = self.spend_now(payer, page).await;
+                let cost = payer.endpoint.cost.get();
+                let lease = match decision {
+                    Ok(Decision::Allowed { .. }) => {
+                        let (endpoint, tenant) = (&payer.endpoint.name, payer.tenant.as_deref());
+                        Lease::taken(&self.limiter, endpoint, tenant, &id, cost)
+                    }
+                    _ => None,
+                };
+                (id, decision, lease)
+            }
         };
         let recorded = match decision {
             // The spend script recorded it in the status page's history too.
@@ -358,6 +391,10 @@ impl Worker {
                     RejectedBy::Window(_) => {
                         (RefusedBy::Window, "spend rejected by a quota window")
                     }
+                    RejectedBy::InFlight(_) => (
+                        RefusedBy::InFlight,
+                        "as many requests in flight as a concurrent window allows",
+                    ),
                 };
                 let wait = r.retry_after;
                 return Admission::Refused(Refusal { by, wait, why });
@@ -370,6 +407,7 @@ impl Worker {
             recorded,
             flying,
             tenant: payer.tenant.clone(),
+            lease,
         })
     }
 
@@ -400,7 +438,9 @@ impl Worker {
 
     /// Applies what an answer says about the upstream's quota, in this
     /// order: settle the request to what it cost (a 304 the upstream did
-    /// not price costs `not_modified_cost`); then resync every
+    /// not price costs `not_modified_cost`; a request holding a lease is
+    /// settled even at its own cost, which returns the lease: its answer
+    /// has been read); then resync every
     /// `upstream = true` window of the spend to what is left (after the
     /// settle, which the upstream's count already holds); then block the
     /// credential. Returns the settle's change and the block, if one was
@@ -408,7 +448,7 @@ impl Worker {
     pub(super) async fn account(
         &self,
         payer: &Payer<'_>,
-        spent: &Spent,
+        spent: &mut Spent,
         reply: &Reply,
         verdict: Verdict,
     ) -> Accounted {
@@ -476,17 +516,23 @@ impl Worker {
     /// The upstream said what a request really cost (a cost header,
     /// Shopify's `actualQueryCost`, on any answer): the windows follow, and
     /// the change in units is returned for the task's count. Nothing to
-    /// settle (0) for a spend that was not recorded (fail-open).
+    /// settle (0) for a spend that was not recorded (fail-open). A request
+    /// holding a lease is settled whatever it cost, to return the lease.
     async fn settle_reported(
         &self,
         endpoint: &Endpoint,
-        spent: &Spent,
+        spent: &mut Spent,
         reported: Option<u64>,
     ) -> i64 {
         let cost = endpoint.cost.get();
-        let Some(reported) = reported.filter(|a| spent.recorded && *a != cost) else {
-            return 0;
+        let reported = match reported.filter(|_| spent.recorded) {
+            Some(r) => r,
+            None if spent.lease.is_some() => cost,
+            None => return 0,
         };
+        if reported == cost && spent.lease.is_none() {
+            return 0;
+        }
         // More than the largest window fills every window: settling more
         // says nothing new, and a huge number would fail the script (its
         // numbers are doubles).
@@ -501,14 +547,20 @@ impl Worker {
             warn!(endpoint = %endpoint.name, reported, settled = actual,
                   "the upstream reported a cost above the largest window; settled to that window's units");
         }
-        if actual == cost {
+        if actual == cost && spent.lease.is_none() {
             return 0;
         }
-        let request_id = &spent.request_id;
-        let tenant = spent.tenant.as_deref();
-        match (self.limiter)
-            .settle_for(&endpoint.name, tenant, request_id, actual)
-            .await
+        let (request_id, tenant) = (&spent.request_id, spent.tenant.as_deref());
+        let lease = &mut spent.lease;
+        match lease::settle(
+            &self.limiter,
+            &endpoint.name,
+            tenant,
+            request_id,
+            lease,
+            actual,
+        )
+        .await
         {
             // Both at most 2^53: exact as i64.
             Ok(_) => actual as i64 - cost as i64,
@@ -522,16 +574,13 @@ impl Worker {
 
     /// Gives back the units of a request that never left; returns the
     /// change in units (minus its cost, or 0 when nothing was given back).
-    pub(super) async fn refund(&self, endpoint: &Endpoint, spent: &Spent) -> i64 {
+    pub(super) async fn refund(&self, endpoint: &Endpoint, spent: &mut Spent) -> i64 {
         if !spent.recorded {
             return 0;
         }
-        let request_id = &spent.request_id;
-        let tenant = spent.tenant.as_deref();
-        match (self.limiter)
-            .settle_for(&endpoint.name, tenant, request_id, 0)
-            .await
-        {
+        let (request_id, tenant) = (&spent.request_id, spent.tenant.as_deref());
+        let lease = &mut spent.lease;
+        match lease::settle(&self.limiter, &endpoint.name, tenant, request_id, lease, 0).await {
             Ok(_) => -(endpoint.cost.get().min(MAX_SETTLE) as i64),
             Err(e) => {
                 error!(endpoint = %endpoint.name, request_id, error = %e,

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::spend::{Applied, FirstSpend, Refusal};
+use super::spend::{Applied, FirstSpend, Refusal, RefusedBy};
 use crate::config::{Job, OnQuotaExhausted, fmt_duration};
 use crate::fetch::paging::{Cursor, Next, Onward, Stored, Validators, onward};
 use crate::fetch::{Reply, Request};
@@ -175,12 +175,17 @@ pub(super) enum End {
         keep_checkpoint: bool,
     },
     /// The quota (ours or the upstream's) says wait: the checkpoint stays,
-    /// the task ends now (`defer`: a copy comes back after `wait`).
+    /// the task ends now (`defer`, or `momentary`: a copy comes back after
+    /// `wait`).
     Wait {
         kind: OutcomeKind,
         wait: Duration,
         status: Option<u16>,
         why: String,
+        /// A concurrent window's refusal: the wait (at most 1 s) ends when
+        /// a request in flight is answered, so a copy comes back after it
+        /// whatever `on_quota_exhausted` says, no attempt counted.
+        momentary: bool,
     },
     /// A real failure, retried: the checkpoint stays and a copy comes back
     /// after `again_in` (a failure counted against the attempts).
@@ -216,6 +221,7 @@ pub(super) fn decide(answer: Answer, p: &Progress, rules: &Rules<'_>) -> Action 
             wait: r.wait,
             status: None,
             why: r.why.to_owned(),
+            momentary: r.by == RefusedBy::InFlight,
         }),
         Answer::LimiterDown(e) => Action::End(End::Later {
             wait: LIMITER_DOWN_WAIT,
@@ -313,6 +319,7 @@ fn throttled(status: u16, blocked: Option<Applied>, rules: &Rules<'_>) -> Action
         wait,
         status: Some(status),
         why,
+        momentary: false,
     })
 }
 
@@ -430,7 +437,6 @@ mod tests {
     use super::*;
     use crate::config::Config;
     use crate::quota::BlockReason;
-    use crate::worker::spend::RefusedBy;
 
     /// A job of 3 pages at most, cursor at `/next`, 3 attempts with a 1 s
     /// backoff; `extra` adds lines to its `[j.pagination]` table.
@@ -677,6 +683,7 @@ records = "/items"
                 wait,
                 status,
                 why,
+                momentary: false,
             }) => {
                 assert_eq!(kind, OutcomeKind::UpstreamThrottled);
                 assert_eq!((wait, status), (Duration::from_secs(90), Some(429)));
@@ -737,8 +744,20 @@ records = "/items"
         };
         let a = decide(Answer::Refused(refusal), &at(2, Some("p2")), &rules(&job));
         assert!(
-            matches!(&a, Action::End(End::Wait { kind: OutcomeKind::QuotaExhausted, wait, status: None, why })
+            matches!(&a, Action::End(End::Wait { kind: OutcomeKind::QuotaExhausted, wait, status: None, why, momentary: false })
                 if *wait == Duration::from_secs(42) && why == "spend rejected by a quota window"),
+            "{a:?}"
+        );
+        // A concurrent window's refusal: momentary, whatever the job says.
+        let refusal = Refusal {
+            by: RefusedBy::InFlight,
+            wait: Duration::from_millis(700),
+            why: "as many requests in flight as a concurrent window allows",
+        };
+        let a = decide(Answer::Refused(refusal), &at(2, Some("p2")), &rules(&job));
+        assert!(
+            matches!(&a, Action::End(End::Wait { kind: OutcomeKind::QuotaExhausted, wait, momentary: true, .. })
+                if *wait == Duration::from_millis(700)),
             "{a:?}"
         );
         let a = decide(

@@ -12,6 +12,7 @@ mod bucket_window;
 mod claim_spend;
 mod clock_step_back;
 mod cluster;
+mod concurrent_window;
 mod drift;
 mod duplicate_request;
 mod fixed_boundary;

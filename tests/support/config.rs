@@ -131,6 +131,21 @@ impl Window {
         w
     }
 
+    /// At most `units` (weighted by cost) in flight at once
+    /// (`kind = "concurrent"`).
+    pub fn concurrent(units: u64) -> Self {
+        let mut f = Fields::default();
+        f.set("units", units as i64);
+        f.set("kind", "concurrent");
+        Window(f)
+    }
+
+    /// How long a concurrent window's lease lasts unreturned (`"300ms"`).
+    pub fn lease(mut self, lease: &str) -> Self {
+        self.0.set("lease", lease);
+        self
+    }
+
     /// When a fixed period starts (`"00:00"`).
     pub fn reset(mut self, at: &str) -> Self {
         self.0.set("reset", at);

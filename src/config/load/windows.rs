@@ -1,5 +1,6 @@
 //! `windows = [...]` of a credential or an endpoint: units, period and kind
-//! (sliding, fixed with a reset time and a time zone, or a bucket).
+//! (sliding, fixed with a reset time and a time zone, or a bucket), or a
+//! concurrent window's units in flight and lease.
 
 use std::collections::BTreeSet;
 use std::num::NonZeroU64;
@@ -30,7 +31,11 @@ impl Loader<'_> {
             };
             if !seen.insert((w.kind_name(), w.per)) {
                 let (kind, per) = (w.kind_name(), fmt_duration(w.per));
-                let msg = format!("two {kind} windows of {per} in one list: merge them");
+                let msg = if w.is_concurrent() {
+                    "two concurrent windows in one list: keep the one with fewer units".to_owned()
+                } else {
+                    format!("two {kind} windows of {per} in one list: merge them")
+                };
                 self.error(src, &at, msg);
                 continue;
             }
@@ -39,13 +44,47 @@ impl Loader<'_> {
         out
     }
 
-    /// One `{ units, per, kind, reset, timezone }`.
+    /// One `{ units, per, kind, reset, timezone }`, or a concurrent
+    /// window's `{ kind = "concurrent", units, lease }`.
     fn window(&mut self, src: &Source, at: &FieldPath, rw: &RawWindow) -> Option<Window> {
         let Some(units) = NonZeroU64::new(rw.units) else {
             self.error(src, &at.join("units"), "must be at least 1");
             return None;
         };
-        let per = rw.per.0;
+        let kind = rw.kind.as_deref().unwrap_or(d::WINDOW_KIND);
+        let (per, kind) = match self.pick(src, &at.join("kind"), kind)? {
+            WindowKindName::Concurrent => return self.concurrent(src, at, rw, units),
+            WindowKindName::Sliding => (self.period(src, at, rw)?, self.sliding(src, at, rw)),
+            WindowKindName::Fixed => {
+                let per = self.period(src, at, rw)?;
+                (per, self.fixed(src, at, rw, per))
+            }
+            WindowKindName::Bucket => {
+                let per = self.period(src, at, rw)?;
+                (per, self.bucket(src, at, rw, units, per))
+            }
+        };
+        Some(Window {
+            units,
+            per,
+            kind,
+            upstream: rw.upstream.unwrap_or(false),
+        })
+    }
+
+    /// The `per` of a window that counts per period (and no `lease`, which
+    /// only a concurrent window has): whole milliseconds, in bounds.
+    fn period(&mut self, src: &Source, at: &FieldPath, rw: &RawWindow) -> Option<Duration> {
+        if rw.lease.is_some() {
+            let msg =
+                "only a concurrent window has a lease; add kind = \"concurrent\" or remove it";
+            self.error(src, &at.join("lease"), msg);
+        }
+        let Some(per) = rw.per.as_ref().map(|p| p.0) else {
+            let msg = "missing: how long the window is (\"1h\", \"24h\", ...)";
+            self.error(src, &at.join("per"), msg);
+            return None;
+        };
         if per < d::MIN_WINDOW || per > d::MAX_WINDOW {
             let (min, max) = (fmt_duration(d::MIN_WINDOW), fmt_duration(d::MAX_WINDOW));
             self.error(
@@ -59,17 +98,66 @@ impl Loader<'_> {
             self.error(src, &at.join("per"), "must be whole milliseconds");
             return None;
         }
-        let kind = rw.kind.as_deref().unwrap_or(d::WINDOW_KIND);
-        let kind = match self.pick(src, &at.join("kind"), kind)? {
-            WindowKindName::Sliding => self.sliding(src, at, rw),
-            WindowKindName::Fixed => self.fixed(src, at, rw, per),
-            WindowKindName::Bucket => self.bucket(src, at, rw, units, per),
-        };
+        Some(per)
+    }
+
+    /// `kind = "concurrent"`: at most `units` in flight. It counts no
+    /// period, resets never and mirrors no upstream count, so `per`,
+    /// `reset`, `timezone` and `upstream` are mistakes; `lease`, if given,
+    /// is how long a lease lasts when no settle returns it.
+    fn concurrent(
+        &mut self,
+        src: &Source,
+        at: &FieldPath,
+        rw: &RawWindow,
+        units: NonZeroU64,
+    ) -> Option<Window> {
+        let fields = [
+            (
+                "per",
+                rw.per.is_some(),
+                "a concurrent window counts requests in flight, not per period: remove it (lease = \"...\" says how long a lease lasts)",
+            ),
+            (
+                "reset",
+                rw.reset.is_some(),
+                "only fixed windows reset: remove it",
+            ),
+            (
+                "timezone",
+                rw.timezone.is_some(),
+                "only fixed windows reset: remove it",
+            ),
+            (
+                "upstream",
+                rw.upstream == Some(true),
+                "no upstream reports requests in flight: remove it",
+            ),
+        ];
+        for (field, set, msg) in fields {
+            if set {
+                self.error(src, &at.join(field), msg);
+            }
+        }
+        let lease = rw.lease.as_ref().map(|l| l.0);
+        if let Some(l) = lease
+            && (l < d::MIN_LEASE
+                || l > d::MAX_WINDOW
+                || !l.subsec_nanos().is_multiple_of(1_000_000))
+        {
+            let (min, max) = (fmt_duration(d::MIN_LEASE), fmt_duration(d::MAX_WINDOW));
+            self.error(
+                src,
+                &at.join("lease"),
+                format!("must be whole milliseconds between {min} and {max}"),
+            );
+            return None;
+        }
         Some(Window {
             units,
-            per,
-            kind,
-            upstream: rw.upstream.unwrap_or(false),
+            per: Duration::ZERO,
+            kind: WindowKind::Concurrent { lease },
+            upstream: false,
         })
     }
 

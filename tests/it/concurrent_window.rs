@@ -1,0 +1,418 @@
+//! Promise: a concurrent window (`kind = "concurrent"`) admits at most
+//! `units` (weighted by cost) in flight at once: a spend takes a lease of its
+//! cost, all or nothing with every other window of the spend; any settle of
+//! the spend returns the lease (0 refunds its units too); a lease nobody
+//! returns lapses after `lease`, dropped lazily and at most 128 a call; a
+//! refusal names the window and waits until the earliest lease expires, at
+//! most 1,000 ms; a retried spend is not leased twice; the keys go when
+//! nothing is in flight and expire when idle; `quota` shows the leases; and
+//! the CLI takes a lease (`spend`) and returns it (`settle ENDPOINT ID COST`).
+
+use std::time::Duration;
+
+use quota_worker::config::Config;
+use quota_worker::quota::{Limiter, RejectedBy, request_id};
+
+use crate::support::{
+    self, ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window, machine,
+};
+
+/// `k`: 5 in flight and 100 units an hour; `one` costs 1, `two` costs 2;
+/// `own` has a concurrent window of its own (2 in flight, lease 300 ms)
+/// on credential `solo` (6 an hour).
+fn config() -> TestConfig {
+    ConfigBuilder::new()
+        .credential(
+            Credential::env("k", "K")
+                .window(Window::sliding(100, "1h"))
+                .window(Window::concurrent(5)),
+        )
+        .endpoint(Endpoint::new("one", "k", 1).timeout("2s"))
+        .endpoint(Endpoint::new("two", "k", 2))
+        .credential(Credential::env("solo", "S").window(Window::sliding(6, "1h")))
+        .endpoint(Endpoint::new("own", "solo", 1).window(Window::concurrent(2).lease("300ms")))
+        .write()
+}
+
+async fn limiter(server: &RedisServer, cfg: &TestConfig) -> Limiter {
+    support::limiter(server, &Config::load(&cfg.path()).expect("config")).await
+}
+
+/// (units in flight, leases held) of credential `c`'s window `i` (0-based).
+async fn in_flight(limiter: &Limiter, c: &str, i: usize) -> (u64, u64) {
+    let w = &limiter.peek(c).await.expect("peek").windows[i];
+    assert!(w.window.is_concurrent(), "{w:?}");
+    (w.used, w.leases)
+}
+
+#[tokio::test]
+async fn leases_are_weighted_all_or_nothing_and_returned_by_any_settle() {
+    let server = RedisServer::start();
+    let cfg = config();
+    let limiter = limiter(&server, &cfg).await;
+
+    // 2 + 2 + 1 = 5 in flight: full.
+    for (ep, id) in [("two", "a"), ("two", "b"), ("one", "c")] {
+        let d = limiter.spend(ep, None, id).await.expect("spend");
+        assert!(d.is_allowed(), "{ep} {id}: {d:?}");
+    }
+    assert_eq!(in_flight(&limiter, "k", 1).await, (5, 3));
+    let r = support::rejected(limiter.spend("one", None, "d").await.expect("spend"));
+    assert_eq!(r.by, RejectedBy::InFlight(2), "{r:?}");
+    assert_eq!(r.remaining, 0);
+    // The earliest lease expires in timeout + 5 s (7 s for `one`, 35 s
+    // for `two`): the wait is capped at 1 s.
+    assert_eq!(r.retry_after, Duration::from_millis(1000), "{r:?}");
+    // All or nothing: the refused spend took nothing from the hour.
+    let u = limiter.peek("k").await.expect("peek");
+    assert_eq!(
+        u.windows[0].used, 5,
+        "the hour holds the three admitted spends"
+    );
+
+    // A settle to 0 returns the lease and refunds the units.
+    assert_eq!(limiter.settle("two", "a", 0).await.expect("settle"), 2);
+    assert_eq!(in_flight(&limiter, "k", 1).await, (3, 2));
+    assert_eq!(limiter.peek("k").await.expect("peek").windows[0].used, 3);
+    // Weighted: 2 fit now, 3 do not.
+    let r = support::rejected(limiter.spend("one", Some(3), "e").await.expect("spend"));
+    assert_eq!(r.by, RejectedBy::InFlight(2));
+    assert!(
+        limiter
+            .spend("two", None, "f")
+            .await
+            .expect("spend")
+            .is_allowed()
+    );
+    assert_eq!(in_flight(&limiter, "k", 1).await, (5, 3));
+
+    // A settle to any other cost (the answer was read) returns the lease
+    // too, and the hour keeps what the request really cost.
+    assert_eq!(limiter.settle("one", "c", 4).await.expect("settle"), 2);
+    assert_eq!(in_flight(&limiter, "k", 1).await, (4, 2));
+    assert_eq!(
+        limiter.peek("k").await.expect("peek").windows[0].used,
+        3 + 2 + 3
+    );
+    // A second settle of it finds no lease: only the hour adjusts.
+    assert_eq!(limiter.settle("one", "c", 1).await.expect("settle"), 1);
+    assert_eq!(in_flight(&limiter, "k", 1).await, (4, 2));
+
+    // A retry of an admitted spend (its reply was lost) is not leased twice.
+    assert!(
+        limiter
+            .spend("two", None, "f")
+            .await
+            .expect("spend")
+            .is_allowed()
+    );
+    assert_eq!(in_flight(&limiter, "k", 1).await, (4, 2));
+    // ... even when the window is full by then.
+    assert!(
+        limiter
+            .spend("one", None, "g")
+            .await
+            .expect("spend")
+            .is_allowed()
+    );
+    assert_eq!(in_flight(&limiter, "k", 1).await, (5, 3));
+    assert!(
+        limiter
+            .spend("one", None, "g")
+            .await
+            .expect("spend")
+            .is_allowed()
+    );
+    assert_eq!(in_flight(&limiter, "k", 1).await, (5, 3));
+}
+
+#[tokio::test]
+async fn all_or_nothing_with_the_other_windows_of_the_spend() {
+    let server = RedisServer::start();
+    let cfg = ConfigBuilder::new()
+        .credential(
+            Credential::env("k", "K")
+                .window(Window::sliding(4, "1h"))
+                .window(Window::concurrent(3)),
+        )
+        .endpoint(Endpoint::new("two", "k", 2))
+        .write();
+    let limiter = limiter(&server, &cfg).await;
+    let hour = || async { limiter.peek("k").await.expect("peek").windows[0].used };
+    assert!(
+        limiter
+            .spend("two", None, "a")
+            .await
+            .expect("spend")
+            .is_allowed()
+    );
+    // Too many in flight: refused, and the hour is not charged.
+    let r = support::rejected(limiter.spend("two", None, "b").await.expect("spend"));
+    assert_eq!(r.by, RejectedBy::InFlight(2), "{r:?}");
+    assert_eq!(
+        (hour().await, in_flight(&limiter, "k", 1).await),
+        (2, (2, 1))
+    );
+    // `a` answered, at a cost of 1: its lease is back.
+    limiter.settle("two", "a", 1).await.expect("settle");
+    assert!(
+        limiter
+            .spend("two", None, "b")
+            .await
+            .expect("spend")
+            .is_allowed()
+    );
+    assert!(
+        limiter
+            .spend("two", Some(1), "c")
+            .await
+            .expect("spend")
+            .is_allowed()
+    );
+    limiter.settle("two", "b", 2).await.expect("settle");
+    assert_eq!(
+        (hour().await, in_flight(&limiter, "k", 1).await),
+        (4, (1, 1))
+    );
+    // The hour is full: refused, and no lease is taken.
+    let r = support::rejected(limiter.spend("two", None, "d").await.expect("spend"));
+    assert_eq!(r.by, RejectedBy::Window(1), "{r:?}");
+    assert_eq!(
+        in_flight(&limiter, "k", 1).await,
+        (1, 1),
+        "no lease for the refused spend"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_nobody_returns_lapses_at_its_expiry() {
+    let _machine = machine::timing();
+    let server = RedisServer::start();
+    let cfg = config();
+    let limiter = limiter(&server, &cfg).await;
+
+    let before = server.time_us();
+    for id in ["x", "y"] {
+        assert!(
+            limiter
+                .spend("own", None, id)
+                .await
+                .expect("spend")
+                .is_allowed()
+        );
+    }
+    let r = support::rejected(limiter.spend("own", None, "z").await.expect("spend"));
+    let after = server.time_us();
+    // The endpoint's own window is the credential's second (1-based).
+    assert_eq!(r.by, RejectedBy::InFlight(2), "{r:?}");
+    // The earliest lease expires 300 ms after it was taken.
+    let ms = r.retry_after.as_millis() as i64;
+    let elapsed = ((after - before) / 1000) as i64;
+    assert!(
+        (300 - elapsed - 1..=300).contains(&ms),
+        "retry_after {ms} ms, expected 300 ms less the {elapsed} ms the calls took"
+    );
+    // Nobody settles: at the expiry the lease lapses, and a spend fits.
+    server.sleep_until_us(before + 320_000);
+    assert!(
+        limiter
+            .spend("own", None, "z")
+            .await
+            .expect("spend")
+            .is_allowed()
+    );
+    assert_eq!(in_flight(&limiter, "solo", 1).await, (1, 1));
+    // A settle of a lapsed lease finds nothing to return (the hour still
+    // holds the spend: 1 window).
+    assert_eq!(limiter.settle("own", "x", 1).await.expect("settle"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lapsed_leases_are_dropped_at_most_128_a_call() {
+    let server = RedisServer::start();
+    let cfg = ConfigBuilder::new()
+        .credential(Credential::env("k", "K").window(Window::concurrent(1000).lease("200ms")))
+        .endpoint(Endpoint::new("one", "k", 1))
+        .write();
+    let limiter = limiter(&server, &cfg).await;
+    for _ in 0..300 {
+        assert!(
+            limiter
+                .spend("one", None, &request_id())
+                .await
+                .expect("spend")
+                .is_allowed()
+        );
+    }
+    let lease = "qw:{k}:cred:inflight:lease";
+    assert_eq!(server.cmd::<i64>(&["ZCARD", lease]), 300);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Each call (a peek brings the window to now too) drops 128 at most;
+    // what is left still counts, so the window admits less, never more.
+    let mut left = Vec::new();
+    for _ in 0..3 {
+        let (used, leases) = in_flight(&limiter, "k", 0).await;
+        assert_eq!(used, leases, "each lease holds 1 unit");
+        left.push(leases);
+    }
+    assert_eq!(left, [172, 44, 0]);
+    let kept = server.keys("qw:{k}:cred:inflight:*");
+    assert!(kept.is_empty(), "nothing in flight: nothing kept: {kept:?}");
+}
+
+#[tokio::test]
+async fn its_keys_go_when_nothing_is_in_flight_and_expire_when_idle() {
+    let server = RedisServer::start();
+    let cfg = config();
+    let limiter = limiter(&server, &cfg).await;
+    assert!(
+        limiter
+            .spend("one", None, "a")
+            .await
+            .expect("spend")
+            .is_allowed()
+    );
+    let keys = [
+        "qw:{k}:cred:inflight:meta",
+        "qw:{k}:cred:inflight:lease",
+        "qw:{k}:cred:inflight:held",
+    ];
+    for key in keys {
+        let ttl: i64 = server.cmd(&["PTTL", key]);
+        // The lease (2 s + 5 s) and a quarter of it as slack.
+        assert!((7_000..=8_750).contains(&ttl), "{key}: PTTL {ttl} ms");
+    }
+    assert_eq!(limiter.settle("one", "a", 1).await.expect("settle"), 2);
+    for key in keys {
+        assert_eq!(
+            server.cmd::<i64>(&["EXISTS", key]),
+            0,
+            "{key} stays with nothing in flight"
+        );
+    }
+    // Counters lost with leases left (deleted by hand, say): the leases no
+    // longer count, rather than counting for ever.
+    assert!(
+        limiter
+            .spend("one", None, "b")
+            .await
+            .expect("spend")
+            .is_allowed()
+    );
+    server.cmd::<i64>(&["DEL", keys[0]]);
+    assert!(
+        limiter
+            .spend("one", None, "c")
+            .await
+            .expect("spend")
+            .is_allowed()
+    );
+    assert_eq!(in_flight(&limiter, "k", 1).await, (1, 1));
+}
+
+#[tokio::test]
+async fn a_template_tenant_has_leases_of_its_own() {
+    let server = RedisServer::start();
+    let cfg = ConfigBuilder::new()
+        .credential(
+            Credential::template("ig", "account", "tokens/{account}").window(Window::concurrent(1)),
+        )
+        .endpoint(Endpoint::new("media", "ig", 1))
+        .write();
+    let limiter = limiter(&server, &cfg).await;
+    for tenant in ["1", "2"] {
+        let d = (limiter.spend_for(
+            "media",
+            Some(tenant),
+            None,
+            &request_id(),
+            Default::default(),
+        ))
+        .await
+        .expect("spend");
+        assert!(d.is_allowed(), "tenant {tenant}: {d:?}");
+    }
+    let r = (limiter.spend_for("media", Some("1"), None, "again", Default::default()))
+        .await
+        .expect("spend");
+    assert_eq!(support::rejected(r).by, RejectedBy::InFlight(1));
+    assert_eq!(in_flight(&limiter, "ig[account=1]", 0).await, (1, 1));
+}
+
+/// The lease round trip through the real binary: spend → refused at N →
+/// settle → admitted; `quota` shows the leases.
+#[test]
+fn the_cli_takes_a_lease_and_settle_returns_it() {
+    let server = RedisServer::start();
+    let cfg = config();
+    let spend = |ep: &str| {
+        let out = cfg.run_on(&server, &["spend", ep, "--json"]);
+        (out.status.code(), support::json(&out))
+    };
+    let mut leases = Vec::new();
+    for _ in 0..5 {
+        let (code, j) = spend("one");
+        assert_eq!(code, Some(0), "{j}");
+        assert_eq!(j["lease"], j["request_id"], "{j}");
+        assert_eq!(j["lease_ms"], 7_000, "timeout 2 s + 5 s: {j}");
+        leases.push(j["lease"].as_str().expect("lease").to_owned());
+    }
+    let (code, j) = spend("one");
+    assert_eq!(code, Some(75), "{j}");
+    assert_eq!(j["rejecting_window"], 2, "{j}");
+    assert_eq!(j["retry_after_ms"], 1_000, "{j}");
+    assert!(j.get("lease").is_none(), "{j}");
+
+    let out = cfg.run_on(&server, &["quota", "k", "--json"]);
+    let w = &support::json(&out)["credentials"][0]["windows"][1];
+    assert_eq!(
+        (w["kind"].as_str(), w["used"].as_u64(), w["leases"].as_u64()),
+        (Some("concurrent"), Some(5), Some(5)),
+        "{w}"
+    );
+    let out = cfg.run_on(&server, &["quota", "k"]);
+    assert!(
+        support::stdout(&out).contains("5 in flight (5 leases held)"),
+        "{}",
+        support::stdout(&out)
+    );
+
+    let out = cfg.run_on(&server, &["settle", "one", &leases[0], "0"]);
+    assert_eq!(out.status.code(), Some(0), "{}", support::stderr(&out));
+    assert!(
+        support::stdout(&out).starts_with("refunded spend"),
+        "{}",
+        support::stdout(&out)
+    );
+    let (code, j) = spend("one");
+    assert_eq!(code, Some(0), "admitted once a lease is back: {j}");
+    let out = cfg.run_on(&server, &["settle", "one", &leases[1], "1", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", support::stderr(&out));
+    assert_eq!(support::json(&out)["windows"], 2);
+
+    // Unknown id (or one already refunded), unknown endpoint: 64.
+    for (args, says) in [
+        (
+            vec!["settle", "one", &leases[0], "0"],
+            "no window of one holds spend",
+        ),
+        (
+            vec!["settle", "one", "nope", "1"],
+            "no window of one holds spend",
+        ),
+        (vec!["settle", "nope", &leases[2], "1"], "unknown endpoint"),
+    ] {
+        let out = cfg.run_on(&server, &args);
+        assert_eq!(
+            out.status.code(),
+            Some(64),
+            "{args:?}: {}",
+            support::stdout(&out)
+        );
+        assert!(
+            support::stderr(&out).contains(says),
+            "{args:?}: {}",
+            support::stderr(&out)
+        );
+    }
+}
