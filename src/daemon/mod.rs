@@ -131,6 +131,10 @@ pub struct Hooks {
     /// recorded, so nothing settled or refunded): the end-to-end benchmark's
     /// "spend off", to measure what the limiter costs.
     pub skip_spend: bool,
+    /// While above 0, a task panics right after its page's spend is
+    /// admitted (before its request), counting it down: for the test that
+    /// a panicking task's lease is still returned (`worker::lease`).
+    pub panic_after_spend: Option<Arc<std::sync::atomic::AtomicUsize>>,
     /// Where systemd notify messages go, instead of `NOTIFY_SOCKET` and
     /// `WATCHDOG_USEC`: a process's environment is shared by every daemon a
     /// test runs in it.
@@ -205,6 +209,7 @@ impl Parts {
             local_blocks: LocalBlocks::default(),
             unanswered: Default::default(),
             skip_spend: opts.hooks.skip_spend,
+            panic_after_spend: opts.hooks.panic_after_spend.clone(),
         });
         let ops = OpsState {
             limiter,

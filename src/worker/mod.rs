@@ -128,6 +128,8 @@ pub(crate) struct Worker {
     /// The benchmark's "spend off" (`daemon::Hooks::skip_spend`): every
     /// spend counts as admitted and unrecorded, without a call to Redis.
     pub(crate) skip_spend: bool,
+    /// The test hook `daemon::Hooks::panic_after_spend`.
+    pub(crate) panic_after_spend: Option<Arc<std::sync::atomic::AtomicUsize>>,
 }
 
 /// Why a task could not finish its bookkeeping: Redis went away. The task is

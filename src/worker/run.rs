@@ -281,6 +281,7 @@ impl Worker {
         let cost = run.payer.endpoint.cost.get();
         p.units += cost;
         Stats::add(&self.stats.units, cost);
+        self.test_panic();
 
         let endpoint = run.payer.endpoint;
         let Answered { reply, verdict } = run.fetcher.send(endpoint, &request).await;
@@ -288,6 +289,21 @@ impl Worker {
         p.add_units(accounted.change);
         let blocked = accounted.blocked;
         (Answer::Replied { reply, blocked }, Some(spent))
+    }
+
+    /// The test hook `daemon::Hooks::panic_after_spend`: panics while its
+    /// count is above 0, counting it down.
+    fn test_panic(&self) {
+        use std::sync::atomic::Ordering;
+        let Some(left) = &self.panic_after_spend else {
+            return;
+        };
+        if left
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            panic!("test hook: a task panics right after its spend");
+        }
     }
 
     /// The request for the run's next page: its cursor or next URL, or its

@@ -207,7 +207,7 @@ async fn a_lease_nobody_returns_lapses_at_its_expiry() {
     assert_eq!(r.by, RejectedBy::InFlight(2), "{r:?}");
     // The earliest lease expires 300 ms after it was taken.
     let ms = r.retry_after.as_millis() as i64;
-    let elapsed = ((after - before) / 1000) as i64;
+    let elapsed = (after - before) / 1000;
     assert!(
         (300 - elapsed - 1..=300).contains(&ms),
         "retry_after {ms} ms, expected 300 ms less the {elapsed} ms the calls took"
@@ -415,4 +415,63 @@ fn the_cli_takes_a_lease_and_settle_returns_it() {
             support::stderr(&out)
         );
     }
+}
+
+/// A task that panics holding a lease (right after its spend, before its
+/// request) still returns it, long before it would lapse: the lease's
+/// guard hands the settle to the runtime as the task unwinds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_that_panics_holding_a_lease_returns_it() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use quota_worker::daemon::Hooks;
+    use simulator::SimConfig;
+
+    use crate::support::pipeline::Pipeline;
+
+    let panics = Arc::new(AtomicUsize::new(1));
+    let hooks = Hooks {
+        panic_after_spend: Some(panics.clone()),
+        ..Hooks::default()
+    };
+    let sim = SimConfig::default().key("k-key", 1_000, Duration::from_secs(3600));
+    let p = Pipeline::start_hooked(
+        sim,
+        |base| {
+            ConfigBuilder::new()
+                .credential(
+                    Credential::env("k", "K")
+                        .secret("k-key")
+                        .window(Window::concurrent(1)),
+                )
+                // The lease would last 35 s unreturned.
+                .endpoint(Endpoint::new("one", "k", 1).timeout("30s"))
+                .job(
+                    support::Job::videos("j", "one", base)
+                        .fan_out("region", ["US"])
+                        .pages(1),
+                )
+        },
+        hooks,
+    )
+    .await;
+    let tick = p.trigger("j").await;
+    let returned = async {
+        loop {
+            let gone = panics.load(Ordering::SeqCst) == 0;
+            if gone && in_flight(&p.limiter, "k", 0).await == (0, 0) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), returned)
+        .await
+        .expect("the panicking task's lease was not returned within 10 s (it lapses in 35 s)");
+    assert!(
+        p.sim.stats().requests.is_empty(),
+        "the task panicked before its request"
+    );
+    let _ = tick;
 }

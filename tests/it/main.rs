@@ -69,6 +69,7 @@ mod trigger_exit_codes;
 mod upstream_throttle;
 
 // Daemons as processes: several at once, restarts, signals, embedded Redis.
+mod concurrency_daemons;
 mod embedded;
 mod multi_daemon;
 mod recovery;

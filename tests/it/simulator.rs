@@ -476,3 +476,44 @@ async fn it_binds_loopback_only_and_stops_on_shutdown() {
     let after = reqwest::Client::new().get(url).send().await;
     assert!(after.is_err(), "nothing listens after shutdown");
 }
+
+/// With `hold`, answers are held open, and the most requests (and units,
+/// weighted by the paths' costs) in flight at once per key are recorded:
+/// what the concurrency tests measure at the upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn it_records_the_most_requests_in_flight_at_once() {
+    let sim = Simulator::start(
+        SimConfig::default()
+            .key("k", 10_000, HOUR)
+            .key("other", 10_000, HOUR)
+            .cost(SEARCH, 3)
+            .hold(Duration::from_millis(1000)),
+    )
+    .await
+    .expect("start");
+    let client = reqwest::Client::new();
+    // Four at once (one of them a search, cost 3), then one alone.
+    let mut all = Vec::new();
+    for path in [VIDEOS, VIDEOS, VIDEOS, SEARCH] {
+        let (client, url) = (client.clone(), sim.url(path));
+        all.push(tokio::spawn(async move {
+            let r = client
+                .get(url)
+                .query(&[("key", "k"), ("q", "x")])
+                .send()
+                .await;
+            r.expect("request").status()
+        }));
+    }
+    for a in all {
+        assert_eq!(a.await.expect("join"), StatusCode::OK);
+    }
+    assert_eq!(
+        get(&sim, VIDEOS, &[("key", "k")]).await.status,
+        StatusCode::OK
+    );
+    let stats = sim.stats();
+    let k = stats.key("k");
+    assert_eq!((k.max_in_flight, k.max_in_flight_units), (4, 6), "{k:?}");
+    assert_eq!(stats.key("other").max_in_flight, 0, "counted per key");
+}

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use quota_worker::config::{Config, RedisUrl};
-use quota_worker::daemon::{RunOptions, Shared};
+use quota_worker::daemon::{Hooks, RunOptions, Shared};
 use quota_worker::keys::KeySpace;
 use quota_worker::outcome::OutcomeEvent;
 use quota_worker::outcome::OutcomeKind;
@@ -127,6 +127,15 @@ impl Pipeline {
     /// `config` builds from the simulator's base URL, with its `[redis] url`
     /// set to the test's server; returns once the daemon is ready.
     pub async fn start(sim: SimConfig, config: impl FnOnce(&str) -> ConfigBuilder) -> Pipeline {
+        Self::start_hooked(sim, config, Hooks::default()).await
+    }
+
+    /// [`Pipeline::start`], the daemon run with the test hooks `hooks`.
+    pub async fn start_hooked(
+        sim: SimConfig,
+        config: impl FnOnce(&str) -> ConfigBuilder,
+        hooks: Hooks,
+    ) -> Pipeline {
         let redis = RedisServer::start();
         let sim = Simulator::start(sim).await.expect("start simulator");
         let cfg = config(&sim.base_url()).redis_url(&redis.url()).write();
@@ -170,6 +179,7 @@ impl Pipeline {
         };
         let opts = RunOptions {
             shared: shared.clone(),
+            hooks,
             ..RunOptions::default()
         };
         let daemon = InProcess::start(config.clone(), secrets, opts).await;

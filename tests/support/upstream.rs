@@ -67,6 +67,11 @@ impl Upstream {
         self.sim().stats()
     }
 
+    /// Requests and units of [`SIM_KEY`] in flight at the upstream now.
+    pub fn in_flight(&self) -> (u64, u64) {
+        self.sim().in_flight(SIM_KEY)
+    }
+
     /// The next `count` requests get `fault`.
     pub fn inject(&self, fault: Fault, count: u32) {
         self.sim().inject(fault, count);

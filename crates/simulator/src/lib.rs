@@ -42,6 +42,12 @@
 //! The key comes in the `key` or `access_token` query parameter, or as
 //! `Authorization: Bearer KEY`. Every request, whatever its answer, goes
 //! into the request log ([`SimStats::requests`]).
+//!
+//! Requests in flight are counted per key while they are answered, and the
+//! most at once kept ([`KeyStats::max_in_flight`], weighted by the paths'
+//! costs in [`KeyStats::max_in_flight_units`]): with [`SimConfig::hold`]
+//! every answer is held open that long, as a slow upstream does, so a
+//! client's concurrency shows at the upstream.
 
 #![warn(missing_docs, unreachable_pub)]
 
@@ -128,6 +134,9 @@ pub struct SimConfig {
     /// How it meters keys and says so ([`SimAccounting::Google`], YouTube's,
     /// unless set): GitHub's, Shopify GraphQL's, Meta's, IETF `RateLimit`.
     pub accounting: SimAccounting,
+    /// Every answer to a valid key is held open this long before it is
+    /// sent ([`SimConfig::hold`]); none unless set.
+    pub hold: Option<Duration>,
 }
 
 impl Default for SimConfig {
@@ -150,6 +159,7 @@ impl Default for SimConfig {
             etag: false,
             next_origin: None,
             accounting: SimAccounting::Google,
+            hold: None,
         }
     }
 }
@@ -168,6 +178,16 @@ impl SimConfig {
         let path = path.into();
         self.costs.retain(|(p, _)| *p != path);
         self.costs.push((path, cost));
+        self
+    }
+
+    /// Holds every answer to a valid key open for `hold` before sending it
+    /// (a slow upstream): requests stay in flight that long, so the most
+    /// in flight at once ([`KeyStats::max_in_flight`]) shows how many a
+    /// client sends concurrently.
+    #[must_use]
+    pub fn hold(mut self, hold: Duration) -> Self {
+        self.hold = Some(hold);
         self
     }
 
@@ -345,11 +365,19 @@ pub struct KeyStats {
     pub bad_requests: u64,
     /// Units another program spent on the key ([`Simulator::burn`]).
     pub burned: u64,
+    /// The most requests with this key in flight at once: received and not
+    /// yet answered.
+    pub max_in_flight: u64,
+    /// The most units (each request weighted by its path's cost) in flight
+    /// at once.
+    pub max_in_flight_units: u64,
 }
 
 /// One request, whatever its answer, as the upstream saw it.
 #[derive(Debug, Clone)]
 pub struct Logged {
+    /// When it came in.
+    pub received: DateTime<Utc>,
     /// When it was answered.
     pub time: DateTime<Utc>,
     /// The key it came with (query `key` or `access_token`, or a bearer
@@ -596,6 +624,13 @@ impl Simulator {
         accounting::left(&self.shared, q)
     }
 
+    /// Requests (and units, weighted by their paths' costs) of `key` in
+    /// flight now: received and not answered yet.
+    pub fn in_flight(&self, key: &str) -> (u64, u64) {
+        let st = self.shared.lock();
+        st.in_flight.get(key).copied().unwrap_or_default()
+    }
+
     /// Drops every fault not yet used.
     pub fn clear_faults(&self) {
         self.shared.lock().faults.clear();
@@ -639,6 +674,7 @@ impl Drop for Simulator {
 struct Shared {
     costs: HashMap<String, u64>,
     keys: HashMap<String, KeyQuota>,
+    hold: Option<Duration>,
     pages: u32,
     items: u32,
     ratelimit_headers: bool,
@@ -668,6 +704,8 @@ struct SimState {
     stats: SimStats,
     /// When every item was last updated ([`Simulator::touch`]).
     updated_at: DateTime<Utc>,
+    /// Per key: requests and units in flight now.
+    in_flight: HashMap<String, (u64, u64)>,
 }
 
 #[derive(Debug)]
@@ -691,6 +729,7 @@ impl Shared {
         }
         Shared {
             costs: config.costs.into_iter().collect(),
+            hold: config.hold,
             keys: config
                 .keys
                 .into_iter()
@@ -713,6 +752,7 @@ impl Shared {
                 faults: VecDeque::new(),
                 stats,
                 updated_at: Utc::now(),
+                in_flight: HashMap::new(),
             }),
         }
     }
@@ -851,6 +891,42 @@ impl Shared {
             (RATELIMIT_RESET, reset),
         ] {
             headers.insert(HeaderName::from_static(name), HeaderValue::from(value));
+        }
+    }
+}
+
+/// One request of a key in flight, counted until dropped (answered, or
+/// its connection gone), its path's cost as its units.
+struct Flight<'a> {
+    shared: &'a Shared,
+    key: String,
+    units: u64,
+}
+
+impl<'a> Flight<'a> {
+    fn start(shared: &'a Shared, key: &str, units: u64) -> Self {
+        let mut st = shared.lock();
+        let st = &mut *st;
+        let now = st.in_flight.entry(key.to_owned()).or_default();
+        now.0 += 1;
+        now.1 += units;
+        let ks = st.stats.keys.entry(key.to_owned()).or_default();
+        ks.max_in_flight = ks.max_in_flight.max(now.0);
+        ks.max_in_flight_units = ks.max_in_flight_units.max(now.1);
+        Flight {
+            shared,
+            key: key.to_owned(),
+            units,
+        }
+    }
+}
+
+impl Drop for Flight<'_> {
+    fn drop(&mut self) {
+        let mut st = self.shared.lock();
+        if let Some(now) = st.in_flight.get_mut(&self.key) {
+            now.0 = now.0.saturating_sub(1);
+            now.1 = now.1.saturating_sub(self.units);
         }
     }
 }
@@ -1190,6 +1266,7 @@ async fn handle(
     headers: HeaderMap,
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,
 ) -> Response {
+    let received = Utc::now();
     let query = query.ok().map(|Query(q)| q);
     let key = query.as_deref().and_then(|q| api_key(q, &headers));
     let response = respond(
@@ -1204,6 +1281,7 @@ async fn handle(
     let q = query.unwrap_or_default();
     let (scope, page) = asked(&shared, uri.path(), &q);
     let logged = Logged {
+        received,
         time: Utc::now(),
         key,
         path: uri.path().to_owned(),
@@ -1258,6 +1336,10 @@ async fn respond(
             "API key not valid. Please pass a valid API key.",
         );
     };
+    let _flight = Flight::start(shared, &quota.key, cost);
+    if let Some(hold) = shared.hold {
+        tokio::time::sleep(hold).await;
+    }
     let mut charged = 0;
     let mut response = match shared.take_fault(path) {
         Some(fault) => {

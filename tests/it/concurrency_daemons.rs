@@ -1,0 +1,332 @@
+//! Promise: a concurrent window caps the requests in flight across every
+//! daemon, measured at the upstream — three daemons of `concurrency = 8` each
+//! never have more than its units (weighted by cost) in flight at the
+//! simulator, which holds every request open; every task ends `done` and
+//! `trigger --wait` exits 0, tasks refused for want of a lease coming back by
+//! themselves (whatever `on_quota_exhausted` says); and a daemon SIGKILLed
+//! while holding leases stops blocking the others once its leases lapse.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use simulator::{CHANNELS, Logged, SimConfig, VIDEOS};
+
+use crate::support::daemon::{self, REGIONS};
+use crate::support::machine;
+use crate::support::process::{Proc, run_cli};
+use crate::support::upstream::{SIM_KEY, Upstream};
+use crate::support::{
+    ConfigBuilder, Credential, Endpoint, Job, RedisServer, Request, Sink, TestConfig, Window,
+    Worker,
+};
+
+/// Units in flight the credential allows.
+const CAP: u64 = 4;
+const PAGES: u32 = 3;
+
+/// The simulator: 3 pages per region, videos cost 1, channels cost 2, every
+/// answer held open `hold`.
+fn upstream(hold: Duration) -> Upstream {
+    Upstream::with(
+        SimConfig {
+            pages_per_query: PAGES,
+            items_per_page: 2,
+            ..SimConfig::default()
+        }
+        .key(SIM_KEY, 1_000_000, Duration::from_secs(3600))
+        .cost(CHANNELS, 2)
+        .hold(hold),
+    )
+}
+
+/// A job paging `path` per region of `regions`, on `endpoint`.
+fn job(name: &str, endpoint: &str, base: &str, path: &str, regions: &[&str]) -> Job {
+    Job::new(name, endpoint)
+        .request(Request::get(&format!("{base}{path}")).query(&[
+            ("regionCode", "{region}"),
+            ("maxResults", "50"),
+            ("key", "{secret}"),
+        ]))
+        .sink(Sink::jsonl("data/{job}/{region}.jsonl").records("/items"))
+        .fan_out("region", regions.iter().copied())
+        .pages(PAGES)
+}
+
+/// Credential `sim` with [`CAP`] in flight (`lease`, if given), its
+/// endpoints `videos` (cost 1) and `channels` (cost 2), and the jobs
+/// `trending` (videos) and `chans` (channels) over every region.
+fn config(base: &str, lease: Option<&str>) -> TestConfig {
+    let mut inflight = Window::concurrent(CAP);
+    if let Some(l) = lease {
+        inflight = inflight.lease(l);
+    }
+    ConfigBuilder::new()
+        .worker(Worker::default().concurrency(8).recover_after("3s"))
+        .credential(
+            Credential::env("sim", crate::support::upstream::KEY_ENV)
+                .window(Window::sliding(1_000_000, "1h"))
+                .window(inflight),
+        )
+        .endpoint(Endpoint::new("videos", "sim", 1).timeout("10s"))
+        .endpoint(Endpoint::new("channels", "sim", 2).timeout("10s"))
+        .job(job("trending", "videos", base, VIDEOS, &REGIONS))
+        .job(job("chans", "channels", base, CHANNELS, &REGIONS))
+        .write()
+}
+
+/// A request's units at the upstream (its path's cost).
+fn units(r: &Logged) -> u64 {
+    if r.path == CHANNELS { 2 } else { 1 }
+}
+
+/// The most units in flight at once among `requests` (each in flight from
+/// when it came in to when it was answered), and when that was first reached.
+fn peak(requests: &[&Logged]) -> (u64, Option<DateTime<Utc>>) {
+    // Ends before starts at the same instant: back-to-back is not overlap.
+    let mut events: Vec<(DateTime<Utc>, i64)> = Vec::new();
+    for r in requests {
+        events.push((r.received, units(r) as i64));
+        events.push((r.time, -(units(r) as i64)));
+    }
+    events.sort_by_key(|(t, d)| (*t, *d));
+    let (mut now, mut best, mut at) = (0i64, 0i64, None);
+    for (t, d) in events {
+        now += d;
+        if now > best {
+            (best, at) = (now, Some(t));
+        }
+    }
+    (best as u64, at)
+}
+
+/// Redis commands run so far (INFO commandstats, every command).
+fn commands(redis: &RedisServer) -> u64 {
+    let info: String = redis.cmd(&["INFO", "commandstats"]);
+    info.lines()
+        .filter_map(|l| l.split("calls=").nth(1))
+        .filter_map(|rest| rest.split(',').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Every tick outcome hash of `job` in Redis, summed per field.
+fn outcomes(redis: &RedisServer, job: &str) -> HashMap<String, i64> {
+    let mut sum = HashMap::new();
+    for key in redis.keys(&format!("qw:tick:{job}:*:outcomes")) {
+        let h: HashMap<String, i64> = redis.cmd(&["HGETALL", &key]);
+        for (k, v) in h {
+            *sum.entry(k).or_insert(0) += v;
+        }
+    }
+    sum
+}
+
+#[test]
+fn three_daemons_never_have_more_in_flight_than_the_window_allows() {
+    let _machine = machine::timing();
+    let redis = RedisServer::start();
+    let upstream = upstream(Duration::from_millis(300));
+    let cfg = config(&upstream.base_url(), None);
+    let mut daemons: Vec<Proc> = (0..3)
+        .map(|i| Proc::daemon(&format!("daemon-{i}"), &cfg, Some(&redis.url()), &[]))
+        .collect();
+    for d in &mut daemons {
+        d.wait_running(Duration::from_secs(20));
+    }
+    // The daemons' own traffic while idle, to tell it from the tasks'.
+    let (idle_from, idle_at) = (commands(&redis), Instant::now());
+    std::thread::sleep(Duration::from_secs(2));
+    let idle_rate = (commands(&redis) - idle_from) as f64 / idle_at.elapsed().as_secs_f64();
+
+    // Both jobs at once: 16 tasks, 48 pages, 72 units of requests.
+    let (before, started) = (commands(&redis), Instant::now());
+    let mut triggers: Vec<Proc> = ["trending", "chans"]
+        .iter()
+        .map(|j| Proc::sim_cli(j, &cfg, Some(&redis.url()), &["trigger", j, "--wait"], &[]))
+        .collect();
+    for t in &mut triggers {
+        let status = t.wait_exit(Duration::from_secs(180));
+        assert_eq!(
+            status.and_then(|s| s.code()),
+            Some(0),
+            "{}: trigger --wait; its output:\n{}",
+            t.label,
+            t.stdout()
+        );
+    }
+    let took = started.elapsed();
+    let spent_commands = commands(&redis) - before;
+    // Every request's lease was returned by its settle (a lease left to
+    // lapse would still be held: it lasts 15 s).
+    let q = cfg.run(
+        &["quota", "sim", "--json"],
+        &[("QUOTA_WORKER_REDIS_URL", &redis.url())],
+    );
+    let w = &crate::support::json(&q)["credentials"][0]["windows"][1];
+    assert_eq!(
+        (w["used"].as_u64(), w["leases"].as_u64()),
+        (Some(0), Some(0)),
+        "{w}"
+    );
+
+    let stats = upstream.stats();
+    let k = stats.key(SIM_KEY);
+    assert!(
+        k.max_in_flight_units <= CAP,
+        "the upstream saw {} units in flight at once (cap {CAP}): {k:?}",
+        k.max_in_flight_units
+    );
+    assert_eq!(
+        k.max_in_flight_units, CAP,
+        "the daemons used the whole window: {k:?}"
+    );
+    // The log agrees (and two channels requests never overlapped a third
+    // request: weights are respected).
+    let all: Vec<&Logged> = stats.requests.iter().collect();
+    assert_eq!(peak(&all).0, CAP);
+    // Every page once, none refused by the upstream.
+    assert_eq!(stats.charges.len(), 2 * REGIONS.len() * PAGES as usize);
+    assert!(
+        stats.duplicate_pages().is_empty(),
+        "{:?}",
+        stats.duplicate_pages()
+    );
+    assert_eq!(
+        stats.requests.len(),
+        stats.charges.len(),
+        "only charged requests"
+    );
+
+    // Every task ended done; the ones refused for a lease came back by
+    // themselves (the jobs say on_quota_exhausted = "stop").
+    let mut requeued = 0;
+    for job in ["trending", "chans"] {
+        let o = outcomes(&redis, job);
+        assert_eq!(o.get("done"), Some(&(REGIONS.len() as i64)), "{job}: {o:?}");
+        for kind in daemon::TERMINAL.iter().filter(|k| **k != "done") {
+            assert_eq!(o.get(*kind), None, "{job}: {o:?}");
+        }
+        requeued += o.get("~deferred").copied().unwrap_or(0);
+    }
+    for d in &daemons {
+        for o in d.outcomes() {
+            let kind = o["outcome"].as_str().unwrap_or_default();
+            assert!(
+                kind == "done" || kind == "quota_exhausted",
+                "{}: {o}",
+                d.label
+            );
+            if kind == "quota_exhausted" {
+                assert!(
+                    o["requeued_in_ms"].as_u64().is_some_and(|ms| ms <= 1_000),
+                    "{o}"
+                );
+            }
+        }
+    }
+    // What it cost (measured, not asserted: BENCHMARKS.md-style numbers for
+    // the notes): re-queues, and Redis commands per task and per page, the
+    // daemons' idle traffic over the same time taken out.
+    let tasks = 2 * REGIONS.len() as u64;
+    let idle = (idle_rate * took.as_secs_f64()) as u64;
+    let work = spent_commands.saturating_sub(idle);
+    eprintln!(
+        "concurrency: {tasks} tasks, {} pages in {took:?}; {requeued} re-queues for a lease ({:.1} per task); \
+         {spent_commands} Redis commands ({idle} of them the daemons' idle traffic at {idle_rate:.0}/s): \
+         {:.1} per task, {:.1} per page, {:.1} per re-queue or page",
+        stats.charges.len(),
+        requeued as f64 / tasks as f64,
+        work as f64 / tasks as f64,
+        work as f64 / stats.charges.len() as f64,
+        work as f64 / (requeued as f64 + stats.charges.len() as f64),
+    );
+    for d in &mut daemons {
+        d.term();
+    }
+    for d in &mut daemons {
+        assert_eq!(
+            d.wait_exit(Duration::from_secs(20)).and_then(|s| s.code()),
+            Some(0),
+            "{}",
+            d.label
+        );
+    }
+}
+
+#[test]
+fn a_killed_daemons_leases_lapse_and_the_others_reach_full_concurrency() {
+    let _machine = machine::timing();
+    let redis = RedisServer::start();
+    // Answers take 1 s; a lease lasts 3 s unreturned.
+    let upstream = upstream(Duration::from_secs(1));
+    let cfg = config(&upstream.base_url(), Some("3s"));
+    let mut first = Proc::daemon("doomed", &cfg, Some(&redis.url()), &[]);
+    first.wait_running(Duration::from_secs(20));
+    let (code, out, err) = run_cli(
+        &cfg,
+        Some(&redis.url()),
+        &["trigger", "trending"],
+        Duration::from_secs(30),
+    );
+    assert_eq!(code, Some(0), "{out}{err}");
+
+    // Killed with the window full of its requests.
+    let full =
+        crate::support::wait_until(Duration::from_secs(30), || upstream.in_flight().1 == CAP);
+    assert!(
+        full,
+        "the first daemon never had {CAP} in flight: {:?}",
+        upstream.in_flight()
+    );
+    first.kill();
+    let killed = Utc::now();
+    let q = cfg.run(
+        &["quota", "sim", "--json"],
+        &[("QUOTA_WORKER_REDIS_URL", &redis.url())],
+    );
+    let leases = crate::support::json(&q)["credentials"][0]["windows"][1]["leases"].as_u64();
+    assert_eq!(leases, Some(CAP), "it died holding its leases");
+
+    let mut others: Vec<Proc> = (0..2)
+        .map(|i| Proc::daemon(&format!("daemon-{i}"), &cfg, Some(&redis.url()), &[]))
+        .collect();
+    for d in &mut others {
+        d.wait_running(Duration::from_secs(20));
+    }
+    // The survivors finish the tick (the dead daemon's tasks recovered).
+    let done = crate::support::wait_until(Duration::from_secs(90), || {
+        outcomes(&redis, "trending").get("done") == Some(&(REGIONS.len() as i64))
+    });
+    assert!(
+        done,
+        "the tick did not end: {:?}",
+        outcomes(&redis, "trending")
+    );
+
+    let stats = upstream.stats();
+    let after: Vec<&Logged> = stats
+        .requests
+        .iter()
+        .filter(|r| r.received > killed)
+        .collect();
+    let (peak_after, reached) = peak(&after);
+    assert_eq!(peak_after, CAP, "the others used the whole window again");
+    let reached = reached.expect("a peak");
+    let waited = (reached - killed).to_std().unwrap_or_default();
+    // The dead daemon's leases lapse 3 s after they were taken (at most 3 s
+    // after the kill); then a refused task comes back within 1 s.
+    assert!(
+        waited <= Duration::from_secs(3 + 5),
+        "full concurrency again {waited:?} after the kill (lease 3 s)"
+    );
+    assert!(
+        stats.key(SIM_KEY).max_in_flight_units <= CAP,
+        "{:?}",
+        stats.key(SIM_KEY)
+    );
+    eprintln!("full concurrency again {waited:?} after the kill (lease 3 s)");
+    for d in &mut others {
+        d.term();
+        d.wait_exit(Duration::from_secs(20));
+    }
+}
