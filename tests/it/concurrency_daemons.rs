@@ -13,6 +13,7 @@ use chrono::{DateTime, Utc};
 use simulator::{CHANNELS, Logged, SimConfig, VIDEOS};
 
 use crate::support::daemon::{self, REGIONS};
+use crate::support::keys;
 use crate::support::machine;
 use crate::support::process::{Proc, run_cli};
 use crate::support::upstream::{SIM_KEY, Upstream};
@@ -112,7 +113,7 @@ fn commands(redis: &RedisServer) -> u64 {
 /// Every tick outcome hash of `job` in Redis, summed per field.
 fn outcomes(redis: &RedisServer, job: &str) -> HashMap<String, i64> {
     let mut sum = HashMap::new();
-    for key in redis.keys(&format!("qw:tick:{job}:*:outcomes")) {
+    for key in redis.keys(&keys::any_tick(|t| keys::keys().tick_outcomes(job, t))) {
         let h: HashMap<String, i64> = redis.cmd(&["HGETALL", &key]);
         for (k, v) in h {
             *sum.entry(k).or_insert(0) += v;

@@ -13,6 +13,7 @@ use std::time::Duration;
 use quota_worker::config::Config;
 use quota_worker::quota::{Limiter, RejectedBy, request_id};
 
+use crate::support::keys;
 use crate::support::{
     self, ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window, machine,
 };
@@ -244,8 +245,8 @@ async fn lapsed_leases_are_dropped_at_most_128_a_call() {
                 .is_allowed()
         );
     }
-    let lease = "qw:{k}:cred:inflight:lease";
-    assert_eq!(server.cmd::<i64>(&["ZCARD", lease]), 300);
+    let window = keys::window(&support::load(&cfg), "k", None, 0);
+    assert_eq!(server.cmd::<i64>(&["ZCARD", &window[1]]), 300);
     tokio::time::sleep(Duration::from_millis(400)).await;
     // Each call (a peek brings the window to now too) drops 128 at most;
     // what is left still counts, so the window admits less, never more.
@@ -256,8 +257,10 @@ async fn lapsed_leases_are_dropped_at_most_128_a_call() {
         left.push(leases);
     }
     assert_eq!(left, [172, 44, 0]);
-    let kept = server.keys("qw:{k}:cred:inflight:*");
-    assert!(kept.is_empty(), "nothing in flight: nothing kept: {kept:?}");
+    for key in &window {
+        let kept: i64 = server.cmd(&["EXISTS", key]);
+        assert_eq!(kept, 0, "nothing in flight: nothing kept: {key}");
+    }
 }
 
 #[tokio::test]
@@ -272,18 +275,16 @@ async fn its_keys_go_when_nothing_is_in_flight_and_expire_when_idle() {
             .expect("spend")
             .is_allowed()
     );
-    let keys = [
-        "qw:{k}:cred:inflight:meta",
-        "qw:{k}:cred:inflight:lease",
-        "qw:{k}:cred:inflight:held",
-    ];
-    for key in keys {
+    // The concurrent window's counters, lease expiries, leased units.
+    let keys = keys::window(&support::load(&cfg), "k", None, 1);
+    assert_eq!(keys.len(), 3, "{keys:?}");
+    for key in &keys {
         let ttl: i64 = server.cmd(&["PTTL", key]);
         // The lease (2 s + 5 s) and a quarter of it as slack.
         assert!((7_000..=8_750).contains(&ttl), "{key}: PTTL {ttl} ms");
     }
     assert_eq!(limiter.settle("one", "a", 1).await.expect("settle"), 2);
-    for key in keys {
+    for key in &keys {
         assert_eq!(
             server.cmd::<i64>(&["EXISTS", key]),
             0,
@@ -299,7 +300,7 @@ async fn its_keys_go_when_nothing_is_in_flight_and_expire_when_idle() {
             .expect("spend")
             .is_allowed()
     );
-    server.cmd::<i64>(&["DEL", keys[0]]);
+    server.cmd::<i64>(&["DEL", &keys[0]]);
     assert!(
         limiter
             .spend("one", None, "c")

@@ -47,7 +47,8 @@ pub fn all() -> String {
 /// The keys of window `n` (0-based, in config order) of `credential`, or
 /// with `endpoint` of that endpoint's own windows, as the spend script
 /// takes them (`keys::KeySpace::window`): counters, log, stream, settled
-/// entries for a sliding or bucket window; the state hash of a fixed one.
+/// entries for a sliding or bucket window; the state hash of a fixed one;
+/// counters, lease expiries and leased units of a concurrent one.
 pub fn window(config: &Config, credential: &str, endpoint: Option<&str>, n: usize) -> Vec<String> {
     let (scope, windows) = match endpoint {
         None => (Scope::Credential, &config.credentials[credential].windows),
