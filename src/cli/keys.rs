@@ -1,6 +1,7 @@
 //! `quota-worker keys ENDPOINT [--cost N] [--reserve P%]`: how another program
-//! (PHP, Python, ...) calls `lua/spend.lua` to spend from the same windows;
-//! `keys --script` prints the script itself. An endpoint of a template
+//! (PHP, Python, ...) calls `lua/spend.lua` to spend from the same windows
+//! (and, on an endpoint with a concurrent window, to return the lease a
+//! spend takes); `keys --script` prints the script itself. An endpoint of a template
 //! credential is named with one tenant (`keys 'ig.media[account=123]'`):
 //! the keys are that tenant's.
 
@@ -46,6 +47,9 @@ pub fn run(config: &Config, name: &str, cost: Option<u64>, reserve: Reserve) -> 
         // The tenant's name, as `quota` shows it and its keys carry it.
         out["tenant"] = json!(plan.credential);
     }
+    if ep.takes_lease() {
+        out["settle"] = settle(plan, lease_ms(config, &endpoint));
+    }
     if !config.redis.quota_nodes.is_empty() {
         out["cluster"] = cluster(config, &plan.credential);
     }
@@ -71,6 +75,30 @@ fn emit(text: &str) -> Exit {
             Exit::IoErr
         }
     }
+}
+
+/// How long an endpoint's lease lasts unreturned: the longest of its
+/// concurrent windows'.
+fn lease_ms(config: &Config, endpoint: &str) -> u64 {
+    let ep = &config.endpoints[endpoint];
+    (config.windows_of(ep).iter())
+        .filter_map(|(_, w)| w.lease_for(ep))
+        .max()
+        .map_or(0, |l| l.as_millis() as u64)
+}
+
+/// How to return the lease a spend takes on an endpoint with a concurrent
+/// window: the same script, op `settle`, once the request's answer has been
+/// read or the request failed.
+fn settle(plan: &crate::quota::Plan, lease_ms: u64) -> serde_json::Value {
+    json!({
+        "keys": plan.keys_for("settle"),
+        "args": plan.args("settle", "{request_id}", "{cost}", Reserve::NONE),
+        "lease_ms": lease_ms,
+        "how": format!(
+            "an admitted spend holds a lease in the endpoint's concurrent window(s) until it is settled:              once the request's answer has been read (or the request failed), run the same script with these keys and args,              {{request_id}} the spend's id and {{cost}} what the request cost (the spend's cost when the upstream says nothing;              0 when it was never sent, which also refunds its units); the reply is [windows that held the spend].              A lease not returned lapses {lease_ms} ms after the spend"
+        ),
+    })
 }
 
 /// How to call the script on the cluster of `[redis] quota_nodes`.

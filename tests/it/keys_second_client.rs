@@ -1,7 +1,10 @@
 //! Promise: `quota-worker keys ENDPOINT` tells another program (here a Python
 //! script with a bare RESP client) exactly how to spend from the same windows:
 //! its spends and the CLI's draw from one budget, and the `{request_id}`
-//! placeholder passed through unsubstituted is refused.
+//! placeholder passed through unsubstituted is refused. On an endpoint with a
+//! concurrent window it also tells how to return the lease a spend takes
+//! (`settle`): Python takes leases and returns them, and the CLI and Python
+//! share the window.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -38,14 +41,17 @@ fn client() -> PathBuf {
 
 /// Runs the Python client once; its JSON answer.
 fn python_spend(spec: &Path, server: &RedisServer, id: &str, raw: bool) -> Value {
+    python(spec, server, id, if raw { &["--raw"] } else { &[] })
+}
+
+/// Runs the Python client once with `extra` arguments; its JSON answer.
+fn python(spec: &Path, server: &RedisServer, id: &str, extra: &[&str]) -> Value {
     let mut cmd = Command::new("python3");
     cmd.arg(client())
         .arg(spec)
         .arg(server.port().to_string())
-        .arg(id);
-    if raw {
-        cmd.arg("--raw");
-    }
+        .arg(id)
+        .args(extra);
     let out = cmd.output().expect("run python3");
     assert!(
         out.status.success(),
@@ -164,4 +170,69 @@ fn the_raw_placeholder_is_refused_on_a_fresh_redis_too() {
     let j = python_spend(&spec_path, &server, "ignored", true);
     assert!(j["error"].is_string(), "{j}");
     assert_eq!(server.dbsize(), 0, "nothing recorded");
+}
+
+/// The lease round trip from Python, written only from `keys`: spend until
+/// the concurrent window refuses, return a lease with the printed settle,
+/// spend again; the CLI's spends share the window.
+#[test]
+fn python_takes_a_lease_and_returns_it_through_keys() {
+    let server = RedisServer::start();
+    let cfg = ConfigBuilder::new()
+        .credential(
+            Credential::env("k", "K")
+                .window(Window::sliding(100, "1h"))
+                .window(Window::concurrent(3)),
+        )
+        .endpoint(Endpoint::new("one", "k", 1).timeout("10s"))
+        .write();
+    let out = cfg.run(&["keys", "one"], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", support::stderr(&out));
+    let spec = support::json(&out);
+    let settle = &spec["settle"];
+    assert_eq!(settle["lease_ms"], 15_000, "timeout 10 s + 5 s: {settle}");
+    assert_eq!(settle["args"][0], "settle");
+    assert_eq!(settle["args"][1], "{request_id}");
+    assert_eq!(settle["args"][2], "{cost}");
+    assert_eq!(settle["keys"], spec["keys"], "the same keys as the spend");
+    let spec_path = cfg.join("keys.json");
+    std::fs::write(&spec_path, &out.stdout).expect("write keys.json");
+
+    // Two leases from Python, one from the CLI: the window is full.
+    for id in ["py-a", "py-b"] {
+        let j = python_spend(&spec_path, &server, id, false);
+        assert_eq!(j["reply"][0], 1, "{id}: {j}");
+    }
+    assert_eq!(cli_spend(&cfg, &server), 0);
+    let j = python_spend(&spec_path, &server, "py-c", false);
+    assert_eq!(j["reply"][0], 0, "refused at 3 in flight: {j}");
+    assert_eq!(j["reply"][2], 1_000, "the wait, at most 1 s: {j}");
+    assert_eq!(j["reply"][3], 2, "the concurrent window refuses: {j}");
+    assert_eq!(cli_spend(&cfg, &server), 75);
+
+    // Python's answer came: its settle returns the lease (and keeps the
+    // unit spent in the hour).
+    let j = python(&spec_path, &server, "py-a", &["--settle", "1"]);
+    assert_eq!(
+        j["reply"],
+        serde_json::json!([2]),
+        "both windows held it: {j}"
+    );
+    let j = python_spend(&spec_path, &server, "py-c", false);
+    assert_eq!(j["reply"][0], 1, "admitted once a lease is back: {j}");
+    // A request Python never sent: settled to 0, lease and unit back.
+    let j = python(&spec_path, &server, "py-b", &["--settle", "0"]);
+    assert_eq!(j["reply"], serde_json::json!([2]), "{j}");
+    let out = cfg.run_on(&server, &["quota", "k", "--json"]);
+    let windows = support::json(&out)["credentials"][0]["windows"].clone();
+    assert_eq!(windows[0]["used"], 3, "py-a, the CLI's, py-c: {windows}");
+    assert_eq!(
+        (windows[1]["used"].as_u64(), windows[1]["leases"].as_u64()),
+        (Some(2), Some(2)),
+        "{windows}"
+    );
+    // The placeholder cost passed through is refused.
+    let j = python(&spec_path, &server, "py-c", &["--settle", "{cost}"]);
+    let err = j["error"].as_str().unwrap_or_else(|| panic!("{j}"));
+    assert!(err.contains("settle cost must be a whole number"), "{err}");
 }

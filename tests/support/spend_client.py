@@ -1,11 +1,14 @@
 """A second client of lua/spend.lua, written only from `quota-worker keys`.
 
-Usage: spend_client.py KEYS_JSON REDIS_PORT REQUEST_ID [--raw]
+Usage: spend_client.py KEYS_JSON REDIS_PORT REQUEST_ID [--raw] [--settle COST]
 
 Reads the JSON `keys` printed, loads the script file it names, substitutes
 REQUEST_ID for the literal "{request_id}" (unless --raw), and calls EVALSHA,
 falling back to EVAL on NOSCRIPT, over a minimal RESP client on 127.0.0.1
 (the standard library only). Prints {"reply": [...]} or {"error": "..."}.
+With --settle COST it settles that spend instead, with the keys and args of
+the JSON's "settle" object ({cost} replaced by COST): what returns the lease
+a spend took on an endpoint with a concurrent window.
 """
 
 import hashlib
@@ -49,14 +52,20 @@ def read_reply(reader):
 
 def main():
     spec_path, port, request_id = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    raw = "--raw" in sys.argv[4:]
+    rest = sys.argv[4:]
+    raw = "--raw" in rest
     with open(spec_path) as f:
         spec = json.load(f)
     with open(spec["script"], "rb") as f:
         script = f.read()
     sha = hashlib.sha1(script).hexdigest()
-    args = spec["args"] if raw else [request_id if a == "{request_id}" else a for a in spec["args"]]
-    keys = spec["keys"]
+    call = spec
+    values = {"{request_id}": request_id}
+    if "--settle" in rest:
+        call = spec["settle"]
+        values["{cost}"] = rest[rest.index("--settle") + 1]
+    args = call["args"] if raw else [values.get(a, a) for a in call["args"]]
+    keys = call["keys"]
     sock = socket.create_connection(("127.0.0.1", port), timeout=5)
     reader = sock.makefile("rb")
     try:
