@@ -40,7 +40,8 @@ pub async fn run(config: &Config, now: DateTime<Utc>) -> Exit {
         Err(code) => return code,
     };
     let (config, sources) = read_sources(config).await;
-    print!("{}", report(&config, now, &sources));
+    let daemons = live_daemons(&config).await;
+    print!("{}", report(&config, now, &sources, daemons));
     print!("{}", tables_report(&tables));
     redis_eviction(&config).await
 }
@@ -168,8 +169,27 @@ fn verdict(config: &Config, at: &str, eviction: Eviction) -> Exit {
     }
 }
 
-/// The report, warnings last.
-fn report(config: &Config, now: DateTime<Utc>, sources: &[(String, SourceRead)]) -> String {
+/// The daemons alive on the configured Redis now (their apalis workers'
+/// heartbeats within `recover_after`), when it answers; `None` when it
+/// does not (or the Redis is the embedded one of a daemon not running).
+async fn live_daemons(config: &Config) -> Option<u64> {
+    let url = config.redis.url.as_ref()?;
+    let wait = Duration::from_secs(2);
+    let conn = crate::conn::connect(url, wait, 0).await.ok()?;
+    let keys = crate::keys::KeySpace::new(config.redis.key_prefix.clone());
+    let queue = crate::queue::Queue::new(conn, keys, config.worker.recover_after);
+    let live = queue.live_workers(config.worker.recover_after);
+    tokio::time::timeout(wait, live).await.ok()?.ok()
+}
+
+/// The report, warnings last. `daemons`: how many run on this config's
+/// Redis now, when it could be asked.
+fn report(
+    config: &Config,
+    now: DateTime<Utc>,
+    sources: &[(String, SourceRead)],
+    daemons: Option<u64>,
+) -> String {
     let mut out = format!(
         "{}: valid ({} credential(s), {} endpoint(s), {} job(s))\n",
         config.path.display(),
@@ -197,17 +217,18 @@ fn report(config: &Config, now: DateTime<Utc>, sources: &[(String, SourceRead)])
             warnings.extend(warning);
         }
         let rows = window_rows(config, &cred.name, &cred.windows);
-        let scope_w = rows
-            .iter()
-            .map(|r| r.scope.to_string().len())
-            .max()
-            .unwrap_or(0);
-        let win_w = rows
-            .iter()
-            .map(|r| r.window.describe().len())
-            .max()
-            .unwrap_or(0);
+        let scope_w = (rows.iter().map(|r| r.scope.to_string().len())).max();
+        let win_w = (rows.iter().map(|r| r.window.describe().len())).max();
+        let (scope_w, win_w) = (scope_w.unwrap_or(0), win_w.unwrap_or(0));
         for row in rows {
+            // A concurrent window counts units in flight, not units spent:
+            // its line is of its own, and no job's share comes from it.
+            if row.window.is_concurrent() {
+                let (line, warning) = row.in_flight(config, &cred.name, daemons, (scope_w, win_w));
+                out.push_str(&line);
+                warnings.extend(warning);
+                continue;
+            }
             // A template's rows count its busiest tenant, so a job's
             // fraction served is that tenant's (a lower bound for the rest).
             let worst = row.worst(config, tenants.as_ref(), now);
@@ -445,6 +466,74 @@ impl Row<'_> {
             ));
         }
         (line, Some(msg))
+    }
+}
+
+impl Row<'_> {
+    /// A concurrent window's line: its cap against the tasks the daemons
+    /// it can see run at once (this config's `concurrency`, times the
+    /// daemons alive in Redis now), each with one request of its
+    /// endpoint's cost in flight; and a warning when a lease is shorter
+    /// than an endpoint's `timeout` (a request still in flight when its
+    /// lease lapses lets another in, over the cap). A cost that can never
+    /// fit is a config error already.
+    fn in_flight(
+        &self,
+        config: &Config,
+        credential: &str,
+        daemons: Option<u64>,
+        (scope_w, win_w): (usize, usize),
+    ) -> (String, Option<String>) {
+        let (scope, w) = (&self.scope, self.window);
+        let endpoints: BTreeSet<&str> = self.jobs.iter().map(|j| j.endpoint.as_str()).collect();
+        let costs = endpoints.iter().map(|e| config.endpoints[*e].cost.get());
+        let (least, most) = (costs.clone().min().unwrap_or(1), costs.max().unwrap_or(1));
+        let per_daemon = config.worker.concurrency.get() as u64;
+        let (tasks, seen) = match daemons {
+            Some(n) if n > 0 => (
+                per_daemon * n,
+                format!("{n} daemon(s) alive in Redis now x concurrency {per_daemon}"),
+            ),
+            Some(_) => (
+                per_daemon,
+                format!("no daemon alive in Redis now; each runs concurrency {per_daemon}"),
+            ),
+            None => (
+                per_daemon,
+                format!("concurrency {per_daemon} per daemon (Redis not asked)"),
+            ),
+        };
+        let units = w.units.get();
+        let binds = if tasks.saturating_mul(most) <= units {
+            "the cap never binds: the daemons alone keep under it".to_owned()
+        } else {
+            format!("the cap binds ({} request(s) at most)", units / least.max(1))
+        };
+        let cost = if least == most {
+            format!("{most} unit(s) each")
+        } else {
+            format!("{least}-{most} units each")
+        };
+        let line = format!(
+            "  {:<scope_w$}  {:<win_w$}  {tasks} task(s) at once ({seen}), {cost}: {binds}\n",
+            scope.to_string(),
+            w.describe(),
+        );
+        let short: Vec<String> = (endpoints.iter().map(|e| &config.endpoints[*e]))
+            .filter_map(|ep| {
+                let lease = w.lease_for(ep)?;
+                (lease < ep.timeout)
+                    .then(|| format!("{} (timeout {})", ep.name, fmt_duration(ep.timeout)))
+            })
+            .collect();
+        let warning = (!short.is_empty()).then(|| {
+            format!(
+                "credential {credential} {scope} window {}: its lease is shorter than the timeout of {}: a request still in flight when its lease lapses lets another in, over the cap (leave lease unset: timeout + 5 s)",
+                w.describe(),
+                short.join(", ")
+            )
+        });
+        (line, warning)
     }
 }
 

@@ -344,6 +344,23 @@ impl Queue {
         Ok(call.invoke(&mut self.conn.clone()).await?)
     }
 
+    /// How many daemons are alive on this queue now: apalis workers (one
+    /// per running daemon) whose last heartbeat is within `within`.
+    pub async fn live_workers(&self, within: Duration) -> Result<u64, QueueError> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        // apalis scores heartbeats in whole seconds.
+        let since = now.saturating_sub(within).as_secs();
+        let n: u64 = redis::cmd("ZCOUNT")
+            .arg(self.apalis.workers_set())
+            .arg(since)
+            .arg("+inf")
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(n)
+    }
+
     /// How many tasks wait where.
     pub async fn depth(&self) -> Result<Depth, QueueError> {
         let mut conn = self.conn.clone();

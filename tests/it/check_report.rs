@@ -1,7 +1,9 @@
 //! Promise: `check` validates and then shows what the jobs can spend: each
 //! job's next fire times and worst-case units per run (items × pages × cost),
 //! and per window the worst case against its limit, warning when the jobs
-//! cannot fit and saying when, from an empty window, the quota runs out.
+//! cannot fit and saying when, from an empty window, the quota runs out; a
+//! concurrent window's cap against the tasks the daemons it can see run at
+//! once, warning about a lease shorter than a request's timeout.
 //! Exit 0 when the configuration is valid, warnings or not.
 
 use chrono::{DateTime, Duration, DurationRound, Utc};
@@ -237,5 +239,58 @@ fn a_bucket_runs_out_when_its_drain_no_longer_keeps_up() {
                 .any(|t| w.contains(&format!("runs out at {} UTC", minute_after(*t, tick)))),
             "{credential}: expected the {tick}th tick from now in: {w}"
         );
+    }
+}
+
+/// A concurrent window: its cap against this config's `concurrency` times
+/// the daemons alive in Redis now; a lease shorter than a timeout warned.
+#[test]
+fn a_concurrent_window_is_shown_against_the_daemons_concurrency() {
+    use crate::support::process::Proc;
+    use crate::support::{RedisServer, Worker};
+
+    let redis = RedisServer::start();
+    let cfg = ConfigBuilder::new()
+        .redis_url(&redis.url())
+        .worker(Worker::default().concurrency(8))
+        .credential(
+            Credential::env("gh", SECRET.0)
+                .window(Window::sliding(5000, "1h"))
+                .window(Window::concurrent(100)),
+        )
+        .endpoint(Endpoint::new("github.events", "gh", 1))
+        .credential(Credential::env("yt", SECRET.0).window(Window::sliding(9500, "24h")))
+        .endpoint(
+            Endpoint::new("youtube.search.list", "yt", 2)
+                .timeout("30s")
+                .window(Window::concurrent(4).lease("10s")),
+        )
+        .job(events_job())
+        .job(search_job())
+        .write();
+    let text = check(&cfg);
+    assert!(
+        text.contains("100 in flight  8 task(s) at once (no daemon alive in Redis now; each runs concurrency 8), 1 unit(s) each: the cap never binds"),
+        "{text}"
+    );
+    assert!(
+        text.contains("8 task(s) at once (no daemon alive in Redis now; each runs concurrency 8), 2 unit(s) each: the cap binds (2 request(s) at most)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("warning: credential yt endpoint:youtube.search.list window 4 in flight (lease 10s): its lease is shorter than the timeout of youtube.search.list (timeout 30s)"),
+        "{text}"
+    );
+    // Two daemons on the config's Redis: 16 tasks at once.
+    let mut daemons: Vec<Proc> = (0..2)
+        .map(|i| Proc::start(&format!("d{i}"), &cfg, &["run"], &[SECRET]))
+        .collect();
+    let ok = support::wait_until(std::time::Duration::from_secs(30), || {
+        check(&cfg).contains("16 task(s) at once (2 daemon(s) alive in Redis now x concurrency 8)")
+    });
+    assert!(ok, "{}", check(&cfg));
+    for d in &mut daemons {
+        d.term();
+        d.wait_exit(std::time::Duration::from_secs(20));
     }
 }
