@@ -507,7 +507,10 @@ impl Row<'_> {
         let binds = if tasks.saturating_mul(most) <= units {
             "the cap never binds: the daemons alone keep under it".to_owned()
         } else {
-            format!("the cap binds ({} request(s) at most)", units / least.max(1))
+            format!(
+                "the cap binds ({} request(s) at most)",
+                units / least.max(1)
+            )
         };
         let cost = if least == most {
             format!("{most} unit(s) each")

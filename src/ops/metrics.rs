@@ -87,7 +87,11 @@ fn describe() {
     describe_gauge!("qw_window_limit_units", "The window's configured units");
     describe_gauge!(
         "qw_window_frees_in_seconds",
-        "Seconds until the oldest spend leaves the window (sliding) or it resets (fixed)"
+        "Seconds until the oldest spend leaves the window (sliding), it resets (fixed), its next unit drains (bucket) or its earliest lease expires (concurrent)"
+    );
+    describe_gauge!(
+        "qw_window_leases",
+        "Leases a concurrent window holds now: requests in flight across every daemon (its qw_window_used_units: their units), read from Redis at scrape time"
     );
     describe_gauge!(
         "qw_credential_tenants",
@@ -199,6 +203,9 @@ async fn refresh_gauges(s: &OpsState) {
             metrics::gauge!("qw_window_limit_units", &labels).set(w.window.units.get() as f64);
             metrics::gauge!("qw_window_frees_in_seconds", &labels).set(w.frees_in.as_secs_f64());
             metrics::gauge!("qw_window_drift_units", &labels).set(w.drift as f64);
+            if w.window.is_concurrent() {
+                metrics::gauge!("qw_window_leases", &labels).set(w.leases as f64);
+            }
         }
     }
     if let Some(d) = depth {

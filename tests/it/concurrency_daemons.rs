@@ -331,3 +331,79 @@ fn a_killed_daemons_leases_lapse_and_the_others_reach_full_concurrency() {
         d.wait_exit(Duration::from_secs(20));
     }
 }
+
+/// While requests are in flight, the leases show everywhere an operator
+/// looks: `quota --json`, `/metrics` (`qw_window_leases`), `/api/status`
+/// and the status page.
+#[test]
+fn leases_in_flight_show_in_quota_metrics_and_the_status_page() {
+    use crate::support::free_port;
+    use crate::support::http::{http_get, scrape_fresh};
+
+    let redis = RedisServer::start();
+    // Answers take 4 s: long enough to look at them in flight.
+    let upstream = upstream(Duration::from_secs(4));
+    let cfg = config(&upstream.base_url(), None);
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut d = Proc::daemon(
+        "daemon",
+        &cfg,
+        Some(&redis.url()),
+        &[("QUOTA_WORKER_METRICS_LISTEN", listen.as_str())],
+    );
+    d.wait_running(Duration::from_secs(20));
+    let (code, out, err) = run_cli(
+        &cfg,
+        Some(&redis.url()),
+        &["trigger", "chans"],
+        Duration::from_secs(30),
+    );
+    assert_eq!(code, Some(0), "{out}{err}");
+    // Two channels requests (2 units each) fill the window of 4.
+    let full =
+        crate::support::wait_until(Duration::from_secs(20), || upstream.in_flight() == (2, CAP));
+    assert!(full, "{:?}", upstream.in_flight());
+
+    let q = cfg.run(
+        &["quota", "sim", "--json"],
+        &[("QUOTA_WORKER_REDIS_URL", &redis.url())],
+    );
+    let w = &crate::support::json(&q)["credentials"][0]["windows"][1];
+    assert_eq!(
+        (w["used"].as_u64(), w["leases"].as_u64()),
+        (Some(CAP), Some(2)),
+        "{w}"
+    );
+
+    let m = scrape_fresh(port);
+    let labels = [
+        ("credential", "sim"),
+        ("scope", "credential"),
+        ("window", "4 in flight"),
+    ];
+    assert_eq!(m.one("qw_window_leases", &labels), 2.0);
+    assert_eq!(m.one("qw_window_used_units", &labels), CAP as f64);
+
+    let (status, body) = http_get(port, "/api/status").expect("/api/status");
+    assert_eq!(status, 200, "{body}");
+    let j: serde_json::Value = serde_json::from_str(&body).expect("json");
+    let w = &j["credentials"][0]["windows"][1];
+    assert_eq!(w["kind"], "concurrent", "{w}");
+    assert_eq!(
+        (w["used"].as_u64(), w["leases"].as_u64()),
+        (Some(CAP), Some(2)),
+        "{w}"
+    );
+    assert_eq!(w["runs_out"]["state"], "in_flight", "{w}");
+    assert!(
+        j["credentials"][0]["windows"][0].get("leases").is_none(),
+        "only on concurrent windows"
+    );
+
+    let (status, page) = http_get(port, "/").expect("status page");
+    assert_eq!(status, 200);
+    assert!(page.contains("2 requests in flight"), "{page}");
+    d.term();
+    d.wait_exit(Duration::from_secs(20));
+}

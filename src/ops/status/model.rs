@@ -81,7 +81,7 @@ pub(crate) struct Block {
 pub(crate) struct WindowStatus {
     /// `credential` or `endpoint:NAME`.
     pub(crate) scope: String,
-    /// `sliding` or `fixed`.
+    /// `sliding`, `fixed`, `bucket` or `concurrent`.
     pub(crate) kind: &'static str,
     /// As `check` and `quota` write it: `9500/24h`.
     pub(crate) window: String,
@@ -95,6 +95,10 @@ pub(crate) struct WindowStatus {
     pub(crate) remaining: u64,
     /// When units next leave it (sliding) or it resets (fixed); 0 when empty.
     pub(crate) frees_in_ms: u64,
+    /// A concurrent window's leases held now (requests in flight; `used`
+    /// is their units); absent for the other kinds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) leases: Option<u64>,
     /// Units recorded as drift (the upstream reported fewer left than the
     /// window admitted); `None` until the spend script reports it.
     pub(crate) drift: Option<u64>,
@@ -128,6 +132,9 @@ pub(crate) enum RunsOut {
     Out,
     /// A fixed window resets before the rate would use it up.
     ResetsFirst,
+    /// A concurrent window: its units come back with every answer, so no
+    /// rate uses it up.
+    InFlight,
     /// At this rate a sliding window frees units as fast as they are spent.
     NotAtThisRate,
     /// It runs out then, at the latest (units that leave a sliding window
@@ -381,7 +388,36 @@ fn window(w: &WindowUsage, ring: Vec<u64>, now_ms: i64) -> WindowStatus {
         ((HOUR_SLOTS as i64 - 1) * slot_ms + now_ms.rem_euclid(slot_ms)) as u64,
     );
     let fixed = matches!(w.window.kind, WindowKind::Fixed { .. });
-    let runs_out = match project(
+    let runs_out = if w.window.is_concurrent() {
+        RunsOut::InFlight
+    } else {
+        runs_out(fixed, w, last_hour, span, now_ms)
+    };
+    let first_slot = now_ms.div_euclid(slot_ms) - (ring::SLOTS as i64 - 1);
+    WindowStatus {
+        scope: w.scope.to_string(),
+        kind: w.window.kind_name(),
+        window: w.window.describe(),
+        units: w.window.units.get(),
+        period_ms: w.window.per.as_millis() as u64,
+        used: w.used,
+        remaining: w.remaining,
+        frees_in_ms: w.frees_in.as_millis() as u64,
+        leases: w.window.is_concurrent().then_some(w.leases),
+        drift: drift(w),
+        spent_last_hour: last_hour,
+        runs_out,
+        history: SpendHistory {
+            slot_ms: slot_ms as u64,
+            from: rfc3339_ms(first_slot * slot_ms),
+            units: ring,
+        },
+    }
+}
+
+/// When a window that counts a period runs out at the last hour's rate.
+fn runs_out(fixed: bool, w: &WindowUsage, last_hour: u64, span: Duration, now_ms: i64) -> RunsOut {
+    match project(
         fixed,
         w.window.per,
         w.remaining,
@@ -397,25 +433,6 @@ fn window(w: &WindowUsage, ring: Vec<u64>, now_ms: i64) -> WindowStatus {
         Projection::Out => RunsOut::Out,
         Projection::ResetsFirst => RunsOut::ResetsFirst,
         Projection::NotAtThisRate => RunsOut::NotAtThisRate,
-    };
-    let first_slot = now_ms.div_euclid(slot_ms) - (ring::SLOTS as i64 - 1);
-    WindowStatus {
-        scope: w.scope.to_string(),
-        kind: w.window.kind_name(),
-        window: w.window.describe(),
-        units: w.window.units.get(),
-        period_ms: w.window.per.as_millis() as u64,
-        used: w.used,
-        remaining: w.remaining,
-        frees_in_ms: w.frees_in.as_millis() as u64,
-        drift: drift(w),
-        spent_last_hour: last_hour,
-        runs_out,
-        history: SpendHistory {
-            slot_ms: slot_ms as u64,
-            from: rfc3339_ms(first_slot * slot_ms),
-            units: ring,
-        },
     }
 }
 

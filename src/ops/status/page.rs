@@ -164,6 +164,10 @@ fn window(w: &WindowStatus) -> Markup {
                 br;
                 span class="used" { (w.used) " / " (w.units) }
                 " (" (format!("{pct:.0}")) "%)"
+                @if let Some(n) = w.leases {
+                    br;
+                    span class="leases muted" { (n) @if n == 1 { " request" } @else { " requests" } " in flight" }
+                }
             }
             td class="num remaining" { (w.remaining) }
             td { @if w.frees_in_ms == 0 { span class="muted" { "—" } } @else { (ago_or_in(w.frees_in_ms)) } }
@@ -182,6 +186,7 @@ fn runs_out(r: &RunsOut) -> Markup {
             RunsOut::Idle => span class="muted" { "nothing spent in the last hour" },
             RunsOut::Out => span class="bad" { "out now" },
             RunsOut::ResetsFirst => span class="muted" { "resets first" },
+            RunsOut::InFlight => span class="muted" { "never: units in flight come back" },
             RunsOut::NotAtThisRate => span class="muted" { "not at this rate" },
             RunsOut::At { at, in_ms } => span {
                 "in " (ago_or_in(*in_ms)) br;
