@@ -91,6 +91,7 @@ pub mod cli;
 pub mod config;
 pub mod conn;
 pub mod daemon;
+pub(crate) mod decode;
 pub(crate) mod embedded;
 pub(crate) mod eviction;
 pub(crate) mod fetch;

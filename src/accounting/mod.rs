@@ -361,6 +361,7 @@ pub(crate) mod tests {
             }),
             cost_header: Some("x-quota-cost".into()),
             max_body: crate::config::defaults::MAX_BODY,
+            max_records: crate::config::defaults::MAX_RECORDS,
             max_block: Duration::from_secs(3600),
             conditional: false,
             not_modified_cost: 1,

@@ -88,6 +88,8 @@ pub const QUOTA_REASONS: &[&str] = &[
 pub const RESET_IS: ResetIs = ResetIs::EpochSeconds;
 /// An endpoint's `max_body`: the largest response body read.
 pub const MAX_BODY: u64 = 16 << 20;
+/// An endpoint's `max_records`: the most records one page may hold.
+pub const MAX_RECORDS: u64 = 100_000;
 /// An endpoint's `max_block`: the longest the upstream may block the credential.
 pub const MAX_BLOCK: Duration = Duration::from_secs(86_400);
 /// An endpoint's `conditional`: no `If-None-Match` / `If-Modified-Since`.
@@ -212,6 +214,7 @@ mod tests {
         says_duration(c, f, "max_block", MAX_BLOCK);
         says(c, f, "max_body", "\"16MiB\"");
         assert_eq!(MAX_BODY, 16 * 1024 * 1024, "docs say 16MiB");
+        says(c, f, "max_records", &MAX_RECORDS.to_string());
         says(c, f, "unsafe_eviction", "\"refuse\"");
         says(c, f, "conditional", &CONDITIONAL.to_string());
         says(c, f, "throttle_at", &THROTTLE_AT.to_string());

@@ -38,6 +38,7 @@ use indexmap::IndexMap;
 pub use duration::{fmt_duration, parse_duration};
 pub use error::{ConfigError, ConfigErrors, FieldPath, Seg, Source};
 pub use postgres::{PasswordFrom, PgTarget, PgTls, PgTlsMode};
+pub(crate) use raw::fmt_size;
 pub use redis_url::RedisUrl;
 pub(crate) use template::expand;
 pub use template::{Expansion, Template, TemplateError};
@@ -513,6 +514,10 @@ pub struct Endpoint {
     /// The largest response body read, in bytes; a larger one ends the task
     /// `failed` (its units kept: the upstream answered).
     pub max_body: u64,
+    /// The most records one page may hold (where the job's `sink.records`
+    /// points); a page with more ends the task `failed`, nothing written.
+    /// With `max_body`, it bounds what one page can make the sink write.
+    pub max_records: u64,
     /// The longest the upstream may block the credential for (Retry-After,
     /// ratelimit reset); longer values are clamped to it and logged.
     pub max_block: Duration,

@@ -35,6 +35,19 @@ impl<'de> Deserialize<'de> for Size {
     }
 }
 
+/// A size as an operator writes it: "16 MiB", "512 KiB", "1000 B".
+pub(crate) fn fmt_size(bytes: u64) -> String {
+    for (unit, len) in [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
+        if bytes >= len && bytes.is_multiple_of(len) {
+            return format!("{} {unit}", bytes / len);
+        }
+    }
+    if bytes >= 1 << 10 {
+        return bytesize::ByteSize(bytes).display().iec().to_string();
+    }
+    format!("{bytes} B")
+}
+
 /// `config/quota-worker.toml`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -126,6 +139,7 @@ pub(super) struct RawEndpoint {
     pub(super) ratelimit_headers: Option<RawRatelimitHeaders>,
     pub(super) cost_header: Option<String>,
     pub(super) max_body: Option<Size>,
+    pub(super) max_records: Option<u64>,
     pub(super) max_block: Option<Dur>,
     pub(super) conditional: Option<bool>,
     pub(super) not_modified_cost: Option<u64>,

@@ -14,7 +14,10 @@ use super::paging::{Next, Validators, next_page};
 use super::request::Request;
 use crate::accounting::{self, Verdict};
 use crate::config::Endpoint;
+use crate::decode::{DECODED_PER_BODY, DecodeError, decode};
 use crate::scrub::Scrubber;
+// Where the worker has always found it.
+pub(crate) use crate::config::fmt_size;
 
 /// Error answers (4xx, 5xx) are read this far at most: enough for the log
 /// and for a quota reason, never a reason to fail.
@@ -152,19 +155,6 @@ impl Answered {
     }
 }
 
-/// A size as an operator writes it: "16 MiB", "512 KiB", "1000 B".
-pub(crate) fn fmt_size(bytes: u64) -> String {
-    for (unit, len) in [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
-        if bytes >= len && bytes.is_multiple_of(len) {
-            return format!("{} {unit}", bytes / len);
-        }
-    }
-    if bytes >= 1 << 10 {
-        return bytesize::ByteSize(bytes).display().iec().to_string();
-    }
-    format!("{bytes} B")
-}
-
 /// Scrubs every piece of upstream text a reply carries (its next page
 /// and validators were taken out before, without the secret).
 pub(super) fn scrub_reply(scrubber: &Scrubber, reply: &mut Reply) {
@@ -259,7 +249,13 @@ pub(super) async fn answer(
         Err(e) => return Answered::new(transport_error(e), Verdict::default()),
     };
     let verdict = verdict(&body);
-    let mut reply = classify(status, &body, cut, verdict.refused, scrubber);
+    let budget = endpoint.max_body.saturating_mul(DECODED_PER_BODY);
+    let mut reply = classify(status, &body, cut, verdict.refused, scrubber, budget);
+    // The body's bytes go; only what was decoded from them stays.
+    drop(body);
+    if let Some(over) = too_many_records(&reply, &req.records, endpoint.max_records) {
+        reply = over;
+    }
     if let Reply::Ok {
         body,
         next,
@@ -271,6 +267,25 @@ pub(super) async fn answer(
         *v = validators(endpoint, &headers, scrubber);
     }
     Answered::new(reply, verdict)
+}
+
+/// A page with more records than `max_records` where `records` points,
+/// as the bad answer it is: nothing of it is written. A missing or
+/// non-array `records` is the sink's to say.
+fn too_many_records(reply: &Reply, records: &str, max_records: u64) -> Option<Reply> {
+    let Reply::Ok { body, status, .. } = reply else {
+        return None;
+    };
+    let n = match body.pointer(records) {
+        Some(Value::Array(a)) => a.len(),
+        _ => return None,
+    };
+    (n as u64 > max_records).then(|| Reply::BadBody {
+        status: *status,
+        detail: format!(
+            "{n} records at {records:?}, over the endpoint's max_records {max_records}; nothing written"
+        ),
+    })
 }
 
 /// A body as read: all of it, or the first `limit` bytes of a longer one.
@@ -336,21 +351,26 @@ pub(crate) fn classify(
     cut: bool,
     refused: bool,
     scrubber: &Scrubber,
+    budget: u64,
 ) -> Reply {
     if refused {
         return Reply::Throttled { status };
     }
     match status {
-        200..=299 => match serde_json::from_slice::<Value>(body) {
+        200..=299 => match decode(body, budget) {
             Ok(body) => Reply::Ok {
                 body,
                 next: Next::End,
                 validators: Validators::default(),
                 status,
             },
+            Err(e @ DecodeError::Json(_)) => Reply::BadBody {
+                status,
+                detail: format!("{e}: {}", scrubber.snippet(body, cut)),
+            },
             Err(e) => Reply::BadBody {
                 status,
-                detail: format!("not JSON ({e}): {}", scrubber.snippet(body, cut)),
+                detail: e.to_string(),
             },
         },
         // Only a conditional request gets one; never a failure.
@@ -373,15 +393,15 @@ mod tests {
     fn a_refused_answer_is_throttled_whatever_its_status() {
         for status in [200, 400, 403, 429, 503] {
             assert!(
-                matches!(classify(status, b"{}", false, true, &Scrubber::default()), Reply::Throttled { status: s } if s == status)
+                matches!(classify(status, b"{}", false, true, &Scrubber::default(), 1 << 20), Reply::Throttled { status: s } if s == status)
             );
         }
         assert!(matches!(
-            classify(200, b"{}", false, false, &Scrubber::default()),
+            classify(200, b"{}", false, false, &Scrubber::default(), 1 << 20),
             Reply::Ok { .. }
         ));
         assert!(matches!(
-            classify(429, b"", false, false, &Scrubber::default()),
+            classify(429, b"", false, false, &Scrubber::default(), 1 << 20),
             Reply::ClientError { status: 429, .. }
         ));
     }
@@ -389,15 +409,15 @@ mod tests {
     #[test]
     fn bodies_that_are_not_json_are_bad() {
         assert!(matches!(
-            classify(200, b"<html>", false, false, &Scrubber::default()),
+            classify(200, b"<html>", false, false, &Scrubber::default(), 1 << 20),
             Reply::BadBody { .. }
         ));
         assert!(matches!(
-            classify(503, b"", false, false, &Scrubber::default()),
+            classify(503, b"", false, false, &Scrubber::default(), 1 << 20),
             Reply::ServerError { status: 503 }
         ));
         assert!(matches!(
-            classify(404, b"nope", false, false, &Scrubber::default()),
+            classify(404, b"nope", false, false, &Scrubber::default(), 1 << 20),
             Reply::ClientError { status: 404, .. }
         ));
     }
@@ -406,7 +426,7 @@ mod tests {
     #[test]
     fn a_304_is_not_modified() {
         assert!(matches!(
-            classify(304, b"", false, false, &Scrubber::default()),
+            classify(304, b"", false, false, &Scrubber::default(), 1 << 20),
             Reply::NotModified { status: 304 }
         ));
     }

@@ -125,6 +125,9 @@ pub(crate) struct Request {
     hops: u32,
     /// Where its answer says the next page is.
     pub(super) next_in: NextIn,
+    /// Where its answer's records are (the job's `sink.records`): their
+    /// number is bounded by the endpoint's `max_records`.
+    pub(super) records: String,
 }
 
 /// Which page of a run a request is for.
@@ -191,6 +194,7 @@ impl Request {
             origin: self.origin.clone(),
             hops: self.hops + 1,
             next_in: self.next_in.clone(),
+            records: self.records.clone(),
         })
     }
 
@@ -327,6 +331,7 @@ impl Fetcher {
             body: req.body.as_ref().map(|b| b.render(|n| ph.lookup(n))),
             hops: 0,
             next_in: NextIn::of(job),
+            records: job.sink.records.clone(),
         })
     }
 }

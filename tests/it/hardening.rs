@@ -13,6 +13,7 @@ use crate::support::daemon::TERMINAL;
 use crate::support::hostile::Hostile;
 use crate::support::http::http_get;
 use crate::support::process::{Proc, run_cli};
+use crate::support::procfs;
 use crate::support::upstream::KEY_ENV;
 use crate::support::{self, RedisServer, TestConfig, wait_until};
 
@@ -305,16 +306,6 @@ fn redirect_loops_end_at_the_hop_limit_and_every_hop_is_spent() {
     );
 }
 
-/// VmHWM (peak resident set) of `pid`, in KiB.
-fn peak_rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmHWM")
-}
-
 /// Issue 9, High 2: a 200 MB answer took the RSS to 424 MB, an endless one
 /// to 4.45 GB. Bodies are read up to `max_body`: each over-size answer ends
 /// `failed` (its unit kept: the upstream answered), and the daemon's peak
@@ -364,7 +355,7 @@ fn oversize_bodies_fail_and_memory_stays_bounded() {
         assert_eq!(o["units"], 1, "{o}");
     }
     assert_eq!(rig.used("hostile"), 3);
-    let peak = peak_rss_kib(rig.daemon.pid());
+    let peak = procfs::status_kib(rig.daemon.pid(), "VmHWM");
     eprintln!("daemon peak RSS: {} MiB", peak / 1024);
     assert!(
         peak < 200 * 1024,

@@ -78,6 +78,7 @@ mod shutdown;
 
 // Operations: systemd, metrics and health, logs, secrets, a hostile upstream.
 mod alert_rules;
+mod decoded_body;
 mod hardening;
 mod health;
 mod install;

@@ -9,111 +9,53 @@
 //! `redis-server`. docs/security.md states the promise.
 
 use std::path::Path;
-use std::time::Duration;
 
 use percent_encoding::percent_decode_str;
 use serde_json::Value;
 
-use crate::support::daemon::TERMINAL;
+use crate::support::canned::CannedRig;
 use crate::support::hostile::Hostile;
 use crate::support::http::http_get;
-use crate::support::process::Proc;
 use crate::support::styles::everything_in;
-use crate::support::{
-    ConfigBuilder, Credential, Endpoint, Job, RedisServer, Request, Sink, TestConfig, Window,
-    free_port, wait_until,
-};
 
 /// The reproduction's secret.
 const H: &str = "SuperSecretKeyABCDEFGHIJ0123456789xyz";
 
-/// A daemon on its own Redis, paging the hostile upstream's canned answers
-/// `/canned/{v}` for the fan-out values, with the secret in the query.
+/// The canned-answer daemon, and the secret it must keep.
 struct Rig {
-    redis: RedisServer,
-    cfg: TestConfig,
-    daemon: Proc,
-    port: u16,
+    rig: CannedRig,
     secret: String,
 }
 
 impl Rig {
     fn start(upstream: &Hostile, secret: &str, values: &[&str]) -> Rig {
-        let redis = RedisServer::start();
-        let port = free_port();
-        let url = format!("{}/canned/{{v}}", upstream.base_url());
-        let cfg = ConfigBuilder::new()
-            .redis_url(&redis.url())
-            .state_dir("state")
-            .metrics_listen(&format!("127.0.0.1:{port}"))
-            .credential(
-                Credential::env("h", "HKEY")
-                    .secret(secret)
-                    .window(Window::sliding(1000, "1h")),
-            )
-            .endpoint(Endpoint::new("h", "h", 1).throttle_block("30s"))
-            .job(
-                Job::new("leak", "h")
-                    .fan_out("v", values.iter().copied())
-                    .retry(1, None, None)
-                    .request(Request::get(&url).query(&[("key", "{secret}")]))
-                    .sink(Sink::jsonl("data/{job}/{v}.jsonl").records("/items")),
-            )
-            .write();
-        let mut daemon = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
-        daemon.wait_running(Duration::from_secs(30));
         Rig {
-            redis,
-            cfg,
-            daemon,
-            port,
+            rig: CannedRig::start(upstream, secret, CannedRig::endpoint(), values),
             secret: secret.to_owned(),
         }
     }
 
-    /// Runs one tick by `trigger leak --wait`; its outcomes, and the
-    /// trigger's output.
     fn tick(&self, items: usize) -> (Vec<Value>, String) {
-        let mut t = Proc::sim_cli(
-            "trigger",
-            &self.cfg,
-            Some(&self.redis.url()),
-            &["trigger", "leak", "--wait"],
-            &[],
-        );
-        assert!(
-            t.wait_exit(Duration::from_secs(90)).is_some(),
-            "trigger --wait did not end"
-        );
-        let ended = || -> Vec<Value> {
-            self.daemon
-                .outcomes()
-                .into_iter()
-                .filter(|o| TERMINAL.contains(&o["outcome"].as_str().unwrap_or("")))
-                .collect()
-        };
-        wait_until(Duration::from_secs(10), || ended().len() >= items);
-        let outcomes = ended();
-        assert_eq!(outcomes.len(), items, "{outcomes:#?}");
-        (outcomes, format!("{}\n{}", t.stdout(), t.log()))
+        self.rig.tick(items)
     }
 
     /// Everything the run left where a person or a program can read it.
     fn outputs(&self, trigger: &str) -> Vec<(String, String)> {
+        let r = &self.rig;
         let mut out = vec![
-            ("the daemon's log".to_owned(), self.daemon.log()),
-            ("the daemon's stdout".to_owned(), self.daemon.stdout()),
+            ("the daemon's log".to_owned(), r.daemon.log()),
+            ("the daemon's stdout".to_owned(), r.daemon.stdout()),
             ("trigger's output".to_owned(), trigger.to_owned()),
         ];
-        for (i, v) in everything_in(&self.redis.url()).into_iter().enumerate() {
+        for (i, v) in everything_in(&r.redis.url()).into_iter().enumerate() {
             out.push((format!("Redis ({i})"), v));
         }
         for path in ["/api/status", "/"] {
-            let (status, body) = http_get(self.port, path).expect("the metrics listener");
+            let (status, body) = http_get(r.port, path).expect("the metrics listener");
             assert_eq!(status, 200, "{path}");
             out.push((path.to_owned(), body));
         }
-        files(&self.cfg.join("."), &mut out);
+        files(&r.cfg.join("."), &mut out);
         out
     }
 
@@ -200,10 +142,6 @@ fn json_unescape(text: &str) -> String {
     out
 }
 
-fn message(o: &Value) -> &str {
-    o["message"].as_str().unwrap_or("")
-}
-
 /// Issue 22, item 1 (a): the error snippet was cut to 200 bytes before it
 /// was scrubbed, so a 404 body with the secret across byte 200 leaked 36
 /// of its 37 characters, the cut chosen by the upstream.
@@ -215,7 +153,7 @@ fn issue_22_1a_a_secret_across_the_snippet_cut_never_escapes() {
     let rig = Rig::start(&upstream, H, &["a"]);
     let (outcomes, trigger) = rig.tick(1);
     assert_eq!(outcomes[0]["outcome"], "failed", "{outcomes:?}");
-    let m = message(&outcomes[0]);
+    let m = CannedRig::message(&outcomes[0]);
     assert!(m.contains("upstream answered 404"), "{m}");
     assert!(m.contains("key=[redacted]"), "{m}");
     rig.assert_clean(&trigger);
@@ -232,9 +170,10 @@ fn issue_22_1b_an_unreadable_retry_after_never_shows_the_secret() {
     let (outcomes, trigger) = rig.tick(1);
     assert_eq!(outcomes[0]["outcome"], "upstream_throttled", "{outcomes:?}");
     let said = rig
+        .rig
         .daemon
         .messages("Retry-After is neither seconds nor an HTTP date; using throttle_block");
-    assert_eq!(said.len(), 1, "{}", rig.daemon.log());
+    assert_eq!(said.len(), 1, "{}", rig.rig.daemon.log());
     assert_eq!(said[0]["raw"], "soon [redacted]", "{}", said[0]);
     rig.assert_clean(&trigger);
 }
@@ -249,7 +188,7 @@ fn issue_22_1c_json_keys_never_take_the_secret_to_the_sink() {
     let rig = Rig::start(&upstream, H, &["c"]);
     let (outcomes, trigger) = rig.tick(1);
     assert_eq!(outcomes[0]["outcome"], "done", "{outcomes:?}");
-    let written = std::fs::read_to_string(rig.cfg.join("data/leak/c.jsonl")).expect("the sink");
+    let written = std::fs::read_to_string(rig.rig.cfg.join("data/leak/c.jsonl")).expect("the sink");
     let line: Value = serde_json::from_str(written.trim()).expect("one JSON line");
     let record = &line["record"];
     assert_eq!(record["[redacted]"], 1, "{written}");
@@ -285,23 +224,22 @@ fn issue_22_1d_escaped_spellings_of_the_secret_never_escape() {
     );
     let rig = Rig::start(&upstream, secret, &["slash", "unicode", "html", "record"]);
     let (outcomes, trigger) = rig.tick(4);
-    let by = |v: &str| {
-        outcomes
-            .iter()
-            .find(|o| o["item"].as_str().is_some_and(|i| i.ends_with(v)))
-            .unwrap_or_else(|| panic!("no outcome for {v}: {outcomes:#?}"))
-    };
+    let by = |v: &str| CannedRig::outcome(&outcomes, v);
     for v in ["slash", "unicode"] {
-        assert!(message(by(v)).contains("bad key [redacted]"), "{}", by(v));
+        assert!(
+            CannedRig::message(by(v)).contains("bad key [redacted]"),
+            "{}",
+            by(v)
+        );
     }
     assert!(
-        message(by("html")).contains("key: [redacted]"),
+        CannedRig::message(by("html")).contains("key: [redacted]"),
         "{}",
         by("html")
     );
     assert_eq!(by("record")["outcome"], "done");
     let written =
-        std::fs::read_to_string(rig.cfg.join("data/leak/record.jsonl")).expect("the sink");
+        std::fs::read_to_string(rig.rig.cfg.join("data/leak/record.jsonl")).expect("the sink");
     assert!(written.contains("key=[redacted]"), "{written}");
     rig.assert_clean(&trigger);
 }

@@ -24,6 +24,7 @@
 //! | [`machine`] | which tests must not share the machine |
 
 pub mod browser;
+pub mod canned;
 pub mod cluster;
 pub mod config;
 pub mod daemon;

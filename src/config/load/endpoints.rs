@@ -96,6 +96,14 @@ impl Loader<'_> {
                 d::MAX_BODY
             }
         };
+        let max_records = match re.max_records {
+            None => d::MAX_RECORDS,
+            Some(n) if n > 0 => n,
+            Some(_) => {
+                self.error(src, &base.join("max_records"), "must be at least 1");
+                d::MAX_RECORDS
+            }
+        };
         let conditional = re.conditional.unwrap_or(d::CONDITIONAL);
         let not_modified_cost = self.not_modified_cost(src, &base, re, cost, conditional);
         let accounting = self.accounting(src, &base, re);
@@ -112,6 +120,7 @@ impl Loader<'_> {
             ratelimit_headers,
             cost_header: re.cost_header.as_ref().map(|h| h.to_ascii_lowercase()),
             max_body,
+            max_records,
             max_block,
             conditional,
             not_modified_cost,

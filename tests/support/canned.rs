@@ -1,0 +1,108 @@
+//! A daemon paging the hostile upstream's canned answers (issue 22's
+//! tests): one job `leak` fanned out over `v`, its request
+//! `GET /canned/{v}?key={secret}` to a [`Hostile`], retries off, records at
+//! `/items` to `data/{job}/{v}.jsonl`, the metrics listener on a free port;
+//! the real binary as a daemon on its own `redis-server`, ticks by
+//! `trigger leak --wait`.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::daemon::TERMINAL;
+use super::hostile::Hostile;
+use super::process::Proc;
+use super::{
+    ConfigBuilder, Credential, Endpoint, Job, RedisServer, Request, Sink, TestConfig, Window,
+    free_port, wait_until,
+};
+
+/// The daemon, its Redis and config, and its listener's port.
+pub struct CannedRig {
+    pub redis: RedisServer,
+    pub cfg: TestConfig,
+    pub daemon: Proc,
+    /// The metrics listener's port (`/api/status`, the status page).
+    pub port: u16,
+}
+
+impl CannedRig {
+    /// Starts it with credential `h` (secret `secret` in `HKEY`, 1,000 an
+    /// hour) and `endpoint` (name `h`, on `h`) for the job's values.
+    pub fn start(upstream: &Hostile, secret: &str, endpoint: Endpoint, values: &[&str]) -> Self {
+        let redis = RedisServer::start();
+        let port = free_port();
+        let url = format!("{}/canned/{{v}}", upstream.base_url());
+        let cfg = ConfigBuilder::new()
+            .redis_url(&redis.url())
+            .state_dir("state")
+            .metrics_listen(&format!("127.0.0.1:{port}"))
+            .credential(
+                Credential::env("h", "HKEY")
+                    .secret(secret)
+                    .window(Window::sliding(1000, "1h")),
+            )
+            .endpoint(endpoint)
+            .job(
+                Job::new("leak", "h")
+                    .fan_out("v", values.iter().copied())
+                    .retry(1, None, None)
+                    .request(Request::get(&url).query(&[("key", "{secret}")]))
+                    .sink(Sink::jsonl("data/{job}/{v}.jsonl").records("/items")),
+            )
+            .write();
+        let mut daemon = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
+        daemon.wait_running(Duration::from_secs(30));
+        CannedRig {
+            redis,
+            cfg,
+            daemon,
+            port,
+        }
+    }
+
+    /// The endpoint the reproductions use: cost 1, `throttle_block = "30s"`.
+    pub fn endpoint() -> Endpoint {
+        Endpoint::new("h", "h", 1).throttle_block("30s")
+    }
+
+    /// Runs one tick by `trigger leak --wait`: the `items` outcomes it
+    /// ended with, and the trigger's output.
+    pub fn tick(&self, items: usize) -> (Vec<Value>, String) {
+        let mut t = Proc::sim_cli(
+            "trigger",
+            &self.cfg,
+            Some(&self.redis.url()),
+            &["trigger", "leak", "--wait"],
+            &[],
+        );
+        assert!(
+            t.wait_exit(Duration::from_secs(90)).is_some(),
+            "trigger --wait did not end"
+        );
+        let ended = || -> Vec<Value> {
+            self.daemon
+                .outcomes()
+                .into_iter()
+                .filter(|o| TERMINAL.contains(&o["outcome"].as_str().unwrap_or("")))
+                .collect()
+        };
+        wait_until(Duration::from_secs(10), || ended().len() >= items);
+        let outcomes = ended();
+        assert_eq!(outcomes.len(), items, "{outcomes:#?}");
+        (outcomes, format!("{}\n{}", t.stdout(), t.log()))
+    }
+
+    /// The outcome of the item whose `v` is `v`.
+    pub fn outcome<'o>(outcomes: &'o [Value], v: &str) -> &'o Value {
+        outcomes
+            .iter()
+            .find(|o| o["item"].as_str().is_some_and(|i| i == format!("v={v}")))
+            .unwrap_or_else(|| panic!("no outcome for v={v}: {outcomes:#?}"))
+    }
+
+    /// An outcome's message (its detail).
+    pub fn message(o: &Value) -> &str {
+        o["message"].as_str().unwrap_or("")
+    }
+}
