@@ -11,6 +11,7 @@
 //! - `scheduler`: the daemon's loop that fires ticks and fans them out into
 //!   the queue, each tick claimed once across daemons.
 
+mod csv_rows;
 mod fairness;
 mod fan_out;
 mod scheduler;

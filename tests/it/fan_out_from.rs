@@ -18,10 +18,11 @@ use crate::support::keys::{any_tick, keys};
 use crate::support::pipeline::{
     Pipeline, YT_ENDPOINT, kinds, one_page_sim, quick_worker, yt, yt_endpoint,
 };
-use crate::support::process::Proc;
+use crate::support::process::{self, Proc};
 use crate::support::redis_server::redis_conn;
 use crate::support::upstream::{KEY_ENV, SIM_KEY, Upstream};
 use crate::support::{self, ConfigBuilder, Job, RedisServer, Request, Sink, TestConfig, Window};
+use crate::support::{machine, procfs};
 
 /// A job over the simulator's videos list, records into `sink`. The
 /// simulator pages per `regionCode`, so `scope` (a template) names what each
@@ -683,4 +684,57 @@ fn tick_claims(conn: &mut redis::Connection) -> Vec<i64> {
     keys.iter()
         .filter_map(|k| k.rsplit(':').next()?.parse().ok())
         .collect()
+}
+
+/// Issue 22, item 4: a `fan_out_from` CSV row was read whole before its
+/// 1,024-byte check, so one 150 MB cell took `check` to 421 MB and each
+/// tick to 425 MB. Records are read field by field with a bounded buffer:
+/// the row is refused naming its line, the other rows fan out, and neither
+/// `check` nor `trigger` (which reads the source as a tick does) grows
+/// with the cell.
+#[test]
+fn issue_22_4_a_150_mb_csv_cell_is_refused_naming_its_line_in_bounded_memory() {
+    use std::io::Write;
+    let _machine = machine::heavy();
+    let redis = RedisServer::start();
+    let cfg = bin_config(
+        &[("feed.toml", &CSV_JOB.replace("@SIM@", "http://127.0.0.1:9"))],
+        9,
+    );
+    let mut csv = std::io::BufWriter::new(std::fs::File::create(cfg.join("channels.csv")).unwrap());
+    csv.write_all(b"channel\nUC1\n\"").unwrap();
+    let chunk = vec![b'x'; 1 << 20];
+    for _ in 0..150 {
+        csv.write_all(&chunk).unwrap();
+    }
+    csv.write_all(b"\"\nUC3\n").unwrap();
+    csv.flush().unwrap();
+    drop(csv);
+
+    let url = redis.url();
+    let env = [
+        ("RUST_LOG", "warn"),
+        ("QUOTA_WORKER_REDIS_URL", url.as_str()),
+        (KEY_ENV, SIM_KEY),
+    ];
+    let refused = "line 3: column channel: longer than 1024 bytes";
+    let run = |args: &[&str]| {
+        let (code, out, err, peak) =
+            procfs::run_with_peak_kib(process::command(&cfg.path(), args, &env));
+        eprintln!("issue 22 item 4: {args:?} peak RSS {} MiB", peak / 1024);
+        (code, format!("{out}\n{err}"), peak)
+    };
+    let (code, text, peak) = run(&["check"]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(
+        text.contains("2 row(s) now x 2 fan_out combination(s)"),
+        "{text}"
+    );
+    assert!(text.contains(refused), "{text}");
+    assert!(peak < 64 * 1024, "check: peak RSS {} MiB", peak / 1024);
+
+    let (code, text, peak) = run(&["trigger", "feed"]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains(refused), "{text}");
+    assert!(peak < 64 * 1024, "trigger: peak RSS {} MiB", peak / 1024);
 }

@@ -1,6 +1,7 @@
 //! What `/proc` says about a process: its parent, command name and state
-//! (`/proc/PID/stat`, parsed in one place), its children, and its
-//! environment. Linux only, as the product's systemd integration is.
+//! (`/proc/PID/stat`, parsed in one place), its children, its environment
+//! and its memory; and the peak memory of a child that ended (`wait4`).
+//! Linux only, as the product's systemd integration is.
 
 /// The fields of `/proc/PID/stat` the tests need.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,4 +67,29 @@ pub fn status_kib(pid: u32, field: &str) -> u64 {
         .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or_else(|| panic!("{field} in /proc/{pid}/status"))
+}
+
+/// Runs `cmd` (its stdout and stderr piped) to its end: its exit code, its
+/// stdout and stderr, and its peak resident set in KiB (`ru_maxrss` from
+/// `wait4`, which a short-lived command's `/proc` cannot give once it ended).
+#[allow(
+    clippy::zombie_processes,
+    reason = "reaped by wait4, which std's wait would not let us read the rusage of"
+)]
+pub fn run_with_peak_kib(mut cmd: std::process::Command) -> (Option<i32>, String, String, u64) {
+    let mut child = cmd.spawn().expect("spawn");
+    let (out, o) = super::process::collect_lines(child.stdout.take().expect("stdout"));
+    let (err, e) = super::process::collect_lines(child.stderr.take().expect("stderr"));
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is valid; wait4 on our own child, which
+    // std has not reaped (nothing else waits for it).
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let pid = child.id() as libc::pid_t;
+    let got = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    assert_eq!(got, pid, "wait4: {}", std::io::Error::last_os_error());
+    let _ = (o.join(), e.join());
+    let code = libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status));
+    let text =
+        |l: std::sync::Arc<std::sync::Mutex<Vec<String>>>| l.lock().expect("lines").join("\n");
+    (code, text(out), text(err), usage.ru_maxrss as u64)
 }

@@ -24,6 +24,7 @@ use std::time::Duration;
 use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OpenFlags};
 
+use super::csv_rows::{CsvError, CsvRows, Field};
 use crate::config::{DataSource, FanOutFrom};
 use crate::pg::PgError;
 
@@ -56,14 +57,16 @@ pub enum SourceError {
         /// The OS error, or what the path is instead of a file.
         reason: String,
     },
-    /// The CSV is malformed (ragged rows, not UTF-8, no header).
-    #[error("{}: not valid CSV: {source}", path.display())]
+    /// The CSV is malformed (a ragged record, a field not UTF-8, a header
+    /// name too long), at a line it names.
+    #[error("{}: not valid CSV: line {line}: {why}", path.display())]
     Csv {
         /// The file.
         path: PathBuf,
-        /// What the CSV reader found.
-        #[source]
-        source: csv::Error,
+        /// The line the record starts on.
+        line: u64,
+        /// What is wrong with it.
+        why: String,
     },
     /// SQLite failed: no such table, a syntax error, locked past the busy
     /// timeout, not a database.
@@ -136,6 +139,17 @@ impl SourceError {
         }
     }
 
+    fn csv(path: &Path, e: CsvError) -> Self {
+        match e {
+            CsvError::Io(e) => SourceError::unreadable(path, e),
+            CsvError::Record { line, why } => SourceError::Csv {
+                path: path.to_owned(),
+                line,
+                why,
+            },
+        }
+    }
+
     fn sqlite(path: &Path, e: rusqlite::Error) -> Self {
         match e {
             rusqlite::Error::MultipleStatement => SourceError::MultipleStatements,
@@ -166,10 +180,9 @@ impl SourceError {
 /// (the query is prepared and checked, not run).
 pub(crate) fn columns(source: &DataSource) -> Result<Vec<String>, SourceError> {
     match source {
-        DataSource::Csv { path } => {
-            let mut reader = csv_reader(path)?;
-            csv_header(path, &mut reader)
-        }
+        DataSource::Csv { path } => CsvRows::open(path)
+            .and_then(|mut rows| rows.header())
+            .map_err(|e| SourceError::csv(path, e)),
         DataSource::Sqlite { path, query } => {
             let conn = open_sqlite(path)?;
             let stmt = prepare(&conn, path, query)?;
@@ -354,53 +367,25 @@ fn column_order(path: &Path, now: &[String], loaded: &[String]) -> Result<Vec<us
         .collect()
 }
 
-fn csv_reader(path: &Path) -> Result<csv::Reader<File>, SourceError> {
-    let meta = std::fs::metadata(path).map_err(|e| SourceError::unreadable(path, e))?;
-    if !meta.is_file() {
-        // A FIFO or device would block or never end.
-        return Err(SourceError::unreadable(path, "not a regular file"));
-    }
-    let file = File::open(path).map_err(|e| SourceError::unreadable(path, e))?;
-    Ok(csv::ReaderBuilder::new()
-        .has_headers(true)
-        .trim(csv::Trim::All)
-        .from_reader(file))
-}
-
-fn csv_header(path: &Path, reader: &mut csv::Reader<File>) -> Result<Vec<String>, SourceError> {
-    let csv_err = |source| SourceError::Csv {
-        path: path.to_owned(),
-        source,
-    };
-    let header = reader.headers().map_err(csv_err)?;
-    Ok(header.iter().map(str::to_owned).collect())
-}
-
+/// The CSV's records, streamed (`CsvRows`: a field is kept up to 4 KiB; a
+/// longer one is read past and its row refused), in job column order.
 fn read_csv(path: &Path, columns: &[String], spool: &mut Spool<'_>) -> Result<(), SourceError> {
-    let mut reader = csv_reader(path)?;
-    let header = csv_header(path, &mut reader)?;
+    let csv_err = |e| SourceError::csv(path, e);
+    let mut rows = CsvRows::open(path).map_err(csv_err)?;
+    let header = rows.header().map_err(csv_err)?;
     if header.is_empty() || header.iter().all(String::is_empty) {
         let e = io::Error::new(io::ErrorKind::InvalidData, "no header row");
         return Err(SourceError::unreadable(path, e));
     }
     let order = column_order(path, &header, columns)?;
-    let mut record = csv::StringRecord::new();
-    loop {
-        let more = reader
-            .read_record(&mut record)
-            .map_err(|source| SourceError::Csv {
-                path: path.to_owned(),
-                source,
-            })?;
-        if !more {
-            return Ok(());
-        }
-        let line = record.position().map_or(0, csv::Position::line);
-        let values = order
-            .iter()
-            .map(|&i| Ok(record.get(i).unwrap_or_default().to_owned()));
-        spool.push(|| format!("line {line}"), values)?;
+    while let Some(record) = rows.next_record().map_err(csv_err)? {
+        let values = order.iter().map(|&i| match &record.fields[i] {
+            Field::Text(v) => Ok(v.clone()),
+            Field::TooLong => Err(format!("longer than {MAX_VALUE_BYTES} bytes")),
+        });
+        spool.push(|| format!("line {}", record.line), values)?;
     }
+    Ok(())
 }
 
 /// Opens a SQLite file for reading only: never created, never written.
