@@ -74,15 +74,16 @@ pub fn load(path: &Path) -> Result<Config, Exit> {
 }
 
 /// `check` and `run`: every sink directory is created and tested before
-/// anything runs; one that cannot be written is a config error (exit 78)
-/// naming the job's `sink.path` and the OS error.
+/// anything runs; one that cannot be written, or a path that cannot exist
+/// for a static `fan_out` value, is a config error (exit 78) naming the
+/// job's `sink.path` and why.
 pub(crate) fn check_sinks(config: &Config) -> Result<(), Exit> {
     crate::sink::check_dirs(config).map_err(|errors| {
         for e in &errors.0 {
             eprintln!("error: {e}");
         }
         eprintln!(
-            "{}: sink directories cannot be written; nothing was run",
+            "{}: sinks that cannot be written; nothing was run",
             config.path.display()
         );
         Exit::Config

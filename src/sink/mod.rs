@@ -152,6 +152,20 @@ pub enum SinkError {
     /// sink can write.
     #[error("{0}")]
     Postgres(#[source] Box<PgError>),
+    /// The item's sink path cannot exist (a file name over 255 bytes, the
+    /// longest Linux file systems take): no page of it can ever be written,
+    /// so none is spooled, and the item's task fails. Other items go on.
+    #[error(
+        "cannot write {}: {source}; this item's sink path cannot exist (a file name is at most 255 bytes): shorten its fan-out values or the sink path",
+        path.display()
+    )]
+    NeverWritable {
+        /// The file.
+        path: PathBuf,
+        /// What the OS said.
+        #[source]
+        source: io::Error,
+    },
     /// The blocking task that did the I/O panicked or was cancelled.
     #[error("sink I/O task ended abnormally: {0}")]
     Task(#[source] tokio::task::JoinError),
@@ -163,6 +177,36 @@ impl SinkError {
     #[must_use]
     pub fn is_bad_response(&self) -> bool {
         matches!(self, SinkError::BadRecords { .. } | SinkError::Encode(_))
+    }
+
+    /// Whether the page's task must end `failed`: the response is to blame,
+    /// or the item's page can never be written ([`SinkError::NeverWritable`]).
+    /// Any other error is the sink's, for an operator to fix: the page is
+    /// spooled, or the run waits.
+    #[must_use]
+    pub fn fails_the_task(&self) -> bool {
+        self.is_bad_response() || matches!(self, SinkError::NeverWritable { .. })
+    }
+
+    /// What the task's outcome says.
+    #[must_use]
+    pub fn task_reason(&self) -> String {
+        if self.is_bad_response() {
+            format!("bad response: {self}")
+        } else {
+            self.to_string()
+        }
+    }
+
+    /// A write error that no retry can fix, as such: a path whose file name
+    /// is too long (`ENAMETOOLONG`).
+    fn classified(self) -> Self {
+        match self {
+            SinkError::Io { path, source } if source.kind() == io::ErrorKind::InvalidFilename => {
+                SinkError::NeverWritable { path, source }
+            }
+            other => other,
+        }
     }
 }
 
@@ -247,19 +291,22 @@ impl Sinks {
     ) -> Result<Written, SinkError> {
         let records = records(body, &job.sink.records)?;
         let on_page = records.len();
+        // Pages reach the sink in fetch order per item: an item's earlier
+        // spooled pages first. Other items' pages wait for nothing here.
         if self
             .spool
             .as_ref()
-            .is_some_and(|s| s.has_pending(&job.name))
-            && let Err(e) = self.flush_spool(Some(&job.name)).await
+            .is_some_and(|s| s.has_pending(&job.name, item))
+            && let Err(e) = self.flush_item(&job.name, item).await
         {
-            // The earlier pages still cannot be written: this one joins them.
+            // The item's earlier pages still cannot be written: this one
+            // joins them.
             let stored = (self.spool_page(job, item, Some(at), records, fetched_at, e)).await?;
             return Ok(Written { on_page, stored });
         }
         let written = self.write_records(job, item, Some(at), records, fetched_at);
-        let stored = match written.await {
-            Err(e) if !e.is_bad_response() => {
+        let stored = match written.await.map_err(SinkError::classified) {
+            Err(e) if !e.fails_the_task() => {
                 self.spool_page(job, item, Some(at), records, fetched_at, e)
                     .await
             }
@@ -706,9 +753,60 @@ pub fn probe_dir(dir: &Path) -> io::Result<()> {
     })
 }
 
+/// The longest file name Linux file systems take (`NAME_MAX`: ext4, XFS,
+/// Btrfs, tmpfs).
+pub const NAME_MAX: usize = 255;
+
+/// Why `job`'s sink path cannot exist for some of its static `fan_out`
+/// values: a file name longer than [`NAME_MAX`] with each placeholder's
+/// longest value (every combination of the lists is an item, so the
+/// longest ones meet). Names that take a `fan_out_from` column are not
+/// known before a tick: such an item fails alone when it comes
+/// ([`SinkError::NeverWritable`]).
+pub fn name_too_long(job: &Job) -> Option<String> {
+    let longest: Vec<(&str, String)> = job
+        .fan_out
+        .iter()
+        .map(|(k, values)| {
+            let v = values.iter().map(|v| sanitize(v)).max_by_key(String::len);
+            (k.as_str(), v.unwrap_or_default())
+        })
+        .collect();
+    let name = sanitize(&job.name);
+    let rendered = job.sink.path.render(|p| match p {
+        "job" => Some(name.as_str()),
+        "date" => Some("2000-01-01"),
+        key => Some(
+            longest
+                .iter()
+                .find(|(k, _)| *k == key)
+                .map_or("\0", |(_, v)| v.as_str()),
+        ),
+    });
+    let too_long = rendered
+        .split('/')
+        .find(|c| !c.contains('\0') && c.len() > NAME_MAX)?;
+    let short = |s: &str| match s.char_indices().nth(40) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s.to_owned(),
+    };
+    let values: Vec<String> = longest
+        .iter()
+        .filter(|(k, _)| job.sink.path.placeholders().any(|p| p == *k))
+        .map(|(k, v)| format!("{k} = {:?} ({} bytes)", short(v), v.len()))
+        .collect();
+    Some(format!(
+        "a file name of this path would be {} bytes ({:?}) with the longest fan_out values ({}); a file name is at most {NAME_MAX} bytes: shorten the values or the path",
+        too_long.len(),
+        short(too_long),
+        values.join(", ")
+    ))
+}
+
 /// `check` and `run` at start: creates and tests each job's sink directory
 /// up to its first placeholder ([`fixed_dir`]); each one that cannot be
-/// written is an error at the job's `sink.path` naming the OS error.
+/// written, and each path that cannot exist for a static `fan_out` value
+/// ([`name_too_long`]), is an error at the job's `sink.path` naming why.
 pub fn check_dirs(config: &Config) -> Result<(), ConfigErrors> {
     let mut seen = HashSet::new();
     let mut errors: Vec<ConfigError> = Vec::new();
@@ -717,6 +815,9 @@ pub fn check_dirs(config: &Config) -> Result<(), ConfigErrors> {
         .values()
         .filter(|j| j.sink.kind != SinkKind::Postgres)
     {
+        if let Some(why) = name_too_long(job) {
+            errors.push(job.sink.at.error(why));
+        }
         let dir = config.dir.join(fixed_dir(job));
         if !seen.insert(dir.clone()) {
             continue;

@@ -3,18 +3,26 @@
 //! written later, so a page that cost quota is never fetched again because
 //! of a local error.
 //!
-//! One file per page, `<state_dir>/spool/<job>/<fetched_at ms>-<uuid>.json`,
-//! holding the job, the item, the fetch time, which page of which run it is
-//! (a postgres sink's page id) and the page's records. It is
-//! written under a dot-name, `fsync`ed and renamed into place, so a reader
-//! only ever sees whole pages. Pages are replayed oldest first:
+//! One file per page,
+//! `<state_dir>/spool/<job>/<fetched_at ms>-<item tag>-<uuid>.json`, holding
+//! the job, the item, the fetch time, which page of which run it is (a
+//! postgres sink's page id) and the page's records; the item tag (16 hex
+//! digits of the SHA-1 of the item's key) lets a replay pick one item's
+//! pages without reading the others. It is written under a dot-name,
+//! `fsync`ed and renamed into place, so a reader only ever sees whole
+//! pages. Pages are replayed oldest first, **in order per item**: a page
+//! that cannot be written holds back the later pages of its own item only,
+//! never another item's (issue 22, item 2: one item whose path could not be
+//! written stopped its job's sink for good). They are replayed:
 //!
-//! - before the next page of the same job is written (by any task of this
-//!   process), so a job's pages reach the sink in fetch order;
+//! - before the next page of the same item is written (by any task of this
+//!   process), so an item's pages reach the sink in fetch order;
 //! - by a retry loop that runs while this process has spooled pages
 //!   (every second at first, backing off to every 10 s while the sink still
-//!   fails);
-//! - at start, when the spool holds pages left by an earlier run.
+//!   fails), every item it can;
+//! - at start, when the spool holds pages left by an earlier run (pages
+//!   spooled before item tags, `<ms>-<uuid>.json`, are read to learn their
+//!   item, and hold back every item of their job until replayed).
 //!
 //! Several processes may share one state directory: a replayer holds an
 //! exclusive `flock` on the page file while it writes it and deletes it
@@ -24,7 +32,7 @@
 //! (SQLite with `key` absorbs it; a postgres sink knows the page's id and
 //! adds nothing).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::MetadataExt;
@@ -46,16 +54,46 @@ use crate::config::Job;
 const FIRST_WAIT: Duration = Duration::from_secs(1);
 const LONGEST_WAIT: Duration = Duration::from_secs(10);
 
-/// Where pages wait, and which jobs this process knows have some there.
+/// Where pages wait, and which items this process knows have some there.
 #[derive(Debug)]
 pub(super) struct Spool {
     dir: PathBuf,
     /// The jobs, to write a spooled page with its job's sink.
     jobs: IndexMap<String, Job>,
-    /// Jobs with spooled pages, as far as this process knows.
-    pending: Mutex<HashSet<String>>,
+    /// Per job with spooled pages, the tags of the items that have some,
+    /// as far as this process knows ([`Tag::Unknown`] for a page spooled
+    /// before item tags: it holds back every item of its job).
+    pending: Mutex<HashMap<String, HashSet<Tag>>>,
     /// Whether a retry loop runs.
     looping: AtomicBool,
+}
+
+/// Which item a spooled page belongs to, as its file name says.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Tag {
+    /// 16 hex digits of the SHA-1 of the item's key.
+    Item(String),
+    /// A page spooled before item tags: its item is in the file only.
+    Unknown,
+}
+
+impl Tag {
+    fn of(item: &Item) -> Tag {
+        let digest = sha1_smol::Sha1::from(crate::queue::item_key(item))
+            .digest()
+            .to_string();
+        Tag::Item(digest[..16].to_owned())
+    }
+
+    /// The tag in a page file's name: `<ms>-<tag>-<uuid>.json`, or
+    /// `<ms>-<uuid>.json` from before tags.
+    fn of_file(path: &Path) -> Tag {
+        let name = path.file_stem().and_then(|n| n.to_str()).unwrap_or("");
+        match name.split('-').collect::<Vec<_>>()[..] {
+            [_, tag, _] => Tag::Item(tag.to_owned()),
+            _ => Tag::Unknown,
+        }
+    }
 }
 
 /// One spooled page, as stored.
@@ -80,10 +118,11 @@ impl Spool {
             .into_iter()
             .flatten()
             .flatten()
-            .filter(|e| page_files(&e.path()).is_ok_and(|f| !f.is_empty()))
             .filter_map(|e| {
                 let name = e.file_name().to_string_lossy().into_owned();
-                jobs.keys().find(|j| sanitize(j) == name).cloned()
+                let job = jobs.keys().find(|j| sanitize(j) == name)?;
+                let tags = tags_in(&e.path());
+                (!tags.is_empty()).then(|| (job.clone(), tags))
             })
             .collect();
         Spool {
@@ -99,13 +138,37 @@ impl Spool {
         self.dir.join(sanitize(job))
     }
 
-    pub(super) fn has_pending(&self, job: &str) -> bool {
-        lock(&self.pending).contains(job)
+    /// Whether `item` of `job` may have spooled pages: its next page must
+    /// wait for them.
+    pub(super) fn has_pending(&self, job: &str, item: &Item) -> bool {
+        lock(&self.pending)
+            .get(job)
+            .is_some_and(|tags| tags.contains(&Tag::Unknown) || tags.contains(&Tag::of(item)))
     }
 
     fn any_pending(&self) -> bool {
-        !lock(&self.pending).is_empty()
+        lock(&self.pending).values().any(|t| !t.is_empty())
     }
+}
+
+/// The tags of the pages in `dir`.
+fn tags_in(dir: &Path) -> HashSet<Tag> {
+    page_files(dir)
+        .unwrap_or_default()
+        .iter()
+        .map(|p| Tag::of_file(p))
+        .collect()
+}
+
+/// What replaying one page did.
+enum Replayed {
+    /// Written to the sink and deleted (or set aside, unreadable).
+    Done,
+    /// Another replayer holds it, or its job is not configured any more.
+    Left,
+    /// An earlier page of its item is still spooled: not tried, so the
+    /// item's pages stay in order.
+    Behind,
 }
 
 /// The page files in `dir`, oldest first (dot-files are pages being written).
@@ -126,7 +189,10 @@ fn page_files(dir: &Path) -> io::Result<Vec<PathBuf>> {
 /// Writes `page` to a new file in `dir`, whole or not at all.
 fn save(dir: &Path, page: &Page, at_ms: i64) -> io::Result<PathBuf> {
     std::fs::create_dir_all(dir)?;
-    let name = format!("{at_ms:013}-{}.json", uuid::Uuid::new_v4().simple());
+    let Tag::Item(tag) = Tag::of(&page.item) else {
+        unreachable!("an item always has a tag");
+    };
+    let name = format!("{at_ms:013}-{tag}-{}.json", uuid::Uuid::new_v4().simple());
     let tmp = dir.join(format!(".{name}.tmp"));
     let path = dir.join(&name);
     let written = (|| {
@@ -189,6 +255,16 @@ fn set_aside(spool: &Path, path: &Path) -> io::Result<PathBuf> {
     Ok(to)
 }
 
+/// What flushing a job's spool did.
+#[derive(Default)]
+struct Flushed {
+    /// Pages left in it.
+    left: usize,
+    /// The items with a page that could not be written, and the first
+    /// error.
+    failed: Option<(HashSet<Tag>, SinkError)>,
+}
+
 impl Sinks {
     /// Keeps `records` in the spool, or says why it could not (the sink's
     /// error `cause` and the spool's own).
@@ -221,7 +297,10 @@ impl Sinks {
         .await;
         match saved {
             Ok(file) => {
-                lock(&spool.pending).insert(job.name.clone());
+                lock(&spool.pending)
+                    .entry(job.name.clone())
+                    .or_default()
+                    .insert(Tag::of(item));
                 metrics::counter!("qw_sink_spooled_pages_total", "qw_job" => job.name.clone())
                     .increment(1);
                 tracing::warn!(job = %job.name, item = %crate::queue::item_key(item),
@@ -240,77 +319,144 @@ impl Sinks {
         }
     }
 
-    /// Writes the spooled pages of `job` (every job's when `None`), oldest
-    /// first; stops at the first the sink still cannot take and returns its
-    /// error. Returns how many pages of configured jobs are left (held by
-    /// another replayer).
-    pub(super) async fn flush_spool(&self, job: Option<&str>) -> Result<usize, SinkError> {
+    /// Writes `item`'s spooled pages of `job`, oldest first, before its
+    /// next page: `Err` with the sink's error when one still cannot be
+    /// written (the next page then joins them).
+    pub(super) async fn flush_item(&self, job: &str, item: &Item) -> Result<(), SinkError> {
+        let tag = Tag::of(item);
+        match self.flush_job(job, Some(&tag)).await? {
+            Flushed {
+                failed: Some((failed, e)),
+                ..
+            } if failed.contains(&tag) => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Writes every spooled page of every job this process knows to have
+    /// some, oldest first per item: a page that cannot be written holds
+    /// back its own item's later pages, and the other items go on. Returns
+    /// how many pages are left (held by another replayer, or behind one
+    /// that cannot be written).
+    pub(super) async fn flush_spool(&self) -> Result<usize, SinkError> {
         let Some(spool) = self.spool.clone() else {
             return Ok(0);
         };
-        let jobs: Vec<String> = match job {
-            Some(j) => vec![j.to_owned()],
-            None => lock(&spool.pending).iter().cloned().collect(),
-        };
+        let jobs: Vec<String> = lock(&spool.pending).keys().cloned().collect();
         let mut left = 0;
         for name in jobs {
-            let mut held = 0;
-            let dir = spool.dir_for(&name);
-            let files = blocking(move || {
-                page_files(&dir).or_else(|e| match e.kind() {
-                    io::ErrorKind::NotFound => Ok(Vec::new()),
-                    _ => Err(SinkError::Io {
-                        path: dir,
-                        source: e,
-                    }),
-                })
-            })
-            .await?;
-            for path in files {
-                if !self.replay(&spool, &path).await? {
-                    held += 1;
-                }
+            let flushed = self.flush_job(&name, None).await?;
+            if let Some((items, e)) = flushed.failed {
+                tracing::debug!(job = %name, items = items.len(), error = %e,
+                    "spooled pages still cannot be written");
             }
-            if held == 0 {
-                // Forgotten only if still empty, looked at under the lock a
-                // spooler takes after its page is in place: none is missed.
-                let (spool, dir) = (spool.clone(), spool.dir_for(&name));
-                blocking(move || {
-                    let mut pending = lock(&spool.pending);
-                    if page_files(&dir).map_or(true, |f| f.is_empty()) {
-                        pending.remove(&name);
-                    }
-                    Ok(())
-                })
-                .await?;
-            }
-            left += held;
+            left += flushed.left;
         }
         Ok(left)
     }
 
-    /// Writes one spooled page and deletes it. `Ok(false)`: another
-    /// replayer holds it.
-    async fn replay(&self, spool: &std::sync::Arc<Spool>, path: &Path) -> Result<bool, SinkError> {
+    /// Writes `job`'s spooled pages (only the item tagged `only`, and pages
+    /// from before tags, when given), oldest first per item.
+    async fn flush_job(&self, name: &str, only: Option<&Tag>) -> Result<Flushed, SinkError> {
+        let Some(spool) = self.spool.clone() else {
+            return Ok(Flushed::default());
+        };
+        let dir = spool.dir_for(name);
+        let files = blocking(move || {
+            page_files(&dir).or_else(|e| match e.kind() {
+                io::ErrorKind::NotFound => Ok(Vec::new()),
+                _ => Err(SinkError::Io {
+                    path: dir,
+                    source: e,
+                }),
+            })
+        })
+        .await?;
+        // Items with a page that could not be written: their later pages
+        // wait, in order.
+        let mut failed: HashSet<Tag> = HashSet::new();
+        let mut first_error = None;
+        let mut left = 0;
+        for path in files {
+            let tag = Tag::of_file(&path);
+            let wanted = match (only, &tag) {
+                (None, _) | (_, Tag::Unknown) => true,
+                (Some(want), tag) => want == tag,
+            };
+            if !wanted {
+                continue;
+            }
+            if failed.contains(&tag) {
+                left += 1;
+                continue;
+            }
+            match self.replay(&spool, &path, &failed).await {
+                Ok(Replayed::Done) => {}
+                Ok(Replayed::Left | Replayed::Behind) => left += 1,
+                Err((item, e)) => {
+                    left += 1;
+                    failed.insert(item);
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        // Forgotten only when gone, looked at under the lock a spooler
+        // takes after its page is in place: none is missed.
+        let (spool, dir, job) = (spool.clone(), spool.dir_for(name), name.to_owned());
+        blocking(move || {
+            let mut pending = lock(&spool.pending);
+            let tags = tags_in(&dir);
+            if tags.is_empty() {
+                pending.remove(&job);
+            } else {
+                pending.insert(job, tags);
+            }
+            Ok(())
+        })
+        .await?;
+        Ok(Flushed {
+            left,
+            failed: first_error.map(|e| (failed, e)),
+        })
+    }
+
+    /// Writes one spooled page and deletes it, unless an earlier page of
+    /// its item is in `failed`. `Err` names the page's item with the error.
+    async fn replay(
+        &self,
+        spool: &std::sync::Arc<Spool>,
+        path: &Path,
+        failed: &HashSet<Tag>,
+    ) -> Result<Replayed, (Tag, SinkError)> {
+        let tag = Tag::of_file(path);
         let p = path.to_owned();
         let claimed =
-            blocking(move || claim(&p).map_err(|source| SinkError::Io { path: p, source })).await?;
+            blocking(move || claim(&p).map_err(|source| SinkError::Io { path: p, source }))
+                .await
+                .map_err(|e| (tag.clone(), e))?;
         let claimed = match claimed {
-            None => return Ok(false),
+            None => return Ok(Replayed::Left),
             Some(Ok(c)) => c,
             Some(Err(e)) => {
                 let (root, p) = (spool.dir.clone(), path.to_owned());
-                let moved = blocking(move || Ok(set_aside(&root, &p))).await?;
+                let moved = blocking(move || Ok(set_aside(&root, &p)))
+                    .await
+                    .map_err(|e| (tag.clone(), e))?;
                 tracing::error!(file = %path.display(), error = %e, moved_to = ?moved.as_ref().ok(),
                     "a spooled page cannot be read; set aside");
-                return Ok(true);
+                return Ok(Replayed::Done);
             }
         };
+        // A page from before tags says its item only inside.
+        let tag = Tag::of(&claimed.page.item);
+        if failed.contains(&tag) {
+            return Ok(Replayed::Behind);
+        }
         let Some(job) = spool.jobs.get(&claimed.page.job) else {
             // Its job left the configuration: kept for an operator.
             tracing::warn!(job = %claimed.page.job, file = %path.display(),
                 "a spooled page's job is not configured any more; the page stays in the spool");
-            return Ok(true);
+            return Ok(Replayed::Left);
         };
         let fetched_at = DateTime::parse_from_rfc3339(&claimed.page.fetched_at)
             .map(|t| t.with_timezone(&Utc))
@@ -328,19 +474,21 @@ impl Sinks {
                 &claimed.page.records,
                 fetched_at,
             )
-            .await?;
+            .await
+            .map_err(|e| (tag.clone(), e))?;
         let file = claimed.path.clone();
         blocking(move || {
             std::fs::remove_file(&file).map_err(|source| SinkError::Io { path: file, source })
         })
-        .await?;
+        .await
+        .map_err(|e| (tag, e))?;
         // Unlocked only now that it is gone.
         drop(claimed);
         metrics::counter!("qw_sink_replayed_pages_total", "qw_job" => job.name.clone())
             .increment(1);
         tracing::info!(job = %job.name, item = %item, records = written,
             "a spooled page was written to the sink");
-        Ok(true)
+        Ok(Replayed::Done)
     }
 
     /// Starts the retry loop unless one runs: it writes spooled pages until
@@ -360,7 +508,7 @@ impl Sinks {
             let mut wait = FIRST_WAIT;
             loop {
                 tokio::time::sleep(wait).await;
-                match sinks.flush_spool(None).await {
+                match sinks.flush_spool().await {
                     Ok(0) => wait = FIRST_WAIT,
                     Ok(_) => wait = (wait * 2).min(LONGEST_WAIT),
                     Err(e) => {
@@ -378,5 +526,28 @@ impl Sinks {
                 }
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A page file says its item's tag; one spooled before tags says none
+    /// (it holds back its whole job until replayed).
+    #[test]
+    fn page_files_name_their_item() {
+        let item = vec![("v".to_owned(), "short".to_owned())];
+        let Tag::Item(tag) = Tag::of(&item) else {
+            panic!("an item has a tag")
+        };
+        assert_eq!(tag.len(), 16);
+        let uuid = "0123456789abcdef0123456789abcdef";
+        let new = PathBuf::from(format!("spool/leak/1795674672198-{tag}-{uuid}.json"));
+        assert_eq!(Tag::of_file(&new), Tag::of(&item));
+        let old = PathBuf::from(format!("spool/leak/1795674672198-{uuid}.json"));
+        assert_eq!(Tag::of_file(&old), Tag::Unknown);
+        let other = vec![("v".to_owned(), "long".to_owned())];
+        assert_ne!(Tag::of(&other), Tag::of(&item));
     }
 }

@@ -333,7 +333,9 @@ fn written_(
 ) -> Action {
     let written = match written {
         Ok(w) => w,
-        Err(e) if e.is_bad_response() => return fail(Some(200), format!("bad response: {e}")),
+        // The response's fault, or a path that can never exist: the task
+        // fails, the other items go on.
+        Err(e) if e.fails_the_task() => return fail(Some(200), e.task_reason()),
         // Neither written nor spooled: fetching it again now would only
         // spend again, so the run waits for an operator.
         Err(e) => return stuck(p, &e),

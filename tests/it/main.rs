@@ -61,6 +61,7 @@ mod retries;
 mod rolling_deploy;
 mod sink;
 mod sink_unwritable;
+mod spool_per_item;
 mod sqlite_key_per_item;
 mod sqlite_two_daemons;
 mod templates;

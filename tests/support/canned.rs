@@ -28,11 +28,29 @@ pub struct CannedRig {
 
 impl CannedRig {
     /// Starts it with credential `h` (secret `secret` in `HKEY`, 1,000 an
-    /// hour) and `endpoint` (name `h`, on `h`) for the job's values.
+    /// hour) and `endpoint` (name `h`, on `h`), the job fanned out over
+    /// `v = values`.
     pub fn start(upstream: &Hostile, secret: &str, endpoint: Endpoint, values: &[&str]) -> Self {
+        let job = Self::job(upstream).fan_out("v", values.iter().copied());
+        Self::start_job(secret, endpoint, job, &[])
+    }
+
+    /// The job `leak` without its fan-out: requests to `upstream`'s
+    /// `/canned/{v}`, retries off, records at `/items` to
+    /// `data/{job}/{v}.jsonl`.
+    pub fn job(upstream: &Hostile) -> Job {
+        let url = format!("{}/canned/{{v}}", upstream.base_url());
+        Job::new("leak", "h")
+            .retry(1, None, None)
+            .request(Request::get(&url).query(&[("key", "{secret}")]))
+            .sink(Sink::jsonl("data/{job}/{v}.jsonl").records("/items"))
+    }
+
+    /// Starts it with `job` (named `leak`), `files` written into the config
+    /// directory first (a `fan_out_from` CSV).
+    pub fn start_job(secret: &str, endpoint: Endpoint, job: Job, files: &[(&str, &str)]) -> Self {
         let redis = RedisServer::start();
         let port = free_port();
-        let url = format!("{}/canned/{{v}}", upstream.base_url());
         let cfg = ConfigBuilder::new()
             .redis_url(&redis.url())
             .state_dir("state")
@@ -43,14 +61,11 @@ impl CannedRig {
                     .window(Window::sliding(1000, "1h")),
             )
             .endpoint(endpoint)
-            .job(
-                Job::new("leak", "h")
-                    .fan_out("v", values.iter().copied())
-                    .retry(1, None, None)
-                    .request(Request::get(&url).query(&[("key", "{secret}")]))
-                    .sink(Sink::jsonl("data/{job}/{v}.jsonl").records("/items")),
-            )
+            .job(job)
             .write();
+        for (name, text) in files {
+            std::fs::write(cfg.join(name), text).expect("write a file of the config");
+        }
         let mut daemon = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
         daemon.wait_running(Duration::from_secs(30));
         CannedRig {
