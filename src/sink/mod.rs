@@ -9,7 +9,8 @@
 //! database locked) and never costs quota again: the page is spooled under
 //! the state directory and written later (`spool`), and when even that
 //! fails the job's sink is marked stuck, so no task of this process spends
-//! for it until [`Sinks::ready`] finds it writable again.
+//! for it until [`Sinks::ready`] finds room there again for a page as large
+//! as the one lost (a test write of its size, not a token one).
 //!
 //! # Paths
 //!
@@ -67,7 +68,7 @@ mod postgres;
 mod spool;
 mod sqlite;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
@@ -234,8 +235,9 @@ pub struct Sinks {
     pg: Arc<postgres::PgSinks>,
     /// Where pages the sink cannot take wait; none: such a page is an error.
     spool: Option<Arc<spool::Spool>>,
-    /// Jobs whose last page could be neither written nor spooled here.
-    stuck: Arc<Mutex<HashSet<String>>>,
+    /// Jobs whose last page could be neither written nor spooled here, and
+    /// the room the largest such page needed, bytes.
+    stuck: Arc<Mutex<HashMap<String, u64>>>,
 }
 
 impl std::fmt::Debug for Sinks {
@@ -317,20 +319,22 @@ impl Sinks {
 
     /// Whether a task may spend for a page of `job`'s `item` now: yes,
     /// unless a page of the job could be neither written nor spooled here;
-    /// then only once a test write in its spool or its sink directory
-    /// succeeds (an operator freed space or fixed a mount). The error says
-    /// why not.
+    /// then only once a test write *of that page's size* in its spool or
+    /// its sink directory succeeds (an operator freed space or fixed a
+    /// mount). A token test write would pass on an almost full disk and
+    /// spend for a page that is lost again (issue 22, item 5). The error
+    /// says why not.
     pub async fn ready(&self, job: &Job, item: &Item, now: DateTime<Utc>) -> Result<(), SinkError> {
-        if !lock(&self.stuck).contains(&job.name) {
+        let Some(needed) = lock(&self.stuck).get(&job.name).copied() else {
             return Ok(());
-        }
+        };
         let path = self.path(job, item, now.date_naive());
         // A postgres sink has no directory: only its spool can take pages.
         let sink_dir = (job.sink.kind != SinkKind::Postgres)
             .then(|| path.parent().map(Path::to_owned).unwrap_or_default());
         let spool_dir = self.spool.as_ref().map(|s| s.dir_for(&job.name));
         blocking(move || {
-            let spool_ok = spool_dir.as_deref().map(probe_dir);
+            let spool_ok = spool_dir.as_deref().map(|d| probe_room(d, needed));
             if spool_ok.as_ref().is_some_and(Result::is_ok) {
                 return Ok(());
             }
@@ -342,7 +346,7 @@ impl Sinks {
                 };
                 return Err(SinkError::Io { path: dir, source });
             };
-            probe_dir(&sink_dir).map_err(|source| SinkError::Io {
+            probe_room(&sink_dir, needed).map_err(|source| SinkError::Io {
                 path: sink_dir,
                 source,
             })
@@ -352,8 +356,11 @@ impl Sinks {
         Ok(())
     }
 
-    fn stuck(&self, job: &str) {
-        lock(&self.stuck).insert(job.to_owned());
+    /// Marks `job`'s sink stuck for a page that needed `bytes` of room.
+    fn stuck(&self, job: &str, bytes: u64) {
+        let mut stuck = lock(&self.stuck);
+        let needed = stuck.entry(job.to_owned()).or_default();
+        *needed = (*needed).max(bytes);
     }
 
     /// Writes records to the job's sink, nothing else. `at` is `None` for
@@ -604,6 +611,37 @@ struct Line<'a> {
     record: &'a Value,
 }
 
+/// The room one page needs in the spool or in a JSON lines sink, bytes:
+/// `page` (as the spool writes it) plus, for each record, what a sink line
+/// adds around it.
+fn room_for(job: &str, item: &Item, page: &impl Serialize, records: usize) -> u64 {
+    let line = Line {
+        job,
+        item: ItemJson(item),
+        fetched_at: "2000-01-01T00:00:00.000Z",
+        record: &Value::Null,
+    };
+    let per_line = encoded_len(&line).saturating_sub(4) + 1;
+    encoded_len(page).saturating_add(per_line.saturating_mul(records as u64))
+}
+
+/// How many bytes `value` encodes to as JSON, counted, not kept.
+fn encoded_len(value: &impl Serialize) -> u64 {
+    struct Count(u64);
+    impl Write for Count {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.0 += buf.len() as u64;
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut c = Count(0);
+    let _ = serde_json::to_writer(&mut c, value);
+    c.0
+}
+
 /// An item as a JSON object, keys in fan-out order.
 struct ItemJson<'a>(&'a Item);
 
@@ -730,6 +768,16 @@ fn with_holes(template: &Template, job: &str) -> String {
 /// Creates `dir` if missing and writes, syncs and removes a small file in
 /// it: what a page write needs, short of the page.
 pub fn probe_dir(dir: &Path) -> io::Result<()> {
+    probe_room(dir, PROBE_BYTES)
+}
+
+/// The test write of [`probe_dir`], bytes.
+const PROBE_BYTES: u64 = 4096;
+
+/// Creates `dir` if missing and writes, syncs and removes a file of
+/// `bytes` (at least [`PROBE_BYTES`]) in it: proof of room for a page of
+/// that size, as the file system stands.
+pub fn probe_room(dir: &Path, bytes: u64) -> io::Result<()> {
     std::fs::create_dir_all(dir)?;
     let probe = dir.join(format!(
         ".quota-worker-probe-{}-{}",
@@ -741,7 +789,13 @@ pub fn probe_dir(dir: &Path) -> io::Result<()> {
         .create_new(true)
         .open(&probe)
         .and_then(|mut f| {
-            f.write_all(&[b'\n'; 4096])?;
+            let block = [b'\n'; 64 * 1024];
+            let mut left = bytes.max(PROBE_BYTES);
+            while left > 0 {
+                let n = left.min(block.len() as u64) as usize;
+                f.write_all(&block[..n])?;
+                left -= n as u64;
+            }
             f.sync_all()
         });
     let removed = std::fs::remove_file(&probe);

@@ -46,7 +46,7 @@ use indexmap::IndexMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{PageRef, SinkError, Sinks, blocking, lock, sanitize};
+use super::{PageRef, SinkError, Sinks, blocking, lock, room_for, sanitize};
 use crate::config::Item;
 use crate::config::Job;
 
@@ -277,10 +277,6 @@ impl Sinks {
         fetched_at: DateTime<Utc>,
         cause: SinkError,
     ) -> Result<usize, SinkError> {
-        let Some(spool) = self.spool.clone() else {
-            self.stuck(&job.name);
-            return Err(cause);
-        };
         let page = Page {
             job: job.name.clone(),
             item: item.clone(),
@@ -289,6 +285,11 @@ impl Sinks {
             page: at.map(|a| a.page),
             records: records.to_vec(),
         };
+        let Some(spool) = self.spool.clone() else {
+            self.stuck(&job.name, room_for(&job.name, item, &page, records.len()));
+            return Err(cause);
+        };
+        let needed = room_for(&job.name, item, &page, records.len());
         let dir = spool.dir_for(&job.name);
         let at_ms = fetched_at.timestamp_millis();
         let saved = blocking(move || {
@@ -310,7 +311,7 @@ impl Sinks {
                 Ok(records.len())
             }
             Err(spool_error) => {
-                self.stuck(&job.name);
+                self.stuck(&job.name, needed);
                 Err(SinkError::NotStored {
                     cause: Box::new(cause),
                     spool: Box::new(spool_error),

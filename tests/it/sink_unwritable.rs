@@ -26,7 +26,9 @@ use std::time::Duration;
 
 use simulator::SimStyle;
 
+use crate::support::canned::CannedRig;
 use crate::support::daemon::{self, JOB, REGIONS, sink_records};
+use crate::support::hostile::Hostile;
 use crate::support::process::{Proc, run_cli};
 use crate::support::styles::{self, API_KEY_ENV, GITHUB};
 use crate::support::upstream::{Upstream, page_counts};
@@ -147,8 +149,13 @@ struct Full {
 impl Full {
     /// `None` (and the test [skipped](skip)) where no tmpfs can be mounted.
     fn mount(dir: &Path) -> Option<Self> {
+        Self::mount_sized(dir, "4m")
+    }
+
+    /// A tmpfs of `size` (`"400k"`), or `None` as [`Full::mount`].
+    fn mount_sized(dir: &Path, size: &str) -> Option<Self> {
         std::fs::create_dir_all(dir).expect("mkdir");
-        if let Err(e) = mount_tmpfs(dir, "size=4m", 0) {
+        if let Err(e) = mount_tmpfs(dir, &format!("size={size}"), 0) {
             skip(&format!(
                 "a full file system under SQLite needs a small tmpfs, which cannot be mounted here ({e}; root with CAP_SYS_ADMIN can)"
             ));
@@ -171,6 +178,18 @@ impl Full {
             }
         }
         let _ = f.sync_all();
+    }
+
+    /// Fills it, then gives `bytes` back: an almost full disk.
+    fn fill_leaving(&self, bytes: u64) {
+        self.fill();
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(self.dir.join("filler"))
+            .expect("filler");
+        let len = f.metadata().expect("filler").len();
+        f.set_len(len.saturating_sub(bytes))
+            .expect("truncate filler");
     }
 
     fn free(&self) {
@@ -612,4 +631,60 @@ fn check_and_run_refuse_a_sink_directory_they_cannot_write() {
         "check creates the directory"
     );
     assert_eq!(upstream.fetched(), 0);
+}
+
+/// Issue 22, item 5: with the state directory and the sink on a 400 KiB
+/// tmpfs and 100 KB pages, the test write after the first lost page was
+/// 4 KiB and passed with 48 KB free, so each later tick spent a unit,
+/// fetched the page again and lost it again (5 ticks, 5 extra requests).
+/// The test write now proves room for the page it guards: while there is
+/// none, tasks end at once, nothing spent or sent; once an operator frees
+/// space, the lost page is fetched again, once.
+#[test]
+fn issue_22_5_an_almost_full_disk_fetches_a_lost_page_again_only_once_there_is_room() {
+    let upstream = Hostile::start();
+    let blob = "x".repeat(100_000);
+    let page = serde_json::json!({ "items": [{ "id": "big", "blob": blob }] }).to_string();
+    upstream.answer("one", 200, &[], page);
+    let rig = CannedRig::start(&upstream, "k3y-for-item-5", CannedRig::endpoint(), &["one"]);
+    let Some(data) = Full::mount_sized(&rig.cfg.join("data"), "400k") else {
+        return;
+    };
+    let Some(state) = Full::mount_sized(&rig.cfg.join("state"), "400k") else {
+        return;
+    };
+    data.fill_leaving(48 * 1024);
+    state.fill_leaving(48 * 1024);
+
+    let (outcomes, _) = rig.tick(1);
+    assert_eq!(outcomes[0]["outcome"], "failed", "{}", outcomes[0]);
+    assert!(
+        CannedRig::message(&outcomes[0]).contains("cannot be spooled"),
+        "{}",
+        outcomes[0]
+    );
+    assert_eq!(upstream.count(), 1);
+    for tick in 2..=5 {
+        let (outcomes, _) = rig.tick(tick);
+        let o = &outcomes[tick - 1];
+        assert_eq!(o["outcome"], "failed", "{o}");
+        assert_eq!(o["units"], 0, "nothing spent: {o}");
+        assert_eq!(
+            upstream.count(),
+            1,
+            "tick {tick}: the lost page is not fetched again yet"
+        );
+    }
+
+    data.free();
+    state.free();
+    let (outcomes, _) = rig.tick(6);
+    assert_eq!(outcomes[5]["outcome"], "done", "{}", outcomes[5]);
+    assert_eq!(
+        upstream.count(),
+        2,
+        "fetched again once there is room, and only then"
+    );
+    let written = std::fs::read_to_string(rig.cfg.join("data/leak/one.jsonl")).expect("one.jsonl");
+    assert_eq!(written.lines().count(), 1);
 }
