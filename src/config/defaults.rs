@@ -86,6 +86,13 @@ pub const QUOTA_REASONS: &[&str] = &[
 ];
 /// `ratelimit_headers.reset_is`.
 pub const RESET_IS: ResetIs = ResetIs::EpochSeconds;
+/// The largest window `units` and endpoint `cost`: the spend script counts
+/// in Lua numbers (doubles), exact integers up to 2^53 - 1. A larger value
+/// would be rounded: spends fail with a script error, or `quota` reports 0
+/// left while admitting.
+pub const MAX_COUNT: u64 = (1 << 53) - 1;
+/// What a value over [`MAX_COUNT`] is told.
+pub const MAX_COUNT_RULE: &str = "must be at most 2^53 - 1 (9007199254740991): the spend script counts in exact integers up to there";
 /// An endpoint's `max_body`: the largest response body read.
 pub const MAX_BODY: u64 = 16 << 20;
 /// An endpoint's `max_records`: the most records one page may hold.

@@ -335,6 +335,64 @@ const CASES: &[Case] = &[
     },
 ];
 
+/// Issue 22, Low 1: values `check` accepted that cannot work. A zero
+/// `timeout` failed every request at once, its unit kept; a `cost` above
+/// 2^53 failed every spend with a script error and retried for ever; window
+/// `units` of 2^63 - 1 made `quota` report 0 left while admitting.
+const ISSUE_22_LOW_CASES: &[Case] = &[
+    Case {
+        what: "a zero request timeout",
+        config: &[("cost = 100", "cost = 100\ntimeout = \"0s\"")],
+        job: &[],
+        file: File::Config,
+        line: 10,
+        field: "endpoints.search.timeout",
+        says: "must be more than 0",
+    },
+    Case {
+        what: "a cost above 2^53",
+        config: &[
+            ("units = 950", "units = 9007199254740991"),
+            ("cost = 100", "cost = 9007199254740993"),
+        ],
+        job: &[],
+        file: File::Config,
+        line: 9,
+        field: "endpoints.search.cost",
+        says: "must be at most 2^53 - 1",
+    },
+    Case {
+        what: "window units that a double cannot hold exactly",
+        config: &[("units = 950", "units = 9223372036854775807")],
+        job: &[],
+        file: File::Config,
+        line: 5,
+        field: "credentials.yt.windows[0].units",
+        says: "must be at most 2^53 - 1",
+    },
+];
+
+/// Issue 22, Low 1: each of [`ISSUE_22_LOW_CASES`] is a config error at its
+/// file, line and field, exit 78, for `check` and `run` alike.
+#[test]
+fn issue_22_low_1_values_that_cannot_work_are_config_errors() {
+    let server = RedisServer::start();
+    for case in ISSUE_22_LOW_CASES {
+        let cfg = write(case);
+        for args in [&["check"][..], &["run"]] {
+            let want = Want {
+                what: case.what,
+                file: file_of(&cfg, &case.file),
+                line: case.line,
+                field: case.field,
+                says: case.says,
+            };
+            expect_error(&cfg, &server, args, &want);
+        }
+    }
+    assert_eq!(server.dbsize(), 0, "config errors write nothing to Redis");
+}
+
 fn write(case: &Case) -> TestConfig {
     let mut config = CONFIG.to_owned();
     for (from, to) in case.config {

@@ -60,6 +60,10 @@ impl Loader<'_> {
             self.error(src, &base.join("cost"), "must be at least 1");
             return None;
         };
+        if cost.get() > d::MAX_COUNT {
+            self.error(src, &base.join("cost"), d::MAX_COUNT_RULE);
+            return None;
+        }
         let charge_credential = re.charge_credential.unwrap_or(d::CHARGE_CREDENTIAL);
         if !charge_credential && windows.is_empty() && re.windows.is_empty() {
             let msg = "an endpoint with charge_credential = false counts only against its own windows: give it `windows` (e.g. [{ units = 95, per = \"24h\", kind = \"fixed\" }])";
@@ -104,6 +108,11 @@ impl Loader<'_> {
                 d::MAX_RECORDS
             }
         };
+        let timeout = re.timeout.map_or(d::REQUEST_TIMEOUT, |t| t.0);
+        if timeout.is_zero() {
+            let msg = "must be more than 0: every request would fail at once, its units kept";
+            self.error(src, &base.join("timeout"), msg);
+        }
         let conditional = re.conditional.unwrap_or(d::CONDITIONAL);
         let not_modified_cost = self.not_modified_cost(src, &base, re, cost, conditional);
         let accounting = self.accounting(src, &base, re);
@@ -114,7 +123,7 @@ impl Loader<'_> {
             limiter_unavailable,
             windows,
             charge_credential,
-            timeout: re.timeout.map_or(d::REQUEST_TIMEOUT, |t| t.0),
+            timeout,
             throttle_block,
             quota_reasons,
             ratelimit_headers,

@@ -51,6 +51,10 @@ impl Loader<'_> {
             self.error(src, &at.join("units"), "must be at least 1");
             return None;
         };
+        if units.get() > d::MAX_COUNT {
+            // Reported, and the window kept, so that nothing else cascades.
+            self.error(src, &at.join("units"), d::MAX_COUNT_RULE);
+        }
         let kind = rw.kind.as_deref().unwrap_or(d::WINDOW_KIND);
         let (per, kind) = match self.pick(src, &at.join("kind"), kind)? {
             WindowKindName::Concurrent => return self.concurrent(src, at, rw, units),
