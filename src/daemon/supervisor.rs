@@ -29,6 +29,10 @@ pub(super) enum Stopped {
 
 /// Runs the apalis worker until `stop`; when it dies, starts a new one.
 /// On `stop`, lets the running tasks finish within `shutdown_timeout`.
+///
+/// Over 80 lines, on purpose: the stop path and the restart path both go
+/// on driving the one pinned `run` future of an incarnation (the drain
+/// needs it polled to write the acks), so they stay side by side here.
 pub(super) async fn run(
     config: Arc<Config>,
     queue: Queue,

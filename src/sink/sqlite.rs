@@ -466,17 +466,7 @@ pub fn find(
     if !db_path.is_file() {
         return Err(no_index());
     }
-    // Read-write without CREATE plus query_only: a WAL database opened
-    // strictly read-only cannot always set up its shared memory. (A file the
-    // user may not write is opened read-only by SQLite itself.)
-    let conn = Connection::open_with_flags(
-        db_path,
-        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )
-    .map_err(sqlite)?;
-    configure(&conn).map_err(sqlite)?;
-    conn.pragma_update(None, "query_only", true)
-        .map_err(sqlite)?;
+    let conn = open_to_read(db_path).map_err(sqlite)?;
     let fts_table = fts_name(job_name);
     let exists = conn
         .query_row(
@@ -531,6 +521,20 @@ pub fn find(
         }
     }
     Ok(out)
+}
+
+/// `db_path` opened to read: read-write without CREATE plus `query_only`,
+/// as a WAL database opened strictly read-only cannot always set up its
+/// shared memory. (A file the user may not write is opened read-only by
+/// SQLite itself.)
+fn open_to_read(db_path: &Path) -> rusqlite::Result<Connection> {
+    let conn = Connection::open_with_flags(
+        db_path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    configure(&conn)?;
+    conn.pragma_update(None, "query_only", true)?;
+    Ok(conn)
 }
 
 /// Plain words → an FTS5 query: each word a quoted string (so `-`, `:`,

@@ -46,16 +46,7 @@ impl Loader<'_> {
         let base = FieldPath::new(["endpoints", name]);
         self.check_name(src, &base, "endpoint", name);
         let windows = self.windows(src, &base.join("windows"), &re.windows);
-        let Some(cred) = credentials.get(&re.credential) else {
-            let known: Vec<_> = credentials.keys().map(String::as_str).collect();
-            let msg = format!(
-                "unknown credential {:?} (known: {})",
-                re.credential,
-                known.join(", ")
-            );
-            self.error(src, &base.join("credential"), msg);
-            return None;
-        };
+        let cred = self.credential_of(src, &base, re, credentials)?;
         let Some(cost) = NonZeroU64::new(re.cost) else {
             self.error(src, &base.join("cost"), "must be at least 1");
             return None;
@@ -92,27 +83,9 @@ impl Loader<'_> {
             .unwrap_or_else(|| d::QUOTA_REASONS.iter().map(|&r| r.into()).collect());
         let throttle_block = re.throttle_block.map_or(d::THROTTLE_BLOCK, |t| t.0);
         let max_block = self.max_block(src, &base, re, throttle_block);
-        let max_body = match re.max_body {
-            None => d::MAX_BODY,
-            Some(Size(n)) if n > 0 => n,
-            Some(_) => {
-                self.error(src, &base.join("max_body"), "must be more than 0 bytes");
-                d::MAX_BODY
-            }
-        };
-        let max_records = match re.max_records {
-            None => d::MAX_RECORDS,
-            Some(n) if n > 0 => n,
-            Some(_) => {
-                self.error(src, &base.join("max_records"), "must be at least 1");
-                d::MAX_RECORDS
-            }
-        };
-        let timeout = re.timeout.map_or(d::REQUEST_TIMEOUT, |t| t.0);
-        if timeout.is_zero() {
-            let msg = "must be more than 0: every request would fail at once, its units kept";
-            self.error(src, &base.join("timeout"), msg);
-        }
+        let max_body = self.max_body(src, &base, re);
+        let max_records = self.max_records(src, &base, re);
+        let timeout = self.timeout(src, &base, re);
         let conditional = re.conditional.unwrap_or(d::CONDITIONAL);
         let not_modified_cost = self.not_modified_cost(src, &base, re, cost, conditional);
         let accounting = self.accounting(src, &base, re);
@@ -135,6 +108,62 @@ impl Loader<'_> {
             not_modified_cost,
             accounting,
         })
+    }
+
+    /// The credential the endpoint names; an error naming the known ones
+    /// when there is none of that name.
+    fn credential_of<'c>(
+        &mut self,
+        src: &Source,
+        base: &FieldPath,
+        re: &RawEndpoint,
+        credentials: &'c IndexMap<String, Credential>,
+    ) -> Option<&'c Credential> {
+        let found = credentials.get(&re.credential);
+        if found.is_none() {
+            let known: Vec<_> = credentials.keys().map(String::as_str).collect();
+            let msg = format!(
+                "unknown credential {:?} (known: {})",
+                re.credential,
+                known.join(", ")
+            );
+            self.error(src, &base.join("credential"), msg);
+        }
+        found
+    }
+
+    /// `max_records`: at least 1, the default unless given.
+    fn max_records(&mut self, src: &Source, base: &FieldPath, re: &RawEndpoint) -> u64 {
+        match re.max_records {
+            None => d::MAX_RECORDS,
+            Some(n) if n > 0 => n,
+            Some(_) => {
+                self.error(src, &base.join("max_records"), "must be at least 1");
+                d::MAX_RECORDS
+            }
+        }
+    }
+
+    /// `timeout`: more than 0, the default unless given.
+    fn timeout(&mut self, src: &Source, base: &FieldPath, re: &RawEndpoint) -> std::time::Duration {
+        let timeout = re.timeout.map_or(d::REQUEST_TIMEOUT, |t| t.0);
+        if timeout.is_zero() {
+            let msg = "must be more than 0: every request would fail at once, its units kept";
+            self.error(src, &base.join("timeout"), msg);
+        }
+        timeout
+    }
+
+    /// `max_body`: more than 0 bytes, the default unless given.
+    fn max_body(&mut self, src: &Source, base: &FieldPath, re: &RawEndpoint) -> u64 {
+        match re.max_body {
+            None => d::MAX_BODY,
+            Some(Size(n)) if n > 0 => n,
+            Some(_) => {
+                self.error(src, &base.join("max_body"), "must be more than 0 bytes");
+                d::MAX_BODY
+            }
+        }
     }
 
     /// `not_modified_cost`: what a `304` is settled to, `cost` unless
