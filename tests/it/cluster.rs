@@ -258,12 +258,13 @@ impl Tally {
     }
 }
 
-/// Spends on `endpoint` back to back until `stop`, counting; after an
+/// Spends on `endpoint` every `pace` until `stop`, counting; after an
 /// error it waits 20 ms (as a worker would not hammer a failing Redis).
 /// Returns when the first spend after `kill` was admitted, if one was.
 fn spender(
     limiter: Limiter,
     endpoint: String,
+    pace: Duration,
     tally: Arc<Tally>,
     stop: Arc<AtomicBool>,
     killed_at: Arc<std::sync::Mutex<Option<Instant>>>,
@@ -280,7 +281,7 @@ fn spender(
             if r.is_err() {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             } else {
-                tokio::time::sleep(Duration::from_millis(2)).await;
+                tokio::time::sleep(pace).await;
             }
         }
         resumed
@@ -305,15 +306,32 @@ async fn failover_run(
     let tally = Arc::new(Tally::default());
     let stop = Arc::new(AtomicBool::new(false));
     let killed_at = Arc::new(std::sync::Mutex::new(None));
+    // Paced so that the window is still far from full when the replica is
+    // cut off: the demonstration needs the master to admit spends its
+    // replica never sees. Back to back (2 ms apart) the 40 units were gone
+    // within ~100 ms, before the cut, and both failover tests proved nothing
+    // (0 unacknowledged with WAIT, a loss of 0-2 without it; CI failed them).
     let task = spender(
         limiter.clone(),
         credential.to_owned(),
+        FAILOVER_PACE,
         tally.clone(),
         stop.clone(),
         killed_at.clone(),
     );
-    // Some spends replicated normally first.
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    // A few spends replicated normally first.
+    let replicated_first = Instant::now();
+    while Tally::get(&tally.admitted) < 5 {
+        assert!(
+            replicated_first.elapsed() < Duration::from_secs(20),
+            "no spend admitted before the failover"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(
+        Tally::get(&tally.admitted) < LIMIT / 2,
+        "the window is half full before the replica is cut off: the run would prove nothing"
+    );
     if stall_replica {
         // A partition between master and replica: the replica hangs and the
         // master drops its replication link, so what the master writes from
@@ -387,6 +405,7 @@ async fn a_killed_master_fails_over_and_spends_resume_without_a_restart() {
     let on_victim = spender(
         limiter.clone(),
         victim.into(),
+        Duration::from_millis(2),
         victim_tally.clone(),
         stop.clone(),
         killed_at.clone(),
@@ -394,6 +413,7 @@ async fn a_killed_master_fails_over_and_spends_resume_without_a_restart() {
     let on_other = spender(
         limiter.clone(),
         other.clone(),
+        Duration::from_millis(2),
         other_tally.clone(),
         stop.clone(),
         killed_at.clone(),
@@ -451,6 +471,10 @@ async fn a_killed_master_fails_over_and_spends_resume_without_a_restart() {
 
 /// The window of each failover run's credential.
 const LIMIT: u64 = 40;
+
+/// How often a failover run's spender spends: its 40 units last ~1 s (more
+/// on a loaded machine), as long as the replica is cut off.
+const FAILOVER_PACE: Duration = Duration::from_millis(25);
 
 /// A 3-master cluster with a replica each, and a limiter on it for three
 /// credentials of [`LIMIT`] units (fail-closed, 1 s timeout) that waits
