@@ -71,6 +71,15 @@ enum Command {
     },
     /// Run the scheduler and workers in the foreground (systemd Type=notify)
     Run,
+    /// Reload a running daemon's config (SIGHUP) and wait until it has: systemd's ExecReload=
+    Reload {
+        /// The daemon's process id (systemd: $MAINPID)
+        #[arg(long)]
+        pid: u32,
+        /// How long to wait for the daemon to say it reloaded
+        #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+        timeout: std::time::Duration,
+    },
     /// Enqueue one tick of a job now
     Trigger {
         /// Job name
@@ -156,6 +165,7 @@ fn main() -> ExitCode {
         | Command::Quota { .. }
         | Command::Keys { .. }
         | Command::Search { .. }
+        | Command::Reload { .. }
         | Command::Check => "warn",
         _ => "info",
     };
@@ -204,6 +214,7 @@ async fn dispatch(command: Command, config: Config) -> Exit {
             json,
         } => cli::search::run(&config, &job, &query, limit, json).await,
         Command::Run => cli::run::run(config).await,
+        Command::Reload { pid, timeout } => cli::reload::run(&config, pid, timeout).await,
         Command::Trigger { job, wait } => cli::trigger::run(&config, &job, wait).await,
         Command::Demo { for_, out } => {
             let out = out.unwrap_or_else(|| {

@@ -5,6 +5,7 @@ pub mod check;
 pub mod demo;
 pub mod keys;
 pub mod quota;
+pub mod reload;
 pub mod run;
 pub mod search;
 pub mod settle;

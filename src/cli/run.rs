@@ -31,6 +31,29 @@ pub(crate) fn shutdown_signal() -> impl Future<Output = ()> + Send {
     }
 }
 
+/// Counts SIGHUPs: each is a request to reload the config (the daemon's
+/// `reload`). Installed when this is called, like [`shutdown_signal`]: a
+/// SIGHUP while the daemon still starts is a reload once it runs, not the
+/// default action's death by signal.
+pub(crate) fn reload_signal() -> tokio::sync::watch::Receiver<u64> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (tx, rx) = tokio::sync::watch::channel(0u64);
+    match signal(SignalKind::hangup()) {
+        Ok(mut hup) => {
+            tokio::spawn(async move {
+                while hup.recv().await.is_some() {
+                    tracing::info!("SIGHUP received");
+                    tx.send_modify(|n| *n += 1);
+                }
+            });
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot handle SIGHUP: the config cannot be reloaded without a restart")
+        }
+    }
+    rx
+}
+
 /// Maps a daemon error to an exit code, logging it: through the log, so that
 /// with `--log-format json` the one line that says why the daemon stopped is
 /// JSON like every other line a log shipper reads.
@@ -62,7 +85,7 @@ pub(crate) fn daemon_error(e: &DaemonError) -> Exit {
 }
 
 /// Logs what making sure of each postgres sink's table did.
-fn log_tables(tables: &[(String, crate::sink::TableState)]) {
+pub(crate) fn log_tables(tables: &[(String, crate::sink::TableState)]) {
     use crate::sink::TableState;
     for (what, state) in tables {
         match state {
@@ -80,6 +103,8 @@ fn log_tables(tables: &[(String, crate::sink::TableState)]) {
 
 /// Runs the command.
 pub async fn run(config: Config) -> Exit {
+    // First: a SIGHUP from here on reloads, never kills.
+    let reload = reload_signal();
     let secrets = match config.secrets() {
         Ok(s) => s,
         Err(errors) => {
@@ -103,7 +128,10 @@ pub async fn run(config: Config) -> Exit {
         tracing::warn!(dir = %spool.display(), error = %e,
             "the spool directory cannot be written: a page a sink cannot take will be fetched again once it can");
     }
-    let opts = RunOptions::default();
+    let opts = RunOptions {
+        reload: Some(reload),
+        ..RunOptions::default()
+    };
     match daemon::run(Arc::new(config), Arc::new(secrets), opts, shutdown_signal()).await {
         Ok(()) => Exit::Ok,
         Err(e) => daemon_error(&e),

@@ -8,6 +8,7 @@
 mod announce;
 mod drain;
 mod feeder;
+pub mod reload;
 mod supervisor;
 
 use std::future::Future;
@@ -32,7 +33,7 @@ use crate::quota::{Limiter, QuotaConn, QuotaTarget, Quotas};
 use crate::schedule::Scheduler;
 use crate::sink::Sinks;
 use crate::stats::Stats;
-use crate::worker::{LocalBlocks, Worker};
+use crate::worker::Worker;
 
 /// Why the daemon could not run.
 #[derive(Debug, thiserror::Error)]
@@ -113,6 +114,9 @@ pub struct RunOptions {
     pub ready: Option<watch::Sender<bool>>,
     /// Where the metrics endpoint listens, once it does.
     pub metrics_addr: Option<watch::Sender<Option<std::net::SocketAddr>>>,
+    /// Reload requests (the CLI counts SIGHUPs here): each change reloads
+    /// the config from its file (`reload`). `None`: never reloads.
+    pub reload: Option<watch::Receiver<u64>>,
     /// Test hooks: see [`Hooks`]. Default: none.
     #[doc(hidden)]
     pub hooks: Hooks,
@@ -169,7 +173,8 @@ async fn connect_with_retry(
 /// The parts of a running daemon that its loops share.
 struct Parts {
     queue: Queue,
-    worker: Arc<Worker>,
+    /// What a reload replaces, for whoever reads it.
+    live: reload::Senders,
     /// What the metrics endpoint and the notifier read.
     ops: OpsState,
 }
@@ -206,22 +211,30 @@ impl Parts {
             sinks: Sinks::for_config(config),
             stats: shared.stats.clone(),
             events: shared.events.clone(),
-            local_blocks: LocalBlocks::default(),
+            local_blocks: Arc::default(),
             unanswered: Default::default(),
             skip_spend: opts.hooks.skip_spend,
             panic_after_spend: opts.hooks.panic_after_spend.clone(),
         });
-        let ops = OpsState {
+        let (ops_live, ops_rx) = watch::channel(ops::Live {
+            config: config.clone(),
             limiter,
+        });
+        let live = reload::Senders {
+            config: watch::Sender::new(config.clone()),
+            worker: watch::Sender::new(worker),
+            ops: ops_live,
+        };
+        let ops = OpsState {
+            live: ops_rx,
             queue: queue.clone(),
             health: shared.health.clone(),
             stats: shared.stats.clone(),
             unsafe_eviction: config.redis.unsafe_eviction,
             gauge_reads: Arc::default(),
-            config: config.clone(),
             status_reads: Arc::default(),
         };
-        Ok(Parts { queue, worker, ops })
+        Ok(Parts { queue, live, ops })
     }
 }
 
@@ -236,7 +249,6 @@ struct Loops {
 impl Loops {
     fn spawn(
         config: &Arc<Config>,
-        live: &watch::Receiver<Arc<Config>>,
         parts: &Parts,
         hooks: &Hooks,
         stop: &watch::Receiver<bool>,
@@ -248,7 +260,7 @@ impl Loops {
             parts.queue.keys().clone(),
             announce::daemon_id(&host),
             host,
-            live.clone(),
+            parts.live.config.subscribe(),
             stop.clone(),
         ));
         let scheduler = if hooks.wedge_scheduler {
@@ -262,7 +274,7 @@ impl Loops {
                     who,
                     stop: stop.clone(),
                 }
-                .run(config.clone()),
+                .run(parts.live.config.subscribe()),
             )
         };
         let feeder = tokio::spawn(feeder::run(
@@ -274,7 +286,7 @@ impl Loops {
         let workers = tokio::spawn(supervisor::run(
             config.clone(),
             parts.queue.clone(),
-            parts.worker.clone(),
+            parts.live.worker.subscribe(),
             health,
             stop.clone(),
         ));
@@ -487,15 +499,24 @@ async fn run_on(
             let _ = tx.send(Some(bound));
         }
     }
-    let (_live_tx, live) = watch::channel(config.clone());
-    let loops = Loops::spawn(&config, &live, &parts, &opts.hooks, &stop_rx);
+    let loops = Loops::spawn(&config, &parts, &opts.hooks, &stop_rx);
     if let Some(ready) = &opts.ready {
         let _ = ready.send(true);
     }
     let notifier = opts.hooks.notify.clone().unwrap_or_else(Notifier::from_env);
     notifier.ready();
     let concurrency = config.worker.concurrency.get();
-    let notify = tokio::spawn(notifier.clone().run(parts.ops, concurrency, stop_rx));
+    let notify = tokio::spawn(
+        notifier
+            .clone()
+            .run(parts.ops, concurrency, stop_rx.clone()),
+    );
+    let reloads = tokio::spawn(reload::run(
+        parts.live,
+        notifier.clone(),
+        opts.reload.clone(),
+        stop_rx,
+    ));
 
     shutdown.await;
     notifier.stopping();
@@ -506,5 +527,6 @@ async fn run_on(
     let _ = stop_tx.send(true);
     let _ = notify.await;
     loops.join(&config, &opts.shared.stats).await;
+    let _ = reloads.await;
     Ok(())
 }

@@ -36,7 +36,7 @@ pub(super) enum Stopped {
 pub(super) async fn run(
     config: Arc<Config>,
     queue: Queue,
-    worker: Arc<Worker>,
+    worker: watch::Receiver<Arc<Worker>>,
     health: Arc<Health>,
     mut stop: watch::Receiver<bool>,
 ) -> Stopped {
@@ -116,8 +116,14 @@ pub(super) async fn run(
     }
 }
 
-async fn handle(task: TaskArgs, worker: Data<Arc<Worker>>) -> Result<(), BoxDynError> {
-    let w: Arc<Worker> = (*worker).clone();
+/// Runs one task on the worker in force when it starts: the task keeps
+/// that worker (and its config) to its end, whatever a reload sends
+/// meanwhile.
+async fn handle(
+    task: TaskArgs,
+    worker: Data<watch::Receiver<Arc<Worker>>>,
+) -> Result<(), BoxDynError> {
+    let w: Arc<Worker> = worker.borrow().clone();
     // Detached: if the apalis worker dies on a Redis error, the page in hand
     // still finishes (sink written, checkpoint saved) instead of being
     // dropped between spend and save.

@@ -110,7 +110,8 @@ async fn queue_problems(s: &OpsState) -> (Option<String>, Option<String>) {
 /// that says the cluster is down, or one that may evict keys. Named
 /// "quota" and by host:port only: the nodes' URLs may hold a password.
 async fn quota_problems(s: &OpsState) -> (Option<String>, Option<String>) {
-    let conn = s.limiter.connection();
+    let limiter = s.live().limiter;
+    let conn = limiter.connection();
     if let QuotaConn::Standalone(_) = conn {
         // The queue's Redis: its probe is the quota's.
         return (None, None);

@@ -139,6 +139,9 @@ fn describe() {
 /// no `increase()`, so an alert on the first failed task after a start
 /// would never fire (contrib/prometheus/alerts.yml).
 pub(crate) fn zero_counters(config: &Config) {
+    for result in ["applied", "refused"] {
+        metrics::counter!("qw_config_reloads_total", "result" => result).increment(0);
+    }
     for job in config.jobs.keys() {
         for kind in OutcomeKind::ALL {
             metrics::counter!("qw_tasks_total", "qw_job" => job.clone(), "outcome" => kind.as_str())
@@ -171,8 +174,9 @@ pub(super) async fn metrics(State(s): State<OpsState>) -> impl IntoResponse {
 /// gauges keep their last values and `qw_redis_up` says 0.
 async fn refresh_gauges(s: &OpsState) {
     let depth = bounded("metrics: the queue depth", s.queue.depth());
+    let limiter = s.live().limiter;
     let (usages, depth, (problems, _)) =
-        tokio::join!(peek_all(&s.limiter), depth, super::health::readiness(s));
+        tokio::join!(peek_all(&limiter), depth, super::health::readiness(s));
     metrics::gauge!("qw_ready").set(if problems.is_empty() { 1.0 } else { 0.0 });
     let mut up = depth.is_some();
     for (name, usage) in usages {

@@ -31,7 +31,7 @@ use tracing::{info, warn};
 pub use health::Health;
 pub use health::STALE_AFTER;
 pub use listener::{HEAD_TIMEOUT, MAX_CONNECTIONS};
-pub(crate) use metrics::{GaugeReads, recorder};
+pub(crate) use metrics::{GaugeReads, recorder, zero_counters};
 pub use notify::Notifier;
 pub(crate) use status::StatusReads;
 
@@ -39,11 +39,21 @@ use crate::queue::Queue;
 use crate::quota::{CredentialUsage, Limiter};
 use crate::stats::Stats;
 
+/// What a reload replaces ([`crate::daemon`]): the config, and the limiter
+/// over its windows. Each read takes the one in force then.
+#[derive(Clone)]
+pub(crate) struct Live {
+    /// The jobs and endpoints the status page lists.
+    pub(crate) config: Arc<crate::config::Config>,
+    /// For window gauges and the readiness ping.
+    pub(crate) limiter: Limiter,
+}
+
 /// What the HTTP endpoints and the `STATUS=` line read.
 #[derive(Clone)]
 pub(crate) struct OpsState {
-    /// For window gauges and the readiness ping.
-    pub(crate) limiter: Limiter,
+    /// The config and limiter in force: a reload sends new ones.
+    pub(crate) live: watch::Receiver<Live>,
     /// For queue depth.
     pub(crate) queue: Queue,
     /// Loop liveness.
@@ -54,10 +64,15 @@ pub(crate) struct OpsState {
     pub(crate) unsafe_eviction: crate::config::UnsafeEviction,
     /// When `/metrics` last read its gauges from Redis.
     pub(crate) gauge_reads: Arc<GaugeReads>,
-    /// The jobs and endpoints the status page lists.
-    pub(crate) config: Arc<crate::config::Config>,
     /// When the status page last read Redis, and what it read.
     pub(crate) status_reads: Arc<StatusReads>,
+}
+
+impl OpsState {
+    /// The config and limiter in force now.
+    pub(crate) fn live(&self) -> Live {
+        self.live.borrow().clone()
+    }
 }
 
 /// Takes the metrics address, before anything else starts: an address this
@@ -92,7 +107,7 @@ pub(crate) fn serve(
 ) -> std::io::Result<SocketAddr> {
     let addr = listener.local_addr()?;
     recorder();
-    metrics::zero_counters(&state.config);
+    metrics::zero_counters(&state.live().config);
     let app = Router::new()
         .route("/metrics", get(metrics::metrics))
         .route("/healthz", get(|| async { "ok\n" }))

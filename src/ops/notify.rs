@@ -49,7 +49,14 @@ impl Notifier {
 
     /// Sends one message; systemd not listening is not an error of ours.
     fn send(&self, state: NotifyState<'_>) {
+        self.send_all(&[state]);
+    }
+
+    /// Sends `states` in one message (one datagram): systemd reads
+    /// `RELOADING=1` and its `MONOTONIC_USEC=` together.
+    fn send_all(&self, states: &[NotifyState<'_>]) {
         let Some(socket) = &self.socket else { return };
+        let message: String = states.iter().map(|s| format!("{s}\n")).collect();
         let sent = (|| {
             let sock = UnixDatagram::unbound()?;
             // `@name` is an abstract socket (sd_notify(3)).
@@ -57,7 +64,7 @@ impl Notifier {
                 Some(name) => SocketAddr::from_abstract_name(name)?,
                 None => SocketAddr::from_pathname(socket)?,
             };
-            sock.send_to_addr(format!("{state}\n").as_bytes(), &addr)
+            sock.send_to_addr(message.as_bytes(), &addr)
         })();
         if let Err(e) = sent {
             tracing::debug!(error = %e, "cannot notify systemd");
@@ -67,6 +74,15 @@ impl Notifier {
     /// `READY=1`: Redis answers and the worker runs.
     pub(crate) fn ready(&self) {
         self.send(NotifyState::Ready);
+    }
+
+    /// `RELOADING=1` with `MONOTONIC_USEC=` (systemd's notify-reload
+    /// protocol, systemd.service(5)): a reload begins; [`Notifier::ready`]
+    /// ends it, whatever it came to.
+    pub(crate) fn reloading(&self) {
+        let mut states = vec![NotifyState::Reloading];
+        states.extend(NotifyState::monotonic_usec_now().ok());
+        self.send_all(&states);
     }
 
     /// `STOPPING=1`.
@@ -136,7 +152,7 @@ async fn status_line(state: &OpsState, concurrency: usize) -> String {
         "{concurrency} workers, {} in flight",
         Stats::get(&state.stats.in_flight)
     )];
-    for (name, usage) in peek_all(&state.limiter).await {
+    for (name, usage) in peek_all(&state.live().limiter).await {
         match usage.as_ref().and_then(|u| Some((u, u.windows.first()?))) {
             Some((u, w)) => {
                 let blocked = if u.blocked_for.is_zero() {

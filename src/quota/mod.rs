@@ -785,6 +785,16 @@ impl Limiter {
         self
     }
 
+    /// This limiter with other plans (a reloaded config's windows and
+    /// costs), on the same connection.
+    #[must_use]
+    pub fn with_quotas(&self, quotas: Arc<Quotas>) -> Self {
+        Limiter {
+            quotas,
+            ..self.clone()
+        }
+    }
+
     /// The plans.
     pub fn quotas(&self) -> &Quotas {
         &self.quotas

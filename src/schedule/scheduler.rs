@@ -3,12 +3,21 @@
 //! once (its first chunk, [`Queue::fan_out_chunk`]), so exactly one fans it
 //! out; a fan-out whose daemon died part-way is finished by another (or by
 //! the same one restarted) once its lease runs out ([`Scheduler::resume`]).
+//!
+//! The config comes through a watch channel: a reload sends a new one. Each
+//! job's loop reads its job again at every wake (at least once a second),
+//! so a changed schedule, time zone or fan-out applies from its next tick,
+//! and a job removed (or made manual) stops its loop; a tick being fanned
+//! out when the reload lands is fanned out as it began. A job added gets a
+//! loop of its own from [`Scheduler::run`].
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tracing::{debug, error, info, warn};
 
 use super::source::SourceError;
@@ -32,42 +41,65 @@ pub(crate) struct Scheduler {
 }
 
 impl Scheduler {
-    /// Runs one loop per job until `stop`. Only the next tick after now is
-    /// ever fired: a daemon that was down does not replay the ticks it missed.
-    pub(crate) async fn run(self, config: Arc<Config>) {
-        // A manual job never fires by itself: `trigger` runs it.
-        let mut loops: Vec<_> = (config.jobs.values())
-            .filter(|job| !job.schedule.is_manual())
-            .map(|job| tokio::spawn(self.clone().job_loop(job.clone())))
-            .collect();
-        if !loops.is_empty() {
-            loops.push(tokio::spawn(self.clone().resume(config.clone())));
-        }
-        if loops.is_empty() {
-            // No jobs: stay alive for the watchdog, as a pure worker.
-            let mut stop = self.stop.clone();
-            loop {
-                Health::beat(&self.health.scheduler);
-                tokio::select! {
-                    _ = stop.wait_for(|s| *s) => return,
-                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+    /// Runs one loop per job with a schedule (a manual job never fires by
+    /// itself: `trigger` runs it) until `stop`, starting one for each job
+    /// a reload adds. Only the next tick after now is ever fired: a daemon
+    /// that was down does not replay the ticks it missed. With no such job
+    /// this loop still beats, for the watchdog, as a pure worker.
+    pub(crate) async fn run(self, mut config: watch::Receiver<Arc<Config>>) {
+        let mut loops: HashMap<String, JoinHandle<()>> = HashMap::new();
+        let resume = tokio::spawn(self.clone().resume(config.clone()));
+        let mut stop = self.stop.clone();
+        loop {
+            let current = config.borrow_and_update().clone();
+            loops.retain(|_, l| !l.is_finished());
+            for job in (current.jobs.values()).filter(|j| !j.schedule.is_manual()) {
+                if !loops.contains_key(&job.name) {
+                    let l = tokio::spawn(self.clone().job_loop(job.name.clone(), config.clone()));
+                    loops.insert(job.name.clone(), l);
                 }
             }
+            Health::beat(&self.health.scheduler);
+            tokio::select! {
+                _ = stop.wait_for(|s| *s) => break,
+                r = config.changed() => if r.is_err() { break },
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
         }
-        for l in loops {
+        for (_, l) in loops {
             let _ = l.await;
         }
+        let _ = resume.await;
     }
 
-    async fn job_loop(mut self, job: Job) {
+    /// Fires job `name`'s ticks, reading the job from the config in force
+    /// at every wake; returns once the job is gone (removed by a reload, or
+    /// made manual), has no future fire time, or on `stop`.
+    async fn job_loop(mut self, name: String, mut config: watch::Receiver<Arc<Config>>) {
+        let mut job = match config.borrow_and_update().jobs.get(&name) {
+            Some(j) => j.clone(),
+            None => return,
+        };
+        let mut next = next_fires(&job, Utc::now(), 1).pop();
         loop {
             Health::beat(&self.health.scheduler);
-            let Some(next) = next_fires(&job, Utc::now(), 1).pop() else {
+            if config.has_changed().unwrap_or(false) {
+                match config.borrow_and_update().jobs.get(&name) {
+                    Some(j) if !j.schedule.is_manual() => job = j.clone(),
+                    _ => {
+                        info!(job = %name, "the job is no longer scheduled here (reloaded): its loop ends");
+                        return;
+                    }
+                }
+                next = next_fires(&job, Utc::now(), 1).pop();
+            }
+            let Some(at) = next else {
                 info!(job = %job.name, "schedule has no future fire time");
                 return;
             };
-            let wait = (next - Utc::now()).to_std().unwrap_or(Duration::ZERO);
-            // Wake at least every second, so the watchdog sees the loop alive.
+            let wait = (at - Utc::now()).to_std().unwrap_or(Duration::ZERO);
+            // Wake at least every second, so the watchdog sees the loop
+            // alive and a reload is seen within a second.
             let nap = wait.min(Duration::from_secs(1));
             tokio::select! {
                 _ = self.stop.wait_for(|s| *s) => return,
@@ -76,9 +108,10 @@ impl Scheduler {
             if nap < wait {
                 continue;
             }
-            if !self.fan_out(&job, next.timestamp_millis()).await {
+            if !self.fan_out(&job, at.timestamp_millis()).await {
                 return;
             }
+            next = next_fires(&job, Utc::now(), 1).pop();
         }
     }
 
@@ -161,7 +194,7 @@ impl Scheduler {
     /// [`RESUME_EVERY`], each one whose lease ran out is taken over and
     /// queued on from where it stopped, with the source as it reads now.
     /// `trigger`'s own fan-outs are left to `trigger` run again.
-    async fn resume(mut self, config: Arc<Config>) {
+    async fn resume(mut self, config: watch::Receiver<Arc<Config>>) {
         loop {
             tokio::select! {
                 _ = self.stop.wait_for(|s| *s) => return,
@@ -173,6 +206,7 @@ impl Scheduler {
             ) else {
                 continue;
             };
+            let config = config.borrow().clone();
             for (name, tick, lease_end) in list {
                 let Some(job) = config.jobs.get(&name).filter(|_| lease_end <= now) else {
                     continue;

@@ -274,6 +274,20 @@ impl Sinks {
         sinks
     }
 
+    /// These sinks for a reloaded `config`: its jobs' spooled pages written
+    /// with their new sinks (a spool of its own over the same directory:
+    /// the old one, still held by tasks that began before the reload,
+    /// finishes its pages, and both take a page's file lock before writing
+    /// it), new PostgreSQL pools (a sink's server or password may have
+    /// changed); the SQLite connections (one per database file) and the
+    /// jobs known to be stuck are shared with these.
+    pub fn reloaded(&self, config: &Config) -> Self {
+        let mut sinks = Sinks::for_config(config);
+        sinks.dbs = self.dbs.clone();
+        sinks.stuck = self.stuck.clone();
+        sinks
+    }
+
     /// The file `job`'s records of `item` fetched on `date` (UTC) go to.
     pub fn path(&self, job: &Job, item: &Item, date: NaiveDate) -> PathBuf {
         self.base_dir.join(render_path(job, item, date))

@@ -120,8 +120,8 @@ pub(crate) struct Worker {
     /// Where every outcome is also sent (the demo's live view), if anywhere.
     pub(crate) events: Option<tokio::sync::broadcast::Sender<OutcomeEvent>>,
     /// Credentials this daemon holds blocked itself, because recording the
-    /// upstream's block in Redis failed.
-    pub(crate) local_blocks: LocalBlocks,
+    /// upstream's block in Redis failed (kept across reloads).
+    pub(crate) local_blocks: Arc<LocalBlocks>,
     /// Units spent per credential whose requests are not answered yet: a
     /// resync to the upstream's count leaves room for them.
     pub(crate) unanswered: Arc<Unanswered>,
@@ -173,6 +173,33 @@ pub(crate) enum Ran {
 impl Worker {
     fn keys(&self) -> &KeySpace {
         self.queue.keys()
+    }
+
+    /// This worker for a reloaded `config` with its `secrets`: what the
+    /// config decides (windows and costs, requests, sinks) is new; what
+    /// this process holds across configs (the queue and its connection,
+    /// counters, credentials it holds blocked, units in flight) is shared.
+    /// Tasks that began before keep the worker they began with.
+    pub(crate) fn reloaded(
+        &self,
+        config: Arc<Config>,
+        secrets: Secrets,
+    ) -> Result<Self, reqwest::Error> {
+        let quotas = Arc::new(crate::quota::Quotas::new(&config));
+        Ok(Worker {
+            fetcher: Fetcher::new(&secrets)?,
+            secrets: Arc::new(secrets),
+            limiter: self.limiter.with_quotas(quotas),
+            queue: self.queue.clone(),
+            conn: self.conn.clone(),
+            sinks: self.sinks.reloaded(&config),
+            stats: self.stats.clone(),
+            events: self.events.clone(),
+            local_blocks: self.local_blocks.clone(),
+            unanswered: self.unanswered.clone(),
+            skip_spend: self.skip_spend,
+            config,
+        })
     }
 
     /// Runs one task: claims its item, runs its pages while holding it,

@@ -88,6 +88,7 @@ mod logs;
 mod manual_jobs;
 mod metrics;
 mod notify;
+mod reload;
 mod secret_spellings;
 mod secrets;
 mod status_page;

@@ -295,3 +295,79 @@ fn embedded_redis_does_not_inherit_notify_socket() {
         );
     }
 }
+
+/// systemd's notify-reload protocol (systemd.service(5)): on SIGHUP,
+/// `RELOADING=1` with `MONOTONIC_USEC=` (CLOCK_MONOTONIC) in one message,
+/// then `READY=1` once the reload is done — whether the config was applied
+/// or refused, so `systemctl reload` never hangs on a bad file.
+#[test]
+fn a_reload_says_reloading_with_monotonic_usec_then_ready_applied_or_refused() {
+    let redis = RedisServer::start();
+    let state = tempfile::tempdir().expect("tempdir");
+    let cfg = config(Some(&redis.url()), &state.path().display().to_string());
+    let notify = NotifySocket::bind();
+    let started = Instant::now();
+    let mut d = daemon(&cfg, &notify, &[]);
+    assert!(
+        notify
+            .wait_for("READY=1", 1, Duration::from_secs(20))
+            .is_some(),
+        "{}",
+        notify.dump(started)
+    );
+    let monotonic_now = || {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes the timespec it is given.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1_000
+    };
+
+    for (round, ready_count) in [(1, 2), (2, 3)] {
+        if round == 2 {
+            // A file that does not parse: refused, READY=1 all the same.
+            std::fs::write(cfg.path(), "this is not toml = = =").expect("write");
+        }
+        let before = monotonic_now();
+        d.signal(libc::SIGHUP);
+        let reloading = notify
+            .wait_for("RELOADING=1", round, Duration::from_secs(20))
+            .unwrap_or_else(|| panic!("no RELOADING=1:\n{}", notify.dump(started)));
+        assert!(
+            notify
+                .wait_for("READY=1", ready_count, Duration::from_secs(20))
+                .is_some(),
+            "no READY=1 after the reload:\n{}",
+            notify.dump(started)
+        );
+        let after = monotonic_now();
+        let notices = notify.notices();
+        // In the same datagram as RELOADING=1 (it arrived at the same instant).
+        let usec: Vec<u64> = (notices.iter())
+            .filter(|n| n.at == reloading)
+            .filter_map(|n| n.line.strip_prefix("MONOTONIC_USEC="))
+            .filter_map(|v| v.parse().ok())
+            .collect();
+        assert_eq!(usec.len(), 1, "{}", notify.dump(started));
+        assert!(
+            (before..=after).contains(&usec[0]),
+            "MONOTONIC_USEC={} outside [{before}, {after}]",
+            usec[0]
+        );
+        let lines: Vec<&str> = notices.iter().map(|n| n.line.as_str()).collect();
+        let reload_ix = (lines.iter())
+            .enumerate()
+            .filter(|(_, l)| **l == "RELOADING=1")
+            .map(|(i, _)| i)
+            .nth(round - 1)
+            .expect("RELOADING=1");
+        assert!(
+            lines[reload_ix..].contains(&"READY=1"),
+            "READY=1 after RELOADING=1:\n{}",
+            notify.dump(started)
+        );
+    }
+    assert!(d.running(), "{}", d.log());
+}

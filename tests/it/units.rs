@@ -138,6 +138,14 @@ fn unit_files_agree_with_the_daemon_and_the_shipped_config() {
             format!("/usr/local/bin/quota-worker run -c {etc}/config/quota-worker.toml"),
             "{unit}"
         );
+        // ExecReload reloads that config in the running daemon, and waits.
+        assert_eq!(
+            one(&s, "ExecReload"),
+            format!(
+                "/usr/local/bin/quota-worker reload --pid $MAINPID -c {etc}/config/quota-worker.toml"
+            ),
+            "{unit}"
+        );
         let conf_dir = one(&s, "ConfigurationDirectory");
         assert_eq!(format!("/etc/{conf_dir}"), etc, "{unit}");
         assert!(one(&s, "StateDirectory").starts_with("quota-worker"));

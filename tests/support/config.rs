@@ -694,9 +694,23 @@ impl TestConfig {
     }
 
     /// Writes `config`'s files over this directory's, as an operator edits
-    /// them between two runs; the secrets' environment becomes `config`'s.
+    /// them between two runs (or before a reload): job files of jobs it does
+    /// not have are removed; the secrets' environment becomes `config`'s.
     pub fn rewrite(&mut self, config: &ConfigBuilder) {
         std::fs::write(self.path(), config.render()).expect("write config");
+        let keep: Vec<String> = (config.jobs.iter())
+            .map(|j| format!("{}.toml", j.name))
+            .collect();
+        for entry in std::fs::read_dir(self.join("jobs"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.ends_with(".toml") && !keep.contains(&name) {
+                std::fs::remove_file(entry.path()).expect("remove job file");
+            }
+        }
         if !config.jobs.is_empty() {
             std::fs::create_dir_all(self.join("jobs")).expect("mkdir jobs");
         }

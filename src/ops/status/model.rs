@@ -8,15 +8,18 @@ use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use futures::future::join_all;
+use redis::aio::ConnectionManager;
 use serde::Serialize;
 
 use super::super::{OpsState, bounded, peek_all};
 use super::read;
-use crate::config::{Job, Scope, WindowKind};
+use crate::config::{Config, Job, Scope, WindowKind};
+use crate::keys::KeySpace;
 use crate::outcome::{DEFERRED, OutcomeKind, RETRYING};
 use crate::queue::scripts::finish::{LastError, TickRecord};
 use crate::quota::{BlockNote, ring};
-use crate::quota::{CredentialUsage, WindowUsage};
+use crate::quota::{CredentialUsage, Limiter, WindowUsage};
+use crate::schedule::StarvedItems;
 
 /// Slots in the last hour of the spend history.
 const HOUR_SLOTS: usize = 12;
@@ -245,40 +248,56 @@ fn starved_list(s: crate::schedule::StarvedItems) -> Option<Vec<Starved>> {
     })
 }
 
+/// A job's last ticks and its last error, as read.
+type JobRead = Option<(Vec<TickRecord>, Option<LastError>)>;
+
+/// Each job's last ticks and error, and its starved items, as read (each
+/// `None` when it could not be read within the budget).
+async fn read_jobs(
+    conn: &ConnectionManager,
+    keys: &KeySpace,
+    jobs: &[&Job],
+) -> Vec<(JobRead, Option<StarvedItems>)> {
+    join_all(jobs.iter().map(|j| {
+        let mut conn = conn.clone();
+        async move {
+            let record = bounded(
+                "status page: a job's ticks",
+                read::read_job(&mut conn, keys, &j.name),
+            )
+            .await;
+            let starved = bounded(
+                "status page: a job's starved items",
+                read::starved_items(&mut conn, keys, &j.name, STARVED_SHOWN),
+            )
+            .await;
+            (record, starved)
+        }
+    }))
+    .await
+}
+
 /// Reads everything the page shows, each read within the budget; what
-/// could not be read is shown as such (`redis_up` false).
+/// could not be read is shown as such (`redis_up` false). One config and
+/// limiter serve the whole page, even across a reload.
 pub(crate) async fn gather(s: &OpsState) -> Status {
     let keys = s.queue.keys();
     let conn = s.queue.connection();
-    let jobs: Vec<&Job> = s.config.jobs.values().collect();
+    let live = s.live();
+    let jobs: Vec<&Job> = live.config.jobs.values().collect();
     let (usages, depth, records) = tokio::join!(
-        peek_all(&s.limiter),
+        peek_all(&live.limiter),
         bounded("status page: the queue depth", s.queue.depth()),
-        join_all(jobs.iter().map(|j| {
-            let mut conn = conn.clone();
-            async move {
-                let record = bounded(
-                    "status page: a job's ticks",
-                    read::read_job(&mut conn, keys, &j.name),
-                )
-                .await;
-                let starved = bounded(
-                    "status page: a job's starved items",
-                    read::starved_items(&mut conn, keys, &j.name, STARVED_SHOWN),
-                )
-                .await;
-                (record, starved)
-            }
-        })),
+        read_jobs(&conn, keys, &jobs),
     );
     // The credentials as read: a template stands for its tenants found in
     // Redis (`ig[account=123]`), whose history and block reasons are
     // recorded on the tenant's name, so they are read after the windows.
     let names: Vec<String> = usages.iter().map(|(n, _)| n.clone()).collect();
-    let rings = rings_of(s, &names);
+    let rings = rings_of(&live.limiter, &names);
     let (spent, reasons) = tokio::join!(
         bounded("status page: the spend history", async {
-            read::read_rings(s.limiter.conn(), &rings).await
+            read::read_rings(live.limiter.conn(), &rings).await
         }),
         bounded("status page: the block reasons", async {
             read::read_block_notes(&mut conn.clone(), keys, &names).await
@@ -310,7 +329,7 @@ pub(crate) async fn gather(s: &OpsState) -> Status {
                 redis_up = false;
             }
             let (ticks, error) = record.unwrap_or_default();
-            let mut status = job_status(s, job, ticks, error);
+            let mut status = job_status(&live.config, job, ticks, error);
             status.starved = starved.and_then(starved_list);
             status
         })
@@ -330,10 +349,10 @@ pub(crate) async fn gather(s: &OpsState) -> Status {
 
 /// The spend history's rings of `credentials`, each once (the rings of a
 /// credential's scopes; endpoints of one scope share them).
-fn rings_of(s: &OpsState, credentials: &[String]) -> Vec<String> {
+fn rings_of(limiter: &Limiter, credentials: &[String]) -> Vec<String> {
     let mut rings: Vec<String> = Vec::new();
     for name in credentials {
-        if let Ok(plan) = s.limiter.quotas().plan_for(name) {
+        if let Ok(plan) = limiter.quotas().plan_for(name) {
             for r in &plan.rings {
                 if !rings.contains(r) {
                     rings.push(r.clone());
@@ -474,14 +493,13 @@ fn project(
 }
 
 fn job_status(
-    s: &OpsState,
+    config: &Config,
     job: &Job,
     ticks: Vec<TickRecord>,
     error: Option<LastError>,
 ) -> JobStatus {
     let ticks: Vec<TickStatus> = ticks.into_iter().map(tick_status).collect();
-    let credential = s
-        .config
+    let credential = config
         .endpoints
         .get(&job.endpoint)
         .map(|e| e.credential.clone())

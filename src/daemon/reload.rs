@@ -1,0 +1,365 @@
+//! Reloading the config on SIGHUP (`systemctl reload`), without a restart.
+//!
+//! A reload reads the config file and the job files again, as `run` read
+//! them at start, with the same checks (every error with file, line and
+//! field; the secrets; the sink directories; the postgres sink tables). A
+//! valid config replaces the old one for every tick and task that starts
+//! after it: the scheduler reads its jobs from it (new jobs fire, removed
+//! ones stop), each new task takes the worker in force when it starts
+//! (windows, costs, requests, sinks), the status page and metrics list it.
+//! Tasks in flight keep the worker, and so the config, they began with.
+//! An invalid one is refused: logged at ERROR, counted
+//! (`qw_config_reloads_total{result="refused"}`), the running config kept.
+//!
+//! Settings this process cannot change while it runs ([`restart_only`]:
+//! where Redis is and what its keys are called, the metrics address, the
+//! state directory, the worker pool's size and timers, the log format) are
+//! named in a WARN line, "needs a restart", and kept as they are.
+//!
+//! systemd hears about it through the notify protocol: `RELOADING=1` with
+//! `MONOTONIC_USEC` at the start, `READY=1` at the end, whatever the
+//! result. `quota-worker reload --pid PID` (the unit's `ExecReload=`)
+//! sends the signal and waits for the daemon's [`Record`] of it, written to
+//! `<state_dir>/reload/<pid>.json`: so `systemctl reload` returns once the
+//! reload is done, and fails when it was refused.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use tracing::{error, info, warn};
+
+use crate::config::{Config, Job, fmt_duration};
+use crate::ops::{self, Notifier};
+use crate::worker::Worker;
+
+/// What a reload replaces, sent to whoever reads it: the scheduler and the
+/// announcement (the config), the supervisor (the worker each new task
+/// takes), the HTTP endpoints (config and limiter).
+pub(super) struct Senders {
+    pub(super) config: watch::Sender<Arc<Config>>,
+    pub(super) worker: watch::Sender<Arc<Worker>>,
+    pub(super) ops: watch::Sender<ops::Live>,
+}
+
+/// What one reload came to, as the daemon writes it for `quota-worker
+/// reload` (and an operator) to read.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    /// Reloads this process has done, this one included (1 = the first).
+    pub seq: u64,
+    /// `"applied"` or `"refused"`.
+    pub result: String,
+    /// Why it was refused: each error, with file, line and field.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<String>,
+    /// Settings that changed and were not applied: they need a restart.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub needs_restart: Vec<String>,
+    /// Jobs the reload added.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub added: Vec<String>,
+    /// Jobs it removed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub removed: Vec<String>,
+    /// Jobs it changed (any field).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub changed: Vec<String>,
+    /// The fingerprint of the files in force after it.
+    pub fingerprint: String,
+}
+
+impl Record {
+    /// Whether the new config was applied.
+    pub fn applied(&self) -> bool {
+        self.result == "applied"
+    }
+}
+
+/// Where the daemon with `pid` writes what its last reload came to.
+pub fn record_path(state_dir: &Path, pid: u32) -> PathBuf {
+    state_dir.join("reload").join(format!("{pid}.json"))
+}
+
+/// Reloads once per request (a SIGHUP: `requests` counts them) until
+/// `stop`. Holds the senders to the end: the loops that read them take a
+/// closed channel for a stop.
+pub(super) async fn run(
+    senders: Senders,
+    notifier: Notifier,
+    requests: Option<watch::Receiver<u64>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let Some(mut requests) = requests else {
+        let _ = stop.wait_for(|s| *s).await;
+        return;
+    };
+    let state_dir = senders.config.borrow().state_dir.clone();
+    let mut seq = 0;
+    loop {
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => break,
+            r = requests.changed() => if r.is_err() { break },
+        }
+        requests.borrow_and_update();
+        seq += 1;
+        notifier.reloading();
+        let (record, asked) = reload(&senders, seq).await;
+        write_record(&state_dir, &record);
+        // `state_dir` changed in the files (it needs a restart): a
+        // `reload` that read them looks there.
+        if let Some(dir) = asked.filter(|d| *d != state_dir) {
+            write_record(&dir, &record);
+        }
+        notifier.ready();
+    }
+    let _ = std::fs::remove_file(record_path(&state_dir, std::process::id()));
+}
+
+/// One reload: read, check, apply (or refuse), and say so; with the state
+/// directory the new files ask for, when they could be read.
+async fn reload(senders: &Senders, seq: u64) -> (Record, Option<PathBuf>) {
+    let old = senders.config.borrow().clone();
+    let worker = senders.worker.borrow().clone();
+    info!(config = %old.path.display(), "reloading the configuration (SIGHUP)");
+    let (new, secrets) = match read(&old.path).await {
+        Ok(read) => read,
+        Err(errors) => return (refused(seq, errors, &old), None),
+    };
+    let asked = Some(new.state_dir.clone());
+    let (new, needs_restart) = keep_restart_only(&old, new);
+    for what in &needs_restart {
+        warn!(setting = %what, "configuration reload: this setting needs a restart; it is not applied");
+    }
+    let new = Arc::new(new);
+    let next = match worker.reloaded(new.clone(), secrets) {
+        Ok(w) => Arc::new(w),
+        Err(e) => {
+            let errors = vec![format!("cannot build the HTTP client: {e}")];
+            return (refused(seq, errors, &old), asked);
+        }
+    };
+    let (added, removed, changed) = job_changes(&old, &new);
+    // The worker first: a tick the scheduler fires under the new config
+    // finds workers that know its job (one that does not would give the
+    // task back, not lose it).
+    senders.worker.send_replace(next.clone());
+    senders.ops.send_replace(ops::Live {
+        config: new.clone(),
+        limiter: next.limiter.clone(),
+    });
+    ops::zero_counters(&new);
+    senders.config.send_replace(new.clone());
+    metrics::counter!("qw_config_reloads_total", "result" => "applied").increment(1);
+    info!(
+        jobs = new.jobs.len(),
+        added = %added.join(","),
+        removed = %removed.join(","),
+        changed = %changed.join(","),
+        needs_restart = needs_restart.len(),
+        "configuration reloaded: ticks and tasks that start from now on use it; tasks in flight finish under the one they began with"
+    );
+    let record = Record {
+        seq,
+        result: "applied".into(),
+        needs_restart,
+        added,
+        removed,
+        changed,
+        fingerprint: new.fingerprint.clone(),
+        ..Record::default()
+    };
+    (record, asked)
+}
+
+/// A refused reload: each error logged at ERROR, counted, and its record
+/// (the config in force stays `old`).
+fn refused(seq: u64, errors: Vec<String>, old: &Config) -> Record {
+    for e in &errors {
+        error!(error = %e, "configuration reload refused");
+    }
+    error!(
+        errors = errors.len(),
+        "configuration reload refused: the running configuration is kept"
+    );
+    metrics::counter!("qw_config_reloads_total", "result" => "refused").increment(1);
+    Record {
+        seq,
+        result: "refused".into(),
+        errors,
+        fingerprint: old.fingerprint.clone(),
+        ..Record::default()
+    }
+}
+
+/// Reads and checks the files as `run` does at start: the config and jobs,
+/// the secrets, the sink directories, the postgres sink tables (made where
+/// missing). `Err`: every error, as logged (file, line, field).
+async fn read(path: &Path) -> Result<(Config, crate::config::Secrets), Vec<String>> {
+    let strings = |e: crate::config::ConfigErrors| -> Vec<String> {
+        e.0.iter().map(ToString::to_string).collect()
+    };
+    let path = path.to_owned();
+    // The files are read off the runtime's threads: a slow disk or a
+    // `fan_out_from` source on a network mount must not stall the workers.
+    let loaded = tokio::task::spawn_blocking(move || {
+        let config = Config::load(&path)?;
+        let secrets = config.secrets()?;
+        crate::sink::check_dirs(&config)?;
+        Ok::<_, crate::config::ConfigErrors>((config, secrets))
+    })
+    .await
+    .map_err(|e| vec![format!("the reload's reader stopped: {e}")])?;
+    let (config, secrets) = loaded.map_err(strings)?;
+    let tables = crate::sink::check_tables(&config, true)
+        .await
+        .map_err(strings)?;
+    crate::cli::run::log_tables(&tables);
+    Ok((config, secrets))
+}
+
+/// Settings a running daemon cannot change: each holds a connection, a
+/// listening socket, a running pool or an installed subscriber. Named as
+/// the config writes them.
+fn restart_only(old: &Config, new: &Config) -> Vec<String> {
+    let (o, n) = (&old.redis, &new.redis);
+    let mut changed = Vec::new();
+    let mut check = |what: &str, differs: bool| {
+        if differs {
+            changed.push(what.to_owned());
+        }
+    };
+    check("[redis] url", o.url != n.url);
+    check("[redis] key_prefix", o.key_prefix != n.key_prefix);
+    check("[redis] timeout", o.timeout != n.timeout);
+    check(
+        "[redis] unsafe_eviction",
+        o.unsafe_eviction != n.unsafe_eviction,
+    );
+    check("[redis] quota_nodes", o.quota_nodes != n.quota_nodes);
+    check(
+        "[redis] quota_replicas",
+        o.quota_replicas != n.quota_replicas,
+    );
+    check("[metrics] listen", old.metrics.listen != new.metrics.listen);
+    check("state_dir", old.state_dir != new.state_dir);
+    let (o, n) = (&old.worker, &new.worker);
+    check("[worker] concurrency", o.concurrency != n.concurrency);
+    check("[worker] poll_interval", o.poll_interval != n.poll_interval);
+    check("[worker] recover_after", o.recover_after != n.recover_after);
+    check(
+        "[worker] shutdown_timeout",
+        o.shutdown_timeout != n.shutdown_timeout,
+    );
+    check("[log] format", old.log_format != new.log_format);
+    changed
+}
+
+/// `new` with every restart-only setting as `old` has it, and the
+/// settings that differed (each with its old value kept, for the log).
+fn keep_restart_only(old: &Config, mut new: Config) -> (Config, Vec<String>) {
+    let changed = restart_only(old, &new);
+    new.redis = old.redis.clone();
+    new.metrics = old.metrics.clone();
+    new.state_dir = old.state_dir.clone();
+    new.worker.concurrency = old.worker.concurrency;
+    new.worker.poll_interval = old.worker.poll_interval;
+    new.worker.recover_after = old.worker.recover_after;
+    new.worker.shutdown_timeout = old.worker.shutdown_timeout;
+    new.log_format = old.log_format;
+    let kept = changed
+        .into_iter()
+        .map(|what| match what.as_str() {
+            "[worker] shutdown_timeout" => format!(
+                "{what} (still {})",
+                fmt_duration(old.worker.shutdown_timeout)
+            ),
+            "[worker] concurrency" => format!("{what} (still {})", old.worker.concurrency),
+            _ => what,
+        })
+        .collect();
+    (new, kept)
+}
+
+/// Jobs added, removed and changed (any field, its file's text included)
+/// from `old` to `new`, by name.
+fn job_changes(old: &Config, new: &Config) -> (Vec<String>, Vec<String>, Vec<String>) {
+    let added = (new.jobs.keys())
+        .filter(|n| !old.jobs.contains_key(*n))
+        .cloned()
+        .collect();
+    let removed = (old.jobs.keys())
+        .filter(|n| !new.jobs.contains_key(*n))
+        .cloned()
+        .collect();
+    let changed = (new.jobs.values())
+        .filter(|j| old.jobs.get(&j.name).is_some_and(|o| !same_job(o, j)))
+        .map(|j| j.name.clone())
+        .collect();
+    (added, removed, changed)
+}
+
+/// Whether two versions of a job read alike: compared by how they print
+/// (their types hold compiled templates and schedules, which do not compare).
+fn same_job(a: &Job, b: &Job) -> bool {
+    format!("{a:?}") == format!("{b:?}")
+}
+
+/// Writes `record` where `quota-worker reload` looks for it, atomically (a
+/// temporary file renamed into place). A failure is logged: the reload
+/// itself happened.
+fn write_record(state_dir: &Path, record: &Record) {
+    let path = record_path(state_dir, std::process::id());
+    let write = || -> std::io::Result<()> {
+        let dir = path.parent().unwrap_or(state_dir);
+        std::fs::create_dir_all(dir)?;
+        let tmp = dir.join(format!(".{}.tmp", std::process::id()));
+        std::fs::write(&tmp, serde_json::to_vec(record).unwrap_or_default())?;
+        std::fs::rename(&tmp, &path)
+    };
+    if let Err(e) = write() {
+        warn!(path = %path.display(), error = %e, "cannot write what the reload came to: `quota-worker reload` will not see it (the journal has it)");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(text: &str) -> Config {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, text).expect("write");
+        let env = |_: &str| None;
+        Config::load_with_env(&path, &env).expect("valid")
+    }
+
+    const BASE: &str = "[redis]\nurl = \"redis://127.0.0.1:1/0\"\n[worker]\nconcurrency = 4\n";
+
+    #[test]
+    fn restart_only_settings_are_named_and_kept() {
+        let old = config(BASE);
+        let new = config(
+            "[redis]\nurl = \"redis://127.0.0.1:2/0\"\nkey_prefix = \"other\"\n[worker]\nconcurrency = 9\nunknown_job_grace = \"1h\"\n[metrics]\nlisten = \"127.0.0.1:9999\"\n",
+        );
+        let (kept, named) = keep_restart_only(&old, new);
+        assert_eq!(
+            named,
+            [
+                "[redis] url",
+                "[redis] key_prefix",
+                "[metrics] listen",
+                "[worker] concurrency (still 4)"
+            ]
+        );
+        assert_eq!(kept.redis.url, old.redis.url);
+        assert_eq!(kept.redis.key_prefix, "qw");
+        assert_eq!(kept.worker.concurrency.get(), 4);
+        assert_eq!(kept.metrics.listen, old.metrics.listen);
+        // A live setting is applied.
+        assert_eq!(kept.worker.unknown_job_grace.as_secs(), 3600);
+        // Nothing else changed: nothing named.
+        assert!(keep_restart_only(&old, config(BASE)).1.is_empty());
+    }
+}

@@ -1,0 +1,278 @@
+//! Promise: SIGHUP (`quota-worker reload --pid`, systemd's `ExecReload=`)
+//! reloads the config without a restart. A valid one applies to every tick
+//! and task that starts after it — a new job fires, a changed window
+//! admits by its new limit — while a task in flight finishes under the
+//! config it began with. An invalid one is refused (its errors logged with
+//! file, line and field, `qw_config_reloads_total{result="refused"}`), the
+//! running config kept, the daemon running on. Settings that need a restart
+//! are named and not applied.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use simulator::Fault;
+
+use crate::support::config::{
+    ConfigBuilder, Credential, Endpoint, Job, TestConfig, Window, Worker,
+};
+use crate::support::daemon;
+use crate::support::http::{scrape, wait_http};
+use crate::support::process::{Proc, run_cli};
+use crate::support::upstream::{KEY_ENV, Upstream};
+use crate::support::{RedisServer, free_port, wait_until};
+
+/// The `sim` credential with `units` per hour, its endpoint, and `jobs`;
+/// the metrics on `port`; `concurrency` worker slots.
+fn builder(units: u64, port: u16, concurrency: u32, jobs: Vec<Job>) -> ConfigBuilder {
+    let mut b = ConfigBuilder::new()
+        .worker(Worker::default().concurrency(concurrency))
+        .metrics_listen(&format!("127.0.0.1:{port}"))
+        .credential(Credential::env("sim", KEY_ENV).window(Window::sliding(units, "1h")))
+        .endpoint(daemon::endpoint());
+    for j in jobs {
+        b = b.job(j);
+    }
+    b
+}
+
+fn job(name: &str, upstream: &Upstream, regions: &[&str]) -> Job {
+    daemon::videos_job(name, "sim.videos", &upstream.base_url(), regions, 1)
+}
+
+/// The index of the first log line of `d` containing `needle`.
+fn line_of(d: &Proc, needle: &str) -> Option<usize> {
+    d.stderr_lines().iter().position(|l| l.contains(needle))
+}
+
+fn reloads(port: u16, result: &str) -> f64 {
+    scrape(port).one("qw_config_reloads_total", &[("result", result)])
+}
+
+/// `quota-worker reload --pid` on `cfg` (the files as they are now).
+fn reload(cfg: &TestConfig, redis: &RedisServer, d: &Proc) -> (Option<i32>, String, String) {
+    let pid = d.pid().to_string();
+    run_cli(
+        cfg,
+        Some(&redis.url()),
+        &["reload", "--pid", &pid],
+        Duration::from_secs(60),
+    )
+}
+
+#[test]
+fn a_reload_adds_a_job_and_changes_a_window_without_a_restart_or_losing_a_task_in_flight() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start(1, 2);
+    let port = free_port();
+    let slow = job("slow", &upstream, &["US"]);
+    let mut cfg = builder(1000, port, 4, vec![slow.clone()]).write();
+    let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
+    d.wait_running(Duration::from_secs(20));
+    assert!(wait_http(port, Duration::from_secs(10)));
+    assert_eq!(reloads(port, "applied"), 0.0);
+
+    // A task in flight: its one page takes 4 s.
+    upstream.inject(Fault::Delay(Duration::from_secs(4)), 1);
+    let (code, out, err) = run_cli(
+        &cfg,
+        Some(&redis.url()),
+        &["trigger", "slow"],
+        Duration::from_secs(30),
+    );
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert!(
+        wait_until(Duration::from_secs(10), || scrape(port)
+            .one("qw_tasks_in_flight", &[])
+            == 1.0),
+        "the task is not in flight"
+    );
+
+    // The window: 1000 units an hour -> 2. A job that ticks every second
+    // (on a credential of its own: the window under test sees only `slow`
+    // and `batch`), and a manual job of 4 items.
+    let every = daemon::videos_job("every", "other.videos", &upstream.base_url(), &["GB"], 1)
+        .schedule("* * * * * *");
+    let batch = daemon::videos_job(
+        "batch",
+        "sim.videos",
+        &upstream.base_url(),
+        &["DE", "FR", "IN", "BR"],
+        1,
+    )
+    .schedule("manual");
+    let v2 = builder(2, port, 4, vec![slow, every, batch])
+        .credential(Credential::env("other", KEY_ENV).window(Window::sliding(1000, "1h")))
+        .endpoint(Endpoint::new("other.videos", "other", 1).timeout("30s"));
+    cfg.rewrite(&v2);
+    let (code, out, err) = reload(&cfg, &redis, &d);
+    assert_eq!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}\n{}", d.log());
+    assert!(
+        out.contains("jobs added: batch, every; removed: none"),
+        "{out}"
+    );
+    assert!(!err.contains("needs a restart"), "{err}");
+    assert_eq!(reloads(port, "applied"), 1.0);
+
+    // The task in flight finishes, after the reload, under its config.
+    let reloaded = line_of(&d, "configuration reloaded").expect("reload logged");
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            d.outcomes().iter().any(|o| o["job"] == "slow")
+        }),
+        "{}",
+        d.log()
+    );
+    let slow_done = line_of(&d, "\"job\":\"slow\"").expect("slow's outcome");
+    assert!(
+        slow_done > reloaded,
+        "slow ended before the reload:\n{}",
+        d.log()
+    );
+    let outcome: Vec<Value> = (d.outcomes().into_iter())
+        .filter(|o| o["job"] == "slow")
+        .collect();
+    assert_eq!(outcome.len(), 1);
+    assert_eq!(outcome[0]["outcome"], "done", "{}", outcome[0]);
+
+    // The new job fires by itself.
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            (d.outcomes().iter()).any(|o| o["job"] == "every" && o["outcome"] == "done")
+        }),
+        "{}",
+        d.log()
+    );
+
+    // The changed window: 2 units, 1 spent by `slow`: one of batch's four
+    // tasks fits.
+    let (code, out, err) = run_cli(
+        &cfg,
+        Some(&redis.url()),
+        &["trigger", "batch", "--wait"],
+        Duration::from_secs(60),
+    );
+    assert_eq!(code, Some(75), "stdout:\n{out}\nstderr:\n{err}");
+    assert!(
+        out.contains("4 task(s) ended: ")
+            && out.contains("1 done")
+            && out.contains("3 quota_exhausted"),
+        "{out}"
+    );
+    assert!(d.running(), "the daemon runs on, never restarted");
+}
+
+#[test]
+fn an_invalid_reload_keeps_the_old_config_and_counts_the_refusal() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start(1, 2);
+    let port = free_port();
+    let every = job("every", &upstream, &["US"]).schedule("* * * * * *");
+    let v1 = builder(1000, port, 2, vec![every.clone()]);
+    let mut cfg = v1.clone().write();
+    let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
+    d.wait_running(Duration::from_secs(20));
+    assert!(wait_http(port, Duration::from_secs(10)));
+
+    // A job file with a bad schedule, written as an operator would.
+    cfg.rewrite(
+        &v1.clone()
+            .job(job("broken", &upstream, &["GB"]).schedule("every day")),
+    );
+    d.signal(libc::SIGHUP);
+    assert!(
+        d.wait_log(
+            "configuration reload refused: the running configuration is kept",
+            Duration::from_secs(20)
+        ),
+        "{}",
+        d.log()
+    );
+    let refused: Vec<Value> = (d.events().into_iter())
+        .filter(|e| e["message"] == "configuration reload refused" && e["level"] == "ERROR")
+        .collect();
+    assert_eq!(refused.len(), 1, "{}", d.log());
+    let why = refused[0]["error"].as_str().unwrap_or_default();
+    let file = cfg.join("jobs/broken.toml");
+    assert!(
+        why.starts_with(&format!("{}:2:", file.display())) && why.contains("broken.schedule"),
+        "file:line:field: {why}"
+    );
+    assert_eq!(reloads(port, "refused"), 1.0);
+    assert_eq!(reloads(port, "applied"), 0.0);
+
+    // The daemon runs on, under its old config: `every` keeps ticking.
+    let ticks = |d: &Proc| {
+        (d.outcomes().iter())
+            .filter(|o| o["job"] == "every" && o["outcome"] == "done")
+            .count()
+    };
+    let before = ticks(&d);
+    assert!(
+        wait_until(Duration::from_secs(20), || ticks(&d) >= before + 2),
+        "{}",
+        d.log()
+    );
+    assert!(d.running());
+
+    // `quota-worker reload` refuses those files itself, and signals nothing.
+    let (code, _, err) = reload(&cfg, &redis, &d);
+    assert_eq!(code, Some(78), "{err}");
+    assert!(err.contains("broken.toml:2:"), "{err}");
+    // A config only the daemon can refuse (a secret its environment lacks):
+    // `reload` waits for its answer, and says it was refused.
+    let v3 =
+        v1.credential(Credential::env("new", "QW_TEST_NOT_SET").window(Window::sliding(10, "1h")));
+    cfg.rewrite(&v3);
+    let (code, _, err) = reload(&cfg, &redis, &d);
+    assert_eq!(code, Some(78), "{err}\n{}", d.log());
+    assert!(err.contains("QW_TEST_NOT_SET"), "{err}");
+    assert!(err.contains("refused the configuration"), "{err}");
+    assert_eq!(reloads(port, "refused"), 2.0);
+    assert!(d.running());
+}
+
+#[test]
+fn settings_that_need_a_restart_are_named_and_not_applied() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start(1, 2);
+    let port = free_port();
+    let every = job("every", &upstream, &["US"]);
+    let mut cfg = builder(1000, port, 2, vec![every.clone()]).write();
+    let d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
+    assert!(wait_http(port, Duration::from_secs(20)));
+
+    let other_port = free_port();
+    let v2 = builder(500, other_port, 5, vec![every]).state_dir("elsewhere");
+    cfg.rewrite(&v2);
+    let (code, out, err) = reload(&cfg, &redis, &d);
+    assert_eq!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}\n{}", d.log());
+    for what in [
+        "[metrics] listen",
+        "[worker] concurrency (still 2)",
+        "state_dir",
+    ] {
+        assert!(
+            err.contains(&format!("warning: {what} changed: it needs a restart")),
+            "{what}:\n{err}"
+        );
+        let logged = (d.events().iter()).any(|e| {
+            e["level"] == "WARN"
+                && e["setting"] == what
+                && e["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("needs a restart"))
+        });
+        assert!(logged, "{what} not named in the log:\n{}", d.log());
+    }
+    // Not applied: the metrics stay where they were; the window is new.
+    assert_eq!(reloads(port, "applied"), 1.0);
+    assert!(crate::support::http::http_get(other_port, "/healthz").is_none());
+    let limit = scrape(port).sum("qw_window_limit_units", &[("credential", "sim")]);
+    assert!(
+        wait_until(Duration::from_secs(5), || scrape(port)
+            .select("qw_window_limit_units", &[("window", "500/1h")])
+            .len()
+            == 1),
+        "the new window is not shown: {limit}"
+    );
+}
