@@ -276,3 +276,73 @@ fn settings_that_need_a_restart_are_named_and_not_applied() {
         "the new window is not shown: {limit}"
     );
 }
+
+/// A job added to the files but not yet reloaded: `trigger` says the
+/// running daemon needs a reload (and that it loaded other files), its
+/// tasks are given back meanwhile, and run once the daemon reloads.
+#[test]
+fn trigger_says_when_the_running_daemon_needs_a_reload_and_its_tasks_wait_for_it() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start(1, 2);
+    let port = free_port();
+    let first = job("first", &upstream, &["US"]);
+    let mut cfg = builder(1000, port, 2, vec![first.clone()]).write();
+    let d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
+    assert!(wait_http(port, Duration::from_secs(20)));
+    // The daemon has said what it loaded.
+    assert!(d.wait_log("quota-worker running", Duration::from_secs(10)));
+
+    cfg.rewrite(&builder(
+        1000,
+        port,
+        2,
+        vec![first, job("added", &upstream, &["GB", "DE"])],
+    ));
+    let (code, out, err) = run_cli(
+        &cfg,
+        Some(&redis.url()),
+        &["trigger", "added"],
+        Duration::from_secs(30),
+    );
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert!(
+        err.contains("warning: job added is in ")
+            && err.contains("none of the 1 daemon(s) running on this Redis has it loaded (1 of them loaded other files than ")
+            && err.contains("reload them"),
+        "{err}"
+    );
+    assert!(
+        wait_until(Duration::from_secs(10), || !d
+            .messages(
+                "job not in this daemon's configuration: task given back for a daemon that has it"
+            )
+            .is_empty()),
+        "{}",
+        d.log()
+    );
+
+    let (code, out, err) = reload(&cfg, &redis, &d);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    // The given-back tasks run now.
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            (d.outcomes().iter())
+                .filter(|o| o["job"] == "added" && o["outcome"] == "done")
+                .count()
+                == 2
+        }),
+        "{}",
+        d.log()
+    );
+    let (code, out, err) = run_cli(
+        &cfg,
+        Some(&redis.url()),
+        &["trigger", "added", "--wait"],
+        Duration::from_secs(60),
+    );
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert!(
+        !err.contains("has it loaded"),
+        "no warning once reloaded:\n{err}"
+    );
+}
