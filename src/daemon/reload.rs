@@ -327,9 +327,10 @@ fn write_record(state_dir: &Path, record: &Record) {
 mod tests {
     use super::*;
 
-    fn config(text: &str) -> Config {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("c.toml");
+    /// `text` loaded as the config file `c.toml` of `dir` (both versions of
+    /// a config live in one directory, as on a host).
+    fn config(dir: &Path, text: &str) -> Config {
+        let path = dir.join("c.toml");
         std::fs::write(&path, text).expect("write");
         let env = |_: &str| None;
         Config::load_with_env(&path, &env).expect("valid")
@@ -339,8 +340,10 @@ mod tests {
 
     #[test]
     fn restart_only_settings_are_named_and_kept() {
-        let old = config(BASE);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let old = config(dir.path(), BASE);
         let new = config(
+            dir.path(),
             "[redis]\nurl = \"redis://127.0.0.1:2/0\"\nkey_prefix = \"other\"\n[worker]\nconcurrency = 9\nunknown_job_grace = \"1h\"\n[metrics]\nlisten = \"127.0.0.1:9999\"\n",
         );
         let (kept, named) = keep_restart_only(&old, new);
@@ -360,6 +363,10 @@ mod tests {
         // A live setting is applied.
         assert_eq!(kept.worker.unknown_job_grace.as_secs(), 3600);
         // Nothing else changed: nothing named.
-        assert!(keep_restart_only(&old, config(BASE)).1.is_empty());
+        assert!(
+            keep_restart_only(&old, config(dir.path(), BASE))
+                .1
+                .is_empty()
+        );
     }
 }
