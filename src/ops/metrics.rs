@@ -61,6 +61,10 @@ fn describe() {
         "Spends by credential, endpoint and result (allowed, rejected, unchecked = fail-open without Redis, error)"
     );
     describe_counter!(
+        "qw_config_reloads_total",
+        "Config reloads (SIGHUP, systemctl reload) by result: applied, or refused (the running config kept)"
+    );
+    describe_counter!(
         "qw_tasks_given_back_total",
         "Tasks of a job this daemon does not have, given back for a daemon that has it (rolling deploys, reloads)"
     );
