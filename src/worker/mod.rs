@@ -198,6 +198,7 @@ impl Worker {
             local_blocks: self.local_blocks.clone(),
             unanswered: self.unanswered.clone(),
             skip_spend: self.skip_spend,
+            panic_after_spend: self.panic_after_spend.clone(),
             config,
         })
     }
