@@ -218,6 +218,46 @@ n=$(up count "$MAIN_KEY")
 journal_has $MAIN "$MAIN_KEY" && fail 3 "the key appears in the journal"
 pass 3 "the key came through LoadCredential (daemon uid $uid, CREDENTIALS_DIRECTORY set): the upstream saw it on all 8 requests; trigger --wait took $(secs "$t0" "$t1") s; the key is not in the journal"
 
+# ---- 10. systemctl reload: a new job without a restart; a bad one refused ----
+# ExecReload= (`quota-worker reload --pid $MAINPID`) under the unit's sandbox:
+# it reads the files, signals the daemon and waits for its answer.
+JOBS=/etc/quota-worker/jobs
+sed -e 's/^\[trending/[reloaded/' -e 's/^schedule = .*/schedule = "manual"/' \
+  -e 's/^fan_out = .*/fan_out = { region = ["JP", "KR"] }/' $JOBS/trending.toml >$JOBS/reloaded.toml
+grep -q '^\[reloaded\]' $JOBS/reloaded.toml || fail 10 "could not write $JOBS/reloaded.toml from trending.toml"
+seq0=$(up last)
+log "\$ systemctl reload quota-worker (new job file reloaded.toml)"
+t0=$(now_ms)
+timeout 60 systemctl reload quota-worker || fail 10 "systemctl reload failed (rc $?)"
+t1=$(now_ms)
+[ "$(prop $MAIN MainPID)" = "$pid" ] && [ "$(prop $MAIN ActiveState)" = active ] \
+  || fail 10 "after systemctl reload the unit is $(prop $MAIN ActiveState) with main pid $(prop $MAIN MainPID), not active with $pid"
+journal_has $MAIN 'added=reloaded' || fail 10 "the daemon did not log the reload adding job reloaded"
+cli trigger reloaded --wait || fail 10 "trigger reloaded --wait after the reload failed (rc $?)"
+[ "$(up regions "$seq0")" = "JP,KR" ] || fail 10 "after the reload the upstream answered regions '$(up regions "$seq0")', expected JP,KR"
+reload_s=$(secs "$t0" "$t1")
+# A broken job file: ExecReload refuses it before signalling (systemctl
+# reload fails); a SIGHUP straight to the daemon is refused by the daemon.
+# Either way it runs on, same pid, with the jobs it had.
+printf '[broken]\nschedule = "every day"\n' >$JOBS/broken.toml
+log "\$ systemctl reload quota-worker (broken.toml: bad cron)"
+timeout 60 systemctl reload quota-worker && fail 10 "systemctl reload of a config with a bad job file succeeded"
+journal_has $MAIN 'broken.toml' || fail 10 "the journal does not name broken.toml after the refused systemctl reload"
+refused0=$(journal_count $MAIN 'configuration reload refused: the running configuration is kept')
+log "\$ kill -HUP $pid (broken.toml still there)"
+kill -HUP "$pid"
+refused_logged() { [ "$(journal_count $MAIN 'configuration reload refused: the running configuration is kept')" -gt "$refused0" ]; }
+wait_until 20 refused_logged || fail 10 "the daemon did not log its refusal of a SIGHUP with broken.toml"
+unit_active() { [ "$(prop $MAIN ActiveState)" = active ]; }
+wait_until 10 unit_active || fail 10 "after a refused reload the unit is $(prop $MAIN ActiveState)"
+[ "$(prop $MAIN MainPID)" = "$pid" ] || fail 10 "a refused reload restarted the daemon"
+rm -f $JOBS/broken.toml
+seq1=$(up last)
+cli trigger reloaded --wait || fail 10 "trigger reloaded --wait after the refused reloads failed (rc $?)"
+[ "$(up regions "$seq1")" = "JP,KR" ] || fail 10 "after the refused reloads the upstream answered '$(up regions "$seq1")', expected JP,KR"
+journal_has $MAIN "$MAIN_KEY" && fail 10 "the key appears in the journal"
+pass 10 "systemctl reload (ExecReload, Type=notify on systemd 252) returned 0 in $reload_s s, same pid: the new manual job ran (JP, KR); a bad job file: systemctl reload failed naming broken.toml, a SIGHUP refused by the daemon, which ran on (same pid, the job still runs)"
+
 # ---- 4. embedded Redis under the sandbox; quota state survives a restart ----
 rpid=$(ps -o pid=,comm= --ppid "$pid" | awk '$2 == "redis-server" { print $1 }')
 [ -n "$rpid" ] || fail 4 "no embedded redis-server under the daemon (pid $pid)"
