@@ -15,7 +15,8 @@
 --                              <w>:v2:log   zset: request id -> its position
 --                              <w>:v2:ts    stream: one entry per spend, id "<position>-<µs>"
 --                              <w>:v2:adj   zset: settled entries (see "Settle")
---     fixed (1 key)            <w>:fixed    hash: "#period", "#used", "#drift", request id -> units
+--     fixed (1 key)            <w>:fixed    hash: "#period", "#used", "#drift", "#rd", "#rdt",
+--                                                request id -> units
 --     concurrent (3 keys)      <w>:meta     string: units in flight, earliest lease bound, expiry (msgpack)
 --                              <w>:lease    zset: request id -> when its lease expires, µs
 --                              <w>:held     hash: request id -> its units
@@ -23,10 +24,13 @@
 --     <prefix>:{<credential>}:spent:<scope>  string: units per 5-minute slot, 24 h
 --
 -- ARGV
---   1  op: "spend" | "settle" | "block" | "peek" | "sync"
+--   1  op: "spend" | "settle" | "block" | "peek" | "sync" | "undrift"
 --   2  spend, settle: request id (unique per upstream request; reusing one only
 --      retries that same spend and is never charged twice)
---      block: block duration, ms    sync: the window's number (1-based)    peek: ignored
+--      block: block duration, ms    peek, undrift: ignored
+--      sync: the window's number (1-based), or "<number>:<ms>" when the upstream
+--      said when its count resets: in <ms> from now; the drift then recorded
+--      stops counting at that time (see "Drift")
 --   3  spend: cost in units (>= 1)   settle: the request's actual cost (>= 0; 0 = refund)
 --      sync: the units the upstream says are left     block, peek: ignored
 --   4  spend: reserve, a whole percent 0..99: admitted only if every window
@@ -64,6 +68,8 @@
 --           (concurrent: used = units in flight, frees_in = until the earliest
 --           lease expires, leases = leases held; other kinds: leases 0)
 --   sync:   {drift_units_recorded}
+--   undrift: {drift_forgotten_1, drift_forgotten_2, ...}: every window's drift
+--           is forgotten (an operator who knows better than the last answer)
 --
 -- Layout of a sliding window (every path O(log n), n = live entries):
 --   Each spend gets a *position*: the window's running total of units after
@@ -88,8 +94,23 @@
 --   The meta string holds, msgpack-encoded: total, base, hbase (adjustments up
 --   to base), htot (all adjustments), oldest and newest entry time, when the
 --   keys expire, the adjustment count, stale entries to drop, the running drift
---   total and its value at base, whether an adjustment is negative, and for a
---   bucket its level, the level's time and the drift within the level.
+--   total and its value at base, whether an adjustment is negative, for a
+--   bucket its level, the level's time and the drift within the level, then
+--   the reset-bound drift and when it ends, and the drift total forgotten.
+--
+-- Drift (sync): units the upstream says it counted and the window did not,
+-- recorded so that the window admits no more than the upstream has left.
+-- From an answer without a reset time it is recorded as units spent now
+-- (a sliding window's entry, a bucket's level, a fixed window's #used) and
+-- leaves as they do. From an answer that said when its count resets, it is
+-- one number beside the window's own state (rd) with the time it ends
+-- (rdt): it counts, O(1), until then, and from then the window admits
+-- exactly what its own spends allow; a later such sync adds to it and moves
+-- its end to the newer reset. A refused spend's retry-after accounts for it
+-- ending. undrift forgets both kinds: rd at once; in a sliding window the
+-- drift entries recorded so far by a mark (the drift total at that moment:
+-- entries up to it no longer count as they leave, O(1)), in a bucket or a
+-- fixed window its drift share.
 --
 -- A concurrent window admits while its units in flight plus the cost fit its
 -- units. A spend takes a lease of its cost (HSETNX held, ZADD lease with its
@@ -167,6 +188,7 @@ local function spend_main(KEYS, ARGV)
         total = 0, B = 0, hbase = 0, htot = 0, oldest = 0, last = 0, expires = 0, nadj = 0,
         stale = 0, dtot = 0, dbase = 0, neg = 0, L = 0, lt = 0, D = 0, q = 1, perq = 1,
         lease = false, held = false, low = 0,
+        rd = 0, rdt = 0, fd = 0, xr = 0, sused = 0,
       }
       if per > maxper and kind ~= 'concurrent' then
         maxper = per
@@ -318,12 +340,13 @@ local function spend_main(KEYS, ARGV)
       if w.ends <= now then
         w.ends = now + 1000
       end
-      local r = call('HMGET', w.state, '#period', '#used', '#drift')
+      local r = call('HMGET', w.state, '#period', '#used', '#drift', '#rd', '#rdt')
       if tonumber(r[1]) ~= w.period then
         w.fresh_period = true
         w.used, w.drift = 0, 0
       else
         w.used, w.drift = tonumber(r[2] or '0'), tonumber(r[3] or '0')
+        w.rd, w.rdt = tonumber(r[4] or '0'), tonumber(r[5] or '0')
       end
     end
 
@@ -401,8 +424,11 @@ local function spend_main(KEYS, ARGV)
     else
       local raw = got[w.mi]
       if raw then
+        local rd, rdt, fd
         w.total, w.B, w.hbase, w.htot, w.oldest, w.last, w.expires, w.nadj,
-          w.stale, w.dtot, w.dbase, w.neg, w.L, w.lt, w.D = unpackmp(raw)
+          w.stale, w.dtot, w.dbase, w.neg, w.L, w.lt, w.D, rd, rdt, fd = unpackmp(raw)
+        -- Counters written before reset-bound drift existed end at D.
+        w.rd, w.rdt, w.fd = rd or 0, rdt or 0, fd or 0
         if (w.oldest ~= 0 and w.oldest <= now - w.hold) or w.stale >= STALE then
           evict = evict or function(w)
             local cutoff = now - w.hold
@@ -417,7 +443,7 @@ local function spend_main(KEYS, ARGV)
               -- again at 0.
               call('UNLINK', w.log, w.ts, w.adj)
               w.total, w.B, w.hbase, w.htot, w.oldest, w.last, w.expires = 0, 0, 0, 0, 0, 0, 0
-              w.nadj, w.stale, w.dtot, w.dbase, w.neg = 0, 0, 0, 0, 0
+              w.nadj, w.stale, w.dtot, w.dbase, w.neg, w.fd = 0, 0, 0, 0, 0, 0
               return
             end
             if w.oldest ~= 0 and w.oldest <= cutoff then
@@ -521,9 +547,21 @@ local function spend_main(KEYS, ARGV)
         w.used = ceil(w.L / w.perq)
         w.drift = min(ceil(w.D / w.perq), w.used)
       else
-        w.used = (w.total - w.B) - (w.htot - w.hbase)
-        w.drift = w.dtot - w.dbase
+        -- Drift forgiven (undrift) counts no more while its entries live:
+        -- the drift recorded between base and the mark.
+        local forgiven = max(w.fd - w.dbase, 0)
+        w.sused = (w.total - w.B) - (w.htot - w.hbase)
+        w.used = w.sused - forgiven
+        w.drift = w.dtot - w.dbase - forgiven
       end
+    end
+    -- Reset-bound drift counts until it ends (see "Drift").
+    if w.rdt > now then
+      w.xr = w.rd
+      w.used, w.drift = w.used + w.xr, w.drift + w.xr
+    elseif w.rd ~= 0 then
+      w.rd, w.rdt = 0, 0
+      w.dirty = w.kind ~= 'fixed'
     end
   end
 
@@ -553,17 +591,21 @@ local function spend_main(KEYS, ARGV)
             until_, moved = drained, true
           end
         end
-        if until_ <= now or (w.oldest == 0 and w.nadj == 0 and w.L <= 0) then
+        -- Reset-bound drift keeps them until it ends.
+        if w.rd > 0 and w.rdt > until_ then
+          until_, moved = w.rdt, true
+        end
+        if until_ <= now or (w.oldest == 0 and w.nadj == 0 and w.L <= 0 and w.rd <= 0) then
           -- Nothing live: the next spend starts from position 0.
           redis.call('DEL', w.meta)
         elseif moved or not got[w.mi] then
           redis.call('SET', w.meta, cmsgpack.pack(w.total, w.B, w.hbase, w.htot, w.oldest, w.last, w.expires,
-            w.nadj, w.stale, w.dtot, w.dbase, w.neg, w.L, w.lt, w.D), 'PX', math.ceil((until_ - now) / 1000))
+            w.nadj, w.stale, w.dtot, w.dbase, w.neg, w.L, w.lt, w.D, w.rd, w.rdt, w.fd), 'PX', math.ceil((until_ - now) / 1000))
         else
           -- Unmoved, the counters keep the TTL they have (never shorter
           -- than `until_`), which saves formatting a number on most spends.
           redis.call('SET', w.meta, cmsgpack.pack(w.total, w.B, w.hbase, w.htot, w.oldest, w.last, w.expires,
-            w.nadj, w.stale, w.dtot, w.dbase, w.neg, w.L, w.lt, w.D), 'KEEPTTL')
+            w.nadj, w.stale, w.dtot, w.dbase, w.neg, w.L, w.lt, w.D, w.rd, w.rdt, w.fd), 'KEEPTTL')
         end
       end
     end
@@ -699,9 +741,12 @@ local function spend_main(KEYS, ARGV)
     -- quanta): a fixed window at its reset; a bucket when its level has
     -- drained; a sliding window when its oldest used - target live units have
     -- expired: the first entry whose actual position (position less the
-    -- adjustments up to it) reaches base + need.
-    frees_in = function(w, target)
-      if w.kind == 'fixed' then
+    -- adjustments up to it) reaches base + need. Without reset-bound drift
+    -- (which frees_in adds): `target` counts the window's own state only.
+    local function base_frees(w, target)
+      if w.used - w.xr <= target then
+        return 0
+      elseif w.kind == 'fixed' then
         return w.ends - now
       elseif w.kind == 'concurrent' then
         -- Until the earliest lease expires (a settle may free one sooner:
@@ -715,7 +760,9 @@ local function spend_main(KEYS, ARGV)
         end
         return max(w.lt + ceil(excess / w.units) * w.q - now, 1)
       end
-      local T = w.B - w.hbase + w.used - target
+      -- The stream's own count: drift forgiven by undrift still has its
+      -- entries, so the wait is for them too (never shorter than exact).
+      local T = w.B - w.hbase + w.sused - target
       local H = w.hbase
       if w.nadj > 0 then
         local r = call('ZREVRANGEBYSCORE', w.adj, format('(%d', T), '-inf', 'LIMIT', 0, 1)[1]
@@ -746,6 +793,20 @@ local function spend_main(KEYS, ARGV)
       end
       return max(eT + w.hold - now, 1)
     end
+    -- With reset-bound drift xr until rdt: counted until then, gone after.
+    frees_in = function(w, target)
+      if w.xr > 0 then
+        local left = w.rdt - now
+        if target >= w.xr then
+          local before = base_frees(w, target - w.xr)
+          if before < left then
+            return before
+          end
+        end
+        return max(left, base_frees(w, target))
+      end
+      return base_frees(w, target)
+    end
   end
 
   -- ---------------------------------------------------------------- peek
@@ -767,19 +828,33 @@ local function spend_main(KEYS, ARGV)
   -- ---------------------------------------------------------------- sync (drift)
 
   if op == 'sync' then
-    local w = windows[tonumber(ARGV[2]) or 0]
+    local n, reset = match(ARGV[2] or '', '^(%d+):?(%d*)$')
+    local w = windows[tonumber(n) or 0]
+    reset = tonumber(reset)
     local upstream_left = tonumber(ARGV[3])
-    if not w or not upstream_left or upstream_left < 0 or upstream_left >= MAXPOS or upstream_left ~= floor(upstream_left) then
+    if not w or not upstream_left or upstream_left < 0 or upstream_left >= MAXPOS or upstream_left ~= floor(upstream_left)
+      or (reset and (reset < 1 or reset >= MAXPOS / 1000)) then
       save_all(windows, nwin, now, got)
-      return redis.error_reply('ERR quota-worker: sync takes a window number and the upstream\'s remaining units (a whole number from 0 to 2^53 - 1)')
+      return redis.error_reply('ERR quota-worker: sync takes a window number (with ":<ms>" until the upstream resets, 1 ms to 2^53 µs) and the upstream\'s remaining units (a whole number from 0 to 2^53 - 1)')
     end
-    -- Drift only ever lowers what we admit: recorded as units spent now.
+    -- Drift only ever lowers what we admit.
     local drift = w.units - w.used - upstream_left
     if w.kind == 'concurrent' then
       -- Units in flight are no spent units: nothing to resync.
       drift = 0
     end
-    if drift > 0 then
+    if drift > 0 and reset then
+      -- Until the upstream's reset: one number beside the window's state.
+      w.rd = (w.xr > 0 and w.rd or 0) + drift
+      w.rdt, w.xr = now + reset * 1000, w.rd
+      if w.kind == 'fixed' then
+        F.open(w)
+        call('HSET', w.state, '#rd', w.rd, '#rdt', w.rdt)
+      else
+        w.dirty = true
+      end
+    elseif drift > 0 then
+      -- Without a reset: units spent now, which leave as spends do.
       if w.kind == 'fixed' then
         F.open(w)
         call('HINCRBY', w.state, '#used', drift)
@@ -797,6 +872,36 @@ local function spend_main(KEYS, ARGV)
     end
     save_all(windows, nwin, now, got)
     return { drift }
+  end
+
+  -- ---------------------------------------------------------------- undrift
+
+  if op == 'undrift' then
+    local out = {}
+    for i = 1, nwin do
+      local w = windows[i]
+      out[i] = w.drift
+      if w.kind == 'concurrent' then
+        -- Leases in flight hold no drift.
+        out[i] = 0
+      elseif w.kind == 'fixed' then
+        if not w.fresh_period then
+          call('HINCRBY', w.state, '#used', -(w.drift - w.xr))
+          call('HSET', w.state, '#drift', 0)
+          call('HDEL', w.state, '#rd', '#rdt')
+        end
+      elseif w.kind == 'bucket' then
+        w.L, w.D = max(w.L - w.D, 0), 0
+      else
+        -- The drift entries recorded so far count no more (see "Drift").
+        w.fd = w.dtot
+      end
+      if w.kind == 'sliding' or w.kind == 'bucket' then
+        w.rd, w.rdt, w.dirty = 0, 0, true
+      end
+    end
+    save_all(windows, nwin, now, got)
+    return out
   end
 
   -- ---------------------------------------------------------------- settle

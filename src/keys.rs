@@ -7,6 +7,12 @@
 //! windows carry their layout version (`:v2:`), so a script of another layout
 //! never reads or writes them.
 //!
+//! A credential's default resource keeps the key names it always had; the
+//! keys of any other resource (`search`, `graphql`: windows, block and its
+//! reason and streak, spend history) carry it after the hash tag
+//! (`qw:{github}:res:search:blocked`), so a config that never names a
+//! resource writes exactly the keys it always did.
+//!
 //! A tenant of a template credential (`[credentials.ig] template =
 //! "account"`) is a credential of its own named `ig[account=<value>]`
 //! ([`crate::config::tenant_name`]), so its keys are `qw:{ig[account=123]}:...`: the hash tag
@@ -47,6 +53,15 @@ impl KeySpace {
         format!("{}:{}", self.prefix, Self::hash_tag(credential))
     }
 
+    /// Where the keys of one resource of `credential` start: the
+    /// credential's own for its default resource (`None`).
+    fn resource(&self, credential: &str, resource: Option<&str>) -> String {
+        match resource {
+            None => self.credential(credential),
+            Some(r) => format!("{}:res:{r}", self.credential(credential)),
+        }
+    }
+
     /// The Redis Cluster hash tag every key of `credential` carries: all of
     /// them hash to its slot, so one spend runs on one node.
     pub fn hash_tag(credential: &str) -> String {
@@ -67,22 +82,42 @@ impl KeySpace {
         Some(&rest[..rest.find('}')?])
     }
 
-    /// When the credential's upstream block ends (µs since the epoch).
+    /// When the upstream block of the credential's default resource ends
+    /// (µs since the epoch): [`KeySpace::blocked_in`] of `None`.
     pub fn blocked(&self, credential: &str) -> String {
-        format!("{}:blocked", self.credential(credential))
+        self.blocked_in(credential, None)
     }
 
-    /// Why the credential is blocked, in one stable word
+    /// When the upstream block of one resource of the credential ends (µs
+    /// since the epoch); `None`: its default resource.
+    pub fn blocked_in(&self, credential: &str, resource: Option<&str>) -> String {
+        format!("{}:blocked", self.resource(credential, resource))
+    }
+
+    /// Why the credential's default resource is blocked
+    /// ([`KeySpace::block_kind_in`] of `None`).
+    pub fn block_kind(&self, credential: &str) -> String {
+        self.block_kind_in(credential, None)
+    }
+
+    /// Why a resource of the credential is blocked, in one stable word
     /// (`quota::BlockReason`), expiring with the block it explains
     /// (`lua/block.lua`).
-    pub fn block_kind(&self, credential: &str) -> String {
-        format!("{}:blocked:kind", self.credential(credential))
+    pub fn block_kind_in(&self, credential: &str, resource: Option<&str>) -> String {
+        format!("{}:blocked:kind", self.resource(credential, resource))
     }
 
-    /// How many secondary-limit blocks in a row the credential has had
-    /// (`lua/block.lua`): each one doubles the next.
+    /// The throttle streak of the credential's default resource
+    /// ([`KeySpace::block_streak_in`] of `None`).
     pub fn block_streak(&self, credential: &str) -> String {
-        format!("{}:blocked:streak", self.credential(credential))
+        self.block_streak_in(credential, None)
+    }
+
+    /// How many throttle answers in a row a resource of the credential has
+    /// had (`lua/block.lua`): each one doubles the next block; a success
+    /// ends the streak.
+    pub fn block_streak_in(&self, credential: &str, resource: Option<&str>) -> String {
+        format!("{}:blocked:streak", self.resource(credential, resource))
     }
 
     /// The latest Redis time a spend on the credential saw.
@@ -101,7 +136,7 @@ impl KeySpace {
         };
         let base = format!(
             "{}:{scope}:{}{}",
-            self.credential(credential),
+            self.resource(credential, window.resource.as_deref()),
             &window.kind_name()[..1],
             window.per.as_millis()
         );
@@ -118,20 +153,33 @@ impl KeySpace {
         }
     }
 
-    /// Why the credential is blocked (JSON, `quota::BlockNote`), kept
-    /// as long as the block it explains.
+    /// Why the credential's default resource is blocked
+    /// ([`KeySpace::block_reason_in`] of `None`).
     pub fn block_reason(&self, credential: &str) -> String {
-        format!("{}:blocked:why", self.credential(credential))
+        self.block_reason_in(credential, None)
+    }
+
+    /// Why a resource of the credential is blocked (JSON,
+    /// `quota::BlockNote`), kept as long as the block it explains.
+    pub fn block_reason_in(&self, credential: &str, resource: Option<&str>) -> String {
+        format!("{}:blocked:why", self.resource(credential, resource))
+    }
+
+    /// The spend history's ring of one scope of a credential's default
+    /// resource ([`KeySpace::spent_in`] of `None`).
+    pub fn spent(&self, credential: &str, scope: &Scope) -> String {
+        self.spent_in(credential, scope, None)
     }
 
     /// The 24-hour ring of units spent per 5 minutes (`lua/spend.lua`,
     /// `quota::ring`)
-    /// of one scope of a credential's windows: every window of a scope sees
-    /// the same spends.
-    pub fn spent(&self, credential: &str, scope: &Scope) -> String {
+    /// of one scope of a credential's windows of one resource: every window
+    /// of a scope and resource sees the same spends.
+    pub fn spent_in(&self, credential: &str, scope: &Scope, resource: Option<&str>) -> String {
+        let base = self.resource(credential, resource);
         match scope {
-            Scope::Credential => format!("{}:spent:cred", self.credential(credential)),
-            Scope::Endpoint(e) => format!("{}:spent:ep:{e}", self.credential(credential)),
+            Scope::Credential => format!("{base}:spent:cred"),
+            Scope::Endpoint(e) => format!("{base}:spent:ep:{e}"),
         }
     }
 
@@ -267,6 +315,7 @@ mod tests {
             per: Duration::from_secs(86_400),
             kind: WindowKind::Sliding,
             upstream: false,
+            resource: None,
         };
         let keys = ks.window(
             "yt-key1",
@@ -283,6 +332,26 @@ mod tests {
             ]
         );
         assert_eq!(ks.blocked("yt-key1"), "qw:{yt-key1}:blocked");
+        // Another resource's keys carry it; the default one's are as ever.
+        let search = Window {
+            resource: Some("search".into()),
+            ..w
+        };
+        assert_eq!(
+            ks.window("gh", &Scope::Credential, &search)[0],
+            "qw:{gh}:res:search:cred:s86400000:v2:meta"
+        );
+        assert_eq!(
+            ks.blocked_in("gh", Some("search")),
+            "qw:{gh}:res:search:blocked"
+        );
+        assert_eq!(
+            ks.spent_in("gh", &Scope::Credential, Some("search")),
+            "qw:{gh}:res:search:spent:cred"
+        );
+        assert_eq!(ks.spent("gh", &Scope::Credential), "qw:{gh}:spent:cred");
+        assert_eq!(ks.block_streak("gh"), "qw:{gh}:blocked:streak");
+        assert_eq!(ks.tenant_of("qw:{gh}:res:search:blocked"), Some("gh"));
     }
 
     #[test]

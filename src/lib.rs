@@ -57,8 +57,8 @@
 //!   script (`lua/spend.lua`): spend, settle, block, peek. The CLI's
 //!   `spend`, the worker and the benchmarks call the same function.
 //!   `accounting`: what an answer says about the upstream's own quota (one
-//!   `Verdict`: settle, resync, block, per upstream: GitHub, Shopify, Meta,
-//!   IETF).
+//!   `Verdict`: settle, resync, block, for the resource it speaks for, per
+//!   upstream: GitHub REST and GraphQL, Shopify, Meta, IETF).
 //! - [`keys`]: **where a Redis key is named** — every key name, in one place.
 //! - `scrub`: the secret scrubber every piece of upstream text passes
 //!   through.

@@ -69,6 +69,17 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Lift a credential's upstream blocks (and with --drift forget its windows' drift): for an operator who knows better than the last answer
+    Unblock {
+        /// Credential name (of a template: one tenant, NAME[account=VALUE])
+        credential: String,
+        /// Only this resource's block and windows (GitHub's core, search, graphql) [default: every resource]
+        #[arg(long, value_name = "NAME")]
+        resource: Option<String>,
+        /// Also forget the drift the windows hold
+        #[arg(long)]
+        drift: bool,
+    },
     /// Run the scheduler and workers in the foreground (systemd Type=notify)
     Run,
     /// Reload a running daemon's config (SIGHUP) and wait until it has: systemd's ExecReload=
@@ -166,6 +177,7 @@ fn main() -> ExitCode {
         | Command::Keys { .. }
         | Command::Search { .. }
         | Command::Reload { .. }
+        | Command::Unblock { .. }
         | Command::Check => "warn",
         _ => "info",
     };
@@ -213,6 +225,11 @@ async fn dispatch(command: Command, config: Config) -> Exit {
             limit,
             json,
         } => cli::search::run(&config, &job, &query, limit, json).await,
+        Command::Unblock {
+            credential,
+            resource,
+            drift,
+        } => cli::unblock::run(&config, &credential, resource.as_deref(), drift).await,
         Command::Run => cli::run::run(config).await,
         Command::Reload { pid, timeout } => cli::reload::run(&config, pid, timeout).await,
         Command::Trigger { job, wait } => cli::trigger::run(&config, &job, wait).await,

@@ -490,6 +490,7 @@ fn check(
             per: Duration::from_secs(1),
             kind: quota_worker::config::WindowKind::Sliding,
             upstream: false,
+            resource: None,
         };
         let r = if reserved { p.reserve } else { 0 };
         w.admits(Reserve::new(r).expect("a reserve of 0-99%"))

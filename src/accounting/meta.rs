@@ -88,10 +88,10 @@ fn usage(headers: &HeaderMap) -> Usage {
 pub(crate) fn read(endpoint: &Endpoint, a: &Answer<'_>, throttle_at: u8) -> Verdict {
     let (status, headers, body) = (a.status, a.headers, a.body);
     let u = usage(headers);
-    let mut v = Verdict {
-        left: u.percent.map(Left::UsedPercent),
-        ..Verdict::default()
-    };
+    let mut v = Verdict::default();
+    if let Some(p) = u.percent {
+        v.left_of_resource(Left::UsedPercent(p), None);
+    }
     let wait = if u.regain_minutes > 0 {
         let raw = format!("estimated_time_to_regain_access: {}", u.regain_minutes);
         let minutes = Duration::from_secs(u.regain_minutes.saturating_mul(60));
@@ -118,11 +118,10 @@ pub(crate) fn read(endpoint: &Endpoint, a: &Answer<'_>, throttle_at: u8) -> Verd
 
 #[cfg(test)]
 mod tests {
-    use super::super::read;
     use super::super::tests::{endpoint, headers};
+    use super::super::{Resync, read};
     use super::*;
     use crate::config::Accounting;
-    use crate::quota::BlockFor;
     use chrono::Utc;
 
     fn meta(throttle_at: u8) -> Endpoint {
@@ -144,14 +143,22 @@ mod tests {
         let v = read(&meta(100), 200, &h, b"{}", Utc::now());
         assert_eq!(
             (v.left, v.block, v.refused),
-            (Some(Left::UsedPercent(80)), None, false)
+            (
+                vec![Resync {
+                    limit: None,
+                    left: Left::UsedPercent(80),
+                    resets_in: None
+                }],
+                None,
+                false
+            )
         );
         // At throttle_at: blocked for throttle_block.
         let v = read(&meta(80), 200, &h, b"{}", Utc::now());
         let b = v.block.expect("blocked");
         assert_eq!(
-            (b.reason, b.for_),
-            (BlockReason::Usage, BlockFor::Fixed(Duration::from_secs(60)))
+            (b.reason, b.wait),
+            (BlockReason::Usage, Duration::from_secs(60))
         );
     }
 
@@ -166,14 +173,11 @@ mod tests {
         assert!(v.refused);
         let b = v.block.expect("blocked");
         assert_eq!(
-            (b.reason, b.for_),
-            (
-                BlockReason::Usage,
-                BlockFor::Fixed(Duration::from_secs(420))
-            )
+            (b.reason, b.wait),
+            (BlockReason::Usage, Duration::from_secs(420))
         );
         assert_eq!(b.detail.as_deref(), Some("error code 80002"));
-        assert_eq!(v.left, Some(Left::UsedPercent(100)));
+        assert_eq!(v.left[0].left, Left::UsedPercent(100));
     }
 
     #[test]
@@ -181,10 +185,7 @@ mod tests {
         let app = br#"{"error":{"message":"(#4) Application request limit reached","type":"OAuthException","is_transient":true,"code":4}}"#;
         let v = read(&meta(100), 403, &HeaderMap::new(), app, Utc::now());
         assert!(v.refused);
-        assert_eq!(
-            v.block.map(|b| b.for_),
-            Some(BlockFor::Fixed(Duration::from_secs(60)))
-        );
+        assert_eq!(v.block.map(|b| b.wait), Some(Duration::from_secs(60)));
         let other = br#"{"error":{"message":"Invalid OAuth access token.","type":"OAuthException","code":190}}"#;
         assert!(!read(&meta(100), 400, &HeaderMap::new(), other, Utc::now()).refused);
         // Headers that are not JSON are ignored.

@@ -12,21 +12,33 @@
 //! |---|---|
 //! | [`generic`] | `ratelimit_headers`, `cost_header`, 429 / 403 with a quota reason |
 //! | [`ietf`] | `RateLimit-Policy` / `RateLimit` structured fields |
-//! | [`github`] | `x-ratelimit-*`, primary and secondary rate limits |
+//! | [`github`] | `x-ratelimit-*` and `x-ratelimit-resource`, primary and secondary rate limits |
+//! | [`github_graphql`] | the same headers, `data.rateLimit`, `RATE_LIMITED`, errors without data |
 //! | [`shopify`] | GraphQL `extensions.cost`, `THROTTLED` |
 //! | [`meta`] | `X-App-Usage`, `X-Business-Use-Case-Usage`, Meta's rate-limit error codes |
+//!
+//! An answer speaks for one *resource* of the token ([`Verdict::resource`]:
+//! GitHub names it in `x-ratelimit-resource`; absent, the endpoint's): its
+//! resyncs and its block apply to that resource's windows and endpoints
+//! only, except a block marked [`Block::token_wide`] (GitHub's secondary
+//! rate limits). An IETF `RateLimit` lists several limits by name: each is
+//! one [`Resync`].
 //!
 //! Every wait the upstream asks for is bounded here: a `Retry-After` is
 //! read as seconds (`7`), decimal seconds (`2.0`, Shopify's) or an HTTP
 //! date; one longer than the endpoint's `max_block` is clamped to it and
 //! logged as written; a negative or unreadable one is logged and replaced by
 //! the endpoint's `throttle_block` (never trusted, never a reason to fail).
+//! A wait of zero (`Retry-After: 0`, a date or a reset already past) stays
+//! zero here: the worker blocks at least the endpoint's `min_block`, and
+//! doubles it for each throttle in a row.
 //!
 //! Nothing here sends, spends or sleeps: each reader is a pure function of
 //! the endpoint, the answer and `now`, unit-tested next to it.
 
 pub(crate) mod generic;
 pub(crate) mod github;
+pub(crate) mod github_graphql;
 pub(crate) mod ietf;
 pub(crate) mod meta;
 pub(crate) mod shopify;
@@ -39,7 +51,7 @@ use serde_json::Value;
 use tracing::warn;
 
 use crate::config::{Accounting, Endpoint};
-use crate::quota::{BlockFor, BlockReason};
+use crate::quota::BlockReason;
 
 /// What one answer says about the upstream's quota. Every part is optional;
 /// [`Verdict::default`] says nothing.
@@ -48,14 +60,25 @@ use crate::quota::{BlockFor, BlockReason};
 pub(crate) struct Verdict {
     /// What the request really cost: the spend is settled to it.
     pub(crate) cost: Option<u64>,
-    /// What the upstream has left on its limit: every `upstream = true`
-    /// window of the spend is resynced to it (drift).
-    pub(crate) left: Option<Left>,
-    /// Stop every spend on the credential for a while.
+    /// The resource the answer counted against, as the upstream names it
+    /// (GitHub's `x-ratelimit-resource`); `None`: the endpoint's own.
+    pub(crate) resource: Option<String>,
+    /// What the upstream has left, per limit it reports: the `upstream =
+    /// true` windows that mirror each are resynced to it (drift).
+    pub(crate) left: Vec<Resync>,
+    /// Stop every spend on the answer's resource (or, token-wide, on every
+    /// resource of the credential) for a while.
     pub(crate) block: Option<Block>,
     /// The answer is a refusal: the upstream throttled this very request,
     /// which carries no data (always with a `block`).
     pub(crate) refused: bool,
+    /// GitHub GraphQL: the token's `x-ratelimit-used` and the reset it
+    /// counts towards, for a query that did not ask for its own cost (the
+    /// worker settles it to the change since the token's last answer).
+    pub(crate) used: Option<Used>,
+    /// The answer is a failure whatever its status says (a GraphQL answer
+    /// with `errors` and no `data`): why, in words.
+    pub(crate) bad: Option<String>,
 }
 
 impl Verdict {
@@ -67,6 +90,40 @@ impl Verdict {
             self.block = Some(block);
         }
     }
+
+    /// The one limit a single-limit upstream reports: `left`, resetting in
+    /// `resets_in` if it says when.
+    fn left_of_resource(&mut self, left: Left, resets_in: Option<Duration>) {
+        self.left.push(Resync {
+            limit: None,
+            left,
+            resets_in,
+        });
+    }
+}
+
+/// What the upstream says it has left on one of its limits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Resync {
+    /// Which limit: `None` is the answer's resource (every window of it
+    /// that mirrors no limit named here); `Some(name)`: the windows whose
+    /// `resource` is `name` (an IETF `RateLimit` lists its limits by name).
+    pub(crate) limit: Option<String>,
+    /// What is left.
+    pub(crate) left: Left,
+    /// When the upstream's count of this limit resets, from now, if the
+    /// answer says (GitHub's `x-ratelimit-reset`, IETF's `t`, a generic
+    /// reset header): drift recorded from it ends then.
+    pub(crate) resets_in: Option<Duration>,
+}
+
+/// A token's `x-ratelimit-used` as one GitHub GraphQL answer reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Used {
+    /// Points used in the current period.
+    pub(crate) used: u64,
+    /// The period's reset (Unix seconds): a change of it starts a new count.
+    pub(crate) reset: u64,
 }
 
 /// What the upstream says it has left.
@@ -95,22 +152,32 @@ impl Left {
 /// A block the upstream asked for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Block {
-    /// How long (at most the endpoint's `max_block`, applied by the worker).
-    pub(crate) for_: BlockFor,
+    /// How long the upstream said to wait, at most the endpoint's
+    /// `max_block`; zero for "now" or a time already past. The worker
+    /// blocks at least `min_block`, doubled for each throttle in a row.
+    pub(crate) wait: Duration,
+    /// The first block of a throttle streak when it is not the endpoint's
+    /// `min_block`: GitHub's secondary rate limit waits at least a minute.
+    pub(crate) first: Option<Duration>,
     /// Why, in a stable word.
     pub(crate) reason: BlockReason,
     /// What the upstream said, for the task's outcome line (`quotaExceeded`,
     /// `THROTTLED`): a configured or known word, never the upstream's own
     /// text, which could hold anything.
     pub(crate) detail: Option<String>,
+    /// Every resource of the credential, not only the answer's (GitHub's
+    /// secondary rate limits are per token).
+    pub(crate) token_wide: bool,
 }
 
 impl Block {
     fn fixed(wait: Duration, reason: BlockReason) -> Self {
         Block {
-            for_: BlockFor::Fixed(wait),
+            wait,
+            first: None,
             reason,
             detail: None,
+            token_wide: false,
         }
     }
 }
@@ -147,6 +214,7 @@ pub(crate) fn read(
         None => generic::read(endpoint, &a),
         Some(Accounting::Ietf) => ietf::read(endpoint, &a),
         Some(Accounting::Github) => github::read(endpoint, &a),
+        Some(Accounting::GithubGraphql) => github_graphql::read(endpoint, &a),
         Some(Accounting::ShopifyGraphql) => shopify::read(endpoint, &a),
         Some(Accounting::Meta { throttle_at }) => meta::read(endpoint, &a, throttle_at),
     };
@@ -193,6 +261,23 @@ fn digits(v: &str) -> Option<u64> {
         return None;
     }
     Some(v.parse().unwrap_or(u64::MAX))
+}
+
+/// A Unix time in seconds as a header writes it: whole (`1795667000`) or
+/// with a fraction (`1795667000.5`), rounded up (the second is not over
+/// until it has passed).
+pub(crate) fn epoch_secs(v: &str) -> Option<u64> {
+    let d = seconds(v)?;
+    Some(d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0)))
+}
+
+/// A resource as an upstream names it (`x-ratelimit-resource: search`),
+/// if it can name one here: a config's resource name
+/// ([`crate::config::resource_name_ok`]); anything else is ignored (it ends
+/// up in Redis keys and metric labels).
+pub(crate) fn resource_named(raw: &str) -> Option<String> {
+    let name = raw.trim().to_ascii_lowercase();
+    crate::config::resource_name_ok(&name).then_some(name)
 }
 
 /// A header's text, trimmed, if it is text.
@@ -366,6 +451,19 @@ pub(crate) mod tests {
             conditional: false,
             not_modified_cost: 1,
             accounting,
+            resource: None,
+            min_block: Duration::from_secs(1),
+            throttle_block_max: Duration::from_secs(900),
+        }
+    }
+
+    /// One resync: `left` units of `limit` (`None`: the answer's resource),
+    /// resetting in `resets_in`.
+    pub(crate) fn left_of(limit: Option<&str>, left: u64, resets_in: Option<Duration>) -> Resync {
+        Resync {
+            limit: limit.map(str::to_owned),
+            left: Left::Units(left),
+            resets_in,
         }
     }
 
@@ -382,10 +480,7 @@ pub(crate) mod tests {
     }
 
     fn wait_of(v: &Verdict) -> Option<Duration> {
-        match v.block.as_ref()?.for_ {
-            BlockFor::Fixed(d) => Some(d),
-            BlockFor::Doubling { first, .. } => Some(first),
-        }
+        Some(v.block.as_ref()?.wait)
     }
 
     /// Issue 13: Retry-After as seconds, as Shopify's `2.0`, as an HTTP
@@ -417,6 +512,7 @@ pub(crate) mod tests {
             "{d:?}"
         );
         let past = httpdate::fmt_http_date((now - chrono::Duration::seconds(30)).into());
+        // A date already past: no wait (the worker blocks `min_block`).
         assert_eq!(at(&past), Duration::ZERO);
         for huge in [
             "999999999",
@@ -449,6 +545,7 @@ pub(crate) mod tests {
             None,
             Some(Accounting::Ietf),
             Some(Accounting::Github),
+            Some(Accounting::GithubGraphql),
             Some(Accounting::ShopifyGraphql),
             Some(Accounting::Meta { throttle_at: 100 }),
         ] {

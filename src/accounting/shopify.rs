@@ -49,7 +49,9 @@ pub(crate) fn read(endpoint: &Endpoint, a: &Answer<'_>) -> Verdict {
     let available = number(&json, &format!("{cost}/throttleStatus/currentlyAvailable"));
     let restore = number(&json, &format!("{cost}/throttleStatus/restoreRate"));
     // Fewer points than reported, never more: what is available rounds down.
-    v.left = available.map(|a| Left::Units(units(a.floor())));
+    if let Some(a) = available {
+        v.left_of_resource(Left::Units(units(a.floor())), None);
+    }
     let throttled = (json
         .get("errors")
         .and_then(Value::as_array)
@@ -86,11 +88,10 @@ pub(crate) fn read(endpoint: &Endpoint, a: &Answer<'_>) -> Verdict {
 
 #[cfg(test)]
 mod tests {
-    use super::super::read;
     use super::super::tests::endpoint;
+    use super::super::{Resync, read};
     use super::*;
     use crate::config::Accounting;
-    use crate::quota::BlockFor;
     use chrono::Utc;
     use reqwest::header::HeaderMap;
 
@@ -101,7 +102,15 @@ mod tests {
         let v = read(&ep, 200, &HeaderMap::new(), body, Utc::now());
         assert_eq!(
             (v.cost, v.left, v.refused),
-            (Some(46), Some(Left::Units(954)), false)
+            (
+                Some(46),
+                vec![Resync {
+                    limit: None,
+                    left: Left::Units(954),
+                    resets_in: None
+                }],
+                false
+            )
         );
         assert_eq!(v.block, None);
     }
@@ -115,15 +124,22 @@ mod tests {
             v.refused,
             "THROTTLED comes with HTTP 200 and is still a refusal"
         );
-        assert_eq!((v.cost, v.left), (Some(0), Some(Left::Units(640))));
+        assert_eq!(
+            (v.cost, v.left),
+            (
+                Some(0),
+                vec![Resync {
+                    limit: None,
+                    left: Left::Units(640),
+                    resets_in: None
+                }]
+            )
+        );
         let b = v.block.expect("blocked");
         // (752 − 640) / 50 = 2.24: 3 s.
         assert_eq!(
-            (b.reason, b.for_),
-            (
-                BlockReason::Throttled,
-                BlockFor::Fixed(Duration::from_secs(3))
-            )
+            (b.reason, b.wait),
+            (BlockReason::Throttled, Duration::from_secs(3))
         );
     }
 

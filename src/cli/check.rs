@@ -217,7 +217,7 @@ fn report(
             warnings.extend(warning);
         }
         let rows = window_rows(config, &cred.name, &cred.windows);
-        let scope_w = (rows.iter().map(|r| r.scope.to_string().len())).max();
+        let scope_w = (rows.iter().map(|r| r.label().len())).max();
         let win_w = (rows.iter().map(|r| r.window.describe().len())).max();
         let (scope_w, win_w) = (scope_w.unwrap_or(0), win_w.unwrap_or(0));
         for row in rows {
@@ -248,6 +248,7 @@ fn report(
     if !served.is_empty() {
         out.push_str(&shares(config, &served));
     }
+    warnings.extend(unmirrored(config));
     if let Some(addr) = config.metrics.listen
         && let Some(why) = crate::ops::exposed(addr)
     {
@@ -255,6 +256,34 @@ fn report(
     }
     for w in &warnings {
         out.push_str(&format!("\nwarning: {w}\n"));
+    }
+    out
+}
+
+/// Endpoints whose answers say what the upstream has left (an
+/// `accounting` adapter or `ratelimit_headers`) where no window they resync
+/// mirrors it (`upstream = true`): the count would change nothing. Warned,
+/// not refused: such an endpoint's blocks still work.
+fn unmirrored(config: &Config) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in config.endpoints.values() {
+        let reads = match (&e.accounting, &e.ratelimit_headers) {
+            (Some(a), _) => format!("accounting = \"{}\"", a.as_str()),
+            (None, Some(_)) => "ratelimit_headers".to_owned(),
+            (None, None) => continue,
+        };
+        let cred = &config.credentials[&e.credential];
+        let mirrors = (cred.windows.iter())
+            .filter(|w| w.resource == e.resource)
+            .chain(&e.windows)
+            .any(|w| w.upstream);
+        if !mirrors {
+            let resource = cred.resource_name(e.resource.as_deref());
+            out.push(format!(
+                "endpoint {}: its answers say what the upstream has left ({reads}), but no window of credential {} of resource {resource:?}, nor one of its own, has upstream = true: nothing is resynced and other programs on the key go unseen; mark the window that mirrors the upstream's limit upstream = true",
+                e.name, cred.name
+            ));
+        }
     }
     out
 }
@@ -274,13 +303,19 @@ fn job_lines(config: &Config, job: &Job, now: DateTime<Utc>) -> String {
             job.reserve
         )
     };
+    // Each same-origin redirect a page follows is one more request, spent
+    // like any other (at most MAX_REDIRECTS a page): the bound, beside the
+    // worst case of pages answered at once.
+    let run = schedule::worst_per_run(config, job);
+    let hops = crate::fetch::MAX_REDIRECTS;
+    let redirected = run.saturating_mul(u64::from(hops) + 1);
     format!(
-        "\njob {} ({}): endpoint {}, {} task(s) per tick, worst case {} units per run ({} item(s) x {} page(s) x {} unit(s))\n{reserve}  next: {}\n",
+        "\njob {} ({}): endpoint {}, {} task(s) per tick, worst case {} units per run ({} item(s) x {} page(s) x {} unit(s)); {redirected} if every page is redirected {hops} times (each hop is spent)\n{reserve}  next: {}\n",
         job.name,
         job.file.display(),
         ep.name,
         job.items(),
-        schedule::worst_per_run(config, job),
+        run,
         job.items(),
         job.max_pages(),
         ep.cost,
@@ -376,12 +411,15 @@ fn window_rows<'a>(config: &'a Config, credential: &str, own: &'a [Window]) -> V
     let charged: Vec<&Job> = (cred_jobs.iter().copied())
         .filter(|j| config.endpoints[&j.endpoint].charge_credential)
         .collect();
+    // A credential's window is spent by the endpoints of its resource.
     let mut rows: Vec<Row<'a>> = own
         .iter()
         .map(|window| Row {
             scope: Scope::Credential,
             window,
-            jobs: charged.clone(),
+            jobs: (charged.iter().copied())
+                .filter(|j| config.endpoints[&j.endpoint].resource == window.resource)
+                .collect(),
         })
         .collect();
     for ep in (config.endpoints.values()).filter(|e| e.credential == credential) {
@@ -398,6 +436,15 @@ fn window_rows<'a>(config: &'a Config, credential: &str, own: &'a [Window]) -> V
 }
 
 impl Row<'_> {
+    /// Its scope, and its resource when it is not the credential's default
+    /// (`credential (search)`).
+    fn label(&self) -> String {
+        match &self.window.resource {
+            None => self.scope.to_string(),
+            Some(r) => format!("{} ({r})", self.scope),
+        }
+    }
+
     /// The most units its jobs can spend in one window span. A template
     /// credential's windows are per tenant: each job counts only the items
     /// of its busiest tenant.
@@ -424,13 +471,13 @@ impl Row<'_> {
         now: DateTime<Utc>,
         (scope_w, win_w): (usize, usize),
     ) -> (String, Option<String>) {
-        let (scope, w) = (&self.scope, self.window);
+        let (scope, w) = (self.label(), self.window);
         let worst = self.worst(config, tenants, now);
         let pct = worst as f64 * 100.0 / w.units.get() as f64;
         let fits = worst <= w.units.get();
         let mut line = format!(
             "  {:<scope_w$}  {:<win_w$}  worst case {worst:>9} units per {:<6} {pct:>6.1}%  {}\n",
-            scope.to_string(),
+            scope,
             w.describe(),
             fmt_duration(w.per),
             if fits { "fits" } else { "DOES NOT FIT" }

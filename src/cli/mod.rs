@@ -12,6 +12,7 @@ pub mod settle;
 pub mod spend;
 pub mod tenant;
 pub mod trigger;
+pub mod unblock;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

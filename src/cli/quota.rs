@@ -1,5 +1,6 @@
 //! `quota-worker quota [CREDENTIAL] [--json]`: used / remaining / frees-in of
-//! every window, live from Redis. Exit 0, or 69 when Redis is unreachable.
+//! every window, live from Redis, and the block of each resource (GitHub's
+//! `core`, `search`, ...). Exit 0, or 69 when Redis is unreachable.
 //!
 //! A template credential's tenants are credentials of their own
 //! (`ig[account=123]`), found by the keys they have in Redis: `quota` shows
@@ -147,6 +148,7 @@ pub(crate) fn to_json(usages: &[CredentialUsage]) -> serde_json::Value {
                 .map(|w| {
                     let mut out = json!({
                         "scope": w.scope.to_string(),
+                        "resource": w.resource,
                         "kind": w.window.kind_name(),
                         "units": w.window.units.get(),
                         "period_ms": w.window.per.as_millis() as u64,
@@ -164,30 +166,62 @@ pub(crate) fn to_json(usages: &[CredentialUsage]) -> serde_json::Value {
                 })
                 .collect();
             let reason = u.blocked_reason.map(|r| r.as_str());
-            json!({"name": u.name, "blocked_for_ms": u.blocked_for.as_millis() as u64, "blocked_reason": reason, "windows": windows})
+            // Each resource's block; `blocked_for_ms` above is the default
+            // resource's (for a credential of one resource, its block).
+            let resources: Vec<_> = (u.blocks.iter())
+                .map(|b| {
+                    json!({
+                        "name": b.resource,
+                        "default": b.default,
+                        "blocked_for_ms": b.blocked_for.as_millis() as u64,
+                        "blocked_reason": b.reason.map(|r| r.as_str()),
+                        "streak": b.streak,
+                    })
+                })
+                .collect();
+            json!({"name": u.name, "blocked_for_ms": u.blocked_for.as_millis() as u64, "blocked_reason": reason, "resources": resources, "windows": windows})
         })
         .collect();
     json!({ "credentials": creds })
+}
+
+/// A credential's name and its blocks: one resource's beside the name, as
+/// ever; several resources', a line per blocked one.
+fn blocks_lines(u: &CredentialUsage) -> String {
+    let several = u.blocks.len() > 1;
+    let blocked = |b: &crate::quota::ResourceBlock| {
+        let why = b.reason.map(|r| format!(" ({r})")).unwrap_or_default();
+        let what = if several {
+            format!("resource {} ", b.resource)
+        } else {
+            String::new()
+        };
+        format!(
+            "  {what}BLOCKED by the upstream for {}{why}",
+            fmt_duration(b.blocked_for)
+        )
+    };
+    let mut lines = (u.blocks.iter()).filter(|b| !b.blocked_for.is_zero());
+    let first = if several {
+        String::new()
+    } else {
+        lines.next().map(blocked).unwrap_or_default()
+    };
+    let mut out = format!("{}{first}\n", u.name);
+    for b in lines {
+        out.push_str(&format!("{}\n", blocked(b)));
+    }
+    out
 }
 
 /// A readable table per credential.
 pub(crate) fn table(usages: &[CredentialUsage]) -> String {
     let mut out = String::new();
     for u in usages {
-        let blocked = if u.blocked_for.is_zero() {
-            String::new()
-        } else {
-            let why = u
-                .blocked_reason
-                .map(|r| format!(" ({r})"))
-                .unwrap_or_default();
-            format!(
-                "  BLOCKED by the upstream for {}{why}",
-                fmt_duration(u.blocked_for)
-            )
-        };
-        out.push_str(&format!("{}{blocked}\n", u.name));
-        let rows: Vec<[String; 6]> = u
+        out.push_str(&blocks_lines(u));
+        let several = u.blocks.len() > 1;
+        // The resource column only where there are several.
+        let rows: Vec<Vec<String>> = u
             .windows
             .iter()
             .enumerate()
@@ -203,18 +237,22 @@ pub(crate) fn table(usages: &[CredentialUsage]) -> String {
                 } else {
                     w.window.describe()
                 };
-                [
-                    format!("{}", i + 1),
-                    w.scope.to_string(),
-                    window,
-                    w.used.to_string(),
-                    w.remaining.to_string(),
-                    frees,
-                ]
+                let mut row = vec![format!("{}", i + 1), w.scope.to_string()];
+                if several {
+                    row.push(w.resource.clone());
+                }
+                row.extend([window, w.used.to_string(), w.remaining.to_string(), frees]);
+                row
             })
             .collect();
-        let header = ["#", "scope", "window", "used", "remaining", "frees in"].map(String::from);
-        let mut widths = header.clone().map(|h| h.len());
+        let mut header = vec!["#", "scope"];
+        if several {
+            header.push("resource");
+        }
+        header.extend(["window", "used", "remaining", "frees in"]);
+        let header: Vec<String> = header.into_iter().map(String::from).collect();
+        let numbers = if several { 4..=5 } else { 3..=4 };
+        let mut widths: Vec<usize> = header.iter().map(String::len).collect();
         for r in &rows {
             for (w, c) in widths.iter_mut().zip(r) {
                 *w = (*w).max(c.len());
@@ -222,9 +260,10 @@ pub(crate) fn table(usages: &[CredentialUsage]) -> String {
         }
         for r in std::iter::once(&header).chain(&rows) {
             out.push_str("  ");
-            for (i, (c, w)) in r.iter().zip(widths).enumerate() {
+            for (i, (c, w)) in r.iter().zip(&widths).enumerate() {
+                let w = *w;
                 // numbers right-aligned, text left-aligned
-                if (3..=4).contains(&i) {
+                if numbers.contains(&i) {
                     out.push_str(&format!("{c:>w$}  "));
                 } else {
                     out.push_str(&format!("{c:<w$}  "));

@@ -42,7 +42,11 @@ pub async fn run(config: &Config, job: &str, query: &str, limit: usize, as_json:
     if let Some(pg) = &job.sink.postgres {
         return postgres(job, pg, query, limit, as_json).await;
     }
-    let dbs = sink::databases(config, job);
+    // As the file system names them (issue 24, item 9: `config/../data/…`
+    // read as a path no one wrote); a file that went away keeps its name.
+    let dbs: Vec<PathBuf> = (sink::databases(config, job).into_iter())
+        .map(|p| std::fs::canonicalize(&p).unwrap_or(p))
+        .collect();
     if dbs.is_empty() {
         eprintln!(
             "note: job {} has stored nothing yet (no file matches {})",

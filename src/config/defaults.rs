@@ -103,6 +103,21 @@ pub const MAX_BLOCK: Duration = Duration::from_secs(86_400);
 pub const CONDITIONAL: bool = false;
 /// `throttle_at` (`accounting = "meta"`): the usage percentage that blocks.
 pub const THROTTLE_AT: u8 = 100;
+/// An endpoint's `min_block`: the shortest block, whatever wait (`0`, a
+/// time already past) the upstream asked for; doubled for each throttle
+/// answer in a row.
+pub const MIN_BLOCK: Duration = Duration::from_secs(1);
+/// An endpoint's `throttle_block_max`: where the doubling of consecutive
+/// throttles stops.
+pub const THROTTLE_BLOCK_MAX: Duration = Duration::from_secs(15 * 60);
+/// The resource of an endpoint or window that names none, for a
+/// credential without GitHub endpoints (`accounting = "github"` makes it
+/// `"core"`, `"github-graphql"` alone `"graphql"`).
+pub const RESOURCE: &str = "default";
+/// GitHub REST's default resource.
+pub const GITHUB_RESOURCE: &str = "core";
+/// GitHub GraphQL's resource.
+pub const GITHUB_GRAPHQL_RESOURCE: &str = "graphql";
 
 // jobs
 
@@ -225,6 +240,8 @@ mod tests {
         says(c, f, "unsafe_eviction", "\"refuse\"");
         says(c, f, "conditional", &CONDITIONAL.to_string());
         says(c, f, "throttle_at", &THROTTLE_AT.to_string());
+        says_duration(c, f, "min_block", MIN_BLOCK);
+        says_duration(c, f, "throttle_block_max", THROTTLE_BLOCK_MAX);
         assert_eq!(UNSAFE_EVICTION, UnsafeEviction::Refuse, "docs say refuse");
         let reasons: Vec<String> = QUOTA_REASONS.iter().map(|r| format!("{r:?}")).collect();
         says(c, f, "quota_reasons", &format!("[{}]", reasons.join(", ")));

@@ -204,6 +204,12 @@ pub struct Credential {
     pub secret: SecretSource,
     /// Its quota windows, in config order.
     pub windows: Vec<Window>,
+    /// The name of its default resource: the one a window or endpoint that
+    /// names none belongs to ([`Window::resource`] `None`), and the one an
+    /// existing config's keys belong to. `"core"` when one of its endpoints
+    /// has `accounting = "github"`, else `"graphql"` when one has
+    /// `"github-graphql"`, else `"default"`.
+    pub default_resource: String,
     /// `template = "account"`: one credential per value of `{account}`
     /// (the tenant), each with its own secret (`secret_file` holds the
     /// placeholder), windows of this shape, block and Redis keys.
@@ -211,6 +217,41 @@ pub struct Credential {
 }
 
 impl Credential {
+    /// The name of `resource` (`None`: the default resource).
+    pub fn resource_name<'a>(&'a self, resource: Option<&'a str>) -> &'a str {
+        resource.unwrap_or(&self.default_resource)
+    }
+
+    /// `name` as this credential's windows and endpoints hold it: `None`
+    /// for the default resource.
+    pub fn resource_of(&self, name: &str) -> Option<String> {
+        (name != self.default_resource).then(|| name.to_owned())
+    }
+
+    /// Its resources, the default first, then each other one its windows
+    /// and `endpoints` name, in config order.
+    pub fn resources<'a>(
+        &'a self,
+        endpoints: impl IntoIterator<Item = &'a Endpoint>,
+    ) -> Vec<Option<&'a str>> {
+        let mut out: Vec<Option<&str>> = vec![None];
+        let named = (self.windows.iter().map(|w| w.resource.as_deref())).chain(
+            endpoints
+                .into_iter()
+                .filter(|e| e.credential == self.name)
+                .flat_map(|e| {
+                    std::iter::once(e.resource.as_deref())
+                        .chain(e.windows.iter().map(|w| w.resource.as_deref()))
+                }),
+        );
+        for r in named {
+            if !out.contains(&r) {
+                out.push(r);
+            }
+        }
+        out
+    }
+
     /// One tenant of a template credential: its name as `quota` shows it
     /// and its keys carry it (`ig[account=123]`, [`tenant_name`]).
     /// `None` for a plain credential.
@@ -344,6 +385,13 @@ pub struct Window {
     /// `upstream = true`: it mirrors the upstream's own limit, so every
     /// answer that reports what the upstream has left resyncs it (drift).
     pub upstream: bool,
+    /// The upstream resource it belongs to and mirrors (GitHub's `search`,
+    /// an IETF limit's name); `None`: its credential's default resource
+    /// ([`Credential::default_resource`]). A credential's window is spent
+    /// by the endpoints of its resource; an endpoint's own window (whose
+    /// resource is the endpoint's unless it names one) only says which
+    /// limit it mirrors.
+    pub resource: Option<String>,
 }
 
 /// How a window's period is counted.
@@ -531,6 +579,17 @@ pub struct Endpoint {
     /// ...); `None`: only `ratelimit_headers`, `cost_header`, 429s and
     /// `quota_reasons`.
     pub accounting: Option<Accounting>,
+    /// The upstream resource its requests count against (GitHub's `core`,
+    /// `search`, `graphql`); `None`: its credential's default resource. It
+    /// spends from the credential's windows of this resource, and its
+    /// answers resync and block this resource unless they name another.
+    pub resource: Option<String>,
+    /// The shortest block an answer that says "wait" makes (`Retry-After:
+    /// 0`, a reset already past), doubled for each throttle answer in a row
+    /// on the same resource.
+    pub min_block: Duration,
+    /// The longest a doubled `min_block` grows.
+    pub throttle_block_max: Duration,
 }
 
 /// `accounting` on an endpoint: which upstream's own quota reports it
@@ -542,6 +601,8 @@ pub enum Accounting {
     Ietf,
     /// GitHub REST: `x-ratelimit-*`, primary and secondary rate limits.
     Github,
+    /// GitHub GraphQL: points, `data.rateLimit`, `RATE_LIMITED`.
+    GithubGraphql,
     /// Shopify GraphQL Admin API: the `extensions.cost` of every answer.
     ShopifyGraphql,
     /// Meta Graph API (Facebook, Instagram): `X-App-Usage` and
@@ -558,6 +619,7 @@ impl Accounting {
         match self {
             Accounting::Ietf => "ietf",
             Accounting::Github => "github",
+            Accounting::GithubGraphql => "github-graphql",
             Accounting::ShopifyGraphql => "shopify-graphql",
             Accounting::Meta { .. } => "meta",
         }
@@ -975,6 +1037,7 @@ impl Config {
     /// Every window a spend on `endpoint` checks, numbered as the spend script
     /// numbers them: the credential's first (none when the endpoint has
     /// `charge_credential = false`), then the endpoint's own.
+    /// Of the credential's windows, only those of the endpoint's resource.
     pub fn windows_of<'a>(&'a self, endpoint: &'a Endpoint) -> Vec<(Scope, &'a Window)> {
         let cred = &self.credentials[&endpoint.credential];
         let charged: &[Window] = if endpoint.charge_credential {
@@ -984,6 +1047,7 @@ impl Config {
         };
         charged
             .iter()
+            .filter(|w| w.resource == endpoint.resource)
             .map(|w| (Scope::Credential, w))
             .chain(
                 endpoint
@@ -993,6 +1057,16 @@ impl Config {
             )
             .collect()
     }
+}
+
+/// Whether `name` can name a resource: 1 to 64 of `a-z`, `0-9`, `_`, `-`,
+/// `.` (GitHub's `core`, `code_search`; it is part of Redis keys and a
+/// metric label).
+pub fn resource_name_ok(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && (name.bytes())
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_-.".contains(&b))
 }
 
 /// Whose window it is.

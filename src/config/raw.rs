@@ -122,6 +122,7 @@ pub(super) struct RawWindow {
     pub(super) reset: Option<String>,
     pub(super) timezone: Option<String>,
     pub(super) upstream: Option<bool>,
+    pub(super) resource: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -145,6 +146,9 @@ pub(super) struct RawEndpoint {
     pub(super) not_modified_cost: Option<u64>,
     pub(super) accounting: Option<String>,
     pub(super) throttle_at: Option<u64>,
+    pub(super) resource: Option<String>,
+    pub(super) min_block: Option<Dur>,
+    pub(super) throttle_block_max: Option<Dur>,
 }
 
 #[derive(Debug, Deserialize)]

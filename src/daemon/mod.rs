@@ -213,6 +213,7 @@ impl Parts {
             events: shared.events.clone(),
             local_blocks: Arc::default(),
             unanswered: Default::default(),
+            remembered: Default::default(),
             skip_spend: opts.hooks.skip_spend,
             panic_after_spend: opts.hooks.panic_after_spend.clone(),
         });

@@ -52,6 +52,13 @@ pub(crate) enum Reply {
         /// HTTP status (304).
         status: u16,
     },
+    /// 304 to a request that sent no `If-None-Match` or
+    /// `If-Modified-Since`: a bad answer (there was nothing it could say
+    /// was unchanged), not a complete run.
+    UnaskedNotModified {
+        /// HTTP status (304).
+        status: u16,
+    },
     /// 5xx: try again later.
     ServerError {
         /// HTTP status.
@@ -126,6 +133,7 @@ impl Reply {
         match self {
             Reply::Ok { status, .. }
             | Reply::NotModified { status, .. }
+            | Reply::UnaskedNotModified { status, .. }
             | Reply::Throttled { status, .. }
             | Reply::ServerError { status, .. }
             | Reply::ClientError { status, .. }
@@ -172,6 +180,7 @@ pub(super) fn scrub_reply(scrubber: &Scrubber, reply: &mut Reply) {
         }
         Reply::Throttled { .. }
         | Reply::NotModified { .. }
+        | Reply::UnaskedNotModified { .. }
         | Reply::ServerError { .. }
         | Reply::Redirect { .. }
         | Reply::TooLarge { .. } => {}
@@ -250,11 +259,14 @@ pub(super) async fn answer(
     };
     let verdict = verdict(&body);
     let budget = endpoint.max_body.saturating_mul(DECODED_PER_BODY);
-    let mut reply = classify(status, &body, cut, verdict.refused, scrubber, budget);
+    let mut reply = classify(status, &body, cut, &verdict, scrubber, budget);
     // The body's bytes go; only what was decoded from them stays.
     drop(body);
     if let Some(over) = too_many_records(&reply, &req.records, endpoint.max_records) {
         reply = over;
+    }
+    if matches!(reply, Reply::NotModified { .. }) && !req.is_conditional() {
+        reply = Reply::UnaskedNotModified { status };
     }
     if let Reply::Ok {
         body,
@@ -340,21 +352,31 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 /// Classifies a complete HTTP answer (not a redirect: see
-/// [`Reply::Redirect`]); `refused` is the [`Verdict`]'s: the upstream
-/// throttled this request, whatever its status (Shopify's `THROTTLED`
-/// comes with a 200). A snippet of `body` (`cut`: the start of a longer
-/// one) is scrubbed before it is cut; a decoded body is scrubbed later,
-/// after the next page is read from it.
+/// [`Reply::Redirect`]) with what its accounting made of it: a refusal
+/// (the upstream throttled this request, whatever its status: Shopify's
+/// `THROTTLED` comes with a 200), or a bad answer whatever its status (a
+/// GraphQL answer with errors and no data). A snippet of `body` (`cut`:
+/// the start of a longer one) is scrubbed before it is cut; a decoded body
+/// is scrubbed later, after the next page is read from it.
 pub(crate) fn classify(
     status: u16,
     body: &[u8],
     cut: bool,
-    refused: bool,
+    verdict: &Verdict,
     scrubber: &Scrubber,
     budget: u64,
 ) -> Reply {
-    if refused {
+    if verdict.refused {
         return Reply::Throttled { status };
+    }
+    if let Some(why) = &verdict.bad
+        && (200..300).contains(&status)
+    {
+        // The detail is scrubbed with the reply (`scrub_reply`).
+        return Reply::BadBody {
+            status,
+            detail: why.clone(),
+        };
     }
     match status {
         200..=299 => match decode(body, budget) {
@@ -373,7 +395,8 @@ pub(crate) fn classify(
                 detail: e.to_string(),
             },
         },
-        // Only a conditional request gets one; never a failure.
+        // A conditional request's answer; never a failure (one to a request
+        // that was not conditional is told apart by the caller).
         304 => Reply::NotModified { status },
         500..=599 => Reply::ServerError { status },
         _ => Reply::ClientError {
@@ -387,21 +410,56 @@ pub(crate) fn classify(
 mod tests {
     use super::*;
 
+    fn refused() -> Verdict {
+        Verdict {
+            refused: true,
+            ..Verdict::default()
+        }
+    }
+
+    /// Issue 24, item 7: a GraphQL answer with errors and no data was
+    /// written as a page and the run ended `done`.
+    #[test]
+    fn a_bad_verdict_makes_a_2xx_a_bad_body() {
+        let v = Verdict {
+            bad: Some("GraphQL answer has errors and no data: NOT_FOUND".into()),
+            ..Verdict::default()
+        };
+        assert!(matches!(
+            classify(200, br#"{"errors":[]}"#, false, &v, &Scrubber::default(), 1 << 20),
+            Reply::BadBody { status: 200, detail } if detail.starts_with("GraphQL answer has errors")
+        ));
+    }
+
     /// The verdict decides a refusal, whatever the status: Shopify's
     /// `THROTTLED` comes with a 200 and must never be written as a page.
     #[test]
     fn a_refused_answer_is_throttled_whatever_its_status() {
         for status in [200, 400, 403, 429, 503] {
             assert!(
-                matches!(classify(status, b"{}", false, true, &Scrubber::default(), 1 << 20), Reply::Throttled { status: s } if s == status)
+                matches!(classify(status, b"{}", false, &refused(), &Scrubber::default(), 1 << 20), Reply::Throttled { status: s } if s == status)
             );
         }
         assert!(matches!(
-            classify(200, b"{}", false, false, &Scrubber::default(), 1 << 20),
+            classify(
+                200,
+                b"{}",
+                false,
+                &Verdict::default(),
+                &Scrubber::default(),
+                1 << 20
+            ),
             Reply::Ok { .. }
         ));
         assert!(matches!(
-            classify(429, b"", false, false, &Scrubber::default(), 1 << 20),
+            classify(
+                429,
+                b"",
+                false,
+                &Verdict::default(),
+                &Scrubber::default(),
+                1 << 20
+            ),
             Reply::ClientError { status: 429, .. }
         ));
     }
@@ -409,15 +467,36 @@ mod tests {
     #[test]
     fn bodies_that_are_not_json_are_bad() {
         assert!(matches!(
-            classify(200, b"<html>", false, false, &Scrubber::default(), 1 << 20),
+            classify(
+                200,
+                b"<html>",
+                false,
+                &Verdict::default(),
+                &Scrubber::default(),
+                1 << 20
+            ),
             Reply::BadBody { .. }
         ));
         assert!(matches!(
-            classify(503, b"", false, false, &Scrubber::default(), 1 << 20),
+            classify(
+                503,
+                b"",
+                false,
+                &Verdict::default(),
+                &Scrubber::default(),
+                1 << 20
+            ),
             Reply::ServerError { status: 503 }
         ));
         assert!(matches!(
-            classify(404, b"nope", false, false, &Scrubber::default(), 1 << 20),
+            classify(
+                404,
+                b"nope",
+                false,
+                &Verdict::default(),
+                &Scrubber::default(),
+                1 << 20
+            ),
             Reply::ClientError { status: 404, .. }
         ));
     }
@@ -426,7 +505,14 @@ mod tests {
     #[test]
     fn a_304_is_not_modified() {
         assert!(matches!(
-            classify(304, b"", false, false, &Scrubber::default(), 1 << 20),
+            classify(
+                304,
+                b"",
+                false,
+                &Verdict::default(),
+                &Scrubber::default(),
+                1 << 20
+            ),
             Reply::NotModified { status: 304 }
         ));
     }

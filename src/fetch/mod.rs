@@ -47,7 +47,7 @@ use crate::scrub::Scrubber;
 use answer::{answer, scrub_reply, transport_error};
 
 pub(crate) use answer::{Answered, Reply, fmt_size};
-pub(crate) use request::{BuildError, PageAt, Placeholders, Request};
+pub(crate) use request::{BuildError, MAX_REDIRECTS, PageAt, Placeholders, Request};
 
 /// Sends requests for jobs. Cheap to clone (one connection pool).
 #[derive(Debug, Clone)]

@@ -198,6 +198,15 @@ impl Request {
         })
     }
 
+    /// Whether it asks "only if changed": it sends `If-None-Match` or
+    /// `If-Modified-Since` (the item's validators, or the job's own headers).
+    pub(crate) fn is_conditional(&self) -> bool {
+        self.headers.contains_key(reqwest::header::IF_NONE_MATCH)
+            || self
+                .headers
+                .contains_key(reqwest::header::IF_MODIFIED_SINCE)
+    }
+
     /// The same request, conditional on the validators of the item's last
     /// complete run: `If-None-Match`, `If-Modified-Since`.
     pub(crate) fn conditional(mut self, v: &Validators) -> Request {

@@ -77,6 +77,10 @@ fn describe() {
         "qw_units_spent_total",
         "Units admitted by this daemon's spends, at the endpoint's configured cost"
     );
+    describe_counter!(
+        "qw_units_settled_total",
+        "Units by which this daemon's settles changed its spends: change=\"refund\" taken back (a 304 settled to not_modified_cost, a reported cost below the spend, a request that never left), change=\"raise\" added; charged = spent - refund + raise"
+    );
     describe_histogram!(
         "qw_spend_duration_seconds",
         "Time of one spend (one Redis round trip), seconds"
@@ -104,7 +108,7 @@ fn describe() {
     );
     describe_gauge!(
         "qw_credential_blocked_seconds",
-        "Seconds the credential stays blocked after an upstream 429 (0 = not blocked)"
+        "Seconds a resource of the credential stays blocked after the upstream said wait (0 = not blocked)"
     );
     describe_counter!(
         "qw_tasks_total",
@@ -200,11 +204,19 @@ async fn refresh_gauges(s: &OpsState) {
         };
         let mut labels = vec![("credential", credential)];
         labels.extend(tenant.map(|t| ("tenant", t)));
-        metrics::gauge!("qw_credential_blocked_seconds", &labels).set(u.blocked_for.as_secs_f64());
+        // Each resource's block (GitHub's `core`, `search`, ...; one
+        // resource: `default` or `core`).
+        for b in &u.blocks {
+            let mut labels = labels.clone();
+            labels.push(("resource", b.resource.clone()));
+            metrics::gauge!("qw_credential_blocked_seconds", &labels)
+                .set(b.blocked_for.as_secs_f64());
+        }
         for w in &u.windows {
             let mut labels = labels.clone();
             labels.extend([
                 ("scope", w.scope.to_string()),
+                ("resource", w.resource.clone()),
                 ("window", w.window.describe()),
             ]);
             metrics::gauge!("qw_window_used_units", &labels).set(w.used as f64);

@@ -35,7 +35,7 @@ use backend::Durable;
 pub use backend::{ProbeError, QuotaConn, QuotaTarget};
 
 pub(crate) use block::BlockNote;
-pub use block::{BlockFor, BlockReason, Blocked, STREAK_MEMORY};
+pub use block::{BlockFor, BlockReason, Blocked, ResourceBlock, STREAK_MEMORY};
 
 /// The spend script's source, as shipped in `lua/spend.lua`.
 pub const SCRIPT: &str = include_str!("../../lua/spend.lua");
@@ -277,6 +277,9 @@ pub struct Plan {
     /// The configured credential it comes from (`ig`): the `credential`
     /// label of the counters, which never carry a tenant (docs/metrics.md).
     pub family: String,
+    /// The resource whose block the calls check (the first key): an
+    /// endpoint's; `None`, the credential's default resource.
+    pub resource: Option<String>,
     /// KEYS: block, clock, then each window's keys.
     pub keys: Vec<String>,
     /// The windows, numbered from 1 in this order.
@@ -290,15 +293,20 @@ pub struct Plan {
 
 impl Plan {
     /// `lease`: a concurrent window's lease when it names none (the
-    /// spending endpoint's `timeout` + [`crate::config::LEASE_SLACK`]).
+    /// spending endpoint's `timeout` + [`crate::config::LEASE_SLACK`]);
+    /// `resource`: whose block the calls check (`None`: the default one).
     fn new(
         ks: &KeySpace,
         credential: &str,
+        resource: Option<String>,
         windows: Vec<(Scope, Window)>,
         lease: Duration,
     ) -> Self {
         let now = chrono::Utc::now();
-        let mut keys = vec![ks.blocked(credential), ks.clock(credential)];
+        let mut keys = vec![
+            ks.blocked_in(credential, resource.as_deref()),
+            ks.clock(credential),
+        ];
         let windows: Vec<WindowPlan> = windows
             .into_iter()
             .map(|(scope, window)| {
@@ -331,6 +339,7 @@ impl Plan {
         Plan {
             credential: credential.to_owned(),
             family: credential.to_owned(),
+            resource,
             rings: rings(ks, credential, &windows),
             keys,
             windows,
@@ -341,7 +350,10 @@ impl Plan {
     /// of its tenants (the window specs, fixed windows' time zone tables
     /// included, are the template's).
     fn for_credential(&self, ks: &KeySpace, credential: &str) -> Plan {
-        let mut keys = vec![ks.blocked(credential), ks.clock(credential)];
+        let mut keys = vec![
+            ks.blocked_in(credential, self.resource.as_deref()),
+            ks.clock(credential),
+        ];
         let windows: Vec<WindowPlan> = self
             .windows
             .iter()
@@ -357,7 +369,24 @@ impl Plan {
         Plan {
             credential: credential.to_owned(),
             family: self.family.clone(),
+            resource: self.resource.clone(),
             rings: rings(ks, credential, &windows),
+            keys,
+            windows,
+        }
+    }
+
+    /// The same credential with only the windows `keep` keeps (their keys,
+    /// and the rings of those left).
+    fn only(&self, ks: &KeySpace, keep: impl Fn(&WindowPlan) -> bool) -> Plan {
+        let windows: Vec<WindowPlan> = self.windows.iter().filter(|w| keep(w)).cloned().collect();
+        let mut keys = self.keys[..2].to_vec();
+        keys.extend(windows.iter().flat_map(|w| w.keys.iter().cloned()));
+        Plan {
+            credential: self.credential.clone(),
+            family: self.family.clone(),
+            resource: self.resource.clone(),
+            rings: rings(ks, &self.credential, &windows),
             keys,
             windows,
         }
@@ -419,12 +448,12 @@ impl Plan {
     }
 }
 
-/// The spend-history rings of `credential`'s `windows`: one per scope among
-/// them, in window order.
+/// The spend-history rings of `credential`'s `windows`: one per scope and
+/// resource among them, in window order.
 fn rings(ks: &KeySpace, credential: &str, windows: &[WindowPlan]) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for w in windows {
-        let key = ks.spent(credential, &w.scope);
+        let key = ks.spent_in(credential, &w.scope, w.window.resource.as_deref());
         if !out.contains(&key) {
             out.push(key);
         }
@@ -498,6 +527,9 @@ pub struct Quotas {
     credentials: IndexMap<String, Plan>,
     /// Template credentials by name: their placeholder.
     templates: HashMap<String, String>,
+    /// Each credential's resources (`None`: its default one) and their
+    /// names, the default first.
+    resources: HashMap<String, Vec<(Option<String>, String)>>,
 }
 
 impl Quotas {
@@ -518,7 +550,7 @@ impl Quotas {
                     endpoint: e.name.clone(),
                     cost: e.cost,
                     policy: e.limiter_unavailable,
-                    plan: Plan::new(&ks, &e.credential, windows, lease),
+                    plan: Plan::new(&ks, &e.credential, e.resource.clone(), windows, lease),
                 };
                 (e.name.clone(), plan)
             })
@@ -542,7 +574,10 @@ impl Quotas {
                             .map(|w| (Scope::Endpoint(e.name.clone()), w.clone())),
                     );
                 }
-                (c.name.clone(), Plan::new(&ks, &c.name, windows, lease))
+                (
+                    c.name.clone(),
+                    Plan::new(&ks, &c.name, None, windows, lease),
+                )
             })
             .collect();
         let templates = config
@@ -550,12 +585,44 @@ impl Quotas {
             .values()
             .filter_map(|c| Some((c.name.clone(), c.template.clone()?)))
             .collect();
+        let resources = (config.credentials.values())
+            .map(|c| {
+                let named = (c.resources(config.endpoints.values()).into_iter())
+                    .map(|r| (r.map(str::to_owned), c.resource_name(r).to_owned()))
+                    .collect();
+                (c.name.clone(), named)
+            })
+            .collect();
         Quotas {
             keys: ks,
             endpoints,
             credentials,
             templates,
+            resources,
         }
+    }
+
+    /// The resources of configured credential `family` (a template's, for
+    /// its tenants): `None` for the default one, and each one's name; the
+    /// default first.
+    pub fn resources(&self, family: &str) -> Vec<(Option<String>, String)> {
+        self.resources.get(family).cloned().unwrap_or_default()
+    }
+
+    /// The name of `resource` of credential `family` (`None`: its default).
+    pub fn resource_name<'a>(&'a self, family: &str, resource: Option<&'a str>) -> &'a str {
+        match resource {
+            Some(r) => r,
+            None => (self.resources.get(family))
+                .and_then(|rs| rs.first())
+                .map_or(crate::config::defaults::RESOURCE, |(_, name)| name.as_str()),
+        }
+    }
+
+    /// Resource `name` of credential `family` as its keys hold it: `None`
+    /// for the default one.
+    pub fn resource_of(&self, family: &str, name: &str) -> Option<String> {
+        (self.resource_name(family, None) != name).then(|| name.to_owned())
     }
 
     /// The key space.
@@ -650,6 +717,7 @@ impl Quotas {
                 &w.scope == scope
                     && w.window.kind_name() == window.kind_name()
                     && w.window.per == window.per
+                    && w.window.resource == window.resource
             })
             .ok_or_else(|| QuotaError::UnknownWindow {
                 credential: credential.to_owned(),
@@ -696,6 +764,8 @@ impl Quotas {
 pub struct WindowUsage {
     /// Whose window.
     pub scope: Scope,
+    /// The name of the resource it belongs to.
+    pub resource: String,
     /// The window.
     pub window: Window,
     /// Units recorded in it now (concurrent: units in flight).
@@ -719,10 +789,13 @@ pub struct WindowUsage {
 pub struct CredentialUsage {
     /// The credential.
     pub name: String,
-    /// How long it stays blocked by an upstream throttle (zero: not blocked).
+    /// How long its default resource stays blocked by an upstream throttle
+    /// (zero: not blocked): for a credential of one resource, its block.
     pub blocked_for: Duration,
     /// Why, when it is blocked and the block said why.
     pub blocked_reason: Option<BlockReason>,
+    /// Every resource's block, the default first.
+    pub blocks: Vec<ResourceBlock>,
     /// Every window, credential's first.
     pub windows: Vec<WindowUsage>,
 }
@@ -1103,6 +1176,9 @@ impl Limiter {
             .zip(r[1..].chunks(5))
             .map(|(w, c)| WindowUsage {
                 scope: w.scope.clone(),
+                resource: (self.quotas)
+                    .resource_name(&plan.family, w.window.resource.as_deref())
+                    .to_owned(),
                 window: w.window.clone(),
                 used: u(c[0]),
                 remaining: u(c[1]),
@@ -1111,17 +1187,13 @@ impl Limiter {
                 leases: u(c[4]),
             })
             .collect();
-        let blocked_for = Duration::from_millis(u(r[0]));
-        // One more read, only for a blocked credential.
-        let blocked_reason = if blocked_for.is_zero() {
-            None
-        } else {
-            self.block_reason(credential).await?
-        };
+        let blocks = self.read_blocks(&plan).await?;
+        let default = blocks.iter().find(|b| b.default);
         Ok(CredentialUsage {
             name: plan.credential.clone(),
-            blocked_for,
-            blocked_reason,
+            blocked_for: default.map_or(Duration::ZERO, |b| b.blocked_for),
+            blocked_reason: default.and_then(|b| b.reason),
+            blocks,
             windows,
         })
     }
@@ -1133,11 +1205,18 @@ impl Limiter {
     /// atomically with the window's other state, expiring with them, counted
     /// in `qw_drift_units_total{credential}`. Drift only ever lowers what the
     /// window admits. Returns the drift recorded (0: none needed).
+    ///
+    /// `resets_in`: when the upstream's count resets, from now, if the
+    /// answer said (GitHub's `x-ratelimit-reset`, IETF's `t`): the drift
+    /// recorded stops counting then, so from a second after it the window
+    /// admits what its own spends allow. Without it, the drift lives as
+    /// spends do (a sliding window's `per`).
     pub async fn sync(
         &self,
         credential: &str,
         window: usize,
         upstream_left: u64,
+        resets_in: Option<Duration>,
     ) -> Result<u64, QuotaError> {
         let plan = self.quotas.plan_for(credential)?;
         let Some(w) = plan.windows.get(window) else {
@@ -1146,12 +1225,12 @@ impl Limiter {
                 window: format!("number {window} of {}", plan.windows.len()),
             });
         };
-        let args = plan.args(
-            "sync",
-            &(window + 1).to_string(),
-            &upstream_left.to_string(),
-            Reserve::NONE,
-        );
+        let which = match resets_in {
+            // Whole ms, at least 1, below 2^53 (what the script takes).
+            Some(d) => format!("{}:{}", window + 1, d.as_millis().clamp(1, (1 << 53) - 1)),
+            None => (window + 1).to_string(),
+        };
+        let args = plan.args("sync", &which, &upstream_left.to_string(), Reserve::NONE);
         let r = self.call_acked(Durable::Sync, &plan, args).await?;
         let drift = r.first().copied().unwrap_or(0).max(0) as u64;
         if drift > 0 {
@@ -1163,10 +1242,61 @@ impl Limiter {
                 scope = %w.scope,
                 drift,
                 upstream_left,
+                resets_in_ms = resets_in.map(|d| d.as_millis() as u64),
                 "the upstream reports fewer units left than the window admits; drift recorded"
             );
         }
         Ok(drift)
+    }
+}
+
+/// A window's drift that `undrift` forgot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Forgotten {
+    /// Whose window.
+    pub scope: Scope,
+    /// The name of the resource it belongs to.
+    pub resource: String,
+    /// The window.
+    pub window: Window,
+    /// The drift units it held and no longer counts.
+    pub units: u64,
+}
+
+impl Limiter {
+    /// Forgets the drift the windows of `resources` of `credential` hold
+    /// (an operator's `unblock --drift`): from now they admit what their
+    /// own spends allow. Returns each window's forgotten units.
+    pub async fn undrift(
+        &self,
+        credential: &str,
+        resources: &[Option<&str>],
+    ) -> Result<Vec<Forgotten>, QuotaError> {
+        let plan = self.quotas.plan_for(credential)?;
+        let plan = plan.only(self.quotas.keys(), |w| {
+            resources.contains(&w.window.resource.as_deref())
+        });
+        if plan.windows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let args = plan.args("undrift", "", "", Reserve::NONE);
+        let r = self.call_acked(Durable::Sync, &plan, args).await?;
+        if r.len() != plan.windows.len() {
+            return Err(QuotaError::Script(format!("undrift returned {r:?}")));
+        }
+        Ok(plan
+            .windows
+            .iter()
+            .zip(r)
+            .map(|(w, units)| Forgotten {
+                scope: w.scope.clone(),
+                resource: (self.quotas)
+                    .resource_name(&plan.family, w.window.resource.as_deref())
+                    .to_owned(),
+                window: w.window.clone(),
+                units: units.max(0) as u64,
+            })
+            .collect())
     }
 }
 

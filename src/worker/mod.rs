@@ -57,7 +57,7 @@ use crate::sink::Sinks;
 use crate::stats::Stats;
 use guards::InFlight;
 use lock::{Claim, ItemLock};
-pub(crate) use spend::{LocalBlocks, Unanswered};
+pub(crate) use spend::{LocalBlocks, Remembered, Unanswered};
 
 /// How long pagination checkpoints are kept when nothing resumes them.
 const CHECKPOINT_TTL: Duration = Duration::from_secs(7 * 86_400);
@@ -125,6 +125,10 @@ pub(crate) struct Worker {
     /// Units spent per credential whose requests are not answered yet: a
     /// resync to the upstream's count leaves room for them.
     pub(crate) unanswered: Arc<Unanswered>,
+    /// What this daemon remembers of the upstream between answers (throttle
+    /// streaks it saw, GraphQL tokens' use, resources it logged; kept
+    /// across reloads).
+    pub(crate) remembered: Arc<Remembered>,
     /// The benchmark's "spend off" (`daemon::Hooks::skip_spend`): every
     /// spend counts as admitted and unrecorded, without a call to Redis.
     pub(crate) skip_spend: bool,
@@ -197,6 +201,7 @@ impl Worker {
             events: self.events.clone(),
             local_blocks: self.local_blocks.clone(),
             unanswered: self.unanswered.clone(),
+            remembered: self.remembered.clone(),
             skip_spend: self.skip_spend,
             panic_after_spend: self.panic_after_spend.clone(),
             config,

@@ -3,16 +3,19 @@
 //! answer), and after its answer what the upstream's own accounting says
 //! ([`Worker::account`], the one place a [`Verdict`] is applied): the settle
 //! to what the request really cost (the change in units), the resync of
-//! the `upstream = true` windows (drift), and the credential block when the
-//! upstream throttles ([`Applied`]), held by this daemon itself when Redis
-//! does not take it ([`LocalBlocks`]); and the refund of a request that
-//! never left.
+//! the `upstream = true` windows of the resource the answer speaks for
+//! (drift, ending at the upstream's reset when it gave one), and the block
+//! of that resource (or of every resource, for a token-wide limit) when
+//! the upstream says wait ([`Applied`]), at least `min_block` and doubled
+//! for each throttle in a row, held by this daemon itself when Redis does
+//! not take it ([`LocalBlocks`]); a successful answer ends the throttle
+//! streak; and the refund of a request that never left.
 //!
 //! Nothing here ends a task or touches its progress: the step
 //! (`step::decide`) says what an admission or an answer means for the task,
 //! and applies the units these functions return.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -20,14 +23,28 @@ use tracing::{debug, error, info, warn};
 
 use super::Worker;
 use super::lease::{self, Lease};
-use crate::accounting::{Block, Left, Verdict};
-use crate::config::{Endpoint, Job, Secret};
+use crate::accounting::{Block, Resync, Used, Verdict};
+use crate::config::{Credential, Endpoint, Job, Scope, Secret};
 use crate::fetch::Reply;
 use crate::queue::TaskArgs;
 use crate::quota::{
     BlockFor, BlockNote, BlockReason, Decision, PreparedSpend, QuotaError, RejectedBy,
+    STREAK_MEMORY,
 };
 use crate::stats::Stats;
+
+/// Counts a settle's `change` to a spend of `endpoint` in
+/// `qw_units_settled_total` (so what was finally charged is spent − refund
+/// + raise), and returns it.
+fn settled(endpoint: &Endpoint, change: i64) -> i64 {
+    let kind = if change < 0 { "refund" } else { "raise" };
+    if change != 0 {
+        metrics::counter!("qw_units_settled_total", "credential" => endpoint.credential.clone(),
+                          "endpoint" => endpoint.name.clone(), "change" => kind)
+        .increment(change.unsigned_abs());
+    }
+    change
+}
 
 /// A spend's request id: the task's id, the page (as the step knows it),
 /// and a random part, unique across hosts.
@@ -53,6 +70,14 @@ pub(super) struct Payer<'a> {
     pub(super) tenant: Option<String>,
 }
 
+impl Payer<'_> {
+    /// The credential and the endpoint's resource, as this daemon's own
+    /// memories key them.
+    fn resource_key(&self) -> String {
+        resource_key(&self.credential, self.endpoint.resource.as_deref())
+    }
+}
+
 /// A page's spend, admitted.
 pub(super) struct Spent {
     /// The spend's request id, for a settle or refund.
@@ -62,6 +87,8 @@ pub(super) struct Spent {
     recorded: bool,
     /// Its units, counted as unanswered until the page's step ends.
     flying: Flying,
+    /// When it was admitted, just before its request left.
+    at: Instant,
     /// The tenant it was spent on (template credentials), settled there.
     tenant: Option<String>,
     /// Its lease in the endpoint's concurrent windows, until a settle
@@ -107,10 +134,22 @@ pub(super) enum RefusedBy {
     InFlight,
 }
 
-/// Units this daemon has spent per credential whose requests have not been
-/// answered yet. An answer's "this much is left" was written before the
-/// upstream saw them, so a resync leaves room for them: otherwise the
-/// window would admit them twice (once in flight, once after the resync).
+/// One resource of one credential, as this daemon's own memories key it
+/// (a tenant's credential by its name, `ig[account=123]`; `None`: the
+/// credential's default resource).
+fn resource_key(credential: &str, resource: Option<&str>) -> String {
+    match resource {
+        None => credential.to_owned(),
+        // A NUL is in neither a credential's nor a resource's name.
+        Some(r) => format!("{credential}\0{r}"),
+    }
+}
+
+/// Units this daemon has spent per credential and resource whose requests
+/// have not been answered yet. An answer's "this much is left" was written
+/// before the upstream saw them, so a resync leaves room for them:
+/// otherwise the window would admit them twice (once in flight, once after
+/// the resync).
 #[derive(Debug, Default)]
 pub(crate) struct Unanswered(Mutex<HashMap<String, u64>>);
 
@@ -123,6 +162,7 @@ impl Unanswered {
             all: self.clone(),
             credential: credential.to_owned(),
             units,
+            landed: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -133,17 +173,40 @@ impl Unanswered {
     }
 }
 
-/// One request's units in [`Unanswered`], until dropped (however its task
-/// ends, a panic included).
+/// One request's units in [`Unanswered`], until its answer is in
+/// ([`Flying::land`]) or it is dropped (however its task ends, a panic
+/// included).
 #[must_use = "the units count as unanswered only while this lives"]
 struct Flying {
     all: Arc<Unanswered>,
     credential: String,
     units: u64,
+    /// Whether its units have left [`Unanswered`] already.
+    landed: std::sync::atomic::AtomicBool,
+}
+
+impl Flying {
+    /// The answer is in: its units are no longer unanswered (the sooner
+    /// they leave, the less another answer's resync holds back for them).
+    fn land(&self) {
+        if self.landed.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            return;
+        }
+        let mut m = self.all.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(n) = m.get_mut(&self.credential) {
+            *n = n.saturating_sub(self.units);
+            if *n == 0 {
+                m.remove(&self.credential);
+            }
+        }
+    }
 }
 
 impl Drop for Flying {
     fn drop(&mut self) {
+        if *self.landed.get_mut() {
+            return;
+        }
         let mut m = self.all.0.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(n) = m.get_mut(&self.credential) {
             *n = n.saturating_sub(self.units);
@@ -173,14 +236,97 @@ pub(super) struct Applied {
     pub(super) reason: BlockReason,
     /// What the upstream said, for the outcome line.
     pub(super) detail: Option<String>,
+    /// Which resource, named when the credential has more than one (the
+    /// outcome line says "credential" alone otherwise).
+    pub(super) resource: Option<String>,
+    /// Every resource of the credential (a token-wide limit).
+    pub(super) token_wide: bool,
+    /// Throttles in a row on the resource, this one included (0: the
+    /// block is no throttle).
+    pub(super) streak: u32,
 }
 
-/// Credentials blocked in this process only: when Redis does not take a
-/// block (it is down, or the script failed), this daemon still spends
-/// nothing on the credential until the block's end. Other daemons do not
-/// see it; the upstream will throttle them too, and they block it themselves.
+/// Resources of credentials blocked in this process only: when Redis does
+/// not take a block (it is down, or the script failed), this daemon still
+/// spends nothing on the resource until the block's end. Other daemons do
+/// not see it; the upstream will throttle them too, and they block it
+/// themselves. Keyed by [`resource_key`].
 #[derive(Debug, Default)]
 pub(crate) struct LocalBlocks(Mutex<HashMap<String, Instant>>);
+
+/// What this daemon remembers of the upstream from one answer to the next.
+#[derive(Debug, Default)]
+pub(crate) struct Remembered {
+    /// Resources ([`resource_key`]) this daemon saw blocked after a
+    /// throttle, or refused a spend on for a block, and when: its next
+    /// successful answer there ends the throttle streak in Redis (one call,
+    /// only then: most answers end no streak).
+    streaks: Mutex<HashMap<String, Instant>>,
+    /// GitHub GraphQL: each token's last `x-ratelimit-used`, for a query
+    /// that does not ask for its own cost.
+    used: Mutex<HashMap<String, Used>>,
+    /// Resources an answer named that no window or endpoint of its
+    /// credential has (logged once each).
+    unmirrored: Mutex<HashSet<String>>,
+}
+
+impl Remembered {
+    /// A throttle streak may run on `key` now.
+    fn streak_seen(&self, key: String) {
+        let mut m = self.streaks.lock().unwrap_or_else(PoisonError::into_inner);
+        m.insert(key, Instant::now());
+    }
+
+    /// Whether a successful answer to a request spent at `sent` ends a
+    /// streak on `key`: one may run there, and the request left after this
+    /// daemon saw it begin (an answer to a request already in flight when
+    /// the upstream throttled says nothing about the wait: it ends no
+    /// streak, as a throttle answered then lengthens none). Forgotten once
+    /// it has.
+    fn streak_ends(&self, key: &str, sent: Instant) -> bool {
+        let mut m = self.streaks.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(seen) = m.get(key).copied() else {
+            return false;
+        };
+        // A streak is remembered an hour after its block: past a day, the
+        // memory is stale whatever it says.
+        if seen.elapsed() > STREAK_MEMORY * 24 {
+            m.remove(key);
+            return false;
+        }
+        if sent <= seen {
+            return false;
+        }
+        m.remove(key);
+        true
+    }
+
+    /// What a GraphQL query cost by the token's `x-ratelimit-used`: the
+    /// change since its last answer within the same period (answers that
+    /// arrive out of order, or a new period, say nothing).
+    fn used_since(&self, token: &str, now: Used) -> Option<u64> {
+        let mut m = self.used.lock().unwrap_or_else(PoisonError::into_inner);
+        let before = m.get(token).copied();
+        match before {
+            Some(b) if b.reset == now.reset && now.used <= b.used => None,
+            _ => {
+                m.insert(token.to_owned(), now);
+                before
+                    .filter(|b| b.reset == now.reset)
+                    .map(|b| now.used - b.used)
+            }
+        }
+    }
+
+    /// Whether `key` is logged as unmirrored for the first time now.
+    fn first_unmirrored(&self, key: String) -> bool {
+        let mut m = self
+            .unmirrored
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        m.insert(key)
+    }
+}
 
 impl LocalBlocks {
     /// Holds `credential` blocked for `wait` (never shortening a longer hold).
@@ -261,7 +407,8 @@ impl Worker {
             Some(value) => (cred.tenant(value)?, Some(cred.tenant_secret(value).ok()?)),
             None => (cred.name.clone(), None),
         };
-        if self.local_blocks.left(&credential).is_some() {
+        let key = resource_key(&credential, endpoint.resource.as_deref());
+        if self.local_blocks.left(&key).is_some() {
             return None;
         }
         let request_id = spend_id(task, "1");
@@ -320,9 +467,16 @@ impl Worker {
         let (endpoint, request_id) = (&first.endpoint, &first.request_id);
         let tenant = first.tenant.as_deref();
         let lease = &mut first.lease;
-        if let Err(e) = lease::settle(&self.limiter, endpoint, tenant, request_id, lease, 0).await {
-            error!(endpoint = %endpoint, request_id, error = %e,
-                   "could not refund the first page's spend of a task that sent nothing; its units stay spent");
+        match lease::settle(&self.limiter, endpoint, tenant, request_id, lease, 0).await {
+            Ok(_) => {
+                if let Some(ep) = self.config.endpoints.get(endpoint) {
+                    settled(ep, -(ep.cost.get().min(MAX_SETTLE) as i64));
+                }
+            }
+            Err(e) => {
+                error!(endpoint = %endpoint, request_id, error = %e,
+                       "could not refund the first page's spend of a task that sent nothing; its units stay spent");
+            }
         }
     }
 
@@ -345,7 +499,7 @@ impl Worker {
     /// daemon holds it blocked itself (Redis did not take the upstream's
     /// block); checked before a spend, so a first spend stays unused.
     pub(super) fn held_here(&self, payer: &Payer<'_>) -> Option<Refusal> {
-        let wait = self.local_blocks.left(&payer.credential)?;
+        let wait = self.local_blocks.left(&payer.resource_key())?;
         Some(Refusal {
             by: RefusedBy::HeldHere,
             wait,
@@ -384,10 +538,15 @@ impl Worker {
             Ok(Decision::Rejected(r)) => {
                 Stats::add(&self.stats.rejected_spends, 1);
                 let (by, why) = match r.by {
-                    RejectedBy::Blocked => (
-                        RefusedBy::Blocked,
-                        "credential blocked after the upstream throttled it",
-                    ),
+                    RejectedBy::Blocked => {
+                        // Whoever blocked it, this daemon's next success
+                        // there ends the streak.
+                        self.remembered.streak_seen(payer.resource_key());
+                        (
+                            RefusedBy::Blocked,
+                            "credential blocked after the upstream throttled it",
+                        )
+                    }
                     RejectedBy::Window(_) => {
                         (RefusedBy::Window, "spend rejected by a quota window")
                     }
@@ -401,11 +560,12 @@ impl Worker {
             }
             Err(e) => return Admission::Unavailable(e),
         };
-        let flying = (self.unanswered).fly(&payer.credential, payer.endpoint.cost.get());
+        let flying = (self.unanswered).fly(&payer.resource_key(), payer.endpoint.cost.get());
         Admission::Admitted(Spent {
             request_id,
             recorded,
             flying,
+            at: Instant::now(),
             tenant: payer.tenant.clone(),
             lease,
         })
@@ -438,13 +598,15 @@ impl Worker {
 
     /// Applies what an answer says about the upstream's quota, in this
     /// order: settle the request to what it cost (a 304 the upstream did
-    /// not price costs `not_modified_cost`; a request holding a lease is
-    /// settled even at its own cost, which returns the lease: its answer
-    /// has been read); then resync every
-    /// `upstream = true` window of the spend to what is left (after the
-    /// settle, which the upstream's count already holds); then block the
-    /// credential. Returns the settle's change and the block, if one was
-    /// asked for.
+    /// not price costs `not_modified_cost`; a GitHub GraphQL query that did
+    /// not ask, the change in its token's `x-ratelimit-used`; a request
+    /// holding a lease is settled even at its own cost, which returns the
+    /// lease: its answer has been read); then resync the `upstream = true`
+    /// windows of the resource the answer speaks for to what is left (after
+    /// the settle, which the upstream's count already holds); then block
+    /// that resource (or every one, for a token-wide limit), or, on a
+    /// successful answer, end its throttle streak. Returns the settle's
+    /// change and the block, if one was asked for.
     pub(super) async fn account(
         &self,
         payer: &Payer<'_>,
@@ -453,15 +615,28 @@ impl Worker {
         verdict: Verdict,
     ) -> Accounted {
         let endpoint = payer.endpoint;
-        let cost = match reply {
-            Reply::NotModified { .. } => verdict.cost.or(Some(endpoint.not_modified_cost)),
+        // Answered: its units are in the upstream's count from now on.
+        spent.flying.land();
+        let cred = &self.config.credentials[&endpoint.credential];
+        let resource = self.answered_resource(payer, cred, verdict.resource.as_deref());
+        let cost = match (reply, verdict.used) {
+            (Reply::NotModified { .. }, _) => verdict.cost.or(Some(endpoint.not_modified_cost)),
+            (_, Some(used)) if verdict.cost.is_none() => {
+                (self.remembered).used_since(&payer.credential, used)
+            }
             _ => verdict.cost,
         };
         let change = self.settle_reported(endpoint, spent, cost).await;
-        if let Some(left) = verdict.left {
-            self.resync(payer, spent, left).await;
+        if !verdict.left.is_empty() {
+            self.resync(payer, cred, resource.as_deref(), &verdict.left)
+                .await;
         }
+        let succeeded =
+            !verdict.refused && matches!(reply, Reply::Ok { .. } | Reply::NotModified { .. });
         let Some(b) = verdict.block else {
+            if succeeded {
+                self.end_streak(payer, resource.as_deref(), spent.at).await;
+            }
             return Accounted {
                 change,
                 blocked: None,
@@ -474,42 +649,131 @@ impl Worker {
         } else {
             None
         };
-        let blocked = self.block(payer, &b, status).await;
+        // The answer's resource first: its block is the one reported.
+        let mut targets = vec![resource.clone()];
+        if b.token_wide {
+            let all = self.limiter.quotas().resources(&cred.name);
+            targets.extend(all.into_iter().map(|(r, _)| r).filter(|r| *r != resource));
+        }
+        let (blocked, streak) = self
+            .block(payer, &b, verdict.refused, status, &targets)
+            .await;
+        let several = self.limiter.quotas().resources(&cred.name).len() > 1;
         Accounted {
             change,
             blocked: Some(Applied {
                 blocked,
                 reason: b.reason,
                 detail: b.detail,
+                resource: several.then(|| cred.resource_name(resource.as_deref()).to_owned()),
+                token_wide: b.token_wide && several,
+                streak,
             }),
         }
     }
 
-    /// Resyncs every `upstream = true` window of the payer's spend (a
-    /// template's: its tenant's) to what the upstream says is left, less
-    /// the units this daemon has in flight on the credential besides this
-    /// request (the upstream has not counted them yet). A window that
-    /// already admits no more records nothing: drift only lowers what a
-    /// window admits.
-    async fn resync(&self, payer: &Payer<'_>, spent: &Spent, left: Left) {
+    /// The resource an answer speaks for (`named`: as the upstream names
+    /// it; `None`: the endpoint's), as the credential's keys hold it. A
+    /// resource the credential has no window or endpoint of is logged once:
+    /// its answers resync nothing and block only it.
+    fn answered_resource(
+        &self,
+        payer: &Payer<'_>,
+        cred: &Credential,
+        named: Option<&str>,
+    ) -> Option<String> {
+        let Some(name) = named else {
+            return payer.endpoint.resource.clone();
+        };
+        let resource = cred.resource_of(name);
+        let known =
+            (self.limiter.quotas().resources(&cred.name).iter()).any(|(r, _)| *r == resource);
+        if !known
+            && self
+                .remembered
+                .first_unmirrored(resource_key(&cred.name, Some(name)))
+        {
+            warn!(
+                credential = %cred.name,
+                endpoint = %payer.endpoint.name,
+                resource = name,
+                endpoint_resource = cred.resource_name(payer.endpoint.resource.as_deref()),
+                "the upstream counts this endpoint's answers against a resource no window mirrors: they resync nothing and block only that resource; give the endpoint resource = \"{name}\" and the credential a window of it"
+            );
+        }
+        resource
+    }
+
+    /// Resyncs the `upstream = true` windows the answer speaks for, of the
+    /// payer's credential (a template's: its tenant's): the credential's
+    /// windows of the answer's `resource` and the endpoint's own, each to
+    /// what its limit has left (an IETF answer's named limit, else the
+    /// resource's), less the units this daemon has in flight on that
+    /// resource, unanswered (the upstream may not have counted them yet). A window that already admits no more records nothing: drift
+    /// only lowers what a window admits. Drift from a limit that said when
+    /// it resets ends then.
+    async fn resync(
+        &self,
+        payer: &Payer<'_>,
+        cred: &Credential,
+        resource: Option<&str>,
+        left: &[Resync],
+    ) {
         let (endpoint, credential) = (payer.endpoint, &payer.credential);
-        let others = (self.unanswered.units(credential)).saturating_sub(spent.flying.units);
-        for (scope, w) in self.config.windows_of(endpoint) {
-            if !w.upstream {
+        let plan = match self.limiter.quotas().plan_for(credential) {
+            Ok(plan) => plan,
+            Err(e) => {
+                warn!(credential = %credential, error = %e, "cannot resync the windows");
+                return;
+            }
+        };
+        let own = Scope::Endpoint(endpoint.name.clone());
+        for (i, w) in plan.windows.iter().enumerate() {
+            if !w.window.upstream || (w.scope != Scope::Credential && w.scope != own) {
                 continue;
             }
-            let target = left.of(w.units.get()).saturating_sub(others);
-            if target >= w.units.get() {
+            let mine = w.window.resource.as_deref();
+            // An IETF answer's limit of this window's resource's name, else
+            // the resource's count for the windows of the answer's resource
+            // (a window of the default resource names no limit: it mirrors
+            // the most restrictive, whatever its resource is called).
+            let named = left.iter().find(|r| {
+                mine.is_some()
+                    && (r.limit.as_deref()).is_some_and(|n| cred.resource_of(n).as_deref() == mine)
+            });
+            let r = named.or_else(|| {
+                (mine == resource)
+                    .then(|| left.iter().find(|r| r.limit.is_none()))
+                    .flatten()
+            });
+            let Some(r) = r else {
                 continue;
-            }
-            let synced = match self.limiter.quotas().window_index(credential, &scope, w) {
-                Ok(i) => self.limiter.sync(credential, i, target).await,
-                Err(e) => Err(e),
             };
-            if let Err(e) = synced {
-                warn!(credential = %credential, window = %w.describe(), error = %e,
+            // This request's own units have landed (`account`).
+            let others = self.unanswered.units(&resource_key(credential, mine));
+            let units = w.window.units.get();
+            let target = r.left.of(units).saturating_sub(others);
+            if target >= units {
+                continue;
+            }
+            if let Err(e) = self.limiter.sync(credential, i, target, r.resets_in).await {
+                warn!(credential = %credential, window = %w.window.describe(), error = %e,
                       "could not resync a window to the upstream's count; it admits what it counted");
             }
+        }
+    }
+
+    /// A successful answer on `resource` to a request spent at `sent`:
+    /// its throttle streak ends, if this daemon saw one begin before the
+    /// request left (best effort: a streak left running only makes the
+    /// next throttle's block longer).
+    async fn end_streak(&self, payer: &Payer<'_>, resource: Option<&str>, sent: Instant) {
+        let key = resource_key(&payer.credential, resource);
+        if !self.remembered.streak_ends(&key, sent) {
+            return;
+        }
+        if let Err(e) = self.limiter.end_streak(&payer.credential, resource).await {
+            debug!(credential = %payer.credential, error = %e, "could not end a throttle streak");
         }
     }
 
@@ -563,7 +827,7 @@ impl Worker {
         .await
         {
             // Both at most 2^53: exact as i64.
-            Ok(_) => actual as i64 - cost as i64,
+            Ok(_) => settled(endpoint, actual as i64 - cost as i64),
             Err(e) => {
                 error!(endpoint = %endpoint.name, request_id, actual, error = %e,
                        "could not settle a request to its reported cost; the windows keep the configured cost");
@@ -581,7 +845,7 @@ impl Worker {
         let (request_id, tenant) = (&spent.request_id, spent.tenant.as_deref());
         let lease = &mut spent.lease;
         match lease::settle(&self.limiter, &endpoint.name, tenant, request_id, lease, 0).await {
-            Ok(_) => -(endpoint.cost.get().min(MAX_SETTLE) as i64),
+            Ok(_) => settled(endpoint, -(endpoint.cost.get().min(MAX_SETTLE) as i64)),
             Err(e) => {
                 error!(endpoint = %endpoint.name, request_id, error = %e,
                        "could not refund a request that never left; its units stay spent");
@@ -590,44 +854,67 @@ impl Worker {
         }
     }
 
-    /// Blocks the payer's credential as `b` says (at most `max_block`)
-    /// and returns the block in force. Its reason is kept beside it in
-    /// Redis (the stable word, `quota::BlockReason`), and when this block
-    /// is the one in force, the status page's account of it
-    /// (`quota::BlockNote`: what the upstream answered, on which
-    /// endpoint). A block Redis does not take is never ignored: it is
-    /// logged as an error and held by this daemon itself ([`LocalBlocks`]),
-    /// so no spend of this daemon goes through meanwhile. A template
-    /// credential's tenant is blocked alone, its reasons recorded on the
-    /// tenant's name.
-    async fn block(&self, payer: &Payer<'_>, b: &Block, status: Option<u16>) -> Duration {
+    /// Blocks `resources` of the payer's credential as `b` says (the
+    /// upstream's wait at most `max_block`; at least `min_block`, or the
+    /// upstream's own first block; a `refused` answer is a throttle, whose
+    /// streak doubles that least up to `throttle_block_max`) and returns
+    /// the block in force on the first resource. Its reason is kept beside
+    /// it in Redis (the stable word, `quota::BlockReason`), and when this
+    /// block is the one in force, the status page's account of it
+    /// (`quota::BlockNote`: what the upstream answered, on which endpoint).
+    /// A block Redis does not take is never ignored: it is logged as an
+    /// error and held by this daemon itself ([`LocalBlocks`]), so no spend
+    /// of this daemon goes through meanwhile. A template credential's
+    /// tenant is blocked alone, its reasons recorded on the tenant's name.
+    async fn block(
+        &self,
+        payer: &Payer<'_>,
+        b: &Block,
+        refused: bool,
+        status: Option<u16>,
+        resources: &[Option<String>],
+    ) -> (Duration, u32) {
         let endpoint = payer.endpoint;
-        let bound = |d: Duration| d.min(endpoint.max_block).max(Duration::from_millis(1));
-        let for_ = match b.for_ {
-            BlockFor::Fixed(d) => BlockFor::Fixed(bound(d)),
-            BlockFor::Doubling { first, cap } => BlockFor::Doubling {
-                first: bound(first),
-                cap: bound(cap),
-            },
+        let least = (b.first.unwrap_or(endpoint.min_block)).max(endpoint.min_block);
+        let for_ = BlockFor {
+            wait: b.wait.min(endpoint.max_block),
+            least: least.min(endpoint.max_block),
+            doubling_to: refused.then_some(
+                endpoint
+                    .throttle_block_max
+                    .max(least)
+                    .min(endpoint.max_block),
+            ),
         };
         let credential = &payer.credential;
-        match self.limiter.block_because(credential, for_, b.reason).await {
+        let targets: Vec<Option<&str>> = resources.iter().map(Option::as_deref).collect();
+        match (self.limiter)
+            .block_because(credential, &targets, for_, b.reason)
+            .await
+        {
             Ok(blocked) => {
-                info!(credential = %credential, reason = %b.reason, blocked_ms = blocked.blocked_for.as_millis() as u64,
+                info!(credential = %credential, resources = ?targets, reason = %b.reason,
+                      blocked_ms = blocked.blocked_for.as_millis() as u64,
                       streak = blocked.streak, "the upstream's accounting blocks the credential");
-                if blocked.ours {
-                    self.note_block(payer, b, status, blocked.blocked_for).await;
+                if blocked.streak > 0 {
+                    for r in &targets {
+                        self.remembered.streak_seen(resource_key(credential, *r));
+                    }
                 }
-                blocked.blocked_for
+                if blocked.ours {
+                    self.note_block(payer, b, status, &targets, blocked.blocked_for)
+                        .await;
+                }
+                (blocked.blocked_for, blocked.streak)
             }
             Err(e) => {
-                let wait = match for_ {
-                    BlockFor::Fixed(d) | BlockFor::Doubling { first: d, .. } => d,
-                };
-                error!(credential = %credential, reason = %b.reason, block_ms = wait.as_millis() as u64, error = %e,
+                let wait = for_.wait.max(for_.least);
+                error!(credential = %credential, resources = ?targets, reason = %b.reason, block_ms = wait.as_millis() as u64, error = %e,
                        "could not record the upstream's block in Redis; this daemon holds the credential blocked itself");
-                self.local_blocks.hold(credential, wait);
-                wait
+                for r in &targets {
+                    self.local_blocks.hold(&resource_key(credential, *r), wait);
+                }
+                (wait, 0)
             }
         }
     }
@@ -639,6 +926,7 @@ impl Worker {
         payer: &Payer<'_>,
         b: &Block,
         status: Option<u16>,
+        resources: &[Option<&str>],
         blocked: Duration,
     ) {
         let detail = (b.detail.as_ref())
@@ -655,10 +943,12 @@ impl Worker {
             endpoint: payer.endpoint.name.clone(),
             kind: Some(b.reason.as_str().to_owned()),
         };
-        let mut conn = self.conn.clone();
-        let noted = note.record(&mut conn, self.keys(), &payer.credential, blocked);
-        if let Err(e) = noted.await {
-            debug!(error = %e, "could not record why the credential is blocked");
+        for r in resources {
+            let mut conn = self.conn.clone();
+            let noted = note.record(&mut conn, self.keys(), &payer.credential, *r, blocked);
+            if let Err(e) = noted.await {
+                debug!(error = %e, "could not record why the credential is blocked");
+            }
         }
     }
 }

@@ -252,6 +252,16 @@ fn replied(reply: Reply, blocked: Option<Applied>, rules: &Rules<'_>) -> Action 
             status: Some(status),
             not_modified: true,
         }),
+        // Issue 24, item 6: a 304 to a request that asked for nothing
+        // conditional says nothing about this page (its records were never
+        // seen): the run is not complete, and its checkpoint (at this page)
+        // and `{since}` stay as they are.
+        Reply::UnaskedNotModified { status } => Action::End(End::Fail {
+            status: Some(status),
+            why: "304 without a conditional request".to_owned(),
+            refund: false,
+            keep_checkpoint: true,
+        }),
         Reply::Throttled { status } => throttled(status, blocked, rules),
         Reply::Unreached { detail } => retry(
             rules,
@@ -301,8 +311,18 @@ fn throttled(status: u16, blocked: Option<Applied>, rules: &Rules<'_>) -> Action
     let (wait, why) = match blocked {
         Some(b) => {
             let said = b.detail.map(|d| format!(" ({d})")).unwrap_or_default();
+            let what = match (&b.resource, b.token_wide) {
+                (_, true) => "every resource of the credential".to_owned(),
+                (Some(r), false) => format!("resource {r} of the credential"),
+                (None, false) => "credential".to_owned(),
+            };
+            // Throttles in a row double the block (min_block x 2^(n-1)).
+            let streak = match b.streak {
+                0 | 1 => String::new(),
+                n => format!(", throttle {n} in a row"),
+            };
             let why = format!(
-                "upstream answered {status}{said}; credential blocked for {} ({})",
+                "upstream answered {status}{said}; {what} blocked for {} ({}){streak}",
                 fmt_duration(b.blocked),
                 b.reason
             );
@@ -663,6 +683,43 @@ records = "/items"
         );
     }
 
+    /// Issue 24, item 6: a 304 to a request that sent no conditional
+    /// header ended the run `done` and moved `{since}` a day.
+    #[test]
+    fn a_304_without_a_conditional_request_fails_and_keeps_the_checkpoint() {
+        let job = job("");
+        let a = decide(
+            replied(Reply::UnaskedNotModified { status: 304 }),
+            &at(2, Some("p2")),
+            &rules(&job),
+        );
+        assert!(
+            matches!(&a, Action::End(End::Fail { status: Some(304), why, refund: false, keep_checkpoint: true })
+                if why == "304 without a conditional request"),
+            "{a:?}"
+        );
+    }
+
+    /// Issue 24, item 7: a GraphQL answer with errors and no data is a bad
+    /// answer (fetch makes it one), never a page.
+    #[test]
+    fn a_graphql_answer_without_data_fails() {
+        let job = job("");
+        let a = decide(
+            replied(Reply::BadBody {
+                status: 200,
+                detail: "GraphQL answer has errors and no data: NOT_FOUND: x".into(),
+            }),
+            &at(1, None),
+            &rules(&job),
+        );
+        assert!(
+            matches!(&a, Action::End(End::Fail { status: Some(200), why, keep_checkpoint: false, .. })
+                if why == "bad response: GraphQL answer has errors and no data: NOT_FOUND: x"),
+            "{a:?}"
+        );
+    }
+
     #[test]
     fn a_throttled_answer_waits_for_the_block_its_accounting_applied() {
         let job = job("");
@@ -670,6 +727,9 @@ records = "/items"
             blocked: Duration::from_secs(90),
             reason: BlockReason::TooManyRequests,
             detail: None,
+            resource: None,
+            token_wide: false,
+            streak: 1,
         };
         let a = decide(
             Answer::Replied {
@@ -708,6 +768,58 @@ records = "/items"
         );
     }
 
+    /// Issue 24, items 1 and 5: a block names its resource when the
+    /// credential has several (a search block is not the credential's),
+    /// says when it is token-wide, and counts throttles in a row (each one
+    /// doubles the block).
+    #[test]
+    fn a_throttle_says_which_resource_it_blocked_and_its_streak() {
+        let job = job("");
+        let answer = |resource: Option<&str>, token_wide: bool, streak: u32| Answer::Replied {
+            reply: Reply::Throttled { status: 403 },
+            blocked: Some(Applied {
+                blocked: Duration::from_secs(46),
+                reason: BlockReason::HeadersAtZero,
+                detail: Some("rate limit exceeded".into()),
+                resource: resource.map(str::to_owned),
+                token_wide,
+                streak,
+            }),
+        };
+        let why = |a: Action| match a {
+            Action::End(End::Wait {
+                kind, wait, why, ..
+            }) => {
+                assert_eq!(
+                    (kind, wait),
+                    (OutcomeKind::UpstreamThrottled, Duration::from_secs(46))
+                );
+                why
+            }
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            why(decide(
+                answer(Some("search"), false, 1),
+                &at(1, None),
+                &rules(&job)
+            )),
+            "upstream answered 403 (rate limit exceeded); resource search of the credential blocked for 46s (headers_at_zero)"
+        );
+        assert_eq!(
+            why(decide(
+                answer(Some("core"), true, 3),
+                &at(1, None),
+                &rules(&job)
+            )),
+            "upstream answered 403 (rate limit exceeded); every resource of the credential blocked for 46s (headers_at_zero), throttle 3 in a row"
+        );
+        assert_eq!(
+            why(decide(answer(None, false, 2), &at(1, None), &rules(&job))),
+            "upstream answered 403 (rate limit exceeded); credential blocked for 46s (headers_at_zero), throttle 2 in a row"
+        );
+    }
+
     #[test]
     fn a_quota_reason_waits_with_the_upstreams_words() {
         let job = job("");
@@ -715,6 +827,9 @@ records = "/items"
             blocked: Duration::from_secs(3600),
             reason: BlockReason::QuotaReason,
             detail: Some("quotaExceeded".into()),
+            resource: None,
+            token_wide: false,
+            streak: 1,
         };
         let a = decide(
             Answer::Replied {

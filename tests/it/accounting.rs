@@ -254,6 +254,10 @@ fn retry_after_is_read_in_every_form_and_bounded() {
         );
         assert_eq!(why.as_deref(), Some("429"), "{raw}");
         rig.end_block();
+        // A successful answer ends the throttle streak, so each case's
+        // block is its own (throttles in a row would double it).
+        let (code, summary) = rig.trigger();
+        assert_eq!(code, Some(0), "{raw}: the run after the block: {summary}");
     }
     let garbage = logged(
         &rig.daemon,

@@ -70,3 +70,75 @@ fn r0_blocks_for_t_seconds_and_the_upstream_never_answers_429() {
     assert_eq!(m.over_limit, 0, "the upstream answered 429: {m:?}");
     assert_eq!(m.used, 6);
 }
+
+/// Issue 24, item 3: `RateLimit: "burst";r=50;t=1, "daily";r=0;t=3000`
+/// was read as its first limit only, and the next request got a 429.
+/// Every listed limit is read: a window with `resource = "burst"` mirrors
+/// the limit of that name, an unnamed `upstream = true` window the most
+/// restrictive; the limit at 0 blocks until its `t`, and the drift it
+/// left ends then.
+#[test]
+fn every_listed_limit_is_mirrored_and_the_one_at_zero_blocks() {
+    let _machine = crate::support::machine::timing();
+    // The key's own limit ("default", listed first): 20 per 30 s; "burst":
+    // 3 per 2 s. The job wants 8 pages.
+    let sim = SimConfig {
+        pages_per_query: 8,
+        items_per_page: 2,
+        accounting: SimAccounting::Ietf,
+        ..SimConfig::default()
+    }
+    .limit("burst", 3, Duration::from_secs(2))
+    .key(SIM_KEY, 20, Duration::from_secs(30));
+    let rig = Rig::start(
+        sim,
+        |_| {},
+        |base| {
+            config(
+                Window::sliding(1000, "1h").upstream(),
+                1,
+                |e| {
+                    e.set("accounting", "ietf")
+                        .window(Window::sliding(100, "10s").upstream().resource("burst"))
+                },
+                job(base, &["US"]).pages(8),
+            )
+        },
+    );
+    let mut pages = 0;
+    for _ in 0..6 {
+        let (code, summary) = rig.trigger();
+        let last = rig.outcomes().last().cloned().expect("an outcome");
+        pages += last["pages"].as_u64().expect("pages");
+        if code == Some(0) {
+            break;
+        }
+        assert_eq!(code, Some(75), "{summary}");
+        let (blocked, why) = rig.blocked();
+        assert_eq!(why.as_deref(), Some("headers_at_zero"), "{summary}");
+        // The block lasts until burst resets (t, 2 s at most), not longer.
+        assert!(blocked <= Duration::from_secs(2), "{blocked:?}");
+        let q = rig.quota();
+        let burst = (q["windows"].as_array().expect("windows").iter())
+            .find(|w| w["resource"] == "burst")
+            .cloned()
+            .expect("the burst window");
+        assert_eq!(burst["remaining"], 0, "mirrors burst's r=0: {q}");
+        std::thread::sleep(blocked + Duration::from_millis(1100));
+    }
+    assert_eq!(pages, 8, "every page, in bursts of 3");
+    let m = rig.measure("ietf, several limits");
+    assert_eq!(m.over_limit, 0, "the upstream answered 429: {m:?}");
+    assert_eq!(m.used, 8);
+    // The drift every answer left ends at its limit's reset (the last
+    // answer's most restrictive limit is burst's, 2 s at most): then the
+    // credential's hour admits what its own spends allow.
+    std::thread::sleep(Duration::from_millis(3100));
+    let q = rig.quota();
+    let hour = &q["windows"][0];
+    assert_eq!(
+        (hour["used"].as_u64(), hour["drift"].as_u64()),
+        (Some(8), Some(0)),
+        "{q}"
+    );
+}

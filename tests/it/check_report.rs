@@ -294,3 +294,63 @@ fn a_concurrent_window_is_shown_against_the_daemons_concurrency() {
         d.wait_exit(std::time::Duration::from_secs(20));
     }
 }
+
+/// Issue 24, items 8 and 9: an endpoint whose answers say what the upstream
+/// has left, with no `upstream = true` window to resync, is warned about;
+/// a credential's windows of another resource count only their resource's
+/// jobs; a run's worst case says what redirects can add (each hop is spent).
+#[test]
+fn check_warns_of_a_count_that_resyncs_nothing_and_counts_per_resource() {
+    let cfg = ConfigBuilder::new()
+        .credential(
+            Credential::env("gh", SECRET.0)
+                .window(Window::sliding(4500, "1h"))
+                .window(Window::sliding(30, "1m").upstream().resource("search")),
+        )
+        .endpoint(
+            Endpoint::new("github.events", "gh", 1)
+                .ratelimit_headers("x-ratelimit-remaining", "x-ratelimit-reset"),
+        )
+        .endpoint(
+            Endpoint::new("github.search", "gh", 1)
+                .set("accounting", "github")
+                .set("resource", "search"),
+        )
+        .job(events_job())
+        .job(search_on("issues", "github.search"))
+        .write();
+    let text = check(&cfg);
+    let warning = text
+        .lines()
+        .find(|l| l.starts_with("warning: endpoint github.events"))
+        .unwrap_or_else(|| panic!("no warning:\n{text}"));
+    assert!(
+        warning.contains("(ratelimit_headers)") && warning.contains("upstream = true"),
+        "{warning}"
+    );
+    assert!(
+        !text.contains("warning: endpoint github.search"),
+        "search's window mirrors it:\n{text}"
+    );
+    // The core hour counts the events job only (8 x 4 x 2 ticks an hour);
+    // the search minute the search job only (8 a minute).
+    let row = |w: &str| {
+        text.lines()
+            .find(|l| l.contains(w))
+            .unwrap_or_else(|| panic!("no row for {w}:\n{text}"))
+            .to_owned()
+    };
+    assert!(
+        row("4500/1h").contains("worst case        64 units"),
+        "{text}"
+    );
+    let search = row("30/1m");
+    assert!(
+        search.contains("credential (search)") && search.contains("worst case         8 units"),
+        "{search}"
+    );
+    assert!(
+        text.contains("32 units per run (8 item(s) x 4 page(s) x 1 unit(s)); 128 if every page is redirected 3 times (each hop is spent)"),
+        "{text}"
+    );
+}

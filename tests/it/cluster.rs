@@ -1048,7 +1048,7 @@ async fn settle_sync_and_block_wait_for_a_replica_and_only_log_when_none_answers
     let on_master = dump(&cluster.nodes[master], "c00");
     assert_eq!(dump(&cluster.nodes[replica], "c00"), on_master, "settle");
 
-    let synced = with_replica_hung(&cluster, replica, limiter.sync("c00", 0, 2)).await;
+    let synced = with_replica_hung(&cluster, replica, limiter.sync("c00", 0, 2, None)).await;
     assert_eq!(synced.0.expect("sync"), 5, "10 units, 3 spent, 2 left");
     assert!(synced.1, "the sync returned before a replica had it");
     let after_sync = dump(&cluster.nodes[master], "c00");
@@ -1077,7 +1077,7 @@ async fn settle_sync_and_block_wait_for_a_replica_and_only_log_when_none_answers
     let lenient = limiter.settle("c00", &first, 2).await;
     assert_eq!(lenient.expect("settle without a replica"), 1);
     limiter
-        .sync("c00", 0, 0)
+        .sync("c00", 0, 0, None)
         .await
         .expect("sync without a replica");
     limiter

@@ -242,7 +242,12 @@ fn a_304_is_done_writes_nothing_and_costs_not_modified_cost() {
     let cfg = config(KEY, wide(), conditional, [issues])
         .redis_url(&redis.url())
         .write();
-    let env = [(API_KEY_ENV, KEY)];
+    let port = crate::support::redis_server::free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let env = [
+        (API_KEY_ENV, KEY),
+        ("QUOTA_WORKER_METRICS_LISTEN", listen.as_str()),
+    ];
     let mut daemon = Proc::daemon("daemon", &cfg, None, &env);
     daemon.wait_running(Duration::from_secs(30));
     let cli = |args: &[&str]| run_cli(&cfg, None, args, WAIT);
@@ -292,6 +297,17 @@ fn a_304_is_done_writes_nothing_and_costs_not_modified_cost() {
     assert_eq!(o["status"], 304, "{o}");
     assert_eq!(used(), 3, "a 304 costs not_modified_cost = 0");
     assert_eq!(lines(), 6, "nothing written");
+    // Issue 24, item 9: the metrics count what was finally charged:
+    // spent (4, at the configured cost) less what settles gave back (1).
+    let m = crate::support::http::scrape_fresh(port);
+    let of = |name: &str, extra: &[(&str, &str)]| {
+        let mut want = vec![("endpoint", styles::ENDPOINT)];
+        want.extend_from_slice(extra);
+        m.sum(name, &want)
+    };
+    assert_eq!(of("qw_units_spent_total", &[]), 4.0);
+    assert_eq!(of("qw_units_settled_total", &[("change", "refund")]), 1.0);
+    assert_eq!(of("qw_units_settled_total", &[("change", "raise")]), 0.0);
     let stats = upstream.stats();
     let r = &stats.requests[3];
     assert_eq!((r.page, r.status), (Some(1), 304), "{r:?}");

@@ -137,7 +137,7 @@ async fn a_buckets_counters_live_until_its_level_has_drained() {
         (745_000..=750_000).contains(&after_spend),
         "{after_spend} ms"
     );
-    assert_eq!(limiter.sync("b", 0, 0).await.expect("sync"), 99);
+    assert_eq!(limiter.sync("b", 0, 0, None).await.expect("sync"), 99);
     let after_sync = meta_ttl("b");
     assert!(
         (745_000..=after_spend).contains(&after_sync),
@@ -146,7 +146,7 @@ async fn a_buckets_counters_live_until_its_level_has_drained() {
 
     // A sync onto a bucket with no spend: nothing but the level is live,
     // and the counters keep it until it has drained (600 s, 1 s of slack).
-    assert_eq!(limiter.sync("s", 0, 0).await.expect("sync"), 100);
+    assert_eq!(limiter.sync("s", 0, 0, None).await.expect("sync"), 100);
     let level_only = meta_ttl("s");
     assert!(
         (599_000..=601_000).contains(&level_only),
@@ -164,7 +164,7 @@ async fn a_buckets_counters_live_until_its_level_has_drained() {
         .expect("spend");
     assert!(d.is_allowed(), "{d:?}");
     tokio::time::sleep(Duration::from_secs(16)).await;
-    assert_eq!(limiter.sync("t", 0, 0).await.expect("sync"), 100);
+    assert_eq!(limiter.sync("t", 0, 0, None).await.expect("sync"), 100);
     let moved = meta_ttl("t");
     assert!(
         (60_000..=61_000).contains(&moved),

@@ -57,6 +57,7 @@ mod postgres_sink;
 mod queue_limits;
 mod queue_pitfalls;
 mod quota_exhausted;
+mod resources;
 mod retries;
 mod rolling_deploy;
 mod sink;

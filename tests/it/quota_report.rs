@@ -72,14 +72,26 @@ fn quota_json_has_the_spec_shape_and_live_numbers() {
     let k = &creds[0];
     assert_eq!(
         keys(k),
-        BTreeSet::from(["name", "blocked_for_ms", "blocked_reason", "windows"])
+        BTreeSet::from([
+            "name",
+            "blocked_for_ms",
+            "blocked_reason",
+            "resources",
+            "windows"
+        ])
     );
     assert_eq!(k["blocked_for_ms"], 0);
     assert_eq!(k["blocked_reason"], serde_json::Value::Null, "not blocked");
+    // SPEC Part 3: each resource's block; this one has the default only.
+    assert_eq!(
+        k["resources"],
+        serde_json::json!([{"name": "default", "default": true, "blocked_for_ms": 0, "blocked_reason": null, "streak": 0}])
+    );
     let w = k["windows"].as_array().expect("windows");
     assert_eq!(w.len(), 3);
     let shape = BTreeSet::from([
         "scope",
+        "resource",
         "kind",
         "units",
         "period_ms",

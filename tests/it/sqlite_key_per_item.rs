@@ -45,6 +45,13 @@ fan_out = { region = ["US", "GB"] }
 request = { url = "https://example.test/{region}" }
 sink = { kind = "sqlite", path = "data/{job}/{region}.sqlite", records = "/items", key = "/id", search = ["/title"] }
 
+[dotted]
+schedule = "0 */30 * * * *"
+endpoint = "github.issues"
+fan_out = { region = ["US"] }
+request = { url = "https://example.test/{region}" }
+sink = { kind = "sqlite", path = "sub/../data/{job}/{region}.sqlite", records = "/items", key = "/id", search = ["/title"] }
+
 [lines]
 schedule = "0 */30 * * * *"
 endpoint = "github.issues"
@@ -339,7 +346,8 @@ async fn the_search_command_finds_records_in_every_database_of_the_job() {
     let o = search_cli(&cfg, &["nope", "x"]);
     assert_eq!(o.status.code(), Some(64));
     assert!(
-        support::stderr(&o).contains("unknown job \"nope\"; known jobs: issues, per-region, lines"),
+        support::stderr(&o)
+            .contains("unknown job \"nope\"; known jobs: issues, per-region, dotted, lines"),
         "{}",
         support::stderr(&o)
     );
@@ -350,4 +358,26 @@ async fn the_search_command_finds_records_in_every_database_of_the_job() {
         "{}",
         support::stderr(&o)
     );
+}
+
+/// Issue 24, item 9: `search --json` printed the path as the template
+/// joined it (`…/config/../data/github.db`), not the file's.
+#[tokio::test]
+async fn search_json_names_each_database_by_its_real_path() {
+    let (cfg, config) = setup();
+    let sinks = Sinks::new(config.dir.clone());
+    let us = vec![("region".to_owned(), "US".to_owned())];
+    let page = json!({"items": [{"id": "u1", "title": "Guitar lesson"}]});
+    (sinks
+        .write(job(&config, "dotted"), &us, PAGE, &page, at(1))
+        .await)
+        .expect("write");
+    let o = search_cli(&cfg, &["dotted", "guitar", "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", support::stderr(&o));
+    let v = support::json(&o);
+    let db = v["databases"][0].as_str().expect("a database");
+    let want = std::fs::canonicalize(config.dir.join("data/dotted/US.sqlite")).expect("the file");
+    assert_eq!(std::path::Path::new(db), want, "{v}");
+    assert!(!db.contains(".."), "{db}");
+    assert_eq!(v["results"][0]["database"], db);
 }

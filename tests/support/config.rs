@@ -163,6 +163,13 @@ impl Window {
         self.0.set("upstream", true);
         self
     }
+
+    /// `resource = "NAME"`: the upstream resource it belongs to (GitHub's
+    /// `search`, an IETF limit's name).
+    pub fn resource(mut self, name: &str) -> Self {
+        self.0.set("resource", name);
+        self
+    }
 }
 
 /// `[credentials.NAME]`.

@@ -15,6 +15,17 @@
 //! throttled query costs nothing. GitHub's secondary rate limit is an
 //! injected fault ([`super::Fault::GithubSecondary`]), with its real text.
 //!
+//! GitHub meters each resource of a key apart ([`super::SimConfig::resource`]:
+//! `search` 30 a minute, `graphql` 5,000 points an hour, ...; any other
+//! path is `core`), each a window from its first request after a reset,
+//! and every answer names its resource. The `graphql` resource answers as
+//! GitHub's GraphQL API: a POST's answer is `{"data": {"items": [...]}}`
+//! with `data.rateLimit` when the query asks for it (`rateLimit {` in the
+//! body), the path's cost is the query's points, and over the limit the
+//! answer is a 200 with `errors[].type == "RATE_LIMITED"`. An IETF key may
+//! have named limits besides its own ([`super::SimConfig::limit`]): every
+//! request counts on all, every answer lists all.
+//!
 //! "Another consumer" on the same key ([`super::Simulator::burn`]) spends
 //! from the same meter without showing up in the request log, as a second
 //! program with the same token would.
@@ -27,7 +38,7 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use super::{KeyQuota, OverLimit, Page, Shared, epoch_secs_ceil};
+use super::{KeyQuota, Limit, OverLimit, Page, Shared, epoch_secs_ceil};
 
 /// How the simulated upstream meters keys and reports it
 /// ([`super::SimConfig::accounting`]).
@@ -130,6 +141,17 @@ impl Meter {
         }
     }
 
+    /// How long until a fixed window resets (a whole `per` before its
+    /// first charge); zero for the others.
+    fn reset_in(&self, q: &KeyQuota, now: Instant) -> Duration {
+        match self {
+            Meter::Fixed { start, .. } => {
+                start.map_or(q.per, |s| (s + q.per).saturating_duration_since(now))
+            }
+            _ => Duration::ZERO,
+        }
+    }
+
     /// How long until `cost` fits, if nobody else spends.
     fn wait_for(&self, q: &KeyQuota, now: Instant, cost: u64) -> Duration {
         match self {
@@ -176,46 +198,102 @@ fn meter<'m>(
     m
 }
 
+/// The GitHub resource a request to `path` counts on, if it is not `core`.
+pub(super) fn resource_of<'s>(shared: &'s Shared, path: &str) -> Option<&'s str> {
+    (shared.accounting == SimAccounting::Github)
+        .then(|| {
+            shared
+                .resources
+                .iter()
+                .find(|r| r.paths.iter().any(|p| p == path))
+        })
+        .flatten()
+        .map(|r| r.name.as_str())
+}
+
+/// A meter of its own for key `q`: its id and limit as a [`KeyQuota`].
+fn apart(q: &KeyQuota, name: &str, limit: Limit) -> KeyQuota {
+    KeyQuota::new(format!("{}\u{1f}{name}", q.key), limit.units, limit.per)
+}
+
+/// The meters a request to `path` counts on, with the names its answer
+/// gives them: GitHub's resource (`core`: the key's own), or every IETF
+/// limit (`"default"`: the key's own), or the key's own.
+fn meters_of(shared: &Shared, q: &KeyQuota, path: &str) -> Vec<(KeyQuota, String)> {
+    match shared.accounting {
+        SimAccounting::Github => match resource_of(shared, path) {
+            Some(name) => {
+                let r = shared.resources.iter().find(|r| r.name == name);
+                let limit = r.map_or(
+                    Limit {
+                        units: q.units,
+                        per: q.per,
+                    },
+                    |r| r.limit,
+                );
+                vec![(apart(q, name, limit), name.to_owned())]
+            }
+            None => vec![(q.clone(), "core".to_owned())],
+        },
+        SimAccounting::Ietf => std::iter::once((q.clone(), "default".to_owned()))
+            .chain((shared.limits.iter()).map(|(n, l)| (apart(q, n, *l), n.clone())))
+            .collect(),
+        _ => vec![(q.clone(), String::new())],
+    }
+}
+
 /// Answers a valid, parameter-checked request for `page` in `shared`'s
 /// accounting style: charged and served, or its style's over-limit answer.
-/// Returns the answer and the units charged.
+/// Returns the answer and the units charged. `request`: its body (a
+/// GraphQL query's).
 pub(super) fn serve(
     shared: &Shared,
     q: &KeyQuota,
     cost: u64,
     page: Page,
     query: &[(String, String)],
+    request: &[u8],
 ) -> (Response, u64) {
     let style = shared.accounting;
+    let metered = meters_of(shared, q, &page.path);
     let mut guard = shared.lock();
     let now = Instant::now();
     let st = &mut *guard;
-    let m = meter(&mut st.meters, style, q, now);
     // Shopify charges what a query really cost; the others, the path's cost.
-    let (fits, charged) = match style {
+    let charged = match style {
         SimAccounting::Shopify { actual_percent } => {
-            let actual = (cost * u64::from(actual_percent)).div_ceil(100).max(1);
-            (m.left(q) >= cost, actual)
+            (cost * u64::from(actual_percent)).div_ceil(100).max(1)
         }
-        _ => (m.left(q) >= cost, cost),
+        _ => cost,
     };
-    if !fits {
-        let wait = m.wait_for(q, now, cost);
-        let left = m.left(q);
+    // The first meter it does not fit: how long it waits, and what is left.
+    let over = metered.iter().find_map(|(mq, name)| {
+        let m = meter(&mut st.meters, style, mq, now);
+        (m.left(mq) < cost).then(|| (m.wait_for(mq, now, cost), m.left(mq), name.clone()))
+    });
+    if let Some((wait, left, name)) = over {
         st.stats.keys.entry(q.key.clone()).or_default().quota_errors += 1;
         drop(guard);
-        let mut r = over_limit(style, q, cost, left, wait);
+        let mut r = over_limit(style, q, cost, left, wait, &name);
         r.extensions_mut().insert(OverLimit);
         return (r, 0);
     }
-    m.charge(now, charged);
-    let left = m.left(q);
+    let mut left = 0;
+    for (i, (mq, _)) in metered.iter().enumerate() {
+        let m = meter(&mut st.meters, style, mq, now);
+        m.charge(now, charged);
+        if i == 0 {
+            left = m.left(mq);
+        }
+    }
     super::record_charge(st, q, charged, &page, query, now, chrono::Utc::now());
+    let graphql = metered.first().map(|(_, n)| n.as_str()) == Some("graphql");
     let body = match style {
         SimAccounting::Shopify { .. } => json!({
             "data": page.body,
             "extensions": { "cost": cost_extension(q, cost, Some(charged), left) },
         }),
+        _ if graphql => graphql_data(&metered[0].0, &mut st.meters, now, cost, page.body, request),
         _ => page.body,
     };
     let mut r = axum::Json(body).into_response();
@@ -240,16 +318,58 @@ fn cost_extension(q: &KeyQuota, requested: u64, actual: Option<u64>, left: u64) 
     })
 }
 
-/// The style's answer to a request over the key's limit.
+/// GitHub GraphQL's answer: the page's items under `data`, and
+/// `data.rateLimit` when the query (`request`) asks for it.
+fn graphql_data(
+    q: &KeyQuota,
+    meters: &mut std::collections::HashMap<String, Meter>,
+    now: Instant,
+    cost: u64,
+    items: Value,
+    request: &[u8],
+) -> Value {
+    let mut data = json!({ "items": items });
+    if String::from_utf8_lossy(request).contains("rateLimit") {
+        let m = meter(meters, SimAccounting::Github, q, now);
+        let reset = epoch_secs_ceil(SystemTime::now() + m.reset_in(q, now));
+        let reset_at = chrono::DateTime::from_timestamp(reset as i64, 0)
+            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+            .unwrap_or_default();
+        data["rateLimit"] = json!({
+            "cost": cost,
+            "limit": q.units,
+            "remaining": m.left(q),
+            "used": m.used() as u64,
+            "resetAt": reset_at,
+            "nodeCount": 0,
+        });
+    }
+    json!({ "data": data })
+}
+
+/// The style's answer to a request over the key's limit (in GitHub's, of
+/// resource `resource`).
 fn over_limit(
     style: SimAccounting,
     q: &KeyQuota,
     cost: u64,
     left: u64,
     wait: Duration,
+    resource: &str,
 ) -> Response {
     match style {
         SimAccounting::Google => super::quota_exceeded(),
+        SimAccounting::Github if resource == "graphql" => {
+            // GitHub GraphQL: a 200 whose error says so.
+            let body = json!({
+                "errors": [{
+                    "type": "RATE_LIMITED",
+                    "code": "graphql_rate_limit",
+                    "message": "API rate limit exceeded for user ID 1.",
+                }],
+            });
+            (StatusCode::OK, axum::Json(body)).into_response()
+        }
         SimAccounting::Github => {
             let body = json!({
                 "message": "API rate limit exceeded for user ID 1. If you reach out to GitHub Support for help, please include the request ID SIM0:0001:0001:0001:00000001.",
@@ -309,24 +429,35 @@ pub(super) fn github_secondary(retry_after_secs: Option<u64>) -> Response {
 
 /// The headers every answer to a valid key carries in the style (none for
 /// `Google`, whose are [`super::SimConfig::ratelimit_headers`], and
-/// Shopify, whose accounting is in the body).
-pub(super) fn headers(shared: &Shared, q: &KeyQuota, headers: &mut HeaderMap) {
+/// Shopify, whose accounting is in the body): of the meters a request to
+/// `path` counts on.
+pub(super) fn headers(shared: &Shared, q: &KeyQuota, path: &str, headers: &mut HeaderMap) {
     let style = shared.accounting;
     if matches!(style, SimAccounting::Google | SimAccounting::Shopify { .. }) {
         return;
     }
     let now = Instant::now();
-    let (used, left, reset_in, frees_in) = {
+    let metered = meters_of(shared, q, path);
+    // (name, used, left, reset_in, frees_in, units, per) of each meter.
+    let read: Vec<_> = {
         let mut st = shared.lock();
-        let m = meter(&mut st.meters, style, q, now);
-        let reset_in = match m {
-            Meter::Fixed { start, .. } => {
-                start.map_or(q.per, |s| (s + q.per).saturating_duration_since(now))
-            }
-            _ => Duration::ZERO,
-        };
-        (m.used() as u64, m.left(q), reset_in, m.wait_for(q, now, 1))
+        (metered.iter())
+            .map(|(mq, name)| {
+                let m = meter(&mut st.meters, style, mq, now);
+                let (used, left) = (m.used() as u64, m.left(mq));
+                (
+                    name.clone(),
+                    used,
+                    left,
+                    m.reset_in(mq, now),
+                    m.wait_for(mq, now, 1),
+                    mq.units,
+                    mq.per,
+                )
+            })
+            .collect()
     };
+    let (resource, used, left, reset_in, frees_in, units, _) = read[0].clone();
     let mut set = |name: &'static str, value: String| {
         if let Ok(v) = HeaderValue::from_str(&value) {
             headers.insert(HeaderName::from_static(name), v);
@@ -334,24 +465,28 @@ pub(super) fn headers(shared: &Shared, q: &KeyQuota, headers: &mut HeaderMap) {
     };
     match style {
         SimAccounting::Github => {
-            set("x-ratelimit-limit", q.units.to_string());
+            set("x-ratelimit-limit", units.to_string());
             set("x-ratelimit-remaining", left.to_string());
             set("x-ratelimit-used", used.to_string());
             set(
                 "x-ratelimit-reset",
                 epoch_secs_ceil(SystemTime::now() + reset_in).to_string(),
             );
-            set("x-ratelimit-resource", "core".into());
+            set("x-ratelimit-resource", resource);
         }
         SimAccounting::Ietf => {
-            set(
-                "ratelimit-policy",
-                format!("\"default\";q={};w={}", q.units, secs_ceil(q.per)),
-            );
-            set(
-                "ratelimit",
-                format!("\"default\";r={left};t={}", secs_ceil(reset_in)),
-            );
+            let policy: Vec<String> = (read.iter())
+                .map(|(n, _, _, _, _, units, per)| {
+                    format!("\"{n}\";q={units};w={}", secs_ceil(*per))
+                })
+                .collect();
+            let limits: Vec<String> = (read.iter())
+                .map(|(n, _, left, reset_in, ..)| {
+                    format!("\"{n}\";r={left};t={}", secs_ceil(*reset_in))
+                })
+                .collect();
+            set("ratelimit-policy", policy.join(", "));
+            set("ratelimit", limits.join(", "));
         }
         SimAccounting::Meta => {
             // Whole percentages, rounded down, as Meta writes them.
@@ -392,6 +527,16 @@ pub(super) fn burn(shared: &Shared, q: &KeyQuota, units: u64) -> u64 {
     let burnt = units.min(m.left(q));
     m.charge(now, burnt);
     burnt
+}
+
+/// What `q`'s key has left now on GitHub resource `name` (`core`: its own).
+pub(super) fn left_of(shared: &Shared, q: &KeyQuota, name: &str) -> u64 {
+    let metered = match shared.resources.iter().find(|r| r.name == name) {
+        Some(r) => apart(q, name, r.limit),
+        None => q.clone(),
+    };
+    let mut st = shared.lock();
+    meter(&mut st.meters, shared.accounting, &metered, Instant::now()).left(&metered)
 }
 
 /// What `q`'s key has left now, by its meter.

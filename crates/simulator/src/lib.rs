@@ -137,6 +137,25 @@ pub struct SimConfig {
     /// Every answer to a valid key is held open this long before it is
     /// sent ([`SimConfig::hold`]); none unless set.
     pub hold: Option<Duration>,
+    /// GitHub: resources other than `core` ([`SimConfig::resource`]), each
+    /// metered apart per key, for the paths it lists.
+    pub resources: Vec<SimResource>,
+    /// IETF: limits listed beside the key's own (`"default"`), each
+    /// metered apart per key, every request counting on all
+    /// ([`SimConfig::limit`]).
+    pub limits: Vec<(String, Limit)>,
+}
+
+/// A GitHub resource of its own ([`SimConfig::resource`]): requests to
+/// its paths count on it, not on `core`.
+#[derive(Debug, Clone)]
+pub struct SimResource {
+    /// Its name, as `x-ratelimit-resource` says it (`search`, `graphql`).
+    pub name: String,
+    /// Its limit per key, a window from the first request after its reset.
+    pub limit: Limit,
+    /// The paths that count on it.
+    pub paths: Vec<String>,
 }
 
 impl Default for SimConfig {
@@ -160,6 +179,8 @@ impl Default for SimConfig {
             next_origin: None,
             accounting: SimAccounting::Google,
             hold: None,
+            resources: Vec::new(),
+            limits: Vec::new(),
         }
     }
 }
@@ -200,6 +221,33 @@ impl SimConfig {
         let path = path.into();
         self.buckets.retain(|(p, _)| *p != path);
         self.buckets.push((path, Limit { units, per }));
+        self
+    }
+
+    /// GitHub: requests to `paths` count on resource `name`, `units` per
+    /// `per` per key (from the first request after a reset), not on
+    /// `core`; their answers say `x-ratelimit-resource: NAME`. A
+    /// resource named `graphql` answers as GitHub's GraphQL API: POSTs, a
+    /// `data` object (with `rateLimit` when the query asks for it), and
+    /// `RATE_LIMITED` over the limit.
+    #[must_use]
+    pub fn resource(mut self, name: &str, units: u64, per: Duration, paths: &[&str]) -> Self {
+        self.resources.retain(|r| r.name != name);
+        self.resources.push(SimResource {
+            name: name.to_owned(),
+            limit: Limit { units, per },
+            paths: paths.iter().map(|p| (*p).to_owned()).collect(),
+        });
+        self
+    }
+
+    /// IETF: a limit listed beside the key's own, `units` per `per` per
+    /// key (from the first request after its reset); every request counts
+    /// on it too, and a request over any listed limit is answered 429.
+    #[must_use]
+    pub fn limit(mut self, name: &str, units: u64, per: Duration) -> Self {
+        self.limits.retain(|(n, _)| n != name);
+        self.limits.push((name.to_owned(), Limit { units, per }));
         self
     }
 
@@ -323,6 +371,17 @@ pub enum Fault {
         /// The body's top-level `message`.
         message: String,
     },
+    /// Answer `304 Not Modified` with no body, whatever the request asked
+    /// (a cache or proxy that answers a request that was not conditional).
+    NotModified,
+    /// Answer `status` with exactly this JSON body (a GraphQL answer with
+    /// errors and no data, say).
+    Body {
+        /// The HTTP status.
+        status: u16,
+        /// The body, sent as `application/json`.
+        body: String,
+    },
 }
 
 /// One charged (2xx) request, as the upstream saw it.
@@ -393,6 +452,9 @@ pub struct Logged {
     pub page: Option<u32>,
     /// The `If-None-Match` it sent.
     pub if_none_match: Option<String>,
+    /// The resource it counted on (GitHub's `core`, `search`, `graphql`;
+    /// `None` in other styles).
+    pub resource: Option<String>,
     /// The status it was answered with.
     pub status: u16,
     /// Whether it was the upstream's own over-limit answer (403
@@ -631,6 +693,15 @@ impl Simulator {
         st.in_flight.get(key).copied().unwrap_or_default()
     }
 
+    /// What the upstream would still allow `key` now on GitHub resource
+    /// `resource` (`core`: the key's own limit).
+    pub fn left_on(&self, key: &str, resource: &str) -> u64 {
+        let Some(q) = self.shared.keys.get(key) else {
+            return 0;
+        };
+        accounting::left_of(&self.shared, q, resource)
+    }
+
     /// Drops every fault not yet used.
     pub fn clear_faults(&self) {
         self.shared.lock().faults.clear();
@@ -686,6 +757,8 @@ struct Shared {
     base: String,
     next_origin: Option<String>,
     accounting: SimAccounting,
+    resources: Vec<SimResource>,
+    limits: Vec<(String, Limit)>,
     /// Quota usage, faults and stats. A std mutex: handlers on every runtime
     /// thread update it, and only in short sections that never `.await`.
     state: Mutex<SimState>,
@@ -745,6 +818,8 @@ impl Shared {
             base,
             next_origin: config.next_origin,
             accounting: config.accounting,
+            resources: config.resources,
+            limits: config.limits,
             state: Mutex::new(SimState {
                 windows: HashMap::new(),
                 meters: HashMap::new(),
@@ -1265,19 +1340,20 @@ async fn handle(
     uri: Uri,
     headers: HeaderMap,
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,
+    body: axum::body::Bytes,
 ) -> Response {
     let received = Utc::now();
     let query = query.ok().map(|Query(q)| q);
     let key = query.as_deref().and_then(|q| api_key(q, &headers));
-    let response = respond(
-        &shared,
-        &method,
-        &uri,
-        &headers,
-        query.as_deref(),
-        key.as_deref(),
-    )
-    .await;
+    let request = Asked {
+        method: &method,
+        uri: &uri,
+        headers: &headers,
+        query: query.as_deref(),
+        key: key.as_deref(),
+        body: &body,
+    };
+    let response = respond(&shared, &request).await;
     let q = query.unwrap_or_default();
     let (scope, page) = asked(&shared, uri.path(), &q);
     let logged = Logged {
@@ -1295,6 +1371,7 @@ async fn handle(
             .get(IF_NONE_MATCH)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned),
+        resource: accounting::resource_of(&shared, uri.path()).map(str::to_owned),
         status: response.status().as_u16(),
         over_limit: response.extensions().get::<OverLimit>().is_some(),
     };
@@ -1302,22 +1379,34 @@ async fn handle(
     response
 }
 
+/// One request as [`respond`] reads it.
+struct Asked<'a> {
+    method: &'a Method,
+    uri: &'a Uri,
+    headers: &'a HeaderMap,
+    query: Option<&'a [(String, String)]>,
+    key: Option<&'a str>,
+    /// Its body (a GraphQL query's).
+    body: &'a [u8],
+}
+
 /// The answer: path → key → injected fault → parameters → `If-None-Match`
 /// → quota → answer.
-async fn respond(
-    shared: &Shared,
-    method: &Method,
-    uri: &Uri,
-    headers: &HeaderMap,
-    query: Option<&[(String, String)]>,
-    key: Option<&str>,
-) -> Response {
+async fn respond(shared: &Shared, asked: &Asked<'_>) -> Response {
+    let (method, uri, headers, query, key) = (
+        asked.method,
+        asked.uri,
+        asked.headers,
+        asked.query,
+        asked.key,
+    );
     let path = uri.path();
     let Some(&cost) = shared.costs.get(path) else {
         return error(StatusCode::NOT_FOUND, "notFound", "global", "Not Found");
     };
-    // Shopify's GraphQL queries come as POSTs.
-    let post = matches!(shared.accounting, SimAccounting::Shopify { .. });
+    // Shopify's and GitHub's GraphQL queries come as POSTs.
+    let post = matches!(shared.accounting, SimAccounting::Shopify { .. })
+        || accounting::resource_of(shared, path) == Some("graphql");
     if method != Method::GET && !(post && method == Method::POST) {
         return error(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -1362,7 +1451,7 @@ async fn respond(
                 (StatusCode::NOT_MODIFIED, [(ETAG, etag_of(&p))]).into_response()
             }
             Ok(p) if shared.accounting != SimAccounting::Google => {
-                let (r, c) = accounting::serve(shared, quota, cost, p, query);
+                let (r, c) = accounting::serve(shared, quota, cost, p, query, asked.body);
                 charged = c;
                 r
             }
@@ -1395,7 +1484,7 @@ async fn respond(
         },
     };
     shared.key_headers(quota, charged, response.headers_mut());
-    accounting::headers(shared, quota, response.headers_mut());
+    accounting::headers(shared, quota, path, response.headers_mut());
     response
 }
 
@@ -1483,6 +1572,13 @@ async fn injected(
         Fault::GithubSecondary { retry_after_secs } => {
             accounting::github_secondary(retry_after_secs)
         }
+        Fault::NotModified => StatusCode::NOT_MODIFIED.into_response(),
+        Fault::Body { status, body } => (
+            StatusCode::from_u16(status).unwrap_or(StatusCode::OK),
+            [(CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+            body,
+        )
+            .into_response(),
         Fault::Garbage => (
             StatusCode::OK,
             [(CONTENT_TYPE, HeaderValue::from_static("application/json"))],

@@ -14,6 +14,7 @@ use crate::config::{Accounting, FieldPath, Source};
 pub(crate) enum AccountingName {
     Ietf,
     Github,
+    GithubGraphql,
     ShopifyGraphql,
     Meta,
 }
@@ -23,6 +24,7 @@ impl Choice for AccountingName {
     const CHOICES: &'static [(&'static str, Self)] = &[
         ("ietf", AccountingName::Ietf),
         ("github", AccountingName::Github),
+        ("github-graphql", AccountingName::GithubGraphql),
         ("shopify-graphql", AccountingName::ShopifyGraphql),
         ("meta", AccountingName::Meta),
     ];
@@ -62,6 +64,7 @@ impl Loader<'_> {
         Some(match name? {
             AccountingName::Ietf => Accounting::Ietf,
             AccountingName::Github => Accounting::Github,
+            AccountingName::GithubGraphql => Accounting::GithubGraphql,
             AccountingName::ShopifyGraphql => Accounting::ShopifyGraphql,
             AccountingName::Meta => Accounting::Meta { throttle_at },
         })

@@ -6,20 +6,23 @@ use std::path::Path;
 use indexmap::IndexMap;
 
 use super::jobs::RESERVED_KEYS;
+use super::windows::Resources;
 use super::{Loader, NAME_RULE, expand_vars, read_bounded, valid_name};
-use crate::config::defaults::MAX_SECRET_FILE_BYTES as MAX_SECRET;
-use crate::config::raw::RawCredential;
+use crate::config::defaults::{self as d, MAX_SECRET_FILE_BYTES as MAX_SECRET};
+use crate::config::raw::{RawCredential, RawEndpoint};
 use crate::config::{
     ConfigError, Credential, EnvLookup, FieldPath, Location, Secret, SecretSource, Source,
 };
 
 impl Loader<'_> {
-    /// Every `[credentials.NAME]`, in config order.
+    /// Every `[credentials.NAME]`, in config order; `endpoints` (as
+    /// written) say which resource is its default.
     pub(super) fn credentials(
         &mut self,
         src: &Source,
         dir: &Path,
         raw: &IndexMap<String, RawCredential>,
+        endpoints: &IndexMap<String, RawEndpoint>,
     ) -> IndexMap<String, Credential> {
         let mut out = IndexMap::new();
         for (name, rc) in raw {
@@ -28,7 +31,12 @@ impl Loader<'_> {
             let Some(secret) = self.secret_source(src, dir, &base, rc) else {
                 continue;
             };
-            let windows = self.windows(src, &base.join("windows"), &rc.windows);
+            let default_resource = default_resource(name, endpoints);
+            let resources = Resources {
+                default: default_resource,
+                unnamed: None,
+            };
+            let windows = self.windows(src, &base.join("windows"), &rc.windows, &resources);
             let template = rc
                 .template
                 .as_ref()
@@ -40,6 +48,7 @@ impl Loader<'_> {
                 name: name.clone(),
                 secret,
                 windows,
+                default_resource: default_resource.to_owned(),
                 template,
             };
             out.insert(name.clone(), credential);
@@ -146,5 +155,21 @@ pub(in crate::config) fn read_secret(
             }
             Err(e) => Err(at.error(format!("cannot read secret file {}: {e}", path.display()))),
         },
+    }
+}
+
+/// Credential `name`'s default resource, by its endpoints' `accounting`
+/// as written: GitHub REST's `"core"` when one of them reads GitHub REST,
+/// else `"graphql"` when one reads GitHub GraphQL, else `"default"`.
+fn default_resource(name: &str, endpoints: &IndexMap<String, RawEndpoint>) -> &'static str {
+    let accounting = |a: &str| {
+        (endpoints.values()).any(|e| e.credential == name && e.accounting.as_deref() == Some(a))
+    };
+    if accounting("github") {
+        d::GITHUB_RESOURCE
+    } else if accounting("github-graphql") {
+        d::GITHUB_GRAPHQL_RESOURCE
+    } else {
+        d::RESOURCE
     }
 }

@@ -7,10 +7,11 @@ use std::num::NonZeroU64;
 use indexmap::IndexMap;
 
 use super::Loader;
+use super::windows::Resources;
 use crate::config::defaults as d;
 use crate::config::raw::{RawEndpoint, RawRatelimitHeaders, Size};
 use crate::config::{
-    Credential, Endpoint, FieldPath, RatelimitHeaders, Source, Window, fmt_duration,
+    Accounting, Credential, Endpoint, FieldPath, RatelimitHeaders, Source, Window, fmt_duration,
 };
 
 impl Loader<'_> {
@@ -45,28 +46,29 @@ impl Loader<'_> {
     ) -> Option<Endpoint> {
         let base = FieldPath::new(["endpoints", name]);
         self.check_name(src, &base, "endpoint", name);
-        let windows = self.windows(src, &base.join("windows"), &re.windows);
-        let cred = self.credential_of(src, &base, re, credentials)?;
-        let Some(cost) = NonZeroU64::new(re.cost) else {
-            self.error(src, &base.join("cost"), "must be at least 1");
-            return None;
-        };
-        if cost.get() > d::MAX_COUNT {
-            self.error(src, &base.join("cost"), d::MAX_COUNT_RULE);
-            return None;
-        }
+        let accounting = self.accounting(src, &base, re);
+        let (cred, resource, windows) = self.charged_to(src, &base, re, accounting, credentials)?;
+        let cost = self.cost(src, &base, re)?;
         let charge_credential = re.charge_credential.unwrap_or(d::CHARGE_CREDENTIAL);
         if !charge_credential && windows.is_empty() && re.windows.is_empty() {
             let msg = "an endpoint with charge_credential = false counts only against its own windows: give it `windows` (e.g. [{ units = 95, per = \"24h\", kind = \"fixed\" }])";
             self.error(src, &base.join("charge_credential"), msg);
             return None;
         }
-        let charged: &[Window] = if charge_credential {
-            &cred.windows
-        } else {
-            &[]
-        };
-        self.check_cost_fits(src, &base, cost, cred, charged, &windows);
+        // The credential's windows of its resource.
+        let charged: Vec<Window> = (cred.windows.iter())
+            .filter(|w| charge_credential && w.resource == resource)
+            .cloned()
+            .collect();
+        self.check_cost_fits(
+            src,
+            &base,
+            cost,
+            cred,
+            resource.as_deref(),
+            &charged,
+            &windows,
+        );
         let limiter_unavailable = self.pick_or(
             src,
             &base.join("limiter_unavailable"),
@@ -83,12 +85,12 @@ impl Loader<'_> {
             .unwrap_or_else(|| d::QUOTA_REASONS.iter().map(|&r| r.into()).collect());
         let throttle_block = re.throttle_block.map_or(d::THROTTLE_BLOCK, |t| t.0);
         let max_block = self.max_block(src, &base, re, throttle_block);
+        let (min_block, throttle_block_max) = self.throttle_doubling(src, &base, re, max_block);
         let max_body = self.max_body(src, &base, re);
         let max_records = self.max_records(src, &base, re);
         let timeout = self.timeout(src, &base, re);
         let conditional = re.conditional.unwrap_or(d::CONDITIONAL);
         let not_modified_cost = self.not_modified_cost(src, &base, re, cost, conditional);
-        let accounting = self.accounting(src, &base, re);
         Some(Endpoint {
             name: name.to_owned(),
             credential: re.credential.clone(),
@@ -107,20 +109,29 @@ impl Loader<'_> {
             conditional,
             not_modified_cost,
             accounting,
+            resource,
+            min_block,
+            throttle_block_max,
         })
     }
 
-    /// The credential the endpoint names; an error naming the known ones
-    /// when there is none of that name.
-    fn credential_of<'c>(
+    /// The credential an endpoint is charged to, its resource and its own
+    /// windows (checked against no credential when it names none known,
+    /// which is reported: then `None`).
+    fn charged_to<'c>(
         &mut self,
         src: &Source,
         base: &FieldPath,
         re: &RawEndpoint,
+        accounting: Option<Accounting>,
         credentials: &'c IndexMap<String, Credential>,
-    ) -> Option<&'c Credential> {
-        let found = credentials.get(&re.credential);
-        if found.is_none() {
+    ) -> Option<(&'c Credential, Option<String>, Vec<Window>)> {
+        let Some(cred) = credentials.get(&re.credential) else {
+            let resources = Resources {
+                default: d::RESOURCE,
+                unnamed: None,
+            };
+            self.windows(src, &base.join("windows"), &re.windows, &resources);
             let known: Vec<_> = credentials.keys().map(String::as_str).collect();
             let msg = format!(
                 "unknown credential {:?} (known: {})",
@@ -128,8 +139,82 @@ impl Loader<'_> {
                 known.join(", ")
             );
             self.error(src, &base.join("credential"), msg);
+            return None;
+        };
+        let resource = self.endpoint_resource(src, base, re, accounting, cred);
+        let resources = Resources {
+            default: &cred.default_resource,
+            unnamed: Some(cred.resource_name(resource.as_deref())),
+        };
+        let windows = self.windows(src, &base.join("windows"), &re.windows, &resources);
+        Some((cred, resource, windows))
+    }
+
+    /// `resource`: as written, else GitHub REST's `"core"` or GitHub
+    /// GraphQL's `"graphql"` by its `accounting`, else its credential's
+    /// default; `None` when that is the default.
+    fn endpoint_resource(
+        &mut self,
+        src: &Source,
+        base: &FieldPath,
+        re: &RawEndpoint,
+        accounting: Option<Accounting>,
+        cred: &Credential,
+    ) -> Option<String> {
+        let name = match (&re.resource, accounting) {
+            (Some(r), _) => self.resource(src, &base.join("resource"), r)?,
+            (None, Some(Accounting::Github)) => d::GITHUB_RESOURCE.to_owned(),
+            (None, Some(Accounting::GithubGraphql)) => d::GITHUB_GRAPHQL_RESOURCE.to_owned(),
+            (None, _) => return None,
+        };
+        cred.resource_of(&name)
+    }
+
+    /// `min_block` and `throttle_block_max`: the doubling of consecutive
+    /// throttles starts at the one and stops at the other, and neither may
+    /// pass `max_block` (a default `throttle_block_max` above a lower
+    /// `max_block` is lowered to it).
+    fn throttle_doubling(
+        &mut self,
+        src: &Source,
+        base: &FieldPath,
+        re: &RawEndpoint,
+        max_block: std::time::Duration,
+    ) -> (std::time::Duration, std::time::Duration) {
+        let min_block = re.min_block.map_or(d::MIN_BLOCK, |t| t.0);
+        let most = match re.throttle_block_max {
+            Some(t) => t.0,
+            None => d::THROTTLE_BLOCK_MAX.min(max_block),
+        };
+        if min_block.is_zero() || min_block > most {
+            let msg = format!(
+                "must be more than 0 and at most throttle_block_max ({})",
+                fmt_duration(most)
+            );
+            self.error(src, &base.join("min_block"), msg);
         }
-        found
+        if most > max_block {
+            let msg = format!(
+                "{} is longer than max_block ({}): raise max_block or lower throttle_block_max",
+                fmt_duration(most),
+                fmt_duration(max_block)
+            );
+            self.error(src, &base.join("throttle_block_max"), msg);
+        }
+        (min_block, most)
+    }
+
+    /// `cost`: at least 1 and at most 2^53 - 1 (Lua's exact integers).
+    fn cost(&mut self, src: &Source, base: &FieldPath, re: &RawEndpoint) -> Option<NonZeroU64> {
+        let Some(cost) = NonZeroU64::new(re.cost) else {
+            self.error(src, &base.join("cost"), "must be at least 1");
+            return None;
+        };
+        if cost.get() > d::MAX_COUNT {
+            self.error(src, &base.join("cost"), d::MAX_COUNT_RULE);
+            return None;
+        }
+        Some(cost)
     }
 
     /// `max_records`: at least 1, the default unless given.
@@ -227,16 +312,26 @@ impl Loader<'_> {
     /// config error, not a task that waits forever. `charged` are the
     /// credential's windows the endpoint counts against (none with
     /// `charge_credential = false`).
+    #[allow(clippy::too_many_arguments)]
     fn check_cost_fits(
         &mut self,
         src: &Source,
         base: &FieldPath,
         cost: NonZeroU64,
         cred: &Credential,
+        resource: Option<&str>,
         charged: &[Window],
         own: &[Window],
     ) {
         match charged.iter().chain(own).min_by_key(|w| w.units) {
+            None if resource.is_some() => {
+                let r = cred.resource_name(resource);
+                let msg = format!(
+                    "no quota window applies: the endpoint spends from resource {r:?}, which credential {:?} has no window of; give it one (windows = [{{ units = 30, per = \"1m\", resource = \"{r}\" }}]) or give this endpoint `windows`",
+                    cred.name
+                );
+                self.error(src, base, msg);
+            }
             None => {
                 let msg = format!(
                     "no quota window applies: give credential {:?} or this endpoint `windows`",

@@ -176,12 +176,13 @@ impl Loader<'_> {
         let Some(ep) = endpoint else {
             return reserve;
         };
-        // The credential's windows count only when the endpoint charges it.
+        // The credential's windows (of the endpoint's resource) count only
+        // when the endpoint charges it.
         let own = (ep.charge_credential)
             .then(|| self.credential_windows.get(&ep.credential))
             .flatten();
-        let tightest =
-            (own.into_iter().flatten().chain(&ep.windows)).min_by_key(|w| w.admits(reserve));
+        let own = (own.into_iter().flatten()).filter(|w| w.resource == ep.resource);
+        let tightest = (own.chain(&ep.windows)).min_by_key(|w| w.admits(reserve));
         if let Some(w) = tightest.filter(|w| ep.cost.get() > w.admits(reserve)) {
             let msg = format!(
                 "with {reserve} kept free, window {} admits {} units at most, less than {}'s cost {}: no request could ever be admitted",

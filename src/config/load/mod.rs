@@ -79,7 +79,7 @@ impl<'a> Loader<'a> {
         let metrics = self.metrics(&src, &raw.metrics);
         let log_format = self.log(&src, &raw.log);
         let state_dir = self.state_dir(&src, &dir, raw.state_dir.as_deref());
-        let credentials = self.credentials(&src, &dir, &raw.credentials);
+        let credentials = self.credentials(&src, &dir, &raw.credentials, &raw.endpoints);
         let endpoints = self.endpoints(&src, &raw.endpoints, &credentials);
         self.check_upstream_windows(&src, &raw);
         self.credential_windows = (credentials.values())

@@ -1,6 +1,7 @@
 //! `windows = [...]` of a credential or an endpoint: units, period and kind
 //! (sliding, fixed with a reset time and a time zone, or a bucket), or a
-//! concurrent window's units in flight and lease.
+//! concurrent window's units in flight and lease; and the resource each
+//! belongs to.
 
 use std::collections::BTreeSet;
 use std::num::NonZeroU64;
@@ -10,31 +11,52 @@ use super::Loader;
 use crate::config::choice::WindowKindName;
 use crate::config::defaults as d;
 use crate::config::raw::RawWindow;
-use crate::config::{FieldPath, Source, Window, WindowKind, fmt_duration};
+use crate::config::{FieldPath, Source, Window, WindowKind, fmt_duration, resource_name_ok};
 
 const DAY: Duration = Duration::from_secs(86_400);
 
+/// The resources a window list is read against: its credential's default
+/// one (a window naming it holds `None`, as one naming none does) and the
+/// resource of a window that names none (an endpoint's own windows: the
+/// endpoint's).
+pub(super) struct Resources<'a> {
+    pub(super) default: &'a str,
+    pub(super) unnamed: Option<&'a str>,
+}
+
 impl Loader<'_> {
-    /// A window list, in config order; no two of one kind and period.
+    /// A window list, in config order; no two of one resource, kind and
+    /// period (they would share their keys).
     pub(super) fn windows(
         &mut self,
         src: &Source,
         base: &FieldPath,
         raw: &[RawWindow],
+        resources: &Resources<'_>,
     ) -> Vec<Window> {
         let mut out: Vec<Window> = Vec::new();
         let mut seen = BTreeSet::new();
         for (i, rw) in raw.iter().enumerate() {
             let at = base.join(i);
-            let Some(w) = self.window(src, &at, rw) else {
+            let Some(mut w) = self.window(src, &at, rw) else {
                 continue;
             };
-            if !seen.insert((w.kind_name(), w.per)) {
+            w.resource = match rw.resource.as_deref() {
+                None => resources.unnamed.map(str::to_owned),
+                Some(name) => self.resource(src, &at.join("resource"), name),
+            }
+            .filter(|r| r != resources.default);
+            if !seen.insert((w.resource.clone(), w.kind_name(), w.per)) {
                 let (kind, per) = (w.kind_name(), fmt_duration(w.per));
+                let of = w.resource.as_deref().unwrap_or(resources.default);
                 let msg = if w.is_concurrent() {
-                    "two concurrent windows in one list: keep the one with fewer units".to_owned()
+                    format!(
+                        "two concurrent windows of resource {of:?} in one list: keep the one with fewer units"
+                    )
                 } else {
-                    format!("two {kind} windows of {per} in one list: merge them")
+                    format!(
+                        "two {kind} windows of {per} of resource {of:?} in one list: merge them"
+                    )
                 };
                 self.error(src, &at, msg);
                 continue;
@@ -42,6 +64,18 @@ impl Loader<'_> {
             out.push(w);
         }
         out
+    }
+
+    /// A resource's name, if it can be one (it is part of Redis keys).
+    pub(super) fn resource(&mut self, src: &Source, at: &FieldPath, name: &str) -> Option<String> {
+        if resource_name_ok(name) {
+            return Some(name.to_owned());
+        }
+        let msg = format!(
+            "bad resource name {name:?}: 1 to 64 of a-z, 0-9, '_', '-' and '.' (GitHub's \"core\", \"search\", \"graphql\")"
+        );
+        self.error(src, at, msg);
+        None
     }
 
     /// One `{ units, per, kind, reset, timezone }`, or a concurrent
@@ -73,6 +107,7 @@ impl Loader<'_> {
             per,
             kind,
             upstream: rw.upstream.unwrap_or(false),
+            resource: None,
         })
     }
 
@@ -162,6 +197,7 @@ impl Loader<'_> {
             per: Duration::ZERO,
             kind: WindowKind::Concurrent { lease },
             upstream: false,
+            resource: None,
         })
     }
 

@@ -13,12 +13,12 @@ use serde::Serialize;
 
 use super::super::{OpsState, bounded, peek_all};
 use super::read;
-use crate::config::{Config, Job, Scope, WindowKind};
+use crate::config::{Config, Job, WindowKind};
 use crate::keys::KeySpace;
 use crate::outcome::{DEFERRED, OutcomeKind, RETRYING};
 use crate::queue::scripts::finish::{LastError, TickRecord};
 use crate::quota::{BlockNote, ring};
-use crate::quota::{CredentialUsage, Limiter, WindowUsage};
+use crate::quota::{CredentialUsage, Limiter, ResourceBlock, WindowUsage};
 use crate::schedule::StarvedItems;
 
 /// Slots in the last hour of the spend history.
@@ -57,15 +57,23 @@ pub(crate) struct CredentialStatus {
     pub(crate) name: String,
     /// Whether its windows could be read.
     pub(crate) readable: bool,
-    /// Its block, while it lasts.
+    /// Its default resource's block, while it lasts (for a credential of
+    /// one resource, its block).
     pub(crate) block: Option<Block>,
+    /// Every resource's block in force, the default one first.
+    pub(crate) blocks: Vec<Block>,
+    /// Its resources' names, the default first (GitHub's `core`, `search`;
+    /// one resource: `default`).
+    pub(crate) resources: Vec<String>,
     /// Its windows, the credential's first, then its endpoints' own.
     pub(crate) windows: Vec<WindowStatus>,
 }
 
-/// A credential block.
+/// A block of one resource of a credential.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Block {
+    /// The resource blocked (GitHub's `core`, `search`; `default`).
+    pub(crate) resource: String,
     /// How long it still lasts.
     pub(crate) blocked_for_ms: u64,
     /// When it ends (RFC 3339, UTC).
@@ -84,6 +92,8 @@ pub(crate) struct Block {
 pub(crate) struct WindowStatus {
     /// `credential` or `endpoint:NAME`.
     pub(crate) scope: String,
+    /// The resource it belongs to (GitHub's `core`, `search`; `default`).
+    pub(crate) resource: String,
     /// `sliding`, `fixed`, `bucket` or `concurrent`.
     pub(crate) kind: &'static str,
     /// As `check` and `quota` write it: `9500/24h`.
@@ -295,19 +305,21 @@ pub(crate) async fn gather(s: &OpsState) -> Status {
     // recorded on the tenant's name, so they are read after the windows.
     let names: Vec<String> = usages.iter().map(|(n, _)| n.clone()).collect();
     let rings = rings_of(&live.limiter, &names);
+    let blocked = blocked_resources(&usages);
     let (spent, reasons) = tokio::join!(
         bounded("status page: the spend history", async {
             read::read_rings(live.limiter.conn(), &rings).await
         }),
         bounded("status page: the block reasons", async {
-            read::read_block_notes(&mut conn.clone(), keys, &names).await
+            read::read_block_notes(&mut conn.clone(), keys, &blocked).await
         }),
     );
     let mut redis_up = spent.is_some() && reasons.is_some() && depth.is_some();
     let (now_ms, spent) = spent.unwrap_or_else(|| (Utc::now().timestamp_millis(), Vec::new()));
     let reasons = reasons.unwrap_or_default();
-    let ring_of = |name: &str, scope: &Scope| -> Vec<u64> {
-        let key = keys.spent(name, scope);
+    let note_of = |name: &str, b: &ResourceBlock| note(&blocked, &reasons, name, b);
+    let ring_of = |name: &str, w: &WindowUsage| -> Vec<u64> {
+        let key = keys.spent_in(name, &w.scope, w.window.resource.as_deref());
         rings
             .iter()
             .position(|r| *r == key)
@@ -315,9 +327,8 @@ pub(crate) async fn gather(s: &OpsState) -> Status {
             .unwrap_or_else(|| vec![0; ring::SLOTS])
     };
     let mut credentials = Vec::with_capacity(usages.len());
-    for (i, (name, usage)) in usages.into_iter().enumerate() {
-        let note = reasons.get(i).cloned().flatten();
-        let c = credential(name, usage, note, &ring_of, now_ms);
+    for (name, usage) in usages {
+        let c = credential(name, usage, &note_of, &ring_of, now_ms);
         redis_up &= c.readable;
         credentials.push(c);
     }
@@ -347,6 +358,34 @@ pub(crate) async fn gather(s: &OpsState) -> Status {
     }
 }
 
+/// The note on block `b` of credential `name`, as read for `blocked`
+/// ([`blocked_resources`]) into `reasons`.
+fn note(
+    blocked: &[(String, Option<String>)],
+    reasons: &[Option<BlockNote>],
+    name: &str,
+    b: &ResourceBlock,
+) -> Option<BlockNote> {
+    let resource = (!b.default).then_some(b.resource.as_str());
+    let at = (blocked.iter()).position(|(n, r)| n == name && r.as_deref() == resource)?;
+    reasons.get(at).cloned().flatten()
+}
+
+/// The blocks in force of `usages`, each as its credential and resource
+/// (`None`: the default one), whose notes the page reads.
+fn blocked_resources(
+    usages: &[(String, Option<CredentialUsage>)],
+) -> Vec<(String, Option<String>)> {
+    (usages.iter())
+        .filter_map(|(n, u)| Some((n, u.as_ref()?)))
+        .flat_map(|(n, u)| {
+            (u.blocks.iter())
+                .filter(|b| !b.blocked_for.is_zero())
+                .map(|b| (n.clone(), (!b.default).then(|| b.resource.clone())))
+        })
+        .collect()
+}
+
 /// The spend history's rings of `credentials`, each once (the rings of a
 /// credential's scopes; endpoints of one scope share them).
 fn rings_of(limiter: &Limiter, credentials: &[String]) -> Vec<String> {
@@ -364,13 +403,13 @@ fn rings_of(limiter: &Limiter, credentials: &[String]) -> Vec<String> {
 }
 
 /// One credential as read (`usage`: `None` when its windows could not be
-/// read), with the note on its block and each window's spend history
-/// (`ring_of`).
+/// read), with the note on each resource's block (`note_of`) and each
+/// window's spend history (`ring_of`).
 fn credential(
     name: String,
     usage: Option<CredentialUsage>,
-    note: Option<BlockNote>,
-    ring_of: &dyn Fn(&str, &Scope) -> Vec<u64>,
+    note_of: &dyn Fn(&str, &ResourceBlock) -> Option<BlockNote>,
+    ring_of: &dyn Fn(&str, &WindowUsage) -> Vec<u64>,
     now_ms: i64,
 ) -> CredentialStatus {
     let Some(u) = usage else {
@@ -378,23 +417,42 @@ fn credential(
             name,
             readable: false,
             block: None,
+            blocks: Vec::new(),
+            resources: Vec::new(),
             windows: Vec::new(),
         };
     };
-    let block = (!u.blocked_for.is_zero()).then(|| Block {
-        blocked_for_ms: u.blocked_for.as_millis() as u64,
-        until: rfc3339_ms(now_ms + u.blocked_for.as_millis() as i64),
-        kind: (u.blocked_reason.map(|k| k.as_str().to_owned()))
-            .or_else(|| note.as_ref().and_then(|r| r.kind.clone())),
-        reason: note,
-    });
+    let blocks: Vec<Block> = (u.blocks.iter())
+        .filter(|b| !b.blocked_for.is_zero())
+        .map(|b| {
+            let note = note_of(&name, b);
+            Block {
+                resource: b.resource.clone(),
+                blocked_for_ms: b.blocked_for.as_millis() as u64,
+                until: rfc3339_ms(now_ms + b.blocked_for.as_millis() as i64),
+                kind: (b.reason.map(|k| k.as_str().to_owned()))
+                    .or_else(|| note.as_ref().and_then(|r| r.kind.clone())),
+                reason: note,
+            }
+        })
+        .collect();
+    let default = u
+        .blocks
+        .iter()
+        .find(|b| b.default)
+        .map(|b| b.resource.as_str());
+    let block = (blocks.iter())
+        .find(|b| Some(b.resource.as_str()) == default)
+        .cloned();
     let windows = (u.windows.iter())
-        .map(|w| window(w, ring_of(&name, &w.scope), now_ms))
+        .map(|w| window(w, ring_of(&name, w), now_ms))
         .collect();
     CredentialStatus {
         name,
         readable: true,
         block,
+        blocks,
+        resources: u.blocks.iter().map(|b| b.resource.clone()).collect(),
         windows,
     }
 }
@@ -415,6 +473,7 @@ fn window(w: &WindowUsage, ring: Vec<u64>, now_ms: i64) -> WindowStatus {
     let first_slot = now_ms.div_euclid(slot_ms) - (ring::SLOTS as i64 - 1);
     WindowStatus {
         scope: w.scope.to_string(),
+        resource: w.resource.clone(),
         kind: w.window.kind_name(),
         window: w.window.describe(),
         units: w.window.units.get(),

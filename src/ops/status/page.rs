@@ -43,8 +43,11 @@ fn ago_or_in(ms: u64) -> String {
 
 /// The whole document.
 pub(crate) fn render(s: &Status, view: &View) -> Markup {
-    let blocked: Vec<&CredentialStatus> =
-        s.credentials.iter().filter(|c| c.block.is_some()).collect();
+    let blocked: Vec<&CredentialStatus> = s
+        .credentials
+        .iter()
+        .filter(|c| !c.blocks.is_empty())
+        .collect();
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -85,7 +88,7 @@ pub(crate) fn render(s: &Status, view: &View) -> Markup {
                     h2 { "Blocked credentials" }
                     @if blocked.is_empty() { p class="muted" { "None." } }
                     @for c in &blocked {
-                        @if let Some(b) = &c.block { (block(c, b)) }
+                        @for b in &c.blocks { (block(c, b)) }
                     }
                 }
                 section id="credentials" {
@@ -103,8 +106,12 @@ pub(crate) fn render(s: &Status, view: &View) -> Markup {
 
 fn block(c: &CredentialStatus, b: &Block) -> Markup {
     html! {
-        div class="blocked" data-credential=(c.name) {
-            strong { (c.name) } " is blocked until "
+        // A credential of one resource reads as before: the credential is
+        // blocked.
+        div class="blocked" data-credential=(c.name) data-resource=[several(c).then_some(&b.resource)] {
+            strong { (c.name) }
+            @if several(c) { " (resource " code { (b.resource) } ")" }
+            " is blocked until "
             time datetime=(b.until) { (b.until) }
             " (" (ago_or_in(b.blocked_for_ms)) " from now): "
             @match &b.reason {
@@ -124,9 +131,11 @@ fn credential(c: &CredentialStatus) -> Markup {
         article class="credential" data-credential=(c.name) {
             h3 {
                 (c.name)
-                @if let Some(b) = &c.block {
-                    " " span class="bad" {
-                        "blocked" @if let Some(k) = &b.kind { " (" (k) ")" }
+                @for b in &c.blocks {
+                    " " span class="bad" data-resource=[several(c).then_some(&b.resource)] {
+                        "blocked"
+                        @if several(c) { " " (b.resource) }
+                        @if let Some(k) = &b.kind { " (" (k) ")" }
                     }
                 }
             }
@@ -138,14 +147,20 @@ fn credential(c: &CredentialStatus) -> Markup {
                         th { "Frees in" } th class="num" { "Drift" } th { "Runs out" }
                         th { "Spent per 5 min, last 24 h" }
                     } }
-                    tbody { @for w in &c.windows { (window(w)) } }
+                    tbody { @for w in &c.windows { (window(w, several(c))) } }
                 }
             }
         }
     }
 }
 
-fn window(w: &WindowStatus) -> Markup {
+/// Whether the credential has several resources (GitHub's `core`,
+/// `search`, ...): then its blocks and windows name theirs.
+fn several(c: &CredentialStatus) -> bool {
+    c.resources.len() > 1
+}
+
+fn window(w: &WindowStatus, named: bool) -> Markup {
     let pct = if w.units == 0 {
         0.0
     } else {
@@ -153,8 +168,11 @@ fn window(w: &WindowStatus) -> Markup {
     };
     let fill = if w.remaining == 0 { "full" } else { "fill" };
     html! {
-        tr class="window" data-scope=(w.scope) data-window=(w.window) {
-            td { (w.window) br; span class="muted" { (w.scope) } }
+        tr class="window" data-scope=(w.scope) data-window=(w.window) data-resource=[named.then_some(&w.resource)] {
+            td {
+                (w.window) br;
+                span class="muted" { (w.scope) @if named { ", resource " (w.resource) } }
+            }
             td {
                 svg class="bar" viewBox="0 0 100 10" preserveAspectRatio="none" role="img" {
                     title { (w.used) " of " (w.units) " units used" }

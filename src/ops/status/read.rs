@@ -49,16 +49,19 @@ pub(crate) async fn read_rings(
     Ok((now_ms, out))
 }
 
-/// Why each of `credentials` is blocked (`None`: not recorded, or not blocked).
+/// Why each of `blocks` (a credential and one of its resources, `None`
+/// the default one) is blocked (`None`: not recorded, or not blocked).
 pub(crate) async fn read_block_notes(
     conn: &mut ConnectionManager,
     keys: &KeySpace,
-    credentials: &[String],
+    blocks: &[(String, Option<String>)],
 ) -> redis::RedisResult<Vec<Option<BlockNote>>> {
-    if credentials.is_empty() {
+    if blocks.is_empty() {
         return Ok(Vec::new());
     }
-    let names: Vec<String> = credentials.iter().map(|c| keys.block_reason(c)).collect();
+    let names: Vec<String> = (blocks.iter())
+        .map(|(c, r)| keys.block_reason_in(c, r.as_deref()))
+        .collect();
     let raw: Vec<Option<String>> = redis::cmd("MGET").arg(&names).query_async(conn).await?;
     Ok(raw
         .into_iter()
