@@ -62,6 +62,8 @@
 //! - [`keys`]: **where a Redis key is named** — every key name, in one place.
 //! - `scrub`: the secret scrubber every piece of upstream text passes
 //!   through.
+//! - `mint`: tokens that expire, printed by a credential's
+//!   `secret_command` and kept in memory only.
 //! - [`ops`]: Prometheus metrics, `/healthz`, `/readyz`, the status page
 //!   (`/`, `/api/status`), and the systemd notify protocol (watchdog pings
 //!   only while the daemon's loops beat). What the status page shows that
@@ -97,6 +99,7 @@ pub(crate) mod eviction;
 pub(crate) mod fetch;
 pub mod keys;
 pub mod logging;
+pub(crate) mod mint;
 pub mod ops;
 pub mod outcome;
 pub mod pg;

@@ -34,7 +34,11 @@ struct Args {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Validate config, jobs and secrets; show fire times and worst-case spending per window
-    Check,
+    Check {
+        /// Also run each credential's secret_command once, to see that it prints a token
+        #[arg(long)]
+        with_secrets: bool,
+    },
     /// Spend once from an endpoint's windows (exit 0 allowed, 75 rejected, 69 Redis unreachable)
     Spend {
         /// Endpoint name, as in [endpoints."NAME"] (of a template credential: one tenant, NAME[account=VALUE])
@@ -178,7 +182,7 @@ fn main() -> ExitCode {
         | Command::Search { .. }
         | Command::Reload { .. }
         | Command::Unblock { .. }
-        | Command::Check => "warn",
+        | Command::Check { .. } => "warn",
         _ => "info",
     };
     quota_worker::logging::init(format, default_level);
@@ -196,7 +200,9 @@ fn main() -> ExitCode {
 /// Runs `command` on `config`; its exit code.
 async fn dispatch(command: Command, config: Config) -> Exit {
     match command {
-        Command::Check => cli::check::run(&config, chrono::Utc::now()).await,
+        Command::Check { with_secrets } => {
+            cli::check::run(&config, chrono::Utc::now(), with_secrets).await
+        }
         Command::Spend {
             endpoint,
             cost,

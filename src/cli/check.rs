@@ -20,16 +20,23 @@ use crate::quota::QuotaTarget;
 use crate::schedule::source::{Refused, SourceError};
 use crate::schedule::{self, TickItems};
 
-/// Runs the command at `now`.
-pub async fn run(config: &Config, now: DateTime<Utc>) -> Exit {
-    if let Err(errors) = config.secrets() {
-        for e in &errors.0 {
-            eprintln!("error: {e}");
+/// Runs the command at `now`; `with_secrets`: each credential command
+/// runs once too.
+pub async fn run(config: &Config, now: DateTime<Utc>, with_secrets: bool) -> Exit {
+    let secrets = match config.secrets() {
+        Ok(s) => s,
+        Err(errors) => {
+            for e in &errors.0 {
+                eprintln!("error: {e}");
+            }
+            eprintln!(
+                "{}: secrets missing; nothing was run",
+                config.path.display()
+            );
+            return Exit::Config;
         }
-        eprintln!(
-            "{}: secrets missing; nothing was run",
-            config.path.display()
-        );
+    };
+    if !commands(config, &secrets, with_secrets).await {
         return Exit::Config;
     }
     if let Err(code) = super::check_sinks(config) {
@@ -44,6 +51,47 @@ pub async fn run(config: &Config, now: DateTime<Utc>) -> Exit {
     print!("{}", report(&config, now, &sources, daemons));
     print!("{}", tables_report(&tables));
     redis_eviction(&config).await
+}
+
+/// Each credential command: its program is there and executable (checked
+/// with the secrets); with `--with-secrets` it runs once, as the daemon
+/// would run it, and this says whether it printed a token (never the
+/// token). A template's runs per tenant, so it is not run here. `false`
+/// when one failed.
+async fn commands(config: &Config, secrets: &crate::config::Secrets, run: bool) -> bool {
+    let known: Vec<_> = secrets.values().cloned().collect();
+    let mut ok = true;
+    for cred in config.credentials.values().filter(|c| c.minted()) {
+        if !run {
+            println!(
+                "credential {}: secret_command's program is there and executable (not run; `check --with-secrets` runs it)",
+                cred.name
+            );
+            continue;
+        }
+        let Some((_, argv, _)) = cred.command(None) else {
+            println!(
+                "credential {}: secret_command not run (a template's runs per tenant, when a task needs it)",
+                cred.name
+            );
+            continue;
+        };
+        match crate::mint::run(&argv, &cred.name, &known).await {
+            Ok(token) => println!(
+                "credential {}: secret_command printed a token ({} bytes)",
+                cred.name,
+                token.expose().len()
+            ),
+            Err(e) => {
+                eprintln!(
+                    "error: credential {}: credential command failed: {e}",
+                    cred.name
+                );
+                ok = false;
+            }
+        }
+    }
+    ok
 }
 
 /// One line per postgres sink table: ready, to be created, or not

@@ -154,8 +154,12 @@ pub const RETRY_MAX_BACKOFF: Duration = Duration::from_secs(300);
 /// The largest config or job file the loader reads: far above any real one,
 /// small enough that a wrong path (a device, a log) fails at once.
 pub const MAX_CONFIG_FILE_BYTES: u64 = 1 << 20;
-/// The largest secret file the loader reads (tokens, JSON keys).
+/// The largest secret file the loader reads (tokens, JSON keys); also the
+/// most a `secret_command` may print.
 pub const MAX_SECRET_FILE_BYTES: u64 = 64 << 10;
+/// `secret_ttl`: how long a token a `secret_command` printed is used before
+/// the command runs again.
+pub const SECRET_TTL: Duration = Duration::from_secs(3600);
 /// `recover_after` at least: workers heartbeat every third of it.
 pub const MIN_RECOVER_AFTER: Duration = Duration::from_secs(3);
 /// A concurrent window's `lease`, at least.

@@ -260,6 +260,30 @@ impl Credential {
         Some(tenant_name(&self.name, placeholder, value))
     }
 
+    /// The command that mints this credential's secret, with a tenant's
+    /// `value` in place of the template's placeholder, and its TTL; the
+    /// key its token is kept under in this process (the credential or the
+    /// tenant). `None` when the secret is not minted by a command.
+    pub fn command(&self, value: Option<&str>) -> Option<(String, Vec<String>, Duration)> {
+        let SecretSource::Command { argv, ttl, .. } = &self.secret else {
+            return None;
+        };
+        match (&self.template, value) {
+            (Some(placeholder), Some(value)) => {
+                let wanted = format!("{{{placeholder}}}");
+                let argv = argv.iter().map(|a| a.replace(&wanted, value)).collect();
+                Some((self.tenant(value)?, argv, *ttl))
+            }
+            (Some(_), None) => None,
+            (None, _) => Some((self.name.clone(), argv.clone(), *ttl)),
+        }
+    }
+
+    /// Whether a command mints this credential's secret.
+    pub fn minted(&self) -> bool {
+        matches!(self.secret, SecretSource::Command { .. })
+    }
+
     /// Reads one tenant's secret, from `secret_file` with the tenant's
     /// value in place of the placeholder; read at every call, so a changed
     /// token file is picked up by the next task.
@@ -343,6 +367,19 @@ pub enum SecretSource {
     File {
         /// The file, `$VARS` expanded, relative to the config directory.
         path: PathBuf,
+        /// Where the config names it.
+        at: Location,
+    },
+    /// A command that prints the secret (`secret_command`): a token that
+    /// expires, minted by the daemon at first use and again after `ttl`
+    /// or a 401 (`crate::mint`). Never read with the other secrets.
+    Command {
+        /// Program and arguments, `$VARS` expanded; a program with a `/`
+        /// relative to the config directory, one without looked up in
+        /// `PATH`. A template's holds its placeholder.
+        argv: Vec<String>,
+        /// `secret_ttl`.
+        ttl: Duration,
         /// Where the config names it.
         at: Location,
     },
@@ -1018,8 +1055,19 @@ impl Config {
     pub fn secrets_with_env(&self, env: EnvLookup<'_>) -> Result<Secrets, ConfigErrors> {
         let mut out = Secrets::new();
         let mut errors = Vec::new();
-        // A template's secrets are read per task, one tenant at a time.
-        for cred in self.credentials.values().filter(|c| c.template.is_none()) {
+        for cred in self.credentials.values() {
+            // A command's secret is minted when a task first needs it; here
+            // its program is only checked (it exists and may run).
+            if let SecretSource::Command { argv, at, .. } = &cred.secret {
+                if let Err(why) = load::check_program(&argv[0], env) {
+                    errors.push(at.error(format!("secret_command: {why}")));
+                }
+                continue;
+            }
+            // A template's secrets are read per task, one tenant at a time.
+            if cred.template.is_some() {
+                continue;
+            }
             match read_secret(&cred.secret, env) {
                 Ok(s) => {
                     out.insert(cred.name.clone(), s);

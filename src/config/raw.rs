@@ -108,6 +108,8 @@ pub(super) struct RawCredential {
     pub(super) template: Option<String>,
     pub(super) secret_env: Option<String>,
     pub(super) secret_file: Option<String>,
+    pub(super) secret_command: Option<Vec<String>>,
+    pub(super) secret_ttl: Option<Dur>,
     #[serde(default)]
     pub(super) windows: Vec<RawWindow>,
 }

@@ -214,6 +214,7 @@ impl Parts {
             local_blocks: Arc::default(),
             unanswered: Default::default(),
             remembered: Default::default(),
+            minter: Arc::default(),
             skip_spend: opts.hooks.skip_spend,
             panic_after_spend: opts.hooks.panic_after_spend.clone(),
         });

@@ -77,8 +77,14 @@ impl Fetcher {
         })
     }
 
+    /// The secrets it scrubs (beside a `with_secret` one).
+    pub(crate) fn secrets(&self) -> &[Secret] {
+        &self.secrets
+    }
+
     /// The same fetcher (one connection pool), scrubbing `secret` too: a
-    /// template credential's tenant's, read for one task.
+    /// template credential's tenant's, read for one task, or a token a
+    /// credential command minted.
     pub(crate) fn with_secret(&self, secret: &Secret) -> Self {
         Fetcher {
             client: self.client.clone(),

@@ -66,6 +66,10 @@ fn describe() {
         "Config reloads (SIGHUP, systemctl reload) by result: applied, or refused (the running config kept)"
     );
     describe_counter!(
+        "qw_credential_commands_total",
+        "Runs of a credential's secret_command by credential and result: minted (a new token), or failed (the tasks that needed it failed)"
+    );
+    describe_counter!(
         "qw_tasks_given_back_total",
         "Tasks of a job this daemon does not have, given back for a daemon that has it (rolling deploys, reloads)"
     );
@@ -150,6 +154,13 @@ fn describe() {
 pub(crate) fn zero_counters(config: &Config) {
     for result in ["applied", "refused"] {
         metrics::counter!("qw_config_reloads_total", "result" => result).increment(0);
+    }
+    // A failing command's first failure after a start is one to alert on.
+    for cred in config.credentials.values().filter(|c| c.minted()) {
+        for result in ["minted", "failed"] {
+            metrics::counter!("qw_credential_commands_total", "credential" => cred.name.clone(), "result" => result)
+                .increment(0);
+        }
     }
     for job in config.jobs.keys() {
         for kind in OutcomeKind::ALL {

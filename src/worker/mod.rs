@@ -44,10 +44,11 @@ use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
-use crate::config::{Config, Job, Secrets};
+use crate::config::{Config, Job, Secret, Secrets};
 use crate::fetch::Fetcher;
 use crate::fetch::paging::{Cursor, Validators};
 use crate::keys::KeySpace;
+use crate::mint::Minter;
 use crate::outcome::{Outcome, OutcomeEvent, OutcomeKind};
 use crate::queue::known::{self, Unknown};
 use crate::queue::scripts::finish::Finish;
@@ -129,6 +130,8 @@ pub(crate) struct Worker {
     /// streaks it saw, GraphQL tokens' use, resources it logged; kept
     /// across reloads).
     pub(crate) remembered: Arc<Remembered>,
+    /// The tokens credential commands minted (kept across reloads).
+    pub(crate) minter: Arc<Minter>,
     /// The benchmark's "spend off" (`daemon::Hooks::skip_spend`): every
     /// spend counts as admitted and unrecorded, without a call to Redis.
     pub(crate) skip_spend: bool,
@@ -202,6 +205,7 @@ impl Worker {
             local_blocks: self.local_blocks.clone(),
             unanswered: self.unanswered.clone(),
             remembered: self.remembered.clone(),
+            minter: self.minter.clone(),
             skip_spend: self.skip_spend,
             panic_after_spend: self.panic_after_spend.clone(),
             config,
@@ -216,8 +220,14 @@ impl Worker {
         };
         let mut conn = self.conn.clone();
         let lock = ItemLock::new(self.keys(), job, task, self.lock_ttl());
+        // A token a command mints comes first: when there is none, the
+        // task fails before anything is spent.
+        let minted = self.mint(task, job).await;
         // The first page's spend rides in the claim's call where it may.
-        let ahead = self.spend_ahead(task, job);
+        let ahead = match &minted {
+            Some(Err(_)) => None,
+            _ => self.spend_ahead(task, job),
+        };
         let started = std::time::Instant::now();
         let claim = lock.claim(
             &mut conn,
@@ -259,12 +269,25 @@ impl Worker {
             let _renewer = lock.keep_renewed(self.conn.clone());
             let _in_flight = InFlight::enter(&self.stats.in_flight);
             // Its progress owns the first spend from here (`run_held`).
-            self.run_held(task, job, *found, first).await
+            self.run_held(task, job, *found, first, minted).await
         };
         let unlock = lock.release(&mut conn).await;
         let outcome = result?;
         unlock?;
         Ok(Ran::Ended(outcome))
+    }
+
+    /// The token for the task's credential (its tenant) when a command
+    /// mints it: kept, or minted now (`crate::mint`); `Err`: why the task
+    /// has none. `None` when its secret is not minted.
+    async fn mint(&self, task: &TaskArgs, job: &Job) -> Option<Result<Secret, String>> {
+        let endpoint = self.config.endpoints.get(&job.endpoint)?;
+        let cred = self.config.credentials.get(&endpoint.credential)?;
+        let value = (cred.template.as_ref()).map(|placeholder| task.value_of(placeholder));
+        let (key, argv, ttl) = cred.command(value)?;
+        let known = self.fetcher.secrets();
+        let token = self.minter.token(&key, &argv, ttl, known).await;
+        Some(token.map_err(|e| e.to_string()))
     }
 
     /// A task of a job this daemon's config does not have: a rolling deploy

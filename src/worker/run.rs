@@ -10,10 +10,9 @@
 //! a run that stops at `max_pages` with `continue = true` keeps its
 //! checkpoint for the item's next run instead.
 
-use std::ops::ControlFlow;
-
 use chrono::{DateTime, Utc};
 use redis::AsyncCommands;
+use tracing::{info, warn};
 
 use super::lock::Found;
 use super::spend::{Admission, FirstSpend, Payer, Spent};
@@ -21,7 +20,7 @@ use super::step::{Action, Answer, End, Progress, Rules, decide, defers};
 use super::{CHECKPOINT_TTL, Checkpoint, ITEM_STATE_TTL, TaskError, Worker};
 use crate::config::{Job, Secret};
 use crate::fetch::paging::{Cursor, Stored, Validators};
-use crate::fetch::{Answered, BuildError, Fetcher, PageAt, Placeholders, Request};
+use crate::fetch::{Answered, BuildError, Fetcher, PageAt, Placeholders, Reply, Request};
 use crate::outcome::{Outcome, OutcomeKind};
 use crate::queue::{Origin, TaskArgs};
 use crate::sink::PageRef;
@@ -34,9 +33,12 @@ pub(super) struct Run<'a> {
     /// What `decide` reads of the job.
     rules: Rules<'a>,
     secret: Secret,
-    /// The fetcher, scrubbing this run's secret too (a tenant's is not
-    /// among the secrets read at start).
+    /// The fetcher, scrubbing this run's secret too (a tenant's or a
+    /// minted one is not among the secrets read at start).
     fetcher: Fetcher,
+    /// A 401 made the credential's command mint a new token for this run
+    /// already: another 401 fails the task.
+    reminted: bool,
     /// Where the run's checkpoint is, and where a complete run leaves its
     /// start and its page 1's validators.
     cursor_key: String,
@@ -52,6 +54,17 @@ impl Run<'_> {
     fn job(&self) -> &Job {
         self.payer.job
     }
+}
+
+/// What one step came to.
+enum Stepped {
+    /// Go on with the next step.
+    Next,
+    /// The task ends.
+    End(Outcome),
+    /// A 401, and the credential's command minted a new token: send the
+    /// page again with it.
+    Reminted(Secret),
 }
 
 /// What carrying out an [`Action`] came to.
@@ -107,9 +120,10 @@ impl Worker {
         job: &Job,
         found: Found,
         first_spend: Option<FirstSpend>,
+        minted: Option<Result<Secret, String>>,
     ) -> Result<Outcome, TaskError> {
         let mut p = Progress::new(first_spend);
-        let ended = self.run_pages(task, job, found, &mut p).await;
+        let ended = self.run_pages(task, job, found, &mut p, minted).await;
         if let Some(unused) = p.first_spend.take() {
             self.give_back(unused).await;
         }
@@ -125,6 +139,7 @@ impl Worker {
         job: &Job,
         found: Found,
         p: &mut Progress,
+        minted: Option<Result<Secret, String>>,
     ) -> Result<Outcome, TaskError> {
         if let Some(why) = found.unreadable {
             // The item's state stays as it is, for an operator to look at
@@ -138,10 +153,10 @@ impl Worker {
             Ok(start) => start,
             Err(why) => return Ok(Outcome::new(OutcomeKind::Superseded, 0, why)),
         };
-        let run = match self.open(task, job, found.validators, p) {
+        let mut run = match self.open(task, job, found.validators, p, minted) {
             Ok(run) => run,
             // This item only: its checkpoint stays, so the run resumes
-            // once its token file is there.
+            // once its token file is there (its command prints one).
             Err(why) => return Ok(Outcome::new(OutcomeKind::Failed, start.cursor.page, why)),
         };
         // A resumed or continued run keeps the `{since}` it started with.
@@ -152,8 +167,15 @@ impl Worker {
         p.run = start.run.unwrap_or(start.tick);
         p.held = start.validators;
         let outcome = loop {
-            if let ControlFlow::Break(outcome) = self.step(&run, p).await? {
-                break outcome;
+            match self.step(&run, p).await? {
+                Stepped::Next => {}
+                Stepped::End(outcome) => break outcome,
+                // The same page again, with the new token.
+                Stepped::Reminted(secret) => {
+                    run.fetcher = self.fetcher.with_secret(&secret);
+                    run.secret = secret;
+                    run.reminted = true;
+                }
             }
         };
         if outcome.kind == OutcomeKind::Done && found.ran.is_none_or(|r| r < task.tick) {
@@ -175,16 +197,25 @@ impl Worker {
         job: &'a Job,
         validators: Option<Validators>,
         p: &Progress,
+        minted: Option<Result<Secret, String>>,
     ) -> Result<Run<'a>, String> {
         let endpoint = &self.config.endpoints[&job.endpoint];
         let cred = &self.config.credentials[&endpoint.credential];
-        let (credential, tenant, secret, fetcher) = match &cred.template {
-            None => {
+        let (credential, tenant, secret, fetcher) = match (minted, &cred.template) {
+            (Some(Err(why)), _) => return Err(why),
+            (Some(Ok(secret)), template) => {
+                let value = template.as_ref().map(|ph| task.value_of(ph).to_owned());
+                let name = (value.as_deref()).and_then(|v| cred.tenant(v));
+                let fetcher = self.fetcher.with_secret(&secret);
+                let name = name.unwrap_or_else(|| cred.name.clone());
+                (name, value, secret, fetcher)
+            }
+            (None, None) => {
                 let secret = self.secrets.get(&cred.name).cloned();
                 let secret = secret.unwrap_or_else(|| Secret::new(""));
                 (cred.name.clone(), None, secret, self.fetcher.clone())
             }
-            Some(placeholder) => {
+            (None, Some(placeholder)) => {
                 // Config validation makes every item of the job fill it.
                 let value = task.value_of(placeholder);
                 let name = cred.tenant(value).unwrap_or_default();
@@ -213,6 +244,7 @@ impl Worker {
             },
             secret,
             fetcher,
+            reminted: false,
             cursor_key: self.keys().cursor(&job.name, &item),
             since_key: self.keys().since(&job.name, &item),
             validators_key: self.keys().validators(&job.name, &item),
@@ -222,19 +254,61 @@ impl Worker {
     /// One page (or one hop of a page's redirect): what happened, what it
     /// leads to, and that carried out. A fetched page is written before the
     /// rest is decided: the sink's answer is part of what happened.
-    async fn step(
-        &self,
-        run: &Run<'_>,
-        p: &mut Progress,
-    ) -> Result<ControlFlow<Outcome>, TaskError> {
+    async fn step(&self, run: &Run<'_>, p: &mut Progress) -> Result<Stepped, TaskError> {
         let now = Utc::now();
         let (mut answer, mut spent) = self.attempt(run, p, now).await;
+        if let Some(secret) = self.remint(run, &answer).await {
+            return Ok(Stepped::Reminted(secret));
+        }
         loop {
             let action = decide(answer, p, &run.rules);
             match self.act(run, p, spent.as_mut(), action, now).await? {
                 Acted::Answered(next) => answer = next,
-                Acted::Continue => return Ok(ControlFlow::Continue(())),
-                Acted::End(outcome) => return Ok(ControlFlow::Break(outcome)),
+                Acted::Continue => return Ok(Stepped::Next),
+                Acted::End(outcome) => return Ok(Stepped::End(outcome)),
+            }
+        }
+    }
+
+    /// After a 401 on a credential whose command mints its token, once per
+    /// run: the command runs again (at most once a minute per credential,
+    /// `crate::mint`), and a new token sends the page again rather than
+    /// failing the task. Why retry: the 401 most likely means the token
+    /// expired before its `secret_ttl` (revoked, rotated, a TTL set too
+    /// long), and failing the task would leave its item to the next tick
+    /// though a good token is at hand. The 401's units stay spent (it was
+    /// sent and answered); the retry is a new request with its own spend.
+    async fn remint(&self, run: &Run<'_>, answer: &Answer) -> Option<Secret> {
+        let Answer::Replied {
+            reply: Reply::ClientError { status: 401, .. },
+            ..
+        } = answer
+        else {
+            return None;
+        };
+        if run.reminted {
+            return None;
+        }
+        let cred = &self.config.credentials[&run.payer.endpoint.credential];
+        let value = (cred.template.as_ref()).map(|ph| run.task().value_of(ph));
+        let (key, argv, ttl) = cred.command(value)?;
+        self.minter.refused(&key, &run.secret).await;
+        match self
+            .minter
+            .token(&key, &argv, ttl, self.fetcher.secrets())
+            .await
+        {
+            Ok(new) if new != run.secret => {
+                info!(task = %run.task().id, credential = %key,
+                      "upstream answered 401: the credential command minted a new token; the page is sent again with it");
+                Some(new)
+            }
+            // Re-minted after a 401 less than a minute ago: this 401 stands.
+            Ok(_) => None,
+            Err(e) => {
+                warn!(task = %run.task().id, credential = %key, error = %e,
+                      "upstream answered 401 and no new token could be minted");
+                None
             }
         }
     }

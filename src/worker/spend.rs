@@ -404,6 +404,8 @@ impl Worker {
             // A tenant whose token cannot be read fails its item before
             // any page: nothing is spent on it, not even for a moment (it
             // would show in `quota` as a tenant that spent).
+            // A minted token is the task's already (`Worker::mint`).
+            Some(value) if cred.minted() => (cred.tenant(value)?, None),
             Some(value) => (cred.tenant(value)?, Some(cred.tenant_secret(value).ok()?)),
             None => (cred.name.clone(), None),
         };

@@ -80,6 +80,7 @@ mod shutdown;
 
 // Operations: systemd, metrics and health, logs, secrets, a hostile upstream.
 mod alert_rules;
+mod credential_command;
 mod decoded_body;
 mod hardening;
 mod health;

@@ -107,7 +107,7 @@ fn cli(
 }
 
 /// Every key of the Redis at `redis`, and every value whatever its type.
-fn redis_dump(redis: &RedisServer) -> Vec<(String, String)> {
+pub(crate) fn redis_dump(redis: &RedisServer) -> Vec<(String, String)> {
     let mut out = Vec::new();
     for key in redis.keys("*") {
         let kind: String = redis.cmd(&["TYPE", &key]);

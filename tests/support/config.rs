@@ -206,6 +206,31 @@ impl Credential {
         }
     }
 
+    /// A credential whose secret `argv` prints (`secret_command`), run
+    /// again after `ttl` (`secret_ttl`) when given.
+    pub fn command(name: &str, argv: &[&str], ttl: Option<&str>) -> Self {
+        let mut fields = Fields::default();
+        let argv = argv
+            .iter()
+            .map(|a| Value::String((*a).to_owned()))
+            .collect();
+        fields.set("secret_command", Value::Array(argv));
+        if let Some(ttl) = ttl {
+            fields.set("secret_ttl", ttl);
+        }
+        Credential {
+            name: name.to_owned(),
+            fields,
+            secret: None,
+        }
+    }
+
+    /// Makes it a template credential over `{placeholder}`.
+    pub fn templated(mut self, placeholder: &str) -> Self {
+        self.fields.set("template", placeholder);
+        self
+    }
+
     /// The value of its `secret_env` that every process run on the written
     /// config gets ([`TestConfig::env`]).
     pub fn secret(mut self, value: &str) -> Self {

@@ -19,6 +19,7 @@
 //! | `/cost?v=V` | 200 with one record and `x-quota-cost: V` |
 //! | `/cursor` | 200 with one record and `nextPageToken: "same"`, always |
 //! | `/canned/{name}` | what [`Hostile::answer`] set for `name` (status, headers, body as bytes) |
+//! | `/auth?key=K` | 200 with one record echoing `K` if [`Hostile::accept_tokens`] holds it, else 401 |
 //! | anything else | 200 with one record |
 
 use std::collections::HashMap;
@@ -83,13 +84,18 @@ type Answers = Arc<Mutex<HashMap<String, Canned>>>;
 struct Shared {
     seen: Log,
     answers: Answers,
+    tokens: Tokens,
 }
+
+/// The tokens `/auth` accepts.
+type Tokens = Arc<Mutex<Vec<String>>>;
 
 /// A running hostile upstream.
 pub struct Hostile {
     addr: SocketAddr,
     seen: Log,
     answers: Answers,
+    tokens: Tokens,
     rt: Option<tokio::runtime::Runtime>,
 }
 
@@ -105,9 +111,11 @@ impl Hostile {
             .expect("runtime");
         let seen: Log = Arc::default();
         let answers: Answers = Arc::default();
+        let tokens: Tokens = Arc::default();
         let state = Shared {
             seen: seen.clone(),
             answers: answers.clone(),
+            tokens: tokens.clone(),
         };
         let listener = rt
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
@@ -121,8 +129,14 @@ impl Hostile {
             addr,
             seen,
             answers,
+            tokens,
             rt: Some(rt),
         }
+    }
+
+    /// Makes `/auth` accept exactly `tokens` (a token not among them: 401).
+    pub fn accept_tokens(&self, tokens: &[&str]) {
+        *self.tokens.lock().expect("tokens") = tokens.iter().map(|t| (*t).to_owned()).collect();
     }
 
     /// Makes `/canned/{name}` answer `status` with `headers` (values as
@@ -312,6 +326,18 @@ async fn handle(State(shared): State<Shared>, req: Request) -> Response {
                     .append(name, HeaderValue::from_bytes(&v).expect("header value"));
             }
             resp
+        }
+        "auth" => {
+            let key = query(&target, "key").unwrap_or_default();
+            if shared.tokens.lock().expect("tokens").contains(&key) {
+                let body = serde_json::json!({ "items": [{ "id": "auth", "token": key }] });
+                json(StatusCode::OK, body.to_string())
+            } else {
+                json(
+                    StatusCode::UNAUTHORIZED,
+                    r#"{"message":"Bad credentials"}"#.to_owned(),
+                )
+            }
         }
         "cursor" => json(
             StatusCode::OK,

@@ -16,7 +16,7 @@ mod settings;
 mod sink;
 mod windows;
 
-pub(super) use credentials::read_secret;
+pub(super) use credentials::{check_program, read_secret};
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};

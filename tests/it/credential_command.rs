@@ -1,0 +1,372 @@
+//! Promise (SPEC "Tokens that expire"): a credential's `secret_command`
+//! mints its token at first use, again once `secret_ttl` has passed and
+//! after a 401 (the page is then sent again with the new token, once);
+//! never per request. Its failure ends the tasks that need the token
+//! `failed` ("credential command failed: …") with nothing spent and
+//! nothing sent, and is not run again within a minute; the daemon runs on.
+//! A template runs it per tenant (`{account}` in the argv). The token is
+//! never in the logs (the command's standard error is logged scrubbed),
+//! Redis, `/api/status`, `/metrics` or the sink.
+//!
+//! The real binary, a real `redis-server`, the hostile upstream's `/auth`
+//! (200 with a record echoing the token for the tokens it accepts, 401
+//! for any other), and a shell script as the command that counts its runs.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::support::config::{ConfigBuilder, Credential, Endpoint, Job, Request, Sink, Window};
+use crate::support::daemon::TERMINAL;
+use crate::support::hostile::Hostile;
+use crate::support::http::{http_get, scrape, wait_http};
+use crate::support::process::{Proc, run_cli};
+use crate::support::{RedisServer, TestConfig, free_port, wait_until};
+
+/// What every token the script prints holds: nothing the daemon writes may.
+const MARK: &str = "SEKRIT";
+
+/// The command: counts its runs per first argument in `runs-ARG`, fails
+/// while `fail` exists, else prints `tok-ARG-N-SEKRIT` and says so on its
+/// standard error (which the daemon logs, scrubbed).
+const SCRIPT: &str = r#"#!/bin/sh
+d=$(dirname "$0")
+n=$(( $(cat "$d/runs-$1" 2>/dev/null || echo 0) + 1 ))
+echo "$n" > "$d/runs-$1"
+if [ -e "$d/fail" ]; then
+  echo "token service unreachable for $1" >&2
+  exit 2
+fi
+echo "minting for $1: tok-$1-$n-SEKRIT" >&2
+echo "tok-$1-$n-SEKRIT"
+"#;
+
+fn token(arg: &str, n: u32) -> String {
+    format!("tok-{arg}-{n}-{MARK}")
+}
+
+/// A job `name` on endpoint `endpoint` fetching `/auth?key={secret}` once
+/// per value of `placeholder`.
+fn job(name: &str, endpoint: &str, upstream: &Hostile, placeholder: &str, values: &[&str]) -> Job {
+    let url = format!("{}/auth", upstream.base_url());
+    Job::new(name, endpoint)
+        .fan_out(placeholder, values.iter().copied())
+        .retry(1, None, None)
+        .request(Request::get(&url).query(&[("key", "{secret}")]))
+        .sink(Sink::jsonl(&format!("data/{{job}}/{{{placeholder}}}.jsonl")).records("/items"))
+}
+
+struct Rig {
+    redis: RedisServer,
+    cfg: TestConfig,
+    daemon: Proc,
+    port: u16,
+    script: PathBuf,
+}
+
+impl Rig {
+    fn runs(&self, arg: &str) -> u32 {
+        let path = self.script.with_file_name(format!("runs-{arg}"));
+        std::fs::read_to_string(path).map_or(0, |t| t.trim().parse().expect("count"))
+    }
+
+    /// `trigger JOB --wait`, then the outcomes of that tick (`items` of them).
+    fn tick(&self, job: &str, items: usize) -> Vec<Value> {
+        let before = self.ended(job).len();
+        let (code, _, log) = run_cli(
+            &self.cfg,
+            Some(&self.redis.url()),
+            &["trigger", job, "--wait"],
+            Duration::from_secs(90),
+        );
+        assert!(code.is_some(), "trigger {job} --wait did not end: {log}");
+        wait_until(Duration::from_secs(10), || {
+            self.ended(job).len() >= before + items
+        });
+        let all = self.ended(job);
+        assert_eq!(all.len(), before + items, "{all:#?}");
+        all[before..].to_vec()
+    }
+
+    fn ended(&self, job: &str) -> Vec<Value> {
+        (self.daemon.outcomes().into_iter())
+            .filter(|o| o["job"] == job && TERMINAL.contains(&o["outcome"].as_str().unwrap_or("")))
+            .collect()
+    }
+
+    /// Units used in `credential`'s window (`quota --json`).
+    fn used(&self, credential: &str) -> u64 {
+        let (code, out, log) = run_cli(
+            &self.cfg,
+            Some(&self.redis.url()),
+            &["quota", credential, "--json"],
+            Duration::from_secs(30),
+        );
+        assert_eq!(code, Some(0), "{log}");
+        let v: Value = serde_json::from_str(&out).expect("quota --json");
+        let creds = v["credentials"].as_array().expect("credentials");
+        creds
+            .iter()
+            .filter(|c| {
+                c["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with(credential))
+            })
+            .flat_map(|c| c["windows"].as_array().cloned().unwrap_or_default())
+            .map(|w| w["used"].as_u64().expect("used"))
+            .sum()
+    }
+}
+
+fn outcome(o: &Value) -> (&str, &str) {
+    (
+        o["outcome"].as_str().unwrap_or(""),
+        o["message"].as_str().unwrap_or(""),
+    )
+}
+
+fn start(upstream: &Hostile, dir: &Path) -> Rig {
+    use std::os::unix::fs::PermissionsExt;
+    let script = dir.join("mint");
+    std::fs::write(&script, SCRIPT).expect("write the script");
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let s = script.to_str().expect("utf-8 path");
+    let redis = RedisServer::start();
+    let port = free_port();
+    let window = || Window::sliding(1000, "1h");
+    let cfg = ConfigBuilder::new()
+        .redis_url(&redis.url())
+        .state_dir("state")
+        .metrics_listen(&format!("127.0.0.1:{port}"))
+        .credential(Credential::command("gh", &[s, "gh"], None).window(window()))
+        .credential(Credential::command("short", &[s, "short"], Some("1s")).window(window()))
+        .credential(
+            Credential::command("tpl", &[s, "{account}"], None)
+                .templated("account")
+                .window(window()),
+        )
+        .endpoint(Endpoint::new("gh", "gh", 1))
+        .endpoint(Endpoint::new("short", "short", 1))
+        .endpoint(Endpoint::new("tpl", "tpl", 1))
+        .job(job("pull", "gh", upstream, "v", &["a"]))
+        .job(job("brief", "short", upstream, "v", &["a"]))
+        .job(job("tenants", "tpl", upstream, "account", &["t1", "t2"]))
+        .write();
+    let mut daemon = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
+    daemon.wait_running(Duration::from_secs(30));
+    assert!(
+        wait_http(port, Duration::from_secs(10)),
+        "no metrics listener"
+    );
+    Rig {
+        redis,
+        cfg,
+        daemon,
+        port,
+        script,
+    }
+}
+
+#[test]
+fn a_command_mints_at_first_use_after_its_ttl_and_after_a_401_and_its_failure_spends_nothing() {
+    let upstream = Hostile::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rig = start(&upstream, dir.path());
+    assert_eq!(rig.runs("gh"), 0, "not run before a task needs it");
+
+    // First use: minted once, kept for the next task (TTL 1h).
+    upstream.accept_tokens(&[&token("gh", 1)]);
+    for _ in 0..2 {
+        let o = rig.tick("pull", 1);
+        assert_eq!(outcome(&o[0]).0, "done", "{o:#?}");
+    }
+    assert_eq!(rig.runs("gh"), 1, "one run for two tasks");
+
+    // A 401 (the token revoked): minted again, the page sent again with
+    // the new token, the task done; both requests spent.
+    upstream.accept_tokens(&[&token("gh", 2)]);
+    let (sent, used) = (upstream.count(), rig.used("gh"));
+    let o = rig.tick("pull", 1);
+    assert_eq!(outcome(&o[0]).0, "done", "{o:#?}");
+    assert_eq!(rig.runs("gh"), 2);
+    let keys: Vec<String> = upstream.seen()[sent..]
+        .iter()
+        .map(|s| {
+            s.query()
+                .into_iter()
+                .find(|(k, _)| k == "key")
+                .map(|(_, v)| v)
+                .unwrap_or_default()
+        })
+        .collect();
+    assert_eq!(
+        keys,
+        [token("gh", 1), token("gh", 2)],
+        "the 401, then the retry"
+    );
+    assert_eq!(rig.used("gh"), used + 2);
+
+    // A second 401 within the minute: not minted again; the task fails
+    // with the upstream's answer.
+    upstream.accept_tokens(&[]);
+    let o = rig.tick("pull", 1);
+    assert_eq!(outcome(&o[0]).0, "failed", "{o:#?}");
+    assert!(outcome(&o[0]).1.contains("401"), "{o:#?}");
+    assert_eq!(rig.runs("gh"), 2, "at most one 401 re-mint a minute");
+
+    // TTL 1 s: the next task past it mints again.
+    upstream.accept_tokens(&[&token("short", 1), &token("short", 2)]);
+    assert_eq!(outcome(&rig.tick("brief", 1)[0]).0, "done");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(outcome(&rig.tick("brief", 1)[0]).0, "done");
+    assert_eq!(rig.runs("short"), 2, "minted again after its TTL");
+
+    // It fails (past the TTL): the task fails saying why, nothing is sent
+    // or spent; the next task within the minute does not run it again.
+    std::fs::write(dir.path().join("fail"), "").expect("touch fail");
+    std::thread::sleep(Duration::from_millis(1500));
+    let (sent, used) = (upstream.count(), rig.used("short"));
+    let o = rig.tick("brief", 1);
+    let (kind, msg) = outcome(&o[0]);
+    assert_eq!(kind, "failed", "{o:#?}");
+    assert!(msg.starts_with("credential command failed: "), "{msg}");
+    assert!(msg.contains("exited with exit status: 2"), "{msg}");
+    let o = rig.tick("brief", 1);
+    let (kind, msg) = outcome(&o[0]);
+    assert_eq!(kind, "failed", "{o:#?}");
+    assert!(
+        msg.ends_with("it runs again at most once a minute"),
+        "{msg}"
+    );
+    assert_eq!(rig.runs("short"), 3, "not run again within the minute");
+    assert_eq!(
+        (upstream.count(), rig.used("short")),
+        (sent, used),
+        "nothing sent or spent"
+    );
+    assert!(
+        rig.daemon
+            .log()
+            .contains("token service unreachable for short")
+    );
+    std::fs::remove_file(dir.path().join("fail")).expect("rm fail");
+
+    // A template: one run and one token per tenant.
+    upstream.accept_tokens(&[&token("t1", 1), &token("t2", 1)]);
+    let o = rig.tick("tenants", 2);
+    assert!(o.iter().all(|o| outcome(o).0 == "done"), "{o:#?}");
+    assert_eq!((rig.runs("t1"), rig.runs("t2")), (1, 1));
+
+    let m = scrape(rig.port);
+    let runs = |c: &str, r: &str| {
+        m.one(
+            "qw_credential_commands_total",
+            &[("credential", c), ("result", r)],
+        )
+    };
+    assert_eq!(
+        (
+            runs("gh", "minted"),
+            runs("short", "minted"),
+            runs("short", "failed")
+        ),
+        (2.0, 2.0, 1.0)
+    );
+    assert_eq!(runs("tpl", "minted"), 2.0);
+
+    // The tokens are nowhere: the log (the command's stderr is there,
+    // scrubbed), Redis, /api/status, /metrics, the sink.
+    let log = rig.daemon.log();
+    assert!(
+        log.contains("minting for gh: [redacted]"),
+        "its stderr logged, scrubbed"
+    );
+    assert!(!log.contains(MARK), "a token in the log");
+    for (key, value) in crate::secrets::redis_dump(&rig.redis) {
+        assert!(
+            !key.contains(MARK) && !value.contains(MARK),
+            "a token in Redis at {key}"
+        );
+    }
+    let (_, status) = http_get(rig.port, "/api/status").expect("/api/status");
+    assert!(!status.contains(MARK), "a token in /api/status");
+    let (_, metrics) = http_get(rig.port, "/metrics").expect("/metrics");
+    assert!(!metrics.contains(MARK), "a token in /metrics");
+    let sink = std::fs::read_to_string(rig.cfg.join("data/pull/a.jsonl")).expect("sink");
+    assert!(
+        sink.contains("[redacted]") && !sink.contains(MARK),
+        "{sink}"
+    );
+}
+
+#[test]
+fn check_finds_a_missing_program_and_runs_the_command_only_with_secrets() {
+    let upstream = Hostile::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let script = dir.path().join("mint");
+    std::fs::write(&script, SCRIPT).expect("write the script");
+    let s = script.to_str().expect("utf-8 path");
+    let cfg = ConfigBuilder::new()
+        .credential(
+            Credential::command("gh", &[s, "gh"], Some("50m")).window(Window::sliding(10, "1h")),
+        )
+        .endpoint(Endpoint::new("gh", "gh", 1))
+        .job(job("pull", "gh", &upstream, "v", &["a"]))
+        .write();
+    let runs = || std::fs::read_to_string(dir.path().join("runs-gh")).ok();
+    // Not executable: refused, exit 78, naming the field.
+    let out = cfg.run(&["check"], &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{err}");
+    assert!(
+        err.contains("credentials.gh.secret_command") && err.contains("not an executable file"),
+        "{err}"
+    );
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+    // Exit 0 and its stdout.
+    let passes = |args: &[&str]| {
+        let out = cfg.run(args, &[]);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(0), "{err}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let text = passes(&["check"]);
+    let said = "credential gh: secret_command's program is there and executable (not run";
+    assert!(text.contains(said), "{text}");
+    assert_eq!(runs(), None, "check does not run it");
+    let text = passes(&["check", "--with-secrets"]);
+    let said = "credential gh: secret_command printed a token (15 bytes)";
+    assert!(text.contains(said), "{text}");
+    assert!(!text.contains(MARK));
+    assert_eq!(runs().as_deref(), Some("1\n"));
+    // Failing: exit 78 and why, no token.
+    std::fs::write(dir.path().join("fail"), "").expect("touch fail");
+    let out = cfg.run(&["check", "--with-secrets"], &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{err}");
+    assert!(
+        err.contains("credential gh: credential command failed: ")
+            && err.contains("exit status: 2"),
+        "{err}"
+    );
+    // A secret_ttl without a command, a template without its placeholder.
+    let bad = TestConfig::new(
+        &format!(
+            "[credentials.a]\nsecret_env = \"X\"\nsecret_ttl = \"5m\"\nwindows = [{{ units = 1, per = \"1h\" }}]\n\
+             [credentials.b]\ntemplate = \"account\"\nsecret_command = [\"{s}\"]\nwindows = [{{ units = 1, per = \"1h\" }}]\n"
+        ),
+        &[],
+    );
+    let out = bad.run(&["check"], &[("X", "x")]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{err}");
+    assert!(err.contains("credentials.a.secret_ttl"), "{err}");
+    assert!(
+        err.contains("credentials.b.secret_command") && err.contains("{account}"),
+        "{err}"
+    );
+}
