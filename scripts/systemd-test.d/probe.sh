@@ -258,6 +258,44 @@ cli trigger reloaded --wait || fail 10 "trigger reloaded --wait after the refuse
 journal_has $MAIN "$MAIN_KEY" && fail 10 "the key appears in the journal"
 pass 10 "systemctl reload (ExecReload, Type=notify on systemd 252) returned 0 in $reload_s s, same pid: the new manual job ran (JP, KR); a bad job file: systemctl reload failed naming broken.toml, a SIGHUP refused by the daemon, which ran on (same pid, the job still runs)"
 
+# ---- 11. a credential command under the unit's sandbox --------------------
+# A token helper (docs/service.md, "Tokens that expire") runs as the
+# service's dynamic user with its environment: it reads the key systemd
+# handed over (LoadCredential) and prints a token made from it; its
+# standard error is logged with the token scrubbed. Added by a reload.
+cat >/usr/local/bin/qw-mint-token <<'HELPER'
+#!/bin/sh
+token="minted-$(cat "$CREDENTIALS_DIRECTORY/yt-key1")-$(id -u)"
+echo "qw-mint-token: minted $token" >&2
+printf '%s\n' "$token"
+HELPER
+chmod 0755 /usr/local/bin/qw-mint-token
+cat >>"$CONF" <<'TOML'
+
+[credentials.minted]
+secret_command = ["/usr/local/bin/qw-mint-token"]
+secret_ttl = "50m"
+windows = [{ units = 100, per = "1h" }]
+
+[endpoints."minted.videos"]
+credential = "minted"
+cost = 1
+TOML
+sed -e 's/^\[trending/[minted/' -e 's/^schedule = .*/schedule = "manual"/' \
+  -e 's/^endpoint = .*/endpoint = "minted.videos"/' \
+  -e 's/^fan_out = .*/fan_out = { region = ["MT"] }/' $JOBS/trending.toml >$JOBS/minted.toml
+timeout 60 systemctl reload quota-worker || fail 11 "systemctl reload with a secret_command credential failed (rc $?)"
+[ "$(prop $MAIN MainPID)" = "$pid" ] || fail 11 "the reload restarted the daemon"
+minted_key="minted-$MAIN_KEY-$uid"
+before=$(up count "$minted_key")
+cli trigger minted --wait || fail 11 "trigger minted --wait failed (rc $?)"
+n=$(up count "$minted_key")
+[ "$n" -eq $((before + 1)) ] || fail 11 "the upstream saw $((n - before)) requests with the minted token (minted-KEY-$uid), expected 1"
+journal_has $MAIN 'credential command minted a token' || fail 11 "no 'credential command minted a token' in the journal"
+journal_has $MAIN 'qw-mint-token: minted [redacted]' || fail 11 "the helper's standard error is not in the journal, scrubbed"
+journal_has $MAIN "$MAIN_KEY" && fail 11 "the key (inside the minted token) appears in the journal"
+pass 11 "secret_command under the sandbox (uid $uid, CREDENTIALS_DIRECTORY, MemoryDenyWriteExecute, SystemCallFilter): added by systemctl reload, it minted a token from the LoadCredential key; the upstream saw it; its stderr in the journal with the token scrubbed"
+
 # ---- 4. embedded Redis under the sandbox; quota state survives a restart ----
 rpid=$(ps -o pid=,comm= --ppid "$pid" | awk '$2 == "redis-server" { print $1 }')
 [ -n "$rpid" ] || fail 4 "no embedded redis-server under the daemon (pid $pid)"
