@@ -209,12 +209,15 @@ fn alert_rules_name_only_metrics_and_labels_the_daemon_exports() {
         "QuotaWorkerCredentialBlocked",
         "QuotaWorkerDriftHigh",
         "QuotaWorkerTasksFailing",
+        "QuotaWorkerCredentialCommandFailing",
     ] {
         assert!(names.contains(&wanted), "{wanted} in {names:?}");
     }
 
     // A daemon with a plain credential and a template one that has a
-    // tenant in Redis (the `tenant` label), and a job (its zeroed outcomes).
+    // tenant in Redis (the `tenant` label), a credential command (its
+    // zeroed run counters; never run: no task needs it), and a job (its
+    // zeroed outcomes).
     let redis = RedisServer::start();
     let port = free_port();
     let cfg = ConfigBuilder::new()
@@ -222,6 +225,9 @@ fn alert_rules_name_only_metrics_and_labels_the_daemon_exports() {
         .credential(
             Credential::template("ig", "account", "tokens/{account}")
                 .window(Window::sliding(100, "1h")),
+        )
+        .credential(
+            Credential::command("gh", &["/bin/true"], None).window(Window::sliding(100, "1h")),
         )
         .endpoint(Endpoint::new("youtube.videos.list", "yt-key1", 1))
         .endpoint(Endpoint::new("ig.media", "ig", 1))
