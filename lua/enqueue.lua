@@ -10,6 +10,8 @@
 -- KEYS
 --   1  <prefix>:backlog         zset: task id -> run at (ms)
 --   2  <prefix>:backlog:data    hash: task id -> payload (JSON)
+--   3  <prefix>:wake            stream: told when the backlog's first task is
+--                               now due sooner (lua/feed.lua)
 --
 -- ARGV
 --   1..  triples: task id, delay ms, payload
@@ -19,12 +21,23 @@
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
+-- The backlog's first task before these: the idle daemons wait for it;
+-- they are told only when one of these is due sooner.
+local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+local soonest = nil
 local added = 0
 for i = 1, #ARGV, 3 do
   local id = ARGV[i]
   if redis.call('HSETNX', KEYS[2], id, ARGV[i + 2]) == 1 then
-    redis.call('ZADD', KEYS[1], now + tonumber(ARGV[i + 1]), id)
+    local at = now + tonumber(ARGV[i + 1])
+    redis.call('ZADD', KEYS[1], at, id)
     added = added + 1
+    if soonest == nil or at < soonest then
+      soonest = at
+    end
   end
+end
+if soonest and (first[2] == nil or soonest < tonumber(first[2])) then
+  redis.call('XADD', KEYS[3], 'MAXLEN', 16, '*', 'at', soonest)
 end
 return added

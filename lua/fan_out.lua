@@ -19,6 +19,8 @@
 --   4  <prefix>:tick:<job>:<tick_ms>:outcomes    hash: "#items" when all are queued
 --   5  <prefix>:tick:<job>:<tick_ms>:fan_out     hash: owner, lease (ms), next, origin
 --   6  <prefix>:fanning                          zset: "<job>:<tick_ms>" -> lease end (ms)
+--   7  <prefix>:wake                             stream: told when the backlog's first
+--                                                task is now due sooner (lua/feed.lua)
 --
 -- ARGV
 --   1  who is calling (the claim's value, the progress owner)
@@ -78,11 +80,22 @@ if start > next then
   return { -3, next, who }
 end
 
+-- The backlog's first task before this chunk: the idle daemons wait for
+-- it; they are told only when a task of this chunk is due sooner.
+local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+local soonest = nil
 for i = 8, #ARGV, 3 do
   local id = ARGV[i]
   if redis.call('HSETNX', KEYS[2], id, ARGV[i + 2]) == 1 then
-    redis.call('ZADD', KEYS[1], now + tonumber(ARGV[i + 1]), id)
+    local at = now + tonumber(ARGV[i + 1])
+    redis.call('ZADD', KEYS[1], at, id)
+    if soonest == nil or at < soonest then
+      soonest = at
+    end
   end
+end
+if soonest and (first[2] == nil or soonest < tonumber(first[2])) then
+  redis.call('XADD', KEYS[7], 'MAXLEN', 16, '*', 'at', soonest)
 end
 next = start + (#ARGV - 7) / 3
 

@@ -1,57 +1,96 @@
--- quota-worker: lease due backlog tasks for handing to apalis-redis.
+-- quota-worker: move due backlog tasks into apalis-redis's queue, in one call.
 --
--- Keeps apalis's scheduled set + active list + tasks in transit under a cap,
--- so its fetch never promotes more than it can unpack. A leased task stays in
--- the backlog until the feeder confirms the push (lua/fed.lua); if the feeder
--- dies first, the lease expires and another feeder pushes it again — apalis
--- ignores a second push of the same task id (HSETNX), so nothing runs twice.
+-- Keeps apalis's scheduled set + active list under a cap (apalis pitfall 4:
+-- its fetch promotes every due task of the scheduled set in one `unpack`,
+-- which fails past ~8,000; tasks pushed here go to the active list, which
+-- its fetch reads one at a time, but the cap also bounds the per-task
+-- metadata apalis keeps). Each task is written as apalis-redis's own push
+-- (lua/batch_push.lua in apalis-redis 1.0) writes an immediate one: its
+-- payload into the data hash with HSETNX (a task id already there is not
+-- pushed again, so nothing runs twice), its metadata hash, its id at the
+-- tail of the active list, in backlog order (due time, then id: a tick's
+-- tasks in serving order). Moving and removing happen in the same call, so
+-- a feeder that dies mid-way loses nothing and no lease is needed.
+--
+-- Then it says what is next, for the daemon's waiter (src/daemon/feeder.rs):
+-- when the backlog's (or apalis's scheduled set's) next task is due, and
+-- how many tasks apalis holds ready to fetch. When it moved tasks, it adds
+-- an entry to the wake stream, so that every daemon's idle worker fetches
+-- (its waiter blocks on the stream with XREAD).
 --
 -- KEYS
 --   1  <prefix>:backlog           zset: task id -> run at (ms)
 --   2  <prefix>:backlog:data      hash: task id -> payload
---   3  <prefix>:backlog:feeding   zset: task id -> lease end (ms)
---   4  apalis scheduled set       (<prefix>:queue:scheduled)
---   5  apalis active list         (<prefix>:queue:active)
+--   3  apalis task data hash      (<prefix>:queue:data)
+--   4  apalis active list         (<prefix>:queue:active)
+--   5  apalis scheduled set       (<prefix>:queue:scheduled; score: run at, s)
+--   6  <prefix>:wake              stream, one field `at`: 0 when apalis got
+--                                 tasks to fetch (this script), else when a
+--                                 task added to the backlog is due, ms
+--                                 (lua/fan_out.lua, lua/enqueue.lua); the
+--                                 newest 16 entries are kept (a reader that
+--                                 gets 16 may have missed some, and looks)
 --
 -- ARGV
---   1  cap: most tasks allowed in apalis + in transit
---   2  lease, ms
---   3  most tasks to lease in this call
+--   1  cap: most tasks allowed in apalis's scheduled set + active list
+--   2  most tasks moved by this call
+--   3  apalis task metadata prefix (<prefix>:queue:meta; a task's is <prefix>:<id>)
 --
--- Returns: {id1, payload1, id2, payload2, ...} leased now (possibly empty).
+-- Returns {moved, now_ms, next_ms, ready}: tasks moved now; Redis's clock
+-- (ms); when the next task of the backlog or of apalis's scheduled set is
+-- due (ms; -1: none; <= now_ms: due already, waiting for room); tasks in
+-- apalis ready to fetch (active list + due scheduled ones).
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now_s = tonumber(t[1])
 
--- Leases that ran out: their feeder died; the tasks are due again.
-redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
-
-local in_transit = redis.call('ZCARD', KEYS[3])
-local room = tonumber(ARGV[1]) - redis.call('ZCARD', KEYS[4]) - redis.call('LLEN', KEYS[5]) - in_transit
-local n = math.min(room, tonumber(ARGV[3]))
-if n <= 0 then
-  return {}
+local queued = redis.call('ZCARD', KEYS[5]) + redis.call('LLEN', KEYS[4])
+local n = math.min(tonumber(ARGV[1]) - queued, tonumber(ARGV[2]))
+local moved = 0
+if n > 0 then
+  local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, n)
+  if #due > 0 then
+    local payloads = redis.call('HMGET', KEYS[2], unpack(due))
+    local pushed = {}
+    for i, id in ipairs(due) do
+      -- A payload-less entry cannot run: it just leaves the backlog.
+      local payload = payloads[i]
+      if payload and redis.call('HSETNX', KEYS[3], id, payload) == 1 then
+        redis.call('HSET', ARGV[3] .. ':' .. id, 'attempts', 0, 'max_attempts', 1,
+          'status', 'Pending', 'idempotency_key', '')
+        pushed[#pushed + 1] = id
+      end
+    end
+    if #pushed > 0 then
+      redis.call('RPUSH', KEYS[4], unpack(pushed))
+      redis.call('XADD', KEYS[6], 'MAXLEN', 16, '*', 'at', 0)
+    end
+    redis.call('ZREM', KEYS[1], unpack(due))
+    redis.call('HDEL', KEYS[2], unpack(due))
+    moved = #pushed
+    queued = queued + moved
+  end
 end
 
--- Leased tasks are the oldest due ones, so skipping them reads at most
--- in_transit extra entries.
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, n + in_transit)
-local out = {}
-local lease_end = now + tonumber(ARGV[2])
-for _, id in ipairs(due) do
-  if not redis.call('ZSCORE', KEYS[3], id) then
-    local payload = redis.call('HGET', KEYS[2], id)
-    if payload then
-      redis.call('ZADD', KEYS[3], lease_end, id)
-      out[#out + 1] = id
-      out[#out + 1] = payload
-    else
-      -- A payload-less entry cannot run; drop it rather than loop on it.
-      redis.call('ZREM', KEYS[1], id)
+-- What comes next: the backlog's first task, and apalis's own retries
+-- (scheduled at whole seconds; a task this call pushed is in the list).
+local next_ms = -1
+local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if first[2] then
+  next_ms = tonumber(first[2])
+end
+local ready = redis.call('LLEN', KEYS[4])
+if ready < queued then
+  local sched = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
+  if sched[2] then
+    local at = tonumber(sched[2]) * 1000
+    if at <= now then
+      ready = ready + redis.call('ZCOUNT', KEYS[5], '-inf', now_s)
     end
-    if #out >= 2 * n then
-      break
+    if next_ms < 0 or at < next_ms then
+      next_ms = at
     end
   end
 end
-return out
+return { moved, now, next_ms, ready }

@@ -28,6 +28,10 @@
 --                                                (JSON), "#error_at_ms"
 --   4  <prefix>:fair:<job> (optional, with 5)    hash: tick, turn, offset, n, first
 --   5  <prefix>:starved:<job>                    hash: item key -> turn starved since
+--   6  <prefix>:tick:<job>:<tick_ms>:ended (optional, with 3)
+--                                                stream: an entry per task that ends
+--                                                while KEYS[2] has "#wait" (set by
+--                                                `trigger --wait`, which blocks on it)
 --
 -- ARGV
 --   1  the outcome ("done", "quota_exhausted", ...), stored in KEYS[1]
@@ -68,9 +72,18 @@ redis.call('EXPIRE', KEYS[2], ARGV[3])
 -- The job's tick record, when the caller keeps one (KEYS[3]).
 if KEYS[3] then
   local copy = {}
+  local waited = false
   local fields = redis.call('HGETALL', KEYS[2])
   for i = 1, #fields, 2 do
-    copy[fields[i]] = tonumber(fields[i + 1])
+    if fields[i] == '#wait' then
+      waited = true
+    else
+      copy[fields[i]] = tonumber(fields[i + 1])
+    end
+  end
+  if waited and KEYS[6] then
+    redis.call('XADD', KEYS[6], 'MAXLEN', 1, '*', 'ended', 1)
+    redis.call('EXPIRE', KEYS[6], ARGV[3])
   end
   redis.call('HSET', KEYS[3], ARGV[5], cjson.encode(copy))
   local ticks = {}

@@ -199,9 +199,19 @@ impl KeySpace {
         format!("{}:backlog:data", self.prefix)
     }
 
-    /// Backlog tasks being handed to apalis (zset: task id -> lease end, ms).
-    pub fn backlog_feeding(&self) -> String {
-        format!("{}:backlog:feeding", self.prefix)
+    /// The wake stream: an entry whenever a task becomes due sooner than
+    /// the idle daemons wait for, or apalis gets tasks to fetch
+    /// (`lua/feed.lua`); each daemon blocks on it (`XREAD`) instead of
+    /// polling.
+    pub fn wake(&self) -> String {
+        format!("{}:wake", self.prefix)
+    }
+
+    /// A stream with an entry whenever a task of `job`'s tick at
+    /// `tick_ms` ends while `trigger --wait` waits for it (`"#wait"` in
+    /// the tick's outcome hash): what it blocks on.
+    pub fn tick_ended(&self, job: &str, tick_ms: i64) -> String {
+        format!("{}:tick:{job}:{tick_ms}:ended", self.prefix)
     }
 
     /// The claim that one daemon fans out `job`'s tick at `tick_ms`.

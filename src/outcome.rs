@@ -134,7 +134,7 @@ pub struct OutcomeEvent {
 
 // Fields of a tick's outcome hash (`keys::tick_outcomes`) besides the
 // terminal kinds' names. `#` marks the ones that are not counts of outcomes
-// (`#items`, the tick's task count, is written by `lua/enqueue.lua`).
+// (`#items`, the tick's task count, is written by `lua/fan_out.lua`).
 
 /// Tasks that were queued again after a failure (not terminal).
 pub(crate) const RETRYING: &str = "~retrying";
@@ -143,3 +143,7 @@ pub(crate) const DEFERRED: &str = "~deferred";
 /// The earliest Redis time (ms) at which a task of the tick that ended
 /// `quota_exhausted` or `upstream_throttled` may retry (`lua/finish.lua`).
 pub(crate) const RETRY_AT_MS: &str = "#retry_at_ms";
+/// Set while `trigger --wait` waits for the tick: each task that ends then
+/// adds an entry to the tick's stream of ends (`keys::tick_ended`,
+/// `lua/finish.lua`), which it blocks on instead of polling.
+pub(crate) const WAITED: &str = "#wait";

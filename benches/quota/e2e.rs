@@ -53,7 +53,7 @@ const POLL: &str = "10ms";
 /// first normally ends after 20–120 ms. This benchmark found apalis pitfall
 /// 13 this way (one 2,000-task run in five to ten started one heartbeat,
 /// 6.00 s, late: apalis's interval strategy lost its wake-up when a fetch
-/// outlasted `poll_interval` behind the fan-out's script). `queue::Ticker`
+/// outlasted `poll_interval` behind the fan-out's script). `queue::wake`
 /// fixes it (`tests/it/queue_pitfalls.rs`); should a stall come back, such a
 /// run is cut short, counted in the report, and run again (at most 3 tries).
 const STALL: Duration = Duration::from_secs(1);

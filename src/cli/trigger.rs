@@ -11,7 +11,7 @@ use redis::aio::ConnectionManager;
 use super::Exit;
 use crate::config::{Config, Job, RedisUrl, fmt_duration};
 use crate::keys::KeySpace;
-use crate::outcome::{DEFERRED, OutcomeKind, RETRY_AT_MS, RETRYING};
+use crate::outcome::{DEFERRED, OutcomeKind, RETRY_AT_MS, RETRYING, WAITED};
 use crate::queue::known;
 use crate::queue::{FAN_OUT_LEASE, Origin, Queue, QueueError, TakeOver, TickFanOut};
 use crate::schedule::{FanOutCause, Fanned, TickItems, queue_tick};
@@ -62,9 +62,22 @@ pub async fn run(config: &Config, job_name: &str, wait: bool) -> Exit {
         tick,
         total,
         outcomes: keys.tick_outcomes(&job.name, tick),
+        ended: keys.tick_ended(&job.name, tick),
         url,
     };
-    match tick.wait(conn).await {
+    // The blocked reads of the tick's ends on a connection of their own,
+    // whose response timeout outlasts them.
+    let blocking = match crate::conn::connect(&super::redis_url(config), ENDS_BLOCK * 2, 1).await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!(
+                "error: cannot reach Redis at {}: {e}",
+                super::redis_url(config)
+            );
+            return Exit::Unavailable;
+        }
+    };
+    match tick.wait(conn, blocking).await {
         Ok(counts) => verdict(&counts),
         Err(code) => code,
     }
@@ -222,13 +235,19 @@ struct Tick<'a> {
     total: u64,
     /// Its outcome hash's key.
     outcomes: String,
+    /// Its stream of ends, written while it is waited for.
+    ended: String,
     url: RedisUrl,
 }
 
 impl Tick<'_> {
     /// Shows progress until every task of the tick ended, prints the summary,
     /// and returns the final counts.
-    async fn wait(&self, mut conn: ConnectionManager) -> Result<Counts, Exit> {
+    async fn wait(
+        &self,
+        mut conn: ConnectionManager,
+        mut blocking: ConnectionManager,
+    ) -> Result<Counts, Exit> {
         let total = self.total;
         let bar = ProgressBar::new(total);
         bar.set_style(
@@ -237,19 +256,21 @@ impl Tick<'_> {
             )
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
         );
-        let mut polls = 0u32;
+        let lost = |e: redis::RedisError| {
+            // Not through the bar: it draws nothing when stderr is not a
+            // terminal (scripts, CI), and this must be seen.
+            bar.finish_and_clear();
+            let (url, tick) = (&self.url, self.tick);
+            eprintln!("error: lost Redis at {url} while waiting for tick {tick}: {e}");
+            Exit::Unavailable
+        };
+        // Tasks that end from here on say so on the tick's stream of ends;
+        // the ones that ended before are in the first read of the counts.
+        let mut ends = self.watch(&mut conn).await.map_err(lost)?;
+        let started = std::time::Instant::now();
+        let mut hinted = false;
         loop {
-            let counts = match self.read(&mut conn).await {
-                Ok(c) => c,
-                Err(e) => {
-                    // Not through the bar: it draws nothing when stderr is
-                    // not a terminal (scripts, CI), and this must be seen.
-                    bar.finish_and_clear();
-                    let (url, tick) = (&self.url, self.tick);
-                    eprintln!("error: lost Redis at {url} while waiting for tick {tick}: {e}");
-                    return Err(Exit::Unavailable);
-                }
-            };
+            let counts = self.read(&mut conn).await.map_err(lost)?;
             let ended: u64 = TERMINAL.iter().map(|k| count(&counts, *k)).sum();
             let summary = summarize(&counts);
             bar.set_position(ended.min(total));
@@ -261,8 +282,11 @@ impl Tick<'_> {
                 println!("{name} tick {tick}: {total} task(s) ended: {summary}{retry}");
                 return Ok(counts);
             }
-            polls += 1;
-            if polls == 50 && counts.keys().all(|k| k.starts_with('#')) {
+            if !hinted
+                && started.elapsed() >= NO_DAEMON_HINT
+                && counts.keys().all(|k| k.starts_with('#'))
+            {
+                hinted = true;
                 // `bar.println` is a no-op on a hidden bar (stderr not a
                 // terminal): the hint must reach scripts and CI logs too.
                 bar.suspend(|| {
@@ -271,14 +295,74 @@ impl Tick<'_> {
                     )
                 });
             }
+            // At most a few reads a second while tasks end; none while
+            // nothing happens but the blocked read (the bar's clock ticks on).
             tokio::time::sleep(Duration::from_millis(200)).await;
+            ends.next(&mut blocking).await.map_err(lost)?;
         }
+    }
+
+    /// Marks the tick as waited for and reads from its stream of ends' newest entry on.
+    async fn watch(&self, conn: &mut ConnectionManager) -> redis::RedisResult<Ends> {
+        redis::AsyncCommands::hset::<_, _, _, ()>(conn, &self.outcomes, WAITED, 1).await?;
+        let newest: redis::streams::StreamRangeReply = redis::cmd("XREVRANGE")
+            .arg(&self.ended)
+            .arg("+")
+            .arg("-")
+            .arg("COUNT")
+            .arg(1)
+            .query_async(conn)
+            .await?;
+        let last = newest
+            .ids
+            .first()
+            .map_or_else(|| "0-0".to_owned(), |e| e.id.clone());
+        Ok(Ends {
+            key: self.ended.clone(),
+            last,
+        })
     }
 
     async fn read(&self, conn: &mut ConnectionManager) -> redis::RedisResult<Counts> {
         redis::AsyncCommands::hgetall(conn, &self.outcomes).await
     }
 }
+
+/// A tick's stream of ends, read from its newest entry on.
+struct Ends {
+    key: String,
+    last: String,
+}
+
+impl Ends {
+    /// Waits until a task ends (or [`ENDS_BLOCK`] passes).
+    async fn next(&mut self, conn: &mut ConnectionManager) -> redis::RedisResult<()> {
+        let reply: Option<redis::streams::StreamReadReply> = redis::cmd("XREAD")
+            .arg("BLOCK")
+            .arg(ENDS_BLOCK.as_millis() as u64)
+            .arg("STREAMS")
+            .arg(&self.key)
+            .arg(&self.last)
+            .query_async(conn)
+            .await?;
+        let newest = reply
+            .into_iter()
+            .flat_map(|r| r.keys)
+            .flat_map(|k| k.ids)
+            .last();
+        if let Some(entry) = newest {
+            self.last = entry.id;
+        }
+        Ok(())
+    }
+}
+
+/// The longest one blocked read of a tick's ends waits: then the counts are
+/// read anyway (a daemon older than this one does not write the stream).
+const ENDS_BLOCK: Duration = Duration::from_secs(5);
+
+/// How long before a tick none of whose tasks ended says "is a daemon running?".
+const NO_DAEMON_HINT: Duration = Duration::from_secs(10);
 
 fn count(counts: &Counts, kind: OutcomeKind) -> u64 {
     counts.get(kind.as_str()).copied().unwrap_or(0)

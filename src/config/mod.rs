@@ -130,7 +130,9 @@ pub struct WorkerConfig {
     pub shutdown_timeout: Duration,
     /// A killed daemon's tasks are picked up by a live one within about this.
     pub recover_after: Duration,
-    /// How often an idle worker looks for new tasks.
+    /// While due tasks wait for room in apalis (a large fan-out draining),
+    /// how often the feeder looks again. An idle daemon does not poll: it
+    /// waits on the wake stream (`queue::wake`).
     pub poll_interval: Duration,
     /// `check` warns about a job whose tick fans out to more tasks than this.
     pub fan_out_warn: u64,

@@ -28,7 +28,7 @@ use crate::fetch::Fetcher;
 use crate::keys::KeySpace;
 use crate::ops::{self, Health, Notifier, OpsState};
 use crate::outcome::OutcomeEvent;
-use crate::queue::Queue;
+use crate::queue::{Queue, Wake};
 use crate::quota::{Limiter, QuotaConn, QuotaTarget, Quotas};
 use crate::schedule::Scheduler;
 use crate::sink::Sinks;
@@ -175,6 +175,8 @@ struct Parts {
     queue: Queue,
     /// What a reload replaces, for whoever reads it.
     live: reload::Senders,
+    /// The feeder's own connection, for its blocking reads.
+    wake_conn: ConnectionManager,
     /// What the metrics endpoint and the notifier read.
     ops: OpsState,
 }
@@ -186,6 +188,7 @@ impl Parts {
         opts: &RunOptions,
         limiter_conn: QuotaConn,
         queue_conn: ConnectionManager,
+        wake_conn: ConnectionManager,
     ) -> Result<Self, DaemonError> {
         let keys = KeySpace::new(config.redis.key_prefix.clone());
         let queue = Queue::new(
@@ -236,7 +239,12 @@ impl Parts {
             gauge_reads: Arc::default(),
             status_reads: Arc::default(),
         };
-        Ok(Parts { queue, live, ops })
+        Ok(Parts {
+            queue,
+            live,
+            wake_conn,
+            ops,
+        })
     }
 }
 
@@ -279,8 +287,11 @@ impl Loops {
                 .run(parts.live.config.subscribe()),
             )
         };
+        let wake = Arc::new(Wake::default());
         let feeder = tokio::spawn(feeder::run(
             parts.queue.clone(),
+            wake.clone(),
+            parts.wake_conn.clone(),
             config.worker.poll_interval,
             health.clone(),
             stop.clone(),
@@ -289,6 +300,7 @@ impl Loops {
             config.clone(),
             parts.queue.clone(),
             parts.live.worker.subscribe(),
+            wake,
             health,
             stop.clone(),
         ));
@@ -374,13 +386,20 @@ fn eviction_verdict(at: &str, config: &Config, eviction: Eviction) -> Result<(),
     Ok(())
 }
 
-/// Connects the limiter's and the queue's Redis connections, retrying for
-/// 30 s: the limiter's to the cluster of `[redis] quota_nodes` when there is
-/// one, else to `url` like the queue's.
-async fn connect(
-    url: &RedisUrl,
-    config: &Config,
-) -> Result<(QuotaConn, ConnectionManager), DaemonError> {
+/// The daemon's Redis connections.
+struct Conns {
+    /// The limiter's: to the cluster of `[redis] quota_nodes` when there is
+    /// one, else to `url`.
+    limiter: QuotaConn,
+    /// The queue's.
+    queue: ConnectionManager,
+    /// The feeder's blocking reads of the wake stream: a blocked read holds
+    /// its connection, so it has one of its own.
+    wake: ConnectionManager,
+}
+
+/// Connects the daemon's Redis connections ([`Conns`]), retrying for 30 s.
+async fn connect(url: &RedisUrl, config: &Config) -> Result<Conns, DaemonError> {
     let patience = Duration::from_secs(30);
     let limiter_conn = match QuotaTarget::of(config, url.clone()) {
         QuotaTarget::Standalone(_) => connect_with_retry(url, config.redis.timeout, patience)
@@ -391,7 +410,14 @@ async fn connect(
     // apalis-redis kills its worker on any Redis error, a response timeout
     // included (apalis-redis #76): give the queue's connection patience.
     let queue_conn = connect_with_retry(url, Duration::from_secs(10), patience).await?;
-    Ok((limiter_conn, queue_conn))
+    // Its reads block up to feeder::BLOCK: they must not time out first.
+    let wake_timeout = feeder::BLOCK + config.redis.timeout.max(Duration::from_secs(2));
+    let wake_conn = connect_with_retry(url, wake_timeout, patience).await?;
+    Ok(Conns {
+        limiter: limiter_conn,
+        queue: queue_conn,
+        wake: wake_conn,
+    })
 }
 
 /// [`connect_with_retry`] for the quota windows' cluster.
@@ -470,16 +496,23 @@ async fn run_on(
         ),
         None => None,
     };
-    let (limiter_conn, queue_conn) = tokio::select! {
+    let conns = tokio::select! {
         _ = shutdown.as_mut() => {
             info!("shut down while waiting for Redis");
             return Ok(());
         }
         r = connect(url, &config) => r?,
     };
-    check_eviction(url, &config, &queue_conn, &limiter_conn).await?;
+    check_eviction(url, &config, &conns.queue, &conns.limiter).await?;
     let quota = QuotaTarget::of(&config, url.clone());
-    let parts = Parts::new(&config, secrets, &opts, limiter_conn, queue_conn)?;
+    let parts = Parts::new(
+        &config,
+        secrets,
+        &opts,
+        conns.limiter,
+        conns.queue,
+        conns.wake,
+    )?;
     info!(
         redis = %url,
         quota = %quota,

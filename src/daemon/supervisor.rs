@@ -13,7 +13,8 @@ use tracing::{error, warn};
 use super::drain::{self, CountStarts, Drain};
 use crate::config::Config;
 use crate::ops::Health;
-use crate::queue::{Queue, TaskArgs, Ticker};
+use crate::queue::wake::Woken;
+use crate::queue::{Queue, TaskArgs, Wake};
 use crate::worker::Worker;
 
 /// How the worker's loop ended.
@@ -37,6 +38,7 @@ pub(super) async fn run(
     config: Arc<Config>,
     queue: Queue,
     worker: watch::Receiver<Arc<Worker>>,
+    wake: Arc<Wake>,
     health: Arc<Health>,
     mut stop: watch::Receiver<bool>,
 ) -> Stopped {
@@ -51,9 +53,10 @@ pub(super) async fn run(
         let results = drain.clone();
         let w = WorkerBuilder::new(&ctx)
             .backend(
+                // Woken by the daemon's feeder, never on a timer (queue::wake).
                 queue
-                    .storage()
-                    .poll_with_strategy(Ticker::new(config.worker.poll_interval)),
+                    .storage(wake.clone())
+                    .poll_with_strategy(Woken::new(wake.clone())),
             )
             .layer(CountStarts(drain.clone()))
             .concurrency(config.worker.concurrency.get())

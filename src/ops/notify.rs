@@ -128,12 +128,18 @@ impl Notifier {
         let _ = status.await;
     }
 
+    /// Writes the `STATUS=` line every 5 s, its quota figures read live
+    /// (a peek per credential); not at all when no systemd listens, so an
+    /// idle daemon run otherwise leaves Redis alone.
     async fn status_loop(
         self,
         state: OpsState,
         concurrency: usize,
         mut stop: watch::Receiver<bool>,
     ) {
+        if self.socket.is_none() {
+            return;
+        }
         loop {
             let line = tokio::select! {
                 _ = stop.wait_for(|s| *s) => return,

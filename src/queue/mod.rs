@@ -6,14 +6,20 @@
 //! - `scripts`: one file per Lua script the queue runs (`lua/<name>.lua`),
 //!   each with a typed value for its KEYS and ARGV and its reply; among them
 //!   `finish`, how a task's end is recorded (the tick record the status
-//!   page shows).
+//!   page shows);
+//! - `wake`: how an idle daemon waits on Redis (a blocking read of the wake
+//!   stream) instead of polling, and wakes its worker without losing a
+//!   wake-up.
 //!
 //! Workarounds for apalis-redis 1.0, each pinned by a regression test named
 //! after its pitfall (docs/queue.md lists the pitfalls, numbered, with the
 //! test that pins each):
 //! - every push lands in apalis's scheduled set, and a fetch promotes all due
 //!   tasks in one Lua `unpack` that fails past ~8,000: tasks wait in our
-//!   backlog and [`Queue::feed`] hands apalis at most [`FEED_CAP`] at a time;
+//!   backlog and [`Queue::feed`] hands apalis at most [`FEED_CAP`] at a time,
+//!   straight into its active list;
+//! - an idle worker is woken only by its heartbeat, and apalis's poll
+//!   strategies lose wake-ups: the daemon wakes its worker itself (`wake`);
 //! - apalis's own retries ignore backoff and bounded attempts: workers always
 //!   ack, and schedule retries and deferrals through [`Queue::enqueue`];
 //! - done/dead sets, task data and worker metadata are never trimmed:
@@ -26,11 +32,11 @@
 pub mod known;
 pub(crate) mod scripts;
 mod task;
+pub(crate) mod wake;
 
-use std::task::{Context, Poll};
+use std::sync::Arc;
 use std::time::Duration;
 
-use apalis::prelude::{PollSnapshot, PollStrategy, TaskBuilder, TaskId};
 use apalis_redis::RedisStorage;
 use redis::aio::ConnectionManager;
 
@@ -38,15 +44,18 @@ use crate::keys::KeySpace;
 use scripts::enqueue::Enqueue;
 use scripts::fan_out::FanOut;
 use scripts::fan_out_take::FanOutTake;
-use scripts::feed::{Fed, Feed};
+use scripts::feed::Feed;
 use scripts::rotate::Rotate;
 use scripts::trim::Trim;
 
 pub use scripts::fan_out::Chunk;
 pub use scripts::fan_out_take::TakeOver;
+pub use scripts::feed::Fed;
 pub use scripts::rotate::Rotation;
 pub(crate) use task::item_key;
 pub use task::{Origin, TaskArgs, TickFanOut};
+use wake::Tapped;
+pub use wake::Wake;
 
 /// Most tasks handed to apalis and not yet fetched, across all daemons.
 /// Far below the ~8,000 its fetch can promote at once.
@@ -69,48 +78,14 @@ const TICK_TTL: Duration = Duration::from_secs(86_400);
 /// gap between two ticks of a live job (a yearly one's included).
 pub(crate) const FAIR_TTL: Duration = Duration::from_secs(400 * 86_400);
 
-/// How long a feeder may take to push a leased batch before another takes over.
-const FEED_LEASE: Duration = Duration::from_secs(30);
+/// Most tasks one feeding round moves into apalis.
+pub(crate) const FEED_BATCH: usize = 500;
 
 /// Members of each apalis set one [`Queue::trim`] call looks at.
 const TRIM_STEP: usize = 1_000;
 
 /// How long finished tasks stay in apalis's sets before [`Queue::trim`] drops them.
 pub const RETENTION: Duration = Duration::from_secs(3_600);
-
-/// When an idle apalis worker fetches again: every `poll_interval`, like
-/// apalis's `poll_with_interval`, without its lost wake-up (apalis pitfall
-/// 13). apalis-core 1.0's `IntervalStrategy` replaces a fired timer with one
-/// it never polls, so when a fetch outlasts the interval and comes back empty
-/// nothing wakes the worker until its next heartbeat, `recover_after` ÷ 5
-/// later. This strategy drains every tick that is due and returns only once
-/// its timer is pending, so a wake-up is always armed.
-#[derive(Debug)]
-pub(crate) struct Ticker(tokio::time::Interval);
-
-impl Ticker {
-    /// Ticks every `every` (a tick missed while a fetch ran is not made up).
-    /// Must be called within the tokio runtime.
-    pub(crate) fn new(every: Duration) -> Self {
-        let mut interval = tokio::time::interval(every);
-        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        Ticker(interval)
-    }
-}
-
-impl PollStrategy for Ticker {
-    fn poll_drive(&mut self, cx: &mut Context<'_>, _: &PollSnapshot) -> Poll<Option<()>> {
-        let mut fired = false;
-        while self.0.poll_tick(cx).is_ready() {
-            fired = true;
-        }
-        if fired {
-            Poll::Ready(Some(()))
-        } else {
-            Poll::Pending
-        }
-    }
-}
 
 /// What went wrong with the queue. Redis errors mean "try again later".
 #[derive(Debug, thiserror::Error)]
@@ -168,9 +143,11 @@ impl Queue {
         &self.apalis
     }
 
-    /// A storage for a worker.
-    pub(crate) fn storage(&self) -> RedisStorage<TaskArgs> {
-        RedisStorage::new(self.conn.clone()).with_config(self.apalis.clone())
+    /// A storage for a worker that `wake` wakes (its fetches watched:
+    /// `wake::Tapped`).
+    pub(crate) fn storage(&self, wake: Arc<Wake>) -> RedisStorage<TaskArgs, Tapped> {
+        let conn = Tapped::new(self.conn.clone(), wake, self.apalis.workers_set());
+        RedisStorage::new(conn).with_config(self.apalis.clone())
     }
 
     /// The queue's Redis connection (a cheap clone).
@@ -303,31 +280,11 @@ impl Queue {
         Ok(s * 1000 + us / 1000)
     }
 
-    /// One feeding round: moves due backlog tasks into apalis, keeping it
-    /// under [`FEED_CAP`]. Returns how many were moved.
-    pub async fn feed(&self) -> Result<usize, QueueError> {
-        let mut conn = self.conn.clone();
-        let feed = Feed::new(&self.keys, &self.apalis, FEED_CAP, FEED_LEASE, 500);
-        let leased = feed.invoke(&mut conn).await?;
-        if leased.is_empty() {
-            return Ok(0);
-        }
-        let mut tasks = Vec::with_capacity(leased.len());
-        let mut ids = Vec::with_capacity(leased.len());
-        for (id, payload) in leased {
-            tasks.push(
-                TaskBuilder::new(payload.into_bytes())
-                    .task_id(TaskId::from_string(id.clone()))
-                    // apalis retries are not used (workers always ack), but
-                    // its meta needs a bound.
-                    .max_attempts(1)
-                    .build(),
-            );
-            ids.push(id);
-        }
-        apalis_redis::queries::push_tasks(&mut conn, &self.apalis, &tasks).await?;
-        Fed::new(&self.keys, &ids).invoke(&mut conn).await?;
-        Ok(ids.len())
+    /// One feeding round: moves due backlog tasks into apalis (at most
+    /// [`FEED_CAP`] in it), and says what is due next.
+    pub async fn feed(&self) -> Result<Fed, QueueError> {
+        let feed = Feed::new(&self.keys, &self.apalis, FEED_CAP, FEED_BATCH);
+        Ok(feed.invoke(&mut self.conn.clone()).await?)
     }
 
     /// Drops finished tasks older than `retention` from apalis's done and dead

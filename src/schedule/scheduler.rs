@@ -200,10 +200,12 @@ impl Scheduler {
                 _ = self.stop.wait_for(|s| *s) => return,
                 _ = tokio::time::sleep(RESUME_EVERY) => {}
             }
-            let (Ok(list), Ok(now)) = (
-                self.queue.unfinished_fan_outs().await,
-                self.queue.redis_now_ms().await,
-            ) else {
+            // Redis's clock only when there is a lease to compare with it.
+            let list = match self.queue.unfinished_fan_outs().await {
+                Ok(list) if !list.is_empty() => list,
+                _ => continue,
+            };
+            let Ok(now) = self.queue.redis_now_ms().await else {
                 continue;
             };
             let config = config.borrow().clone();

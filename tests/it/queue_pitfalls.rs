@@ -80,7 +80,7 @@ async fn apalis_pitfall_5_trim_drops_finished_tasks_and_keeps_waiting_ones() {
         .enqueue(&[(waiting.clone(), Duration::ZERO)])
         .await
         .expect("enqueue");
-    assert_eq!(pl.queue.feed().await.expect("feed"), 1);
+    assert_eq!(pl.queue.feed().await.expect("feed").moved, 1);
 
     // Within the retention nothing goes.
     let (dropped, _) = pl.queue.trim(RETENTION).await.expect("trim");
@@ -259,8 +259,10 @@ async fn apalis_pitfall_12_queue_keys_use_the_explicit_name() {
 /// until its next heartbeat (`recover_after` ÷ 5, 6 s by default): a task
 /// queued meanwhile waits that long. Found by the end-to-end benchmark (one
 /// 2,000-task fan-out in ten started 6.00 s late). `CLIENT PAUSE` holds the
-/// fetch in flight past the interval; our `queue::Ticker` always leaves a
-/// timer armed, so the task still starts within a few polls.
+/// fetch in flight past the interval. Since issue 28 nothing polls: the
+/// daemon wakes its worker when tasks arrive, and a fetch that comes back
+/// after a newer wake-up wakes the worker again (`queue::wake::Tapped`), so
+/// the task still starts at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn apalis_pitfall_13_a_slow_empty_fetch_does_not_put_the_worker_to_sleep() {
     let _machine = machine::timing();

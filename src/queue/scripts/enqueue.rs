@@ -15,8 +15,9 @@ static ENQUEUE: LazyLock<Lua> =
 
 /// `lua/enqueue.lua`'s arguments.
 pub(crate) struct Enqueue {
-    /// `KEYS[1]` the backlog (zset), `KEYS[2]` its payloads (hash).
-    keys: [String; 2],
+    /// `KEYS[1]` the backlog (zset), `KEYS[2]` its payloads (hash),
+    /// `KEYS[3]` the wake stream.
+    keys: [String; 3],
     /// ARGV: per task, its id, its delay (ms) and its payload (JSON).
     tasks: Vec<(String, u64, String)>,
 }
@@ -37,7 +38,7 @@ impl Enqueue {
             })
             .collect::<Result<_, serde_json::Error>>()?;
         Ok(Enqueue {
-            keys: [keys.backlog(), keys.backlog_data()],
+            keys: [keys.backlog(), keys.backlog_data(), keys.wake()],
             tasks,
         })
     }
@@ -46,7 +47,9 @@ impl Enqueue {
     /// is kept as it is).
     pub(crate) async fn invoke(&self, conn: &mut ConnectionManager) -> redis::RedisResult<usize> {
         let mut call = ENQUEUE.call();
-        call.key(&self.keys[0]).key(&self.keys[1]);
+        for key in &self.keys {
+            call.key(key);
+        }
         for (id, delay_ms, payload) in &self.tasks {
             call.arg(id).arg(delay_ms).arg(payload);
         }

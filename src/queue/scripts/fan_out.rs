@@ -45,8 +45,8 @@ pub enum Chunk {
 /// `lua/fan_out.lua`'s arguments: one chunk of one tick's fan-out.
 pub(crate) struct FanOut<'a> {
     /// KEYS: the backlog, its payloads, the tick's claim, its outcome hash,
-    /// its fan-out progress, the `fanning` zset.
-    keys: [String; 6],
+    /// its fan-out progress, the `fanning` zset, the wake stream.
+    keys: [String; 7],
     /// `ARGV[1]` who calls, `ARGV[7]` the tasks' origin; `ARGV[6]` the fan-out's
     /// member in `fanning`.
     fan_out: &'a TickFanOut<'a>,
@@ -83,6 +83,7 @@ impl<'a> FanOut<'a> {
                 keys.tick_outcomes(job, tick),
                 keys.tick_fan_out(job, tick),
                 keys.fanning(),
+                keys.wake(),
             ],
             fan_out,
             start,

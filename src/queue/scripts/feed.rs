@@ -1,9 +1,7 @@
-//! `lua/feed.lua` and `lua/fed.lua`: due backlog tasks leased for handing
-//! to apalis-redis (under a cap of what apalis holds), and the lease
-//! confirmed once they are pushed.
+//! `lua/feed.lua`: due backlog tasks moved into apalis-redis's queue (under
+//! a cap of what apalis holds), in one call, and what is due next.
 
 use std::sync::LazyLock;
-use std::time::Duration;
 
 use redis::aio::ConnectionManager;
 
@@ -11,94 +9,74 @@ use crate::conn::Lua;
 use crate::keys::KeySpace;
 
 static FEED: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../../../lua/feed.lua")));
-static FED: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../../../lua/fed.lua")));
 
 /// `lua/feed.lua`'s arguments.
 pub(crate) struct Feed {
-    /// `KEYS[1..3]`: the backlog, its payloads, the leases in transit.
-    backlog: [String; 3],
-    /// `KEYS[4]`, `KEYS[5]`: apalis's scheduled set and active list.
-    apalis: [String; 2],
-    /// `ARGV[1]`: most tasks in apalis and in transit together.
+    /// `KEYS[1..6]`: the backlog, its payloads, apalis's data hash, active
+    /// list and scheduled set, the wake stream.
+    keys: [String; 6],
+    /// `ARGV[1]`: most tasks in apalis's scheduled set and active list.
     cap: usize,
-    /// `ARGV[2]`: how long a feeder may take to push what it leased.
-    lease: Duration,
-    /// `ARGV[3]`: most tasks leased by this call.
+    /// `ARGV[2]`: most tasks moved by this call.
     batch: usize,
+    /// `ARGV[3]`: apalis's task metadata prefix.
+    meta: String,
+}
+
+/// What one call did, and what comes next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fed {
+    /// Tasks moved into apalis now.
+    pub moved: usize,
+    /// Redis's clock, ms.
+    pub now_ms: i64,
+    /// When the next task (of the backlog, or of apalis's scheduled set) is
+    /// due, ms: at or before `now_ms` when due tasks wait for room.
+    pub next_ms: Option<i64>,
+    /// Tasks in apalis ready to fetch.
+    pub ready: u64,
 }
 
 impl Feed {
-    /// A round into `apalis` (its scheduled set and active list).
+    /// A round into `apalis`.
     pub(crate) fn new(
         keys: &KeySpace,
         apalis: &apalis_redis::Config,
         cap: usize,
-        lease: Duration,
         batch: usize,
     ) -> Self {
         Feed {
-            backlog: backlog_keys(keys),
-            apalis: [apalis.scheduled_jobs_set(), apalis.active_jobs_list()],
+            keys: [
+                keys.backlog(),
+                keys.backlog_data(),
+                apalis.job_data_hash(),
+                apalis.active_jobs_list(),
+                apalis.scheduled_jobs_set(),
+                keys.wake(),
+            ],
             cap,
-            lease,
             batch,
+            meta: apalis.job_meta_hash(),
         }
     }
 
-    /// Runs the script: the tasks leased now, as (id, payload).
-    pub(crate) async fn invoke(
-        &self,
-        conn: &mut ConnectionManager,
-    ) -> redis::RedisResult<Vec<(String, String)>> {
+    /// Runs the script.
+    pub(crate) async fn invoke(&self, conn: &mut ConnectionManager) -> redis::RedisResult<Fed> {
         let mut call = FEED.call();
-        for key in self.backlog.iter().chain(&self.apalis) {
+        for key in &self.keys {
             call.key(key);
         }
-        let leased: Vec<String> = call
+        let (moved, now_ms, next_ms, ready): (i64, i64, i64, i64) = call
             .arg(self.cap)
-            .arg(self.lease.as_millis() as u64)
             .arg(self.batch)
+            .arg(&self.meta)
             .invoke(conn)
             .await?;
-        let mut pairs = leased.into_iter();
-        let mut tasks = Vec::with_capacity(pairs.len() / 2);
-        while let (Some(id), Some(payload)) = (pairs.next(), pairs.next()) {
-            tasks.push((id, payload));
-        }
-        Ok(tasks)
+        Ok(Fed {
+            moved: moved.max(0) as usize,
+            now_ms,
+            next_ms: (next_ms >= 0).then_some(next_ms),
+            ready: ready.max(0) as u64,
+        })
     }
-}
-
-/// `lua/fed.lua`'s arguments.
-pub(crate) struct Fed<'a> {
-    /// KEYS: the backlog, its payloads, the leases in transit.
-    backlog: [String; 3],
-    /// ARGV: the ids now in apalis.
-    ids: &'a [String],
-}
-
-impl<'a> Fed<'a> {
-    /// `ids`, pushed into apalis.
-    pub(crate) fn new(keys: &KeySpace, ids: &'a [String]) -> Self {
-        Fed {
-            backlog: backlog_keys(keys),
-            ids,
-        }
-    }
-
-    /// Runs the script: how many left the backlog.
-    pub(crate) async fn invoke(&self, conn: &mut ConnectionManager) -> redis::RedisResult<i64> {
-        let mut call = FED.call();
-        for key in &self.backlog {
-            call.key(key);
-        }
-        for id in self.ids {
-            call.arg(id);
-        }
-        call.invoke(conn).await
-    }
-}
-
-fn backlog_keys(keys: &KeySpace) -> [String; 3] {
-    [keys.backlog(), keys.backlog_data(), keys.backlog_feeding()]
 }

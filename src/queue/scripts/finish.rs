@@ -119,8 +119,9 @@ pub(crate) struct TickRecord {
 /// `lua/finish.lua`'s arguments: one task's end.
 pub(crate) struct Finish {
     /// `KEYS[1]` `done:<root>`, `KEYS[2]` the tick's outcome hash, `KEYS[3]` the
-    /// job's tick record, `KEYS[4]` its rotation, `KEYS[5]` its starved items.
-    keys: [String; 5],
+    /// job's tick record, `KEYS[4]` its rotation, `KEYS[5]` its starved items,
+    /// `KEYS[6]` the tick's stream of ends (for `trigger --wait`).
+    keys: [String; 6],
     /// `ARGV[1]`: the outcome, stored in the done marker.
     outcome: &'static str,
     /// `ARGV[2]`: the tick hash's field it counts in ([`Outcome::tick_field`]).
@@ -153,6 +154,7 @@ impl Finish {
                 keys.job_ticks(job),
                 keys.fair(job),
                 keys.starved(job),
+                keys.tick_ended(job, task.tick),
             ],
             outcome: o.kind.as_str(),
             field: o.tick_field(),
