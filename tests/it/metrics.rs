@@ -454,6 +454,10 @@ fn concurrent_scrapes_read_each_credential_at_most_once_a_second() {
         ],
     );
     assert!(http::wait_http(port, Duration::from_secs(20)), "metrics");
+    // A first scrape loads the spend script (an idle daemon has not run it:
+    // it no longer polls), so that no EVALSHA answered NOSCRIPT and sent
+    // again as EVAL counts twice below.
+    assert!(matches!(http::http_get(port, "/metrics"), Some((200, _))));
     let peeks = PeekCounter::start(redis.port());
     std::thread::sleep(Duration::from_millis(1_200));
 
