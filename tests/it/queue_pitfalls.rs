@@ -210,14 +210,17 @@ async fn apalis_pitfall_3_a_task_id_pushed_twice_runs_once() {
         ])
         .await
         .expect("enqueue");
-    assert_eq!(added, 1);
-    assert_eq!(
-        pl.queue
-            .enqueue(&[(task.clone(), Duration::ZERO)])
-            .await
-            .expect("enqueue"),
-        0
-    );
+    assert_eq!(added, 1, "one call keeps a task id once");
+    // Pushed again at once: while the first copy waits in the backlog, the
+    // backlog keeps it once (0); the idle daemon's feeder, woken by the
+    // first push, may already have moved it into apalis (1), whose HSETNX
+    // then drops the copy when it is fed. Either way it runs once (below).
+    let again = pl
+        .queue
+        .enqueue(&[(task.clone(), Duration::ZERO)])
+        .await
+        .expect("enqueue");
+    assert!(again <= 1, "{again}");
     let seen = pl.wait_tick("j", 1_000, 1, Duration::from_secs(10)).await;
     assert_eq!(seen.len(), 1);
     // Pushed again after it ran: the done marker keeps it from running twice.
