@@ -23,9 +23,13 @@ pub async fn run(config: &Config, credential: &str, resource: Option<&str>, drif
     let quotas = Arc::new(Quotas::new(config));
     let plan = match quotas.plan_for(credential) {
         Ok(plan) => plan.into_owned(),
-        Err(e) => {
+        Err(e @ crate::quota::QuotaError::UnknownCredential(_)) => {
             let known: Vec<_> = quotas.credential_names().collect();
             eprintln!("error: {e} (known: {})", known.join(", "));
+            return Exit::Usage;
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
             return Exit::Usage;
         }
     };

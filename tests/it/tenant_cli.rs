@@ -2,7 +2,8 @@
 //! commands other tools use: `spend 'ig.media[account=123]'` spends from
 //! that tenant's windows (exit 0, then 75 at its limit), `keys` on the same
 //! name prints the keys that spend touched (and, on a cluster, the tenant's
-//! hash tag), `quota 'ig[account=123]'` reads them; other tenants are not
+//! hash tag), `quota 'ig[account=123]'` reads them, `unblock
+//! 'ig[account=123]'` lifts that tenant's block; other tenants are not
 //! touched. A name the config cannot take (no tenant where the template
 //! needs one, a wrong placeholder, a value no tenant can have, a tenant of a
 //! plain credential, a credential where an endpoint is wanted) is refused
@@ -186,4 +187,60 @@ fn a_name_the_config_cannot_take_is_refused_with_what_to_write() {
         assert!(err.contains(says), "{args:?} should say {says:?}:\n{err}");
     }
     assert_eq!(redis.dbsize(), 0, "a refused name writes nothing");
+}
+
+/// Blocks tenant `name`'s default resource for ten minutes, as an
+/// upstream's 429 would (its block key and reason, on Redis's clock).
+fn block_tenant(redis: &RedisServer, name: &str) {
+    let t: Vec<String> = redis.cmd(&["TIME"]);
+    let now_us: u64 =
+        t[0].parse::<u64>().expect("s") * 1_000_000 + t[1].parse::<u64>().expect("µs");
+    let ks = keys::keys();
+    let until = (now_us + 600_000_000).to_string();
+    let _: () = redis.cmd(&["SET", &ks.blocked(name), &until, "PX", "600000"]);
+    let _: () = redis.cmd(&["SET", &ks.block_kind(name), "429", "PX", "600000"]);
+}
+
+fn blocked_ms(cfg: &TestConfig, redis: &RedisServer, tenant: &str) -> u64 {
+    let (code, out, err) = cli(cfg, redis, &["quota", tenant, "--json"]);
+    assert_eq!(code, Some(0), "{err}");
+    json(&out)["credentials"][0]["blocked_for_ms"]
+        .as_u64()
+        .expect("blocked_for_ms")
+}
+
+/// `unblock` takes one tenant of a template (`ig[account=123]`) and lifts
+/// that tenant's block only; the template's bare name, whose keys no tenant
+/// uses, is refused with what to write (exit 64) rather than "lifting"
+/// nothing with exit 0.
+#[test]
+fn unblock_lifts_one_tenants_block_and_refuses_the_bare_template() {
+    let redis = RedisServer::start();
+    let cfg = config(|b| b);
+    block_tenant(&redis, "ig[account=123]");
+    block_tenant(&redis, "ig[account=456]");
+    assert!(blocked_ms(&cfg, &redis, "ig[account=123]") > 0);
+
+    let (code, out, err) = cli(&cfg, &redis, &["unblock", "ig"]);
+    assert_eq!(code, Some(64), "{out}{err}");
+    assert!(
+        err.contains("credential \"ig\" is a template: name one tenant, as ig[account=VALUE]")
+            && !err.contains("known"),
+        "{err}"
+    );
+    let (code, out, err) = cli(&cfg, &redis, &["unblock", "ig[acct=123]"]);
+    assert_eq!(code, Some(64), "{out}{err}");
+
+    let (code, out, err) = cli(&cfg, &redis, &["unblock", "ig[account=123]"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("ig[account=123]: resource default unblocked; it was blocked for"),
+        "{out}"
+    );
+    assert!(out.contains("(429)"), "the reason: {out}");
+    assert_eq!(blocked_ms(&cfg, &redis, "ig[account=123]"), 0);
+    assert!(
+        blocked_ms(&cfg, &redis, "ig[account=456]") > 0,
+        "another tenant's block stays"
+    );
 }
