@@ -326,6 +326,7 @@ mod tests {
             kind: WindowKind::Sliding,
             upstream: false,
             resource: None,
+            every_resource: false,
         };
         let keys = ks.window(
             "yt-key1",

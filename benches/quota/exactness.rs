@@ -491,6 +491,7 @@ fn check(
             kind: quota_worker::config::WindowKind::Sliding,
             upstream: false,
             resource: None,
+            every_resource: false,
         };
         let r = if reserved { p.reserve } else { 0 };
         w.admits(Reserve::new(r).expect("a reserve of 0-99%"))

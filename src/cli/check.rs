@@ -322,7 +322,7 @@ fn unmirrored(config: &Config) -> Vec<String> {
         };
         let cred = &config.credentials[&e.credential];
         let mirrors = (cred.windows.iter())
-            .filter(|w| w.resource == e.resource)
+            .filter(|w| w.serves(e.resource.as_deref()))
             .chain(&e.windows)
             .any(|w| w.upstream);
         if !mirrors {
@@ -466,7 +466,7 @@ fn window_rows<'a>(config: &'a Config, credential: &str, own: &'a [Window]) -> V
             scope: Scope::Credential,
             window,
             jobs: (charged.iter().copied())
-                .filter(|j| config.endpoints[&j.endpoint].resource == window.resource)
+                .filter(|j| window.serves(config.endpoints[&j.endpoint].resource.as_deref()))
                 .collect(),
         })
         .collect();

@@ -431,6 +431,12 @@ pub struct Window {
     /// resource is the endpoint's unless it names one) only says which
     /// limit it mirrors.
     pub resource: Option<String>,
+    /// A credential's concurrent window that names no resource: it caps
+    /// the requests in flight on the token whatever resource each counts
+    /// against (GitHub's 100 concurrent requests are the token's, not
+    /// `core`'s), so every endpoint of the credential spends it. Its keys
+    /// are the default resource's.
+    pub every_resource: bool,
 }
 
 /// How a window's period is counted.
@@ -493,6 +499,12 @@ impl Window {
             WindowKind::Bucket => "bucket",
             WindowKind::Concurrent { .. } => "concurrent",
         }
+    }
+
+    /// Whether a credential's window is spent by the endpoints of
+    /// `resource` (`None`: the default one).
+    pub fn serves(&self, resource: Option<&str>) -> bool {
+        self.every_resource || self.resource.as_deref() == resource
     }
 
     /// Whether it counts requests in flight rather than units per period.
@@ -1097,7 +1109,7 @@ impl Config {
         };
         charged
             .iter()
-            .filter(|w| w.resource == endpoint.resource)
+            .filter(|w| w.serves(endpoint.resource.as_deref()))
             .map(|w| (Scope::Credential, w))
             .chain(
                 endpoint

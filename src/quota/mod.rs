@@ -759,12 +759,17 @@ impl Quotas {
     }
 }
 
+/// [`WindowUsage::resource`] of a credential's concurrent window that caps
+/// every resource ([`Window::every_resource`]): no resource name can be it.
+pub const EVERY_RESOURCE: &str = "*";
+
 /// Live usage of one window.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WindowUsage {
     /// Whose window.
     pub scope: Scope,
-    /// The name of the resource it belongs to.
+    /// The name of the resource it belongs to ([`EVERY_RESOURCE`]: a
+    /// credential's concurrent window that names none counts them all).
     pub resource: String,
     /// The window.
     pub window: Window,
@@ -1176,9 +1181,13 @@ impl Limiter {
             .zip(r[1..].chunks(5))
             .map(|(w, c)| WindowUsage {
                 scope: w.scope.clone(),
-                resource: (self.quotas)
-                    .resource_name(&plan.family, w.window.resource.as_deref())
-                    .to_owned(),
+                resource: if w.window.every_resource {
+                    EVERY_RESOURCE.to_owned()
+                } else {
+                    (self.quotas)
+                        .resource_name(&plan.family, w.window.resource.as_deref())
+                        .to_owned()
+                },
                 window: w.window.clone(),
                 used: u(c[0]),
                 remaining: u(c[1]),

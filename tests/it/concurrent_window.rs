@@ -6,7 +6,9 @@
 //! refusal names the window and waits until the earliest lease expires, at
 //! most 1,000 ms; a retried spend is not leased twice; the keys go when
 //! nothing is in flight and expire when idle; `quota` shows the leases; and
-//! the CLI takes a lease (`spend`) and returns it (`settle ENDPOINT ID COST`).
+//! the CLI takes a lease (`spend`) and returns it (`settle ENDPOINT ID COST`);
+//! a credential's concurrent window caps every resource's requests unless
+//! it names one.
 
 use std::time::Duration;
 
@@ -475,4 +477,65 @@ async fn a_task_that_panics_holding_a_lease_returns_it() {
         "the task panicked before its request"
     );
     let _ = tick;
+}
+
+/// A credential's concurrent window that names no resource caps every
+/// request on the token, whatever resource the upstream counts it against
+/// (GitHub's 100 concurrent requests are the token's, not `core`'s): a
+/// search spend waits for a core request's lease. One that names a
+/// resource caps only that resource's requests.
+#[tokio::test]
+async fn a_credentials_concurrent_window_caps_every_resource_unless_it_names_one() {
+    let server = RedisServer::start();
+    let github = |name: &str, concurrent: Window| {
+        Credential::env(name, "GH")
+            .window(Window::sliding(5000, "1h"))
+            .window(Window::sliding(30, "1m").resource("search"))
+            .window(concurrent)
+    };
+    let endpoints = |b: ConfigBuilder, c: &str| {
+        b.endpoint(Endpoint::new(&format!("{c}.repos"), c, 1).set("accounting", "github"))
+            .endpoint(
+                Endpoint::new(&format!("{c}.search"), c, 1)
+                    .set("accounting", "github")
+                    .set("resource", "search"),
+            )
+    };
+    let b = ConfigBuilder::new()
+        .credential(github("gh", Window::concurrent(1)))
+        .credential(github("gs", Window::concurrent(1).resource("search")));
+    let cfg = endpoints(endpoints(b, "gh"), "gs").write();
+    let limiter = limiter(&server, &cfg).await;
+
+    let d = limiter.spend("gh.repos", None, "a").await.expect("spend");
+    assert!(d.is_allowed(), "{d:?}");
+    let r = support::rejected(limiter.spend("gh.search", None, "b").await.expect("spend"));
+    assert_eq!(
+        r.by,
+        RejectedBy::InFlight(2),
+        "the core request's lease holds the token's one: {r:?}"
+    );
+    limiter.settle("gh.repos", "a", 1).await.expect("settle");
+    let d = limiter.spend("gh.search", None, "c").await.expect("spend");
+    assert!(d.is_allowed(), "the lease is back: {d:?}");
+
+    // Named "search": core requests take no lease from it.
+    for id in ["d", "e"] {
+        let d = limiter.spend("gs.repos", None, id).await.expect("spend");
+        assert!(d.is_allowed(), "{id}: {d:?}");
+    }
+    let d = limiter.spend("gs.search", None, "f").await.expect("spend");
+    assert!(d.is_allowed(), "{d:?}");
+    let r = support::rejected(limiter.spend("gs.search", None, "g").await.expect("spend"));
+    assert_eq!(r.by, RejectedBy::InFlight(2), "{r:?}");
+
+    // `quota` (and /api/status, the metrics' label) names the resource
+    // each counts: "*" for every one.
+    let resource = |u: &quota_worker::quota::CredentialUsage| {
+        (u.windows.iter().find(|w| w.window.is_concurrent()))
+            .map(|w| w.resource.clone())
+            .expect("a concurrent window")
+    };
+    assert_eq!(resource(&limiter.peek("gh").await.expect("peek")), "*");
+    assert_eq!(resource(&limiter.peek("gs").await.expect("peek")), "search");
 }

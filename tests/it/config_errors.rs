@@ -311,6 +311,21 @@ const CASES: &[Case] = &[
         says: "the endpoint spends from resource \"search\", which credential \"yt\" has no window of",
     },
     Case {
+        what: "an endpoint of a resource only the token's concurrent cap applies to",
+        config: &[
+            (
+                "per = \"1h\" }",
+                "per = \"1h\" }, { kind = \"concurrent\", units = 10 }",
+            ),
+            ("cost = 100", "cost = 100\nresource = \"search\""),
+        ],
+        job: &[],
+        file: File::Config,
+        line: 7,
+        field: "endpoints.search",
+        says: "the endpoint spends from resource \"search\", which credential \"yt\" has no window of",
+    },
+    Case {
         what: "min_block above throttle_block_max",
         config: &[("cost = 100", "cost = 100\nmin_block = \"20m\"")],
         job: &[],

@@ -57,7 +57,7 @@ impl Loader<'_> {
         }
         // The credential's windows of its resource.
         let charged: Vec<Window> = (cred.windows.iter())
-            .filter(|w| charge_credential && w.resource == resource)
+            .filter(|w| charge_credential && w.serves(resource.as_deref()))
             .cloned()
             .collect();
         self.check_cost_fits(
@@ -323,8 +323,10 @@ impl Loader<'_> {
         charged: &[Window],
         own: &[Window],
     ) {
+        // The token's concurrent cap alone meters no resource of its own.
+        let of_resource = charged.iter().chain(own).any(|w| !w.every_resource);
         match charged.iter().chain(own).min_by_key(|w| w.units) {
-            None if resource.is_some() => {
+            _ if resource.is_some() && !of_resource => {
                 let r = cred.resource_name(resource);
                 let msg = format!(
                     "no quota window applies: the endpoint spends from resource {r:?}, which credential {:?} has no window of; give it one (windows = [{{ units = 30, per = \"1m\", resource = \"{r}\" }}]) or give this endpoint `windows`",

@@ -181,7 +181,7 @@ impl Loader<'_> {
         let own = (ep.charge_credential)
             .then(|| self.credential_windows.get(&ep.credential))
             .flatten();
-        let own = (own.into_iter().flatten()).filter(|w| w.resource == ep.resource);
+        let own = (own.into_iter().flatten()).filter(|w| w.serves(ep.resource.as_deref()));
         let tightest = (own.chain(&ep.windows)).min_by_key(|w| w.admits(reserve));
         if let Some(w) = tightest.filter(|w| ep.cost.get() > w.admits(reserve)) {
             let msg = format!(

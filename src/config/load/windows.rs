@@ -46,6 +46,9 @@ impl Loader<'_> {
                 Some(name) => self.resource(src, &at.join("resource"), name),
             }
             .filter(|r| r != resources.default);
+            // A credential's list (no endpoint's resource to fall back on).
+            w.every_resource =
+                w.is_concurrent() && rw.resource.is_none() && resources.unnamed.is_none();
             if !seen.insert((w.resource.clone(), w.kind_name(), w.per)) {
                 let (kind, per) = (w.kind_name(), fmt_duration(w.per));
                 let of = w.resource.as_deref().unwrap_or(resources.default);
@@ -108,6 +111,7 @@ impl Loader<'_> {
             kind,
             upstream: rw.upstream.unwrap_or(false),
             resource: None,
+            every_resource: false,
         })
     }
 
@@ -198,6 +202,7 @@ impl Loader<'_> {
             kind: WindowKind::Concurrent { lease },
             upstream: false,
             resource: None,
+            every_resource: false,
         })
     }
 
