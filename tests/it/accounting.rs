@@ -301,6 +301,7 @@ fn the_worked_configs_in_the_docs_load() {
         .map(|w| (w[0], w[1]))
         .collect();
     assert_eq!(pairs.len(), 4, "GitHub, Shopify, Instagram, IETF");
+    let mut capped = 0;
     for (config, job) in pairs {
         let name = job
             .lines()
@@ -314,5 +315,20 @@ fn the_worked_configs_in_the_docs_load() {
         assert!(e.accounting.is_some(), "{name}");
         let cred = &loaded.credentials[&e.credential];
         assert!(cred.windows.iter().any(|w| w.upstream), "{name}");
+        // The token's concurrent cap, as the comment says, holds every
+        // endpoint's requests, whatever their resource.
+        for e in loaded.endpoints.values() {
+            let cap = (loaded.credentials[&e.credential].windows.iter())
+                .find(|w| w.is_concurrent() && w.every_resource);
+            if let Some(cap) = cap {
+                let spent = loaded.windows_of(e);
+                assert!(spent.iter().any(|(_, w)| *w == cap), "{name}: {}", e.name);
+                capped += 1;
+            }
+        }
     }
+    assert!(
+        capped >= 3,
+        "GitHub's REST, search and GraphQL endpoints: {capped}"
+    );
 }
