@@ -605,3 +605,111 @@ fn the_status_page_lists_each_tenant_of_a_template_credential() {
         }
     }
 }
+
+/// Issue 24: a credential with several resources (GitHub's core and search,
+/// and the token's cap on requests in flight) shows each on the page and in
+/// `/api/status`: a search block (as an upstream's 429 leaves it in Redis) is
+/// search's, core is not blocked, and every window names its resource, the
+/// token's concurrent cap "*" (the page: "every resource").
+#[test]
+fn the_status_page_names_each_resource_and_its_block() {
+    let redis = RedisServer::start();
+    let port = free_port();
+    let cfg = ConfigBuilder::new()
+        .worker(quick_worker(1))
+        .metrics_listen(&format!("127.0.0.1:{port}"))
+        .credential(
+            Credential::env("gh", "QW_TEST_STATUS_GH")
+                .secret(MAIN_SECRET)
+                .window(Window::sliding(5000, "1h").upstream())
+                .window(Window::sliding(30, "1m").upstream().resource("search"))
+                .window(Window::concurrent(100)),
+        )
+        .endpoint(Endpoint::new("gh.repos", "gh", 1).set("accounting", "github"))
+        .endpoint(
+            Endpoint::new("gh.search", "gh", 1)
+                .set("accounting", "github")
+                .set("resource", "search"),
+        )
+        .job(
+            Job::videos("find", "gh.search", "http://127.0.0.1:9")
+                .fan_out("region", ["US"])
+                .schedule("manual"),
+        )
+        .redis_url(&redis.url())
+        .write();
+    let t: Vec<String> = redis.cmd(&["TIME"]);
+    let now_us = t[0].parse::<u64>().expect("s") * 1_000_000 + t[1].parse::<u64>().expect("µs");
+    let ks = keys();
+    let until = (now_us + 600_000_000).to_string();
+    let _: () = redis.cmd(&[
+        "SET",
+        &ks.blocked_in("gh", Some("search")),
+        &until,
+        "PX",
+        "600000",
+    ]);
+    let _: () = redis.cmd(&[
+        "SET",
+        &ks.block_kind_in("gh", Some("search")),
+        "429",
+        "PX",
+        "600000",
+    ]);
+    let _daemon = Proc::start("daemon", &cfg, &["run"], &[]);
+    assert!(
+        http::wait_http(port, Duration::from_secs(30)),
+        "the daemon's listener on {port} did not answer"
+    );
+
+    let a = http_request(port, "GET", "/api/status", &[]).expect("GET /api/status");
+    assert_eq!(a.status, 200, "{}", a.body);
+    let status: Value = serde_json::from_str(&a.body).unwrap_or_else(|e| panic!("{e}: {}", a.body));
+    let gh = credential(&status, "gh");
+    assert_eq!(
+        gh["resources"],
+        serde_json::json!(["core", "search"]),
+        "{gh:#}"
+    );
+    assert!(gh["block"].is_null(), "core is not blocked: {gh:#}");
+    let blocks = gh["blocks"].as_array().expect("blocks");
+    assert_eq!(blocks.len(), 1, "{gh:#}");
+    assert_eq!(blocks[0]["resource"], "search");
+    assert_eq!(blocks[0]["kind"], "429");
+    assert!(
+        blocks[0]["blocked_for_ms"]
+            .as_u64()
+            .is_some_and(|ms| ms > 500_000),
+        "{gh:#}"
+    );
+    let resources: Vec<(&str, &str)> = (gh["windows"].as_array().expect("windows").iter())
+        .map(|w| {
+            (
+                w["window"].as_str().unwrap_or(""),
+                w["resource"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        resources,
+        [
+            ("5000/1h", "core"),
+            ("30/1m", "search"),
+            ("100 in flight", "*")
+        ],
+        "{gh:#}"
+    );
+    assert_no_secret("/api/status", &a.body);
+
+    let page = http_request(port, "GET", "/", &[]).expect("GET /");
+    assert_eq!(page.status, 200);
+    let text = page.body;
+    assert!(
+        text.contains("(resource <code>search</code>) is blocked until"),
+        "{text}"
+    );
+    assert!(text.contains("credential, resource search"), "{text}");
+    assert!(text.contains("credential, every resource"), "{text}");
+    assert!(!text.contains("resource *"), "{text}");
+    assert_no_secret("the page", &text);
+}

@@ -171,7 +171,11 @@ fn window(w: &WindowStatus, named: bool) -> Markup {
         tr class="window" data-scope=(w.scope) data-window=(w.window) data-resource=[named.then_some(&w.resource)] {
             td {
                 (w.window) br;
-                span class="muted" { (w.scope) @if named { ", resource " (w.resource) } }
+                span class="muted" {
+                    (w.scope)
+                    @if named && w.resource == crate::quota::EVERY_RESOURCE { ", every resource" }
+                    @else if named { ", resource " (w.resource) }
+                }
             }
             td {
                 svg class="bar" viewBox="0 0 100 10" preserveAspectRatio="none" role="img" {
