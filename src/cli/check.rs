@@ -446,6 +446,9 @@ struct Row<'a> {
     scope: Scope,
     window: &'a Window,
     jobs: Vec<&'a Job>,
+    /// The token's concurrent cap on a credential of several resources:
+    /// its label says it counts them all.
+    every: bool,
 }
 
 /// The credential's windows, then each of its endpoints' windows.
@@ -459,6 +462,8 @@ fn window_rows<'a>(config: &'a Config, credential: &str, own: &'a [Window]) -> V
     let charged: Vec<&Job> = (cred_jobs.iter().copied())
         .filter(|j| config.endpoints[&j.endpoint].charge_credential)
         .collect();
+    let several = (config.credentials.get(credential))
+        .is_some_and(|c| c.resources(config.endpoints.values()).len() > 1);
     // A credential's window is spent by the endpoints of its resource.
     let mut rows: Vec<Row<'a>> = own
         .iter()
@@ -468,6 +473,7 @@ fn window_rows<'a>(config: &'a Config, credential: &str, own: &'a [Window]) -> V
             jobs: (charged.iter().copied())
                 .filter(|j| window.serves(config.endpoints[&j.endpoint].resource.as_deref()))
                 .collect(),
+            every: several && window.every_resource,
         })
         .collect();
     for ep in (config.endpoints.values()).filter(|e| e.credential == credential) {
@@ -478,6 +484,7 @@ fn window_rows<'a>(config: &'a Config, credential: &str, own: &'a [Window]) -> V
             scope: Scope::Endpoint(ep.name.clone()),
             window,
             jobs: jobs.clone(),
+            every: false,
         }));
     }
     rows
@@ -485,9 +492,11 @@ fn window_rows<'a>(config: &'a Config, credential: &str, own: &'a [Window]) -> V
 
 impl Row<'_> {
     /// Its scope, and its resource when it is not the credential's default
-    /// (`credential (search)`).
+    /// (`credential (search)`; the token's concurrent cap on a credential of
+    /// several: `credential (every resource)`).
     fn label(&self) -> String {
         match &self.window.resource {
+            None if self.every => format!("{} (every resource)", self.scope),
             None => self.scope.to_string(),
             Some(r) => format!("{} ({r})", self.scope),
         }
@@ -614,7 +623,7 @@ impl Row<'_> {
         };
         let line = format!(
             "  {:<scope_w$}  {:<win_w$}  {tasks} task(s) at once ({seen}), {cost}: {binds}\n",
-            scope.to_string(),
+            self.label(),
             w.describe(),
         );
         let short: Vec<String> = (endpoints.iter().map(|e| &config.endpoints[*e]))

@@ -305,7 +305,8 @@ fn check_warns_of_a_count_that_resyncs_nothing_and_counts_per_resource() {
         .credential(
             Credential::env("gh", SECRET.0)
                 .window(Window::sliding(4500, "1h"))
-                .window(Window::sliding(30, "1m").upstream().resource("search")),
+                .window(Window::sliding(30, "1m").upstream().resource("search"))
+                .window(Window::concurrent(100)),
         )
         .endpoint(
             Endpoint::new("github.events", "gh", 1)
@@ -351,6 +352,11 @@ fn check_warns_of_a_count_that_resyncs_nothing_and_counts_per_resource() {
     );
     assert!(
         text.contains("32 units per run (8 item(s) x 4 page(s) x 1 unit(s)); 128 if every page is redirected 3 times (each hop is spent)"),
+        "{text}"
+    );
+    // The token's cap on requests in flight holds both jobs' tasks.
+    assert!(
+        row("100 in flight").contains("credential (every resource)"),
         "{text}"
     );
 }
