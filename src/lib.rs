@@ -89,6 +89,7 @@
 #![deny(clippy::await_holding_lock)]
 
 pub(crate) mod accounting;
+pub(crate) mod acl;
 pub mod cli;
 pub mod config;
 pub mod conn;

@@ -12,6 +12,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use super::Exit;
+use crate::acl;
 use crate::config::{
     Config, Credential, Job, Reserve, Scope, UnsafeEviction, Window, fmt_duration,
 };
@@ -156,17 +157,51 @@ async fn queue_eviction(config: &Config) -> Exit {
         return Exit::Ok;
     };
     let wait = Duration::from_secs(2);
-    let Ok(mut conn) = crate::conn::connect(url, wait, 0).await else {
-        println!(
-            "\nredis: {url} does not answer now; its maxmemory-policy is checked when `run` starts"
-        );
-        return Exit::Ok;
+    let mut conn = match crate::conn::connect(url, wait, 0).await {
+        Ok(mut c) => match redis::cmd("PING").query_async::<()>(&mut c).await {
+            Err(e) if acl::is_auth_failure(&e) => Err(e),
+            _ => Ok(c),
+        },
+        Err(e) => Err(e),
     };
-    verdict(
-        config,
-        &url.to_string(),
-        eviction::check(&mut conn, wait).await,
-    )
+    let conn = match conn.as_mut() {
+        Ok(c) => c,
+        Err(e) if acl::is_auth_failure(e) => {
+            eprintln!("error: {}", crate::acl::refused_credentials(&url, e));
+            return Exit::Config;
+        }
+        Err(_) => {
+            println!(
+                "\nredis: {url} does not answer now; its maxmemory-policy and its user's permissions are checked when `run` starts"
+            );
+            return Exit::Ok;
+        }
+    };
+    let eviction = verdict(config, &url.to_string(), eviction::check(conn, wait).await);
+    let replicas = config.redis.quota_replicas > 0;
+    let access = match acl::access(conn, &config.redis.key_prefix, replicas).await {
+        Ok(acl::Access::Granted) => {
+            println!("redis: {url}: {}", acl::Access::Granted);
+            Exit::Ok
+        }
+        Ok(missing @ acl::Access::Missing(_)) => {
+            eprintln!("error: Redis at {url}: {missing}");
+            Exit::Config
+        }
+        Ok(unknown @ acl::Access::Unknown(_)) => {
+            println!("warning: redis: {url}: {unknown}");
+            Exit::Ok
+        }
+        Err(e) => {
+            println!("warning: redis: {url}: the user's permissions could not be read: {e}");
+            Exit::Ok
+        }
+    };
+    if eviction == Exit::Config || access == Exit::Config {
+        Exit::Config
+    } else {
+        Exit::Ok
+    }
 }
 
 /// Every master of the cluster of `[redis] quota_nodes`, when it answers now.

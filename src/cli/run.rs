@@ -77,6 +77,8 @@ pub(crate) fn daemon_error(e: &DaemonError) -> Exit {
         // Misconfigured, not unavailable: waiting will not fix it, an
         // operator must (EX_CONFIG, like our own config errors).
         DaemonError::Metrics { .. }
+        | DaemonError::Auth { .. }
+        | DaemonError::Permissions { .. }
         | DaemonError::UnsafeEviction { .. }
         | DaemonError::QuotaUnsafeEviction { .. }
         | DaemonError::Embedded(EmbeddedError::PathTooLong(_)) => Exit::Config,

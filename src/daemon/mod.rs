@@ -50,6 +50,24 @@ pub enum DaemonError {
         #[source]
         source: redis::RedisError,
     },
+    /// Redis refused the credentials in the URL (a wrong password, none
+    /// where one is needed): a config error, not an outage.
+    #[error("{}", crate::acl::refused_credentials(url, source))]
+    Auth {
+        /// Where (password redacted).
+        url: RedisUrl,
+        /// What Redis said.
+        #[source]
+        source: redis::RedisError,
+    },
+    /// The Redis user may not run commands the product sends.
+    #[error("Redis at {url}: {what}")]
+    Permissions {
+        /// Where (password redacted).
+        url: RedisUrl,
+        /// What it may not run, and what to grant.
+        what: String,
+    },
     /// Redis may evict keys, and `[redis] unsafe_eviction` is "refuse".
     #[error("Redis at {url}: {}", Eviction::unsafe_reason(policy))]
     UnsafeEviction {
@@ -153,8 +171,24 @@ async fn connect_with_retry(
     let deadline = tokio::time::Instant::now() + patience;
     let mut wait = Duration::from_millis(100);
     loop {
-        match crate::conn::connect(url, timeout, 2).await {
+        // A PING too: a URL without a password is only refused (NOAUTH) at
+        // the first command.
+        let connected = match crate::conn::connect(url, timeout, 2).await {
+            Ok(mut c) => match redis::cmd("PING").query_async::<()>(&mut c).await {
+                Err(e) if crate::acl::is_auth_failure(&e) => Err(e),
+                _ => Ok(c),
+            },
+            Err(e) => Err(e),
+        };
+        match connected {
             Ok(c) => return Ok(c),
+            // Waiting will not change the password.
+            Err(source) if crate::acl::is_auth_failure(&source) => {
+                return Err(DaemonError::Auth {
+                    url: url.clone(),
+                    source,
+                });
+            }
             Err(e) if tokio::time::Instant::now() + wait < deadline => {
                 warn!(url = %url, error = %e, "Redis unreachable; retrying");
                 tokio::time::sleep(wait).await;
@@ -364,6 +398,44 @@ async fn check_eviction(
     Ok(())
 }
 
+/// What Redis must allow before anything runs: no key evicted, and every
+/// command the product sends permitted to its user.
+async fn preflight(
+    url: &RedisUrl,
+    config: &Config,
+    queue_conn: &ConnectionManager,
+    limiter_conn: &QuotaConn,
+) -> Result<(), DaemonError> {
+    check_eviction(url, config, queue_conn, limiter_conn).await?;
+    check_access(url, config, queue_conn).await
+}
+
+/// Refuses a Redis user that may not run every command the product sends
+/// (src/acl.rs), naming what is missing; one whose permissions cannot be
+/// read (a Redis before 7) is logged and let through.
+async fn check_access(
+    url: &RedisUrl,
+    config: &Config,
+    conn: &ConnectionManager,
+) -> Result<(), DaemonError> {
+    let replicas = config.redis.quota_replicas > 0;
+    match crate::acl::access(&mut conn.clone(), &config.redis.key_prefix, replicas).await {
+        Ok(crate::acl::Access::Granted) => Ok(()),
+        Ok(missing @ crate::acl::Access::Missing(_)) => Err(DaemonError::Permissions {
+            url: url.clone(),
+            what: missing.to_string(),
+        }),
+        Ok(unknown @ crate::acl::Access::Unknown(_)) => {
+            warn!(redis = %url, "{unknown}: make sure its user may run every command quota-worker sends (docs/redis.md)");
+            Ok(())
+        }
+        Err(e) => {
+            warn!(redis = %url, error = %e, "the Redis user's permissions could not be read");
+            Ok(())
+        }
+    }
+}
+
 /// What the config says to do about `eviction` at `at`: `Err(policy)` to refuse.
 fn eviction_verdict(at: &str, config: &Config, eviction: Eviction) -> Result<(), String> {
     match eviction {
@@ -503,7 +575,7 @@ async fn run_on(
         }
         r = connect(url, &config) => r?,
     };
-    check_eviction(url, &config, &conns.queue, &conns.limiter).await?;
+    preflight(url, &config, &conns.queue, &conns.limiter).await?;
     let quota = QuotaTarget::of(&config, url.clone());
     let parts = Parts::new(
         &config,

@@ -36,6 +36,7 @@ mod endpoint_buckets;
 mod keys_installed;
 mod keys_second_client;
 mod quota_report;
+mod redis_permissions;
 mod redis_unavailable;
 mod tenant_cli;
 

@@ -8,9 +8,11 @@
 use std::time::{Duration, Instant};
 
 use crate::support;
+use crate::support::RedisServer;
 use crate::support::daemon;
 use crate::support::machine;
 use crate::support::process::Proc;
+use crate::support::upstream::{KEY_ENV, SIM_KEY};
 
 /// Regression (issue 14): with its metrics port taken, the daemon first
 /// waited up to 30 s for Redis, and when Redis was down too it reported
@@ -64,4 +66,47 @@ fn redis_unreachable_exits_69_after_its_patience() {
         err.contains("is unreachable"),
         "says Redis is unreachable:\n{err}"
     );
+}
+
+/// Issue 22, Low 3: a wrong Redis password made `run` retry for 30 s and
+/// exit 69 as if Redis were down. Redis refusing the credentials (a wrong
+/// password, none where one is needed) is a config error: 78 at once, naming
+/// the URL with its password hidden; `check` says so too. Unreachable stays
+/// 69 (the test above).
+#[test]
+fn issue_22_low_3_a_wrong_redis_password_exits_78_not_69() {
+    let redis = RedisServer::start();
+    let _: () = redis.cmd(&[
+        "ACL", "SETUSER", "qw", "reset", "on", ">right", "~*", "&*", "+@all",
+    ]);
+    let cfg = daemon::config(daemon::job("http://127.0.0.1:9")).write();
+    let wrong = format!("redis://qw:wrong-pw@127.0.0.1:{}/0", redis.port());
+    let none = format!("redis://127.0.0.1:{}/0", redis.port());
+    let refuse = |url: &str, what: &str| {
+        let mut d = Proc::sim_cli("daemon", &cfg, Some(url), &["run"], &[]);
+        let status = d.wait_exit(Duration::from_secs(60));
+        let err = d.log();
+        assert_eq!(status.and_then(|s| s.code()), Some(78), "{what}: {err}");
+        assert!(err.contains("refused the credentials"), "{what}: {err}");
+        assert!(
+            !err.contains("wrong-pw"),
+            "{what}: the password is never printed: {err}"
+        );
+        let out = cfg.run(
+            &["check"],
+            &[("QUOTA_WORKER_REDIS_URL", url), (KEY_ENV, SIM_KEY)],
+        );
+        let text = format!("{}{}", support::stdout(&out), support::stderr(&out));
+        assert_eq!(out.status.code(), Some(78), "{what}: check: {text}");
+        assert!(
+            text.contains("refused the credentials"),
+            "{what}: check: {text}"
+        );
+        assert!(!text.contains("wrong-pw"), "{what}: {text}");
+    };
+    refuse(&wrong, "a wrong password");
+    // The default user gets a password: a URL without one is refused too
+    // (NOAUTH). Nothing below talks to this Redis as the default user.
+    let _: () = redis.cmd(&["ACL", "SETUSER", "default", "resetpass", ">set-now"]);
+    refuse(&none, "no password where one is needed");
 }
