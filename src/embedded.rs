@@ -105,6 +105,27 @@ async fn answers(socket: &Path) -> bool {
     )
 }
 
+/// Writes `bytes` to `path`, never through a symbolic link planted there
+/// (ELOOP; docs/security.md): a state file is written where it is or not
+/// at all.
+fn write_no_follow(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => std::io::Error::other(
+                "it is a symbolic link, which quota-worker never writes through (docs/security.md); remove it",
+            ),
+            _ => e,
+        })?
+        .write_all(bytes)
+}
+
 /// Whether `pid` runs (a zombie, dead but not yet reaped, does not).
 fn pid_running(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
@@ -173,7 +194,7 @@ impl EmbeddedRedis {
                 }
             }
         }
-        std::fs::write(&owner_file, me.to_string()).map_err(io_err(&owner_file))?;
+        write_no_follow(&owner_file, me.to_string().as_bytes()).map_err(io_err(&owner_file))?;
         let mut redis = EmbeddedRedis {
             child: None,
             log: dir.join("redis.log"),

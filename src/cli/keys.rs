@@ -167,18 +167,40 @@ fn script_path(config: &Config) -> Result<PathBuf, String> {
     ))
 }
 
-/// Makes `path` hold the script: left alone when it already does, else
-/// written whole (a temporary file renamed into place), never half.
+/// Makes `path` hold the script: left alone when it already is this user's
+/// own regular file holding it, else written whole (a temporary file
+/// renamed into place), never half.
+///
+/// The temporary file is new and of an unguessable name (`O_EXCL` never
+/// follows a link): in the shared temporary directory, a predictable name
+/// is a link another user plants to have this process overwrite one of its
+/// files. And a script file there that another user owns (or a link to
+/// one) is not ours to hand out: they could change it after `keys` printed
+/// its path. Our own user id is read off the temporary file.
 fn write_script(path: &Path) -> std::io::Result<()> {
-    if std::fs::read_to_string(path).is_ok_and(|s| s == SCRIPT) {
-        return Ok(());
-    }
+    use std::os::unix::fs::MetadataExt as _;
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!(".spend.lua.{}", std::process::id()));
-    std::fs::write(&tmp, SCRIPT)
-        .and_then(|()| std::fs::rename(&tmp, path))
-        .inspect_err(|_| {
-            let _ = std::fs::remove_file(&tmp);
+    let tmp = dir.join(format!(".spend.lua.{}", uuid::Uuid::new_v4().simple()));
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+        .and_then(|mut f| {
+            std::io::Write::write_all(&mut f, SCRIPT.as_bytes())?;
+            f.metadata()
         })
+        .and_then(|ours| {
+            let theirs = std::fs::symlink_metadata(path);
+            let same = theirs.is_ok_and(|m| m.is_file() && m.uid() == ours.uid())
+                && std::fs::read_to_string(path).is_ok_and(|s| s == SCRIPT);
+            if same {
+                std::fs::remove_file(&tmp)
+            } else {
+                std::fs::rename(&tmp, path)
+            }
+        });
+    written.inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
 }

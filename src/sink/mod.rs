@@ -71,7 +71,7 @@ mod sqlite;
 use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -167,6 +167,18 @@ pub enum SinkError {
         #[source]
         source: io::Error,
     },
+    /// The item's JSON lines file or SQLite database is a symbolic link:
+    /// never followed (it could point anywhere the daemon may write), so
+    /// the page is not written there, nor spooled for it; the item's task
+    /// fails.
+    #[error(
+        "refused to write {}: it is a symbolic link, which a sink never follows (someone else can write the sink directory? see docs/security.md); remove the link",
+        path.display()
+    )]
+    Symlink {
+        /// The link.
+        path: PathBuf,
+    },
     /// The blocking task that did the I/O panicked or was cancelled.
     #[error("sink I/O task ended abnormally: {0}")]
     Task(#[source] tokio::task::JoinError),
@@ -186,7 +198,11 @@ impl SinkError {
     /// spooled, or the run waits.
     #[must_use]
     pub fn fails_the_task(&self) -> bool {
-        self.is_bad_response() || matches!(self, SinkError::NeverWritable { .. })
+        self.is_bad_response()
+            || matches!(
+                self,
+                SinkError::NeverWritable { .. } | SinkError::Symlink { .. }
+            )
     }
 
     /// What the task's outcome says.
@@ -205,6 +221,12 @@ impl SinkError {
         match self {
             SinkError::Io { path, source } if source.kind() == io::ErrorKind::InvalidFilename => {
                 SinkError::NeverWritable { path, source }
+            }
+            SinkError::Io { path, source } if source.raw_os_error() == Some(libc::ELOOP) => {
+                SinkError::Symlink { path }
+            }
+            SinkError::Sqlite { path, source } if sqlite::is_symlink_refusal(&source) => {
+                SinkError::Symlink { path }
             }
             other => other,
         }
@@ -686,10 +708,14 @@ fn append(path: &Path, page: &[u8]) -> io::Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
+    // The final component is never followed: a symbolic link planted in a
+    // shared sink directory cannot redirect pages into another file
+    // (ELOOP; docs/security.md).
     let mut file = OpenOptions::new()
         .read(true)
         .append(true)
         .create(true)
+        .custom_flags(libc::O_NOFOLLOW)
         .open(path)?;
     file.lock()?;
     let appended = append_locked(&mut file, page);

@@ -35,7 +35,7 @@
 use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -219,11 +219,23 @@ struct Claimed {
 }
 
 /// Locks and reads `path`; `None` when another replayer holds it or has
-/// already written it.
-fn claim(path: &Path) -> io::Result<Option<Result<Claimed, serde_json::Error>>> {
-    let mut file = match File::open(path) {
+/// already written it; `Some(Err)` when it is no page (set aside).
+fn claim(path: &Path) -> io::Result<Option<Result<Claimed, io::Error>>> {
+    // Never through a symbolic link: one planted in the spool could point
+    // at any file the daemon may read, and a page-shaped one would be
+    // written to a sink. The link itself is set aside, unfollowed.
+    let opened = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path);
+    let mut file = match opened {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return Ok(Some(Err(io::Error::other(
+                "it is a symbolic link, which the spool never follows",
+            ))));
+        }
         Err(e) => return Err(e),
     };
     match file.try_lock() {
@@ -237,11 +249,15 @@ fn claim(path: &Path) -> io::Result<Option<Result<Claimed, serde_json::Error>>> 
     }
     let mut text = String::new();
     file.read_to_string(&mut text)?;
-    Ok(Some(serde_json::from_str(&text).map(|page| Claimed {
-        path: path.to_owned(),
-        _file: file,
-        page,
-    })))
+    Ok(Some(
+        serde_json::from_str(&text)
+            .map(|page| Claimed {
+                path: path.to_owned(),
+                _file: file,
+                page,
+            })
+            .map_err(io::Error::from),
+    ))
 }
 
 /// Moves a spooled file that cannot be read as a page out of the way, to
@@ -550,5 +566,44 @@ mod tests {
         assert_eq!(Tag::of_file(&old), Tag::Unknown);
         let other = vec![("v".to_owned(), "long".to_owned())];
         assert_ne!(Tag::of(&other), Tag::of(&item));
+    }
+
+    /// Issue 22, Low 4: a symbolic link planted in the spool, to a file
+    /// holding a page (or any file the daemon may read), was followed and
+    /// its text replayed into the sink. It is refused unread, as no page
+    /// (and so set aside, the link itself moved, its target untouched).
+    #[test]
+    fn issue_22_low_4_a_link_in_the_spool_is_never_followed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let page = Page {
+            job: "leak".into(),
+            item: vec![("v".to_owned(), "one".to_owned())],
+            fetched_at: "2026-11-26T09:00:00Z".into(),
+            tick: Some(1),
+            page: Some(1),
+            records: vec![serde_json::json!({"id": "planted"})],
+        };
+        let spool = dir.path().join("spool/leak");
+        let saved = save(&spool, &page, 1).expect("saved");
+        assert!(
+            matches!(claim(&saved), Ok(Some(Ok(_)))),
+            "a page file is read"
+        );
+        let target = dir.path().join("elsewhere.json");
+        std::fs::rename(&saved, &target).expect("moved away");
+        std::os::unix::fs::symlink(&target, &saved).expect("link");
+        match claim(&saved) {
+            Ok(Some(Err(e))) => assert!(e.to_string().contains("symbolic link"), "{e}"),
+            Ok(Some(Ok(c))) => panic!("followed the link: {:?}", c.page.records),
+            Ok(None) => panic!("not claimed"),
+            Err(e) => panic!("an I/O error instead of setting it aside: {e}"),
+        }
+        let moved = set_aside(dir.path().join("spool").as_path(), &saved).expect("set aside");
+        assert!(
+            std::fs::symlink_metadata(&moved)
+                .expect("moved")
+                .is_symlink()
+        );
+        assert!(target.is_file(), "the target is untouched");
     }
 }

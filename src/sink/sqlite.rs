@@ -196,7 +196,12 @@ impl Db {
             // An error here shows up as SQLite's "unable to open".
             let _ = std::fs::create_dir_all(dir);
         }
-        let conn = Connection::open(path)?;
+        // Never through a symbolic link planted where the database goes
+        // (SQLITE_CANTOPEN_SYMLINK; docs/security.md), as the jsonl sink.
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::default() | OpenFlags::SQLITE_OPEN_NOFOLLOW,
+        )?;
         configure(&conn)?;
         // WAL: readers (search) never block writers, and writers from several
         // processes queue on the busy timeout instead of failing. Switching
@@ -521,6 +526,13 @@ pub fn find(
         }
     }
     Ok(out)
+}
+
+/// Whether SQLite refused to open a database because its path is a
+/// symbolic link (`SQLITE_OPEN_NOFOLLOW`).
+pub(super) fn is_symlink_refusal(e: &rusqlite::Error) -> bool {
+    matches!(e, rusqlite::Error::SqliteFailure(f, _)
+        if f.extended_code == rusqlite::ffi::SQLITE_CANTOPEN_SYMLINK)
 }
 
 /// `db_path` opened to read: read-write without CREATE plus `query_only`,

@@ -353,3 +353,36 @@ fn embedded_redis_killed_under_the_daemon_is_started_again() {
     );
     eprintln!("MEASURE embedded redis-server SIGKILLed: serving again in {took:?}");
 }
+
+/// Issue 22, Low 4: the embedded Redis's `owner.pid` in the state directory
+/// was written through a symbolic link planted in its place (the daemon's
+/// pid over the link's target). It is refused: the daemon exits naming the
+/// link, the target untouched.
+#[test]
+fn issue_22_low_4_a_link_planted_as_owner_pid_is_never_written_through() {
+    let cfg = daemon::config(daemon::job("http://127.0.0.1:9"))
+        .state_dir("state")
+        .write();
+    let victim = cfg.join("victim.txt");
+    std::fs::write(&victim, "precious\n").expect("victim");
+    std::fs::create_dir_all(cfg.join("state/redis")).expect("mkdir");
+    std::os::unix::fs::symlink(&victim, cfg.join("state/redis/owner.pid")).expect("symlink");
+    let mut d = Proc::sim_cli("embedded", &cfg, None, &["run"], &[]);
+    let status = d.wait_exit(Duration::from_secs(20));
+    if status.is_none() {
+        d.kill();
+    }
+    let err = d.log();
+    assert!(
+        status.is_some_and(|s| !s.success()),
+        "refused; stderr:\n{err}"
+    );
+    assert!(
+        err.contains("owner.pid") && err.contains("symbolic link"),
+        "names the link:\n{err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&victim).expect("victim"),
+        "precious\n"
+    );
+}

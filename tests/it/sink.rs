@@ -14,6 +14,8 @@ use quota_worker::config::{Config, Job};
 use quota_worker::sink::{self, PageRef, SinkError, Sinks};
 use serde_json::{Value, json};
 
+use crate::support::canned::CannedRig;
+use crate::support::hostile::Hostile;
 use crate::support::{
     self, ConfigBuilder, Credential, Endpoint, Request, Sink, TestConfig, Window,
 };
@@ -724,4 +726,65 @@ async fn sqlite_takes_writers_from_several_processes() {
     let found = sink::search(&db, "contended-db", "wproc2 p7", 1000).expect("search");
     assert_eq!(found.len(), PER_PAGE);
     assert!(found.iter().all(|r| r["w"] == "proc2" && r["p"] == 7));
+}
+
+/// Issue 22, Low 4: the JSON lines sink followed symbolic links:
+/// `data/echo/one.jsonl -> victim.txt` appended records to `victim.txt`.
+/// The final component is opened with `O_NOFOLLOW`: the page is refused
+/// (the item's task fails, naming the link), the target untouched, nothing
+/// spooled for it.
+#[test]
+fn issue_22_low_4_the_jsonl_sink_never_follows_a_symlink() {
+    let upstream = Hostile::start();
+    upstream.answer("one", 200, &[], r#"{"items":[{"id":"x"}]}"#);
+    let rig = CannedRig::start(&upstream, "k3y-low-4", CannedRig::endpoint(), &["one"]);
+    let victim = rig.cfg.join("victim.txt");
+    std::fs::write(&victim, "precious\n").expect("victim");
+    let link = rig.cfg.join("data/leak/one.jsonl");
+    std::fs::create_dir_all(link.parent().expect("dir")).expect("mkdir");
+    std::os::unix::fs::symlink(&victim, &link).expect("symlink");
+    let (outcomes, _) = rig.tick(1);
+    let o = &outcomes[0];
+    assert_eq!(o["outcome"], "failed", "{o}");
+    assert!(
+        CannedRig::message(o).contains("it is a symbolic link, which a sink never follows"),
+        "{o}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&victim).expect("victim"),
+        "precious\n"
+    );
+    let spooled = std::fs::read_dir(rig.cfg.join("state/spool/leak"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(spooled, 0, "nothing spooled for a link");
+}
+
+/// Issue 22, Low 4, the SQLite sink: a symbolic link where its database
+/// goes was followed, SQLite writing its tables into the link's target. The
+/// database is opened with `SQLITE_OPEN_NOFOLLOW`: the page is refused as
+/// the jsonl sink's (the task fails, naming the link), the target untouched.
+#[tokio::test]
+async fn issue_22_low_4_the_sqlite_sink_never_follows_a_symlink() {
+    let (cfg, config) = setup();
+    let sinks = Sinks::new(config.dir.clone());
+    let db_job = job(&config, "contended-db");
+    let victim = cfg.join("victim.db");
+    std::fs::write(&victim, "").expect("victim");
+    let db = cfg.join("db/contended.db");
+    std::fs::create_dir_all(db.parent().expect("dir")).expect("mkdir");
+    std::os::unix::fs::symlink(&victim, &db).expect("symlink");
+    let page = json!({"items": [{"text": "hello"}]});
+    let e = sinks
+        .write(db_job, &item(&[]), PAGE, &page, at(10, 0))
+        .await
+        .expect_err("a link is refused");
+    assert!(matches!(e, SinkError::Symlink { .. }), "{e:?}");
+    assert!(e.fails_the_task(), "{e}");
+    assert!(
+        e.to_string()
+            .contains("it is a symbolic link, which a sink never follows"),
+        "{e}"
+    );
+    assert_eq!(std::fs::metadata(&victim).expect("victim").len(), 0);
 }

@@ -11,9 +11,10 @@
 //! with `CAP_SYS_ADMIN`, as in CI), a tmpfs mounted read-only or with a
 //! small size over the directory; where it may not, mode 0555 for
 //! read-only (unless the user ignores permission bits: root in an
-//! unprivileged container), and `/dev/full` for a full JSON lines file. A
-//! test that can have neither says so on stderr, past the harness's output
-//! capture, and checks nothing (see [`skip`]). Every mount and mode is
+//! unprivileged container); a full one needs the tmpfs (a link to
+//! `/dev/full` is refused: the sink never follows a link). A test that can
+//! have neither says so on stderr, past the harness's output capture, and
+//! checks nothing (see [`skip`]). Every mount and mode is
 //! undone by its guard.
 
 use std::collections::HashMap;
@@ -157,7 +158,7 @@ impl Full {
         std::fs::create_dir_all(dir).expect("mkdir");
         if let Err(e) = mount_tmpfs(dir, &format!("size={size}"), 0) {
             skip(&format!(
-                "a full file system under SQLite needs a small tmpfs, which cannot be mounted here ({e}; root with CAP_SYS_ADMIN can)"
+                "a full file system needs a small tmpfs, which cannot be mounted here ({e}; root with CAP_SYS_ADMIN can)"
             ));
             return None;
         }
@@ -285,17 +286,14 @@ fn a_full_jsonl_sink_spools_and_the_upstream_sees_each_page_once() {
     let redis = RedisServer::start();
     let upstream = Upstream::start(PAGES, ITEMS);
     let cfg = setup(&upstream);
-    let dir = cfg.join(Path::new("data").join(JOB));
-    std::fs::create_dir_all(&dir).expect("mkdir");
-    let files: Vec<PathBuf> = REGIONS
-        .iter()
-        .map(|r| dir.join(format!("{r}.jsonl")))
-        .collect();
-    for f in &files {
-        std::os::unix::fs::symlink("/dev/full", f).expect("symlink /dev/full");
-    }
+    // A full file system, not links to /dev/full: the sink never follows
+    // a link (issue 22, Low 4).
+    let Some(full) = Full::mount(&cfg.join(Path::new("data").join(JOB))) else {
+        return;
+    };
     let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
     d.wait_running(Duration::from_secs(10));
+    full.fill();
     let (code, out) = trigger(&cfg, &redis);
     assert_eq!(
         code,
@@ -314,9 +312,7 @@ fn a_full_jsonl_sink_spools_and_the_upstream_sees_each_page_once() {
     );
 
     // Space again: the retry loop writes the spooled pages.
-    for f in &files {
-        std::fs::remove_file(f).expect("rm symlink");
-    }
+    full.free();
     let all = REGIONS.len() * (PAGES * ITEMS) as usize;
     assert!(
         wait_until(Duration::from_secs(30), || sink_records(&cfg).len() >= all),
