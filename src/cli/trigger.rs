@@ -41,6 +41,10 @@ pub async fn run(config: &Config, job_name: &str, wait: bool) -> Exit {
     let url = super::redis_url(config);
     let conn = match crate::conn::connect(&url, Duration::from_secs(5), 1).await {
         Ok(c) => c,
+        Err(e) if crate::acl::is_auth_failure(&e) => {
+            eprintln!("error: {}", crate::acl::refused_credentials(&url, &e));
+            return Exit::Config;
+        }
         Err(e) => {
             eprintln!("error: cannot reach Redis at {url}: {e}");
             return Exit::Unavailable;
@@ -64,6 +68,12 @@ pub async fn run(config: &Config, job_name: &str, wait: bool) -> Exit {
         outcomes: keys.tick_outcomes(&job.name, tick),
         ended: keys.tick_ended(&job.name, tick),
         url,
+        queue,
+        timeout: config
+            .endpoints
+            .get(&job.endpoint)
+            .map_or(Duration::ZERO, |e| e.timeout),
+        recover_after: config.worker.recover_after,
     };
     // The blocked reads of the tick's ends on a connection of their own,
     // whose response timeout outlasts them.
@@ -238,6 +248,13 @@ struct Tick<'a> {
     /// Its stream of ends, written while it is waited for.
     ended: String,
     url: RedisUrl,
+    /// What is in flight, when nothing has ended for a while.
+    queue: Queue,
+    /// Its endpoint's request timeout.
+    timeout: Duration,
+    /// `[worker] recover_after`: a worker with no heartbeat for this long
+    /// is gone.
+    recover_after: Duration,
 }
 
 impl Tick<'_> {
@@ -287,13 +304,10 @@ impl Tick<'_> {
                 && counts.keys().all(|k| k.starts_with('#'))
             {
                 hinted = true;
+                let note = self.nothing_ended().await;
                 // `bar.println` is a no-op on a hidden bar (stderr not a
-                // terminal): the hint must reach scripts and CI logs too.
-                bar.suspend(|| {
-                    eprintln!(
-                        "no task has ended yet: is a `quota-worker run` daemon running on this Redis?"
-                    )
-                });
+                // terminal): the note must reach scripts and CI logs too.
+                bar.suspend(|| eprintln!("{note}"));
             }
             // At most a few reads a second while tasks end; none while
             // nothing happens but the blocked read (the bar's clock ticks on).
@@ -321,6 +335,40 @@ impl Tick<'_> {
             key: self.ended.clone(),
             last,
         })
+    }
+
+    /// What to say when no task has ended after 10 s: what is in flight
+    /// (tasks against a slow upstream), or that no worker is alive at all
+    /// (none sent a heartbeat within `recover_after`: apalis keeps a dead
+    /// daemon's workers registered).
+    async fn nothing_ended(&self) -> String {
+        let depth = self.queue.depth().await;
+        let live = self.queue.live_workers(self.recover_after).await;
+        match (depth, live) {
+            (Ok(_), Ok(0)) => format!(
+                "no task has ended yet, and no worker on this Redis sent a heartbeat in the last {}: is a `quota-worker run` daemon running on it?",
+                fmt_duration(self.recover_after)
+            ),
+            (Ok(d), Ok(workers)) => {
+                let waiting = d.queued + d.backlog;
+                let flight = if d.in_flight > 0 {
+                    format!(
+                        "{} task(s) in flight on {} worker(s) (a request waits at most its endpoint's timeout, {} for {})",
+                        d.in_flight,
+                        workers,
+                        fmt_duration(self.timeout),
+                        self.job.endpoint
+                    )
+                } else {
+                    format!("none in flight on {workers} worker(s)")
+                };
+                format!(
+                    "no task has ended yet: {flight}, {waiting} waiting to start; still waiting"
+                )
+            }
+            _ => "no task has ended yet: is a `quota-worker run` daemon running on this Redis?"
+                .to_owned(),
+        }
     }
 
     async fn read(&self, conn: &mut ConnectionManager) -> redis::RedisResult<Counts> {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use crate::support::daemon::{self, JOB, REGIONS, tick_claims, tick_outcomes};
 use crate::support::process::{Proc, run_cli};
 use crate::support::redis_server::redis_conn;
-use crate::support::upstream::Upstream;
+use crate::support::upstream::{Blackhole, Upstream};
 use crate::support::{self, RedisServer};
 
 const PAGES: u32 = 3;
@@ -130,4 +130,37 @@ fn trigger_wait_says_why_when_redis_goes_away() {
     let err = p.log();
     assert_eq!(status.and_then(|s| s.code()), Some(69), "stderr:\n{err}");
     assert!(err.contains("Redis"), "stderr says Redis was lost:\n{err}");
+}
+
+/// Issue 22, Low 5: with a daemon running and its tasks simply in flight
+/// against a slow upstream, `trigger --wait` said after 10 s "no task has
+/// ended yet: is a `quota-worker run` daemon running on this Redis?". It
+/// says what is in flight instead, and keeps waiting.
+#[test]
+fn issue_22_low_5_trigger_wait_says_what_is_in_flight() {
+    let redis = RedisServer::start();
+    let upstream = Blackhole::start();
+    let cfg = daemon::config(daemon::job(&upstream.base_url())).write();
+    let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
+    d.wait_running(Duration::from_secs(30));
+    let mut p = Proc::sim_cli(
+        "trigger --wait",
+        &cfg,
+        Some(&redis.url()),
+        &["trigger", JOB, "--wait"],
+        &[],
+    );
+    let said = support::wait_until(Duration::from_secs(25), || {
+        p.log().contains("no task has ended yet")
+    });
+    let log = p.log();
+    assert!(said, "nothing said within 25 s:\n{log}");
+    assert!(log.contains("in flight on 1 worker"), "{log}");
+    assert!(
+        !log.contains("daemon running"),
+        "a daemon is running: {log}"
+    );
+    assert!(p.running(), "it keeps waiting");
+    p.kill();
+    d.kill();
 }
