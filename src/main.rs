@@ -140,6 +140,29 @@ enum Command {
         #[arg(long, value_name = "PERCENT", default_value = "0%")]
         reserve: Reserve,
     },
+    /// Print the shell completion script for SHELL (the Debian package installs bash, zsh and fish's)
+    Completions {
+        /// bash, zsh, fish, elvish or powershell
+        shell: clap_complete::Shell,
+    },
+    /// Write the man pages, quota-worker.1 and one per command (quota-worker-run.1, ...), into DIR
+    Manpages {
+        /// Where to write them (created if missing)
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+    },
+}
+
+/// Completions and man pages come from this very definition, so they
+/// cannot disagree with what the binary accepts; no config is read.
+fn generate(command: &Command) -> Option<ExitCode> {
+    let cli = <Args as clap::CommandFactory>::command();
+    let code = match command {
+        Command::Completions { shell } => cli::generate::completions(cli, *shell),
+        Command::Manpages { dir } => cli::generate::manpages(cli, dir),
+        _ => return None,
+    };
+    Some(code.into())
 }
 
 /// The config's duration grammar, so `--for` reads like `per = "..."`.
@@ -160,6 +183,9 @@ fn main() -> ExitCode {
             return code.into();
         }
     };
+    if let Some(code) = generate(&args.command) {
+        return code;
+    }
     // The demo has its own config unless one is given.
     let path = match (&args.command, args.config) {
         (Command::Demo { .. }, None) => PathBuf::from("config/demo.toml"),
@@ -248,5 +274,7 @@ async fn dispatch(command: Command, config: Config) -> Exit {
             });
             cli::demo::run(config, for_, &out).await
         }
+        // Done by `generate`, before any config was read.
+        Command::Completions { .. } | Command::Manpages { .. } => Exit::Ok,
     }
 }

@@ -27,48 +27,10 @@ EU_KEY="systemd-test-eu-$RANDOM$RANDOM"
 
 exec >>"$OUT/probe.log" 2>&1
 
-now_ms() { date +%s%3N; }
-# secs FROM_MS TO_MS: the interval in seconds, two decimals.
-secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", (b - a) / 1000 }'; }
-# lt A B: A < B, as decimals.
-lt() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a < b) }'; }
-log() { echo "[$(date +%T.%3N)] $*"; }
-pass() { local n=$1; shift; echo "ok   $n  $*" >>"$RESULTS"; log "ok $n: $*"; }
-fail() {
-  local n=$1; shift
-  echo "FAIL $n  $*" >>"$RESULTS"
-  log "FAIL $n: $*"
-  exit 1
-}
-# fail_later N MSG: a failed check that leaves the rest meaningful: recorded,
-# the run goes on, and the probe exits 1 at the end.
-failed_later=0
-fail_later() {
-  local n=$1; shift
-  echo "FAIL $n  $*" >>"$RESULTS"
-  log "FAIL $n: $*"
-  failed_later=1
-}
-prop() { systemctl show -P "$2" "$1"; }
-# journal_has UNIT TEXT: the unit's journal of this boot has TEXT (read in
-# full: grep -q on a pipe would make journalctl fail with SIGPIPE).
-journal_has() { grep -qF -- "$2" <<<"$(journalctl -b --no-pager -u "$1")"; }
-journal_count() { grep -cF -- "$2" <<<"$(journalctl -b --no-pager -u "$1")"; }
-# wait_until SECONDS CMD...: polls CMD every 0.2 s; false when time runs out.
-wait_until() {
-  local deadline=$(($(now_ms) + $1 * 1000)); shift
-  until "$@"; do
-    [ "$(now_ms)" -lt "$deadline" ] || return 1
-    sleep 0.2
-  done
-}
-active_with_new_pid() { # UNIT OLD_PID
-  [ "$(prop "$1" ActiveState)" = active ] && local p && p=$(prop "$1" MainPID) \
-    && [ "$p" != 0 ] && [ "$p" != "$2" ]
-}
-not_running_pid() { # UNIT PID: the unit left active/running, or its main pid changed
-  [ "$(prop "$1" SubState)" != running ] || [ "$(prop "$1" MainPID)" != "$2" ]
-}
+# The helpers: now_ms, secs, lt, log, pass, fail, fail_later, prop,
+# journal_has, journal_count, wait_until, active_with_new_pid, not_running_pid,
+# nofile.
+. /qw-test/probe-lib.sh
 
 # doc LINE: LINE must still be in docs/service.md; runs it (as root: no sudo).
 doc() {
@@ -189,7 +151,8 @@ state="$(prop $MAIN ActiveState)/$(prop $MAIN SubState)"
 # Type=notify: the unit turns active on READY=1, not when the process starts.
 ready_us=$(($(prop $MAIN ActiveEnterTimestampMonotonic) - $(prop $MAIN ExecMainStartTimestampMonotonic)))
 ready_s=$(awk -v u="$ready_us" 'BEGIN { printf "%.2f", u / 1e6 }')
-pass 1 "enable --now returned after READY=1 in $(secs "$t0" "$t1") s (process start -> READY=1 ${ready_s} s; active/running on return)"
+limits=$(nofile $MAIN) || fail 1 "$limits"
+pass 1 "enable --now returned after READY=1 in $(secs "$t0" "$t1") s (process start -> READY=1 ${ready_s} s; active/running on return; $limits)"
 
 # ---- 2. systemctl status shows the daemon's Status: line ---------------------
 status_line() { systemctl status quota-worker --no-pager 2>/dev/null | grep -E '^ *Status: "8 workers, [0-9]+ in flight, yt-key1 [0-9?]+(/9500)? units' ; }

@@ -3,6 +3,7 @@
 
 pub mod check;
 pub mod demo;
+pub mod generate;
 pub mod keys;
 pub mod quota;
 pub mod reload;

@@ -90,3 +90,63 @@ fn the_config_comes_from_the_flag_then_the_environment_then_the_default() {
         stderr(&o)
     );
 }
+
+/// `completions` and `manpages` need no config (the package build runs them
+/// where there is none) and cover every command the binary has: its own
+/// `--help` lists them.
+#[test]
+fn completions_and_man_pages_cover_every_command_and_need_no_config() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let help = stdout(&run(&["--help"], &[], dir.path()));
+    let commands: Vec<&str> = help
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|c| *c != "help")
+        .collect();
+    assert!(
+        commands.len() >= 10,
+        "commands in --help: {commands:?}\n{help}"
+    );
+    for shell in ["bash", "zsh", "fish"] {
+        let o = run(&["completions", shell], &[], dir.path());
+        assert_eq!(o.status.code(), Some(0), "{shell}: {}", stderr(&o));
+        let script = stdout(&o);
+        for c in &commands {
+            assert!(script.contains(c), "{shell} completion lacks {c}");
+        }
+    }
+    let man = dir.path().join("man");
+    let o = run(&["manpages", man.to_str().expect("utf-8")], &[], dir.path());
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // roff spells a hyphen `\-`.
+    let top = std::fs::read_to_string(man.join("quota-worker.1"))
+        .expect("quota-worker.1")
+        .replace("\\-", "-");
+    for c in &commands {
+        assert!(
+            man.join(format!("quota-worker-{c}.1")).is_file(),
+            "no page for {c}"
+        );
+        assert!(
+            top.contains(&format!("quota-worker-{c}")),
+            "quota-worker.1 does not list {c}"
+        );
+    }
+    for section in ["FILES", "ENVIRONMENT", "EXIT STATUS", "SEE ALSO"] {
+        assert!(
+            top.contains(&format!(".SH \"{section}\"")) || top.contains(&format!(".SH {section}")),
+            "quota-worker.1 has no {section}:\n{top}"
+        );
+    }
+    // A directory that cannot be made: 74, said.
+    let o = run(&["manpages", "/proc/no/such"], &[], dir.path());
+    assert_eq!(o.status.code(), Some(74), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("cannot write the man pages"),
+        "{}",
+        stderr(&o)
+    );
+}
