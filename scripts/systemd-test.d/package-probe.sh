@@ -51,6 +51,11 @@ log "probe starts; systemd $(systemctl --version | head -1 | cut -d' ' -f2), $(s
 # service action forbidden) would also keep `apt remove` from stopping the
 # service. In the container's overlay only.
 rm -f /usr/sbin/policy-rc.d
+# Slim images (debian:*-slim) tell dpkg to drop every man page; a real
+# Debian keeps them. Also in the overlay only.
+for f in /etc/dpkg/dpkg.cfg.d/*; do
+  [ -f "$f" ] && sed -i '/^path-exclude[= ]*\/usr\/share\/man\//d' "$f"
+done
 debs=(/qw-src/quota-worker_*.deb)
 [ "${#debs[@]}" -eq 1 ] && [ -f "${debs[0]}" ] || fail 0 "expected one quota-worker_*.deb in /qw-src, found: ${debs[*]}"
 # apt reads the file as _apt when it can: a copy it can read.

@@ -85,6 +85,8 @@ fn description() -> Roff {
 }
 
 /// FILES, ENVIRONMENT, EXIT STATUS and SEE ALSO: what clap does not know.
+/// Over 80 lines because it is the pages' text, one table per section, kept
+/// together so the man page reads as one document here too; no logic.
 fn operator_sections() -> Roff {
     let mut r = Roff::new();
     let item = |r: &mut Roff, term: &str, text: &str| {
