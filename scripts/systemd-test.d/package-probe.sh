@@ -2,10 +2,10 @@
 # scripts/systemd-test --package: the Debian package's life on a fresh
 # Debian, run inside the booted container as qw-probe.service (root), the
 # steps exactly as docs/service.md gives them: apt install the .deb, write
-# one key, systemctl enable --now (ready: READY=1 and /readyz 200), the man
-# page and the completions, apt remove (stops it), apt purge (removes its
-# config). One line per check, with its time, to /qw-out/results.txt; the
-# first failure ends the run.
+# one key, systemctl enable --now (ready: READY=1 and /readyz 200) and
+# systemctl reload, the man page and the completions, apt remove (stops it),
+# apt purge (removes its config). One line per check, with its time, to
+# /qw-out/results.txt; the first failure ends the run.
 #
 # /qw-src: the one quota-worker_*.deb, read-only
 # /qw-test: this directory, read-only; /qw-out: results, logs, journal
@@ -96,7 +96,13 @@ readyz_s=$(secs "$t0" "$(now_ms)")
 pid=$(prop $MAIN MainPID)
 limits=$(nofile $MAIN) || fail 2 "$limits"
 journal_has $MAIN "$KEY" && fail 2 "the key is in the journal"
-pass 2 "key written, systemctl enable --now quota-worker: ${enable_s} s (start -> READY=1 ${ready_s} s), /readyz 200 ${readyz_s} s after; embedded Redis; $limits"
+# The packaged ExecReload= runs the packaged binary (scripts/package rewrites
+# its path as it does ExecStart's): reload returns once the daemon applied it.
+step 2 timeout 60 systemctl reload quota-worker || fail 2 "systemctl reload quota-worker failed"
+reload_s=$step_s
+[ "$(prop $MAIN MainPID)" = "$pid" ] || fail 2 "systemctl reload restarted the daemon (main pid $pid -> $(prop $MAIN MainPID))"
+journal_has $MAIN 'configuration reloaded' || fail 2 "the daemon did not log the reload"
+pass 2 "key written, systemctl enable --now quota-worker: ${enable_s} s (start -> READY=1 ${ready_s} s), /readyz 200 ${readyz_s} s after; embedded Redis; $limits; systemctl reload: ${reload_s} s, same pid"
 
 # ---- 3. man page and completions ---------------------------------------------
 t0=$(now_ms)
