@@ -85,18 +85,21 @@ if KEYS[3] then
     redis.call('XADD', KEYS[6], 'MAXLEN', 1, '*', 'ended', 1)
     redis.call('EXPIRE', KEYS[6], ARGV[3])
   end
-  redis.call('HSET', KEYS[3], ARGV[5], cjson.encode(copy))
-  local ticks = {}
-  for _, f in ipairs(redis.call('HKEYS', KEYS[3])) do
-    if string.sub(f, 1, 1) ~= '#' then
-      ticks[#ticks + 1] = f
+  -- Only a tick new to the record can make it hold too many (issue 28:
+  -- the other tasks of the tick skip the HKEYS).
+  if redis.call('HSET', KEYS[3], ARGV[5], cjson.encode(copy)) == 1 then
+    local ticks = {}
+    for _, f in ipairs(redis.call('HKEYS', KEYS[3])) do
+      if string.sub(f, 1, 1) ~= '#' then
+        ticks[#ticks + 1] = f
+      end
     end
-  end
-  local keep = tonumber(ARGV[6])
-  if #ticks > keep then
-    table.sort(ticks, function(a, b) return tonumber(a) < tonumber(b) end)
-    for i = 1, #ticks - keep do
-      redis.call('HDEL', KEYS[3], ticks[i])
+    local keep = tonumber(ARGV[6])
+    if #ticks > keep then
+      table.sort(ticks, function(a, b) return tonumber(a) < tonumber(b) end)
+      for i = 1, #ticks - keep do
+        redis.call('HDEL', KEYS[3], ticks[i])
+      end
     end
   end
   if ARGV[8] ~= '' then

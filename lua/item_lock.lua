@@ -39,9 +39,10 @@ local function item_lock_main(KEYS, ARGV)
     if not redis.call('SET', KEYS[1], ARGV[2], 'NX', 'PX', ARGV[3]) then
       return { 1 }
     end
-    local function get(k) return redis.call('GET', k) or '' end
-    return { 2, get(KEYS[3]), get(KEYS[4]), get(KEYS[5]), get(KEYS[6]),
-             redis.call('TIME')[1] }
+    -- One MGET for the item's four keys (issue 28: commands per task).
+    local v = redis.call('MGET', KEYS[3], KEYS[4], KEYS[5], KEYS[6])
+    local function s(x) return x or '' end
+    return { 2, s(v[1]), s(v[2]), s(v[3]), s(v[4]), redis.call('TIME')[1] }
   end
   if redis.call('GET', KEYS[1]) ~= ARGV[2] then
     return 0

@@ -134,6 +134,14 @@ impl Queue {
             .batch_size(1)
             .heartbeat_interval(heartbeat)
             .missed_heartbeats(3)
+            // No task leases (issue 28): apalis's lock is a second script
+            // call per task (6 commands, among them an LREM that scans the
+            // whole active list, O(n), for a task its fetch already took off
+            // it), and what it writes (the task's `locked_by`, `Running`)
+            // nothing reads. The fetch's in-flight set is what brings a dead
+            // worker's tasks back (pitfall 8), and the item lock is what keeps
+            // two tasks off one item.
+            .lock_tasks(false)
             .emit_events(false);
         Queue { conn, keys, apalis }
     }
