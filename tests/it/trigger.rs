@@ -104,6 +104,48 @@ fn trigger_wait_with_no_daemon_prints_the_hint_even_without_a_terminal() {
     eprintln!("hint after {after:?}");
 }
 
+/// Issue 28: `trigger --wait` read the tick's counts every 200 ms (5
+/// commands a second for as long as a tick ran). It blocks on the tick's
+/// stream of ends now: with no task ending, over 5 s it sends a few
+/// commands (a blocked `XREAD` every 5 s, a read of the counts after it),
+/// not 25. No daemon runs here, so every command Redis counts is its.
+#[test]
+fn trigger_wait_blocks_on_redis_instead_of_polling_it() {
+    let redis = RedisServer::start();
+    let cfg = daemon::config(daemon::job("http://127.0.0.1:9")).write();
+    let mut p = Proc::sim_cli(
+        "trigger --wait",
+        &cfg,
+        Some(&redis.url()),
+        &["trigger", JOB, "--wait"],
+        &[],
+    );
+    assert!(
+        support::wait_until(Duration::from_secs(10), || p
+            .stdout()
+            .starts_with("queued 8 task(s)")),
+        "{}",
+        p.log()
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let _: String = redis.cmd(&["CONFIG", "RESETSTAT"]);
+    std::thread::sleep(Duration::from_secs(5));
+    let stats: String = redis.cmd(&["INFO", "commandstats"]);
+    assert!(p.running(), "it keeps waiting: {}", p.log());
+    p.kill();
+    let commands: u64 = stats
+        .lines()
+        .filter(|l| !l.starts_with("cmdstat_info:") && !l.starts_with("cmdstat_config"))
+        .filter_map(|l| l.split("calls=").nth(1))
+        .filter_map(|rest| rest.split(',').next()?.parse::<u64>().ok())
+        .sum();
+    eprintln!("trigger --wait sent {commands} commands in 5 s:\n{stats}");
+    assert!(
+        commands <= 10,
+        "trigger --wait sent {commands} commands in 5 s while nothing ended:\n{stats}"
+    );
+}
+
 /// Bug: losing Redis while waiting ended `trigger --wait` with exit 69 and
 /// no word why when stderr is not a terminal (the message went to the hidden
 /// progress bar).
