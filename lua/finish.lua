@@ -85,9 +85,12 @@ if KEYS[3] then
     redis.call('XADD', KEYS[6], 'MAXLEN', 1, '*', 'ended', 1)
     redis.call('EXPIRE', KEYS[6], ARGV[3])
   end
-  -- Only a tick new to the record can make it hold too many (issue 28:
-  -- the other tasks of the tick skip the HKEYS).
+  -- Only a tick new to the record can make it hold too many, and only
+  -- then does the record's life start again (issue 28: the other tasks of
+  -- the tick skip the HKEYS and the EXPIRE; it lives ARGV[7] past its
+  -- newest tick's first end).
   if redis.call('HSET', KEYS[3], ARGV[5], cjson.encode(copy)) == 1 then
+    redis.call('EXPIRE', KEYS[3], ARGV[7])
     local ticks = {}
     for _, f in ipairs(redis.call('HKEYS', KEYS[3])) do
       if string.sub(f, 1, 1) ~= '#' then
@@ -107,7 +110,6 @@ if KEYS[3] then
     local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
     redis.call('HSET', KEYS[3], '#error', ARGV[8], '#error_at_ms', string.format('%d', now))
   end
-  redis.call('EXPIRE', KEYS[3], ARGV[7])
 end
 
 -- Callers without the fairness arguments (other languages, older tools)

@@ -29,8 +29,9 @@ const DONE_TTL: Duration = Duration::from_secs(86_400);
 const STARVED_TTL: Duration = Duration::from_secs(400 * 86_400);
 /// How many of a job's ticks its record keeps (the newest).
 pub(crate) const TICKS_KEPT: usize = 10;
-/// How long a job's tick record outlives its last task: long enough for a
-/// monthly job's last tick to stay on the page.
+/// How long a job's tick record outlives the first end of its newest tick
+/// (set once per tick, not per task: issue 28): long enough for a monthly
+/// job's last tick to stay on the page.
 pub(crate) const TICKS_TTL: Duration = Duration::from_secs(35 * 86_400);
 
 /// What a task's end says about its item's share of the quota, for fair
