@@ -151,6 +151,16 @@ pub(crate) fn limiter(config: &Config, quotas: Arc<Quotas>) -> Result<Limiter, E
 /// Prints a limiter error and picks its exit code.
 pub(crate) fn quota_error(config: &Config, e: &crate::quota::QuotaError) -> Exit {
     use crate::quota::QuotaError as Q;
+    // Refused credentials are not an outage: waiting will not fix them.
+    if let Q::Unavailable(re) = e
+        && crate::acl::is_auth_failure(re)
+    {
+        eprintln!(
+            "error: {}",
+            crate::acl::refused_credentials(&quota_target(config), re)
+        );
+        return Exit::Config;
+    }
     if e.is_unavailable() {
         eprintln!("error: Redis at {}: {e}", quota_target(config));
         if config.redis.url.is_none() && config.redis.quota_nodes.is_empty() {
