@@ -148,13 +148,17 @@ fn metrics_match_what_the_upstream_saw_and_are_consistent_across_daemons() {
     eprintln!("run took {:?}", started.elapsed());
 
     // apalis acknowledges a finished task just after its outcome is
-    // counted: wait for the queue to show only the two stalled tasks.
+    // counted: wait for the queue to show only the two stalled tasks. Fresh
+    // scrapes: a daemon serves the gauges it reads from Redis for up to a
+    // second, and the run takes less (87 ms), so a cached scrape showed the
+    // stalled tasks' 2 from before the run while a task of the run was
+    // still unacknowledged (the check below then read 3, in CI).
     let mut last = None;
-    let settled = wait_until(Duration::from_secs(10), || {
+    let settled = wait_until(Duration::from_secs(20), || {
         let now: Vec<(f64, f64)> = ports
             .iter()
             .map(|p| {
-                let m = scrape(*p);
+                let m = scrape_fresh(*p);
                 (
                     m.one("qw_queue_tasks", &[("state", "in_flight")]),
                     m.one("qw_tasks_in_flight", &[]),
