@@ -11,7 +11,9 @@
 //! - refusing at cost 100 against cost 1 on a window of 10,000 cost-1
 //!   entries: the one lookup both make (`XRANGE … COUNT 1`) is timed apart;
 //! - a bucket window's admission against a sliding one's (the bucket
-//!   section's target), without the client's share of the time.
+//!   section's target), without the client's share of the time;
+//! - a concurrent window's admission (a lease) against a sliding one's (the
+//!   concurrent section's target), likewise.
 //!
 //! Callers share one connection, as in the other sections. Nothing here
 //! asserts a speed.
@@ -47,16 +49,18 @@ enum Call {
     OursReject1,
     OursReject100,
     BucketAdmit,
+    ConcurrentAdmit,
 }
 
 impl Call {
-    const ALL: [Call; 6] = [
+    const ALL: [Call; 7] = [
         Call::NaiveAdmit,
         Call::FloorAdmit,
         Call::OursAdmit,
         Call::OursReject1,
         Call::OursReject100,
         Call::BucketAdmit,
+        Call::ConcurrentAdmit,
     ];
 
     fn label(self) -> &'static str {
@@ -67,6 +71,7 @@ impl Call {
             Call::OursReject1 => "spend.lua, refuse cost 1 (10,000 entries of 1)",
             Call::OursReject100 => "spend.lua, refuse cost 100 (10,000 entries of 1)",
             Call::BucketAdmit => "spend.lua, admit cost 1, bucket window",
+            Call::ConcurrentAdmit => "spend.lua, admit cost 1, concurrent window (a lease)",
         }
     }
 }
@@ -113,8 +118,11 @@ async fn commandstats(conn: &mut ConnectionManager) -> BTreeMap<String, (f64, f6
 
 struct Bench {
     limiter: Limiter,
-    /// The bucket section's credentials (`bk`: a bucket that never fills).
+    /// The bucket section's credentials (`bk`: a bucket that never fills)
+    /// and the concurrent section's (`cc`: a concurrent window that never
+    /// fills), on one limiter each.
     bucket: Limiter,
+    concurrent: Limiter,
     conn: ConnectionManager,
     floor_keys: Vec<String>,
 }
@@ -123,7 +131,7 @@ impl Bench {
     /// One call of `what`; panics if it is not admitted / refused as meant.
     async fn once(
         limiter: Limiter,
-        bucket: Limiter,
+        [bucket, concurrent]: [Limiter; 2],
         mut conn: ConnectionManager,
         keys: Vec<String>,
         what: Call,
@@ -174,22 +182,29 @@ impl Bench {
                     "ours: refused by a bucket that never fills"
                 );
             }
+            Call::ConcurrentAdmit => {
+                let d = concurrent.spend("cc", Some(1), &request_id()).await;
+                assert!(
+                    d.expect("spend").is_allowed(),
+                    "ours: refused by a concurrent window that never fills"
+                );
+            }
         }
     }
 
     /// Runs `what` at `n` callers for `d`; its Redis cost per call.
     async fn measure(&mut self, what: Call, n: usize, d: Duration) -> Cost {
         common::reset_stats(&mut self.conn).await;
-        let (limiter, bucket, conn, keys) = (
+        let (limiter, others, conn, keys) = (
             self.limiter.clone(),
-            self.bucket.clone(),
+            [self.bucket.clone(), self.concurrent.clone()],
             self.conn.clone(),
             self.floor_keys.clone(),
         );
         let (calls, _, _) = drive(n, d, move || {
             Bench::once(
                 limiter.clone(),
-                bucket.clone(),
+                others.clone(),
                 conn.clone(),
                 keys.clone(),
                 what,
@@ -263,9 +278,19 @@ pub async fn run(ctx: &Ctx) -> Section {
         TIMEOUT,
     )
     .without_history();
+    let concurrent_cfg = TestConfig::new(crate::concurrent::CONFIG, &[]);
+    let concurrent = Limiter::new(
+        conn.clone(),
+        std::sync::Arc::new(Quotas::new(
+            &Config::load(&concurrent_cfg.path()).expect("concurrent bench config"),
+        )),
+        TIMEOUT,
+    )
+    .without_history();
     let mut bench = Bench {
         limiter,
         bucket,
+        concurrent,
         conn: conn.clone(),
         floor_keys,
     };
@@ -334,6 +359,7 @@ pub async fn run(ctx: &Ctx) -> Section {
     let floor_vs_naive = naive / costs[1].evalsha_us;
     let ours_vs_floor = costs[1].evalsha_us / costs[2].evalsha_us;
     let bucket_vs_sliding = costs[2].evalsha_us / costs[5].evalsha_us;
+    let concurrent_vs_sliding = costs[2].evalsha_us / costs[6].evalsha_us;
     let xr = |i: usize| costs[i].commands.get("XRANGE").copied().unwrap_or(0.0);
     md.push_str(&format!(
         "\nAt cost 1 the layout floor itself allows {floor_vs_naive:.2}× the naive log's rate; \
@@ -342,7 +368,8 @@ pub async fn run(ctx: &Ctx) -> Section {
          sits further into its stream node (up to 100 entries, which Redis walks from the \
          node's start), the same constant at any window size (the growth section). A bucket \
          window's admission allows {bucket_vs_sliding:.2}× the rate of a sliding one's (the \
-         bucket section's target, here without the client's share).\n",
+         bucket section's target, here without the client's share); a concurrent window's \
+         (a lease) {concurrent_vs_sliding:.2}× (the concurrent section's).\n",
         xr(4),
         xr(3),
     ));
@@ -358,6 +385,7 @@ pub async fn run(ctx: &Ctx) -> Section {
             "floor_rate_vs_naive": floor_vs_naive,
             "ours_rate_vs_floor": ours_vs_floor,
             "bucket_rate_vs_sliding": bucket_vs_sliding,
+            "concurrent_rate_vs_sliding": concurrent_vs_sliding,
             "calls": data,
         }),
         targets: Vec::new(),

@@ -1,7 +1,7 @@
 //! The benchmark of issues 5 and 11: the spend script against the ceiling
 //! Redis itself sets for it, against the naive design and published peers,
 //! memory per weighted call, cost as the window grows, what a refused spend
-//! costs, bucket windows, what the limiter costs end to end, exactness
+//! costs, bucket windows, concurrent windows, what the limiter costs end to end, exactness
 //! under load, where a call's time goes inside Redis — in one run, on one private `redis-server` — the windows
 //! on a private Redis Cluster against one Redis (its own servers), and the
 //! PostgreSQL sink beside the SQLite sink (a private PostgreSQL server).
@@ -28,6 +28,7 @@ mod anatomy;
 mod bucket;
 mod cluster;
 mod common;
+mod concurrent;
 mod e2e;
 mod exactness;
 mod growth;
@@ -56,8 +57,9 @@ pub struct Ctx {
 
 /// In the issue's order (exactness, its item 5, last of those), then ours,
 /// then issue 11's cells (and where their time goes), then issue 15's
-/// cluster, then issue 27's PostgreSQL sink.
-const SECTIONS: [&str; 11] = [
+/// cluster, then issue 27's PostgreSQL sink, then issue 25's concurrent
+/// windows.
+const SECTIONS: [&str; 12] = [
     "throughput",
     "memory",
     "growth",
@@ -69,6 +71,7 @@ const SECTIONS: [&str; 11] = [
     "anatomy",
     "cluster",
     "sinks",
+    "concurrent",
 ];
 
 fn main() {
@@ -126,6 +129,7 @@ async fn bench(quick: bool, out: PathBuf, only: Vec<String>) {
             "anatomy" => anatomy::run(&ctx).await,
             "cluster" => cluster::run(&ctx).await,
             "sinks" => sinks::run(&ctx).await,
+            "concurrent" => concurrent::run(&ctx).await,
             _ => unreachable!(),
         };
         eprintln!("== {key}: {:.1} s", t.elapsed().as_secs_f64());

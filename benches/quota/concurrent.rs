@@ -1,0 +1,234 @@
+//! Section `concurrent`: a concurrent window's admission (issue 25) beside a
+//! one-window sliding spend, ours both, interleaved in the same rounds over
+//! the same connection; then what it costs a request: on an endpoint with a
+//! concurrent window the daemon settles every request (to return its
+//! lease), so a request takes a spend and a settle where a sliding-only
+//! endpoint's takes the spend alone. Neither window ever fills; the
+//! concurrent one holds 10,000 leases before the first round (a crowd of
+//! requests in flight) and more as the rounds admit without returning.
+
+use std::time::Duration;
+
+use quota_worker::config::Config;
+use quota_worker::quota::{Limiter, Quotas, request_id};
+use serde_json::json;
+
+use crate::Ctx;
+use crate::common::{self, Plan, Rounds, TIMEOUT, drive, percentiles, thousands};
+use crate::report::{Section, Target};
+use crate::support::TestConfig;
+
+/// A concurrent window no benchmark fills (a trillion units in flight,
+/// leases of an hour) and a sliding hour of a trillion.
+pub const CONFIG: &str = r#"
+[redis]
+key_prefix = "qwcc"
+
+[credentials.cc]
+secret_env = "BENCH_UNUSED"
+windows = [{ kind = "concurrent", units = 1000000000000, lease = "1h" }]
+
+[credentials.sl]
+secret_env = "BENCH_UNUSED"
+windows = [{ units = 1000000000000, per = "1h" }]
+
+[endpoints.cc]
+credential = "cc"
+cost = 1
+
+[endpoints.sl]
+credential = "sl"
+cost = 1
+"#;
+
+/// Leases held before the first round.
+const HELD: u64 = 10_000;
+
+/// One call of what a request costs the limiter: the concurrent
+/// endpoint's spend and the settle that returns its lease, or the sliding
+/// endpoint's spend alone.
+async fn request(limiter: &Limiter, endpoint: &str) {
+    let id = request_id();
+    let d = limiter.spend(endpoint, None, &id).await.expect("spend");
+    assert!(
+        d.is_allowed(),
+        "{endpoint}: {d:?} on a window that never fills"
+    );
+    if endpoint == "cc" {
+        let n = limiter.settle(endpoint, &id, 1).await.expect("settle");
+        assert_eq!(n, 1, "the lease was held");
+    }
+}
+
+/// Interleaved rounds of `a` against `b` at `n` callers; `call(endpoint)`
+/// is one call. Round 0 warms up and is dropped.
+async fn rounds<F, Fut>(plan: &Plan, n: usize, call: F) -> [Rounds; 2]
+where
+    F: Fn(&'static str) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let mut out = [0, 1].map(|_| Rounds {
+        rates: Vec::new(),
+        p50_us: Vec::new(),
+    });
+    for r in 0..plan.rounds + 1 {
+        // Which one goes first alternates, so neither always runs warmer.
+        let order = if r % 2 == 0 { [0, 1] } else { [1, 0] };
+        for k in order {
+            let endpoint = ["cc", "sl"][k];
+            let call = call.clone();
+            let (calls, secs, ns) = drive(n, plan.round, move || call(endpoint)).await;
+            if r > 0 {
+                out[k].rates.push(calls as f64 / secs);
+                out[k].p50_us.push(percentiles(&ns).p50_us);
+            }
+        }
+    }
+    out
+}
+
+pub async fn run(ctx: &Ctx) -> Section {
+    let plan = Plan::quick_or(
+        ctx.quick,
+        Plan {
+            callers: vec![8, 64],
+            rounds: 5,
+            round: Duration::from_millis(600),
+        },
+    );
+    let cfg = TestConfig::new(CONFIG, &[]);
+    let config = Config::load(&cfg.path()).expect("concurrent bench config");
+    let mut conn = common::connect(&ctx.redis).await;
+    common::flushall(&mut conn).await;
+    let limiter = Limiter::new(
+        conn.clone(),
+        std::sync::Arc::new(Quotas::new(&config)),
+        TIMEOUT,
+    )
+    .without_history();
+    let held = if ctx.quick { 100 } else { HELD };
+    {
+        let limiter = limiter.clone();
+        let left = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(held));
+        // 32 callers until `held` leases are taken.
+        let fill = (0..32).map(|_| {
+            let (limiter, left) = (limiter.clone(), left.clone());
+            tokio::spawn(async move {
+                use std::sync::atomic::Ordering;
+                while left
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                    .is_ok()
+                {
+                    common::spend_admitted(&limiter, "cc", None).await;
+                }
+            })
+        });
+        for f in fill.collect::<Vec<_>>() {
+            f.await.expect("fill");
+        }
+    }
+    let leases = || async {
+        let u = limiter.peek("cc").await.expect("peek");
+        u.windows[0].leases
+    };
+    assert_eq!(leases().await, held, "the window holds the leases taken");
+
+    let mut md = format!(
+        "Spends/s (p50 µs) of `Limiter::spend` at N callers over one shared connection, \
+         median of {} interleaved rounds of {} ms; concurrent ÷ sliding is per round \
+         (target: ≥ 0.9×, within 10%). The concurrent window held {held} leases before the \
+         first round and keeps every lease admitted (none returned).\n\n\
+         | cost | callers | concurrent /s (p50 µs) | sliding, 1 window /s (p50 µs) | concurrent ÷ sliding |\n\
+         |---:|---:|---:|---:|---:|\n",
+        plan.rounds,
+        plan.round.as_millis()
+    );
+    let mut targets = Vec::new();
+    let mut data = Vec::new();
+    for cost in [1u64, 100] {
+        for &n in &plan.callers {
+            let l = limiter.clone();
+            let r = rounds(&plan, n, move |endpoint| {
+                let l = l.clone();
+                async move { common::spend_admitted(&l, endpoint, Some(cost)).await }
+            })
+            .await;
+            let (ratio, lo, hi) = r[0].ratio(&r[1]);
+            md.push_str(&format!(
+                "| {cost} | {n} | {} ({}) | {} ({}) | **{ratio:.2}×** ({lo:.2}–{hi:.2}) |\n",
+                thousands(r[0].median_rate()),
+                thousands(r[0].median_p50_us()),
+                thousands(r[1].median_rate()),
+                thousands(r[1].median_p50_us()),
+            ));
+            eprintln!("  cost {cost}, {n} callers: concurrent ÷ sliding {ratio:.2}×");
+            if n == *plan.callers.last().expect("callers") {
+                targets.push(Target::new(
+                    format!(
+                        "concurrent window admits/s ÷ one-window sliding, cost {cost}, {n} callers"
+                    ),
+                    "≥ 0.9×",
+                    format!(
+                        "{ratio:.2}× ({} vs {} /s; rounds {lo:.2}–{hi:.2})",
+                        thousands(r[0].median_rate()),
+                        thousands(r[1].median_rate())
+                    ),
+                    ratio >= 0.9,
+                ));
+            }
+            data.push(json!({
+                "cost": cost, "callers": n, "concurrent": r[0], "sliding": r[1],
+                "concurrent_vs_sliding": { "median": ratio, "min": lo, "max": hi },
+            }));
+        }
+    }
+    let after = leases().await;
+
+    // A request's limiter calls: spend + settle against spend alone.
+    md.push_str(&format!(
+        "\nWhat a request costs the limiter, in requests/s (p50 µs per request): on the \
+         concurrent endpoint a spend and the settle that returns its lease (two calls, as the \
+         daemon makes them), on the sliding-only one the spend alone (the daemon settles it only \
+         when the upstream reports another cost). Leases held during the table above: {held} \
+         to {after}.\n\n\
+         | callers | concurrent: spend + settle /s (p50 µs) | sliding: spend /s (p50 µs) | concurrent ÷ sliding |\n\
+         |---:|---:|---:|---:|\n",
+    ));
+    let mut pairs = Vec::new();
+    for &n in &plan.callers {
+        let l = limiter.clone();
+        let r = rounds(&plan, n, move |endpoint| {
+            let l = l.clone();
+            async move { request(&l, endpoint).await }
+        })
+        .await;
+        let (ratio, lo, hi) = r[0].ratio(&r[1]);
+        md.push_str(&format!(
+            "| {n} | {} ({}) | {} ({}) | **{ratio:.2}×** ({lo:.2}–{hi:.2}) |\n",
+            thousands(r[0].median_rate()),
+            thousands(r[0].median_p50_us()),
+            thousands(r[1].median_rate()),
+            thousands(r[1].median_p50_us()),
+        ));
+        eprintln!("  requests, {n} callers: concurrent ÷ sliding {ratio:.2}×");
+        pairs.push(json!({
+            "callers": n, "concurrent_spend_settle": r[0], "sliding_spend": r[1],
+            "concurrent_vs_sliding": { "median": ratio, "min": lo, "max": hi },
+        }));
+    }
+    assert_eq!(leases().await, after, "every settled lease was returned");
+    common::flushall(&mut conn).await;
+    Section {
+        key: "concurrent",
+        title: "Concurrent windows against a sliding spend (issue 25)".into(),
+        markdown: md,
+        data: json!({
+            "rounds": plan.rounds,
+            "round_ms": plan.round.as_millis() as u64,
+            "leases_held": { "before": held, "after_admits": after },
+            "admits": data,
+            "requests": pairs,
+        }),
+        targets,
+    }
+}
