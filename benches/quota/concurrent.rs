@@ -87,6 +87,10 @@ where
     out
 }
 
+/// The section: takes the held leases, then the admit table, then the
+/// request table. Over 80 lines because it is the two tables and their
+/// report text in the order the report prints them, as the other sections'
+/// `run`s; the calls themselves are `rounds` and `request`.
 pub async fn run(ctx: &Ctx) -> Section {
     let plan = Plan::quick_or(
         ctx.quick,
