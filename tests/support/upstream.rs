@@ -77,6 +77,11 @@ impl Upstream {
         self.sim().inject(fault, count);
     }
 
+    /// Drops every injected fault not yet used.
+    pub fn clear_faults(&self) {
+        self.sim().clear_faults();
+    }
+
     /// Requests of [`SIM_KEY`] answered by an injected fault so far (counted
     /// when the fault is taken: a delayed request counts while it is still
     /// waiting).
