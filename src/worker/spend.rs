@@ -617,8 +617,6 @@ impl Worker {
         verdict: Verdict,
     ) -> Accounted {
         let endpoint = payer.endpoint;
-        // Answered: its units are in the upstream's count from now on.
-        spent.flying.land();
         let cred = &self.config.credentials[&endpoint.credential];
         let resource = self.answered_resource(payer, cred, verdict.resource.as_deref());
         let cost = match (reply, verdict.used) {
@@ -629,6 +627,14 @@ impl Worker {
             _ => verdict.cost,
         };
         let change = self.settle_reported(endpoint, spent, cost).await;
+        // Answered: its units are in the upstream's count from now on, at
+        // what it cost. Only once settled: while its spend still holds the
+        // configured cost, another answer's resync must leave room for it
+        // (count it unanswered), or that resync sets the window to the
+        // upstream's count (this request at its actual cost) and this
+        // settle then refunds the difference a second time: the window
+        // admits more than the upstream allows (Shopify THROTTLED).
+        spent.flying.land();
         if !verdict.left.is_empty() {
             self.resync(payer, cred, resource.as_deref(), &verdict.left)
                 .await;
