@@ -550,6 +550,10 @@ pub async fn run(
     result
 }
 
+/// The daemon's life on one Redis, in the order it happens: listen, connect,
+/// preflight, start the loops, say ready, wait for the stop, drain. Over 80
+/// lines on purpose: each step is a few lines that hand the next its value,
+/// and the start and the stop read best as one sequence.
 async fn run_on(
     config: Arc<Config>,
     secrets: Arc<Secrets>,
