@@ -48,6 +48,12 @@ async fn in_flight(limiter: &Limiter, c: &str, i: usize) -> (u64, u64) {
     (w.used, w.leases)
 }
 
+/// Spends on `ep` and asserts the spend was admitted.
+async fn admits(limiter: &Limiter, ep: &str, cost: Option<u64>, id: &str) {
+    let d = limiter.spend(ep, cost, id).await.expect("spend");
+    assert!(d.is_allowed(), "{ep} {id}: {d:?}");
+}
+
 #[tokio::test]
 async fn leases_are_weighted_all_or_nothing_and_returned_by_any_settle() {
     let server = RedisServer::start();
@@ -80,13 +86,7 @@ async fn leases_are_weighted_all_or_nothing_and_returned_by_any_settle() {
     // Weighted: 2 fit now, 3 do not.
     let r = support::rejected(limiter.spend("one", Some(3), "e").await.expect("spend"));
     assert_eq!(r.by, RejectedBy::InFlight(2));
-    assert!(
-        limiter
-            .spend("two", None, "f")
-            .await
-            .expect("spend")
-            .is_allowed()
-    );
+    admits(&limiter, "two", None, "f").await;
     assert_eq!(in_flight(&limiter, "k", 1).await, (5, 3));
 
     // A settle to any other cost (the answer was read) returns the lease
@@ -102,30 +102,12 @@ async fn leases_are_weighted_all_or_nothing_and_returned_by_any_settle() {
     assert_eq!(in_flight(&limiter, "k", 1).await, (4, 2));
 
     // A retry of an admitted spend (its reply was lost) is not leased twice.
-    assert!(
-        limiter
-            .spend("two", None, "f")
-            .await
-            .expect("spend")
-            .is_allowed()
-    );
+    admits(&limiter, "two", None, "f").await;
     assert_eq!(in_flight(&limiter, "k", 1).await, (4, 2));
     // ... even when the window is full by then.
-    assert!(
-        limiter
-            .spend("one", None, "g")
-            .await
-            .expect("spend")
-            .is_allowed()
-    );
+    admits(&limiter, "one", None, "g").await;
     assert_eq!(in_flight(&limiter, "k", 1).await, (5, 3));
-    assert!(
-        limiter
-            .spend("one", None, "g")
-            .await
-            .expect("spend")
-            .is_allowed()
-    );
+    admits(&limiter, "one", None, "g").await;
     assert_eq!(in_flight(&limiter, "k", 1).await, (5, 3));
 }
 
@@ -142,13 +124,7 @@ async fn all_or_nothing_with_the_other_windows_of_the_spend() {
         .write();
     let limiter = limiter(&server, &cfg).await;
     let hour = || async { limiter.peek("k").await.expect("peek").windows[0].used };
-    assert!(
-        limiter
-            .spend("two", None, "a")
-            .await
-            .expect("spend")
-            .is_allowed()
-    );
+    admits(&limiter, "two", None, "a").await;
     // Too many in flight: refused, and the hour is not charged.
     let r = support::rejected(limiter.spend("two", None, "b").await.expect("spend"));
     assert_eq!(r.by, RejectedBy::InFlight(2), "{r:?}");
@@ -158,20 +134,8 @@ async fn all_or_nothing_with_the_other_windows_of_the_spend() {
     );
     // `a` answered, at a cost of 1: its lease is back.
     limiter.settle("two", "a", 1).await.expect("settle");
-    assert!(
-        limiter
-            .spend("two", None, "b")
-            .await
-            .expect("spend")
-            .is_allowed()
-    );
-    assert!(
-        limiter
-            .spend("two", Some(1), "c")
-            .await
-            .expect("spend")
-            .is_allowed()
-    );
+    admits(&limiter, "two", None, "b").await;
+    admits(&limiter, "two", Some(1), "c").await;
     limiter.settle("two", "b", 2).await.expect("settle");
     assert_eq!(
         (hour().await, in_flight(&limiter, "k", 1).await),
@@ -196,13 +160,7 @@ async fn a_lease_nobody_returns_lapses_at_its_expiry() {
 
     let before = server.time_us();
     for id in ["x", "y"] {
-        assert!(
-            limiter
-                .spend("own", None, id)
-                .await
-                .expect("spend")
-                .is_allowed()
-        );
+        admits(&limiter, "own", None, id).await;
     }
     let r = support::rejected(limiter.spend("own", None, "z").await.expect("spend"));
     let after = server.time_us();
@@ -217,13 +175,7 @@ async fn a_lease_nobody_returns_lapses_at_its_expiry() {
     );
     // Nobody settles: at the expiry the lease lapses, and a spend fits.
     server.sleep_until_us(before + 320_000);
-    assert!(
-        limiter
-            .spend("own", None, "z")
-            .await
-            .expect("spend")
-            .is_allowed()
-    );
+    admits(&limiter, "own", None, "z").await;
     assert_eq!(in_flight(&limiter, "solo", 1).await, (1, 1));
     // A settle of a lapsed lease finds nothing to return (the hour still
     // holds the spend: 1 window).
@@ -239,13 +191,7 @@ async fn lapsed_leases_are_dropped_at_most_128_a_call() {
         .write();
     let limiter = limiter(&server, &cfg).await;
     for _ in 0..300 {
-        assert!(
-            limiter
-                .spend("one", None, &request_id())
-                .await
-                .expect("spend")
-                .is_allowed()
-        );
+        admits(&limiter, "one", None, &request_id()).await;
     }
     let window = keys::window(&support::load(&cfg), "k", None, 0);
     assert_eq!(server.cmd::<i64>(&["ZCARD", &window[1]]), 300);
@@ -270,13 +216,7 @@ async fn its_keys_go_when_nothing_is_in_flight_and_expire_when_idle() {
     let server = RedisServer::start();
     let cfg = config();
     let limiter = limiter(&server, &cfg).await;
-    assert!(
-        limiter
-            .spend("one", None, "a")
-            .await
-            .expect("spend")
-            .is_allowed()
-    );
+    admits(&limiter, "one", None, "a").await;
     // The concurrent window's counters, lease expiries, leased units.
     let keys = keys::window(&support::load(&cfg), "k", None, 1);
     assert_eq!(keys.len(), 3, "{keys:?}");
@@ -295,21 +235,9 @@ async fn its_keys_go_when_nothing_is_in_flight_and_expire_when_idle() {
     }
     // Counters lost with leases left (deleted by hand, say): the leases no
     // longer count, rather than counting for ever.
-    assert!(
-        limiter
-            .spend("one", None, "b")
-            .await
-            .expect("spend")
-            .is_allowed()
-    );
+    admits(&limiter, "one", None, "b").await;
     server.cmd::<i64>(&["DEL", &keys[0]]);
-    assert!(
-        limiter
-            .spend("one", None, "c")
-            .await
-            .expect("spend")
-            .is_allowed()
-    );
+    admits(&limiter, "one", None, "c").await;
     assert_eq!(in_flight(&limiter, "k", 1).await, (1, 1));
 }
 
