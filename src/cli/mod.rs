@@ -148,6 +148,35 @@ pub(crate) fn limiter(config: &Config, quotas: Arc<Quotas>) -> Result<Limiter, E
     }
 }
 
+/// Prints the error of a limiter call that reached Redis and picks its exit
+/// code, like [`quota_error`], after one more question when Redis seemed
+/// broken or unavailable: a Redis that needs a password cuts an
+/// unauthenticated client's first long request (the spend script) with a
+/// protocol error before it could answer NOAUTH, which would read as a
+/// script failure (exit 70). A PING on a new connection asks what the script
+/// could not. Only on this failure path: a working call pays nothing for it.
+pub(crate) async fn limiter_failure(config: &Config, e: &crate::quota::QuotaError) -> Exit {
+    use crate::quota::QuotaError as Q;
+    let ask = match e {
+        Q::Unavailable(re) => !crate::acl::is_auth_failure(re),
+        Q::Script(_) => true,
+        _ => false,
+    };
+    if ask
+        && let QuotaTarget::Standalone(url) = quota_target(config)
+        && let Ok(mut c) = crate::conn::connect(&url, config.redis.timeout, 0).await
+        && let Err(refused) = redis::cmd("PING").query_async::<()>(&mut c).await
+        && crate::acl::is_auth_failure(&refused)
+    {
+        eprintln!(
+            "error: {}",
+            crate::acl::refused_credentials(&quota_target(config), &refused)
+        );
+        return Exit::Config;
+    }
+    quota_error(config, e)
+}
+
 /// Prints a limiter error and picks its exit code.
 pub(crate) fn quota_error(config: &Config, e: &crate::quota::QuotaError) -> Exit {
     use crate::quota::QuotaError as Q;

@@ -66,7 +66,7 @@ pub async fn run(config: &Config, credential: Option<&str>, as_json: bool) -> Ex
                 .map(|n| notes.push(n)),
         };
         if let Err(e) = got {
-            return super::quota_error(config, &e);
+            return super::limiter_failure(config, &e).await;
         }
     }
     if as_json {

@@ -39,7 +39,7 @@ pub async fn run(config: &Config, name: &str, id: &str, cost: u64, as_json: bool
         .await;
     let windows = match settled {
         Ok(n) => n,
-        Err(e) => return super::quota_error(config, &e),
+        Err(e) => return super::limiter_failure(config, &e).await,
     };
     if windows == 0 {
         eprintln!(

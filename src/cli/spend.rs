@@ -44,7 +44,7 @@ pub async fn run(
         .await
     {
         Ok(d) => d,
-        Err(e) => return super::quota_error(config, &e),
+        Err(e) => return super::limiter_failure(config, &e).await,
     };
     report(config, name, endpoint, cost, &id, &decision, as_json)
 }

@@ -54,7 +54,7 @@ pub async fn run(config: &Config, credential: &str, resource: Option<&str>, drif
     };
     let lifted = match limiter.unblock(credential, &chosen).await {
         Ok(l) => l,
-        Err(e) => return super::quota_error(config, &e),
+        Err(e) => return super::limiter_failure(config, &e).await,
     };
     let user = operator();
     for b in &lifted {
