@@ -185,7 +185,45 @@ impl std::fmt::Display for Failed {
 
 impl std::error::Error for Failed {}
 
+/// What this daemon knows of one credential's (tenant's) command, for the
+/// status page: when it last printed a token and when it last failed, and
+/// why. Never the token.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct MintState {
+    /// How long ago the token in use was minted (`None`: none is kept).
+    pub(crate) minted_ago: Option<Duration>,
+    /// A `401` refused the token in use: the next task runs the command.
+    pub(crate) refused: bool,
+    /// The last failure, how long ago (kept a minute: [`AGAIN_AFTER`]).
+    pub(crate) failed: Option<(Duration, String)>,
+    /// The command is running now (a task waits for it).
+    pub(crate) running: bool,
+}
+
 impl Minter {
+    /// The state of credential (tenant) `key`'s command in this daemon;
+    /// `None` when no task has needed its token since the daemon started.
+    /// Does not wait for a running command: that is reported as running.
+    pub(crate) fn state(&self, key: &str) -> Option<MintState> {
+        let slot = {
+            let slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+            slots.get(key)?.clone()
+        };
+        let Ok(s) = slot.try_lock() else {
+            return Some(MintState {
+                running: true,
+                ..MintState::default()
+            });
+        };
+        let now = Instant::now();
+        Some(MintState {
+            minted_ago: s.token.as_ref().map(|(_, at)| now.duration_since(*at)),
+            refused: s.refused,
+            failed: (s.failed.as_ref()).map(|(at, e)| (now.duration_since(*at), e.to_string())),
+            running: false,
+        })
+    }
+
     fn slot(&self, key: &str) -> Arc<tokio::sync::Mutex<Slot>> {
         let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
         slots.entry(key.to_owned()).or_default().clone()

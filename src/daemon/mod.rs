@@ -238,6 +238,8 @@ impl Parts {
         .with_replicas(config.redis.quota_replicas);
         let shared = &opts.shared;
         let fetcher = Fetcher::new(&secrets)?;
+        // Shared with the status page, which shows what its commands did.
+        let minter: Arc<crate::mint::Minter> = Arc::default();
         let worker = Arc::new(Worker {
             config: config.clone(),
             secrets,
@@ -251,7 +253,7 @@ impl Parts {
             local_blocks: Arc::default(),
             unanswered: Default::default(),
             remembered: Default::default(),
-            minter: Arc::default(),
+            minter: minter.clone(),
             skip_spend: opts.hooks.skip_spend,
             panic_after_spend: opts.hooks.panic_after_spend.clone(),
         });
@@ -272,6 +274,7 @@ impl Parts {
             unsafe_eviction: config.redis.unsafe_eviction,
             gauge_reads: Arc::default(),
             status_reads: Arc::default(),
+            minter,
         };
         Ok(Parts {
             queue,

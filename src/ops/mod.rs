@@ -66,6 +66,8 @@ pub(crate) struct OpsState {
     pub(crate) gauge_reads: Arc<GaugeReads>,
     /// When the status page last read Redis, and what it read.
     pub(crate) status_reads: Arc<StatusReads>,
+    /// This daemon's credential commands (the status page shows their state).
+    pub(crate) minter: Arc<crate::mint::Minter>,
 }
 
 impl OpsState {

@@ -119,6 +119,31 @@ impl Rig {
     }
 }
 
+impl Rig {
+    /// Credential `name`'s command as `/api/status` shows it, once it is
+    /// in state `want` (the page reads at most once a second).
+    fn token_on_status(&self, name: &str, want: &str) -> Value {
+        let read = || {
+            let (_, body) = http_get(self.port, "/api/status").expect("/api/status");
+            let v: Value = serde_json::from_str(&body).expect("status JSON");
+            (v["credentials"].as_array().expect("credentials").iter())
+                .find(|c| c["name"] == name)
+                .map(|c| c["token"].clone())
+                .unwrap_or(Value::Null)
+        };
+        let mut last = Value::Null;
+        wait_until(Duration::from_secs(10), || {
+            last = read();
+            last["state"] == want
+        });
+        assert_eq!(
+            last["state"], want,
+            "{name}'s token on /api/status: {last:#}"
+        );
+        last
+    }
+}
+
 fn outcome(o: &Value) -> (&str, &str) {
     (
         o["outcome"].as_str().unwrap_or(""),
@@ -174,6 +199,7 @@ fn a_command_mints_at_first_use_after_its_ttl_and_after_a_401_and_its_failure_sp
     let dir = tempfile::tempdir().expect("tempdir");
     let rig = start(&upstream, dir.path());
     assert_eq!(rig.runs("gh"), 0, "not run before a task needs it");
+    rig.token_on_status("gh", "unused");
 
     // First use: minted once, kept for the next task (TTL 1h).
     upstream.accept_tokens(&[&token("gh", 1)]);
@@ -182,6 +208,14 @@ fn a_command_mints_at_first_use_after_its_ttl_and_after_a_401_and_its_failure_sp
         assert_eq!(outcome(&o[0]).0, "done", "{o:#?}");
     }
     assert_eq!(rig.runs("gh"), 1, "one run for two tasks");
+    // The status page says when it was minted and when it is replaced.
+    let t = rig.token_on_status("gh", "fresh");
+    let renews = t["renews_in_ms"].as_u64().expect("renews_in_ms");
+    assert!((3_000_000..=3_600_000).contains(&renews), "{t:#}");
+    assert!(
+        t["minted_ago_ms"].as_u64().expect("minted_ago_ms") < 600_000,
+        "{t:#}"
+    );
 
     // A 401 (the token revoked): minted again, the page sent again with
     // the new token, the task done; both requests spent.
@@ -214,6 +248,7 @@ fn a_command_mints_at_first_use_after_its_ttl_and_after_a_401_and_its_failure_sp
     assert_eq!(outcome(&o[0]).0, "failed", "{o:#?}");
     assert!(outcome(&o[0]).1.contains("401"), "{o:#?}");
     assert_eq!(rig.runs("gh"), 2, "at most one 401 re-mint a minute");
+    rig.token_on_status("gh", "refused");
 
     // TTL 1 s: the next task past it mints again.
     upstream.accept_tokens(&[&token("short", 1), &token("short", 2)]);
@@ -250,6 +285,16 @@ fn a_command_mints_at_first_use_after_its_ttl_and_after_a_401_and_its_failure_sp
             .log()
             .contains("token service unreachable for short")
     );
+    // The operator sees the failure and why on the status page.
+    let t = rig.token_on_status("short", "failed");
+    let error = t["error"].as_str().expect("error");
+    assert!(error.contains("exited with exit status: 2"), "{t:#}");
+    let (_, page) = http_get(rig.port, "/").expect("the status page");
+    assert!(
+        page.contains(r#"class="token" data-state="failed""#)
+            && page.contains("exited with exit status: 2"),
+        "{page}"
+    );
     std::fs::remove_file(dir.path().join("fail")).expect("rm fail");
 
     // A template: one run and one token per tenant.
@@ -257,6 +302,7 @@ fn a_command_mints_at_first_use_after_its_ttl_and_after_a_401_and_its_failure_sp
     let o = rig.tick("tenants", 2);
     assert!(o.iter().all(|o| outcome(o).0 == "done"), "{o:#?}");
     assert_eq!((rig.runs("t1"), rig.runs("t2")), (1, 1));
+    rig.token_on_status("tpl[account=t1]", "fresh");
 
     let m = scrape(rig.port);
     let runs = |c: &str, r: &str| {

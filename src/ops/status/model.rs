@@ -13,8 +13,9 @@ use serde::Serialize;
 
 use super::super::{OpsState, bounded, peek_all};
 use super::read;
-use crate::config::{Config, Job, WindowKind};
+use crate::config::{Config, Job, SecretSource, WindowKind};
 use crate::keys::KeySpace;
+use crate::mint::Minter;
 use crate::outcome::{DEFERRED, OutcomeKind, RETRYING};
 use crate::queue::scripts::finish::{LastError, TickRecord};
 use crate::quota::{BlockNote, ring};
@@ -67,6 +68,31 @@ pub(crate) struct CredentialStatus {
     pub(crate) resources: Vec<String>,
     /// Its windows, the credential's first, then its endpoints' own.
     pub(crate) windows: Vec<WindowStatus>,
+    /// Its `secret_command`, as this daemon ran it (`None`: its secret is
+    /// not minted).
+    pub(crate) token: Option<TokenStatus>,
+}
+
+/// A credential's `secret_command` in this daemon. Each daemon mints and
+/// keeps its own token, in memory only: another daemon's may differ. Never
+/// the token itself.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct TokenStatus {
+    /// `unused` (no task has needed it since this daemon started), `fresh`,
+    /// `expired` (older than `secret_ttl`: the next task runs the command),
+    /// `refused` (an answer was 401: the next task runs it), `failed`
+    /// (tasks that need it fail; it runs again at most once a minute), or
+    /// `running`.
+    pub(crate) state: &'static str,
+    /// How long ago the token in use was minted.
+    pub(crate) minted_ago_ms: Option<u64>,
+    /// A fresh token: when it is replaced (`secret_ttl` minus its age).
+    pub(crate) renews_in_ms: Option<u64>,
+    /// The last failure, how long ago.
+    pub(crate) failed_ago_ms: Option<u64>,
+    /// The last failure: the command's exit, time limit or output problem
+    /// (its standard error is in the daemon's log, scrubbed).
+    pub(crate) error: Option<String>,
 }
 
 /// A block of one resource of a credential.
@@ -328,7 +354,8 @@ pub(crate) async fn gather(s: &OpsState) -> Status {
     };
     let mut credentials = Vec::with_capacity(usages.len());
     for (name, usage) in usages {
-        let c = credential(name, usage, &note_of, &ring_of, now_ms);
+        let mut c = credential(name, usage, &note_of, &ring_of, now_ms);
+        c.token = token(&live.config, &s.minter, &c.name);
         redis_up &= c.readable;
         credentials.push(c);
     }
@@ -420,6 +447,7 @@ fn credential(
             blocks: Vec::new(),
             resources: Vec::new(),
             windows: Vec::new(),
+            token: None,
         };
     };
     let blocks: Vec<Block> = (u.blocks.iter())
@@ -454,7 +482,44 @@ fn credential(
         blocks,
         resources: u.blocks.iter().map(|b| b.resource.clone()).collect(),
         windows,
+        token: None,
     }
+}
+
+/// Credential (tenant) `name`'s command as this daemon ran it; `None` when
+/// its secret is not minted by a command.
+fn token(config: &Config, minter: &Minter, name: &str) -> Option<TokenStatus> {
+    let base = name.split('[').next().unwrap_or(name);
+    let SecretSource::Command { ttl, .. } = &config.credentials.get(base)?.secret else {
+        return None;
+    };
+    let ms = |d: Duration| d.as_millis() as u64;
+    let Some(m) = minter.state(name) else {
+        return Some(TokenStatus {
+            state: "unused",
+            minted_ago_ms: None,
+            renews_in_ms: None,
+            failed_ago_ms: None,
+            error: None,
+        });
+    };
+    let state = match (&m.minted_ago, &m.failed) {
+        _ if m.running => "running",
+        (None, Some(_)) => "failed",
+        (Some(_), _) if m.refused => "refused",
+        (Some(age), _) if age >= ttl => "expired",
+        (Some(_), _) => "fresh",
+        (None, None) => "unused",
+    };
+    Some(TokenStatus {
+        state,
+        minted_ago_ms: m.minted_ago.map(ms),
+        renews_in_ms: (state == "fresh")
+            .then(|| m.minted_ago.map(|age| ms(ttl.saturating_sub(age))))
+            .flatten(),
+        failed_ago_ms: m.failed.as_ref().map(|(ago, _)| ms(*ago)),
+        error: m.failed.map(|(_, e)| e),
+    })
 }
 
 fn window(w: &WindowUsage, ring: Vec<u64>, now_ms: i64) -> WindowStatus {

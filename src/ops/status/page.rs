@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use maud::{DOCTYPE, Markup, html};
 
-use super::model::{Block, CredentialStatus, JobStatus, RunsOut, Status, TickStatus, WindowStatus};
+use super::model::{
+    Block, CredentialStatus, JobStatus, RunsOut, Status, TickStatus, TokenStatus, WindowStatus,
+};
 use crate::config::fmt_duration;
 
 /// What the request asked of the page besides the data.
@@ -139,6 +141,7 @@ fn credential(c: &CredentialStatus) -> Markup {
                     }
                 }
             }
+            @if let Some(t) = &c.token { (token(t)) }
             @if !c.readable { p class="bad" { "Its windows could not be read from Redis." } }
             @else {
                 table {
@@ -148,6 +151,32 @@ fn credential(c: &CredentialStatus) -> Markup {
                         th { "Spent per 5 min, last 24 h" }
                     } }
                     tbody { @for w in &c.windows { (window(w, several(c))) } }
+                }
+            }
+        }
+    }
+}
+
+/// Its `secret_command`'s state in this daemon (each daemon keeps its own
+/// token).
+fn token(t: &TokenStatus) -> Markup {
+    let ago = |ms: Option<u64>| ms.map(ago_or_in).unwrap_or_default();
+    html! {
+        p class="token" data-state=(t.state) {
+            "Token (secret_command, this daemon): "
+            @match t.state {
+                "unused" => { span class="muted" { "not minted yet: no task has needed it since this daemon started." } }
+                "running" => { "the command is running now." }
+                "fresh" => {
+                    span class="ok" { "minted " (ago(t.minted_ago_ms)) " ago" }
+                    ", replaced in " (ago(t.renews_in_ms)) "."
+                }
+                "expired" => { "minted " (ago(t.minted_ago_ms)) " ago, past secret_ttl: the next task runs the command." }
+                "refused" => { span class="bad" { "refused (401)" } ": the next task runs the command." }
+                _ => {
+                    span class="bad" { "failed " (ago(t.failed_ago_ms)) " ago" }
+                    ": " span class="error" { (t.error.as_deref().unwrap_or("")) }
+                    ". Tasks that need it fail; it runs again at most once a minute."
                 }
             }
         }
