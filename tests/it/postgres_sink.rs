@@ -1,7 +1,8 @@
 //! Promise: a job's records land in a PostgreSQL table (`kind =
 //! "postgres"`), through the real binary against a real server: every
 //! served record once, upserted by key or appended; a page written twice (a
-//! daemon killed between the write and its checkpoint) adds nothing; a
+//! daemon killed between the write and its checkpoint) adds nothing, whether
+//! the killed task or a newer tick's task takes the run up; a
 //! server stopped during a tick costs no page again (spooled, written when
 //! it is back); `search` finds records by their title words; a table of
 //! other columns is refused at `check` and `run` (exit 78) with what
@@ -191,24 +192,6 @@ fn rows_carry_their_page_id_item_and_fetch_time() {
     drop(d);
 }
 
-/// The daemon of one region's job, one task at a time, quick to recover a
-/// killed daemon's task, and patient with a Redis that stops answering (so
-/// that a page's checkpoint waits, rather than fails, while Redis is held).
-fn one_region(upstream: &Upstream, sink: Sink) -> TestConfig {
-    let cfg = daemon::config(
-        daemon::job(&upstream.base_url())
-            .fan_out("region", ["US"])
-            .pages(PAGES)
-            .sink(sink),
-    )
-    .worker(Worker::default().concurrency(1).recover_after("3s"))
-    .redis_timeout("60s")
-    .state_dir("state")
-    .write();
-    write_password(&cfg, PASSWORD);
-    cfg
-}
-
 fn done(d: &Proc) -> usize {
     d.outcomes()
         .iter()
@@ -224,27 +207,58 @@ fn asked(upstream: &Upstream, scope: &str) -> Vec<usize> {
         .collect()
 }
 
-/// A daemon killed after its page's rows committed and before the page's
-/// checkpoint: the run is taken up again at that page, which is fetched
-/// and written again, and adds nothing (append mode: nothing but the page
-/// id tells the copies apart).
+/// One region of `PAGES` pages into `sink` on a worker of one slot, quick
+/// to find a killed daemon's task (`recover_after`), and patient with a
+/// Redis that stops answering (so that a page's checkpoint waits, rather
+/// than fails, while Redis is held).
+fn one_region(upstream: &Upstream, sink: Sink, recover_after: &str) -> TestConfig {
+    let cfg = daemon::config(
+        daemon::job(&upstream.base_url())
+            .fan_out("region", ["US"])
+            .pages(PAGES)
+            .sink(sink),
+    )
+    .worker(
+        Worker::default()
+            .concurrency(1)
+            .recover_after(recover_after),
+    )
+    .redis_timeout("60s")
+    .state_dir("state")
+    .write();
+    write_password(&cfg, PASSWORD);
+    cfg
+}
+
+/// A run stopped between page `page`'s write and its checkpoint, and what
+/// stopped it: the daemon was SIGKILLed after the rows committed, Redis
+/// restarted from its append-only file. Pages 1 to `page` are in the
+/// table; the checkpoint in Redis is the one before `page`'s (none for
+/// page 1: a run's first checkpoint follows its first page).
 ///
-/// How the kill lands in that gap, for certain: page 1's request is held
-/// by the upstream (a 2 s delay); while it is held, Redis is SIGKILLed. The
+/// How the kill lands in that gap, for certain: each page's request up to
+/// `page` is held by the upstream (a 2 s delay, the next one queued while
+/// the one before is held); while the last is held, Redis is SIGKILLed. The
 /// answer then arrives, the sink commits the page (it needs no Redis), and
 /// the checkpoint, which needs Redis, reaches no server. The daemon is
 /// SIGKILLed as soon as the rows are seen; only then does Redis start again
 /// (from its append-only file, fsynced at every write, so the queue and
 /// everything acknowledged before are back). Stopping Redis with SIGSTOP
 /// instead does not work: the checkpoint waits in the stopped server's
-/// socket buffer and is applied when it resumes (this test's first
-/// version did that, and the run went on at page 2).
-#[test]
-fn a_page_written_again_after_a_kill_before_its_checkpoint_adds_nothing() {
+/// socket buffer and is applied when it resumes (the first version of the
+/// test below did that, and the run went on at page 2).
+struct KilledMidRun {
+    pg: Postgres,
+    redis: RedisServer,
+    upstream: Upstream,
+    cfg: TestConfig,
+}
+
+fn kill_between_write_and_checkpoint(page: u32, recover_after: &str) -> KilledMidRun {
     let pg = server();
     let mut redis = RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
     let upstream = Upstream::start(PAGES, ITEMS);
-    let cfg = one_region(&upstream, sink(&pg));
+    let cfg = one_region(&upstream, sink(&pg), recover_after);
     let mut first = Proc::daemon("first", &cfg, Some(&redis.url()), &[]);
     first.wait_running(Duration::from_secs(20));
     upstream.inject(Fault::Delay(Duration::from_secs(2)), 1);
@@ -255,26 +269,51 @@ fn a_page_written_again_after_a_kill_before_its_checkpoint_adds_nothing() {
         Duration::from_secs(30),
     );
     assert_eq!(code, Some(0), "{err}");
-    assert!(
-        wait_until(Duration::from_secs(20), || upstream.injected() == 1),
-        "page 1 never reached the upstream; log:\n{}",
-        first.log()
-    );
+    for held in 1..=page {
+        assert!(
+            wait_until(Duration::from_secs(20), || upstream.injected()
+                == u64::from(held)),
+            "page {held} never reached the upstream; log:\n{}",
+            first.log()
+        );
+        if held < page {
+            upstream.inject(Fault::Delay(Duration::from_secs(2)), 1);
+        }
+    }
     redis.kill();
-    let written = wait_until(Duration::from_secs(20), || rows(&pg, JOB) > 0);
+    let all = i64::from(page * ITEMS);
+    let written = wait_until(Duration::from_secs(20), || rows(&pg, JOB) == all);
     first.kill();
     redis.restart();
-    assert!(written, "page 1 was not written; log:\n{}", first.log());
-    assert_eq!(rows(&pg, JOB), i64::from(ITEMS), "page 1 only");
+    assert!(
+        written,
+        "page {page} was not written; log:\n{}",
+        first.log()
+    );
+    assert_eq!(rows(&pg, JOB), all, "pages 1 to {page} only");
     assert_eq!(done(&first), 0);
+    KilledMidRun {
+        pg,
+        redis,
+        upstream,
+        cfg,
+    }
+}
 
-    let second = Proc::daemon("second", &cfg, Some(&redis.url()), &[]);
+/// A daemon killed after its page's rows committed and before the page's
+/// checkpoint: the run is taken up again at that page, which is fetched
+/// and written again, and adds nothing (append mode: nothing but the page
+/// id tells the copies apart).
+#[test]
+fn a_page_written_again_after_a_kill_before_its_checkpoint_adds_nothing() {
+    let k = kill_between_write_and_checkpoint(1, "3s");
+    let second = Proc::daemon("second", &k.cfg, Some(&k.redis.url()), &[]);
     assert!(
         wait_until(Duration::from_secs(90), || done(&second) == 1),
         "the killed daemon's task was not taken up; log:\n{}",
         second.log()
     );
-    every_record_once(&pg, JOB, &["US"]);
+    every_record_once(&k.pg, JOB, &["US"]);
     assert_eq!(
         second
             .messages("this page was written before: nothing added")
@@ -284,10 +323,57 @@ fn a_page_written_again_after_a_kill_before_its_checkpoint_adds_nothing() {
         second.log()
     );
     assert_eq!(
-        asked(&upstream, "US"),
+        asked(&k.upstream, "US"),
         [2, 1, 1],
         "page 1 was fetched again, and only it"
     );
+}
+
+/// The same kill at page 2, but the run is taken up by a *newer tick's*
+/// task before the killed task is found (`recover_after` 20 s): the newer
+/// task takes the run over at page 2 (page 1's checkpoint) and keeps the
+/// run's tick, so page 2 written again is the same page and adds nothing;
+/// the killed tick's task, found later, ends `superseded` without fetching
+/// anything. (Killed at page 1 there is no checkpoint yet, so there is no
+/// run to take over: the newer tick starts its own run, and its pages are
+/// its own tick's data.)
+#[test]
+fn a_newer_tick_taking_over_a_killed_run_writes_its_page_once() {
+    let k = kill_between_write_and_checkpoint(2, "20s");
+    let mut second = Proc::daemon("second", &k.cfg, Some(&k.redis.url()), &[]);
+    second.wait_running(Duration::from_secs(20));
+    let (code, out) = trigger(&k.cfg, &k.redis);
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(done(&second), 1, "the newer tick's task: {}", second.log());
+    every_record_once(&k.pg, JOB, &["US"]);
+    assert_eq!(
+        second
+            .messages("this page was written before: nothing added")
+            .len(),
+        1,
+        "{}",
+        second.log()
+    );
+    assert_eq!(
+        asked(&k.upstream, "US"),
+        [1, 2, 1],
+        "page 2 was fetched again, and only it"
+    );
+    // The killed tick's task, once its worker is found dead: superseded,
+    // nothing fetched or written.
+    let superseded = || {
+        (second.outcomes().iter())
+            .filter(|o| o["outcome"] == "superseded")
+            .count()
+    };
+    assert!(
+        wait_until(Duration::from_secs(90), || superseded() == 1),
+        "the killed tick's task did not end superseded; log:\n{}",
+        second.log()
+    );
+    assert_eq!(done(&second), 1);
+    assert_eq!(asked(&k.upstream, "US"), [1, 2, 1]);
+    every_record_once(&k.pg, JOB, &["US"]);
 }
 
 /// PostgreSQL stopped while a tick runs: its pages are spooled, the tasks
@@ -298,7 +384,7 @@ fn a_server_stopped_during_a_tick_costs_no_page_again() {
     let mut pg = server();
     let redis = RedisServer::start();
     let upstream = Upstream::start(PAGES, ITEMS);
-    let cfg = one_region(&upstream, sink(&pg).key("/id"));
+    let cfg = one_region(&upstream, sink(&pg).key("/id"), "3s");
     let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
     d.wait_running(Duration::from_secs(20));
     // The table exists and the pool holds a connection before the stop.
