@@ -139,9 +139,14 @@ fn parallel_spends_from_several_processes_admit_exactly_each_limit() {
     const TRIES: usize = 6;
     const PROCESSES: usize = 6;
     let cluster = Cluster::with_replicas(3);
+    // A replica's acknowledgement may take a while on a loaded machine
+    // (seen once under heavy load: a spend not acknowledged within the
+    // default timeout's 333 ms `WAIT`); this test is about exact limits, so
+    // give `WAIT` 2 s (a third of the timeout).
     let cfg = many(CREDENTIALS, LIMIT, "fail-closed")
         .quota_nodes(cluster.urls())
         .quota_replicas(1)
+        .redis_timeout("6s")
         .write();
 
     // Every (credential, try), interleaved so that each credential is spent
