@@ -32,6 +32,11 @@
 --                                                stream: an entry per task that ends
 --                                                while KEYS[2] has "#wait" (set by
 --                                                `trigger --wait`, which blocks on it)
+--   7  <prefix>:lock:<job>:<item> (optional)     the item lock the task held: deleted
+--                                                if ARGV[16] still holds it
+--   8.. (with 7) the item's state the run's end leaves: the first ARGV[17]
+--       keys are set (<prefix>:since:, :validators:, :ran:), the rest
+--       deleted (<prefix>:cursor:, a :validators: the run had none for)
 --
 -- ARGV
 --   1  the outcome ("done", "quota_exhausted", ...), stored in KEYS[1]
@@ -52,11 +57,36 @@
 --  13  the item key
 --  14  TTL of KEYS[5], ms
 --  15  most items KEYS[5] keeps
+--  16.. with KEYS[7] only:
+--  16  the lock holder's value (task id#nonce)
+--  17  n: how many of KEYS[8..] are set
+--  18.. n pairs: the value, its TTL in seconds
 --
 -- Returns: the item's starved ticks in a row (this one included when it
 -- starved; the run this one ended when served), or -1 (no fairness).
 
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
+
+-- The item's state and its lock, in the same call as the done marker
+-- (issue 28: they were three round trips of their own, a MULTI/EXEC, a
+-- SETEX and item_lock.lua's release). A daemon killed before this call
+-- leaves the item's state as the run's last checkpoint left it and its
+-- lock to lapse within its TTL; after it, the task is done and its item
+-- free at once: nothing in between.
+if KEYS[7] then
+  local n = tonumber(ARGV[17])
+  for i = 1, n do
+    redis.call('SET', KEYS[7 + i], ARGV[16 + 2 * i], 'EX', ARGV[17 + 2 * i])
+  end
+  if #KEYS >= 8 + n then
+    redis.call('DEL', unpack(KEYS, 8 + n))
+  end
+  -- Only the holder frees it: a lock that lapsed (a stalled Redis) and was
+  -- claimed by another task stays that task's.
+  if redis.call('GET', KEYS[7]) == ARGV[16] then
+    redis.call('DEL', KEYS[7])
+  end
+end
 redis.call('HINCRBY', KEYS[2], ARGV[2], 1)
 if ARGV[4] ~= '' then
   local t = redis.call('TIME')

@@ -89,9 +89,7 @@ const NEEDED: &[(&str, &str)] = &[
     // An idle daemon waits on its wake stream; `trigger --wait` on a
     // tick's stream of ends.
     ("+@stream", "XREAD BLOCK 1 STREAMS {k} $"),
-    // A task's run ends in one MULTI/EXEC (worker/run.rs complete).
-    ("+@transaction", "MULTI"),
-    ("+@transaction", "EXEC"),
+    // A run's checkpoint (worker/run.rs save).
     ("+@string", "SETEX {k} 1 v"),
     // apalis-redis's scripts announce tasks on channels `tasks:<key>:…`.
     ("+@pubsub &tasks:*", "PUBLISH tasks:{q}:available x"),

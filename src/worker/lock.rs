@@ -3,7 +3,8 @@
 //! task already ended, the item's checkpoint, its newest completed tick, what
 //! its last complete run left for the next one, and the Redis clock; and,
 //! where the windows allow it, the first page's spend: `lua/claim_spend.lua`),
-//! renewed in the background while the task runs, released when it ends.
+//! renewed in the background while the task runs, released in the call that
+//! records the task's end (`lua/finish.lua`).
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -18,6 +19,7 @@ use crate::conn::Lua;
 use crate::fetch::paging::Validators;
 use crate::keys::KeySpace;
 use crate::queue::TaskArgs;
+use crate::queue::scripts::finish::{ItemEnd, Leaves};
 use crate::quota::{PreparedSpend, QuotaError};
 
 /// `lua/item_lock.lua`: claim, renew, release.
@@ -229,7 +231,18 @@ impl ItemLock {
         })
     }
 
-    /// Frees the item, if it is still ours.
+    /// The item's release with `leaves`, for the call that records the
+    /// task's outcome (`lua/finish.lua`).
+    pub(super) fn end(&self, leaves: Leaves) -> ItemEnd {
+        ItemEnd {
+            lock: self.key.clone(),
+            holder: self.value.clone(),
+            leaves,
+        }
+    }
+
+    /// Frees the item, if it is still ours: when the task could not record
+    /// its end (Redis failed), which would have freed it.
     pub(super) async fn release(&self, conn: &mut ConnectionManager) -> redis::RedisResult<()> {
         ITEM_LOCK
             .call()

@@ -51,12 +51,12 @@ use crate::keys::KeySpace;
 use crate::mint::Minter;
 use crate::outcome::{Outcome, OutcomeEvent, OutcomeKind};
 use crate::queue::known::{self, Unknown};
-use crate::queue::scripts::finish::Finish;
+use crate::queue::scripts::finish::{Finish, ItemEnd, Leaves};
 use crate::queue::{Origin, Queue, QueueError, TaskArgs};
 use crate::quota::Limiter;
 use crate::sink::Sinks;
 use crate::stats::Stats;
-use guards::InFlight;
+use guards::{InFlight, Renewer};
 use lock::{Claim, ItemLock};
 pub(crate) use spend::{LocalBlocks, Remembered, Unanswered};
 
@@ -137,6 +137,13 @@ pub(crate) struct Worker {
     pub(crate) skip_spend: bool,
     /// The test hook `daemon::Hooks::panic_after_spend`.
     pub(crate) panic_after_spend: Option<Arc<std::sync::atomic::AtomicUsize>>,
+}
+
+/// The item a running task holds: its lock, and the lock's renewal (stopped
+/// before the task's end frees the item in the call that records it).
+pub(super) struct Held<'a> {
+    lock: &'a ItemLock,
+    renewer: Renewer,
 }
 
 /// Why a task could not finish its bookkeeping: Redis went away. The task is
@@ -254,9 +261,8 @@ impl Worker {
                     self.refund_unknown(ahead).await;
                 }
                 let outcome = Outcome::new(OutcomeKind::Failed, 0, why);
-                let unlock = lock.release(&mut conn).await;
-                self.finish(task, Some(job), &outcome).await?;
-                unlock?;
+                let held = lock.end(Leaves::default());
+                self.finish(task, Some(job), &outcome, Some(held)).await?;
                 return Ok(Ran::Ended(outcome));
             }
         };
@@ -265,16 +271,27 @@ impl Worker {
             _ => None,
         };
         let result = {
-            // Undone when this block ends, however it ends (guards.rs).
-            let _renewer = lock.keep_renewed(self.conn.clone());
+            // Undone when they are dropped, however the run ends (guards.rs);
+            // the renewal stops before the call that frees the item.
+            let renewer = lock.keep_renewed(self.conn.clone());
             let _in_flight = InFlight::enter(&self.stats.in_flight);
             // Its progress owns the first spend from here (`run_held`).
-            self.run_held(task, job, *found, first, minted).await
+            let held = Held {
+                lock: &lock,
+                renewer,
+            };
+            self.run_held(task, job, *found, first, minted, held).await
         };
-        let unlock = lock.release(&mut conn).await;
-        let outcome = result?;
-        unlock?;
-        Ok(Ran::Ended(outcome))
+        match result {
+            Ok(outcome) => Ok(Ran::Ended(outcome)),
+            Err(e) => {
+                // The end's call (which frees the item) may not have run.
+                if let Err(unlock) = lock.release(&mut conn).await {
+                    warn!(task = %task.id, error = %unlock, "could not free the item lock; it lapses within its TTL");
+                }
+                Err(e)
+            }
+        }
     }
 
     /// The token for the task's credential (its tenant) when a command
@@ -323,7 +340,7 @@ impl Worker {
             }
             Unknown::Fail(why) => {
                 let outcome = Outcome::new(OutcomeKind::Failed, 0, why);
-                self.finish(task, None, &outcome).await?;
+                self.finish(task, None, &outcome, None).await?;
                 Ok(Ran::Ended(outcome))
             }
         }
@@ -346,8 +363,12 @@ impl Worker {
         task: &TaskArgs,
         job: Option<&Job>,
         o: &Outcome,
+        held: Option<ItemEnd>,
     ) -> Result<(), TaskError> {
-        let finish = Finish::new(self.keys(), task, o);
+        let mut finish = Finish::new(self.keys(), task, o);
+        if let Some(held) = held {
+            finish = finish.holding(held);
+        }
         let starved_ticks = finish.invoke(&mut self.conn.clone()).await?;
         self.stats.outcome(o.kind);
         metrics::counter!("qw_tasks_total", "qw_job" => task.job.clone(), "outcome" => o.kind.as_str())

@@ -17,7 +17,7 @@ use tracing::{info, warn};
 use super::lock::Found;
 use super::spend::{Admission, FirstSpend, Payer, Spent};
 use super::step::{Action, Answer, End, Progress, Rules, decide, defers};
-use super::{CHECKPOINT_TTL, Checkpoint, ITEM_STATE_TTL, TaskError, Worker};
+use super::{CHECKPOINT_TTL, Checkpoint, Held, ITEM_STATE_TTL, TaskError, Worker};
 use crate::config::{Job, Secret};
 use crate::fetch::paging::{Cursor, Stored, Validators};
 use crate::fetch::{Answered, BuildError, Fetcher, PageAt, Placeholders, Reply, Request};
@@ -114,6 +114,11 @@ impl Worker {
     /// claim's call) no page took is given back here, before the outcome
     /// is told (whoever reads the windows after it sees what was sent), and
     /// when the run ended on an error too.
+    ///
+    /// The outcome's call also frees the item and writes what the run
+    /// leaves of it (`Progress::leaves`): one round trip, nothing a SIGKILL
+    /// can land between. On `Err` (Redis failed) the item is not freed
+    /// here: the caller tries that alone.
     pub(super) async fn run_held(
         &self,
         task: &TaskArgs,
@@ -121,6 +126,7 @@ impl Worker {
         found: Found,
         first_spend: Option<FirstSpend>,
         minted: Option<Result<Secret, String>>,
+        held: Held<'_>,
     ) -> Result<Outcome, TaskError> {
         let mut p = Progress::new(first_spend);
         let ended = self.run_pages(task, job, found, &mut p, minted).await;
@@ -128,7 +134,10 @@ impl Worker {
             self.give_back(unused).await;
         }
         let outcome = ended?;
-        self.finish(task, Some(job), &outcome).await?;
+        // A renewal after the release would find the lock gone and warn.
+        drop(held.renewer);
+        let end = held.lock.end(std::mem::take(&mut p.leaves));
+        self.finish(task, Some(job), &outcome, Some(end)).await?;
         Ok(outcome)
     }
 
@@ -149,6 +158,7 @@ impl Worker {
             );
             return Ok(Outcome::new(OutcomeKind::Failed, 0, why));
         }
+        p.checkpointed = found.saved.is_some();
         let start = match start_at(task, found.saved, found.ran) {
             Ok(start) => start,
             Err(why) => return Ok(Outcome::new(OutcomeKind::Superseded, 0, why)),
@@ -180,10 +190,8 @@ impl Worker {
         };
         if outcome.kind == OutcomeKind::Done && found.ran.is_none_or(|r| r < task.tick) {
             let ran_key = self.keys().item_ran(&job.name, &task.item_key());
-            self.conn
-                .clone()
-                .set_ex::<_, _, ()>(&ran_key, task.tick, CHECKPOINT_TTL.as_secs())
-                .await?;
+            let ran = (ran_key, task.tick.to_string(), CHECKPOINT_TTL);
+            p.leaves.set.push(ran);
         }
         Ok(outcome)
     }
@@ -471,11 +479,7 @@ impl Worker {
                 why,
                 status,
                 not_modified,
-            } => (
-                self.complete(run, p, why, not_modified).await?,
-                status,
-                None,
-            ),
+            } => (self.complete(run, p, why, not_modified)?, status, None),
             End::Continue { token, why } => (self.hand_on(run, p, token, why).await?, None, None),
             End::Fail {
                 status,
@@ -548,7 +552,10 @@ impl Worker {
     /// run needs stays: when this run started (its `{since}`) and, on a
     /// conditional endpoint, page 1's validators (or none, if it had none;
     /// `not_modified`: the ones its page 1 was sent with, as a 304 says).
-    async fn complete(
+    /// Written with the outcome (`Progress::leaves`, `run_held`), so a
+    /// daemon killed before that leaves the run resumable at its last
+    /// checkpoint, as a kill between two pages does.
+    fn complete(
         &self,
         run: &Run<'_>,
         p: &mut Progress,
@@ -558,29 +565,27 @@ impl Worker {
         if not_modified {
             p.held = run.rules.validators.clone();
         }
-        let ttl = ITEM_STATE_TTL.as_secs();
-        let mut pipe = redis::pipe();
-        pipe.atomic()
-            .del(&run.cursor_key)
-            .ignore()
-            .set_ex(&run.since_key, p.started, ttl)
-            .ignore();
+        if p.checkpointed {
+            p.leaves.del.push(run.cursor_key.clone());
+        }
+        let since = (run.since_key.clone(), p.started.to_string(), ITEM_STATE_TTL);
+        p.leaves.set.push(since);
         if run.payer.endpoint.conditional {
             match &p.held {
                 Some(v) => {
                     let json = serde_json::to_string(v).map_err(TaskError::State)?;
-                    pipe.set_ex(&run.validators_key, json, ttl).ignore()
+                    let validators = (run.validators_key.clone(), json, ITEM_STATE_TTL);
+                    p.leaves.set.push(validators);
                 }
-                None => pipe.del(&run.validators_key).ignore(),
-            };
+                None => p.leaves.del.push(run.validators_key.clone()),
+            }
         }
-        pipe.query_async::<()>(&mut self.conn.clone()).await?;
         let o = p.outcome(OutcomeKind::Done, why);
         Ok(Outcome { not_modified, ..o })
     }
 
     /// Checkpoints the run: the next run of the item resumes at its cursor.
-    async fn save(&self, run: &Run<'_>, p: &Progress) -> Result<(), TaskError> {
+    async fn save(&self, run: &Run<'_>, p: &mut Progress) -> Result<(), TaskError> {
         let cp = Checkpoint {
             tick: run.task().tick,
             cursor: p.cursor.clone(),
@@ -594,6 +599,7 @@ impl Worker {
             .clone()
             .set_ex::<_, _, ()>(&run.cursor_key, json, CHECKPOINT_TTL.as_secs())
             .await?;
+        p.checkpointed = true;
         Ok(())
     }
 }

@@ -16,6 +16,7 @@ use crate::config::{Job, OnQuotaExhausted, fmt_duration};
 use crate::fetch::paging::{Cursor, Next, Onward, Stored, Validators, onward};
 use crate::fetch::{Reply, Request};
 use crate::outcome::{Outcome, OutcomeKind};
+use crate::queue::scripts::finish::Leaves;
 use crate::quota::QuotaError;
 use crate::sink::{SinkError, Written};
 
@@ -45,6 +46,12 @@ pub(super) struct Progress {
     pub(super) pages: u32,
     pub(super) records: u64,
     pub(super) units: u64,
+    /// The item's cursor key may hold a checkpoint (the claim found one, or
+    /// this run saved one): a complete run deletes it, a run that never
+    /// had one skips the command.
+    pub(super) checkpointed: bool,
+    /// What the run's end leaves of the item, written with its outcome.
+    pub(super) leaves: Leaves,
 }
 
 impl Progress {
@@ -61,6 +68,8 @@ impl Progress {
             pages: 0,
             records: 0,
             units: 0,
+            checkpointed: false,
+            leaves: Leaves::default(),
         }
     }
 

@@ -386,3 +386,116 @@ fn retry_after_a_redelivered_copy_found_the_item_busy_is_not_lost() {
     );
     assert_eq!(upstream.fetched(), 1);
 }
+
+/// The item keys of [`JOB`] named by `key` (`keys().item_lock`, ...), one
+/// per item that has one.
+fn item_keys(conn: &mut redis::Connection, key: impl Fn(&str, &str) -> String) -> HashSet<String> {
+    let pattern = key(JOB, "*");
+    let found: Vec<String> = redis::cmd("KEYS").arg(&pattern).query(conn).expect("KEYS");
+    let at = pattern.len() - 1;
+    found.into_iter().map(|k| k[at..].to_owned()).collect()
+}
+
+/// Issue 28: a task's end is one call (`lua/finish.lua`): its done marker,
+/// what its complete run leaves of the item (`{since}`, the completed
+/// tick, the checkpoint deleted) and its item lock's release; it was four
+/// (a MULTI/EXEC, a SETEX, the outcome, the release), with a SIGKILL
+/// possible between each. A daemon SIGKILLed while it records its tasks'
+/// ends (every page fetched and written; Redis's writes paused, so each
+/// end's call waits in Redis, and its connections killed before they
+/// resume) leaves no end half recorded: each item as its run left it, held
+/// by a lock that lapses within its TTL. A daemon started after runs each
+/// task to its end once, fetching each page at most once more (SPEC,
+/// postgres sink: "a daemon killed between writing and checkpointing"
+/// writes a page twice), and each of its ends frees its item at once.
+#[test]
+fn a_daemon_killed_while_recording_its_tasks_ends_leaves_each_item_whole() {
+    let _machine = machine::timing();
+    let redis = RedisServer::start();
+    let upstream = Upstream::start(1, ITEMS_PER_PAGE);
+    // Item locks of min(10 s, recover_after / 2) = 8 s, renewed every
+    // 2.7 s until Redis's writes pause: held (not lapsed) while the test
+    // looks at them.
+    let cfg = daemon::config(daemon::job(&upstream.base_url()).pages(1))
+        .worker(Worker::default().concurrency(8).recover_after("16s"))
+        .write();
+    let lock_ttl_ms = 8_000;
+    let mut conn = redis_conn(&redis.url());
+    let items = REGIONS.len();
+    upstream.inject(Fault::Delay(Duration::from_secs(1)), items as u32);
+    let mut a = Proc::daemon("daemon-a", &cfg, Some(&redis.url()), &[]);
+    a.wait_running(Duration::from_secs(10));
+    let (code, out, err) = run_cli(
+        &cfg,
+        Some(&redis.url()),
+        &["trigger", JOB],
+        Duration::from_secs(20),
+    );
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    let tick = *tick_claims(&mut conn).keys().next().expect("a tick");
+    wait_for("every request in flight", Duration::from_secs(15), || {
+        upstream.injected() == items as u64
+    });
+    let _: String = redis.cmd(&["CLIENT", "PAUSE", "60000", "WRITE"]);
+    wait_for("every page written", Duration::from_secs(15), || {
+        sink_records(&cfg).len() == items * ITEMS_PER_PAGE as usize
+    });
+    let k = crate::support::keys::keys();
+    // Written, and nothing of any end recorded: each task waits in its end.
+    let locks = item_keys(&mut conn, |j, i| k.item_lock(j, i));
+    assert_eq!(locks.len(), items, "{locks:?}");
+    assert!(item_keys(&mut conn, |j, i| k.since(j, i)).is_empty());
+    assert!(item_keys(&mut conn, |j, i| k.item_ran(j, i)).is_empty());
+    assert_eq!(ended(&tick_outcomes(&mut conn, tick)), 0);
+
+    a.kill();
+    assert!(a.wait_exit(Duration::from_secs(10)).is_some());
+    // Every client but the one asking: the test's own connection too.
+    let _: i64 = redis.cmd(&["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"]);
+    conn = redis_conn(&redis.url());
+    let _: String = redis.cmd(&["CLIENT", "UNPAUSE"]);
+    std::thread::sleep(Duration::from_millis(300));
+
+    // Nothing of any end: each item still held by the dead daemon's lock,
+    // which lapses within its TTL, and no run's state half written.
+    let locks = item_keys(&mut conn, |j, i| k.item_lock(j, i));
+    assert_eq!(locks.len(), items, "{locks:?}");
+    let since = item_keys(&mut conn, |j, i| k.since(j, i));
+    assert!(since.is_empty(), "{since:?}");
+    assert!(item_keys(&mut conn, |j, i| k.item_ran(j, i)).is_empty());
+    assert_eq!(ended(&tick_outcomes(&mut conn, tick)), 0);
+    for item in &locks {
+        let pttl: i64 = redis.cmd(&["PTTL", &k.item_lock(JOB, item)]);
+        assert!(
+            (-2..=lock_ttl_ms).contains(&pttl),
+            "{item}'s lock outlives its TTL: {pttl} ms"
+        );
+    }
+
+    // Another daemon runs what the killed one left, once each.
+    let mut b = Proc::daemon("daemon-b", &cfg, Some(&redis.url()), &[]);
+    b.wait_running(Duration::from_secs(10));
+    let (ok, all) = wait_ticks_ended(&mut conn, &[tick], ITEMS, Duration::from_secs(60));
+    assert!(ok, "not every task ended: {all:?}");
+    std::thread::sleep(Duration::from_secs(1));
+    let o = tick_outcomes(&mut conn, tick);
+    assert_eq!(o.get("done"), Some(&ITEMS), "{o:?}");
+    assert_eq!(ended(&o), ITEMS, "a task ended twice: {o:?}");
+    // Requests, not charges: the simulator charges no delayed answer.
+    let fetched = upstream.stats().requests_per_page(0);
+    assert_eq!(fetched.len(), items, "{fetched:?}");
+    assert!(fetched.values().all(|n| *n <= 2), "{fetched:?}");
+    assert!(item_keys(&mut conn, |j, i| k.item_lock(j, i)).is_empty());
+    assert_eq!(item_keys(&mut conn, |j, i| k.since(j, i)).len(), items);
+    assert_eq!(item_keys(&mut conn, |j, i| k.item_ran(j, i)).len(), items);
+    assert!(item_keys(&mut conn, |j, i| k.cursor(j, i)).is_empty());
+    eprintln!(
+        "MEASURE killed while recording ends: pages fetched twice: {} of {items}",
+        fetched.values().filter(|n| **n == 2).count()
+    );
+    b.term();
+    assert_eq!(
+        b.wait_exit(Duration::from_secs(15)).and_then(|s| s.code()),
+        Some(0)
+    );
+}

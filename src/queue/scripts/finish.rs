@@ -142,6 +142,32 @@ pub(crate) struct Finish {
     index: u64,
     turn: Option<u64>,
     item: String,
+    /// `KEYS[7..]`, `ARGV[16..]`: the lock the task held and the item's
+    /// state its run leaves, written in the same call.
+    held: Option<ItemEnd>,
+}
+
+/// What a task that held its item leaves of it when it ends, written by
+/// `lua/finish.lua` in the call that records the outcome (issue 28: one
+/// round trip instead of four, and no SIGKILL can land between them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ItemEnd {
+    /// The item lock's key and the holder's value: deleted if still held.
+    pub(crate) lock: String,
+    pub(crate) holder: String,
+    /// The item's state the run leaves.
+    pub(crate) leaves: Leaves,
+}
+
+/// The item's state a run's end writes (a complete run's: `{since}`, the
+/// validators, the completed tick set, the checkpoint deleted); nothing for
+/// a run that stops short, whose checkpoint was saved as it went.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Leaves {
+    /// Keys set, with their value and lifetime.
+    pub(crate) set: Vec<(String, String, Duration)>,
+    /// Keys deleted.
+    pub(crate) del: Vec<String>,
 }
 
 impl Finish {
@@ -168,6 +194,15 @@ impl Finish {
             index: task.index,
             turn: task.turn,
             item: task.item_key(),
+            held: None,
+        }
+    }
+
+    /// With what the task leaves of the item it held (its lock, its state).
+    pub(crate) fn holding(self, held: ItemEnd) -> Self {
+        Finish {
+            held: Some(held),
+            ..self
         }
     }
 
@@ -204,6 +239,17 @@ impl Finish {
             .arg(&self.item)
             .arg(ms(STARVED_TTL))
             .arg(crate::schedule::STARVED_CAP);
+        if let Some(held) = &self.held {
+            call.key(&held.lock);
+            call.arg(&held.holder).arg(held.leaves.set.len());
+            for (key, value, ttl) in &held.leaves.set {
+                call.key(key);
+                call.arg(value).arg(ttl.as_secs().max(1));
+            }
+            for key in &held.leaves.del {
+                call.key(key);
+            }
+        }
         let starved_ticks: i64 = call.invoke(conn).await?;
         Ok(u64::try_from(starved_ticks).ok())
     }
