@@ -17,17 +17,9 @@ use serde_json::Value;
 use simulator::{Fault, SimConfig};
 
 use crate::support::process::{Proc, run_cli};
-use crate::support::upstream::{KEY_ENV, SIM_KEY, Upstream};
-use crate::support::{
-    ConfigBuilder, Credential, Endpoint, Job, RedisServer, TestConfig, Window, Worker,
-};
-
-/// The credential every accounting test spends on.
-pub(crate) const CRED: &str = "api";
-/// Its endpoint.
-pub(crate) const ENDPOINT: &str = "api.list";
-/// The job.
-pub(crate) const JOB: &str = "pull";
+use crate::support::upstream::Upstream;
+use crate::support::world::{self, CREDENTIAL, ENDPOINT, JOB, SECRET};
+use crate::support::{ConfigBuilder, Endpoint, Job, RedisServer, TestConfig, Window};
 
 /// A daemon (the real binary) on its own Redis and simulator.
 pub(crate) struct Rig {
@@ -35,19 +27,6 @@ pub(crate) struct Rig {
     pub(crate) upstream: Upstream,
     pub(crate) cfg: TestConfig,
     pub(crate) daemon: Proc,
-}
-
-/// The credential [`CRED`] with `window`, its secret the simulator's key.
-pub(crate) fn credential(window: Window) -> Credential {
-    Credential::env(CRED, KEY_ENV).window(window)
-}
-
-/// Two worker slots that look for tasks every 20 ms.
-pub(crate) fn worker() -> Worker {
-    Worker::default()
-        .concurrency(2)
-        .poll_interval("20ms")
-        .shutdown_timeout("5s")
 }
 
 /// The job [`JOB`] on [`ENDPOINT`]: the simulator's videos at `base`, one
@@ -67,8 +46,8 @@ pub(crate) fn paged(j: Job, style: &[(&str, &str)], pages: u32) -> Job {
     j
 }
 
-/// One config: [`worker`], `window` on [`CRED`], the endpoint as `endpoint`
-/// makes it from [`ENDPOINT`] (cost `cost`), and `job`.
+/// One config: two quick worker slots, the world's credential with
+/// `window`, its endpoint as `endpoint` makes it (cost `cost`), and `job`.
 pub(crate) fn config(
     window: Window,
     cost: u64,
@@ -76,14 +55,14 @@ pub(crate) fn config(
     job: Job,
 ) -> ConfigBuilder {
     ConfigBuilder::new()
-        .worker(worker())
-        .credential(credential(window))
-        .endpoint(endpoint(Endpoint::new(ENDPOINT, CRED, cost)))
+        .worker(world::quick_worker(2))
+        .credential(world::credential(window))
+        .endpoint(endpoint(Endpoint::new(ENDPOINT, CREDENTIAL, cost)))
         .job(job)
 }
 
 impl Rig {
-    /// Starts Redis, the simulator on `sim` (with the key [`SIM_KEY`]
+    /// Starts Redis, the simulator on `sim` (with the key [`SECRET`]
     /// added by the caller), `before` on it (another consumer, faults),
     /// and the daemon on the config `config` builds from its base URL.
     pub(crate) fn start(
@@ -118,10 +97,10 @@ impl Rig {
         (code, summary)
     }
 
-    /// `quota CRED --json`'s credential.
+    /// `quota CREDENTIAL --json`'s credential.
     pub(crate) fn quota(&self) -> Value {
         let out = self.cfg.run(
-            &["quota", CRED, "--json"],
+            &["quota", CREDENTIAL, "--json"],
             &[("QUOTA_WORKER_REDIS_URL", &self.redis.url())],
         );
         assert_eq!(
@@ -148,9 +127,9 @@ impl Rig {
         let keys = crate::support::keys::keys();
         let () = self.redis.cmd(&[
             "DEL",
-            &keys.blocked(CRED),
-            &keys.block_kind(CRED),
-            &keys.block_reason(CRED),
+            &keys.blocked(CREDENTIAL),
+            &keys.block_kind(CREDENTIAL),
+            &keys.block_reason(CREDENTIAL),
         ]);
     }
 
@@ -162,11 +141,11 @@ impl Rig {
     /// What the simulator's log says about this run.
     pub(crate) fn measure(&self, adapter: &str) -> Measure {
         let stats = self.upstream.stats();
-        let key = stats.key(SIM_KEY);
+        let key = stats.key(SECRET);
         let ours: Vec<_> = stats
             .requests
             .iter()
-            .filter(|r| r.key.as_deref() == Some(SIM_KEY))
+            .filter(|r| r.key.as_deref() == Some(SECRET))
             .collect();
         let m = Measure {
             requests: ours.len(),
@@ -174,7 +153,7 @@ impl Rig {
             over_limit_after_first: ours.iter().skip(1).filter(|r| r.over_limit).count(),
             used: key.units,
             burned: key.burned,
-            left: self.upstream.left(SIM_KEY),
+            left: self.upstream.left(SECRET),
         };
         println!(
             "accounting {adapter}: {} requests, over-limit answers {} ({} after the first answer); units used {}, burned by another consumer {}, allowed but left unused {}",
@@ -214,7 +193,7 @@ fn retry_after_is_read_in_every_form_and_bounded() {
         items_per_page: 2,
         ..SimConfig::default()
     }
-    .key(SIM_KEY, 1_000_000, Duration::from_secs(3600));
+    .key(SECRET, 1_000_000, Duration::from_secs(3600));
     let rig = Rig::start(
         sim,
         |_| {},

@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use simulator::{Fault, SimAccounting, SimConfig, SimStyle};
 
-use crate::accounting::{CRED, ENDPOINT, Rig, config, job, paged};
+use crate::accounting::{Rig, config, job, paged};
 use crate::support::Window;
-use crate::support::upstream::SIM_KEY;
+use crate::support::world::{self, SECRET};
 
 const REPOS: [&str; 6] = ["a", "b", "c", "d", "e", "f"];
 
@@ -26,13 +26,13 @@ fn github(units: u64, pages: u32) -> SimConfig {
         accounting: SimAccounting::Github,
         ..SimConfig::default()
     }
-    .key(SIM_KEY, units, Duration::from_secs(3600))
+    .key(SECRET, units, Duration::from_secs(3600))
 }
 
 fn rig(sim: SimConfig, burn: u64, units: u64, pages: u32) -> Rig {
     Rig::start(
         sim,
-        |up| assert_eq!(up.burn(SIM_KEY, burn), burn, "the other program's requests"),
+        |up| assert_eq!(up.burn(SECRET, burn), burn, "the other program's requests"),
         |base| {
             let j = paged(job(base, &REPOS), &[("style", "link")], pages)
                 .sink(crate::support::Sink::jsonl("data/{job}/{region}.jsonl"));
@@ -44,7 +44,7 @@ fn rig(sim: SimConfig, burn: u64, units: u64, pages: u32) -> Rig {
                 |e| e.set("accounting", "github"),
                 j,
             )
-            .worker(crate::accounting::worker().concurrency(4))
+            .worker(world::quick_worker(4))
         },
     )
 }
@@ -94,7 +94,11 @@ fn another_program_on_the_token_is_drift_and_github_never_says_exceeded() {
         .daemon
         .messages("the upstream reports fewer units left than the window admits; drift recorded");
     assert!(!drift_lines.is_empty());
-    assert!(drift_lines.iter().all(|l| l["credential"] == CRED));
+    assert!(
+        drift_lines
+            .iter()
+            .all(|l| l["credential"] == world::CREDENTIAL)
+    );
 }
 
 /// Issue 13: a secondary rate limit (403, "You have exceeded a secondary
@@ -145,7 +149,7 @@ fn a_secondary_limit_blocks_every_worker_and_the_cli_for_60s_then_120s() {
 
     // The CLI is refused too, and a whole new tick sends nothing.
     let out = rig.cfg.run(
-        &["spend", ENDPOINT],
+        &["spend", world::ENDPOINT],
         &[("QUOTA_WORKER_REDIS_URL", &rig.redis.url())],
     );
     assert_eq!(

@@ -9,7 +9,7 @@ use simulator::{SimAccounting, SimConfig};
 
 use crate::accounting::{Rig, config, job};
 use crate::support::Window;
-use crate::support::upstream::SIM_KEY;
+use crate::support::world::SECRET;
 
 #[test]
 fn r0_blocks_for_t_seconds_and_the_upstream_never_answers_429() {
@@ -21,7 +21,7 @@ fn r0_blocks_for_t_seconds_and_the_upstream_never_answers_429() {
         accounting: SimAccounting::Ietf,
         ..SimConfig::default()
     }
-    .key(SIM_KEY, 4, Duration::from_secs(4));
+    .key(SECRET, 4, Duration::from_secs(4));
     let rig = Rig::start(
         sim,
         |_| {},
@@ -89,7 +89,7 @@ fn every_listed_limit_is_mirrored_and_the_one_at_zero_blocks() {
         ..SimConfig::default()
     }
     .limit("burst", 3, Duration::from_secs(2))
-    .key(SIM_KEY, 20, Duration::from_secs(30));
+    .key(SECRET, 20, Duration::from_secs(30));
     let rig = Rig::start(
         sim,
         |_| {},

@@ -12,7 +12,7 @@ use simulator::{SimAccounting, SimConfig, SimStyle};
 
 use crate::accounting::{Rig, config, job, paged};
 use crate::support::Window;
-use crate::support::upstream::SIM_KEY;
+use crate::support::world::SECRET;
 
 /// Instagram's business use case: 20 calls per 60 s (sliding), paged by
 /// `paging.next`.
@@ -24,13 +24,13 @@ fn meta(pages: u32) -> SimConfig {
         accounting: SimAccounting::Meta,
         ..SimConfig::default()
     }
-    .key(SIM_KEY, 20, Duration::from_secs(60))
+    .key(SECRET, 20, Duration::from_secs(60))
 }
 
 fn rig(burn: u64, regions: &[&str], pages: u32) -> Rig {
     Rig::start(
         meta(pages),
-        |up| assert_eq!(up.burn(SIM_KEY, burn), burn),
+        |up| assert_eq!(up.burn(SECRET, burn), burn),
         |base| {
             let style = [("style", "next_url"), ("next", "/paging/next")];
             let j = paged(job(base, regions), &style, pages)

@@ -12,7 +12,7 @@ use std::time::Duration;
 use simulator::{SimAccounting, SimConfig};
 
 use crate::accounting::{Rig, config, job};
-use crate::support::upstream::SIM_KEY;
+use crate::support::world::SECRET;
 use crate::support::{Request, Window};
 
 /// 100 points, 5 restored a second; a query asks 30 and costs 12.
@@ -24,7 +24,7 @@ fn shopify() -> SimConfig {
         ..SimConfig::default()
     }
     .cost("/admin/api/2025-01/graphql.json", 30)
-    .key(SIM_KEY, 100, Duration::from_secs(20))
+    .key(SECRET, 100, Duration::from_secs(20))
 }
 
 /// The daemon on [`shopify`]; another app burns `burn` points just
@@ -61,7 +61,7 @@ fn rig(burn: u64, regions: &[&str]) -> Rig {
             )
         },
     );
-    assert_eq!(rig.upstream.burn(SIM_KEY, burn), burn);
+    assert_eq!(rig.upstream.burn(SECRET, burn), burn);
     rig
 }
 

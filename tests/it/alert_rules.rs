@@ -12,9 +12,8 @@ use std::time::Duration;
 
 use crate::support::http::{self, Metrics};
 use crate::support::process::{Proc, run_cli};
-use crate::support::{
-    self, ConfigBuilder, Credential, Endpoint, RedisServer, Window, daemon, free_port,
-};
+use crate::support::world;
+use crate::support::{self, ConfigBuilder, Credential, Endpoint, RedisServer, Window, free_port};
 
 fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -221,7 +220,7 @@ fn alert_rules_name_only_metrics_and_labels_the_daemon_exports() {
     let redis = RedisServer::start();
     let port = free_port();
     let cfg = ConfigBuilder::new()
-        .credential(daemon::yt_key1())
+        .credential(world::credential(Window::sliding(9500, "24h")))
         .credential(
             Credential::template("ig", "account", "tokens/{account}")
                 .window(Window::sliding(100, "1h")),
@@ -229,11 +228,11 @@ fn alert_rules_name_only_metrics_and_labels_the_daemon_exports() {
         .credential(
             Credential::command("gh", &["/bin/true"], None).window(Window::sliding(100, "1h")),
         )
-        .endpoint(Endpoint::new("youtube.videos.list", "yt-key1", 1))
+        .endpoint(world::endpoint())
         .endpoint(Endpoint::new("ig.media", "ig", 1))
-        .job(daemon::videos_job(
+        .job(world::videos_job(
             "trending",
-            "youtube.videos.list",
+            world::ENDPOINT,
             "http://127.0.0.1:9",
             &["US"],
             1,
@@ -253,10 +252,7 @@ fn alert_rules_name_only_metrics_and_labels_the_daemon_exports() {
         "daemon",
         &cfg,
         &["--log-format", "json", "run"],
-        &[
-            ("QUOTA_WORKER_REDIS_URL", redis.url().as_str()),
-            ("YT_KEY1", "not-a-real-key"),
-        ],
+        &[("QUOTA_WORKER_REDIS_URL", redis.url().as_str())],
     );
     d.wait_running(Duration::from_secs(30));
     assert!(http::wait_http(port, Duration::from_secs(20)));

@@ -15,7 +15,8 @@ use quota_worker::outcome::OutcomeKind;
 use quota_worker::queue::Origin;
 use simulator::SimConfig;
 
-use crate::support::pipeline::{Pipeline, YT_ENDPOINT, YT_KEY, quick_worker, yt, yt_endpoint};
+use crate::support::pipeline::Pipeline;
+use crate::support::world;
 use crate::support::{ConfigBuilder, Job, RedisServer, Sink, Window};
 
 fn sim(pages: u32) -> SimConfig {
@@ -24,16 +25,16 @@ fn sim(pages: u32) -> SimConfig {
         items_per_page: 2,
         ..SimConfig::default()
     }
-    .key(YT_KEY, 1_000_000, Duration::from_secs(3600))
+    .key(world::SECRET, 1_000_000, Duration::from_secs(3600))
 }
 
 fn config(sim: &str, regions: &[&str], pages: u32) -> ConfigBuilder {
     ConfigBuilder::new()
-        .worker(quick_worker(2))
-        .credential(yt(Window::sliding(100, "1h")))
-        .endpoint(yt_endpoint())
+        .worker(world::quick_worker(2))
+        .credential(world::credential(Window::sliding(100, "1h")))
+        .endpoint(world::endpoint())
         .job(
-            Job::videos("two", YT_ENDPOINT, sim)
+            Job::videos("two", world::ENDPOINT, sim)
                 .fan_out("region", regions.iter().copied())
                 .pages(pages)
                 .sink(Sink::jsonl("data/{job}.jsonl").records("/items")),
@@ -131,7 +132,7 @@ async fn the_first_pages_spend_rides_in_the_item_claim() {
     );
     assert!(alone.iter().all(|id| id.contains(":p2:")), "{alone:?}");
 
-    let used = p.limiter.peek("yt").await.expect("peek").windows[0].used;
+    let used = p.used(world::CREDENTIAL).await;
     assert_eq!(used, 8, "8 pages, 8 units");
     assert_eq!(p.sim_stats().charges.len(), 8, "the upstream saw 8 pages");
 }
@@ -157,7 +158,7 @@ async fn a_superseded_task_gives_back_the_spend_its_claim_made() {
     assert_eq!(seen[0].ev.outcome.units, 0);
 
     // Read right after the outcome: already given back.
-    let used = p.limiter.peek("yt").await.expect("peek").windows[0].used;
+    let used = p.used(world::CREDENTIAL).await;
     assert_eq!(used, 1, "only the page that was sent");
     assert_eq!(p.sim_stats().charges.len(), 1);
 }
@@ -170,11 +171,11 @@ async fn a_superseded_task_gives_back_the_spend_its_claim_made() {
 async fn a_spend_that_fails_inside_the_claim_ends_the_task_and_sends_nothing() {
     let p = Pipeline::start(sim(1), |sim| {
         ConfigBuilder::new()
-            .worker(quick_worker(2))
-            .credential(yt(Window::fixed(100, "24h")))
-            .endpoint(yt_endpoint())
+            .worker(world::quick_worker(2))
+            .credential(world::credential(Window::fixed(100, "24h")))
+            .endpoint(world::endpoint())
             .job(
-                Job::videos("two", YT_ENDPOINT, sim)
+                Job::videos("two", world::ENDPOINT, sim)
                     .fan_out("region", ["a"])
                     .pages(1)
                     .sink(Sink::jsonl("data/{job}.jsonl").records("/items")),
@@ -186,7 +187,7 @@ async fn a_spend_that_fails_inside_the_claim_ends_the_task_and_sends_nothing() {
     let plan = &p
         .limiter
         .quotas()
-        .endpoint(YT_ENDPOINT)
+        .endpoint(world::ENDPOINT)
         .expect("endpoint")
         .plan;
     let fixed = plan.keys[2].clone();
@@ -227,7 +228,7 @@ async fn an_unreadable_checkpoint_ends_the_task_failed_and_sends_nothing() {
     );
     assert_eq!((o.pages, o.units), (0, 0));
     assert!(p.sim_stats().charges.is_empty(), "the upstream saw nothing");
-    let used = p.limiter.peek("yt").await.expect("peek").windows[0].used;
+    let used = p.used(world::CREDENTIAL).await;
     assert_eq!(used, 0, "the claim's spend was given back");
     let kept: String = p.redis.cmd(&["GET", &cursor]);
     assert_eq!(

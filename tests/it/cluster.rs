@@ -27,9 +27,10 @@ use crate::support::keys as support_keys;
 use crate::support::logs::Logs;
 use crate::support::process::{Proc, run_cli};
 use crate::support::upstream::Upstream;
+use crate::support::world;
 use crate::support::{
     ConfigBuilder, Credential, Endpoint, Job, RedisServer, Sink, TestConfig, Window, Worker,
-    daemon, machine, wait_until,
+    machine, wait_until,
 };
 
 /// `n` credentials `c00`, `c01`, ... with one sliding window of `limit` units
@@ -928,13 +929,13 @@ fn readyz_goes_unready_when_the_quota_cluster_stops_and_ready_when_it_is_back() 
     let queue = RedisServer::start();
     let port = crate::support::free_port();
     let listen = format!("127.0.0.1:{port}");
-    let cfg = daemon::idle(daemon::yt_key1())
+    let cfg = world::idle(world::credential(Window::sliding(9500, "24h")))
         .redis_url(&queue.url())
         .quota_nodes(cluster.urls())
         .redis_timeout("500ms")
         .metrics_listen(&listen)
         .write();
-    let mut d = Proc::daemon("daemon", &cfg, Some(&queue.url()), &[("YT_KEY1", "x")]);
+    let mut d = Proc::daemon("daemon", &cfg, Some(&queue.url()), &[]);
     d.wait_running(Duration::from_secs(30));
     // Polls /readyz until it answers `want`; the last answer.
     let ready_as = |want: u16, within: u64| {

@@ -12,14 +12,14 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use simulator::{CHANNELS, Logged, SimConfig, VIDEOS};
 
-use crate::support::daemon::{self, REGIONS};
+use crate::support::daemon;
 use crate::support::keys;
 use crate::support::machine;
 use crate::support::process::{Proc, run_cli};
-use crate::support::upstream::{SIM_KEY, Upstream};
+use crate::support::upstream::Upstream;
+use crate::support::world::{self, REGIONS, SECRET};
 use crate::support::{
-    ConfigBuilder, Credential, Endpoint, Job, RedisServer, Request, Sink, TestConfig, Window,
-    Worker,
+    ConfigBuilder, Endpoint, Job, RedisServer, Request, Sink, TestConfig, Window, Worker,
 };
 
 /// Units in flight the credential allows.
@@ -35,7 +35,7 @@ fn upstream(hold: Duration) -> Upstream {
             items_per_page: 2,
             ..SimConfig::default()
         }
-        .key(SIM_KEY, 1_000_000, Duration::from_secs(3600))
+        .key(SECRET, 1_000_000, Duration::from_secs(3600))
         .cost(CHANNELS, 2)
         .hold(hold),
     )
@@ -64,13 +64,9 @@ fn config(base: &str, lease: Option<&str>) -> TestConfig {
     }
     ConfigBuilder::new()
         .worker(Worker::default().concurrency(8).recover_after("3s"))
-        .credential(
-            Credential::env("sim", crate::support::upstream::KEY_ENV)
-                .window(Window::sliding(1_000_000, "1h"))
-                .window(inflight),
-        )
-        .endpoint(Endpoint::new("videos", "sim", 1).timeout("10s"))
-        .endpoint(Endpoint::new("channels", "sim", 2).timeout("10s"))
+        .credential(world::credential(world::wide()).window(inflight))
+        .endpoint(Endpoint::new("videos", world::CREDENTIAL, 1).timeout("10s"))
+        .endpoint(Endpoint::new("channels", world::CREDENTIAL, 2).timeout("10s"))
         .job(job("trending", "videos", base, VIDEOS, &REGIONS))
         .job(job("chans", "channels", base, CHANNELS, &REGIONS))
         .write()
@@ -160,7 +156,7 @@ fn three_daemons_never_have_more_in_flight_than_the_window_allows() {
     // Every request's lease was returned by its settle (a lease left to
     // lapse would still be held: it lasts 15 s).
     let q = cfg.run(
-        &["quota", "sim", "--json"],
+        &["quota", world::CREDENTIAL, "--json"],
         &[("QUOTA_WORKER_REDIS_URL", &redis.url())],
     );
     let w = &crate::support::json(&q)["credentials"][0]["windows"][1];
@@ -171,7 +167,7 @@ fn three_daemons_never_have_more_in_flight_than_the_window_allows() {
     );
 
     let stats = upstream.stats();
-    let k = stats.key(SIM_KEY);
+    let k = stats.key(SECRET);
     assert!(
         k.max_in_flight_units <= CAP,
         "the upstream saw {} units in flight at once (cap {CAP}): {k:?}",
@@ -282,7 +278,7 @@ fn a_killed_daemons_leases_lapse_and_the_others_reach_full_concurrency() {
     first.kill();
     let killed = Utc::now();
     let q = cfg.run(
-        &["quota", "sim", "--json"],
+        &["quota", world::CREDENTIAL, "--json"],
         &[("QUOTA_WORKER_REDIS_URL", &redis.url())],
     );
     let leases = crate::support::json(&q)["credentials"][0]["windows"][1]["leases"].as_u64();
@@ -321,9 +317,9 @@ fn a_killed_daemons_leases_lapse_and_the_others_reach_full_concurrency() {
         "full concurrency again {waited:?} after the kill (lease 3 s)"
     );
     assert!(
-        stats.key(SIM_KEY).max_in_flight_units <= CAP,
+        stats.key(SECRET).max_in_flight_units <= CAP,
         "{:?}",
-        stats.key(SIM_KEY)
+        stats.key(SECRET)
     );
     eprintln!("full concurrency again {waited:?} after the kill (lease 3 s)");
     for d in &mut others {
@@ -366,7 +362,7 @@ fn leases_in_flight_show_in_quota_metrics_and_the_status_page() {
     assert!(full, "{:?}", upstream.in_flight());
 
     let q = cfg.run(
-        &["quota", "sim", "--json"],
+        &["quota", world::CREDENTIAL, "--json"],
         &[("QUOTA_WORKER_REDIS_URL", &redis.url())],
     );
     let w = &crate::support::json(&q)["credentials"][0]["windows"][1];
@@ -378,7 +374,7 @@ fn leases_in_flight_show_in_quota_metrics_and_the_status_page() {
 
     let m = scrape_fresh(port);
     let labels = [
-        ("credential", "sim"),
+        ("credential", world::CREDENTIAL),
         ("scope", "credential"),
         ("window", "4 in flight"),
     ];

@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::support::daemon::{self, JOB, REGIONS};
 use crate::support::process::{Proc, run_cli};
 use crate::support::procfs::{alive, child_pid};
 use crate::support::upstream::Upstream;
+use crate::support::world::{self, JOB, REGIONS};
 use crate::support::{self, Worker};
 
 const PAGES: u32 = 3;
@@ -34,7 +34,7 @@ fn spend(cfg: &support::TestConfig, cost: u64) {
     let (code, out, err) = run_cli(
         cfg,
         None,
-        &["spend", "sim.videos", "--cost", &cost, "--json"],
+        &["spend", world::ENDPOINT, "--cost", &cost, "--json"],
         Duration::from_secs(20),
     );
     assert_eq!(code, Some(0), "spend: {out}\n{err}");
@@ -62,7 +62,7 @@ fn start(label: &str, cfg: &support::TestConfig) -> (Proc, u32) {
 #[test]
 fn embedded_redis_keeps_quota_state_across_daemon_restarts_and_never_outlives_the_daemon() {
     let upstream = Upstream::start(PAGES, 2);
-    let cfg = daemon::config(daemon::job(&upstream.base_url()).pages(PAGES))
+    let cfg = world::config(world::job(&upstream.base_url()).pages(PAGES))
         .state_dir("state")
         .worker(Worker::default().concurrency(8))
         .write();
@@ -150,7 +150,7 @@ fn embedded_redis_keeps_quota_state_across_daemon_restarts_and_never_outlives_th
 
 #[test]
 fn embedded_redis_missing_is_a_clear_error_exit_69() {
-    let cfg = daemon::config(daemon::job("http://127.0.0.1:9"))
+    let cfg = world::config(world::job("http://127.0.0.1:9"))
         .state_dir("state")
         .write();
     let empty = tempfile::tempdir().expect("tempdir");
@@ -175,7 +175,7 @@ fn embedded_redis_missing_is_a_clear_error_exit_69() {
 
 #[test]
 fn a_second_daemon_on_the_same_embedded_redis_is_refused_with_exit_69() {
-    let cfg = daemon::config(daemon::job("http://127.0.0.1:9"))
+    let cfg = world::config(world::job("http://127.0.0.1:9"))
         .state_dir("state")
         .write();
     let (mut first, redis_pid) = start("embedded-1", &cfg);
@@ -211,7 +211,7 @@ fn a_second_daemon_on_the_same_embedded_redis_is_refused_with_exit_69() {
 /// daemon ran on with no Redis at all (feeder: broken pipe, for good).
 #[test]
 fn daemon_restarted_at_once_after_sigkill_gets_a_working_embedded_redis() {
-    let cfg = daemon::config(daemon::job("http://127.0.0.1:9"))
+    let cfg = world::config(world::job("http://127.0.0.1:9"))
         .state_dir("state")
         .write();
     let (mut d, _) = start("embedded-0", &cfg);
@@ -244,7 +244,7 @@ fn daemon_restarted_at_once_after_sigkill_gets_a_working_embedded_redis() {
 /// daemon's own child, on the same AOF: nothing spent is lost.
 #[test]
 fn a_left_over_embedded_redis_is_replaced_not_adopted_and_its_state_kept() {
-    let cfg = daemon::config(daemon::job("http://127.0.0.1:9"))
+    let cfg = world::config(world::job("http://127.0.0.1:9"))
         .state_dir("state")
         .write();
     let dir = cfg.join("state/redis");
@@ -313,7 +313,7 @@ fn a_left_over_embedded_redis_is_replaced_not_adopted_and_its_state_kept() {
 #[test]
 fn embedded_redis_killed_under_the_daemon_is_started_again() {
     let upstream = Upstream::start(PAGES, 2);
-    let cfg = daemon::config(daemon::job(&upstream.base_url()).pages(PAGES))
+    let cfg = world::config(world::job(&upstream.base_url()).pages(PAGES))
         .state_dir("state")
         .worker(Worker::default().concurrency(8))
         .write();
@@ -360,7 +360,7 @@ fn embedded_redis_killed_under_the_daemon_is_started_again() {
 /// link, the target untouched.
 #[test]
 fn issue_22_low_4_a_link_planted_as_owner_pid_is_never_written_through() {
-    let cfg = daemon::config(daemon::job("http://127.0.0.1:9"))
+    let cfg = world::config(world::job("http://127.0.0.1:9"))
         .state_dir("state")
         .write();
     let victim = cfg.join("victim.txt");

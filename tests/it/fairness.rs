@@ -14,8 +14,8 @@ use quota_worker::keys::KeySpace;
 use serde_json::Value;
 use simulator::Simulator;
 
-use crate::support::pipeline::{YT_ENDPOINT, one_page_sim, quick_worker, yt, yt_endpoint};
 use crate::support::process::Proc;
+use crate::support::world;
 use crate::support::{
     ConfigBuilder, Job, RedisServer, Sink, TestConfig, Window, limiter, stderr, stdout, wait_until,
 };
@@ -27,11 +27,11 @@ const ITEMS: [&str; 5] = ["A", "B", "C", "D", "E"];
 fn config(redis: &str, sim: &str) -> TestConfig {
     ConfigBuilder::new()
         .redis_url(redis)
-        .worker(quick_worker(1))
-        .credential(yt(Window::sliding(2, "4s")))
-        .endpoint(yt_endpoint())
+        .worker(world::quick_worker(1))
+        .credential(world::credential(Window::sliding(2, "4s")))
+        .endpoint(world::endpoint())
         .job(
-            Job::videos("rot", YT_ENDPOINT, sim)
+            Job::videos("rot", world::ENDPOINT, sim)
                 .fan_out("region", ITEMS)
                 .sink(Sink::jsonl("data/{job}.jsonl").records("/items")),
         )
@@ -71,7 +71,7 @@ fn expect(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_ticks_that_run_out_part_way_serve_every_item_and_count_starved_ticks() {
     let redis = RedisServer::start();
-    let sim = Simulator::start(one_page_sim(1)).await.expect("simulator");
+    let sim = Simulator::start(world::sim(1, 1)).await.expect("simulator");
     let cfg = config(&redis.url(), &sim.base_url());
     let config = Config::load_with_env(&cfg.path(), &|_| None).expect("config");
     let limiter = limiter(&redis, &config).await;
@@ -100,7 +100,7 @@ async fn five_ticks_that_run_out_part_way_serve_every_item_and_count_starved_tic
         // Each tick starts on an empty window (the last tick's 2 units have
         // slid out of it) and runs it out after two items.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-        while limiter.peek("yt").await.expect("peek").windows[0].used > 0 {
+        while limiter.peek(world::CREDENTIAL).await.expect("peek").windows[0].used > 0 {
             assert!(
                 tokio::time::Instant::now() < deadline,
                 "the window did not empty before tick {n}"

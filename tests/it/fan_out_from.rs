@@ -15,20 +15,19 @@ use toml::Value;
 
 use crate::support::config::NEVER;
 use crate::support::keys::{any_tick, keys};
-use crate::support::pipeline::{
-    Pipeline, YT_ENDPOINT, kinds, one_page_sim, quick_worker, yt, yt_endpoint,
-};
+use crate::support::pipeline::{Pipeline, kinds};
 use crate::support::process::{self, Proc};
 use crate::support::redis_server::redis_conn;
-use crate::support::upstream::{KEY_ENV, SIM_KEY, Upstream};
-use crate::support::{self, ConfigBuilder, Job, RedisServer, Request, Sink, TestConfig, Window};
+use crate::support::upstream::Upstream;
+use crate::support::world::{self, KEY_ENV, SECRET};
+use crate::support::{self, ConfigBuilder, Job, RedisServer, Request, Sink, TestConfig};
 use crate::support::{machine, procfs};
 
 /// A job over the simulator's videos list, records into `sink`. The
 /// simulator pages per `regionCode`, so `scope` (a template) names what each
 /// task's request carried.
 fn job(name: &str, base: &str, scope: &str, sink: Sink) -> Job {
-    Job::new(name, YT_ENDPOINT)
+    Job::new(name, world::ENDPOINT)
         .request(Request::get(&format!("{base}/youtube/v3/videos")).query(&[
             ("chart", "mostPopular"),
             ("regionCode", scope),
@@ -60,9 +59,9 @@ fn text(s: &str) -> Value {
 fn pipeline(jobs: Vec<Job>) -> ConfigBuilder {
     jobs.into_iter().fold(
         ConfigBuilder::new()
-            .worker(quick_worker(4))
-            .credential(yt(Window::sliding(1_000_000, "1h")))
-            .endpoint(yt_endpoint()),
+            .worker(world::quick_worker(4))
+            .credential(world::credential(world::wide()))
+            .endpoint(world::endpoint()),
         ConfigBuilder::job,
     )
 }
@@ -136,7 +135,7 @@ async fn csv_items_fan_out_and_edits_apply_at_the_next_tick() {
     let csv = dir.path().join("channels.csv");
     write(&csv, "channel,region\nUC1,US\nUC2,GB\n");
     let csv_path = csv.display().to_string();
-    let mut p = Pipeline::start(one_page_sim(5), |base| {
+    let mut p = Pipeline::start(world::sim(1, 5), |base| {
         pipeline(vec![
             job("csv", base, "{channel}-{region}-{lang}", jsonl())
                 .schedule("*/2 * * * * *")
@@ -210,7 +209,7 @@ async fn rows_differing_in_one_column_are_different_items() {
         "channel,region\nUC1,US\nUC1,GB\n\"x,region=y\",z\nx,\"y,region=z\"\n",
     );
     let csv_path = csv.display().to_string();
-    let mut p = Pipeline::start(one_page_sim(5), |base| {
+    let mut p = Pipeline::start(world::sim(1, 5), |base| {
         pipeline(vec![
             job("rows", base, "{channel}/{region}", jsonl())
                 .set("fan_out_from", from(&[("csv", text(&csv_path))])),
@@ -251,7 +250,7 @@ FROM "channels" ORDER BY channel
         ("query", text(query)),
         ("columns", Value::Array(vec![text("channel")])),
     ]);
-    let mut p = Pipeline::start(one_page_sim(5), |base| {
+    let mut p = Pipeline::start(world::sim(1, 5), |base| {
         pipeline(vec![
             job(
                 "channels",
@@ -384,7 +383,7 @@ fn check_ok(cfg: &TestConfig, redis: &RedisServer) -> String {
 fn check(cfg: &TestConfig, redis: &RedisServer) -> std::process::Output {
     cfg.run(
         &["check"],
-        &[("QUOTA_WORKER_REDIS_URL", &redis.url()), (KEY_ENV, SIM_KEY)],
+        &[("QUOTA_WORKER_REDIS_URL", &redis.url()), (KEY_ENV, SECRET)],
     )
 }
 
@@ -715,7 +714,7 @@ fn issue_22_4_a_150_mb_csv_cell_is_refused_naming_its_line_in_bounded_memory() {
     let env = [
         ("RUST_LOG", "warn"),
         ("QUOTA_WORKER_REDIS_URL", url.as_str()),
-        (KEY_ENV, SIM_KEY),
+        (KEY_ENV, SECRET),
     ];
     let refused = "line 3: column channel: longer than 1024 bytes";
     let run = |args: &[&str]| {

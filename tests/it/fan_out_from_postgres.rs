@@ -15,7 +15,8 @@ use toml::Value;
 use crate::support::postgres::Postgres;
 use crate::support::process::{Proc, run_cli};
 use crate::support::upstream::Upstream;
-use crate::support::{Job, RedisServer, Sink, TestConfig, daemon};
+use crate::support::world;
+use crate::support::{Job, RedisServer, Sink, TestConfig};
 
 const ROLE: &str = "ingest";
 const PASSWORD: &str = "pg-Pw-fan-0ut";
@@ -39,7 +40,7 @@ fn from_postgres(pg: &Postgres, query: &str) -> Value {
 /// reads from it, each asking the simulator for that id's videos.
 fn config(pg: &Postgres, upstream: &Upstream, query: &str) -> TestConfig {
     let base = upstream.base_url();
-    let parent = Job::videos("repos", "sim.videos", &base)
+    let parent = Job::videos("repos", world::ENDPOINT, &base)
         .fan_out("region", ["US"])
         .pages(1)
         .sink(
@@ -48,10 +49,10 @@ fn config(pg: &Postgres, upstream: &Upstream, query: &str) -> TestConfig {
                 .records("/items")
                 .key("/id"),
         );
-    let child = Job::videos("issues", "sim.videos", &base)
+    let child = Job::videos("issues", world::ENDPOINT, &base)
         .pages(1)
         .set("fan_out_from", from_postgres(pg, query));
-    let cfg = daemon::config(parent).job(child).write();
+    let cfg = world::config(parent).job(child).write();
     std::fs::create_dir_all(cfg.join("secrets")).expect("mkdir");
     std::fs::write(cfg.join("secrets/pg"), PASSWORD).expect("password");
     cfg

@@ -12,10 +12,11 @@ use quota_worker::queue::{Chunk, FAN_OUT_CHUNK, Origin, TickFanOut};
 
 use crate::support::keys::{any_tick, keys};
 use crate::support::machine;
-use crate::support::pipeline::{Pipeline, YT_ENDPOINT, kinds, one_page_sim, yt, yt_endpoint};
+use crate::support::pipeline::{Pipeline, kinds};
 use crate::support::process::{Proc, run_cli};
 use crate::support::redis_server::redis_conn;
-use crate::support::{self, ConfigBuilder, Job, RedisServer, Request, Sink, Window, Worker};
+use crate::support::world;
+use crate::support::{self, ConfigBuilder, Job, RedisServer, Request, Sink, Worker};
 
 /// Rows × langs: 200,000 tasks (max_items is 100,000 by default).
 const ROWS: usize = 100_000;
@@ -26,10 +27,10 @@ fn big_config() -> ConfigBuilder {
     let mut from = toml::map::Map::new();
     from.insert("csv".into(), toml::Value::String("rows.csv".into()));
     ConfigBuilder::new()
-        .credential(yt(Window::sliding(1_000_000, "1h")))
-        .endpoint(yt_endpoint())
+        .credential(world::credential(world::wide()))
+        .endpoint(world::endpoint())
         .job(
-            Job::new("big", YT_ENDPOINT)
+            Job::new("big", world::ENDPOINT)
                 .request(
                     Request::get("http://127.0.0.1:9/videos")
                         .query(&[("id", "{channel}"), ("hl", "{lang}")]),
@@ -195,13 +196,13 @@ fn a_large_trigger_killed_part_way_is_resumed_by_running_it_again() {
 async fn a_daemon_finishes_a_tick_whose_enqueuer_died() {
     const N: usize = 2_000;
     let regions: Vec<String> = (0..N).map(|i| format!("r{i:04}")).collect();
-    let mut p = Pipeline::start(one_page_sim(1), |base| {
+    let mut p = Pipeline::start(world::sim(1, 1), |base| {
         ConfigBuilder::new()
             .worker(Worker::default().concurrency(16).poll_interval("10ms"))
-            .credential(yt(Window::sliding(1_000_000, "1h")))
-            .endpoint(yt_endpoint())
+            .credential(world::credential(world::wide()))
+            .endpoint(world::endpoint())
             .job(
-                Job::videos("big", YT_ENDPOINT, base)
+                Job::videos("big", world::ENDPOINT, base)
                     .fan_out("region", regions)
                     .sink(Sink::jsonl("data/{job}.jsonl").records("/items")),
             )

@@ -14,7 +14,7 @@ use crate::support::hostile::Hostile;
 use crate::support::http::http_get;
 use crate::support::process::{Proc, run_cli};
 use crate::support::procfs;
-use crate::support::upstream::KEY_ENV;
+use crate::support::world::KEY_ENV;
 use crate::support::{self, RedisServer, TestConfig, wait_until};
 
 /// The credentials' secret. `/` and `+` make its percent-encoded spelling

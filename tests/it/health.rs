@@ -5,14 +5,14 @@
 
 use std::time::{Duration, Instant};
 
-use crate::support::daemon;
 use crate::support::http::{self, http_get};
 use crate::support::machine;
 use crate::support::process::Proc;
-use crate::support::{RedisServer, TestConfig, Worker, free_port, wait_until};
+use crate::support::world;
+use crate::support::{RedisServer, TestConfig, Window, Worker, free_port, wait_until};
 
 fn config() -> TestConfig {
-    daemon::idle(daemon::yt_key1())
+    world::idle(world::credential(Window::sliding(9500, "24h")))
         .redis_timeout("500ms")
         .worker(Worker::default().concurrency(2).shutdown_timeout("2s"))
         .metrics_listen("127.0.0.1:9464")
@@ -29,7 +29,6 @@ fn start(cfg: &TestConfig, redis: &RedisServer, port: u16) -> Proc {
         &[
             ("QUOTA_WORKER_REDIS_URL", url.as_str()),
             ("QUOTA_WORKER_METRICS_LISTEN", listen.as_str()),
-            ("YT_KEY1", "not-a-real-key"),
         ],
     )
 }

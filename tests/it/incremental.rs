@@ -14,11 +14,11 @@ use simulator::{Fault, Logged, SimStyle};
 
 use crate::support::pipeline::Pipeline;
 use crate::support::process::{Proc, run_cli};
-use crate::support::styles::{self, API_KEY_ENV, GITHUB, NUMERIC, Style, config, job, sim, wide};
+use crate::support::styles::{self, GITHUB, NUMERIC, Style, config, job, sim};
 use crate::support::upstream::Upstream;
+use crate::support::world;
 use crate::support::{Endpoint, Job, RedisServer, Window, wait_until};
 
-const KEY: &str = "sim-key";
 const WAIT: Duration = Duration::from_secs(30);
 /// `{since}` and `{since_epoch}` in the query, as GitHub's `since` and a
 /// second parameter to compare it with.
@@ -34,7 +34,10 @@ async fn start(
     endpoint: impl FnOnce(Endpoint) -> Endpoint,
     job: impl FnOnce(&str) -> Job,
 ) -> Pipeline {
-    styles::pipeline(style, pages, KEY, window, endpoint, |base| vec![job(base)]).await
+    styles::pipeline(style, pages, world::SECRET, window, endpoint, |base| {
+        vec![job(base)]
+    })
+    .await
 }
 
 /// The `{since}` every request of `requests` sent (one value, checked
@@ -83,7 +86,7 @@ async fn since_is_the_start_of_the_items_last_done_run() {
     let mut p = start(
         &GITHUB,
         3,
-        wide(),
+        world::wide(),
         |e| e,
         |base| job("issues", &GITHUB, base, &["o/a"], SINCE, 10),
     )
@@ -201,7 +204,7 @@ async fn quota_reasons_match_an_error_message() {
         ),
         ("Resource not accessible by integration", false),
     ] {
-        let mut p = start(&GITHUB, 1, wide(), reasons, issues).await;
+        let mut p = start(&GITHUB, 1, world::wide(), reasons, issues).await;
         p.sim.inject(
             Fault::Message {
                 status: 403,
@@ -212,7 +215,7 @@ async fn quota_reasons_match_an_error_message() {
         let tick = p.trigger("issues").await;
         let evs = p.wait_tick("issues", tick, 1, WAIT).await;
         let o = &evs[0].ev.outcome;
-        let blocked = p.peek("api").await.blocked_for;
+        let blocked = p.peek(world::CREDENTIAL).await.blocked_for;
         if throttled {
             assert_eq!(o.kind, OutcomeKind::UpstreamThrottled, "{o:?}");
             assert!(o.detail.contains("(rate limit exceeded)"), "{o:?}");
@@ -233,19 +236,19 @@ async fn quota_reasons_match_an_error_message() {
 /// them all again.
 #[test]
 fn a_304_is_done_writes_nothing_and_costs_not_modified_cost() {
-    let mut sim_config = sim(SimStyle::Link, 3, KEY);
+    let mut sim_config = sim(SimStyle::Link, 3, world::SECRET);
     sim_config.etag = true;
     let upstream = Upstream::with(sim_config);
     let redis = RedisServer::start();
     let conditional = |e: Endpoint| e.set("conditional", true).set("not_modified_cost", 0);
     let issues = job("issues", &GITHUB, &upstream.base_url(), &["o/a"], &[], 10);
-    let cfg = config(KEY, wide(), conditional, [issues])
+    let cfg = config(world::SECRET, world::wide(), conditional, [issues])
         .redis_url(&redis.url())
         .write();
     let port = crate::support::redis_server::free_port();
     let listen = format!("127.0.0.1:{port}");
     let env = [
-        (API_KEY_ENV, KEY),
+        (world::KEY_ENV, world::SECRET),
         ("QUOTA_WORKER_METRICS_LISTEN", listen.as_str()),
     ];
     let mut daemon = Proc::daemon("daemon", &cfg, None, &env);
@@ -256,7 +259,7 @@ fn a_304_is_done_writes_nothing_and_costs_not_modified_cost() {
         assert_eq!(code, Some(0), "{what}: {out}\n{err}");
     };
     let used = || {
-        let (code, out, err) = cli(&["quota", "api", "--json"]);
+        let (code, out, err) = cli(&["quota", world::CREDENTIAL, "--json"]);
         assert_eq!(code, Some(0), "{out}\n{err}");
         let v: serde_json::Value = serde_json::from_str(&out).expect("quota --json");
         v["credentials"][0]["windows"][0]["used"]
@@ -301,7 +304,7 @@ fn a_304_is_done_writes_nothing_and_costs_not_modified_cost() {
     // spent (4, at the configured cost) less what settles gave back (1).
     let m = crate::support::http::scrape_fresh(port);
     let of = |name: &str, extra: &[(&str, &str)]| {
-        let mut want = vec![("endpoint", styles::ENDPOINT)];
+        let mut want = vec![("endpoint", world::ENDPOINT)];
         want.extend_from_slice(extra);
         m.sum(name, &want)
     };

@@ -10,10 +10,10 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use crate::support::daemon::{self, JOB};
 use crate::support::http;
 use crate::support::process::{Proc, run_cli};
 use crate::support::upstream::Upstream;
+use crate::support::world::{self, JOB};
 use crate::support::{RedisServer, free_port, wait_until};
 
 /// The case: idle clients, a few more than the daemon's soft limit.
@@ -139,10 +139,10 @@ fn idle_listener_connections_cannot_starve_the_daemon_of_descriptors() {
     let listen = format!("127.0.0.1:{port}");
     // One attempt: a task that cannot open its socket fails at once rather
     // than retrying (the failure, quickly).
-    let job = daemon::job(&upstream.base_url())
+    let job = world::job(&upstream.base_url())
         .pages(1)
         .retry(1, None, None);
-    let cfg = daemon::config(job).write();
+    let cfg = world::config(job).write();
     let mut d = Proc::daemon(
         "daemon",
         &cfg,

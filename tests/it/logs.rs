@@ -10,12 +10,10 @@ use std::time::Duration;
 use serde_json::Value;
 use simulator::SimConfig;
 
-use crate::support::daemon;
 use crate::support::process::Proc;
 use crate::support::upstream::Upstream;
-use crate::support::{
-    ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window, Worker,
-};
+use crate::support::world;
+use crate::support::{ConfigBuilder, RedisServer, TestConfig, Window, Worker};
 
 const KEY: &str = "logs-sim-key";
 
@@ -24,11 +22,11 @@ const KEY: &str = "logs-sim-key";
 fn config(upstream: &str) -> ConfigBuilder {
     ConfigBuilder::new()
         .worker(Worker::default().concurrency(2).shutdown_timeout("2s"))
-        .credential(Credential::env("sim", "SIM_KEY").window(Window::sliding(2, "1h")))
-        .endpoint(Endpoint::new("sim.videos", "sim", 1))
-        .job(daemon::videos_job(
+        .credential(world::credential(Window::sliding(2, "1h")).secret(KEY))
+        .endpoint(world::endpoint())
+        .job(world::videos_job(
             "trending",
-            "sim.videos",
+            world::ENDPOINT,
             upstream,
             &["US"],
             3,
@@ -57,7 +55,7 @@ fn run(
     let url = redis.url();
     let env = [
         ("QUOTA_WORKER_REDIS_URL", url.as_str()),
-        ("SIM_KEY", KEY),
+        (world::KEY_ENV, KEY),
         ("RUST_LOG", rust_log),
     ];
     let mut full: Vec<&str> = args.to_vec();
@@ -194,7 +192,7 @@ fn json_logs_stay_json_when_the_daemon_cannot_start() {
         &[
             ("QUOTA_WORKER_REDIS_URL", url.as_str()),
             ("QUOTA_WORKER_METRICS_LISTEN", listen.as_str()),
-            ("SIM_KEY", KEY),
+            (world::KEY_ENV, KEY),
         ],
     );
     let status = d.wait_exit(Duration::from_secs(30)).expect("exits");
@@ -290,7 +288,7 @@ fn control_characters_from_the_upstream_are_escaped_in_text_logs() {
     let url = redis.url();
     let env = [
         ("QUOTA_WORKER_REDIS_URL", url.as_str()),
-        ("SIM_KEY", KEY),
+        (world::KEY_ENV, KEY),
         ("RUST_LOG", "info"),
     ];
     let mut d = Proc::start("daemon", &cfg, &["run"], &env);

@@ -5,11 +5,11 @@
 use std::time::Duration;
 
 use crate::support::config::ConfigBuilder;
-use crate::support::daemon;
 use crate::support::keys::{any_tick, keys};
 use crate::support::process::{Proc, run_cli};
 use crate::support::redis_server::redis_conn;
 use crate::support::upstream::Upstream;
+use crate::support::world;
 use crate::support::{RedisServer, wait_until};
 
 /// Ticks of `job` claimed in Redis (one key per tick).
@@ -36,11 +36,11 @@ fn a_manual_job_never_fires_by_itself_and_trigger_runs_it() {
     let upstream = Upstream::start(1, 2);
     let base = upstream.base_url();
     let cfg = ConfigBuilder::new()
-        .credential(daemon::credential())
-        .endpoint(daemon::endpoint())
-        .job(daemon::videos_job("every", "sim.videos", &base, &["US"], 1).schedule("* * * * * *"))
+        .credential(world::credential(world::wide()))
+        .endpoint(world::endpoint())
+        .job(world::videos_job("every", world::ENDPOINT, &base, &["US"], 1).schedule("* * * * * *"))
         .job(
-            daemon::videos_job("backfill", "sim.videos", &base, &["GB", "DE"], 1)
+            world::videos_job("backfill", world::ENDPOINT, &base, &["GB", "DE"], 1)
                 .schedule("manual"),
         )
         .write();

@@ -10,11 +10,11 @@ use std::time::{Duration, Instant};
 
 use simulator::SimConfig;
 
-use crate::support::daemon;
 use crate::support::http::{self, Metrics, scrape, scrape_fresh};
 use crate::support::process::Proc;
 use crate::support::redis_server::free_port_except;
 use crate::support::upstream::{Blackhole, Upstream};
+use crate::support::world;
 use crate::support::{
     self, ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window, Worker, free_port,
     wait_until,
@@ -35,15 +35,15 @@ const TERMINAL: [&str; 5] = [
 ];
 
 fn config(upstream: &str, blackhole: &str) -> TestConfig {
-    let job = daemon::videos_job;
+    let job = world::videos_job;
     ConfigBuilder::new()
         .worker(Worker::default().concurrency(8).shutdown_timeout("1s"))
         .metrics_listen("127.0.0.1:9464")
-        .credential(Credential::env("sim", "SIM_KEY").window(Window::sliding(UNITS, "1h")))
-        .credential(Credential::env("slow", "SIM_KEY").window(Window::sliding(1000, "1h")))
-        .endpoint(Endpoint::new("sim.videos", "sim", 1))
+        .credential(world::credential(Window::sliding(UNITS, "1h")).secret(KEY))
+        .credential(Credential::env("slow", world::KEY_ENV).window(Window::sliding(1000, "1h")))
+        .endpoint(world::endpoint())
         .endpoint(Endpoint::new("slow.videos", "slow", 1).timeout("120s"))
-        .job(job("trending", "sim.videos", upstream, &REGIONS, PAGES))
+        .job(job("trending", world::ENDPOINT, upstream, &REGIONS, PAGES))
         .job(job("stalled", "slow.videos", blackhole, &["XX", "YY"], 1))
         .write()
 }
@@ -83,7 +83,7 @@ fn metrics_match_what_the_upstream_saw_and_are_consistent_across_daemons() {
                 &[
                     ("QUOTA_WORKER_REDIS_URL", url.as_str()),
                     ("QUOTA_WORKER_METRICS_LISTEN", listen.as_str()),
-                    ("SIM_KEY", KEY),
+                    (world::KEY_ENV, KEY),
                 ],
             )
         })
@@ -98,7 +98,7 @@ fn metrics_match_what_the_upstream_saw_and_are_consistent_across_daemons() {
     assert_eq!(
         before.one(
             "qw_window_used_units",
-            &[("credential", "sim"), ("scope", "credential")]
+            &[("credential", world::CREDENTIAL), ("scope", "credential")]
         ),
         0.0
     );
@@ -106,7 +106,7 @@ fn metrics_match_what_the_upstream_saw_and_are_consistent_across_daemons() {
         before.one(
             "qw_window_limit_units",
             &[
-                ("credential", "sim"),
+                ("credential", world::CREDENTIAL),
                 ("scope", "credential"),
                 ("window", "10/1h")
             ]
@@ -175,7 +175,7 @@ fn metrics_match_what_the_upstream_saw_and_are_consistent_across_daemons() {
 
     let sim = upstream.stats();
     let key = sim.key(KEY);
-    let quota = support::json(&cfg.run_on(&redis, &["quota", "sim", "--json"]));
+    let quota = support::json(&cfg.run_on(&redis, &["quota", world::CREDENTIAL, "--json"]));
     let m: Vec<Metrics> = ports.iter().map(|p| scrape_fresh(*p)).collect();
     let sum =
         |name: &str, want: &[(&str, &str)]| -> f64 { m.iter().map(|m| m.sum(name, want)).sum() };
@@ -188,20 +188,26 @@ fn metrics_match_what_the_upstream_saw_and_are_consistent_across_daemons() {
     assert_eq!(
         sum(
             "qw_upstream_responses_total",
-            &[("endpoint", "sim.videos"), ("status", "200")]
+            &[("endpoint", world::ENDPOINT), ("status", "200")]
         ),
         key.ok as f64,
         "2xx responses counted = 2xx the upstream sent"
     );
     assert_eq!(
-        sum("qw_upstream_responses_total", &[("endpoint", "sim.videos")]),
+        sum(
+            "qw_upstream_responses_total",
+            &[("endpoint", world::ENDPOINT)]
+        ),
         key.ok as f64,
         "no other statuses were seen"
     );
     assert_eq!(
         sum(
             "qw_units_spent_total",
-            &[("credential", "sim"), ("endpoint", "sim.videos")]
+            &[
+                ("credential", world::CREDENTIAL),
+                ("endpoint", world::ENDPOINT)
+            ]
         ),
         key.units as f64,
         "units spent = units the upstream charged"
@@ -210,8 +216,8 @@ fn metrics_match_what_the_upstream_saw_and_are_consistent_across_daemons() {
         sum(
             "qw_spends_total",
             &[
-                ("credential", "sim"),
-                ("endpoint", "sim.videos"),
+                ("credential", world::CREDENTIAL),
+                ("endpoint", world::ENDPOINT),
                 ("result", "allowed")
             ]
         ),
@@ -240,7 +246,7 @@ fn metrics_match_what_the_upstream_saw_and_are_consistent_across_daemons() {
     assert_eq!(
         sum(
             "qw_spends_total",
-            &[("endpoint", "sim.videos"), ("result", "rejected")]
+            &[("endpoint", world::ENDPOINT), ("result", "rejected")]
         ),
         exhausted
     );
@@ -251,13 +257,13 @@ fn metrics_match_what_the_upstream_saw_and_are_consistent_across_daemons() {
         m.iter().any(|mm| !mm
             .select(
                 "qw_spend_duration_seconds_bucket",
-                &[("endpoint", "sim.videos")]
+                &[("endpoint", world::ENDPOINT)]
             )
             .is_empty()),
         "the spend latency histogram has buckets"
     );
     for mm in &m {
-        for ep in ["sim.videos", "slow.videos"] {
+        for ep in [world::ENDPOINT, "slow.videos"] {
             let made = mm.sum("qw_spends_total", &[("endpoint", ep)]);
             let timed = mm.sum("qw_spend_duration_seconds_count", &[("endpoint", ep)]);
             let inf = mm.sum(
@@ -297,7 +303,7 @@ fn metrics_match_what_the_upstream_saw_and_are_consistent_across_daemons() {
     let remaining = window["remaining"].as_f64().expect("remaining");
     assert_eq!(used, UNITS as f64);
     let labels = [
-        ("credential", "sim"),
+        ("credential", world::CREDENTIAL),
         ("scope", "credential"),
         ("window", "10/1h"),
     ];
@@ -317,7 +323,10 @@ fn metrics_match_what_the_upstream_saw_and_are_consistent_across_daemons() {
             "frees in {frees} s, quota says {want} s"
         );
         assert_eq!(
-            mm.one("qw_credential_blocked_seconds", &[("credential", "sim")]),
+            mm.one(
+                "qw_credential_blocked_seconds",
+                &[("credential", world::CREDENTIAL)]
+            ),
             0.0
         );
         // The stalled job's credential: 2 units spent, 2 tasks in flight.
@@ -340,7 +349,7 @@ fn metrics_match_what_the_upstream_saw_and_are_consistent_across_daemons() {
     eprintln!(
         "units spent per daemon: {:?}; upstream charged {}",
         m.iter()
-            .map(|mm| mm.sum("qw_units_spent_total", &[("credential", "sim")]))
+            .map(|mm| mm.sum("qw_units_spent_total", &[("credential", world::CREDENTIAL)]))
             .collect::<Vec<_>>(),
         key.units
     );
@@ -431,7 +440,7 @@ impl Drop for PeekCounter {
 fn concurrent_scrapes_read_each_credential_at_most_once_a_second() {
     let redis = RedisServer::start();
     let creds = ["a", "b", "c"];
-    let mut builder = ConfigBuilder::new().job(daemon::videos_job(
+    let mut builder = ConfigBuilder::new().job(world::videos_job(
         "idle",
         "a.videos",
         "http://127.0.0.1:9",
@@ -440,7 +449,7 @@ fn concurrent_scrapes_read_each_credential_at_most_once_a_second() {
     ));
     for c in creds {
         builder = builder
-            .credential(Credential::env(c, "SIM_KEY").window(Window::sliding(100, "1h")))
+            .credential(Credential::env(c, world::KEY_ENV).window(Window::sliding(100, "1h")))
             .endpoint(Endpoint::new(&format!("{c}.videos"), c, 1));
     }
     let cfg = builder.write();
@@ -454,7 +463,7 @@ fn concurrent_scrapes_read_each_credential_at_most_once_a_second() {
         &[
             ("QUOTA_WORKER_REDIS_URL", url.as_str()),
             ("QUOTA_WORKER_METRICS_LISTEN", listen.as_str()),
-            ("SIM_KEY", KEY),
+            (world::KEY_ENV, KEY),
         ],
     );
     assert!(http::wait_http(port, Duration::from_secs(20)), "metrics");
@@ -522,9 +531,9 @@ fn concurrent_scrapes_read_each_credential_at_most_once_a_second() {
 fn metrics_listening_beyond_loopback_is_warned_about() {
     let cfg = ConfigBuilder::new()
         .metrics_listen("0.0.0.0:9464")
-        .credential(Credential::env("a", "SIM_KEY").window(Window::sliding(100, "1h")))
+        .credential(Credential::env("a", world::KEY_ENV).window(Window::sliding(100, "1h")))
         .endpoint(Endpoint::new("a.videos", "a", 1))
-        .job(daemon::videos_job(
+        .job(world::videos_job(
             "idle",
             "a.videos",
             "http://127.0.0.1:9",
@@ -532,7 +541,7 @@ fn metrics_listening_beyond_loopback_is_warned_about() {
             1,
         ))
         .write();
-    let out = cfg.run(&["check"], &[("SIM_KEY", KEY)]);
+    let out = cfg.run(&["check"], &[(world::KEY_ENV, KEY)]);
     let text = support::stdout(&out);
     assert_eq!(out.status.code(), Some(0), "{text}");
     assert!(
@@ -553,7 +562,7 @@ fn metrics_listening_beyond_loopback_is_warned_about() {
         &[
             ("QUOTA_WORKER_REDIS_URL", "redis://127.0.0.1:9/0"),
             ("QUOTA_WORKER_METRICS_LISTEN", listen.as_str()),
-            ("SIM_KEY", KEY),
+            (world::KEY_ENV, KEY),
         ],
     );
     let status = d.wait_exit(Duration::from_secs(15));

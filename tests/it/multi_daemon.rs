@@ -6,11 +6,12 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use crate::support::daemon::{self, JOB, REGIONS, sink_records, tick_claims, wait_ticks_ended};
+use crate::support::daemon::{self, sink_records, tick_claims, wait_ticks_ended};
 use crate::support::machine;
 use crate::support::process::Proc;
 use crate::support::redis_server::redis_conn;
 use crate::support::upstream::{Upstream, page_counts};
+use crate::support::world::{self, JOB, REGIONS};
 use crate::support::{RedisServer, Worker};
 
 const PAGES: u32 = 3;
@@ -26,8 +27,8 @@ fn three_daemons_fan_each_tick_out_once_and_fetch_each_page_once() {
         daemon::start_before_first_tick(TICKS, 2, Duration::from_secs(4), |schedule| {
             let redis = RedisServer::start();
             let upstream = Upstream::start(PAGES, ITEMS_PER_PAGE);
-            let cfg = daemon::config(
-                daemon::job(&upstream.base_url())
+            let cfg = world::config(
+                world::job(&upstream.base_url())
                     .pages(PAGES)
                     .schedule(&schedule),
             )

@@ -8,11 +8,11 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::support::daemon;
 use crate::support::machine;
 use crate::support::notify::NotifySocket;
 use crate::support::process::Proc;
 use crate::support::procfs::{children_named, environ};
+use crate::support::world::{self, CREDENTIAL, ENDPOINT};
 use crate::support::{RedisServer, TestConfig, Window, Worker};
 
 /// WATCHDOG_USEC the tests announce: pings are due every 500 ms.
@@ -21,9 +21,11 @@ const WATCHDOG_USEC: &str = "1000000";
 fn config(redis: Option<&str>, state_dir: &str) -> TestConfig {
     // A job whose schedule never fires while the test runs: the scheduler
     // loop runs (and beats) as in production, nothing is fetched.
-    let mut config = daemon::idle(daemon::yt_key1().window(Window::sliding(600, "1m")))
-        .state_dir(state_dir)
-        .worker(Worker::default().concurrency(8).shutdown_timeout("5s"));
+    let mut config = world::idle(
+        world::credential(Window::sliding(9500, "24h")).window(Window::sliding(600, "1m")),
+    )
+    .state_dir(state_dir)
+    .worker(Worker::default().concurrency(8).shutdown_timeout("5s"));
     if let Some(url) = redis {
         config = config.redis_url(url);
     }
@@ -35,18 +37,17 @@ fn daemon(cfg: &TestConfig, notify: &NotifySocket, extra: &[(&str, &str)]) -> Pr
     let mut env = vec![
         ("NOTIFY_SOCKET", path.to_str().expect("utf-8 path")),
         ("WATCHDOG_USEC", WATCHDOG_USEC),
-        ("YT_KEY1", "not-a-real-key"),
     ];
     env.extend_from_slice(extra);
     Proc::start("daemon", cfg, &["run"], &env)
 }
 
 fn is_status_line(s: &str) -> bool {
-    // "8 workers, 0 in flight, yt-key1 0/9500 units"
+    // "8 workers, 0 in flight, sim 0/9500 units"
     let Some(rest) = s.strip_prefix("8 workers, ") else {
         return false;
     };
-    let Some((in_flight, rest)) = rest.split_once(" in flight, yt-key1 ") else {
+    let Some((in_flight, rest)) = rest.split_once(&format!(" in flight, {CREDENTIAL} ")) else {
         return false;
     };
     let Some(units) = rest.strip_suffix("/9500 units") else {
@@ -75,7 +76,7 @@ fn ready_then_watchdog_then_stopping_in_order_with_status_lines() {
     assert!(
         notify
             .wait_for(
-                "STATUS=8 workers, 0 in flight, yt-key1 0/9500 units",
+                &format!("STATUS=8 workers, 0 in flight, {CREDENTIAL} 0/9500 units"),
                 1,
                 Duration::from_secs(10)
             )
@@ -86,12 +87,12 @@ fn ready_then_watchdog_then_stopping_in_order_with_status_lines() {
 
     // The STATUS line reads the shared windows live: a spend from the CLI
     // shows up in the next one (they are refreshed every 5 s).
-    let spent = cfg.run_on(&redis, &["spend", "youtube.videos.list", "--cost", "412"]);
+    let spent = cfg.run_on(&redis, &["spend", ENDPOINT, "--cost", "412"]);
     assert_eq!(spent.status.code(), Some(0), "{spent:?}");
     assert!(
         notify
             .wait_for(
-                "STATUS=8 workers, 0 in flight, yt-key1 412/9500 units",
+                &format!("STATUS=8 workers, 0 in flight, {CREDENTIAL} 412/9500 units"),
                 1,
                 Duration::from_secs(8)
             )

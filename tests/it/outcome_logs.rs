@@ -9,8 +9,8 @@ use quota_worker::config::Config;
 use serde_json::Value;
 use simulator::{SimConfig, Simulator};
 
-use crate::support::pipeline::{YT_ENDPOINT, quick_worker, yt, yt_endpoint};
 use crate::support::process::Proc;
+use crate::support::world;
 use crate::support::{
     ConfigBuilder, Job, RedisServer, Sink, TestConfig, Window, limiter, stderr, stdout,
 };
@@ -21,11 +21,11 @@ use crate::support::{
 fn config(redis: &str, sim: &str) -> TestConfig {
     ConfigBuilder::new()
         .redis_url(redis)
-        .worker(quick_worker(1))
-        .credential(yt(Window::sliding(4, "1h")))
-        .endpoint(yt_endpoint())
+        .worker(world::quick_worker(1))
+        .credential(world::credential(Window::sliding(4, "1h")))
+        .endpoint(world::endpoint())
         .job(
-            Job::videos("trending", YT_ENDPOINT, sim)
+            Job::videos("trending", world::ENDPOINT, sim)
                 .fan_out("region", ["US", "GB"])
                 .pages(3)
                 .sink(Sink::jsonl("data/{job}.jsonl").records("/items")),
@@ -42,7 +42,7 @@ async fn every_outcome_is_a_structured_event_with_job_item_page_units_retry_afte
             items_per_page: 2,
             ..SimConfig::default()
         }
-        .key("yt-key", 1000, Duration::from_secs(3600)),
+        .key(world::SECRET, 1000, Duration::from_secs(3600)),
     )
     .await
     .expect("simulator");
@@ -67,7 +67,7 @@ async fn every_outcome_is_a_structured_event_with_job_item_page_units_retry_afte
     // What the window says, to check the event against.
     let config = Config::load_with_env(&cfg.path(), &|_| None).expect("config");
     let limiter = limiter(&redis, &config).await;
-    let used = limiter.peek("yt").await.expect("peek").windows[0].used;
+    let used = limiter.peek(world::CREDENTIAL).await.expect("peek").windows[0].used;
     assert_eq!(used, 4);
 
     // SIGTERM by pid: a clean shutdown, exit 0.
@@ -98,7 +98,7 @@ async fn every_outcome_is_a_structured_event_with_job_item_page_units_retry_afte
     assert_eq!(e["job"], "trending", "{e}");
     let item = e["item"].as_str().unwrap_or_default();
     assert!(item == "region=US" || item == "region=GB", "{e}");
-    assert_eq!(e["endpoint"], "youtube.videos.list", "{e}");
+    assert_eq!(e["endpoint"], world::ENDPOINT, "{e}");
     // The other item took three pages, this one one: it stopped at page 2
     // having spent one unit.
     assert_eq!(e["page"], 2, "{e}");
@@ -133,7 +133,7 @@ async fn every_outcome_is_a_structured_event_with_job_item_page_units_retry_afte
     assert!(d.get("retry_after_ms").is_none(), "{d}");
     // No secret anywhere in the log.
     assert!(
-        lines.iter().all(|l| !l.contains("yt-key")),
+        lines.iter().all(|l| !l.contains(world::SECRET)),
         "secret in the log"
     );
     sim.shutdown().await;

@@ -13,11 +13,11 @@ use simulator::{SimStyle, Simulator};
 
 use crate::support::pipeline::{Pipeline, kinds};
 use crate::support::styles::{
-    self, GITHUB, META, NUMERIC, PAGES, RELATIVE, Style, config, job, once_each, sim, wide,
+    self, GITHUB, META, NUMERIC, PAGES, RELATIVE, Style, config, job, once_each, sim,
 };
+use crate::support::world;
 use crate::support::{Job, Window};
 
-const KEY: &str = "sim-key";
 const WAIT: Duration = Duration::from_secs(30);
 
 /// The daemon in-process on `style`'s simulator of `pages` pages, the
@@ -38,7 +38,7 @@ async fn start(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_style_fetches_every_page_exactly_once_per_run() {
     for style in [GITHUB, META, RELATIVE, PAGES, NUMERIC] {
-        let mut p = start(&style, 3, wide(), KEY, |base| {
+        let mut p = start(&style, 3, world::wide(), world::SECRET, |base| {
             vec![job("crawl", &style, base, &["a", "b"], &[], 10)]
         })
         .await;
@@ -82,7 +82,7 @@ async fn every_style_fetches_every_page_exactly_once_per_run() {
 /// page 1 before issue 12), and is sent back as its decimal text.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_numeric_cursor_pages_on() {
-    let mut p = start(&NUMERIC, 4, wide(), KEY, |base| {
+    let mut p = start(&NUMERIC, 4, world::wide(), world::SECRET, |base| {
         vec![job("crawl", &NUMERIC, base, &["a"], &[], 10)]
     })
     .await;
@@ -115,14 +115,14 @@ async fn a_numeric_cursor_pages_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_next_page_on_another_origin_is_never_requested() {
     for style in [GITHUB, META] {
-        let foreign = Simulator::start(sim(style.sim, 3, KEY))
+        let foreign = Simulator::start(sim(style.sim, 3, world::SECRET))
             .await
             .expect("foreign");
-        let mut upstream = sim(style.sim, 3, KEY);
+        let mut upstream = sim(style.sim, 3, world::SECRET);
         upstream.next_origin = Some(foreign.base_url());
         let mut p = Pipeline::start(upstream, |base| {
             let j = job("crawl", &style, base, &["a", "b"], &[], 10);
-            config(KEY, wide(), |e| e, [j])
+            config(world::SECRET, world::wide(), |e| e, [j])
         })
         .await;
         let tick = p.trigger("crawl").await;
@@ -136,7 +136,10 @@ async fn a_next_page_on_another_origin_is_never_requested() {
                 o.detail.contains(&foreign.base_url()),
                 "names the origin: {o:?}"
             );
-            assert!(!o.detail.contains(KEY), "no secret in the detail: {o:?}");
+            assert!(
+                !o.detail.contains(world::SECRET),
+                "no secret in the detail: {o:?}"
+            );
             assert_eq!((o.pages, o.units), (1, 1), "{o:?}");
         }
         assert!(
@@ -146,7 +149,7 @@ async fn a_next_page_on_another_origin_is_never_requested() {
             foreign.stats().requests
         );
         assert_eq!(p.sim_stats().requests.len(), 2, "page 1 of each item only");
-        assert_eq!(p.used("api").await, 2);
+        assert_eq!(p.used(world::CREDENTIAL).await, 2);
         p.stop().await;
         foreign.shutdown().await;
     }
@@ -158,7 +161,7 @@ async fn a_next_page_on_another_origin_is_never_requested() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn continue_crawls_max_pages_deeper_each_run() {
     for style in [GITHUB, NUMERIC, PAGES] {
-        let mut p = start(&style, 5, wide(), KEY, |base| {
+        let mut p = start(&style, 5, world::wide(), world::SECRET, |base| {
             vec![job("crawl", &style, base, &["a"], &[], 2).pagination("continue", true)]
         })
         .await;
@@ -247,20 +250,21 @@ async fn a_meta_next_url_is_stored_without_the_token_and_resumed_with_it() {
 #[test]
 fn a_page_number_run_goes_on_past_pages_a_keyed_sqlite_sink_holds_newer() {
     use crate::support::process::{Proc, run_cli};
+    use crate::support::world;
     use crate::support::{RedisServer, Sink, upstream::Upstream};
     use quota_worker::config::Config;
     use quota_worker::sink::{PageRef, Sinks};
 
     const PAGES_PER_ITEM: u32 = 3;
     let repos = ["a", "b"];
-    let upstream = Upstream::with(sim(SimStyle::PageNumber, PAGES_PER_ITEM, KEY));
+    let upstream = Upstream::with(sim(SimStyle::PageNumber, PAGES_PER_ITEM, world::SECRET));
     let redis = RedisServer::start();
     let crawl = job("crawl", &PAGES, &upstream.base_url(), &repos, &[], 10).sink(
         Sink::sqlite("data/{job}.sqlite")
             .records("/items")
             .key("/id"),
     );
-    let cfg = config(KEY, wide(), |e| e, [crawl]).write();
+    let cfg = config(world::SECRET, world::wide(), |e| e, [crawl]).write();
 
     // Every record the upstream will serve, stored as fetched tomorrow.
     let loaded = Config::load(&cfg.path()).expect("config");
@@ -287,7 +291,7 @@ fn a_page_number_run_goes_on_past_pages_a_keyed_sqlite_sink_holds_newer() {
         }
     }
 
-    let env = [(styles::API_KEY_ENV, KEY)];
+    let env = [(world::KEY_ENV, world::SECRET)];
     let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &env);
     d.wait_running(Duration::from_secs(10));
     let (code, out, err) = run_cli(

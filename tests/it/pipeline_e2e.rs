@@ -11,10 +11,9 @@ use quota_worker::outcome::OutcomeKind;
 use simulator::{SimConfig, VIDEOS};
 
 use crate::support::machine;
-use crate::support::pipeline::{
-    self, Pipeline, YT_ENDPOINT, kinds, quick_worker, sink_ids, yt, yt_endpoint,
-};
+use crate::support::pipeline::{self, Pipeline, kinds, sink_ids};
 use crate::support::upstream::{pages_by_scope, served_ids};
+use crate::support::world;
 use crate::support::{ConfigBuilder, Job, Sink, Window};
 
 const REGIONS: [&str; 8] = ["US", "GB", "DE", "FR", "IN", "BR", "AU", "CA"];
@@ -31,11 +30,11 @@ const ARRIVAL_SLACK: Duration = Duration::from_millis(300);
 /// see 40 units in about 3 s.
 fn config(sim: &str) -> ConfigBuilder {
     ConfigBuilder::new()
-        .worker(quick_worker(4))
-        .credential(yt(Window::sliding(LIMIT, "4s")))
-        .endpoint(yt_endpoint())
+        .worker(world::quick_worker(4))
+        .credential(world::credential(Window::sliding(LIMIT, "4s")))
+        .endpoint(world::endpoint())
         .job(
-            Job::videos("trending", YT_ENDPOINT, sim)
+            Job::videos("trending", world::ENDPOINT, sim)
                 .schedule("*/3 * * * * *")
                 .fan_out("region", REGIONS)
                 .on_quota_exhausted("stop")
@@ -52,7 +51,7 @@ async fn fan_out_runs_out_mid_run_never_overspends_and_resumes_at_the_page() {
         items_per_page: 5,
         ..SimConfig::default()
     }
-    .key("yt-key", LIMIT, PER - ARRIVAL_SLACK);
+    .key(world::SECRET, LIMIT, PER - ARRIVAL_SLACK);
     let mut p = Pipeline::start(sim, config).await;
 
     // Run ticks until some item stopped mid-run (page >= 2) has been resumed
@@ -187,9 +186,9 @@ async fn fan_out_runs_out_mid_run_never_overspends_and_resumes_at_the_page() {
     );
 
     // Never more than the window, in any window, across ticks.
-    let ks = stats.key("yt-key");
+    let ks = stats.key(world::SECRET);
     assert_eq!(ks.quota_errors, 0, "the upstream refused a request: {ks:?}");
-    let max = stats.max_units_in_any_window("yt-key", PER - ARRIVAL_SLACK);
+    let max = stats.max_units_in_any_window(world::SECRET, PER - ARRIVAL_SLACK);
     assert!(
         max <= LIMIT,
         "the upstream saw {max} units in a window of {LIMIT}"

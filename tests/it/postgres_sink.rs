@@ -17,16 +17,13 @@ use crate::support::http::http_get;
 use crate::support::postgres::{Postgres, TlsFiles};
 use crate::support::process::{Proc, run_cli};
 use crate::support::upstream::Upstream;
-use crate::support::{
-    RedisServer, Sink, TestConfig, Worker, daemon, free_port, styles, wait_until,
-};
+use crate::support::world::{self, JOB};
+use crate::support::{RedisServer, Sink, TestConfig, Worker, free_port, styles, wait_until};
 
 /// The role the sinks log in as, and its database.
 const ROLE: &str = "ingest";
 /// Its password: distinctive, so a leak is found by a plain search.
 const PASSWORD: &str = "pg-Pw-7f3c9d1e";
-/// The job of [`daemon::config`].
-const JOB: &str = daemon::JOB;
 /// Regions, pages per run and records per page the simulator serves.
 const REGIONS: [&str; 3] = ["US", "GB", "DE"];
 const PAGES: u32 = 3;
@@ -47,11 +44,11 @@ fn sink(pg: &Postgres) -> Sink {
         .records("/items")
 }
 
-/// [`daemon::config`]'s job on `regions`, `PAGES` pages of `ITEMS` items
+/// [`world::config`]'s job on `regions`, `PAGES` pages of `ITEMS` items
 /// into `sink`, its spool in `state/`, the password file written.
 fn config(upstream: &Upstream, regions: &[&str], sink: Sink) -> TestConfig {
-    let cfg = daemon::config(
-        daemon::job(&upstream.base_url())
+    let cfg = world::config(
+        world::job(&upstream.base_url())
             .fan_out("region", regions.iter().copied())
             .pages(PAGES)
             .sink(sink),
@@ -212,8 +209,8 @@ fn asked(upstream: &Upstream, scope: &str) -> Vec<usize> {
 /// Redis that stops answering (so that a page's checkpoint waits, rather
 /// than fails, while Redis is held).
 fn one_region(upstream: &Upstream, sink: Sink, recover_after: &str) -> TestConfig {
-    let cfg = daemon::config(
-        daemon::job(&upstream.base_url())
+    let cfg = world::config(
+        world::job(&upstream.base_url())
             .fan_out("region", ["US"])
             .pages(PAGES)
             .sink(sink),
@@ -533,8 +530,8 @@ fn the_password_is_in_no_output_log_metric_or_redis_key() {
     let redis = RedisServer::start();
     let upstream = Upstream::start(PAGES, ITEMS);
     let port = free_port();
-    let cfg = daemon::config(
-        daemon::job(&upstream.base_url())
+    let cfg = world::config(
+        world::job(&upstream.base_url())
             .fan_out("region", ["US"])
             .pages(PAGES)
             .sink(sink(&pg).key("/id").search(&["/snippet/title"])),

@@ -11,23 +11,24 @@ use std::time::{Duration, Instant};
 use quota_worker::outcome::OutcomeKind;
 use quota_worker::queue::FEED_CAP;
 
-use crate::support::daemon::{self, tick_claims, wait_ticks_ended};
+use crate::support::daemon::{tick_claims, wait_ticks_ended};
 use crate::support::machine;
-use crate::support::pipeline::{Pipeline, YT_ENDPOINT, kinds, one_page_sim, yt, yt_endpoint};
+use crate::support::pipeline::{Pipeline, kinds};
 use crate::support::process::{Proc, run_cli};
 use crate::support::redis_server::redis_conn;
 use crate::support::upstream::Upstream;
-use crate::support::{ConfigBuilder, Job, RedisServer, Sink, Window, Worker};
+use crate::support::world;
+use crate::support::{ConfigBuilder, Job, RedisServer, Sink, Worker};
 
 /// The job `name` over `regions`, one page of one record each, all into one
 /// file; a window with room for everything.
 fn config(sim: &str, worker: Worker, name: &str, regions: Vec<String>) -> ConfigBuilder {
     ConfigBuilder::new()
         .worker(worker)
-        .credential(yt(Window::sliding(1_000_000, "1h")))
-        .endpoint(yt_endpoint())
+        .credential(world::credential(world::wide()))
+        .endpoint(world::endpoint())
         .job(
-            Job::videos(name, YT_ENDPOINT, sim)
+            Job::videos(name, world::ENDPOINT, sim)
                 .fan_out("region", regions)
                 .sink(Sink::jsonl("data/{job}.jsonl").records("/items")),
         )
@@ -41,7 +42,7 @@ fn config(sim: &str, worker: Worker, name: &str, regions: Vec<String>) -> Config
 async fn apalis_pitfall_1_idle_pickup_latency() {
     let _machine = machine::timing();
     // The defaults: no poll_interval, recover_after (heartbeats) set.
-    let mut p = Pipeline::start(one_page_sim(1), |sim| {
+    let mut p = Pipeline::start(world::sim(1, 1), |sim| {
         config(
             sim,
             Worker::default().concurrency(2),
@@ -81,7 +82,7 @@ async fn apalis_pitfall_4_ten_thousand_item_fan_out_drains() {
     let _machine = machine::heavy();
     const N: usize = 10_000;
     let regions: Vec<String> = (0..N).map(|i| format!("r{i:05}")).collect();
-    let mut p = Pipeline::start(one_page_sim(1), |sim| {
+    let mut p = Pipeline::start(world::sim(1, 1), |sim| {
         config(
             sim,
             Worker::default()
@@ -241,7 +242,7 @@ fn two_idle_daemons_wait_on_redis_instead_of_polling_it() {
     let _machine = machine::timing();
     let redis = RedisServer::start();
     let upstream = Upstream::start(1, 1);
-    let cfg = daemon::config(daemon::job(&upstream.base_url()).pages(1))
+    let cfg = world::config(world::job(&upstream.base_url()).pages(1))
         .worker(Worker::default().concurrency(8))
         .write();
     let mut daemons: Vec<Proc> = ["idle-a", "idle-b"]
@@ -279,7 +280,7 @@ fn two_idle_daemons_wait_on_redis_instead_of_polling_it() {
     let (code, out, err) = run_cli(
         &cfg,
         Some(&redis.url()),
-        &["trigger", daemon::JOB],
+        &["trigger", world::JOB],
         Duration::from_secs(20),
     );
     assert_eq!(code, Some(0), "trigger: {out}\n{err}");
@@ -287,7 +288,7 @@ fn two_idle_daemons_wait_on_redis_instead_of_polling_it() {
         .into_keys()
         .max()
         .expect("the tick's claim");
-    let regions = daemon::REGIONS.len() as i64;
+    let regions = world::REGIONS.len() as i64;
     let (ok, outcomes) = wait_ticks_ended(&mut conn, &[tick], regions, Duration::from_secs(20));
     assert!(ok, "the tick's tasks did not end: {outcomes:?}");
     let picked = t0.elapsed();

@@ -13,7 +13,8 @@ use simulator::{Fault, SimConfig};
 
 use crate::support::keys::{self, apalis};
 use crate::support::machine;
-use crate::support::pipeline::{Pipeline, YT_ENDPOINT, YT_KEY, kinds, yt, yt_endpoint};
+use crate::support::pipeline::{Pipeline, kinds};
+use crate::support::world;
 use crate::support::{self, ConfigBuilder, Job, Sink, Window, Worker};
 
 /// Every task's metadata hash in apalis.
@@ -28,14 +29,14 @@ async fn start(worker: Worker, regions: &[&str]) -> Pipeline {
         items_per_page: 2,
         ..SimConfig::default()
     }
-    .key(YT_KEY, 100_000, Duration::from_secs(3600));
+    .key(world::SECRET, 100_000, Duration::from_secs(3600));
     Pipeline::start(sim, |sim| {
         ConfigBuilder::new()
             .worker(worker)
-            .credential(yt(Window::sliding(100_000, "1h")))
-            .endpoint(yt_endpoint().timeout("20s"))
+            .credential(world::credential(Window::sliding(100_000, "1h")))
+            .endpoint(world::endpoint().timeout("20s"))
             .job(
-                Job::videos("j", YT_ENDPOINT, sim)
+                Job::videos("j", world::ENDPOINT, sim)
                     .fan_out("region", regions.iter().copied())
                     .sink(Sink::jsonl("data/{job}.jsonl").records("/items")),
             )
@@ -181,7 +182,12 @@ async fn apalis_pitfall_9_heartbeats_go_on_while_every_slot_is_busy() {
     // Delayed answers are not charged by the simulator, but counted: two
     // requests in all, so no task ran twice.
     let stats = pl.sim_stats();
-    assert_eq!(stats.key("yt-key").injected, 2, "{:?}", stats.key("yt-key"));
+    assert_eq!(
+        stats.key(world::SECRET).injected,
+        2,
+        "{:?}",
+        stats.key(world::SECRET)
+    );
     assert_eq!(
         pl.sink_records().len(),
         4,

@@ -13,24 +13,23 @@ use simulator::{Fault, SimConfig};
 
 use crate::support::keys::keys;
 use crate::support::machine;
-use crate::support::pipeline::{
-    Pipeline, YT_ENDPOINT, YT_KEY, kinds, quick_worker, yt, yt_endpoint,
-};
+use crate::support::pipeline::{Pipeline, kinds};
 use crate::support::upstream::pages_by_scope;
+use crate::support::world;
 use crate::support::{ConfigBuilder, Job, Sink, Window};
 
 /// `concurrency` slots, the credential's one `window`, and `job`.
 fn config(concurrency: u32, window: Window, job: Job) -> ConfigBuilder {
     ConfigBuilder::new()
-        .worker(quick_worker(concurrency))
-        .credential(yt(window))
-        .endpoint(yt_endpoint())
+        .worker(world::quick_worker(concurrency))
+        .credential(world::credential(window))
+        .endpoint(world::endpoint())
         .job(job)
 }
 
 /// The job `name` over `regions`, up to `max_pages` pages of two records.
 fn job(sim: &str, name: &str, regions: &[&str], max_pages: u32, on_exhausted: &str) -> Job {
-    Job::videos(name, YT_ENDPOINT, sim)
+    Job::videos(name, world::ENDPOINT, sim)
         .fan_out("region", regions.iter().copied())
         .on_quota_exhausted(on_exhausted)
         .pages(max_pages)
@@ -43,7 +42,7 @@ fn sim(pages: u32) -> SimConfig {
         items_per_page: 2,
         ..SimConfig::default()
     }
-    .key(YT_KEY, 1_000_000, Duration::from_secs(3600))
+    .key(world::SECRET, 1_000_000, Duration::from_secs(3600))
 }
 
 /// A window that is full for the next hour: 50 tasks on 2 worker slots all
@@ -66,14 +65,14 @@ async fn fifty_tasks_on_an_exhausted_window_end_at_once_without_sleeping() {
     for _ in 0..5 {
         let d = p
             .limiter
-            .spend("youtube.videos.list", None, &request_id())
+            .spend(world::ENDPOINT, None, &request_id())
             .await
             .expect("spend");
         assert!(d.is_allowed());
     }
     assert!(matches!(
         p.limiter
-            .spend("youtube.videos.list", None, &request_id())
+            .spend(world::ENDPOINT, None, &request_id())
             .await
             .expect("spend"),
         Decision::Rejected(_)
@@ -171,7 +170,7 @@ async fn defer_reruns_at_the_retry_after_and_resumes_at_the_page() {
         "page 3 was fetched {:?} after page 1, inside the 3 s window",
         at(2) - at(0)
     );
-    assert_eq!(stats.key("yt-key").quota_errors, 0);
+    assert_eq!(stats.key(world::SECRET).quota_errors, 0);
     let records = p.sink_records();
     assert_eq!(records.len(), 3 * 2, "3 pages of 2 records");
 }
@@ -243,5 +242,5 @@ async fn deferrals_and_throttles_around_one_failure_still_end_done() {
     assert_eq!(k.get("failed"), None, "{k:?}");
     let stats = p.sim_stats();
     assert_eq!(pages_by_scope(&stats)["US"], vec![1, 2, 3, 4]);
-    assert_eq!(stats.key("yt-key").injected, 2);
+    assert_eq!(stats.key(world::SECRET).injected, 2);
 }

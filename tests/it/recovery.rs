@@ -14,13 +14,14 @@ use std::time::{Duration, Instant};
 use simulator::Fault;
 
 use crate::support::daemon::{
-    self, JOB, REGIONS, ended, sink_records, tick_claims, tick_outcomes, wait_ticks_ended, workers,
+    self, ended, sink_records, tick_claims, tick_outcomes, wait_ticks_ended, workers,
 };
 use crate::support::keys::apalis;
 use crate::support::machine;
 use crate::support::process::{Proc, run_cli};
 use crate::support::redis_server::redis_conn;
 use crate::support::upstream::Upstream;
+use crate::support::world::{self, JOB, REGIONS};
 use crate::support::{self, ConfigBuilder, RedisServer, Worker};
 
 const PAGES: u32 = 3;
@@ -48,7 +49,7 @@ struct Recovery {
 fn kill_mid_tick(worker: Worker) -> Recovery {
     let redis = RedisServer::start();
     let upstream = Upstream::start(PAGES, ITEMS_PER_PAGE);
-    let cfg = daemon::config(daemon::job(&upstream.base_url()).pages(PAGES))
+    let cfg = world::config(world::job(&upstream.base_url()).pages(PAGES))
         .worker(worker)
         .write();
     let mut conn = redis_conn(&redis.url());
@@ -184,8 +185,8 @@ fn survive(label: &str, redis_args: &[&str], incident: impl FnOnce(&mut RedisSer
         daemon::start_before_first_tick(TICKS, 2, Duration::from_secs(4), |schedule| {
             let redis = RedisServer::start_with(redis_args);
             let upstream = Upstream::start(PAGES, ITEMS_PER_PAGE);
-            let cfg = daemon::config(
-                daemon::job(&upstream.base_url())
+            let cfg = world::config(
+                world::job(&upstream.base_url())
                     .pages(PAGES)
                     .schedule(&schedule),
             )
@@ -328,10 +329,10 @@ fn retry_after_a_redelivered_copy_found_the_item_busy_is_not_lost() {
     let redis = RedisServer::start();
     let upstream = Upstream::start(1, 2);
     let cfg = ConfigBuilder::new()
-        .credential(daemon::credential())
-        .endpoint(daemon::endpoint().timeout("10s"))
+        .credential(world::credential(world::wide()))
+        .endpoint(world::endpoint().timeout("10s"))
         .job(
-            daemon::job(&upstream.base_url())
+            world::job(&upstream.base_url())
                 .fan_out("region", ["US"])
                 .pages(1),
         )

@@ -7,9 +7,9 @@
 
 use std::time::Duration;
 
-use crate::support::daemon;
 use crate::support::process::{Proc, run_cli};
-use crate::support::upstream::{KEY_ENV, SIM_KEY, Upstream};
+use crate::support::upstream::Upstream;
+use crate::support::world::{self, KEY_ENV, SECRET};
 use crate::support::{self, RedisServer, TestConfig};
 
 /// A user `name` with password `pw` on `redis`: every key and channel, every
@@ -24,14 +24,14 @@ fn acl_user(redis: &RedisServer, name: &str, rules: &[&str]) -> String {
 }
 
 fn config() -> TestConfig {
-    daemon::config(daemon::job("http://127.0.0.1:9")).write()
+    world::config(world::job("http://127.0.0.1:9")).write()
 }
 
 /// `check` on `url`: exit code, stdout and stderr.
 fn check(cfg: &TestConfig, url: &str) -> (Option<i32>, String) {
     let out = cfg.run(
         &["check"],
-        &[("QUOTA_WORKER_REDIS_URL", url), (KEY_ENV, SIM_KEY)],
+        &[("QUOTA_WORKER_REDIS_URL", url), (KEY_ENV, SECRET)],
     );
     let text = format!("{}\n{}", support::stdout(&out), support::stderr(&out));
     (out.status.code(), text)
@@ -140,7 +140,7 @@ fn the_documented_acl_user_runs_a_tick_to_the_end() {
     let _: () = redis.cmd(&args);
     let url = format!("redis://quota-worker:pw@127.0.0.1:{}/0", redis.port());
     let upstream = Upstream::start(1, 2);
-    let cfg = daemon::config(daemon::job(&upstream.base_url()).pages(1)).write();
+    let cfg = world::config(world::job(&upstream.base_url()).pages(1)).write();
 
     let (code, text) = check(&cfg, &url);
     assert_eq!(code, Some(0), "{text}");
@@ -153,7 +153,7 @@ fn the_documented_acl_user_runs_a_tick_to_the_end() {
     let (code, out, err) = run_cli(
         &cfg,
         Some(&url),
-        &["trigger", daemon::JOB, "--wait"],
+        &["trigger", world::JOB, "--wait"],
         Duration::from_secs(60),
     );
     assert_eq!(
@@ -165,8 +165,8 @@ fn the_documented_acl_user_runs_a_tick_to_the_end() {
     assert!(
         out.contains(&format!(
             "{} task(s) ended: {} done",
-            daemon::REGIONS.len(),
-            daemon::REGIONS.len()
+            world::REGIONS.len(),
+            world::REGIONS.len()
         )),
         "{out}"
     );

@@ -15,10 +15,10 @@ use simulator::Fault;
 use crate::support::config::{
     ConfigBuilder, Credential, Endpoint, Job, TestConfig, Window, Worker,
 };
-use crate::support::daemon;
 use crate::support::http::{scrape, wait_http};
 use crate::support::process::{Proc, run_cli};
-use crate::support::upstream::{KEY_ENV, Upstream};
+use crate::support::upstream::Upstream;
+use crate::support::world::{self, KEY_ENV};
 use crate::support::{RedisServer, free_port, wait_until};
 
 /// The `sim` credential with `units` per hour, its endpoint, and `jobs`;
@@ -27,8 +27,8 @@ fn builder(units: u64, port: u16, concurrency: u32, jobs: Vec<Job>) -> ConfigBui
     let mut b = ConfigBuilder::new()
         .worker(Worker::default().concurrency(concurrency))
         .metrics_listen(&format!("127.0.0.1:{port}"))
-        .credential(Credential::env("sim", KEY_ENV).window(Window::sliding(units, "1h")))
-        .endpoint(daemon::endpoint());
+        .credential(world::credential(Window::sliding(units, "1h")))
+        .endpoint(world::endpoint());
     for j in jobs {
         b = b.job(j);
     }
@@ -36,7 +36,7 @@ fn builder(units: u64, port: u16, concurrency: u32, jobs: Vec<Job>) -> ConfigBui
 }
 
 fn job(name: &str, upstream: &Upstream, regions: &[&str]) -> Job {
-    daemon::videos_job(name, "sim.videos", &upstream.base_url(), regions, 1)
+    world::videos_job(name, world::ENDPOINT, &upstream.base_url(), regions, 1)
 }
 
 /// The index of the first log line of `d` containing `needle`.
@@ -90,11 +90,11 @@ fn a_reload_adds_a_job_and_changes_a_window_without_a_restart_or_losing_a_task_i
     // The window: 1000 units an hour -> 2. A job that ticks every second
     // (on a credential of its own: the window under test sees only `slow`
     // and `batch`), and a manual job of 4 items.
-    let every = daemon::videos_job("every", "other.videos", &upstream.base_url(), &["GB"], 1)
+    let every = world::videos_job("every", "other.videos", &upstream.base_url(), &["GB"], 1)
         .schedule("* * * * * *");
-    let batch = daemon::videos_job(
+    let batch = world::videos_job(
         "batch",
-        "sim.videos",
+        world::ENDPOINT,
         &upstream.base_url(),
         &["DE", "FR", "IN", "BR"],
         1,
@@ -267,7 +267,10 @@ fn settings_that_need_a_restart_are_named_and_not_applied() {
     // Not applied: the metrics stay where they were; the window is new.
     assert_eq!(reloads(port, "applied"), 1.0);
     assert!(crate::support::http::http_get(other_port, "/healthz").is_none());
-    let limit = scrape(port).sum("qw_window_limit_units", &[("credential", "sim")]);
+    let limit = scrape(port).sum(
+        "qw_window_limit_units",
+        &[("credential", world::CREDENTIAL)],
+    );
     assert!(
         wait_until(Duration::from_secs(5), || scrape(port)
             .select("qw_window_limit_units", &[("window", "500/1h")])

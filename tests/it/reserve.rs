@@ -15,10 +15,9 @@ use quota_worker::quota::{Decision, QuotaError, RejectedBy, request_id};
 use simulator::SimConfig;
 
 use crate::support::keys;
-use crate::support::pipeline::{
-    Pipeline, YT_ENDPOINT, YT_KEY, kinds, quick_worker, yt, yt_endpoint,
-};
+use crate::support::pipeline::{Pipeline, kinds};
 use crate::support::seed::spend_time_us;
+use crate::support::world;
 use crate::support::{self, ConfigBuilder, Job, RedisServer, Sink, TestConfig, Window, machine};
 
 const CONFIG: &str = r#"
@@ -239,14 +238,14 @@ async fn a_job_with_a_reserve_leaves_it_free() {
         items_per_page: 1,
         ..SimConfig::default()
     }
-    .key(YT_KEY, 1_000_000, Duration::from_secs(3600));
+    .key(world::SECRET, 1_000_000, Duration::from_secs(3600));
     let mut p = Pipeline::start(sim, |sim| {
         ConfigBuilder::new()
-            .worker(quick_worker(2))
-            .credential(yt(Window::sliding(10, "1h")))
-            .endpoint(yt_endpoint())
+            .worker(world::quick_worker(2))
+            .credential(world::credential(Window::sliding(10, "1h")))
+            .endpoint(world::endpoint())
             .job(
-                Job::videos("crawl", YT_ENDPOINT, sim)
+                Job::videos("crawl", world::ENDPOINT, sim)
                     .fan_out("region", regions.iter().map(String::as_str))
                     .sink(Sink::jsonl("data/{job}.jsonl").records("/items"))
                     .set("reserve", "50%"),
@@ -264,7 +263,11 @@ async fn a_job_with_a_reserve_leaves_it_free() {
         "{:?}",
         kinds(&evs)
     );
-    assert_eq!(p.used("yt").await, 5, "half the window is left");
+    assert_eq!(
+        p.used(world::CREDENTIAL).await,
+        5,
+        "half the window is left"
+    );
     p.stop().await;
 }
 

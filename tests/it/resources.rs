@@ -18,10 +18,10 @@ use serde_json::Value;
 use simulator::{Fault, SimAccounting, SimConfig, SimStyle};
 
 use crate::support::process::{Proc, run_cli};
-use crate::support::upstream::{KEY_ENV, SIM_KEY, Upstream};
+use crate::support::upstream::Upstream;
+use crate::support::world::{self, KEY_ENV, SECRET};
 use crate::support::{
     ConfigBuilder, Credential, Endpoint, Job, RedisServer, Request, Sink, TestConfig, Window,
-    Worker,
 };
 
 /// The credential, its endpoints and jobs.
@@ -47,15 +47,7 @@ fn github(core: u64, search: u64, points: u64, pages: u32) -> SimConfig {
     .cost(GRAPHQL, 3)
     .resource("search", search, Duration::from_secs(60), &[SEARCH])
     .resource("graphql", points, Duration::from_secs(3600), &[GRAPHQL])
-    .key(SIM_KEY, core, Duration::from_secs(3600))
-}
-
-/// Two worker slots that look for tasks every 20 ms.
-fn worker() -> Worker {
-    Worker::default()
-        .concurrency(2)
-        .poll_interval("20ms")
-        .shutdown_timeout("5s")
+    .key(SECRET, core, Duration::from_secs(3600))
 }
 
 /// GitHub's token: `Authorization: Bearer {secret}`.
@@ -94,7 +86,7 @@ fn search_job(base: &str, queries: &[&str]) -> Job {
 /// jobs.
 fn config(base: &str, repos: &[&str], queries: &[&str]) -> ConfigBuilder {
     ConfigBuilder::new()
-        .worker(worker())
+        .worker(world::quick_worker(2))
         .credential(
             Credential::env(CRED, KEY_ENV)
                 .window(Window::sliding(5000, "1h").upstream())
@@ -144,7 +136,7 @@ fn graphql_job(base: &str, items: &[&str], asks: bool) -> Job {
 /// estimate).
 fn graphql_config(base: &str, logins: &[&str], asks: bool) -> ConfigBuilder {
     config(base, &["a"], &["q"])
-        .worker(worker().concurrency(1))
+        .worker(world::quick_worker(1))
         .job(graphql_job(base, logins, asks))
 }
 
@@ -249,7 +241,7 @@ fn a_search_block_never_stops_a_core_endpoint() {
         |_| {},
         |base| {
             config(base, &["a", "b"], &["q1", "q2", "q3", "q4", "q5", "q6"])
-                .worker(worker().concurrency(1))
+                .worker(world::quick_worker(1))
         },
     );
     let (code, summary) = rig.trigger("search");
@@ -341,13 +333,13 @@ fn drift_from_an_answer_with_a_reset_is_gone_a_second_after_it() {
         ..SimConfig::default()
     }
     .cost(REPOS, 1)
-    .key(SIM_KEY, 20, Duration::from_secs(4));
+    .key(SECRET, 20, Duration::from_secs(4));
     let rig = Rig::start(
         sim,
-        |up| assert_eq!(up.burn(SIM_KEY, 15), 15),
+        |up| assert_eq!(up.burn(SECRET, 15), 15),
         |base| {
             ConfigBuilder::new()
-                .worker(worker())
+                .worker(world::quick_worker(2))
                 .credential(
                     Credential::env(CRED, KEY_ENV).window(Window::sliding(20, "1h").upstream()),
                 )
@@ -403,10 +395,10 @@ fn unblock_lifts_blocks_and_drift() {
     .cost(REPOS, 1)
     .cost(SEARCH, 1)
     .resource("search", 1, Duration::from_secs(600), &[SEARCH])
-    .key(SIM_KEY, 10, Duration::from_secs(3600));
+    .key(SECRET, 10, Duration::from_secs(3600));
     let rig = Rig::start(
         sim,
-        |up| assert_eq!(up.burn(SIM_KEY, 6), 6),
+        |up| assert_eq!(up.burn(SECRET, 6), 6),
         |base| config(base, &["a"], &["q1", "q2"]),
     );
     let (code, _) = rig.trigger("repos");
@@ -463,22 +455,17 @@ fn unblock_lifts_blocks_and_drift() {
 #[test]
 fn a_429_loop_is_bounded_by_the_doubling() {
     let _machine = crate::support::machine::timing();
-    let sim = SimConfig::default().key(SIM_KEY, 1_000_000, Duration::from_secs(3600));
+    let sim = SimConfig::default().key(SECRET, 1_000_000, Duration::from_secs(3600));
     let rig = Rig::start(
         sim,
         |up| up.inject(Fault::RetryAfter("0".into()), 1000),
         |base| {
             ConfigBuilder::new()
-                .worker(
-                    Worker::default()
-                        .concurrency(1)
-                        .poll_interval("20ms")
-                        .shutdown_timeout("5s"),
-                )
-                .credential(Credential::env("yt", KEY_ENV).window(Window::sliding(1000, "1h")))
-                .endpoint(Endpoint::new("yt.videos", "yt", 1))
+                .worker(world::quick_worker(1))
+                .credential(world::credential(Window::sliding(1000, "1h")))
+                .endpoint(world::endpoint())
                 .job(
-                    Job::videos("loop", "yt.videos", base)
+                    Job::videos("loop", world::ENDPOINT, base)
                         .fan_out("region", ["US"])
                         .on_quota_exhausted("defer"),
                 )
@@ -535,7 +522,7 @@ fn graphql_spends_settle_to_the_reported_cost() {
         (Some(9), Some(0)),
         "3 queries of 3 points, each estimated at 10: {w}"
     );
-    assert_eq!(rig.upstream.stats().key(SIM_KEY).units, 9);
+    assert_eq!(rig.upstream.stats().key(SECRET).units, 9);
 
     // A query that does not ask: the first is kept at its estimate (no
     // earlier answer to compare), the next settle to the change of
@@ -632,7 +619,7 @@ fn after_the_first_answer_about_a_resource_it_never_answers_over_limit() {
     for (path, n) in [(REPOS, "12"), (SEARCH, "3")] {
         let out = Command::new("python3")
             .arg(&other)
-            .args([base.as_str(), SIM_KEY, path, n, "q=other"])
+            .args([base.as_str(), SECRET, path, n, "q=other"])
             .output()
             .expect("python3 runs");
         assert!(

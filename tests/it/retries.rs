@@ -9,9 +9,8 @@ use quota_worker::outcome::OutcomeKind;
 use simulator::{Fault, SimConfig};
 
 use crate::support::machine;
-use crate::support::pipeline::{
-    Pipeline, YT_ENDPOINT, YT_KEY, kinds, quick_worker, yt, yt_endpoint,
-};
+use crate::support::pipeline::{Pipeline, kinds};
+use crate::support::world;
 use crate::support::{ConfigBuilder, Endpoint, Job, Sink, Window, free_port};
 
 /// The job `flaky` over `regions` against `base` (`None`: the simulator),
@@ -22,14 +21,14 @@ async fn start(
     regions: &[&str],
     sim: SimConfig,
 ) -> Pipeline {
-    let sim = sim.key(YT_KEY, 1000, Duration::from_secs(3600));
+    let sim = sim.key(world::SECRET, 1000, Duration::from_secs(3600));
     Pipeline::start(sim, |sim| {
         ConfigBuilder::new()
-            .worker(quick_worker(2))
-            .credential(yt(Window::sliding(1000, "1h")))
+            .worker(world::quick_worker(2))
+            .credential(world::credential(Window::sliding(1000, "1h")))
             .endpoint(endpoint)
             .job(
-                Job::videos("flaky", YT_ENDPOINT, base.unwrap_or(sim))
+                Job::videos("flaky", world::ENDPOINT, base.unwrap_or(sim))
                     .fan_out("region", regions.iter().copied())
                     .retry(3, Some("200ms"), None)
                     .sink(Sink::jsonl("data/{job}.jsonl").records("/items")),
@@ -49,7 +48,7 @@ fn sim() -> SimConfig {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn server_errors_are_retried_with_backoff_until_the_fault_clears() {
     let _machine = machine::timing();
-    let mut p = start(yt_endpoint().timeout("5s"), None, &["US"], sim()).await;
+    let mut p = start(world::endpoint().timeout("5s"), None, &["US"], sim()).await;
     p.sim.inject(Fault::Status(503), 2);
     let tick = p.trigger("flaky").await;
     let evs = p.wait_tick("flaky", tick, 1, Duration::from_secs(10)).await;
@@ -85,16 +84,19 @@ async fn server_errors_are_retried_with_backoff_until_the_fault_clears() {
     );
     // Three requests, three spends: a 5xx may have been charged, so its
     // units stay spent.
-    assert_eq!(p.used("yt").await, 3);
+    assert_eq!(p.used(world::CREDENTIAL).await, 3);
     let stats = p.sim_stats();
-    assert_eq!((stats.key("yt-key").injected, stats.charges.len()), (2, 1));
+    assert_eq!(
+        (stats.key(world::SECRET).injected, stats.charges.len()),
+        (2, 1)
+    );
     assert_eq!(p.sink_records().len(), 2);
     p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn attempts_used_up_is_failed_and_server_errors_keep_their_units() {
-    let mut p = start(yt_endpoint().timeout("5s"), None, &["US"], sim()).await;
+    let mut p = start(world::endpoint().timeout("5s"), None, &["US"], sim()).await;
     p.sim.inject(Fault::Status(500), 3);
     let tick = p.trigger("flaky").await;
     let evs = p.wait_tick("flaky", tick, 1, Duration::from_secs(10)).await;
@@ -114,7 +116,7 @@ async fn attempts_used_up_is_failed_and_server_errors_keep_their_units() {
     // Nothing more is queued for it.
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert_eq!(p.of_tick("flaky", tick).len(), 3);
-    assert_eq!(p.used("yt").await, 3, "a 5xx keeps its units");
+    assert_eq!(p.used(world::CREDENTIAL).await, 3, "a 5xx keeps its units");
     assert!(p.sim_stats().charges.is_empty());
     p.stop().await;
 }
@@ -125,7 +127,7 @@ async fn attempts_used_up_is_failed_and_server_errors_keep_their_units() {
 async fn unreachable_upstream_refunds_every_attempt() {
     let dead = format!("http://127.0.0.1:{}", free_port());
     let mut p = start(
-        yt_endpoint().timeout("5s"),
+        world::endpoint().timeout("5s"),
         Some(&dead),
         &["US", "GB", "DE"],
         sim(),
@@ -140,7 +142,7 @@ async fn unreachable_upstream_refunds_every_attempt() {
         assert_eq!(s.ev.outcome.units, 0, "refunded: {s:?}");
         assert!(s.ev.outcome.detail.contains("refunded"), "{s:?}");
     }
-    let usage = p.peek("yt").await;
+    let usage = p.peek(world::CREDENTIAL).await;
     assert_eq!(usage.windows[0].used, 0, "{usage:?}");
     p.stop().await;
 }
@@ -151,7 +153,7 @@ async fn unreachable_upstream_refunds_every_attempt() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn server_error_reporting_zero_cost_is_refunded() {
     let mut p = start(
-        yt_endpoint().timeout("5s").cost_header("x-quota-cost"),
+        world::endpoint().timeout("5s").cost_header("x-quota-cost"),
         None,
         &["US"],
         SimConfig {
@@ -173,7 +175,7 @@ async fn server_error_reporting_zero_cost_is_refunded() {
         assert_eq!(s.ev.outcome.units, 0, "settled to the reported 0: {s:?}");
     }
     assert_eq!(
-        p.used("yt").await,
+        p.used(world::CREDENTIAL).await,
         0,
         "the upstream said it charged nothing"
     );
@@ -182,7 +184,7 @@ async fn server_error_reporting_zero_cost_is_refunded() {
     let tick = p.trigger("flaky").await;
     let evs = p.wait_tick("flaky", tick, 1, Duration::from_secs(10)).await;
     assert_eq!(evs[0].kind(), OutcomeKind::Done, "{evs:?}");
-    assert_eq!(p.used("yt").await, 1);
+    assert_eq!(p.used(world::CREDENTIAL).await, 1);
     p.stop().await;
 }
 
@@ -191,7 +193,7 @@ async fn server_error_reporting_zero_cost_is_refunded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn ok_answer_is_settled_to_its_reported_cost() {
     let mut p = start(
-        yt_endpoint().timeout("5s").cost_header("x-quota-cost"),
+        world::endpoint().timeout("5s").cost_header("x-quota-cost"),
         None,
         &["US", "GB"],
         SimConfig {
@@ -206,7 +208,7 @@ async fn ok_answer_is_settled_to_its_reported_cost() {
     let evs = p.wait_tick("flaky", tick, 2, Duration::from_secs(10)).await;
     assert!(evs.iter().all(|s| s.kind() == OutcomeKind::Done), "{evs:?}");
     assert!(evs.iter().all(|s| s.ev.outcome.units == 3), "{evs:?}");
-    assert_eq!(p.used("yt").await, 6);
-    assert_eq!(p.sim_stats().key("yt-key").units, 6);
+    assert_eq!(p.used(world::CREDENTIAL).await, 6);
+    assert_eq!(p.sim_stats().key(world::SECRET).units, 6);
     p.stop().await;
 }

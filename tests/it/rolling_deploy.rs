@@ -12,10 +12,10 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::support::config::{ConfigBuilder, TestConfig, Worker};
-use crate::support::daemon;
 use crate::support::keys::keys;
 use crate::support::process::{Proc, run_cli};
 use crate::support::upstream::Upstream;
+use crate::support::world;
 use crate::support::{RedisServer, wait_until};
 use simulator::Fault;
 
@@ -29,11 +29,11 @@ fn with_onlya(upstream: &Upstream, worker: Worker) -> TestConfig {
     let regions: Vec<&str> = regions.iter().map(String::as_str).collect();
     ConfigBuilder::new()
         .worker(worker)
-        .credential(daemon::credential())
-        .endpoint(daemon::endpoint())
-        .job(daemon::videos_job(
+        .credential(world::credential(world::wide()))
+        .endpoint(world::endpoint())
+        .job(world::videos_job(
             "onlya",
-            "sim.videos",
+            world::ENDPOINT,
             &upstream.base_url(),
             &regions,
             2,
@@ -45,11 +45,11 @@ fn with_onlya(upstream: &Upstream, worker: Worker) -> TestConfig {
 fn without_onlya(upstream: &Upstream, worker: Worker) -> TestConfig {
     ConfigBuilder::new()
         .worker(worker)
-        .credential(daemon::credential())
-        .endpoint(daemon::endpoint())
-        .job(daemon::videos_job(
+        .credential(world::credential(world::wide()))
+        .endpoint(world::endpoint())
+        .job(world::videos_job(
             "other",
-            "sim.videos",
+            world::ENDPOINT,
             &upstream.base_url(),
             &["US"],
             1,

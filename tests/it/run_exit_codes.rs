@@ -9,10 +9,9 @@ use std::time::{Duration, Instant};
 
 use crate::support;
 use crate::support::RedisServer;
-use crate::support::daemon;
 use crate::support::machine;
 use crate::support::process::Proc;
-use crate::support::upstream::{KEY_ENV, SIM_KEY};
+use crate::support::world::{self, KEY_ENV, SECRET};
 
 /// Regression (issue 14): with its metrics port taken, the daemon first
 /// waited up to 30 s for Redis, and when Redis was down too it reported
@@ -25,7 +24,7 @@ fn a_metrics_address_in_use_exits_78_at_once_even_with_redis_down() {
     let listen = taken.local_addr().expect("addr").to_string();
     // Nothing listens on the Redis port.
     let dead = format!("redis://127.0.0.1:{}/0", support::free_port());
-    let cfg = daemon::config(daemon::job("http://127.0.0.1:9")).write();
+    let cfg = world::config(world::job("http://127.0.0.1:9")).write();
     let t = Instant::now();
     let mut d = Proc::sim_cli(
         "daemon",
@@ -57,7 +56,7 @@ fn a_metrics_address_in_use_exits_78_at_once_even_with_redis_down() {
 #[test]
 fn redis_unreachable_exits_69_after_its_patience() {
     let dead = format!("redis://127.0.0.1:{}/0", support::free_port());
-    let cfg = daemon::config(daemon::job("http://127.0.0.1:9")).write();
+    let cfg = world::config(world::job("http://127.0.0.1:9")).write();
     let mut d = Proc::sim_cli("daemon", &cfg, Some(&dead), &["run"], &[]);
     let status = d.wait_exit(Duration::from_secs(60));
     let err = d.log();
@@ -79,7 +78,7 @@ fn issue_22_low_3_a_wrong_redis_password_exits_78_not_69() {
     let _: () = redis.cmd(&[
         "ACL", "SETUSER", "qw", "reset", "on", ">right", "~*", "&*", "+@all",
     ]);
-    let cfg = daemon::config(daemon::job("http://127.0.0.1:9")).write();
+    let cfg = world::config(world::job("http://127.0.0.1:9")).write();
     let wrong = format!("redis://qw:wrong-pw@127.0.0.1:{}/0", redis.port());
     let none = format!("redis://127.0.0.1:{}/0", redis.port());
     let refuse = |url: &str, what: &str| {
@@ -94,7 +93,7 @@ fn issue_22_low_3_a_wrong_redis_password_exits_78_not_69() {
         );
         let out = cfg.run(
             &["check"],
-            &[("QUOTA_WORKER_REDIS_URL", url), (KEY_ENV, SIM_KEY)],
+            &[("QUOTA_WORKER_REDIS_URL", url), (KEY_ENV, SECRET)],
         );
         let text = format!("{}{}", support::stdout(&out), support::stderr(&out));
         assert_eq!(out.status.code(), Some(78), "{what}: check: {text}");
@@ -108,8 +107,8 @@ fn issue_22_low_3_a_wrong_redis_password_exits_78_not_69() {
     // `spend` says the same.
     let spend_refused = |url: &str, what: &str| {
         let out = cfg.run(
-            &["spend", "sim.videos", "--cost", "1"],
-            &[("QUOTA_WORKER_REDIS_URL", url), (KEY_ENV, SIM_KEY)],
+            &["spend", world::ENDPOINT, "--cost", "1"],
+            &[("QUOTA_WORKER_REDIS_URL", url), (KEY_ENV, SECRET)],
         );
         let text = format!("{}{}", support::stdout(&out), support::stderr(&out));
         assert_eq!(out.status.code(), Some(78), "{what}: spend: {text}");

@@ -13,10 +13,10 @@ use std::time::Duration;
 
 use simulator::{Fault, SimConfig};
 
-use crate::support::daemon;
 use crate::support::http::{self, wait_http};
 use crate::support::process::{Proc, command};
 use crate::support::upstream::Upstream;
+use crate::support::world;
 use crate::support::{
     self, ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window, Worker, free_port,
 };
@@ -27,22 +27,21 @@ use crate::support::{
 const UNITS: u64 = 14;
 
 fn config(upstream: &str, closed: &str) -> TestConfig {
-    let job = daemon::videos_job;
+    let job = world::videos_job;
     ConfigBuilder::new()
         .state_dir("state")
         .worker(Worker::default().concurrency(4).shutdown_timeout("2s"))
         .metrics_listen("127.0.0.1:9464")
-        .credential(Credential::env("yt", "QW_SECRET_KEY").window(Window::sliding(UNITS, "1h")))
-        .credential(
-            Credential::env("yt-spare", "QW_SECRET_KEY").window(Window::sliding(1000, "1h")),
-        )
+        // The world's credential; its secret is the test's own (in `env`).
+        .credential(world::credential(Window::sliding(UNITS, "1h")))
+        .credential(Credential::env("spare", world::KEY_ENV).window(Window::sliding(1000, "1h")))
         .credential(Credential::env("wrong", "QW_WRONG_KEY").window(Window::sliding(1000, "1h")))
-        .endpoint(Endpoint::new("yt.videos", "yt", 1).throttle_block("1s"))
-        .endpoint(Endpoint::new("spare.videos", "yt-spare", 1).timeout("2s"))
+        .endpoint(world::endpoint().throttle_block("1s"))
+        .endpoint(Endpoint::new("spare.videos", "spare", 1).timeout("2s"))
         .endpoint(Endpoint::new("wrong.videos", "wrong", 1))
         .job(job(
-            "trending",
-            "yt.videos",
+            world::JOB,
+            world::ENDPOINT,
             upstream,
             &["US", "GB", "DE", "FR"],
             3,
@@ -186,7 +185,7 @@ fn never_leaks(format: &str) {
     let env = [
         ("QUOTA_WORKER_REDIS_URL", url.as_str()),
         ("QUOTA_WORKER_METRICS_LISTEN", listen.as_str()),
-        ("QW_SECRET_KEY", secret.as_str()),
+        (world::KEY_ENV, secret.as_str()),
         ("QW_WRONG_KEY", wrong.as_str()),
         ("RUST_LOG", "debug"),
     ];
@@ -197,7 +196,7 @@ fn never_leaks(format: &str) {
 
     assert_eq!(cli(&mut seen, &cfg, format, &env, &["check"]), Some(0));
     assert_eq!(
-        cli(&mut seen, &cfg, format, &env, &["keys", "yt.videos"]),
+        cli(&mut seen, &cfg, format, &env, &["keys", world::ENDPOINT]),
         Some(0)
     );
     assert_eq!(
@@ -253,7 +252,7 @@ fn never_leaks(format: &str) {
             &cfg,
             format,
             &env,
-            &["trigger", "trending", "--wait"],
+            &["trigger", world::JOB, "--wait"],
         );
         // 0, 75 or 1 by how this tick's tasks ended (trigger_exit_codes).
         assert!(matches!(code, Some(0 | 1 | 75)), "{code:?}");
@@ -269,7 +268,7 @@ fn never_leaks(format: &str) {
         &cfg,
         format,
         &env,
-        &["spend", "yt.videos", "--cost", "14"],
+        &["spend", world::ENDPOINT, "--cost", "14"],
     );
     assert_eq!(
         rejected,
@@ -294,7 +293,7 @@ fn never_leaks(format: &str) {
         Some(69)
     );
     assert_eq!(
-        cli(&mut seen, &cfg, format, &gone_env, &["trigger", "trending"]),
+        cli(&mut seen, &cfg, format, &gone_env, &["trigger", world::JOB]),
         Some(69)
     );
 

@@ -10,13 +10,13 @@ use std::time::{Duration, Instant};
 use simulator::Fault;
 
 use crate::support::daemon::{
-    self, JOB, REGIONS, queue_state, sink_records, tick_claims, tick_outcomes, wait_ticks_ended,
-    workers,
+    queue_state, sink_records, tick_claims, tick_outcomes, wait_ticks_ended, workers,
 };
 use crate::support::machine;
 use crate::support::process::{Proc, run_cli};
 use crate::support::redis_server::redis_conn;
 use crate::support::upstream::Upstream;
+use crate::support::world::{self, JOB, REGIONS};
 use crate::support::{self, RedisServer, Worker};
 
 const PAGES: u32 = 3;
@@ -58,7 +58,7 @@ fn sigterm_lets_running_tasks_finish_leaves_the_rest_queued_and_exits_0() {
     // daemon's hands instead of the queue would take 18 s or more to come
     // back, so a second daemon finishing the rest at once shows they were
     // really queued.
-    let cfg = daemon::config(daemon::job(&upstream.base_url()).pages(PAGES))
+    let cfg = world::config(world::job(&upstream.base_url()).pages(PAGES))
         .worker(Worker::default().concurrency(2).shutdown_timeout("30s"))
         .write();
     let delay = Duration::from_secs(3);
@@ -173,8 +173,8 @@ fn shutdown_timeout_shorter_than_the_work_exits_0_and_another_daemon_finishes_it
     let _machine = machine::timing();
     let redis = RedisServer::start();
     let upstream = Upstream::start(PAGES, ITEMS_PER_PAGE);
-    let cfg = daemon::config(
-        daemon::job(&upstream.base_url())
+    let cfg = world::config(
+        world::job(&upstream.base_url())
             .fan_out("region", ["US"])
             .pages(PAGES),
     )
@@ -254,7 +254,7 @@ fn pitfall_6_daemon_restarted_at_once_after_sigterm_runs_tasks() {
     let _machine = machine::timing();
     let redis = RedisServer::start();
     let upstream = Upstream::start(PAGES, ITEMS_PER_PAGE);
-    let cfg = daemon::config(daemon::job(&upstream.base_url()).pages(PAGES))
+    let cfg = world::config(world::job(&upstream.base_url()).pages(PAGES))
         // 30 s recover_after: a stale registration would block for long.
         .worker(Worker::default().concurrency(4))
         .write();
@@ -322,7 +322,7 @@ fn pitfall_6_daemon_restarted_at_once_after_sigterm_runs_tasks() {
 /// a 3 s shutdown_timeout.
 fn sigterm_with_redis_unreachable(label: &str, break_redis: impl FnOnce(&mut RedisServer)) {
     let mut redis = RedisServer::start();
-    let cfg = daemon::config(daemon::job("http://127.0.0.1:9").schedule("* * * * * *"))
+    let cfg = world::config(world::job("http://127.0.0.1:9").schedule("* * * * * *"))
         .worker(Worker::default().shutdown_timeout("3s").recover_after("6s"))
         .write();
     let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
@@ -372,7 +372,7 @@ fn sigterm_while_waiting_for_redis_at_startup_exits_0_at_once() {
     let _machine = machine::timing();
     let port = support::free_port();
     let url = format!("redis://127.0.0.1:{port}/0");
-    let cfg = daemon::config(daemon::job("http://127.0.0.1:9")).write();
+    let cfg = world::config(world::job("http://127.0.0.1:9")).write();
     let mut d = Proc::daemon("daemon", &cfg, Some(&url), &[]);
     std::thread::sleep(Duration::from_millis(1_500));
     assert!(d.running(), "it waits for Redis: {}", d.log());
@@ -401,7 +401,7 @@ fn pitfall_14_sigterm_with_8_tasks_in_flight_exits_when_they_end() {
     let redis = RedisServer::start();
     let upstream = Upstream::start(PAGES, ITEMS_PER_PAGE);
     let shutdown_timeout = Duration::from_secs(30);
-    let cfg = daemon::config(daemon::job(&upstream.base_url()).pages(PAGES))
+    let cfg = world::config(world::job(&upstream.base_url()).pages(PAGES))
         .worker(Worker::default().concurrency(8).shutdown_timeout("30s"))
         .write();
     // Every task's first page is slow, and they all end at about the same

@@ -28,11 +28,12 @@ use std::time::Duration;
 use simulator::SimStyle;
 
 use crate::support::canned::CannedRig;
-use crate::support::daemon::{self, JOB, REGIONS, sink_records};
+use crate::support::daemon::sink_records;
 use crate::support::hostile::Hostile;
 use crate::support::process::{Proc, run_cli};
-use crate::support::styles::{self, API_KEY_ENV, GITHUB};
+use crate::support::styles::{self, GITHUB};
 use crate::support::upstream::{Upstream, page_counts};
+use crate::support::world::{self, JOB, REGIONS};
 use crate::support::{self, Endpoint, RedisServer, Sink, TestConfig, wait_until};
 
 const PAGES: u32 = 3;
@@ -204,10 +205,10 @@ impl Drop for Full {
     }
 }
 
-/// The config of these tests: [`daemon::config`]'s job with `PAGES` pages
+/// The config of these tests: [`world::config`]'s job with `PAGES` pages
 /// per region into `sink`, its state (the spool) in `state/` next to it.
 fn setup_with(upstream: &Upstream, sink: Sink) -> TestConfig {
-    daemon::config(daemon::job(&upstream.base_url()).pages(PAGES).sink(sink))
+    world::config(world::job(&upstream.base_url()).pages(PAGES).sink(sink))
         .state_dir("state")
         .write()
 }
@@ -423,16 +424,16 @@ fn a_full_disk_under_a_sqlite_sink_spools_and_the_rows_arrive_once() {
 /// it can be written, and the upstream charged each page once.
 #[test]
 fn a_spooled_run_is_complete_and_the_next_conditional_run_is_a_304() {
-    let mut sim = styles::sim(SimStyle::Link, PAGES, "sim-key");
+    let mut sim = styles::sim(SimStyle::Link, PAGES, world::SECRET);
     sim.etag = true;
     let upstream = Upstream::with(sim);
     let redis = RedisServer::start();
     let conditional = |e: Endpoint| e.set("conditional", true).set("not_modified_cost", 0);
     let issues = styles::job("issues", &GITHUB, &upstream.base_url(), &["o/a"], &[], 10);
-    let cfg = styles::config("sim-key", styles::wide(), conditional, [issues])
+    let cfg = styles::config(world::SECRET, world::wide(), conditional, [issues])
         .state_dir("state")
         .write();
-    let env = [(API_KEY_ENV, "sim-key")];
+    let env = [(world::KEY_ENV, world::SECRET)];
     let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &env);
     d.wait_running(Duration::from_secs(10));
     let Some(mut ro) = ReadOnly::new(&cfg.join("data/issues")) else {

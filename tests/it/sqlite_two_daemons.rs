@@ -6,9 +6,9 @@
 
 use std::time::Duration;
 
-use crate::support::daemon::{self, JOB};
 use crate::support::process::{Proc, run_cli};
 use crate::support::upstream::{Upstream, page_counts};
+use crate::support::world::{self, JOB};
 use crate::support::{RedisServer, Sink, Worker};
 
 const REGIONS: [&str; 16] = [
@@ -24,7 +24,7 @@ fn two_daemons_on_one_new_sqlite_file_never_fail_on_its_lock() {
     // A new database file per round: the race is in creating it.
     for round in 0..3 {
         redis.cmd::<()>(&["FLUSHALL"]);
-        let job = daemon::job(&upstream.base_url())
+        let job = world::job(&upstream.base_url())
             .fan_out("region", REGIONS)
             .pages(PAGES)
             .sink(
@@ -33,7 +33,7 @@ fn two_daemons_on_one_new_sqlite_file_never_fail_on_its_lock() {
                     .search(&["/snippet/title"])
                     .key("/id"),
             );
-        let cfg = daemon::config(job)
+        let cfg = world::config(job)
             .worker(Worker::default().concurrency(8))
             .write();
         let before = upstream.fetched();

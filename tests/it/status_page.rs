@@ -18,9 +18,9 @@ use simulator::SimConfig;
 use crate::support::browser::Chromium;
 use crate::support::http::{self, http_request};
 use crate::support::keys::keys;
-use crate::support::pipeline::quick_worker;
 use crate::support::process::Proc;
 use crate::support::upstream::Upstream;
+use crate::support::world;
 use crate::support::{
     ConfigBuilder, Credential, Endpoint, Job, RedisServer, Request, Sink, TestConfig, Window,
     free_port, wait_until,
@@ -73,7 +73,7 @@ impl Rig {
         let base = upstream.base_url();
         let port = free_port();
         let cfg = ConfigBuilder::new()
-            .worker(quick_worker(4))
+            .worker(world::quick_worker(4))
             .metrics_listen(&format!("127.0.0.1:{port}"))
             .credential(
                 Credential::env("main", "QW_TEST_MAIN")
@@ -494,7 +494,7 @@ fn the_status_page_lists_each_tenant_of_a_template_credential() {
     let base = upstream.base_url();
     let port = free_port();
     let cfg = ConfigBuilder::new()
-        .worker(quick_worker(2))
+        .worker(world::quick_worker(2))
         .metrics_listen(&format!("127.0.0.1:{port}"))
         .credential(
             Credential::template("ig", "account", "tokens/{account}")
@@ -616,7 +616,7 @@ fn the_status_page_names_each_resource_and_its_block() {
     let redis = RedisServer::start();
     let port = free_port();
     let cfg = ConfigBuilder::new()
-        .worker(quick_worker(1))
+        .worker(world::quick_worker(1))
         .metrics_listen(&format!("127.0.0.1:{port}"))
         .credential(
             Credential::env("gh", "QW_TEST_STATUS_GH")

@@ -5,10 +5,11 @@
 
 use std::time::{Duration, Instant};
 
-use crate::support::daemon::{self, JOB, REGIONS, tick_claims, tick_outcomes};
+use crate::support::daemon::{tick_claims, tick_outcomes};
 use crate::support::process::{Proc, run_cli};
 use crate::support::redis_server::redis_conn;
 use crate::support::upstream::{Blackhole, Upstream};
+use crate::support::world::{self, JOB, REGIONS};
 use crate::support::{self, RedisServer};
 
 const PAGES: u32 = 3;
@@ -17,7 +18,7 @@ const PAGES: u32 = 3;
 fn trigger_wait_prints_a_one_line_summary_and_exits_0() {
     let redis = RedisServer::start();
     let upstream = Upstream::start(PAGES, 2);
-    let cfg = daemon::config(daemon::job(&upstream.base_url()).pages(PAGES)).write();
+    let cfg = world::config(world::job(&upstream.base_url()).pages(PAGES)).write();
     let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
     d.wait_running(Duration::from_secs(10));
 
@@ -53,7 +54,7 @@ fn trigger_wait_prints_a_one_line_summary_and_exits_0() {
 #[test]
 fn trigger_without_wait_queues_and_exits_at_once() {
     let redis = RedisServer::start();
-    let cfg = daemon::config(daemon::job("http://127.0.0.1:9")).write();
+    let cfg = world::config(world::job("http://127.0.0.1:9")).write();
     let (code, out, err) = run_cli(
         &cfg,
         Some(&redis.url()),
@@ -79,7 +80,7 @@ fn trigger_without_wait_queues_and_exits_at_once() {
 #[test]
 fn trigger_wait_with_no_daemon_prints_the_hint_even_without_a_terminal() {
     let redis = RedisServer::start();
-    let cfg = daemon::config(daemon::job("http://127.0.0.1:9")).write();
+    let cfg = world::config(world::job("http://127.0.0.1:9")).write();
     let mut p = Proc::sim_cli(
         "trigger --wait",
         &cfg,
@@ -112,7 +113,7 @@ fn trigger_wait_with_no_daemon_prints_the_hint_even_without_a_terminal() {
 #[test]
 fn trigger_wait_blocks_on_redis_instead_of_polling_it() {
     let redis = RedisServer::start();
-    let cfg = daemon::config(daemon::job("http://127.0.0.1:9")).write();
+    let cfg = world::config(world::job("http://127.0.0.1:9")).write();
     let mut p = Proc::sim_cli(
         "trigger --wait",
         &cfg,
@@ -152,7 +153,7 @@ fn trigger_wait_blocks_on_redis_instead_of_polling_it() {
 #[test]
 fn trigger_wait_says_why_when_redis_goes_away() {
     let mut redis = RedisServer::start();
-    let cfg = daemon::config(daemon::job("http://127.0.0.1:9")).write();
+    let cfg = world::config(world::job("http://127.0.0.1:9")).write();
     let mut p = Proc::sim_cli(
         "trigger --wait",
         &cfg,
@@ -182,7 +183,7 @@ fn trigger_wait_says_why_when_redis_goes_away() {
 fn issue_22_low_5_trigger_wait_says_what_is_in_flight() {
     let redis = RedisServer::start();
     let upstream = Blackhole::start();
-    let cfg = daemon::config(daemon::job(&upstream.base_url())).write();
+    let cfg = world::config(world::job(&upstream.base_url())).write();
     let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
     d.wait_running(Duration::from_secs(30));
     let mut p = Proc::sim_cli(

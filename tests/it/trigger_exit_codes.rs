@@ -9,11 +9,11 @@ use std::time::Duration;
 use quota_worker::conn::Lua;
 use simulator::Fault;
 
-use crate::support::daemon::{self, JOB};
 use crate::support::keys::keys;
 use crate::support::machine;
 use crate::support::process::{Proc, run_cli};
 use crate::support::upstream::Upstream;
+use crate::support::world::{self, JOB};
 use crate::support::{self, RedisServer};
 
 /// Runs `trigger JOB --wait` against a daemon on `redis` and `upstream`,
@@ -24,7 +24,7 @@ fn trigger_wait(
     upstream: &Upstream,
     before: impl FnOnce(&support::TestConfig),
 ) -> (Option<i32>, String) {
-    let cfg = daemon::config(daemon::job(&upstream.base_url()).pages(1)).write();
+    let cfg = world::config(world::job(&upstream.base_url()).pages(1)).write();
     before(&cfg);
     let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
     d.wait_running(Duration::from_secs(10));
@@ -57,7 +57,7 @@ fn a_tick_refused_by_the_quota_exits_75_naming_when_to_retry() {
     let upstream = Upstream::start(1, 2);
     // The credential's only window (1,000,000 units per hour) spent at once.
     let (code, summary) = trigger_wait(&redis, &upstream, |cfg| {
-        let o = cfg.run_on(&redis, &["spend", "sim.videos", "--cost", "1000000"]);
+        let o = cfg.run_on(&redis, &["spend", world::ENDPOINT, "--cost", "1000000"]);
         assert_eq!(o.status.code(), Some(0), "{}", support::stderr(&o));
     });
     assert_eq!(code, Some(75), "{summary}");

@@ -11,7 +11,8 @@ use quota_worker::quota::{Decision, RejectedBy, request_id};
 use simulator::{Fault, SimConfig};
 
 use crate::support::machine;
-use crate::support::pipeline::{Pipeline, Seen, YT_ENDPOINT, kinds, quick_worker, yt, yt_endpoint};
+use crate::support::pipeline::{Pipeline, Seen, kinds};
+use crate::support::world;
 use crate::support::{self, ConfigBuilder, Endpoint, Job, Sink, Window};
 
 const FOUR: [&str; 4] = ["US", "GB", "DE", "FR"];
@@ -20,11 +21,11 @@ const FOUR: [&str; 4] = ["US", "GB", "DE", "FR"];
 async fn start(endpoint: Endpoint, regions: &[&str], pages: u32, sim: SimConfig) -> Pipeline {
     Pipeline::start(sim, |sim| {
         ConfigBuilder::new()
-            .worker(quick_worker(2))
-            .credential(yt(Window::sliding(1000, "1h")))
+            .worker(world::quick_worker(2))
+            .credential(world::credential(Window::sliding(1000, "1h")))
             .endpoint(endpoint)
             .job(
-                Job::videos("hot", YT_ENDPOINT, sim)
+                Job::videos("hot", world::ENDPOINT, sim)
                     .fan_out("region", regions.iter().copied())
                     .pages(pages)
                     .sink(Sink::jsonl("data/{job}.jsonl").records("/items")),
@@ -45,7 +46,7 @@ fn sim(pages: u32) -> SimConfig {
 /// --json` shows it, and a whole new tick ends `quota_exhausted` without
 /// the upstream seeing a request.
 async fn assert_blocked(p: &Pipeline, at_most: Duration) -> Duration {
-    let usage = p.peek("yt").await;
+    let usage = p.peek(world::CREDENTIAL).await;
     assert!(
         usage.blocked_for > Duration::ZERO && usage.blocked_for <= at_most,
         "blocked for {:?}, expected (0, {at_most:?}]",
@@ -53,7 +54,7 @@ async fn assert_blocked(p: &Pipeline, at_most: Duration) -> Duration {
     );
     match p
         .limiter
-        .spend("youtube.videos.list", None, &request_id())
+        .spend(world::ENDPOINT, None, &request_id())
         .await
         .expect("spend")
     {
@@ -63,7 +64,7 @@ async fn assert_blocked(p: &Pipeline, at_most: Duration) -> Duration {
         }
         d => panic!("a spend during the block was {d:?}"),
     }
-    let out = p.cli(&["quota", "yt", "--json"]);
+    let out = p.cli(&["quota", world::CREDENTIAL, "--json"]);
     let json: serde_json::Value = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("quota --json: {e}: {}", support::stderr(&out)));
     let blocked_ms = json["credentials"][0]["blocked_for_ms"]
@@ -74,7 +75,7 @@ async fn assert_blocked(p: &Pipeline, at_most: Duration) -> Duration {
     let charges = p.sim_stats().charges.len();
     let requests = |p: &Pipeline| {
         let s = p.sim_stats();
-        let k = s.key("yt-key");
+        let k = s.key(world::SECRET);
         (s.charges.len(), k.injected, k.quota_errors, k.bad_requests)
     };
     let before = requests(p);
@@ -102,7 +103,7 @@ async fn assert_blocked(p: &Pipeline, at_most: Duration) -> Duration {
 /// Waits out the block, then a new tick fetches again: the block ends.
 async fn assert_unblocked_after(p: &Pipeline, blocked_for: Duration) -> Vec<Seen> {
     tokio::time::sleep(blocked_for + Duration::from_millis(100)).await;
-    assert_eq!(p.peek("yt").await.blocked_for, Duration::ZERO);
+    assert_eq!(p.peek(world::CREDENTIAL).await.blocked_for, Duration::ZERO);
     let jobs = p.config.jobs["hot"].items() as usize;
     let tick = p.trigger("hot").await;
     let evs = p
@@ -120,10 +121,10 @@ async fn assert_unblocked_after(p: &Pipeline, blocked_for: Duration) -> Vec<Seen
 async fn upstream_429_with_retry_after_blocks_the_credential_for_every_worker() {
     let _machine = machine::timing();
     let mut p = start(
-        yt_endpoint(),
+        world::endpoint(),
         &FOUR,
         1,
-        sim(1).key("yt-key", 1000, Duration::from_secs(3600)),
+        sim(1).key(world::SECRET, 1000, Duration::from_secs(3600)),
     )
     .await;
     p.sim.inject(
@@ -182,7 +183,7 @@ async fn upstream_429_with_retry_after_blocks_the_credential_for_every_worker() 
                 || c.at >= block_end - Duration::from_millis(100)),
         "a request reached the upstream during the block"
     );
-    assert_eq!(stats.key("yt-key").too_many_requests, 1);
+    assert_eq!(stats.key(world::SECRET).too_many_requests, 1);
     p.stop().await;
 }
 
@@ -193,10 +194,10 @@ async fn upstream_403_quota_exceeded_blocks_for_throttle_block() {
     let _machine = machine::timing();
     // The upstream allows 2 units an hour; we think 1000.
     let mut p = start(
-        yt_endpoint().throttle_block("3s"),
+        world::endpoint().throttle_block("3s"),
         &["US"],
         3,
-        sim(3).key("yt-key", 2, Duration::from_secs(3600)),
+        sim(3).key(world::SECRET, 2, Duration::from_secs(3600)),
     )
     .await;
     let tick = p.trigger("hot").await;
@@ -208,7 +209,7 @@ async fn upstream_403_quota_exceeded_blocks_for_throttle_block() {
     assert!(o.detail.contains("quotaExceeded"), "{}", o.detail);
     assert_eq!((o.page, o.pages), (3, 2));
     assert_eq!(o.retry_after, Some(Duration::from_secs(3)));
-    assert_eq!(p.sim_stats().key("yt-key").quota_errors, 1);
+    assert_eq!(p.sim_stats().key(world::SECRET).quota_errors, 1);
     assert_blocked(&p, Duration::from_secs(3)).await;
     // The cursor was kept at page 3: the refused page is the next one asked for.
     let cursor: String = p
@@ -216,7 +217,7 @@ async fn upstream_403_quota_exceeded_blocks_for_throttle_block() {
         .cmd(&["GET", &support::keys::keys().cursor("hot", "region=US")]);
     assert!(cursor.contains(r#""page":3"#), "{cursor}");
     assert_eq!(
-        p.sim_stats().key("yt-key").quota_errors,
+        p.sim_stats().key(world::SECRET).quota_errors,
         1,
         "no request while blocked"
     );
@@ -228,10 +229,10 @@ async fn upstream_403_quota_exceeded_blocks_for_throttle_block() {
 async fn upstream_403_rate_limit_exceeded_blocks_the_credential() {
     let _machine = machine::timing();
     let mut p = start(
-        yt_endpoint().throttle_block("2s"),
+        world::endpoint().throttle_block("2s"),
         &FOUR,
         1,
-        sim(1).key("yt-key", 1000, Duration::from_secs(3600)),
+        sim(1).key(world::SECRET, 1000, Duration::from_secs(3600)),
     )
     .await;
     p.sim.inject(Fault::RateLimitExceeded, 1);
@@ -257,14 +258,14 @@ async fn ratelimit_headers_at_zero_block_until_the_reset() {
     let _machine = machine::timing();
     let per = Duration::from_secs(3);
     let mut p = start(
-        yt_endpoint().ratelimit_headers("x-ratelimit-remaining", "x-ratelimit-reset"),
+        world::endpoint().ratelimit_headers("x-ratelimit-remaining", "x-ratelimit-reset"),
         &["US"],
         3,
         SimConfig {
             ratelimit_headers: true,
             ..sim(3)
         }
-        .key("yt-key", 3, per),
+        .key(world::SECRET, 3, per),
     )
     .await;
     let tick = p.trigger("hot").await;
@@ -280,7 +281,7 @@ async fn ratelimit_headers_at_zero_block_until_the_reset() {
     assert_unblocked_after(&p, blocked).await;
     let stats = p.sim_stats();
     assert_eq!(
-        stats.key("yt-key").quota_errors,
+        stats.key(world::SECRET).quota_errors,
         0,
         "the upstream never had to refuse"
     );

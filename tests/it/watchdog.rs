@@ -17,22 +17,21 @@ use quota_worker::config::Config;
 use quota_worker::daemon::{Hooks, RunOptions};
 use quota_worker::ops::{Notifier, STALE_AFTER};
 
-use crate::support::daemon;
 use crate::support::http::http_get;
 use crate::support::in_process::InProcess;
 use crate::support::logs::Logs;
 use crate::support::machine;
 use crate::support::notify::NotifySocket;
 use crate::support::process::Proc;
-use crate::support::{RedisServer, TestConfig, Worker, free_port};
+use crate::support::world;
+use crate::support::{RedisServer, TestConfig, Window, Worker, free_port};
 
 /// Pings are due every 500 ms.
 const WATCHDOG_USEC: &str = "1000000";
 const WATCHDOG: Duration = Duration::from_secs(1);
-const KEY: &str = "not-a-real-key";
 
 fn config(url: &str, listen: &str) -> TestConfig {
-    daemon::idle(daemon::yt_key1())
+    world::idle(world::credential(Window::sliding(9500, "24h")))
         .redis_url(url)
         .worker(Worker::default().concurrency(2).shutdown_timeout("2s"))
         .metrics_listen(listen)
@@ -46,7 +45,6 @@ fn start(cfg: &TestConfig, notify: &NotifySocket, port: u16) -> Proc {
     let env = vec![
         ("NOTIFY_SOCKET", path.to_str().expect("utf-8 path")),
         ("WATCHDOG_USEC", WATCHDOG_USEC),
-        ("YT_KEY1", KEY),
         ("QUOTA_WORKER_METRICS_LISTEN", port.as_str()),
     ];
     Proc::start("daemon", cfg, &["run"], &env)
@@ -60,7 +58,7 @@ async fn start_in_process(
     wedge_scheduler: bool,
 ) -> (InProcess, u16) {
     // Only the test's variables: nothing leaks in from whoever runs it.
-    let lookup = |name: &str| (name == "YT_KEY1").then(|| KEY.to_owned());
+    let lookup = |name: &str| (name == world::KEY_ENV).then(|| world::SECRET.to_owned());
     let config = Config::load_with_env(&cfg.path(), &lookup).expect("config");
     let secrets = config.secrets_with_env(&lookup).expect("secrets");
     let (addr_tx, mut addr_rx) = tokio::sync::watch::channel(None);

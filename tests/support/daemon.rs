@@ -1,8 +1,7 @@
-//! The config the multi-process tests share (the credential `sim`, its
-//! endpoint `sim.videos` and the job [`JOB`] paging the simulator's videos
-//! per region into `data/trending/<region>.jsonl`), and readers for what
-//! the daemons leave behind: tick claims and outcome hashes in Redis, the
-//! queue's state, the sink's records.
+//! Daemons on fixed cron ticks ([`start_before_first_tick`]), and readers
+//! for what the daemons of the world's config ([`super::world`]) leave
+//! behind: tick claims and outcome hashes in Redis, the queue's state, the
+//! sink's records of [`JOB`].
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -11,14 +10,10 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Datelike, Timelike, Utc};
 use serde_json::Value;
 
-use super::config::{ConfigBuilder, Credential, Endpoint, Job, TestConfig, Window};
+use super::config::TestConfig;
 use super::keys::{any_tick, apalis, keys};
-use super::upstream::KEY_ENV;
+use super::world::JOB;
 
-/// The job [`config`] defines.
-pub const JOB: &str = "trending";
-/// Eight regions: the fan-out of SPEC's example job.
-pub const REGIONS: [&str; 8] = ["US", "GB", "DE", "FR", "IN", "BR", "AU", "CA"];
 /// Outcome fields of a tick hash that end a task's chain.
 pub const TERMINAL: [&str; 5] = [
     "done",
@@ -27,64 +22,6 @@ pub const TERMINAL: [&str; 5] = [
     "failed",
     "superseded",
 ];
-
-/// The credential `sim`: its secret in [`KEY_ENV`], room for everything.
-pub fn credential() -> Credential {
-    Credential::env("sim", KEY_ENV).window(Window::sliding(1_000_000, "1h"))
-}
-
-/// The endpoint `sim.videos`, cost 1, 30 s request timeout.
-pub fn endpoint() -> Endpoint {
-    Endpoint::new("sim.videos", "sim", 1).timeout("30s")
-}
-
-/// The job [`JOB`]: the simulator at `upstream`, per region of [`REGIONS`],
-/// at most 3 pages a run, never fired by its schedule.
-pub fn job(upstream: &str) -> Job {
-    Job::videos(JOB, "sim.videos", upstream)
-        .fan_out("region", REGIONS)
-        .pages(3)
-}
-
-/// [`credential`], [`endpoint`] and `job` (usually [`job`], tuned). No
-/// `[redis] url`: daemons get theirs from `QUOTA_WORKER_REDIS_URL`, or run
-/// the embedded Redis.
-pub fn config(job: Job) -> ConfigBuilder {
-    ConfigBuilder::new()
-        .credential(credential())
-        .endpoint(endpoint())
-        .job(job)
-}
-
-/// The simulator's videos of `regions` at `upstream`, up to `pages` pages
-/// a run, three attempts 100–200 ms apart: the job of the operations tests.
-pub fn videos_job(name: &str, endpoint: &str, upstream: &str, regions: &[&str], pages: u32) -> Job {
-    Job::videos(name, endpoint, upstream)
-        .fan_out("region", regions.iter().copied())
-        .pages(pages)
-        .retry(3, Some("100ms"), Some("200ms"))
-}
-
-/// The credential `yt-key1` (its secret in `YT_KEY1`), 9500 units a day.
-pub fn yt_key1() -> Credential {
-    Credential::env("yt-key1", "YT_KEY1").window(Window::sliding(9500, "24h"))
-}
-
-/// A daemon with nothing to do: `credential`, the endpoint
-/// `youtube.videos.list` on it, and a job that never fires (its upstream is
-/// nowhere). Its loops run and beat as in production; nothing is fetched.
-pub fn idle(credential: Credential) -> ConfigBuilder {
-    ConfigBuilder::new()
-        .endpoint(Endpoint::new("youtube.videos.list", credential.name(), 1))
-        .credential(credential)
-        .job(videos_job(
-            "trending",
-            "youtube.videos.list",
-            "http://127.0.0.1:9",
-            &["US"],
-            1,
-        ))
-}
 
 /// `n` ticks `every_secs` apart (UTC, whole seconds, all in one minute, the
 /// first at least `lead` from now) as a cron expression that fires exactly

@@ -4,13 +4,14 @@
 //!
 //! | module | what |
 //! |---|---|
+//! | [`world`] | the one world the tests describe: the credential, its secret's variable and value, the endpoint, the job, and builders that compose them into a config |
 //! | [`redis_server`] | a private `redis-server` on a free port: stop, kill, hang, restart, a shifted clock |
 //! | [`cluster`] | a private Redis Cluster (3 masters, optionally a replica each): which node masters a key, kill, hang, restart, wait for a failover |
 //! | [`hostile`] | an upstream that redirects anywhere, loops, and answers with huge, endless or echoing bodies (the hardening tests) |
 //! | [`upstream`] | the simulated metered API on its own runtime, a blackhole upstream, what the simulator saw |
 //! | [`config`] | the config builder: credentials, windows, endpoints, jobs, sinks rendered as the TOML files the real loader reads |
 //! | [`process`] | the one supervisor for the real binary: spawn on a config with an environment, read its logs, signal it by pid, its exit status |
-//! | [`daemon`] | the config the multi-process tests share, and what daemons leave in Redis and the sinks |
+//! | [`daemon`] | daemons on fixed cron ticks, and what daemons leave in Redis and the sinks |
 //! | [`styles`] | jobs in each of the simulator's pagination styles (GitHub, Meta, page numbers, ...), and a scan of every key and value in Redis for a secret |
 //! | [`pipeline`] | the daemon in-process, with every task outcome as an event |
 //! | [`postgres`] | a private PostgreSQL server (`initdb` into a temp dir, as `nobody` under root): stop, restart on the same port, roles, queries |
@@ -43,6 +44,7 @@ pub mod redis_server;
 pub mod seed;
 pub mod styles;
 pub mod upstream;
+pub mod world;
 
 use std::path::PathBuf;
 use std::process::Output;

@@ -2,9 +2,8 @@
 //! real `redis-server` and the real simulated upstream, with a config the
 //! test builds ([`ConfigBuilder`]); every task outcome is collected with the
 //! instant it arrived, for the pipeline promises (queue, retries, quota
-//! exhaustion, throttling) that read outcomes rather than logs. The presets
-//! [`yt`] and [`yt_endpoint`] are the credential and endpoint those tests
-//! share, [`one_page_sim`] the simulator of those that count tasks.
+//! exhaustion, throttling) that read outcomes rather than logs. What it
+//! runs on is the tests' one world ([`super::world`]).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -22,48 +21,9 @@ use simulator::{SimConfig, SimStats, Simulator};
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
-use super::config::{ConfigBuilder, Credential, Endpoint, TestConfig, Window, Worker};
+use super::config::{ConfigBuilder, TestConfig};
 use super::in_process::InProcess;
 use super::redis_server::RedisServer;
-
-/// The endpoint of [`yt_endpoint`].
-pub const YT_ENDPOINT: &str = "youtube.videos.list";
-/// The simulator's key for [`yt`], and the value of its `secret_env`.
-pub const YT_KEY: &str = "yt-key";
-
-/// The credential `yt` with one window, its secret [`YT_KEY`] in
-/// `QW_TEST_YT`.
-pub fn yt(window: Window) -> Credential {
-    Credential::env("yt", "QW_TEST_YT")
-        .secret(YT_KEY)
-        .window(window)
-}
-
-/// The endpoint [`YT_ENDPOINT`] on `yt`, cost 1.
-pub fn yt_endpoint() -> Endpoint {
-    Endpoint::new(YT_ENDPOINT, "yt", 1)
-}
-
-/// A simulator that answers every query with one page of `items_per_page`
-/// records and knows [`YT_KEY`] with a million units an hour: a test that
-/// counts tasks, not pages or quota.
-pub fn one_page_sim(items_per_page: u32) -> SimConfig {
-    SimConfig {
-        pages_per_query: 1,
-        items_per_page,
-        ..SimConfig::default()
-    }
-    .key(YT_KEY, 1_000_000, Duration::from_secs(3600))
-}
-
-/// `concurrency` slots that look for tasks every 20 ms and get 5 s to drain:
-/// a pipeline test measures its tasks, not the poll interval.
-pub fn quick_worker(concurrency: u32) -> Worker {
-    Worker::default()
-        .concurrency(concurrency)
-        .poll_interval("20ms")
-        .shutdown_timeout("5s")
-}
 
 /// One outcome, and when the test saw it.
 #[derive(Debug, Clone)]

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use super::config::TestConfig;
-use super::upstream::{KEY_ENV, SIM_KEY};
+use super::world::{KEY_ENV, SECRET};
 use super::{bin, wait_until};
 
 /// The environment variables a test must not inherit from whoever runs it.
@@ -102,8 +102,9 @@ impl Proc {
     }
 
     /// `quota-worker --log-format json run` on `cfg` with the simulator's
-    /// key in [`KEY_ENV`], on the Redis at `redis_url` (`None`: the
-    /// config's, i.e. the embedded one), and `env`.
+    /// key [`SECRET`] in [`KEY_ENV`] (unless the config gives that variable
+    /// its own secret), on the Redis at `redis_url` (`None`: the config's,
+    /// i.e. the embedded one), and `env`.
     pub fn daemon(
         label: &str,
         cfg: &TestConfig,
@@ -122,12 +123,15 @@ impl Proc {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> Proc {
-        let mut all = vec![(KEY_ENV, SIM_KEY)];
+        // The config's own secrets come after the default key: a test that
+        // spells its own secret in KEY_ENV keeps it.
+        let mut all = vec![(KEY_ENV, SECRET)];
+        all.extend(cfg.env());
         if let Some(url) = redis_url {
             all.push(("QUOTA_WORKER_REDIS_URL", url));
         }
         all.extend_from_slice(env);
-        Self::start(label, cfg, args, &all)
+        Self::start_at(label, &cfg.path(), args, &all)
     }
 
     /// Its pid.

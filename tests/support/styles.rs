@@ -1,23 +1,20 @@
 //! Jobs in each of the simulator's pagination styles ([`Style`]: GitHub's
 //! `Link`, Meta's `paging.next`, a relative next URL, page numbers, a
-//! numeric cursor) on one credential and endpoint, for the pagination and
-//! incremental tests; and a scan of every key and value in a Redis, to show
-//! a secret is nowhere in it.
+//! numeric cursor) on the world's credential and endpoint
+//! ([`super::world`]), for the pagination and incremental tests; and a scan
+//! of every key and value in a Redis, to show a secret is nowhere in it.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use simulator::{SimConfig, SimStyle};
 
-use super::config::{ConfigBuilder, Credential, Endpoint, Job, Request, Sink, Window, Worker};
+use super::config::{ConfigBuilder, Endpoint, Job, Request, Sink, Window};
 use super::pipeline::Pipeline;
+use super::world::{self, ENDPOINT};
 
-/// The environment variable the credential `api`'s secret comes from.
-pub const API_KEY_ENV: &str = "QW_TEST_API";
 /// The path every job here pages.
 pub const PATH: &str = "/items";
-/// The endpoint every job here spends on.
-pub const ENDPOINT: &str = "api.items";
 
 /// Where a job sends the key.
 #[derive(Debug, Clone, Copy)]
@@ -88,9 +85,9 @@ pub const NUMERIC: Style = Style {
     pagination: &[("cursor", "/next_page"), ("param", "page")],
 };
 
-/// The credential `api` (its secret `secret` in [`API_KEY_ENV`], one
-/// `window`), the endpoint [`ENDPOINT`] (cost 1; more fields with
-/// `endpoint`), two worker slots that look for tasks every 20 ms, and `jobs`.
+/// The world's credential with the secret `secret` (the secret tests
+/// spell theirs) and one `window`, its endpoint (more fields with
+/// `endpoint`), two quick worker slots, and `jobs`.
 pub fn config(
     secret: &str,
     window: Window,
@@ -98,27 +95,13 @@ pub fn config(
     jobs: impl IntoIterator<Item = Job>,
 ) -> ConfigBuilder {
     let mut b = ConfigBuilder::new()
-        .worker(
-            Worker::default()
-                .concurrency(2)
-                .poll_interval("20ms")
-                .shutdown_timeout("5s"),
-        )
-        .credential(
-            Credential::env("api", API_KEY_ENV)
-                .secret(secret)
-                .window(window),
-        )
-        .endpoint(endpoint(Endpoint::new(ENDPOINT, "api", 1)));
+        .worker(world::quick_worker(2))
+        .credential(world::credential(window).secret(secret))
+        .endpoint(endpoint(world::endpoint()));
     for j in jobs {
         b = b.job(j);
     }
     b
-}
-
-/// A window with room for everything a test does.
-pub fn wide() -> Window {
-    Window::sliding(100_000, "1h")
 }
 
 /// The daemon in-process ([`Pipeline`]) on `style`'s simulator of `pages`

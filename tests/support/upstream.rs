@@ -10,11 +10,7 @@ use std::time::Duration;
 
 use simulator::{Fault, SimConfig, SimStats, Simulator};
 
-/// The API key the simulator accepts in [`Upstream::start`], and the value
-/// of [`KEY_ENV`] the daemons run with.
-pub const SIM_KEY: &str = "sim-key";
-/// The environment variable the `sim` credential's secret comes from.
-pub const KEY_ENV: &str = "QW_TEST_KEY";
+use super::world::{self, SECRET};
 
 /// The simulated upstream, on its own runtime.
 pub struct Upstream {
@@ -24,17 +20,10 @@ pub struct Upstream {
 }
 
 impl Upstream {
-    /// `pages` pages per query of `items` items, the one key [`SIM_KEY`]
-    /// with room for everything a test does.
+    /// [`world::sim`]: `pages` pages per query of `items` items, the one
+    /// key [`SECRET`] with room for everything a test does.
     pub fn start(pages: u32, items: u32) -> Self {
-        Self::with(
-            SimConfig {
-                pages_per_query: pages,
-                items_per_page: items,
-                ..SimConfig::default()
-            }
-            .key(SIM_KEY, 1_000_000, Duration::from_secs(3600)),
-        )
+        Self::with(world::sim(pages, items))
     }
 
     /// Starts it with `config`.
@@ -67,9 +56,9 @@ impl Upstream {
         self.sim().stats()
     }
 
-    /// Requests and units of [`SIM_KEY`] in flight at the upstream now.
+    /// Requests and units of [`SECRET`] in flight at the upstream now.
     pub fn in_flight(&self) -> (u64, u64) {
-        self.sim().in_flight(SIM_KEY)
+        self.sim().in_flight(SECRET)
     }
 
     /// The next `count` requests get `fault`.
@@ -82,11 +71,11 @@ impl Upstream {
         self.sim().clear_faults();
     }
 
-    /// Requests of [`SIM_KEY`] answered by an injected fault so far (counted
+    /// Requests of [`SECRET`] answered by an injected fault so far (counted
     /// when the fault is taken: a delayed request counts while it is still
     /// waiting).
     pub fn injected(&self) -> u64 {
-        self.stats().key(SIM_KEY).injected
+        self.stats().key(SECRET).injected
     }
 
     /// Marks every item updated now: `since` sees them again, `ETag`s change.
