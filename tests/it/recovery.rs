@@ -417,7 +417,7 @@ fn a_daemon_killed_while_recording_its_tasks_ends_leaves_each_item_whole() {
     // Item locks of min(10 s, recover_after / 2) = 8 s, renewed every
     // 2.7 s until Redis's writes pause: held (not lapsed) while the test
     // looks at them.
-    let cfg = daemon::config(daemon::job(&upstream.base_url()).pages(1))
+    let cfg = world::config(world::job(&upstream.base_url()).pages(1))
         .worker(Worker::default().concurrency(8).recover_after("16s"))
         .write();
     let lock_ttl_ms = 8_000;
