@@ -11,6 +11,7 @@
 //! refused is itself the answer (no `@scripting`); `EVALSHA` is tried with
 //! a digest no script has (`NOSCRIPT` means allowed).
 
+use std::collections::BTreeSet;
 use std::fmt;
 
 use redis::aio::ConnectionLike;
@@ -178,6 +179,65 @@ pub(crate) async fn access<C: ConnectionLike + Send>(
     }
     let probe_key = format!("{prefix}:acl-probe");
     let queue_key = format!("{}:acl-probe", KeySpace::new(prefix).queue());
+    access_with(conn, &specs, [&probe_key, &queue_key]).await
+}
+
+/// What the user of `conn`, a Redis Cluster of `[redis] quota_nodes`, may
+/// do of what the windows need: the commands the windows' scripts call
+/// (found in their source, so a command added there is asked about without
+/// a second list to keep), the status page's reads, and `WAIT` with
+/// `replicas`. Asked of the master of one slot: a cluster's ACL users are
+/// set per node, and an operator sets them alike on every node.
+pub(crate) async fn access_windows<C: ConnectionLike + Send>(
+    conn: &mut C,
+    prefix: &str,
+    replicas: bool,
+) -> Result<Access, RedisError> {
+    let mut called = BTreeSet::new();
+    for script in crate::quota::SCRIPTS {
+        commands_in(script, &["call('", "call(\""], &mut called);
+    }
+    // Besides the scripts: loading them, the status page's reads (TIME, GET
+    // of the rings), the connection's PING.
+    called.extend(["SCRIPT", "PING", "TIME", "GET"].map(str::to_owned));
+    let mut specs: Vec<(&str, &str)> = (NEEDED.iter())
+        .filter(|(_, spec)| called.contains(spec.split(' ').next().unwrap_or("")))
+        .copied()
+        .collect();
+    if replicas {
+        specs.push(NEEDED_WITH_REPLICAS);
+    }
+    // Both keys in one slot: a cluster runs a script's keys on one node.
+    let probe_key = format!("{prefix}:{{acl-probe}}:w");
+    let other_key = format!("{prefix}:{{acl-probe}}:q");
+    access_with(conn, &specs, [&probe_key, &other_key]).await
+}
+
+/// The command names in `text` at each of `openers` (`call('` and the
+/// like): the word up to the closing quote, upper-cased.
+pub(crate) fn commands_in(text: &str, openers: &[&str], found: &mut BTreeSet<String>) {
+    for opener in openers {
+        for (at, _) in text.match_indices(opener) {
+            let rest = &text[at + opener.len()..];
+            let word: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_alphabetic())
+                .collect();
+            let closed = rest[word.len()..].starts_with(['\'', '"']);
+            if closed && !word.is_empty() {
+                found.insert(word.to_ascii_uppercase());
+            }
+        }
+    }
+}
+
+/// Asks whether the user of `conn` may run each of `specs` (`{k}` and `{q}`
+/// in them: `keys`).
+async fn access_with<C: ConnectionLike + Send>(
+    conn: &mut C,
+    specs: &[(&'static str, &'static str)],
+    [probe_key, queue_key]: [&str; 2],
+) -> Result<Access, RedisError> {
     let mut missing = Vec::new();
     // EVALSHA with a digest no script has: NOSCRIPT if it may run.
     let evalsha = redis::cmd("EVALSHA")
@@ -194,8 +254,8 @@ pub(crate) async fn access<C: ConnectionLike + Send>(
         });
     }
     let mut eval = redis::cmd("EVAL");
-    eval.arg(PROBE).arg(2).arg(&probe_key).arg(&queue_key);
-    for (_, spec) in &specs {
+    eval.arg(PROBE).arg(2).arg(probe_key).arg(queue_key);
+    for (_, spec) in specs {
         eval.arg(spec.replace(' ', "\u{1f}"));
     }
     match eval.query_async::<Vec<usize>>(conn).await {
@@ -263,7 +323,7 @@ mod tests {
     use std::collections::BTreeSet;
     use std::path::Path;
 
-    use super::{NEEDED, NEEDED_WITH_REPLICAS};
+    use super::{NEEDED, NEEDED_WITH_REPLICAS, commands_in};
 
     /// Commands sent that the check deliberately does not ask about, and why.
     const NOT_ASKED: &[(&str, &str)] = &[
@@ -283,24 +343,6 @@ mod tests {
             "the embedded Redis only, as its own default user",
         ),
     ];
-
-    /// The command names in `text` at each of `openers` (`call('` and the
-    /// like): the word up to the closing quote, upper-cased.
-    fn commands_in(text: &str, openers: &[&str], found: &mut BTreeSet<String>) {
-        for opener in openers {
-            for (at, _) in text.match_indices(opener) {
-                let rest = &text[at + opener.len()..];
-                let word: String = rest
-                    .chars()
-                    .take_while(|c| c.is_ascii_alphabetic())
-                    .collect();
-                let closed = rest[word.len()..].starts_with(['\'', '"']);
-                if closed && !word.is_empty() {
-                    found.insert(word.to_ascii_uppercase());
-                }
-            }
-        }
-    }
 
     fn walk(dir: &Path, ext: &str, each: &mut dyn FnMut(&str)) {
         for entry in std::fs::read_dir(dir).expect("read_dir") {

@@ -142,7 +142,7 @@ async fn read_sources(config: &Config) -> (Config, Vec<(String, SourceRead)>) {
 /// every master of the quota windows' cluster (`[redis] quota_nodes`) too.
 async fn redis_eviction(config: &Config) -> Exit {
     let queue = queue_eviction(config).await;
-    let cluster = cluster_eviction(config).await;
+    let cluster = quota_cluster(config).await;
     if queue == Exit::Config || cluster == Exit::Config {
         Exit::Config
     } else {
@@ -204,8 +204,9 @@ async fn queue_eviction(config: &Config) -> Exit {
     }
 }
 
-/// Every master of the cluster of `[redis] quota_nodes`, when it answers now.
-async fn cluster_eviction(config: &Config) -> Exit {
+/// Every master of the cluster of `[redis] quota_nodes`, when it answers
+/// now, and whether its user may run what the windows need.
+async fn quota_cluster(config: &Config) -> Exit {
     if config.redis.quota_nodes.is_empty() {
         return Exit::Ok;
     }
@@ -218,7 +219,32 @@ async fn cluster_eviction(config: &Config) -> Exit {
         );
         return Exit::Ok;
     };
-    verdict(config, &at, conn.eviction(wait).await)
+    let eviction = verdict(config, &at, conn.eviction(wait).await);
+    let replicas = config.redis.quota_replicas > 0;
+    let access =
+        match acl::access_windows(&mut conn.clone(), &config.redis.key_prefix, replicas).await {
+            Ok(acl::Access::Granted) => {
+                println!("redis: {at}: the user may run every command the windows need");
+                Exit::Ok
+            }
+            Ok(missing @ acl::Access::Missing(_)) => {
+                eprintln!("error: Redis at {at}: {missing}");
+                Exit::Config
+            }
+            Ok(unknown @ acl::Access::Unknown(_)) => {
+                println!("warning: redis: {at}: {unknown}");
+                Exit::Ok
+            }
+            Err(e) => {
+                println!("warning: redis: {at}: the user's permissions could not be read: {e}");
+                Exit::Ok
+            }
+        };
+    if eviction == Exit::Config || access == Exit::Config {
+        Exit::Config
+    } else {
+        Exit::Ok
+    }
 }
 
 /// Prints what `eviction` at `at` means for `run`, and the exit code.

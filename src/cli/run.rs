@@ -79,6 +79,7 @@ pub(crate) fn daemon_error(e: &DaemonError) -> Exit {
         DaemonError::Metrics { .. }
         | DaemonError::Auth { .. }
         | DaemonError::Permissions { .. }
+        | DaemonError::WindowPermissions { .. }
         | DaemonError::UnsafeEviction { .. }
         | DaemonError::QuotaUnsafeEviction { .. }
         | DaemonError::Embedded(EmbeddedError::PathTooLong(_)) => Exit::Config,

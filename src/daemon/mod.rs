@@ -68,6 +68,13 @@ pub enum DaemonError {
         /// What it may not run, and what to grant.
         what: String,
     },
+    /// The Redis Cluster's user (`[redis] quota_nodes`) may not run
+    /// commands the windows need.
+    #[error("the quota windows' Redis Cluster ([redis] quota_nodes): {what}")]
+    WindowPermissions {
+        /// What it may not run, and what to grant.
+        what: String,
+    },
     /// Redis may evict keys, and `[redis] unsafe_eviction` is "refuse".
     #[error("Redis at {url}: {}", Eviction::unsafe_reason(policy))]
     UnsafeEviction {
@@ -410,7 +417,34 @@ async fn preflight(
     limiter_conn: &QuotaConn,
 ) -> Result<(), DaemonError> {
     check_eviction(url, config, queue_conn, limiter_conn).await?;
-    check_access(url, config, queue_conn).await
+    check_access(url, config, queue_conn).await?;
+    if config.redis.quota_nodes.is_empty() {
+        return Ok(());
+    }
+    check_window_access(config, limiter_conn).await
+}
+
+/// Like [`check_access`], for the user of the quota windows' cluster
+/// (`[redis] quota_nodes`) and what the windows need of it.
+async fn check_window_access(config: &Config, conn: &QuotaConn) -> Result<(), DaemonError> {
+    let replicas = config.redis.quota_replicas > 0;
+    let at = "the quota windows' Redis Cluster";
+    match crate::acl::access_windows(&mut conn.clone(), &config.redis.key_prefix, replicas).await {
+        Ok(crate::acl::Access::Granted) => Ok(()),
+        Ok(missing @ crate::acl::Access::Missing(_)) => Err(DaemonError::WindowPermissions {
+            what: missing.to_string(),
+        }),
+        Ok(unknown @ crate::acl::Access::Unknown(_)) => {
+            warn!(
+                "{at}: {unknown}: make sure its user may run every command the windows need (docs/redis.md)"
+            );
+            Ok(())
+        }
+        Err(e) => {
+            warn!(error = %e, "{at}: the user's permissions could not be read");
+            Ok(())
+        }
+    }
 }
 
 /// Refuses a Redis user that may not run every command the product sends

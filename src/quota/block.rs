@@ -31,10 +31,14 @@ use crate::keys::KeySpace;
 pub const STREAK_MEMORY: Duration = Duration::from_secs(3600);
 
 /// `lua/block.lua`.
-static SCRIPT: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../../lua/block.lua")));
+/// `lua/block.lua`'s source.
+pub(crate) const BLOCK_SOURCE: &str = include_str!("../../lua/block.lua");
+static SCRIPT: LazyLock<Lua> = LazyLock::new(|| Lua::new(BLOCK_SOURCE));
 
 /// `lua/blocks.lua`.
-static READ: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../../lua/blocks.lua")));
+/// `lua/blocks.lua`'s source.
+pub(crate) const BLOCKS_SOURCE: &str = include_str!("../../lua/blocks.lua");
+static READ: LazyLock<Lua> = LazyLock::new(|| Lua::new(BLOCKS_SOURCE));
 
 /// Why a credential is blocked. The words ([`BlockReason::as_str`]) are
 /// stable: they are stored in Redis and shown by `quota --json`, the

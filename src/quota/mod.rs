@@ -40,6 +40,10 @@ pub use block::{BlockFor, BlockReason, Blocked, ResourceBlock, STREAK_MEMORY};
 /// The spend script's source, as shipped in `lua/spend.lua`.
 pub const SCRIPT: &str = include_str!("../../lua/spend.lua");
 
+/// Every script that runs where the windows live (the ACL check of a
+/// `[redis] quota_nodes` cluster asks about the commands they call).
+pub(crate) const SCRIPTS: [&str; 3] = [SCRIPT, block::BLOCK_SOURCE, block::BLOCKS_SOURCE];
+
 /// The spend script's last line: it runs `spend_main` on the call's own
 /// KEYS and ARGV.
 const DISPATCH: &str = "return spend_main(KEYS, ARGV)";

@@ -850,6 +850,62 @@ async fn an_evicting_cluster_master_is_refused_by_check_and_run() {
     }
 }
 
+/// The windows' cluster has its own Redis users (`[redis] quota_nodes`):
+/// one that may not run a command the windows' scripts call (here BITFIELD:
+/// the spend history's rings) is refused by `check` and `run` (exit 78,
+/// naming the command and what to grant, the password never shown), as
+/// the queue's user is; once granted, `check` says the user may.
+#[test]
+fn a_cluster_user_missing_a_window_command_is_refused_by_check_and_run() {
+    let _machine = machine::heavy();
+    let cluster = Cluster::start(3);
+    let queue = RedisServer::start();
+    // An operator sets a cluster's users alike on every node.
+    let user = |extra: &[&str]| {
+        for node in &cluster.nodes {
+            let mut args = vec![
+                "ACL",
+                "SETUSER",
+                "windows",
+                "reset",
+                "on",
+                ">win-pw-7c1",
+                "~*",
+                "&*",
+                "+@all",
+            ];
+            args.extend_from_slice(extra);
+            let _: String = node.cmd(&args);
+        }
+    };
+    user(&["-@bitmap"]);
+    let urls: Vec<String> = (cluster.nodes.iter())
+        .map(|n| format!("redis://windows:win-pw-7c1@127.0.0.1:{}/", n.port()))
+        .collect();
+    let cfg = many(1, 10, "fail-closed")
+        .redis_url(&queue.url())
+        .quota_nodes(urls)
+        .write();
+    for args in [&["check"][..], &["--log-format", "json", "run"][..]] {
+        let (code, stdout, log) = run_cli(&cfg, None, args, Duration::from_secs(60));
+        assert_eq!(code, Some(78), "{args:?}: {stdout}{log}");
+        assert!(
+            log.contains("quota windows' Redis Cluster")
+                && log.contains("BITFIELD")
+                && log.contains("+@bitmap"),
+            "{args:?}: {log}"
+        );
+        assert!(!format!("{stdout}{log}").contains("win-pw-7c1"), "{args:?}");
+    }
+    user(&[]);
+    let (code, stdout, log) = run_cli(&cfg, None, &["check"], Duration::from_secs(30));
+    assert_eq!(code, Some(0), "{stdout}{log}");
+    assert!(
+        stdout.contains("the user may run every command the windows need"),
+        "{stdout}"
+    );
+}
+
 /// Tenants of a template credential (issue 15 item 4) on the cluster: each
 /// tenant's keys carry its own hash tag, so 30 tenants of one credential
 /// spread over the masters, and each admits exactly its own window.
