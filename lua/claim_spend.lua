@@ -7,6 +7,12 @@
 -- and uses this only when the windows live in the queue's Redis and no
 -- replica must acknowledge the spend (quota::Limiter::rides_along).
 --
+-- One clock read for both (issue 28): the composition declares a table
+-- `claim_clock` before spend.lua's text and makes the spend's read of
+-- Redis TIME take `claim_clock.now` when set; the claim sets it here. The
+-- spend's clock guard (never earlier than a fixed window's period) still
+-- applies to it.
+--
 -- The spend runs only when the claim succeeds: a task that already ended, or
 -- whose item another task holds, spends nothing. A spend the task then does
 -- not use (its run was superseded, its request could not be built) is
@@ -35,7 +41,7 @@ for i = 4, #ARGV do
   spend_argv[i - 3] = ARGV[i]
 end
 
-local claimed = item_lock_main(lock_keys, lock_argv)
+local claimed = item_lock_main(lock_keys, lock_argv, claim_clock)
 if claimed[1] ~= 2 then
   return claimed
 end

@@ -28,21 +28,29 @@
 --   release: 1 if released, 0 if it was no longer ours
 
 -- The script is one function, item_lock_main(KEYS, ARGV), called by the last
--- line, so that lua/claim_spend.lua can claim and spend in one call.
+-- line, so that lua/claim_spend.lua can claim and spend in one call; there
+-- it passes `clock`, a table the claim leaves its TIME reply in (`now`),
+-- which the spend then reads instead of asking Redis again.
 
-local function item_lock_main(KEYS, ARGV)
+local function item_lock_main(KEYS, ARGV, clock)
   local op = ARGV[1]
   if op == 'claim' then
-    if redis.call('EXISTS', KEYS[2]) == 1 then
+    -- One MGET for the done marker and the item's four keys (issue 28:
+    -- commands per task). Read before the lock is taken, in the same
+    -- script: nothing can run in between.
+    local v = redis.call('MGET', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6])
+    if v[1] then
       return { 0 }
     end
     if not redis.call('SET', KEYS[1], ARGV[2], 'NX', 'PX', ARGV[3]) then
       return { 1 }
     end
-    -- One MGET for the item's four keys (issue 28: commands per task).
-    local v = redis.call('MGET', KEYS[3], KEYS[4], KEYS[5], KEYS[6])
     local function s(x) return x or '' end
-    return { 2, s(v[1]), s(v[2]), s(v[3]), s(v[4]), redis.call('TIME')[1] }
+    local t = redis.call('TIME')
+    if clock then
+      clock.now = t
+    end
+    return { 2, s(v[2]), s(v[3]), s(v[4]), s(v[5]), t[1] }
   end
   if redis.call('GET', KEYS[1]) ~= ARGV[2] then
     return 0

@@ -27,15 +27,32 @@ const ITEM_LOCK_SRC: &str = include_str!("../../lua/item_lock.lua");
 
 static ITEM_LOCK: LazyLock<Lua> = LazyLock::new(|| Lua::new(ITEM_LOCK_SRC));
 
+/// Where spend.lua reads Redis's clock, once per call.
+const SPEND_CLOCK_READ: &str = "local t = call('TIME')";
+
 /// The claim with the first page's spend in the same call: spend.lua's and
-/// item_lock.lua's functions, then `lua/claim_spend.lua`.
+/// item_lock.lua's functions, then `lua/claim_spend.lua`. The spend reads
+/// the claim's clock (`claim_clock`, set by the claim) instead of a TIME
+/// of its own (issue 28: one command per task); spend.lua itself is not
+/// changed for it (used alone, it reads TIME as before).
 static CLAIM_SPEND_SRC: LazyLock<String> = LazyLock::new(|| {
     let lock = ITEM_LOCK_SRC
         .trim_end()
         .strip_suffix("return item_lock_main(KEYS, ARGV)")
         .expect("lua/item_lock.lua ends with its dispatch line");
+    let spend = crate::quota::library();
+    assert_eq!(
+        spend.matches(SPEND_CLOCK_READ).count(),
+        1,
+        "lua/spend.lua reads Redis TIME once, as `{SPEND_CLOCK_READ}`"
+    );
+    let spend = spend.replacen(
+        SPEND_CLOCK_READ,
+        "local t = claim_clock.now or call('TIME')",
+        1,
+    );
     let tail = include_str!("../../lua/claim_spend.lua");
-    format!("{}\n{lock}\n{tail}", crate::quota::library())
+    format!("local claim_clock = {{}}\n{spend}\n{lock}\n{tail}")
 });
 
 static CLAIM_SPEND: LazyLock<Lua> = LazyLock::new(|| Lua::new(&CLAIM_SPEND_SRC));
@@ -278,6 +295,14 @@ mod tests {
             Claim::Held(found) => *found,
             _ => panic!("not held"),
         }
+    }
+
+    /// The composition finds spend.lua's one clock read (a spend.lua that
+    /// reads it otherwise fails here, not on a worker's first claim).
+    #[test]
+    fn the_claim_and_its_spend_read_the_clock_once() {
+        assert!(CLAIM_SPEND_SRC.contains("local t = claim_clock.now or call('TIME')"));
+        assert!(!CLAIM_SPEND_SRC.contains(SPEND_CLOCK_READ));
     }
 
     #[test]
