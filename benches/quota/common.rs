@@ -271,3 +271,133 @@ impl Rounds {
         (median(per), lo, hi)
     }
 }
+
+/// A limiter on the windows of `config` (TOML) over one connection to
+/// `server`, emptied first and without history, as the sections that
+/// compare one window kind with a sliding spend measure it; and the
+/// connection, to empty it again after.
+pub async fn limiter_on(
+    server: &RedisServer,
+    config: &str,
+) -> (quota_worker::quota::Limiter, ConnectionManager) {
+    let cfg = crate::support::TestConfig::new(config, &[]);
+    let config = quota_worker::config::Config::load(&cfg.path()).expect("the section's config");
+    let mut conn = connect(server).await;
+    flushall(&mut conn).await;
+    let limiter = quota_worker::quota::Limiter::new(
+        conn.clone(),
+        std::sync::Arc::new(quota_worker::quota::Quotas::new(&config)),
+        TIMEOUT,
+    )
+    .without_history();
+    (limiter, conn)
+}
+
+/// Interleaved rounds of `endpoints[0]` against `endpoints[1]` at `n`
+/// callers; `call(endpoint)` is one call. Round 0 warms up and is dropped;
+/// which one goes first alternates, so neither always runs warmer.
+pub async fn rounds<F, Fut>(
+    plan: &Plan,
+    n: usize,
+    endpoints: [&'static str; 2],
+    call: F,
+) -> [Rounds; 2]
+where
+    F: Fn(&'static str) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let mut out = [0, 1].map(|_| Rounds {
+        rates: Vec::new(),
+        p50_us: Vec::new(),
+    });
+    for r in 0..plan.rounds + 1 {
+        let order = if r % 2 == 0 { [0, 1] } else { [1, 0] };
+        for k in order {
+            let endpoint = endpoints[k];
+            let call = call.clone();
+            let (calls, secs, ns) = drive(n, plan.round, move || call(endpoint)).await;
+            if r > 0 {
+                out[k].rates.push(calls as f64 / secs);
+                out[k].p50_us.push(percentiles(&ns).p50_us);
+            }
+        }
+    }
+    out
+}
+
+/// The last cells of an "ours ÷ theirs" table row — each side's median
+/// rate (p50 µs), then ours ÷ theirs per round, median (min–max) — and
+/// that ratio as (median, min, max).
+pub fn versus_cells(r: &[Rounds; 2]) -> (String, (f64, f64, f64)) {
+    let (ratio, lo, hi) = r[0].ratio(&r[1]);
+    let cells = format!(
+        "{} ({}) | {} ({}) | **{ratio:.2}×** ({lo:.2}–{hi:.2})",
+        thousands(r[0].median_rate()),
+        thousands(r[0].median_p50_us()),
+        thousands(r[1].median_rate()),
+        thousands(r[1].median_p50_us()),
+    );
+    (cells, (ratio, lo, hi))
+}
+
+/// A table of one window kind (`name`: `bucket`, `concurrent`) against a
+/// one-window sliding spend, by cost and callers: its markdown rows, the
+/// target (≥ 0.9×) at the most callers of each cost, and the JSON cells.
+pub struct VersusSliding {
+    name: &'static str,
+    /// What the target compares, e.g. "bucket window spends/s".
+    what: &'static str,
+    pub markdown: String,
+    pub targets: Vec<crate::report::Target>,
+    pub data: Vec<serde_json::Value>,
+}
+
+impl VersusSliding {
+    /// A table whose markdown starts with `head` (its text and header).
+    pub fn new(name: &'static str, what: &'static str, head: String) -> Self {
+        VersusSliding {
+            name,
+            what,
+            markdown: head,
+            targets: Vec::new(),
+            data: Vec::new(),
+        }
+    }
+
+    /// The row of `cost` at `n` callers (`last`: the most callers, which
+    /// the target reads), from rounds of this kind (`r[0]`) and sliding.
+    pub fn row(&mut self, cost: u64, n: usize, last: bool, r: &[Rounds; 2]) {
+        let (cells, (ratio, lo, hi)) = versus_cells(r);
+        self.markdown
+            .push_str(&format!("| {cost} | {n} | {cells} |\n"));
+        eprintln!(
+            "  cost {cost}, {n} callers: {} ÷ sliding {ratio:.2}×",
+            self.name
+        );
+        if last {
+            self.targets.push(crate::report::Target::new(
+                format!(
+                    "{} ÷ one-window sliding, cost {cost}, {n} callers",
+                    self.what
+                ),
+                "≥ 0.9×",
+                format!(
+                    "{ratio:.2}× ({} vs {} /s; rounds {lo:.2}–{hi:.2})",
+                    thousands(r[0].median_rate()),
+                    thousands(r[1].median_rate())
+                ),
+                ratio >= 0.9,
+            ));
+        }
+        let mut cell = serde_json::Map::new();
+        cell.insert("cost".into(), cost.into());
+        cell.insert("callers".into(), n.into());
+        cell.insert(self.name.into(), serde_json::json!(r[0]));
+        cell.insert("sliding".into(), serde_json::json!(r[1]));
+        cell.insert(
+            format!("{}_vs_sliding", self.name),
+            serde_json::json!({ "median": ratio, "min": lo, "max": hi }),
+        );
+        self.data.push(cell.into());
+    }
+}

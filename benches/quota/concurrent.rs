@@ -9,14 +9,12 @@
 
 use std::time::Duration;
 
-use quota_worker::config::Config;
-use quota_worker::quota::{Limiter, Quotas, request_id};
+use quota_worker::quota::{Limiter, request_id};
 use serde_json::json;
 
 use crate::Ctx;
-use crate::common::{self, Plan, Rounds, TIMEOUT, drive, percentiles, thousands};
-use crate::report::{Section, Target};
-use crate::support::TestConfig;
+use crate::common::{self, Plan, VersusSliding};
+use crate::report::Section;
 
 /// A concurrent window no benchmark fills (a trillion units in flight,
 /// leases of an hour) and a sliding hour of a trillion.
@@ -41,6 +39,10 @@ credential = "sl"
 cost = 1
 "#;
 
+/// The concurrent endpoint and the sliding one, in the order the tables
+/// compare them.
+const ENDPOINTS: [&str; 2] = ["cc", "sl"];
+
 /// Leases held before the first round.
 const HELD: u64 = 10_000;
 
@@ -60,37 +62,10 @@ async fn request(limiter: &Limiter, endpoint: &str) {
     }
 }
 
-/// Interleaved rounds of `a` against `b` at `n` callers; `call(endpoint)`
-/// is one call. Round 0 warms up and is dropped.
-async fn rounds<F, Fut>(plan: &Plan, n: usize, call: F) -> [Rounds; 2]
-where
-    F: Fn(&'static str) -> Fut + Clone + Send + Sync + 'static,
-    Fut: std::future::Future<Output = ()> + Send,
-{
-    let mut out = [0, 1].map(|_| Rounds {
-        rates: Vec::new(),
-        p50_us: Vec::new(),
-    });
-    for r in 0..plan.rounds + 1 {
-        // Which one goes first alternates, so neither always runs warmer.
-        let order = if r % 2 == 0 { [0, 1] } else { [1, 0] };
-        for k in order {
-            let endpoint = ["cc", "sl"][k];
-            let call = call.clone();
-            let (calls, secs, ns) = drive(n, plan.round, move || call(endpoint)).await;
-            if r > 0 {
-                out[k].rates.push(calls as f64 / secs);
-                out[k].p50_us.push(percentiles(&ns).p50_us);
-            }
-        }
-    }
-    out
-}
-
 /// The section: takes the held leases, then the admit table, then the
 /// request table. Over 80 lines because it is the two tables and their
 /// report text in the order the report prints them, as the other sections'
-/// `run`s; the calls themselves are `rounds` and `request`.
+/// `run`s; the calls themselves are `common::rounds` and `request`.
 pub async fn run(ctx: &Ctx) -> Section {
     let plan = Plan::quick_or(
         ctx.quick,
@@ -100,16 +75,7 @@ pub async fn run(ctx: &Ctx) -> Section {
             round: Duration::from_millis(600),
         },
     );
-    let cfg = TestConfig::new(CONFIG, &[]);
-    let config = Config::load(&cfg.path()).expect("concurrent bench config");
-    let mut conn = common::connect(&ctx.redis).await;
-    common::flushall(&mut conn).await;
-    let limiter = Limiter::new(
-        conn.clone(),
-        std::sync::Arc::new(Quotas::new(&config)),
-        TIMEOUT,
-    )
-    .without_history();
+    let (limiter, mut conn) = common::limiter_on(&ctx.redis, CONFIG).await;
     let held = if ctx.quick { 100 } else { HELD };
     {
         let limiter = limiter.clone();
@@ -137,59 +103,42 @@ pub async fn run(ctx: &Ctx) -> Section {
     };
     assert_eq!(leases().await, held, "the window holds the leases taken");
 
-    let mut md = format!(
-        "Spends/s (p50 µs) of `Limiter::spend` at N callers over one shared connection, \
-         median of {} interleaved rounds of {} ms; concurrent ÷ sliding is per round \
-         (target: ≥ 0.9×, within 10%). The concurrent window held {held} leases before the \
-         first round and keeps every lease admitted (none returned).\n\n\
-         | cost | callers | concurrent /s (p50 µs) | sliding, 1 window /s (p50 µs) | concurrent ÷ sliding |\n\
-         |---:|---:|---:|---:|---:|\n",
-        plan.rounds,
-        plan.round.as_millis()
+    let mut table = VersusSliding::new(
+        "concurrent",
+        "concurrent window admits/s",
+        format!(
+            "Spends/s (p50 µs) of `Limiter::spend` at N callers over one shared connection, \
+             median of {} interleaved rounds of {} ms; concurrent ÷ sliding is per round \
+             (target: ≥ 0.9×, within 10%). The concurrent window held {held} leases before the \
+             first round and keeps every lease admitted (none returned).\n\n\
+             | cost | callers | concurrent /s (p50 µs) | sliding, 1 window /s (p50 µs) | concurrent ÷ sliding |\n\
+             |---:|---:|---:|---:|---:|\n",
+            plan.rounds,
+            plan.round.as_millis()
+        ),
     );
-    let mut targets = Vec::new();
-    let mut data = Vec::new();
     for cost in [1u64, 100] {
         for &n in &plan.callers {
             let l = limiter.clone();
-            let r = rounds(&plan, n, move |endpoint| {
+            let r = common::rounds(&plan, n, ENDPOINTS, move |endpoint| {
                 let l = l.clone();
                 async move { common::spend_admitted(&l, endpoint, Some(cost)).await }
             })
             .await;
-            let (ratio, lo, hi) = r[0].ratio(&r[1]);
-            md.push_str(&format!(
-                "| {cost} | {n} | {} ({}) | {} ({}) | **{ratio:.2}×** ({lo:.2}–{hi:.2}) |\n",
-                thousands(r[0].median_rate()),
-                thousands(r[0].median_p50_us()),
-                thousands(r[1].median_rate()),
-                thousands(r[1].median_p50_us()),
-            ));
-            eprintln!("  cost {cost}, {n} callers: concurrent ÷ sliding {ratio:.2}×");
-            if n == *plan.callers.last().expect("callers") {
-                targets.push(Target::new(
-                    format!(
-                        "concurrent window admits/s ÷ one-window sliding, cost {cost}, {n} callers"
-                    ),
-                    "≥ 0.9×",
-                    format!(
-                        "{ratio:.2}× ({} vs {} /s; rounds {lo:.2}–{hi:.2})",
-                        thousands(r[0].median_rate()),
-                        thousands(r[1].median_rate())
-                    ),
-                    ratio >= 0.9,
-                ));
-            }
-            data.push(json!({
-                "cost": cost, "callers": n, "concurrent": r[0], "sliding": r[1],
-                "concurrent_vs_sliding": { "median": ratio, "min": lo, "max": hi },
-            }));
+            let last = n == *plan.callers.last().expect("callers");
+            table.row(cost, n, last, &r);
         }
     }
+    let VersusSliding {
+        mut markdown,
+        targets,
+        data,
+        ..
+    } = table;
     let after = leases().await;
 
     // A request's limiter calls: spend + settle against spend alone.
-    md.push_str(&format!(
+    markdown.push_str(&format!(
         "\nWhat a request costs the limiter, in requests/s (p50 µs per request): on the \
          concurrent endpoint a spend and the settle that returns its lease (two calls, as the \
          daemon makes them), on the sliding-only one the spend alone (the daemon settles it only \
@@ -201,19 +150,13 @@ pub async fn run(ctx: &Ctx) -> Section {
     let mut pairs = Vec::new();
     for &n in &plan.callers {
         let l = limiter.clone();
-        let r = rounds(&plan, n, move |endpoint| {
+        let r = common::rounds(&plan, n, ENDPOINTS, move |endpoint| {
             let l = l.clone();
             async move { request(&l, endpoint).await }
         })
         .await;
-        let (ratio, lo, hi) = r[0].ratio(&r[1]);
-        md.push_str(&format!(
-            "| {n} | {} ({}) | {} ({}) | **{ratio:.2}×** ({lo:.2}–{hi:.2}) |\n",
-            thousands(r[0].median_rate()),
-            thousands(r[0].median_p50_us()),
-            thousands(r[1].median_rate()),
-            thousands(r[1].median_p50_us()),
-        ));
+        let (cells, (ratio, lo, hi)) = common::versus_cells(&r);
+        markdown.push_str(&format!("| {n} | {cells} |\n"));
         eprintln!("  requests, {n} callers: concurrent ÷ sliding {ratio:.2}×");
         pairs.push(json!({
             "callers": n, "concurrent_spend_settle": r[0], "sliding_spend": r[1],
@@ -225,7 +168,7 @@ pub async fn run(ctx: &Ctx) -> Section {
     Section {
         key: "concurrent",
         title: "Concurrent windows against a sliding spend (issue 25)".into(),
-        markdown: md,
+        markdown,
         data: json!({
             "rounds": plan.rounds,
             "round_ms": plan.round.as_millis() as u64,
