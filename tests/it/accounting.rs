@@ -5,7 +5,7 @@
 //! `throttle_block`, each logged as written; the block says why
 //! (`quota --json` `blocked_reason`).
 //!
-//! Also the harness the `accounting_*` modules share: the real binary as a
+//! Also the harness the `accounting_*` and `resources` modules share: the real binary as a
 //! daemon on a real Redis and the simulator in one of its accounting
 //! styles, ticks by `trigger --wait`, and what the simulator's request log
 //! says about the adapter ([`Measure`]: over-limit answers after the first
@@ -86,30 +86,42 @@ impl Rig {
 
     /// `trigger JOB --wait`: the exit code and the summary line.
     pub(crate) fn trigger(&self) -> (Option<i32>, String) {
+        self.trigger_job(JOB)
+    }
+
+    /// `trigger job --wait`: the exit code and the summary line.
+    pub(crate) fn trigger_job(&self, job: &str) -> (Option<i32>, String) {
         let (code, out, err) = run_cli(
             &self.cfg,
             Some(&self.redis.url()),
-            &["trigger", JOB, "--wait"],
-            Duration::from_secs(60),
+            &["trigger", job, "--wait"],
+            Duration::from_secs(90),
         );
-        let summary = out.lines().last().unwrap_or_default().to_owned();
         assert!(code.is_some(), "trigger hung:\n{out}\n{err}");
-        (code, summary)
+        (code, out.lines().last().unwrap_or_default().to_owned())
+    }
+
+    /// A command of the binary on this rig: its exit code, stdout and stderr.
+    pub(crate) fn cli(&self, args: &[&str]) -> (Option<i32>, String, String) {
+        run_cli(
+            &self.cfg,
+            Some(&self.redis.url()),
+            args,
+            Duration::from_secs(30),
+        )
     }
 
     /// `quota CREDENTIAL --json`'s credential.
     pub(crate) fn quota(&self) -> Value {
-        let out = self.cfg.run(
-            &["quota", CREDENTIAL, "--json"],
-            &[("QUOTA_WORKER_REDIS_URL", &self.redis.url())],
-        );
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "{}",
-            crate::support::stderr(&out)
-        );
-        crate::support::json(&out)["credentials"][0].clone()
+        self.quota_of(CREDENTIAL)
+    }
+
+    /// `quota credential --json`'s credential.
+    pub(crate) fn quota_of(&self, credential: &str) -> Value {
+        let (code, out, err) = self.cli(&["quota", credential, "--json"]);
+        assert_eq!(code, Some(0), "{err}");
+        let v: Value = serde_json::from_str(&out).expect("quota --json");
+        v["credentials"][0].clone()
     }
 
     /// The credential's block, as `quota --json` shows it.

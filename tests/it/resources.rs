@@ -17,12 +17,10 @@ use std::time::Duration;
 use serde_json::Value;
 use simulator::{Fault, SimAccounting, SimConfig, SimStyle};
 
-use crate::support::process::{Proc, run_cli};
-use crate::support::upstream::Upstream;
+use crate::accounting::Rig;
+use crate::support::process::Proc;
 use crate::support::world::{self, KEY_ENV, SECRET};
-use crate::support::{
-    ConfigBuilder, Credential, Endpoint, Job, RedisServer, Request, Sink, TestConfig, Window,
-};
+use crate::support::{ConfigBuilder, Credential, Endpoint, Job, Request, Sink, Window};
 
 /// The credential, its endpoints and jobs.
 const CRED: &str = "github";
@@ -140,73 +138,14 @@ fn graphql_config(base: &str, logins: &[&str], asks: bool) -> ConfigBuilder {
         .job(graphql_job(base, logins, asks))
 }
 
-/// The daemon (the real binary) on its own Redis and upstream.
-struct Rig {
-    redis: RedisServer,
-    upstream: Upstream,
-    cfg: TestConfig,
-    daemon: Proc,
-}
-
-impl Rig {
-    fn start(
-        sim: SimConfig,
-        before: impl FnOnce(&Upstream),
-        config: impl FnOnce(&str) -> ConfigBuilder,
-    ) -> Rig {
-        let redis = RedisServer::start();
-        let upstream = Upstream::with(sim);
-        before(&upstream);
-        let cfg = config(&upstream.base_url()).write();
-        let mut daemon = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
-        daemon.wait_running(Duration::from_secs(20));
-        Rig {
-            redis,
-            upstream,
-            cfg,
-            daemon,
-        }
-    }
-
-    /// `trigger JOB --wait`: the exit code and the summary line.
-    fn trigger(&self, job: &str) -> (Option<i32>, String) {
-        let (code, out, err) = run_cli(
-            &self.cfg,
-            Some(&self.redis.url()),
-            &["trigger", job, "--wait"],
-            Duration::from_secs(90),
-        );
-        assert!(code.is_some(), "trigger hung:\n{out}\n{err}");
-        (code, out.lines().last().unwrap_or_default().to_owned())
-    }
-
-    /// A command of the binary: its exit code, stdout and stderr.
-    fn cli(&self, args: &[&str]) -> (Option<i32>, String, String) {
-        run_cli(
-            &self.cfg,
-            Some(&self.redis.url()),
-            args,
-            Duration::from_secs(30),
-        )
-    }
-
-    /// `quota github --json`'s credential.
-    fn quota(&self) -> Value {
-        let (code, out, err) = self.cli(&["quota", CRED, "--json"]);
-        assert_eq!(code, Some(0), "{err}");
-        let v: Value = serde_json::from_str(&out).expect("quota --json");
-        v["credentials"][0].clone()
-    }
-
-    /// The requests quota-worker sent (not the other program's) that
-    /// counted on `resource`, oldest first: (status, over limit).
-    fn ours(&self, resource: &str) -> Vec<(u16, bool)> {
-        (self.upstream.stats().requests.iter())
-            .filter(|r| !r.query.iter().any(|(k, v)| k == "who" && v == "other"))
-            .filter(|r| r.resource.as_deref().unwrap_or("core") == resource)
-            .map(|r| (r.status, r.over_limit))
-            .collect()
-    }
+/// The requests quota-worker sent (not the other program's) that counted
+/// on `resource`, oldest first: (status, over limit).
+fn ours(rig: &Rig, resource: &str) -> Vec<(u16, bool)> {
+    (rig.upstream.stats().requests.iter())
+        .filter(|r| !r.query.iter().any(|(k, v)| k == "who" && v == "other"))
+        .filter(|r| r.resource.as_deref().unwrap_or("core") == resource)
+        .map(|r| (r.status, r.over_limit))
+        .collect()
 }
 
 /// `quota --json`'s block of `resource`: (ms, reason).
@@ -244,11 +183,11 @@ fn a_search_block_never_stops_a_core_endpoint() {
                 .worker(world::quick_worker(1))
         },
     );
-    let (code, summary) = rig.trigger("search");
+    let (code, summary) = rig.trigger_job("search");
     assert_eq!(code, Some(75), "{summary}");
     assert!(summary.contains("4 done, 2 quota_exhausted"), "{summary}");
     let done = 4;
-    let q = rig.quota();
+    let q = rig.quota_of(CRED);
     let (ms, why) = block(&q, "search");
     assert_eq!(why.as_deref(), Some("headers_at_zero"), "{q}");
     assert!(
@@ -267,12 +206,16 @@ fn a_search_block_never_stops_a_core_endpoint() {
     assert_eq!(window(&q, "core")["drift"], 0, "{q}");
 
     // The core job runs whole while search is blocked.
-    let (code, summary) = rig.trigger("repos");
+    let (code, summary) = rig.trigger_job("repos");
     assert_eq!(code, Some(0), "{summary}");
     assert!(summary.contains("2 done"), "{summary}");
-    assert_eq!(window(&rig.quota(), "core")["used"], 4, "2 repos x 2 pages");
+    assert_eq!(
+        window(&rig.quota_of(CRED), "core")["used"],
+        4,
+        "2 repos x 2 pages"
+    );
     let over: Vec<_> = ["core", "search"]
-        .map(|r| rig.ours(r).iter().filter(|(_, o)| *o).count())
+        .map(|r| ours(&rig, r).iter().filter(|(_, o)| *o).count())
         .to_vec();
     assert_eq!(
         over,
@@ -287,9 +230,9 @@ fn a_search_block_never_stops_a_core_endpoint() {
         },
         1,
     );
-    let (code, summary) = rig.trigger("repos");
+    let (code, summary) = rig.trigger_job("repos");
     assert_eq!(code, Some(75), "{summary}");
-    let q = rig.quota();
+    let q = rig.quota_of(CRED);
     for r in ["core", "search", "graphql"] {
         let (ms, why) = block(&q, r);
         assert!(ms > 50_000, "{r}: {q}");
@@ -347,9 +290,9 @@ fn drift_from_an_answer_with_a_reset_is_gone_a_second_after_it() {
                 .job(repos_job(base, &["a"]))
         },
     );
-    let (code, summary) = rig.trigger("repos");
+    let (code, summary) = rig.trigger_job("repos");
     assert_eq!(code, Some(75), "{summary}");
-    let q = rig.quota();
+    let q = rig.quota_of(CRED);
     let w = window(&q, "core");
     assert_eq!(
         (w["used"].as_u64(), w["drift"].as_u64()),
@@ -363,7 +306,7 @@ fn drift_from_an_answer_with_a_reset_is_gone_a_second_after_it() {
     assert!(ms > 0 && ms <= 7_000, "until GitHub's reset: {q}");
     // A second after the reset (the block's end is a second after it).
     std::thread::sleep(Duration::from_millis(ms + 1_100));
-    let q = rig.quota();
+    let q = rig.quota_of(CRED);
     let w = window(&q, "core");
     assert_eq!(
         (
@@ -375,7 +318,7 @@ fn drift_from_an_answer_with_a_reset_is_gone_a_second_after_it() {
         "the window admits what its own spends allow: {q}"
     );
     // The run goes on at once, where it stopped, to its last page.
-    let (code, summary) = rig.trigger("repos");
+    let (code, summary) = rig.trigger_job("repos");
     assert_eq!(code, Some(0), "{summary}");
     let last = rig.daemon.outcomes().last().cloned().expect("an outcome");
     assert_eq!(last["pages"], 5, "pages 6 to 10: {last}");
@@ -401,11 +344,11 @@ fn unblock_lifts_blocks_and_drift() {
         |up| assert_eq!(up.burn(SECRET, 6), 6),
         |base| config(base, &["a"], &["q1", "q2"]),
     );
-    let (code, _) = rig.trigger("repos");
+    let (code, _) = rig.trigger_job("repos");
     assert_eq!(code, Some(75));
-    let (code, _) = rig.trigger("search");
+    let (code, _) = rig.trigger_job("search");
     assert_eq!(code, Some(75));
-    let q = rig.quota();
+    let q = rig.quota_of(CRED);
     assert!(block(&q, "core").0 > 0 && block(&q, "search").0 > 0, "{q}");
     assert!(
         window(&q, "core")["drift"].as_u64().is_some_and(|d| d >= 6),
@@ -430,7 +373,7 @@ fn unblock_lifts_blocks_and_drift() {
         err.contains("an operator lifted the upstream's block") && err.contains("user"),
         "{err}"
     );
-    let q = rig.quota();
+    let q = rig.quota_of(CRED);
     assert_eq!(block(&q, "search").0, 0, "{q}");
     assert!(
         block(&q, "core").0 > 0,
@@ -441,7 +384,7 @@ fn unblock_lifts_blocks_and_drift() {
     assert_eq!(code, Some(0), "{err}");
     assert!(out.contains("github: resource core unblocked"), "{out}");
     assert!(out.contains("units of drift forgotten"), "{out}");
-    let q = rig.quota();
+    let q = rig.quota_of(CRED);
     assert_eq!(block(&q, "core").0, 0, "{q}");
     let w = window(&q, "core");
     assert_eq!(w["drift"], 0, "{q}");
@@ -510,13 +453,13 @@ fn graphql_spends_settle_to_the_reported_cost() {
         |_| {},
         |base| graphql_config(base, &["a", "b", "c"], true),
     );
-    let (code, summary) = rig.trigger("graph");
+    let (code, summary) = rig.trigger_job("graph");
     assert_eq!(code, Some(0), "{summary}");
     let units: Vec<_> = (rig.daemon.outcomes().iter())
         .map(|o| o["units"].as_u64())
         .collect();
     assert_eq!(units, [Some(3); 3], "each task reports what its query cost");
-    let w = window(&rig.quota(), "graphql");
+    let w = window(&rig.quota_of(CRED), "graphql");
     assert_eq!(
         (w["used"].as_u64(), w["drift"].as_u64()),
         (Some(9), Some(0)),
@@ -534,9 +477,9 @@ fn graphql_spends_settle_to_the_reported_cost() {
     rig.cfg.rewrite(&cfg);
     let mut daemon = Proc::daemon("daemon2", &rig.cfg, Some(&rig.redis.url()), &[]);
     daemon.wait_running(Duration::from_secs(20));
-    let (code, summary) = rig.trigger("graph");
+    let (code, summary) = rig.trigger_job("graph");
     assert_eq!(code, Some(0), "{summary}");
-    let w = window(&rig.quota(), "graphql");
+    let w = window(&rig.quota_of(CRED), "graphql");
     assert_eq!(
         (w["used"].as_u64(), w["drift"].as_u64()),
         (Some(9 + 10 + 3 + 3), Some(0)),
@@ -552,7 +495,7 @@ fn graphql_spends_settle_to_the_reported_cost() {
         },
         1,
     );
-    let (code, summary) = rig.trigger("graph");
+    let (code, summary) = rig.trigger_job("graph");
     assert_eq!(code, Some(1), "{summary}");
     let failed: Vec<Value> = (daemon.outcomes().into_iter())
         .filter(|o| o["outcome"] == "failed")
@@ -577,7 +520,7 @@ fn a_304_without_a_conditional_request_fails_and_moves_nothing() {
         |base| config(base, &["a"], &["q"]),
     );
     rig.upstream.inject(Fault::NotModified, 1);
-    let (code, summary) = rig.trigger("repos");
+    let (code, summary) = rig.trigger_job("repos");
     assert_eq!(code, Some(1), "{summary}");
     let o = rig.daemon.outcomes().last().cloned().expect("an outcome");
     assert_eq!(o["outcome"], "failed", "{o}");
@@ -586,7 +529,7 @@ fn a_304_without_a_conditional_request_fails_and_moves_nothing() {
     let since: Option<String> = rig.redis.cmd(&["GET", &since_key]);
     assert_eq!(since, None, "{{since}} moved");
     // The next run fetches every page, page 1 too.
-    let (code, summary) = rig.trigger("repos");
+    let (code, summary) = rig.trigger_job("repos");
     assert_eq!(code, Some(0), "{summary}");
     let pages: Vec<_> = (rig.upstream.stats().requests.iter())
         .filter(|r| r.status == 200)
@@ -632,14 +575,14 @@ fn after_the_first_answer_about_a_resource_it_never_answers_over_limit() {
     }
     // Both jobs at once: 6 repos x 4 pages and 6 searches, more than is left.
     let search = std::thread::scope(|s| {
-        let search = s.spawn(|| rig.trigger("search"));
-        let (code, summary) = rig.trigger("repos");
+        let search = s.spawn(|| rig.trigger_job("search"));
+        let (code, summary) = rig.trigger_job("repos");
         assert_eq!(code, Some(75), "{summary}");
         search.join().expect("search")
     });
     assert_eq!(search.0, Some(75), "{}", search.1);
     for (resource, limit, taken) in [("core", 30, 12), ("search", 6, 3)] {
-        let ours = rig.ours(resource);
+        let ours = ours(&rig, resource);
         let over: Vec<_> = ours.iter().skip(1).filter(|(_, o)| *o).collect();
         assert!(
             over.is_empty(),
