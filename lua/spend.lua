@@ -22,6 +22,9 @@
 --                              <w>:held     hash: request id -> its units
 --   then, optional, the spend history's rings (ARGV[6+n] says how many):
 --     <prefix>:{<credential>}:spent:<scope>  string: units per 5-minute slot, 24 h
+--   then, optional (a spend naming a ticket, ARGV[10+n]), one per sliding
+--   or bucket window, in window order:
+--     <w>:v2:line  zset: the window's waiting line (see "Waiting line")
 --
 -- ARGV
 --   1  op: "spend" | "settle" | "block" | "peek" | "sync" | "undrift"
@@ -50,6 +53,11 @@
 --   7+n  slot length, ms (300000)     8+n  slots kept (288)     9+n  ring TTL, ms
 --      An admitted spend adds its cost to the current slot of each ring, a
 --      settle the change it made (negative for a refund); nothing else writes.
+--   optional, a spend's waiting line (absent: the script keeps none, as
+--   before it had one; only after the history's four arguments):
+--   10+n ticket: who this spend is, should it be refused and come back
+--      (unique per waiting task, e.g. "<job>:<tick>:<item>"; never a
+--      secret); "" for a spend that respects the line but will not come back
 --
 -- Returns
 --   spend:  {allowed, remaining, retry_after_ms, rejecting_window}
@@ -96,7 +104,8 @@
 --   keys expire, the adjustment count, stale entries to drop, the running drift
 --   total and its value at base, whether an adjustment is negative, for a
 --   bucket its level, the level's time and the drift within the level, then
---   the reset-bound drift and when it ends, and the drift total forgotten.
+--   the reset-bound drift and when it ends, the drift total forgotten, and
+--   the waiting line's qt, qb, qf, qe, q0 (see "Waiting line").
 --
 -- Drift (sync): units the upstream says it counted and the window did not,
 -- recorded so that the window admits no more than the upstream has left.
@@ -112,6 +121,33 @@
 -- entries up to it no longer count as they leave, O(1)), in a bucket or a
 -- fixed window its drift share.
 --
+-- Waiting line (sliding and bucket windows; a spend that names a ticket): a refused
+-- spend that will come back is promised the moment its units leave,
+-- counting the units promised to the spends refused before it, so refused
+-- spends come back in turn instead of all at once (docs/spend.md, "Waiting
+-- line"). The line is a sequence of units: the window's live entries spent
+-- before the line began (positions up to q0), then the line's own entries,
+-- positions qb+1 .. qt, each a member "<position>:<moment µs>" scored by its
+-- position: a promise (the moment the spend was told) or a spend admitted
+-- while the line waited (when it was spent). Each leaves a window after its
+-- moment, as entries do. A refused spend of cost c is promised the moment
+-- the n-th unit of the sequence leaves, n = its units + c - lim, plus a
+-- slack (a waiter woken late must not find the unit it waits for still
+-- held by the one before it, woken late too), and goes at the end; its
+-- ticket is a member "t:<ticket>" scored by minus its entry's position. A
+-- ticket come back is admitted if the window admits it (early: told its
+-- turn again; late and full: the next unit, keeping its place); any other
+-- spend also needs its turn to be now, and once admitted takes its place
+-- in the line. The line never admits: the window's own count decides, the
+-- line only refuses and moves retry-after moments. The meta string holds
+-- qt, qb, q0, qf (when the first entry after qb leaves: until then nothing
+-- is read to move qb) and qe (when the last leaves: the line is over).
+-- A bucket's line is a level of its own: qt is the level the line has
+-- promised (units x quanta) at time qf, qe when it has drained; a refused
+-- spend is promised the moment that level (at least the bucket's own) has
+-- drained enough for its cost, which is then added to it; tickets are
+-- scored by their turn.
+
 -- A concurrent window admits while its units in flight plus the cost fit its
 -- units. A spend takes a lease of its cost (HSETNX held, ZADD lease with its
 -- expiry); the settle of its request id, whatever the cost, returns it (the
@@ -189,6 +225,7 @@ local function spend_main(KEYS, ARGV)
         stale = 0, dtot = 0, dbase = 0, neg = 0, L = 0, lt = 0, D = 0, q = 1, perq = 1,
         lease = false, held = false, low = 0,
         rd = 0, rdt = 0, fd = 0, xr = 0, sused = 0,
+        line = false, qt = 0, qb = 0, qf = 0, qe = 0, q0 = 0, mine = false, turn = 0, slack = false,
       }
       if per > maxper and kind ~= 'concurrent' then
         maxper = per
@@ -424,11 +461,14 @@ local function spend_main(KEYS, ARGV)
     else
       local raw = got[w.mi]
       if raw then
-        local rd, rdt, fd
+        local rd, rdt, fd, qt, qb, qf, qe, q0
         w.total, w.B, w.hbase, w.htot, w.oldest, w.last, w.expires, w.nadj,
-          w.stale, w.dtot, w.dbase, w.neg, w.L, w.lt, w.D, rd, rdt, fd = unpackmp(raw)
-        -- Counters written before reset-bound drift existed end at D.
+          w.stale, w.dtot, w.dbase, w.neg, w.L, w.lt, w.D, rd, rdt, fd,
+          qt, qb, qf, qe, q0 = unpackmp(raw)
+        -- Counters written before reset-bound drift existed end at D, and
+        -- before the waiting line (or by a daemon that predates it) at fd.
         w.rd, w.rdt, w.fd = rd or 0, rdt or 0, fd or 0
+        w.qt, w.qb, w.qf, w.qe, w.q0 = qt or 0, qb or 0, qf or 0, qe or 0, q0 or 0
         if (w.oldest ~= 0 and w.oldest <= now - w.hold) or w.stale >= STALE then
           evict = evict or function(w)
             local cutoff = now - w.hold
@@ -444,6 +484,8 @@ local function spend_main(KEYS, ARGV)
               call('UNLINK', w.log, w.ts, w.adj)
               w.total, w.B, w.hbase, w.htot, w.oldest, w.last, w.expires = 0, 0, 0, 0, 0, 0, 0
               w.nadj, w.stale, w.dtot, w.dbase, w.neg, w.fd = 0, 0, 0, 0, 0, 0
+              -- No entry from before a waiting line is live any more.
+              w.q0 = 0
               return
             end
             if w.oldest ~= 0 and w.oldest <= cutoff then
@@ -595,17 +637,23 @@ local function spend_main(KEYS, ARGV)
         if w.rd > 0 and w.rdt > until_ then
           until_, moved = w.rdt, true
         end
-        if until_ <= now or (w.oldest == 0 and w.nadj == 0 and w.L <= 0 and w.rd <= 0) then
+        -- A waiting line keeps them until its last promise has left.
+        if w.qe > until_ then
+          until_, moved = w.qe, true
+        end
+        if until_ <= now or (w.oldest == 0 and w.nadj == 0 and w.L <= 0 and w.rd <= 0 and w.qe <= now) then
           -- Nothing live: the next spend starts from position 0.
           redis.call('DEL', w.meta)
         elseif moved or not got[w.mi] then
           redis.call('SET', w.meta, cmsgpack.pack(w.total, w.B, w.hbase, w.htot, w.oldest, w.last, w.expires,
-            w.nadj, w.stale, w.dtot, w.dbase, w.neg, w.L, w.lt, w.D, w.rd, w.rdt, w.fd), 'PX', math.ceil((until_ - now) / 1000))
+            w.nadj, w.stale, w.dtot, w.dbase, w.neg, w.L, w.lt, w.D, w.rd, w.rdt, w.fd,
+            w.qt, w.qb, w.qf, w.qe, w.q0), 'PX', math.ceil((until_ - now) / 1000))
         else
           -- Unmoved, the counters keep the TTL they have (never shorter
           -- than `until_`), which saves formatting a number on most spends.
           redis.call('SET', w.meta, cmsgpack.pack(w.total, w.B, w.hbase, w.htot, w.oldest, w.last, w.expires,
-            w.nadj, w.stale, w.dtot, w.dbase, w.neg, w.L, w.lt, w.D, w.rd, w.rdt, w.fd), 'KEEPTTL')
+            w.nadj, w.stale, w.dtot, w.dbase, w.neg, w.L, w.lt, w.D, w.rd, w.rdt, w.fd,
+            w.qt, w.qb, w.qf, w.qe, w.q0), 'KEEPTTL')
         end
       end
     end
@@ -652,12 +700,33 @@ local function spend_main(KEYS, ARGV)
   -- ago expires.
   local record
   local nring = tonumber(ARGV[6 + nwin]) or 0
+  -- The waiting line (optional, a spend's ARGV 10+n, after the history's
+  -- four; see "Waiting line"): the ticket, and one line key per sliding
+  -- or bucket window after the rings' keys.
+  local ticket, nline = nil, 0
+  if op == 'spend' and ARGV[10 + nwin] ~= nil then
+    ticket = ARGV[10 + nwin]
+    local lk = k + nring
+    for i = 1, nwin do
+      local w = windows[i]
+      if w.kind == 'sliding' or w.kind == 'bucket' then
+        w.line = KEYS[lk]
+        if not w.line then
+          return redis.error_reply('ERR quota-worker: a spend with a waiting line passes one line key per sliding or bucket window after the rings\' keys')
+        end
+        lk, nline = lk + 1, nline + 1
+      end
+    end
+    if KEYS[lk] ~= nil then
+      return redis.error_reply('ERR quota-worker: a spend with a waiting line passes one line key per sliding or bucket window after the rings\' keys, and no more')
+    end
+  end
   if nring > 0 and (op == 'spend' or op == 'settle') then
     local slot_ms, nslot, ring_ttl = tonumber(ARGV[7 + nwin]), tonumber(ARGV[8 + nwin]), tonumber(ARGV[9 + nwin])
     if not (slot_ms and slot_ms >= 1 and nslot and nslot >= 1 and ring_ttl and ring_ttl >= 1) then
       return redis.error_reply('ERR quota-worker: the spend history takes a ring count, a slot length (ms), a slot count and a TTL (ms)')
     end
-    if KEYS[k + nring - 1] == nil or KEYS[k + nring] ~= nil then
+    if KEYS[k + nring - 1] == nil or KEYS[k + nring + nline] ~= nil then
       return redis.error_reply('ERR quota-worker: the spend history names ' .. nring .. ' ring(s); pass exactly that many keys after the windows\' keys')
     end
     record = function(units)
@@ -731,6 +800,144 @@ local function spend_main(KEYS, ARGV)
       end
     end
     remaining = max(remaining or 0, 0)
+  end
+
+  -- ---------------------------------------------------------------- the waiting line (spend)
+
+  -- Each sliding window's line, brought to now, and this spend's turn in
+  -- it (w.turn, µs from now; 0: now). Only for a spend that names a line.
+  local lined, vlevel = false, nil
+  if ticket and op == 'spend' then
+    -- µs from now until a spend of `c` units fits behind the line: until
+    -- the n-th unit of the line's sequence has left, n = its units + c -
+    -- lim. The sequence: the live entries spent before the line began
+    -- (positions up to q0), then the line's own entries (positions qb+1 ..
+    -- qt), each leaving a window after its moment. Settles are not counted
+    -- (the line never admits: an estimate that is off costs a refusal,
+    -- never an excess).
+    local function turn_of(w, c)
+      local r0 = max(min(w.q0 - w.B, w.sused), 0)
+      local n = r0 + (w.qt - w.qb) + c - w.lim
+      if n <= 0 then
+        return 0
+      end
+      local at
+      if n <= r0 then
+        local row = call('XRANGE', w.ts, format('%d', w.B + n), '+', 'COUNT', 1)[1]
+        at = row and tonumber(match(row[1], '%-(%d+)$'))
+      else
+        -- A unit of the line's own: a waiter's, who may spend it later
+        -- than promised (see the slack below).
+        local r = call('ZRANGEBYSCORE', w.line, format('%d', w.qb + n - r0), '+inf', 'LIMIT', 0, 1)[1]
+        at = r and tonumber(match(r, '^%d+:(%d+)$'))
+        w.slack = true
+      end
+      if not at then
+        return w.hold
+      end
+      return max(at + w.hold - now, 0)
+    end
+    -- A bucket's line is a level of its own (see "Waiting line"): what the
+    -- line has promised, at time qf; this is it at time t >= qf.
+    vlevel = function(w, t)
+      if t <= w.qf then
+        return w.qt
+      end
+      return max(w.qt - floor((t - w.qf) / w.q) * w.units, 0)
+    end
+    -- µs from now until a spend of `c` units fits a bucket behind its line:
+    -- when the line's level (at least the bucket's own, now) has drained
+    -- enough for it.
+    local function bucket_turn(w, c)
+      local t0 = max(now, w.qf)
+      local v = vlevel(w, t0)
+      if t0 == now and w.L > v then
+        v = w.L
+      end
+      local excess = v + (c - w.lim) * w.perq
+      if excess <= 0 then
+        return t0 - now
+      end
+      w.slack = true
+      return t0 + ceil(excess / w.units) * w.q - now
+    end
+    for i = 1, nwin do
+      local w = windows[i]
+      if w.line and w.kind == 'bucket' then
+        lined = true
+        if w.qe ~= 0 and w.qe <= now then
+          -- Over: the line's level has drained.
+          w.qt, w.qf, w.qe, w.dirty = 0, 0, 0, true
+        end
+        if w.qe ~= 0 then
+          -- A waiter come back: its ticket's score is its turn.
+          local m = ticket ~= '' and tonumber(call('ZSCORE', w.line, 't:' .. ticket))
+          if m then
+            w.mine = { 0, m }
+            if w.used + cost > w.lim and m > now then
+              w.turn = m - now
+            end
+          else
+            w.turn = bucket_turn(w, cost)
+          end
+          if w.turn > 0 then
+            rejected = true
+          end
+        end
+      elseif w.line then
+        lined = true
+        if w.qe ~= 0 and w.qe <= now then
+          -- Over: every promise's entry has left the window.
+          w.qt, w.qb, w.qf, w.qe, w.q0, w.dirty = 0, 0, 0, 0, 0, true
+        end
+        if w.qt > 0 and w.qf ~= 0 and w.qf <= now then
+          -- Entries that have left move the line's base past them; they
+          -- and their tickets are dropped (at most SCAN a call).
+          local rows = call('ZRANGEBYSCORE', w.line, format('(%d', w.qb), '+inf', 'LIMIT', 0, SCAN)
+          local qb, qf = w.qb, 0
+          for j = 1, #rows do
+            local v, m = match(rows[j], '^(%d+):(%d+)$')
+            if not v then
+              break
+            end
+            if tonumber(m) + w.hold <= now then
+              qb = tonumber(v)
+            else
+              qf = tonumber(m) + w.hold
+              break
+            end
+          end
+          if qf == 0 and #rows >= SCAN then
+            qf = now
+          end
+          if qb > w.qb then
+            call('ZREMRANGEBYSCORE', w.line, 1, format('%d', qb))
+            call('ZREMRANGEBYSCORE', w.line, format('%d', -qb), '(0')
+            w.qb = qb
+          end
+          w.qf, w.dirty = qf, true
+        end
+        if w.qt > 0 then
+          -- A waiter come back: its ticket's score is minus its entry's position.
+          local v = ticket ~= '' and tonumber(call('ZSCORE', w.line, 't:' .. ticket))
+          if v then
+            local e = call('ZRANGEBYSCORE', w.line, -v, -v, 'LIMIT', 0, 1)[1]
+            w.mine = { -v, tonumber(match(e or '', '^%d+:(%d+)$')) or now }
+            -- Its units were promised: only the window itself decides,
+            -- but a waiter early for its turn waits for it.
+            if w.used + cost > w.lim and w.mine[2] > now then
+              w.turn = w.mine[2] - now
+            end
+          else
+            -- Everyone else waits for their turn behind the line.
+            w.turn = turn_of(w, cost)
+          end
+          if w.turn > 0 then
+            rejected = true
+          end
+        end
+      end
+    end
   end
 
   -- ---------------------------------------------------------------- when units free (peek, rejections)
@@ -1090,6 +1297,10 @@ local function spend_main(KEYS, ARGV)
           retry, rejecting = wait, i
         end
       end
+      -- The line's turn (see "Waiting line").
+      if w.turn > retry then
+        retry, rejecting = w.turn, i
+      end
       -- The window that remembers ids longest (see below); a concurrent
       -- window only while its lease lasts, so it is asked last.
       if not best or (best.kind == 'concurrent' and w.kind ~= 'concurrent')
@@ -1112,10 +1323,64 @@ local function spend_main(KEYS, ARGV)
       local C = tonumber(call('ZSCORE', best.log, id))
       held = C ~= nil and C > best.B
     end
-    save_all(windows, nwin, now, got)
     if held then
+      save_all(windows, nwin, now, got)
       return { 1, remaining, 0, 0 }
     end
+    if lined and ticket ~= '' then
+      -- A waiter whose turn comes after units promised to other waiters
+      -- comes back a little after they leave (a slack of 1/200 of the
+      -- window, 5 to 250 ms): a waiter woken a few ms late spends a few ms
+      -- late, and the one after it must not find that unit still held.
+      -- Each window it waits in promises it its cost at that moment,
+      -- behind everyone else (a waiter come back keeps its place: its
+      -- promise stands).
+      local slack = 0
+      for i = 1, nwin do
+        local w = windows[i]
+        if w.line and w.slack then
+          slack = max(slack, min(max(floor(w.per / 200), 5000), 250000))
+        end
+      end
+      retry = retry + slack
+      local at = now + retry
+      for i = 1, nwin do
+        local w = windows[i]
+        if w.line and not w.mine and w.kind == 'bucket' then
+          -- The line's level at `at`, plus this cost.
+          if w.qe == 0 then
+            call('UNLINK', w.line)
+            w.qt, w.qf = w.L, now
+          end
+          local t = max(at, w.qf)
+          w.qt, w.qf = vlevel(w, t) + cost * w.perq, t
+          w.qe = t + ceil(w.qt / w.units) * w.q
+          call('ZADD', w.line, format('%d', at), 't:' .. ticket)
+          -- Tickets whose turn passed a window ago: their waiters did not
+          -- come back (or will as fresh spends).
+          call('ZREMRANGEBYSCORE', w.line, '-inf', format('(%d', now - w.per))
+          call('PEXPIRE', w.line, ceil((w.qe - now) / 1000) + 1000)
+          w.dirty = true
+        elseif w.line and not w.mine then
+          if w.qt == 0 then
+            -- A new line: tickets left by one that is over go.
+            call('UNLINK', w.line)
+            w.q0, w.qb = w.total, 0
+          end
+          w.qt = w.qt + cost
+          call('ZADD', w.line, format('%d', w.qt), format('%d:%d', w.qt, at), format('%d', -w.qt), 't:' .. ticket)
+          if w.qf == 0 or at + w.hold < w.qf then
+            w.qf = at + w.hold
+          end
+          if at + w.hold > w.qe then
+            w.qe = at + w.hold
+            call('PEXPIRE', w.line, ceil((w.qe - now) / 1000) + 1000)
+          end
+          w.dirty = true
+        end
+      end
+    end
+    save_all(windows, nwin, now, got)
     return { 0, remaining, ceil(retry / 1000), rejecting }
   end
 
@@ -1189,6 +1454,55 @@ local function spend_main(KEYS, ARGV)
       end
       if w.kind == 'bucket' then
         w.L = w.L + cost * w.perq
+      end
+    end
+  end
+  if lined then
+    -- A waiter come back gives its ticket up; its entry in the line moves
+    -- to when it really spent (later than promised: the waiters promised
+    -- its units after it are then refused once rather than admitted into
+    -- a full window by nobody). A spend admitted while a line waits takes
+    -- its place in it, so the promises made after it count its units.
+    for i = 1, nwin do
+      local w = windows[i]
+      if w.line and w.kind == 'bucket' then
+        if w.mine then
+          call('ZREM', w.line, 't:' .. ticket)
+        elseif w.qe ~= 0 then
+          -- Its cost joins the line's level (the bucket's own already
+          -- holds it).
+          if w.qf <= now then
+            w.qt, w.qf = max(vlevel(w, now) + cost * w.perq, w.L), now
+          else
+            w.qt = w.qt + cost * w.perq
+          end
+          local qe = w.qf + ceil(w.qt / w.units) * w.q
+          if qe > w.qe then
+            w.qe = qe
+            call('PEXPIRE', w.line, ceil((w.qe - now) / 1000) + 1000)
+          end
+          w.dirty = true
+        end
+      elseif w.line and w.mine then
+        local v, was = w.mine[1], w.mine[2]
+        if now > was then
+          call('ZREM', w.line, 't:' .. ticket, format('%d:%d', v, was))
+          call('ZADD', w.line, format('%d', v), format('%d:%d', v, now))
+        else
+          call('ZREM', w.line, 't:' .. ticket)
+        end
+      elseif w.line and w.qt > 0 then
+        w.qt = w.qt + cost
+        call('ZADD', w.line, format('%d', w.qt), format('%d:%d', w.qt, now))
+        if w.qf == 0 or now + w.hold < w.qf then
+          w.qf = now + w.hold
+        end
+        w.dirty = true
+      end
+      if w.line and w.kind == 'sliding' and w.qt > 0 and now + w.hold > w.qe then
+        w.qe = now + w.hold
+        call('PEXPIRE', w.line, ceil((w.qe - now) / 1000) + 1000)
+        w.dirty = true
       end
     end
   end

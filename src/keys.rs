@@ -130,16 +130,7 @@ impl KeySpace {
     /// (layout v2), a fixed window's state hash (unchanged since v1), or a
     /// concurrent window's counters, lease expiries and leased units.
     pub fn window(&self, credential: &str, scope: &Scope, window: &Window) -> Vec<String> {
-        let scope = match scope {
-            Scope::Credential => "cred".to_owned(),
-            Scope::Endpoint(e) => format!("ep:{e}"),
-        };
-        let base = format!(
-            "{}:{scope}:{}{}",
-            self.resource(credential, window.resource.as_deref()),
-            &window.kind_name()[..1],
-            window.per.as_millis()
-        );
+        let (base, scope) = self.window_base(credential, scope, window);
         match window.kind {
             WindowKind::Sliding | WindowKind::Bucket => ["meta", "log", "ts", "adj"]
                 .map(|k| format!("{base}:{LAYOUT}:{k}"))
@@ -151,6 +142,30 @@ impl KeySpace {
                 .map(|k| format!("{}:{scope}:inflight:{k}", self.credential(credential)))
                 .to_vec(),
         }
+    }
+
+    /// A sliding or bucket window's waiting line (`lua/spend.lua`,
+    /// "Waiting line"): the promises made to spends it refused, and their
+    /// tickets. `None` for the other kinds, which keep none.
+    pub fn line(&self, credential: &str, scope: &Scope, window: &Window) -> Option<String> {
+        let (base, _) = self.window_base(credential, scope, window);
+        matches!(window.kind, WindowKind::Sliding | WindowKind::Bucket)
+            .then(|| format!("{base}:{LAYOUT}:line"))
+    }
+
+    /// A window's keys' common part, and its scope as they name it.
+    fn window_base(&self, credential: &str, scope: &Scope, window: &Window) -> (String, String) {
+        let scope = match scope {
+            Scope::Credential => "cred".to_owned(),
+            Scope::Endpoint(e) => format!("ep:{e}"),
+        };
+        let base = format!(
+            "{}:{scope}:{}{}",
+            self.resource(credential, window.resource.as_deref()),
+            &window.kind_name()[..1],
+            window.per.as_millis()
+        );
+        (base, scope)
     }
 
     /// Why the credential's default resource is blocked

@@ -80,6 +80,9 @@ async fn eval(
     if plan.with_history(args) {
         call.key(&plan.rings);
     }
+    if plan.with_line(args) {
+        call.key(&plan.lines);
+    }
     call.arg(args);
     match then {
         None => Ok((call.invoke(conn).await?, None)),
@@ -293,6 +296,10 @@ pub struct Plan {
     /// or settle passes them after the windows' keys, and the script adds
     /// to them in the same call.
     pub rings: Vec<String>,
+    /// The sliding and bucket windows' waiting lines, in window order: a
+    /// spend that names a ticket ([`Plan::line_args`]) passes them after
+    /// the rings.
+    pub lines: Vec<String>,
 }
 
 impl Plan {
@@ -345,6 +352,7 @@ impl Plan {
             family: credential.to_owned(),
             resource,
             rings: rings(ks, credential, &windows),
+            lines: lines(ks, credential, &windows),
             keys,
             windows,
         }
@@ -375,6 +383,7 @@ impl Plan {
             family: self.family.clone(),
             resource: self.resource.clone(),
             rings: rings(ks, credential, &windows),
+            lines: lines(ks, credential, &windows),
             keys,
             windows,
         }
@@ -391,6 +400,7 @@ impl Plan {
             family: self.family.clone(),
             resource: self.resource.clone(),
             rings: rings(ks, &self.credential, &windows),
+            lines: lines(ks, &self.credential, &windows),
             keys,
             windows,
         }
@@ -407,6 +417,25 @@ impl Plan {
     fn with_history(&self, args: &[String]) -> bool {
         args.first().is_some_and(|op| Plan::keeps_history(op))
             && args.len() > 5 + self.windows.len()
+    }
+
+    /// Whether ARGV `args` names a waiting line's ticket (after the
+    /// history's arguments): then the lines follow the rings' KEYS.
+    fn with_line(&self, args: &[String]) -> bool {
+        args.first().is_some_and(|op| op == "spend") && args.len() > 9 + self.windows.len()
+    }
+
+    /// A spend's ARGV `args` with the waiting line's `ticket` (see
+    /// `lua/spend.lua`, "Waiting line"): a spend refused comes back as
+    /// `ticket` at the moment its retry-after names, and its turn was kept
+    /// for it; `""`, the spend respects the line but will not come back
+    /// (it is not promised a turn). Only with the history's arguments,
+    /// which come before it: a spend without them keeps no line.
+    pub(crate) fn line_args(&self, mut args: Vec<String>, ticket: &str) -> Vec<String> {
+        if args.first().is_some_and(|op| op == "spend") && args.len() == 9 + self.windows.len() {
+            args.push(ticket.to_owned());
+        }
+        args
     }
 
     /// KEYS for an operation: the windows' (block, clock, each window's),
@@ -465,6 +494,15 @@ fn rings(ks: &KeySpace, credential: &str, windows: &[WindowPlan]) -> Vec<String>
     out
 }
 
+/// The waiting lines of `credential`'s `windows`: one per sliding or
+/// bucket window, in window order (the kinds that keep one,
+/// [`KeySpace::line`]).
+fn lines(ks: &KeySpace, credential: &str, windows: &[WindowPlan]) -> Vec<String> {
+    (windows.iter())
+        .filter_map(|w| ks.line(credential, &w.scope, &w.window))
+        .collect()
+}
+
 /// A spend made ready to run ([`Limiter::prepare`]).
 pub(crate) struct PreparedSpend<'a> {
     /// The endpoint's plan (a template tenant's own).
@@ -477,15 +515,21 @@ pub(crate) struct PreparedSpend<'a> {
 
 impl PreparedSpend<'_> {
     /// The script's KEYS for it: the windows', then the history's rings
-    /// when its ARGV carries the history.
+    /// when its ARGV carries the history, then the waiting lines when it
+    /// names a ticket.
     pub(crate) fn keys(&self) -> impl Iterator<Item = &String> {
         let plan = &self.ep.plan;
+        let lines = if plan.with_line(&self.args) {
+            &plan.lines[..]
+        } else {
+            &[]
+        };
         let rings = if plan.with_history(&self.args) {
             &plan.rings[..]
         } else {
             &[]
         };
-        plan.keys.iter().chain(rings)
+        plan.keys.iter().chain(rings).chain(lines)
     }
 }
 
@@ -964,7 +1008,22 @@ impl Limiter {
         request_id: &str,
         reserve: Reserve,
     ) -> Result<Decision, QuotaError> {
-        let mut spend = self.prepare(endpoint, tenant, cost, request_id, reserve)?;
+        self.spend_in_line(endpoint, tenant, cost, request_id, reserve, None)
+            .await
+    }
+
+    /// [`Limiter::spend_for`] in the windows' waiting lines (`ticket`, see
+    /// [`Plan::line_args`]; `None`: as if there were none).
+    pub async fn spend_in_line(
+        &self,
+        endpoint: &str,
+        tenant: Option<&str>,
+        cost: Option<u64>,
+        request_id: &str,
+        reserve: Reserve,
+        ticket: Option<&str>,
+    ) -> Result<Decision, QuotaError> {
+        let mut spend = self.prepare(endpoint, tenant, cost, request_id, reserve, ticket)?;
         let args = std::mem::take(&mut spend.args);
         let started = std::time::Instant::now();
         let reply = (self.spend_replicated(&spend.ep, args, request_id)).await;
@@ -983,13 +1042,17 @@ impl Limiter {
         cost: Option<u64>,
         request_id: &str,
         reserve: Reserve,
+        ticket: Option<&str>,
     ) -> Result<PreparedSpend<'_>, QuotaError> {
         let cost = self.quotas.checked_cost(endpoint, cost, reserve)?;
         let ep = self.quotas.endpoint_for(endpoint, tenant)?;
         let args = ep
             .plan
             .args("spend", request_id, &cost.to_string(), reserve);
-        let args = self.trimmed(&ep.plan, args);
+        let mut args = self.trimmed(&ep.plan, args);
+        if let Some(ticket) = ticket {
+            args = ep.plan.line_args(args, ticket);
+        }
         Ok(PreparedSpend { args, cost, ep })
     }
 

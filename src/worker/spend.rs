@@ -53,6 +53,19 @@ fn spend_id(task: &TaskArgs, page: &str) -> String {
     format!("{}:p{page}:{}", task.id, &nonce[..12])
 }
 
+/// The task's ticket in the windows' waiting lines (`lua/spend.lua`,
+/// "Waiting line"): its item of its tick, the same for every copy of it,
+/// so the deferred copy comes back as the one that was promised a turn.
+/// Only a job that defers comes back; the others respect the lines
+/// without taking a turn in them (`""`).
+fn ticket(task: &TaskArgs, job: &Job) -> String {
+    if super::step::defers(job) {
+        format!("{}:{}:{}", task.job, task.tick, task.index)
+    } else {
+        String::new()
+    }
+}
+
 /// The most units a request is ever settled to: Lua numbers are doubles,
 /// exact up to 2^53.
 const MAX_SETTLE: u64 = (1 << 53) - 1;
@@ -414,6 +427,7 @@ impl Worker {
             return None;
         }
         let request_id = spend_id(task, "1");
+        let ticket = ticket(task, job);
         let spend = (self.limiter)
             .prepare(
                 &endpoint.name,
@@ -421,6 +435,7 @@ impl Worker {
                 None,
                 &request_id,
                 job.reserve,
+                Some(&ticket),
             )
             .ok()?;
         Some(Ahead {
@@ -586,13 +601,15 @@ impl Worker {
         // A tenant's spend keeps the job's reserve free in the tenant's
         // own windows.
         let tenant = payer.tenant.as_deref();
+        let ticket = ticket(payer.task, payer.job);
         let decision = (self.limiter)
-            .spend_for(
+            .spend_in_line(
                 &payer.endpoint.name,
                 tenant,
                 None,
                 &request_id,
                 payer.job.reserve,
+                Some(&ticket),
             )
             .await;
         (request_id, decision)

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use quota_worker::config::Config;
+use quota_worker::config::{Config, Reserve};
 use quota_worker::keys::KeySpace;
 use quota_worker::quota::{Decision, Limiter, QuotaError, request_id, script};
 
@@ -82,13 +82,8 @@ async fn spends_run_unchanged_on_a_three_master_cluster() {
     for (endpoint, credential) in [("a", "alpha"), ("b", "beta")] {
         let tag = KeySpace::hash_tag(credential);
         let want = cluster.slot(&tag);
-        for k in &limiter
-            .quotas()
-            .endpoint(endpoint)
-            .expect("endpoint")
-            .plan
-            .keys
-        {
+        let plan = &limiter.quotas().endpoint(endpoint).expect("endpoint").plan;
+        for k in plan.keys.iter().chain(&plan.rings).chain(&plan.lines) {
             assert_eq!(cluster.slot(k), want, "{k} is not in {tag}'s slot");
         }
     }
@@ -108,6 +103,20 @@ async fn spends_run_unchanged_on_a_three_master_cluster() {
     };
     // alpha: the endpoint's 8-per-10m window is the tightest.
     assert_eq!(admitted("a", 12).await, 8);
+    // A refused spend in the waiting lines: each sliding window's line
+    // (on the credential's node, in its slot) keeps its promise and ticket.
+    let d = limiter
+        .spend_in_line("a", None, None, &request_id(), Reserve::NONE, Some("j:1:0"))
+        .await
+        .expect("spend in line");
+    assert!(!d.is_allowed(), "{d:?}");
+    let lines = &limiter.quotas().endpoint("a").expect("endpoint").plan.lines;
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    let alpha = &cluster.nodes[master_of(&cluster, "alpha")];
+    for line in lines {
+        let members: i64 = alpha.cmd(&["ZCARD", line.as_str()]);
+        assert_eq!(members, 2, "{line}: the promise and its ticket");
+    }
     assert_eq!(admitted("b", 3).await, 3);
 
     for node in &cluster.nodes {

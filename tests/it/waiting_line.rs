@@ -1,0 +1,207 @@
+//! Promise: spends a sliding window refused wait in turn. A refused spend
+//! that will come back (a task of a job with `on_quota_exhausted = "defer"`)
+//! is promised the moment the units ahead of it leave — the units promised
+//! to the spends refused before it counted — so a herd of deferred tasks
+//! wakes spread, a few at a time, instead of all at once to be refused
+//! again; a fresh spend waits behind the line; the line never admits
+//! anything the window itself would not (`lua/spend.lua`, "Waiting line").
+
+use std::time::Duration;
+
+use quota_worker::config::{Config, Reserve};
+use quota_worker::outcome::OutcomeKind;
+use quota_worker::quota::{Decision, Limiter, Rejection, request_id};
+
+use crate::support::pipeline::Pipeline;
+use crate::support::world;
+use crate::support::{self, ConfigBuilder, Job, RedisServer, Sink, TestConfig, Window, machine};
+
+const CONFIG: &str = r#"
+[credentials.k]
+secret_env = "K"
+windows = [{ units = 2, per = "2s" }]
+
+[endpoints.e]
+credential = "k"
+cost = 1
+
+[credentials.b]
+secret_env = "B"
+windows = [{ kind = "bucket", units = 4, per = "2s" }]
+
+[endpoints.eb]
+credential = "b"
+cost = 1
+"#;
+
+/// A spend of one unit of `e` in the line as `ticket` ("": a spend that
+/// respects the line but will not come back).
+async fn spend(limiter: &Limiter, ticket: &str) -> Decision {
+    spend_on(limiter, "e", ticket).await
+}
+
+/// [`spend`] on `endpoint`.
+async fn spend_on(limiter: &Limiter, endpoint: &str, ticket: &str) -> Decision {
+    (limiter.spend_in_line(
+        endpoint,
+        None,
+        None,
+        &request_id(),
+        Reserve::NONE,
+        Some(ticket),
+    ))
+    .await
+    .expect("spend")
+}
+
+fn refused(d: Decision, who: &str) -> Rejection {
+    match d {
+        Decision::Rejected(r) => r,
+        other => panic!("{who}: expected a refusal, got {other:?}"),
+    }
+}
+
+/// Two units per 2 s, spent 600 ms apart; two spends refused then are
+/// promised one unit each, in turn: the first when the first unit leaves,
+/// the second when the second does (without the line both are told the
+/// first unit's moment, and one of them is refused again). When the first
+/// unit has left, a fresh spend is refused (that unit is the first
+/// waiter's) and the waiter is admitted; then the second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_spends_are_promised_turns_in_order_and_a_fresh_spend_waits_behind_them() {
+    let _machine = machine::timing();
+    let server = RedisServer::start();
+    let cfg = TestConfig::new(CONFIG, &[]);
+    let limiter = support::limiter(&server, &Config::load(&cfg.path()).expect("config")).await;
+
+    assert!(matches!(
+        spend(&limiter, "a").await,
+        Decision::Allowed { .. }
+    ));
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(matches!(
+        spend(&limiter, "b").await,
+        Decision::Allowed { .. }
+    ));
+    let c = refused(spend(&limiter, "c").await, "c");
+    let d = refused(spend(&limiter, "d").await, "d");
+    assert!(
+        d.retry_after >= c.retry_after + Duration::from_millis(400),
+        "the second waiter is promised the second unit, ~600 ms after the first: c {c:?}, d {d:?}"
+    );
+    assert!(
+        c.retry_after <= Duration::from_millis(1_700),
+        "the first waiter waits for the first unit only: {c:?}"
+    );
+
+    tokio::time::sleep(c.retry_after).await;
+    let fresh = refused(spend(&limiter, "").await, "a fresh spend at c's turn");
+    assert!(
+        fresh.retry_after >= Duration::from_millis(1_000),
+        "a fresh spend waits behind both waiters (for c's unit to leave again): {fresh:?}"
+    );
+    assert!(
+        matches!(spend(&limiter, "c").await, Decision::Allowed { .. }),
+        "c is admitted at its turn"
+    );
+    let now_d = refused(spend(&limiter, "d").await, "d, early");
+    assert!(
+        now_d.retry_after <= d.retry_after,
+        "an early waiter keeps its turn: {now_d:?} (promised {d:?})"
+    );
+    tokio::time::sleep(now_d.retry_after).await;
+    assert!(
+        matches!(spend(&limiter, "d").await, Decision::Allowed { .. }),
+        "d is admitted at its turn"
+    );
+}
+
+/// A bucket of 4 units refilled at 2 per second, emptied: three spends
+/// refused then are promised its next three units, one every 500 ms, in
+/// turn (without the line all three are told the first unit's moment, and
+/// two of them are refused again); at the first one's turn a fresh spend is
+/// refused (that unit is the waiter's) and the waiter is admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_promises_its_refill_to_the_refused_spends_in_turn() {
+    let _machine = machine::timing();
+    let server = RedisServer::start();
+    let cfg = TestConfig::new(CONFIG, &[]);
+    let limiter = support::limiter(&server, &Config::load(&cfg.path()).expect("config")).await;
+
+    for i in 0..4 {
+        let d = spend_on(&limiter, "eb", &format!("full{i}")).await;
+        assert!(matches!(d, Decision::Allowed { .. }), "{i}: {d:?}");
+    }
+    let mut turns = Vec::new();
+    for who in ["w1", "w2", "w3"] {
+        turns.push(refused(spend_on(&limiter, "eb", who).await, who).retry_after);
+    }
+    assert!(turns[0] <= Duration::from_millis(700), "{turns:?}");
+    for pair in turns.windows(2) {
+        assert!(
+            pair[1] >= pair[0] + Duration::from_millis(400),
+            "each waiter is promised the unit after the one before it: {turns:?}"
+        );
+    }
+    tokio::time::sleep(turns[0]).await;
+    refused(
+        spend_on(&limiter, "eb", "").await,
+        "a fresh spend at w1's turn",
+    );
+    let d = spend_on(&limiter, "eb", "w1").await;
+    assert!(
+        matches!(d, Decision::Allowed { .. }),
+        "w1 at its turn: {d:?}"
+    );
+}
+
+/// Six windows' worth of one-page tasks (48 on 8 units per 3 s, 8 worker
+/// slots) with `on_quota_exhausted = "defer"`: the first 8 fit, the other 40
+/// are refused once each and come back in turn. Without the line each
+/// refused task came back when the next unit freed, all of them at once, and
+/// 8 fit: ~N²/2U refusals (~140 here, 3 per task). A count, not a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_deferred_herd_is_refused_at_most_one_and_a_half_times_per_task() {
+    let _machine = machine::timing();
+    const N: usize = 48;
+    let regions: Vec<String> = (0..N).map(|i| format!("r{i:02}")).collect();
+    let mut p = Pipeline::start(world::sim(1, 1), |sim| {
+        ConfigBuilder::new()
+            .worker(world::quick_worker(8))
+            .credential(world::credential(Window::sliding(8, "3s")))
+            .endpoint(world::endpoint())
+            .job(
+                Job::videos("herd", world::ENDPOINT, sim)
+                    .fan_out("region", regions)
+                    .on_quota_exhausted("defer")
+                    .sink(Sink::jsonl("data/{job}.jsonl").records("/items")),
+            )
+    })
+    .await;
+    let tick = p.trigger("herd").await;
+    let all_done = p
+        .wait_for(Duration::from_secs(120), |seen| {
+            let done = seen
+                .iter()
+                .filter(|s| s.ev.tick == tick && s.kind() == OutcomeKind::Done);
+            done.count() >= N
+        })
+        .await;
+    let seen = p.of_tick("herd", tick);
+    let refusals = seen
+        .iter()
+        .filter(|s| s.kind() == OutcomeKind::QuotaExhausted)
+        .count();
+    let upstream = p.sim_stats().charges.len();
+    p.stop().await;
+    assert!(all_done, "every task ends done");
+    assert_eq!(upstream, N, "each item fetched once");
+    assert!(
+        refusals >= N - 8,
+        "all but the first window's tasks are refused once: {refusals}"
+    );
+    assert!(
+        refusals * 2 <= N * 3,
+        "{refusals} refusals for {N} tasks: more than 1.5 per task"
+    );
+}
