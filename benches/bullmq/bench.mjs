@@ -534,15 +534,15 @@ const t0 = Date.now();
 mkdirSync(OUT, { recursive: true });
 rmSync(join(OUT, 'runs'), { recursive: true, force: true });
 const { steps, keys } = plan();
+rmSync(join(OUT, 'sim.json'), { force: true });
 const simChild = start('qw-simulator', SIM, [
   ...keys.flatMap((k) => ['--key', k]),
   '--addr-file', join(OUT, 'sim.json'),
 ]);
-rmSync(join(OUT, 'sim.json'), { force: true });
 await waitFor('qw-simulator', () => {
   if (simChild.exitCode !== null) throw failed(simChild, `exited (${simChild.exitCode})`);
   return existsSync(join(OUT, 'sim.json'));
-}, 10000);
+}, 30000);
 sim = JSON.parse(readFileSync(join(OUT, 'sim.json'), 'utf8'));
 
 const git = (...a) => execFileSync('git', ['-C', ROOT, ...a]).toString().trim();
