@@ -20,7 +20,11 @@
 --   5  <prefix>:tick:<job>:<tick_ms>:fan_out     hash: owner, lease (ms), next, origin
 --   6  <prefix>:fanning                          zset: "<job>:<tick_ms>" -> lease end (ms)
 --   7  <prefix>:wake                             stream: told when the backlog's first
---                                                task is now due sooner (lua/feed.lua)
+--                                                task is now due sooner (lua/feed.lua),
+--                                                or when apalis got tasks to fetch
+--   8  apalis task data hash                     (<prefix>:queue:data)
+--   9  apalis active list                        (<prefix>:queue:active)
+--  10  apalis scheduled set                      (<prefix>:queue:scheduled)
 --
 -- ARGV
 --   1  who is calling (the claim's value, the progress owner)
@@ -30,7 +34,10 @@
 --   5  TTL of the claim, outcome and progress keys, ms
 --   6  this fan-out's member in KEYS[6] ("<job>:<tick_ms>")
 --   7  the tasks' origin ("tick", "trigger"), kept for whoever resumes
---   8..  triples: task id, delay ms, payload
+--   8  cap: most tasks allowed in apalis's scheduled set + active list, as
+--      lua/feed.lua counts them (0: every task goes through the backlog)
+--   9  apalis task metadata prefix (<prefix>:queue:meta)
+--  10..  triples: task id, delay ms, payload
 --
 -- Returns {status, n, owner}:
 --    0  chunk queued (or found queued by an earlier call); n = tasks queued so far
@@ -83,21 +90,45 @@ end
 -- The backlog's first task before this chunk: the idle daemons wait for
 -- it; they are told only when a task of this chunk is due sooner.
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+
+-- Tasks due now go straight into apalis (its data hash, metadata and
+-- active list, as lua/feed.lua moves them) while it holds fewer than the
+-- cap and no backlog task is due before them (issue 28: through the
+-- backlog a task cost a HSETNX and a ZADD here and a HSETNX and a HSET in
+-- the feed; straight in, the HSETNX and the HSET). The rest wait in the
+-- backlog for the feeder, as before (apalis pitfall 4). apalis's HSETNX
+-- keeps a task id once (pitfall 3).
+local room = 0
+local cap = tonumber(ARGV[8])
+if cap > 0 and (first[2] == nil or tonumber(first[2]) > now) then
+  room = cap - redis.call('ZCARD', KEYS[10]) - redis.call('LLEN', KEYS[9])
+end
 local soonest = nil
-for i = 8, #ARGV, 3 do
-  local id = ARGV[i]
-  if redis.call('HSETNX', KEYS[2], id, ARGV[i + 2]) == 1 then
-    local at = now + tonumber(ARGV[i + 1])
+local pushed = {}
+for i = 10, #ARGV, 3 do
+  local id, delay = ARGV[i], tonumber(ARGV[i + 1])
+  if delay <= 0 and #pushed < room then
+    if redis.call('HSETNX', KEYS[8], id, ARGV[i + 2]) == 1 then
+      redis.call('HSET', ARGV[9] .. ':' .. id, 'attempts', 0, 'max_attempts', 1,
+        'status', 'Pending', 'idempotency_key', '')
+      pushed[#pushed + 1] = id
+    end
+  elseif redis.call('HSETNX', KEYS[2], id, ARGV[i + 2]) == 1 then
+    local at = now + delay
     redis.call('ZADD', KEYS[1], at, id)
     if soonest == nil or at < soonest then
       soonest = at
     end
   end
 end
+if #pushed > 0 then
+  redis.call('RPUSH', KEYS[9], unpack(pushed))
+  redis.call('XADD', KEYS[7], 'MAXLEN', 16, '*', 'at', 0)
+end
 if soonest and (first[2] == nil or soonest < tonumber(first[2])) then
   redis.call('XADD', KEYS[7], 'MAXLEN', 16, '*', 'at', soonest)
 end
-next = start + (#ARGV - 7) / 3
+next = start + (#ARGV - 9) / 3
 
 if last then
   redis.call('HSET', KEYS[4], '#items', next)

@@ -17,7 +17,8 @@
 //! - every push lands in apalis's scheduled set, and a fetch promotes all due
 //!   tasks in one Lua `unpack` that fails past ~8,000: tasks wait in our
 //!   backlog and [`Queue::feed`] hands apalis at most [`FEED_CAP`] at a time,
-//!   straight into its active list;
+//!   straight into its active list (a fan-out's tasks due now go straight
+//!   there themselves while it holds fewer: `lua/fan_out.lua`);
 //! - an idle worker is woken only by its heartbeat, and apalis's poll
 //!   strategies lose wake-ups: the daemon wakes its worker itself (`wake`);
 //! - apalis's own retries ignore backoff and bounded attempts: workers always
@@ -42,7 +43,7 @@ use redis::aio::ConnectionManager;
 
 use crate::keys::KeySpace;
 use scripts::enqueue::Enqueue;
-use scripts::fan_out::FanOut;
+use scripts::fan_out::{Apalis, FanOut};
 use scripts::fan_out_take::FanOutTake;
 use scripts::feed::Feed;
 use scripts::rotate::Rotate;
@@ -236,8 +237,13 @@ impl Queue {
         last: bool,
         tasks: &[(String, String)],
     ) -> Result<Chunk, QueueError> {
+        let apalis = Apalis {
+            config: &self.apalis,
+            cap: FEED_CAP,
+        };
         let call = FanOut::new(
             &self.keys,
+            apalis,
             fan_out,
             start,
             last,

@@ -8,9 +8,9 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use quota_worker::outcome::OutcomeKind;
-use quota_worker::queue::{Chunk, FAN_OUT_CHUNK, Origin, TickFanOut};
+use quota_worker::queue::{Chunk, FAN_OUT_CHUNK, FEED_CAP, Origin, TickFanOut};
 
-use crate::support::keys::{any_tick, keys};
+use crate::support::keys::{any_tick, apalis, keys};
 use crate::support::machine;
 use crate::support::pipeline::{Pipeline, kinds};
 use crate::support::process::{Proc, run_cli};
@@ -133,12 +133,22 @@ fn a_large_trigger_killed_part_way_is_resumed_by_running_it_again() {
         !claims.iter().any(|k| k.ends_with(":fan_out")),
         "{claims:?}"
     );
-    let ids: Vec<String> = redis::cmd("ZRANGE")
+    // Queued: in the backlog, or (the first FEED_CAP, due at once and
+    // nothing running them) straight in apalis's active list.
+    let mut ids: Vec<String> = redis::cmd("ZRANGE")
         .arg(keys().backlog())
         .arg(0)
         .arg(-1)
         .query(&mut conn)
         .expect("ZRANGE");
+    let in_apalis: Vec<String> = redis::cmd("LRANGE")
+        .arg(apalis().active_jobs_list())
+        .arg(0)
+        .arg(-1)
+        .query(&mut conn)
+        .expect("LRANGE");
+    assert!(in_apalis.len() <= FEED_CAP, "{}", in_apalis.len());
+    ids.extend(in_apalis);
     let prefix = format!("big:{tick}:");
     let mut indexes: Vec<usize> = ids
         .iter()
@@ -154,10 +164,10 @@ fn a_large_trigger_killed_part_way_is_resumed_by_running_it_again() {
         indexes.iter().enumerate().all(|(n, i)| n == *i),
         "a task is missing or doubled"
     );
-    let data: u64 = redis::cmd("HLEN")
-        .arg(keys().backlog_data())
-        .query(&mut conn)
-        .expect("HLEN");
+    let hlen = |conn: &mut redis::Connection, key: String| -> u64 {
+        redis::cmd("HLEN").arg(key).query(conn).expect("HLEN")
+    };
+    let data = hlen(&mut conn, keys().backlog_data()) + hlen(&mut conn, apalis().job_data_hash());
     assert_eq!(data, TASKS as u64);
     assert_eq!(
         hget(&mut conn, &keys().tick_outcomes("big", tick), "#items"),
@@ -165,13 +175,19 @@ fn a_large_trigger_killed_part_way_is_resumed_by_running_it_again() {
     );
     // Items follow their index: row i / 2, lang i % 2 (the last list fastest).
     for i in [0usize, 1, queued as usize, TASKS - 1] {
-        let payload: String = redis::cmd("HGET")
-            .arg(keys().backlog_data())
-            // Ids name their position, zero-padded (docs/jobs.md
-            // "Fairness"); the first tick starts at item 0.
-            .arg(format!("{prefix}{i:06}"))
-            .query(&mut conn)
-            .expect("HGET payload");
+        // Ids name their position, zero-padded (docs/jobs.md "Fairness");
+        // the first tick starts at item 0.
+        let id = format!("{prefix}{i:06}");
+        let payload: String = [keys().backlog_data(), apalis().job_data_hash()]
+            .iter()
+            .find_map(|hash| {
+                redis::cmd("HGET")
+                    .arg(hash)
+                    .arg(&id)
+                    .query::<Option<String>>(&mut conn)
+                    .expect("HGET payload")
+            })
+            .unwrap_or_else(|| panic!("no payload for {id}"));
         let task: serde_json::Value = serde_json::from_str(&payload).expect("payload");
         let lang = ["en", "de"][i % 2];
         assert_eq!(

@@ -45,8 +45,14 @@ pub enum Chunk {
 /// `lua/fan_out.lua`'s arguments: one chunk of one tick's fan-out.
 pub(crate) struct FanOut<'a> {
     /// KEYS: the backlog, its payloads, the tick's claim, its outcome hash,
-    /// its fan-out progress, the `fanning` zset, the wake stream.
-    keys: [String; 7],
+    /// its fan-out progress, the `fanning` zset, the wake stream; apalis's
+    /// data hash, active list and scheduled set.
+    keys: [String; 10],
+    /// `ARGV[8]`: most tasks in apalis's scheduled set and active list (a
+    /// task due now goes straight in while there is room); `ARGV[9]`:
+    /// apalis's task metadata prefix.
+    cap: usize,
+    meta: String,
     /// `ARGV[1]` who calls, `ARGV[7]` the tasks' origin; `ARGV[6]` the fan-out's
     /// member in `fanning`.
     fan_out: &'a TickFanOut<'a>,
@@ -58,15 +64,24 @@ pub(crate) struct FanOut<'a> {
     /// over; `ARGV[5]`: the TTL of the tick's claim, outcome and progress.
     lease: Duration,
     tick_ttl: Duration,
-    /// `ARGV[8..]`: per task, its id and payload (queued with no delay).
+    /// `ARGV[10..]`: per task, its id and payload (queued with no delay).
     tasks: &'a [(String, String)],
+}
+
+/// Where a chunk's tasks may go straight in: apalis's queue, and the most
+/// tasks it may hold (`queue::FEED_CAP`, as the feeder counts them).
+pub(crate) struct Apalis<'a> {
+    pub(crate) config: &'a apalis_redis::Config,
+    pub(crate) cap: usize,
 }
 
 impl<'a> FanOut<'a> {
     /// The chunk `tasks` of `fan_out`, starting at task `start`, `last`
     /// or not, under a lease of `lease`; the tick's keys kept `tick_ttl`.
+    #[allow(clippy::too_many_arguments)] // the script's arguments, named
     pub(crate) fn new(
         keys: &KeySpace,
+        apalis: Apalis<'_>,
         fan_out: &'a TickFanOut<'a>,
         start: u64,
         last: bool,
@@ -84,7 +99,12 @@ impl<'a> FanOut<'a> {
                 keys.tick_fan_out(job, tick),
                 keys.fanning(),
                 keys.wake(),
+                apalis.config.job_data_hash(),
+                apalis.config.active_jobs_list(),
+                apalis.config.scheduled_jobs_set(),
             ],
+            cap: apalis.cap,
+            meta: apalis.config.job_meta_hash(),
             fan_out,
             start,
             last,
@@ -107,7 +127,9 @@ impl<'a> FanOut<'a> {
             .arg(self.lease.as_millis() as u64)
             .arg(self.tick_ttl.as_millis() as u64)
             .arg(fanning_member(f.job, f.tick))
-            .arg(f.origin.as_str());
+            .arg(f.origin.as_str())
+            .arg(self.cap)
+            .arg(&self.meta);
         for (id, payload) in self.tasks {
             call.arg(id).arg(0).arg(payload);
         }
