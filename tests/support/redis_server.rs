@@ -5,6 +5,7 @@
 //! port, and started with its wall clock shifted (a fake clock through
 //! `LD_PRELOAD`). Several of them make a Redis Cluster: [`super::cluster`].
 
+use std::collections::BTreeSet;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -19,12 +20,33 @@ pub struct RedisServer {
     env: Vec<(String, String)>,
 }
 
-/// A free loopback port (the kernel picks it; we release it for the server).
+/// Ports of the servers this process started and has not dropped. A
+/// stopped server keeps its port for `restart`, and the test that stopped
+/// it expects "Redis is down" there: another test's server started on that
+/// port meanwhile would answer for it (seen once under a full run:
+/// `quota k` exited 0 seconds after `quota` had exited 69 on the stopped
+/// port). [`free_port`] never hands one out.
+static HELD: std::sync::Mutex<BTreeSet<u16>> = std::sync::Mutex::new(BTreeSet::new());
+
+fn held() -> std::sync::MutexGuard<'static, BTreeSet<u16>> {
+    // A test that panicked holding it left a set that is still right.
+    HELD.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A free loopback port (the kernel picks it; we release it for the
+/// server), never one a server of this process holds while stopped.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("bind 127.0.0.1:0")
+    // The rejected ports stay bound until one is found, so the kernel
+    // offers another each time.
+    let mut rejected = Vec::new();
+    loop {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+        let port = l.local_addr().expect("local addr").port();
+        if !held().contains(&port) {
+            return port;
+        }
+        rejected.push(l);
+    }
 }
 
 /// A free loopback port, different from every port in `taken`.
@@ -69,6 +91,7 @@ impl RedisServer {
                 s.log()
             );
         }
+        held().insert(port);
         s
     }
 
@@ -107,6 +130,7 @@ impl RedisServer {
         for _ in 0..5 {
             s.port = free_port();
             if s.spawn() {
+                held().insert(s.port);
                 return s;
             }
         }
@@ -306,6 +330,7 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         self.resume();
         self.kill();
+        held().remove(&self.port);
     }
 }
 
