@@ -779,6 +779,12 @@ pub struct Job {
 }
 
 impl Job {
+    /// Whether a task the quota stopped is sent again to run at its
+    /// retry-after (`on_quota_exhausted = "defer"`).
+    pub fn defers(&self) -> bool {
+        self.on_quota_exhausted == OnQuotaExhausted::Defer
+    }
+
     /// Number of tasks per tick: the product of the fan-out list lengths,
     /// times the rows of `fan_out_from` (as last counted, else `max_items`:
     /// the most a tick can fan out).

@@ -16,7 +16,7 @@ use tracing::{info, warn};
 
 use super::lock::Found;
 use super::spend::{Admission, FirstSpend, Payer, Spent};
-use super::step::{Action, Answer, End, Progress, Rules, decide, defers};
+use super::step::{Action, Answer, End, Progress, Rules, decide};
 use super::{CHECKPOINT_TTL, Checkpoint, Held, ITEM_STATE_TTL, TaskError, Worker};
 use crate::config::{Job, Secret};
 use crate::fetch::paging::{Cursor, Stored, Validators};
@@ -504,7 +504,7 @@ impl Worker {
                 self.save(run, p).await?;
                 let mut o = p.outcome(kind, why);
                 o.retry_after = Some(wait);
-                let again = momentary || defers(run.job());
+                let again = momentary || run.job().defers();
                 (o, status, again.then_some((Origin::Defer, wait)))
             }
             End::Retry {

@@ -59,7 +59,7 @@ fn spend_id(task: &TaskArgs, page: &str) -> String {
 /// Only a job that defers comes back; the others respect the lines
 /// without taking a turn in them (`""`).
 fn ticket(task: &TaskArgs, job: &Job) -> String {
-    if super::step::defers(job) {
+    if job.defers() {
         format!("{}:{}:{}", task.job, task.tick, task.index)
     } else {
         String::new()

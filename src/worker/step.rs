@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::spend::{Applied, FirstSpend, Refusal, RefusedBy};
-use crate::config::{Job, OnQuotaExhausted, fmt_duration};
+use crate::config::{Job, fmt_duration};
 use crate::fetch::paging::{Cursor, Next, Onward, Stored, Validators, onward};
 use crate::fetch::{Reply, Request};
 use crate::outcome::{Outcome, OutcomeKind};
@@ -455,12 +455,6 @@ fn retry(rules: &Rules<'_>, status: Option<u16>, why: String, refund: bool) -> A
         refund,
         again_in,
     })
-}
-
-/// Whether the job sends a copy of a task the quota stopped to run at its
-/// retry-after (`on_quota_exhausted = "defer"`).
-pub(super) fn defers(job: &Job) -> bool {
-    job.on_quota_exhausted == OnQuotaExhausted::Defer
 }
 
 #[cfg(test)]
