@@ -22,9 +22,11 @@
 --                              <w>:held     hash: request id -> its units
 --   then, optional, the spend history's rings (ARGV[6+n] says how many):
 --     <prefix>:{<credential>}:spent:<scope>  string: units per 5-minute slot, 24 h
---   then, optional (a spend naming a ticket, ARGV[10+n]), one per sliding
---   or bucket window, in window order:
---     <w>:v2:line  zset: the window's waiting line (see "Waiting line")
+--   then, optional (a spend naming a ticket, ARGV[10+n]), one per window but
+--   concurrent ones, in window order (see "Waiting line"):
+--     sliding, bucket  <w>:v2:line  zset: the window's waiting line
+--     fixed            <w>:line     hash: "p:<period>" -> units promised in
+--                                   it, "t:<ticket>" -> the waiter's period
 --
 -- ARGV
 --   1  op: "spend" | "settle" | "block" | "peek" | "sync" | "undrift"
@@ -121,7 +123,7 @@
 -- entries up to it no longer count as they leave, O(1)), in a bucket or a
 -- fixed window its drift share.
 --
--- Waiting line (sliding and bucket windows; a spend that names a ticket): a refused
+-- Waiting line (every kind but concurrent; a spend that names a ticket): a refused
 -- spend that will come back is promised the moment its units leave,
 -- counting the units promised to the spends refused before it, so refused
 -- spends come back in turn instead of all at once (docs/spend.md, "Waiting
@@ -146,7 +148,12 @@
 -- promised (units x quanta) at time qf, qe when it has drained; a refused
 -- spend is promised the moment that level (at least the bucket's own) has
 -- drained enough for its cost, which is then added to it; tickets are
--- scored by their turn.
+-- scored by their turn. A fixed window's line counts the units promised
+-- to each future period: a refused spend is promised the first period
+-- whose unpromised units fit it (from its own, when another window makes
+-- it wait past this one) and waits for its start; a spend in the current
+-- period leaves its unspent promised units free (for a grace after the
+-- period starts: a waiter that never comes back holds them no longer).
 
 -- A concurrent window admits while its units in flight plus the cost fit its
 -- units. A spend takes a lease of its cost (HSETNX held, ZADD lease with its
@@ -225,7 +232,7 @@ local function spend_main(KEYS, ARGV)
         stale = 0, dtot = 0, dbase = 0, neg = 0, L = 0, lt = 0, D = 0, q = 1, perq = 1,
         lease = false, held = false, low = 0,
         rd = 0, rdt = 0, fd = 0, xr = 0, sused = 0,
-        line = false, qt = 0, qb = 0, qf = 0, qe = 0, q0 = 0, mine = false, turn = 0, slack = false,
+        line = false, owed = 0, qt = 0, qb = 0, qf = 0, qe = 0, q0 = 0, mine = false, turn = 0, slack = false,
       }
       if per > maxper and kind ~= 'concurrent' then
         maxper = per
@@ -385,6 +392,15 @@ local function spend_main(KEYS, ARGV)
         w.used, w.drift = tonumber(r[2] or '0'), tonumber(r[3] or '0')
         w.rd, w.rdt = tonumber(r[4] or '0'), tonumber(r[5] or '0')
       end
+    end
+
+    -- The number of the period holding UTC instant `t` (µs), and when
+    -- period `q` starts (µs): for a waiting line's promises.
+    function F.period_of(w, t)
+      return floor((t + offset_at(w, t) - w.reset) / w.per)
+    end
+    function F.start(w, q)
+      return wall_to_utc(w, q * w.per + w.reset, now)
     end
 
     -- Starts a fixed window's new period, if it needs one, before a write.
@@ -701,24 +717,24 @@ local function spend_main(KEYS, ARGV)
   local record
   local nring = tonumber(ARGV[6 + nwin]) or 0
   -- The waiting line (optional, a spend's ARGV 10+n, after the history's
-  -- four; see "Waiting line"): the ticket, and one line key per sliding
-  -- or bucket window after the rings' keys.
+  -- four; see "Waiting line"): the ticket, and one line key per window
+  -- but concurrent ones after the rings' keys.
   local ticket, nline = nil, 0
   if op == 'spend' and ARGV[10 + nwin] ~= nil then
     ticket = ARGV[10 + nwin]
     local lk = k + nring
     for i = 1, nwin do
       local w = windows[i]
-      if w.kind == 'sliding' or w.kind == 'bucket' then
+      if w.kind ~= 'concurrent' then
         w.line = KEYS[lk]
         if not w.line then
-          return redis.error_reply('ERR quota-worker: a spend with a waiting line passes one line key per sliding or bucket window after the rings\' keys')
+          return redis.error_reply('ERR quota-worker: a spend with a waiting line passes one line key per window but concurrent ones after the rings\' keys')
         end
         lk, nline = lk + 1, nline + 1
       end
     end
     if KEYS[lk] ~= nil then
-      return redis.error_reply('ERR quota-worker: a spend with a waiting line passes one line key per sliding or bucket window after the rings\' keys, and no more')
+      return redis.error_reply('ERR quota-worker: a spend with a waiting line passes one line key per window but concurrent ones after the rings\' keys, and no more')
     end
   end
   if nring > 0 and (op == 'spend' or op == 'settle') then
@@ -863,7 +879,37 @@ local function spend_main(KEYS, ARGV)
     end
     for i = 1, nwin do
       local w = windows[i]
-      if w.line and w.kind == 'bucket' then
+      if w.line and w.kind == 'fixed' then
+        -- A fixed window's line: units promised per future period
+        -- ("p:<period>"), and each waiter's period ("t:<ticket>").
+        lined = true
+        local r = call('HMGET', w.line, 'p:' .. w.period, 't:' .. ticket)
+        w.owed = tonumber(r[1]) or 0
+        local mp = tonumber(r[2])
+        if w.owed > 0 and now > F.start(w, w.period) + min(max(floor(w.per / 100), 1000000), 60000000) then
+          -- Past a grace after the period's start, units promised in it
+          -- and not yet spent are free again: a waiter that never comes
+          -- back holds them no longer.
+          w.owed = 0
+        end
+        if mp and mp >= w.period then
+          w.mine = { mp }
+        end
+        if w.mine and mp == w.period then
+          if w.used + cost > w.lim then
+            -- Its units were taken: it waits again, promised anew.
+            w.mine, w.turn = false, w.ends - now
+          end
+        elseif w.used + cost + w.owed > w.lim then
+          -- This period's free units are promised (or there are none): a
+          -- waiter early for its period waits for it, anyone else at least
+          -- for the next.
+          w.turn = (w.mine and F.start(w, mp) or w.ends) - now
+        end
+        if w.turn > 0 then
+          rejected = true
+        end
+      elseif w.line and w.kind == 'bucket' then
         lined = true
         if w.qe ~= 0 and w.qe <= now then
           -- Over: the line's level has drained.
@@ -1328,6 +1374,38 @@ local function spend_main(KEYS, ARGV)
       return { 1, remaining, 0, 0 }
     end
     if lined and ticket ~= '' then
+      -- A fixed window promises the first period, from the one holding
+      -- the moment the other windows name, whose unpromised units fit the
+      -- cost (looking 64 periods ahead at most), and the spend waits for it.
+      for i = 1, nwin do
+        local w = windows[i]
+        if w.line and w.kind == 'fixed' and not w.mine then
+          local q = w.period
+          if now + retry >= w.ends then
+            q = F.period_of(w, now + retry)
+          end
+          for _ = 1, 64 do
+            local free = w.lim - w.used - w.owed
+            if q ~= w.period then
+              free = w.lim - (tonumber(call('HGET', w.line, 'p:' .. q)) or 0)
+            end
+            if cost <= free then
+              break
+            end
+            q = q + 1
+          end
+          if q > w.period and F.start(w, q) - now > retry then
+            retry, rejecting = F.start(w, q) - now, i
+          end
+          call('HINCRBY', w.line, 'p:' .. q, cost)
+          call('HSET', w.line, 't:' .. ticket, q)
+          -- The line lives until the last period it promises ends.
+          local ttl = ceil((F.start(w, q + 1) - now) / 1000) + 1000
+          if call('PTTL', w.line) < ttl then
+            call('PEXPIRE', w.line, ttl)
+          end
+        end
+      end
       -- A waiter whose turn comes after units promised to other waiters
       -- comes back a little after they leave (a slack of 1/200 of the
       -- window, 5 to 250 ms): a waiter woken a few ms late spends a few ms
@@ -1361,7 +1439,7 @@ local function spend_main(KEYS, ARGV)
           call('ZREMRANGEBYSCORE', w.line, '-inf', format('(%d', now - w.per))
           call('PEXPIRE', w.line, ceil((w.qe - now) / 1000) + 1000)
           w.dirty = true
-        elseif w.line and not w.mine then
+        elseif w.line and not w.mine and w.kind == 'sliding' then
           if w.qt == 0 then
             -- A new line: tickets left by one that is over go.
             call('UNLINK', w.line)
@@ -1465,7 +1543,13 @@ local function spend_main(KEYS, ARGV)
     -- its place in it, so the promises made after it count its units.
     for i = 1, nwin do
       local w = windows[i]
-      if w.line and w.kind == 'bucket' then
+      if w.line and w.kind == 'fixed' then
+        if w.mine then
+          -- Its promise is spent.
+          call('HINCRBY', w.line, 'p:' .. w.mine[1], -cost)
+          call('HDEL', w.line, 't:' .. ticket)
+        end
+      elseif w.line and w.kind == 'bucket' then
         if w.mine then
           call('ZREM', w.line, 't:' .. ticket)
         elseif w.qe ~= 0 then

@@ -144,13 +144,16 @@ impl KeySpace {
         }
     }
 
-    /// A sliding or bucket window's waiting line (`lua/spend.lua`,
-    /// "Waiting line"): the promises made to spends it refused, and their
-    /// tickets. `None` for the other kinds, which keep none.
+    /// A window's waiting line (`lua/spend.lua`, "Waiting line"): the
+    /// promises made to spends it refused, and their tickets. `None` for a
+    /// concurrent window, which keeps none.
     pub fn line(&self, credential: &str, scope: &Scope, window: &Window) -> Option<String> {
         let (base, _) = self.window_base(credential, scope, window);
-        matches!(window.kind, WindowKind::Sliding | WindowKind::Bucket)
-            .then(|| format!("{base}:{LAYOUT}:line"))
+        match window.kind {
+            WindowKind::Sliding | WindowKind::Bucket => Some(format!("{base}:{LAYOUT}:line")),
+            WindowKind::Fixed { .. } => Some(format!("{base}:line")),
+            WindowKind::Concurrent { .. } => None,
+        }
     }
 
     /// A window's keys' common part, and its scope as they name it.

@@ -296,9 +296,9 @@ pub struct Plan {
     /// or settle passes them after the windows' keys, and the script adds
     /// to them in the same call.
     pub rings: Vec<String>,
-    /// The sliding and bucket windows' waiting lines, in window order: a
-    /// spend that names a ticket ([`Plan::line_args`]) passes them after
-    /// the rings.
+    /// The windows' waiting lines (every kind but concurrent), in window
+    /// order: a spend that names a ticket ([`Plan::line_args`]) passes
+    /// them after the rings.
     pub lines: Vec<String>,
 }
 
@@ -494,8 +494,8 @@ fn rings(ks: &KeySpace, credential: &str, windows: &[WindowPlan]) -> Vec<String>
     out
 }
 
-/// The waiting lines of `credential`'s `windows`: one per sliding or
-/// bucket window, in window order (the kinds that keep one,
+/// The waiting lines of `credential`'s `windows`: one per window but
+/// concurrent ones, in window order (the kinds that keep one,
 /// [`KeySpace::line`]).
 fn lines(ks: &KeySpace, credential: &str, windows: &[WindowPlan]) -> Vec<String> {
     (windows.iter())

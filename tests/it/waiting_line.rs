@@ -32,6 +32,14 @@ windows = [{ kind = "bucket", units = 4, per = "2s" }]
 [endpoints.eb]
 credential = "b"
 cost = 1
+
+[credentials.f]
+secret_env = "F"
+windows = [{ kind = "fixed", units = 2, per = "2s" }]
+
+[endpoints.ef]
+credential = "f"
+cost = 1
 "#;
 
 /// A spend of one unit of `e` in the line as `ticket` ("": a spend that
@@ -155,20 +163,78 @@ async fn a_bucket_promises_its_refill_to_the_refused_spends_in_turn() {
     );
 }
 
-/// Six windows' worth of one-page tasks (48 on 8 units per 3 s, 8 worker
-/// slots) with `on_quota_exhausted = "defer"`: the first 8 fit, the other 40
-/// are refused once each and come back in turn. Without the line each
-/// refused task came back when the next unit freed, all of them at once, and
-/// 8 fit: ~N²/2U refusals (~140 here, 3 per task). A count, not a time.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_deferred_herd_is_refused_at_most_one_and_a_half_times_per_task() {
+/// Fixed periods of 2 s holding 2 units: with the period full, three
+/// spends refused are promised periods by what is left of each: the first
+/// two the next period, the third the one after (without the line all three
+/// are told the next reset, and one of them is refused again then). At the
+/// next period a fresh spend is refused (its units are the two waiters'),
+/// the two are admitted, and the third, early, is told its own period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fixed_window_promises_each_period_to_as_many_waiters_as_it_fits() {
     let _machine = machine::timing();
-    const N: usize = 48;
+    let server = RedisServer::start();
+    let cfg = TestConfig::new(CONFIG, &[]);
+    let limiter = support::limiter(&server, &Config::load(&cfg.path()).expect("config")).await;
+
+    // Periods start on multiples of 2 s since the epoch (UTC midnight);
+    // start just after one, so the test's first steps share a period.
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis();
+    tokio::time::sleep(Duration::from_millis((2_000 - ms % 2_000) as u64 + 50)).await;
+    for who in ["f0", "f1"] {
+        let d = spend_on(&limiter, "ef", who).await;
+        assert!(matches!(d, Decision::Allowed { .. }), "{who}: {d:?}");
+    }
+    let c = refused(spend_on(&limiter, "ef", "c").await, "c");
+    let d = refused(spend_on(&limiter, "ef", "d").await, "d");
+    let e = refused(spend_on(&limiter, "ef", "e").await, "e");
+    assert!(c.retry_after <= Duration::from_secs(2), "{c:?}");
+    assert!(
+        d.retry_after <= c.retry_after + Duration::from_millis(10),
+        "c {c:?}, d {d:?}"
+    );
+    assert!(
+        e.retry_after >= c.retry_after + Duration::from_millis(1_900),
+        "the third waiter is promised the period after: c {c:?}, e {e:?}"
+    );
+
+    tokio::time::sleep(c.retry_after).await;
+    refused(
+        spend_on(&limiter, "ef", "").await,
+        "a fresh spend in the promised period",
+    );
+    for who in ["c", "d"] {
+        let d = spend_on(&limiter, "ef", who).await;
+        assert!(
+            matches!(d, Decision::Allowed { .. }),
+            "{who} in its period: {d:?}"
+        );
+    }
+    let early = refused(spend_on(&limiter, "ef", "e").await, "e, early");
+    assert!(
+        early.retry_after <= Duration::from_secs(2),
+        "e is told its own period: {early:?}"
+    );
+}
+
+/// Eight windows' worth of one-page tasks (64 on 8 units per 2 s, 8 worker
+/// slots) with `on_quota_exhausted = "defer"`: the first 8 fit, the other 56
+/// are refused once each and come back in turn (a waiter woken late can
+/// make the next one wait again: at most 2 refusals per task, the issue's
+/// goal, whatever the machine's load). Without the line each refused task
+/// came back when the next unit freed, all of them at once, and 8 fit:
+/// ~N²/2U refusals (~4 per task here). A count, not a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_deferred_herd_is_refused_at_most_twice_per_task() {
+    let _machine = machine::timing();
+    const N: usize = 64;
     let regions: Vec<String> = (0..N).map(|i| format!("r{i:02}")).collect();
     let mut p = Pipeline::start(world::sim(1, 1), |sim| {
         ConfigBuilder::new()
             .worker(world::quick_worker(8))
-            .credential(world::credential(Window::sliding(8, "3s")))
+            .credential(world::credential(Window::sliding(8, "2s")))
             .endpoint(world::endpoint())
             .job(
                 Job::videos("herd", world::ENDPOINT, sim)
@@ -201,7 +267,7 @@ async fn a_deferred_herd_is_refused_at_most_one_and_a_half_times_per_task() {
         "all but the first window's tasks are refused once: {refusals}"
     );
     assert!(
-        refusals * 2 <= N * 3,
-        "{refusals} refusals for {N} tasks: more than 1.5 per task"
+        refusals <= N * 2,
+        "{refusals} refusals for {N} tasks: more than 2 per task"
     );
 }
