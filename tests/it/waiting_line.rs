@@ -62,6 +62,22 @@ async fn spend_on(limiter: &Limiter, endpoint: &str, ticket: &str) -> Decision {
     .expect("spend")
 }
 
+/// A Redis of its own and a limiter on [`CONFIG`] (keep the first two
+/// alive while the limiter is used).
+async fn start() -> (RedisServer, TestConfig, Limiter) {
+    let server = RedisServer::start();
+    let cfg = TestConfig::new(CONFIG, &[]);
+    let limiter = support::limiter(&server, &Config::load(&cfg.path()).expect("config")).await;
+    (server, cfg, limiter)
+}
+
+fn admitted(d: Decision, who: &str) {
+    assert!(
+        matches!(d, Decision::Allowed { .. }),
+        "{who}: expected admitted, got {d:?}"
+    );
+}
+
 fn refused(d: Decision, who: &str) -> Rejection {
     match d {
         Decision::Rejected(r) => r,
@@ -78,19 +94,11 @@ fn refused(d: Decision, who: &str) -> Rejection {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_spends_are_promised_turns_in_order_and_a_fresh_spend_waits_behind_them() {
     let _machine = machine::timing();
-    let server = RedisServer::start();
-    let cfg = TestConfig::new(CONFIG, &[]);
-    let limiter = support::limiter(&server, &Config::load(&cfg.path()).expect("config")).await;
+    let (_server, _cfg, limiter) = start().await;
 
-    assert!(matches!(
-        spend(&limiter, "a").await,
-        Decision::Allowed { .. }
-    ));
+    admitted(spend(&limiter, "a").await, "a");
     tokio::time::sleep(Duration::from_millis(600)).await;
-    assert!(matches!(
-        spend(&limiter, "b").await,
-        Decision::Allowed { .. }
-    ));
+    admitted(spend(&limiter, "b").await, "b");
     let c = refused(spend(&limiter, "c").await, "c");
     let d = refused(spend(&limiter, "d").await, "d");
     assert!(
@@ -108,20 +116,14 @@ async fn refused_spends_are_promised_turns_in_order_and_a_fresh_spend_waits_behi
         fresh.retry_after >= Duration::from_millis(1_000),
         "a fresh spend waits behind both waiters (for c's unit to leave again): {fresh:?}"
     );
-    assert!(
-        matches!(spend(&limiter, "c").await, Decision::Allowed { .. }),
-        "c is admitted at its turn"
-    );
+    admitted(spend(&limiter, "c").await, "c at its turn");
     let now_d = refused(spend(&limiter, "d").await, "d, early");
     assert!(
         now_d.retry_after <= d.retry_after,
         "an early waiter keeps its turn: {now_d:?} (promised {d:?})"
     );
     tokio::time::sleep(now_d.retry_after).await;
-    assert!(
-        matches!(spend(&limiter, "d").await, Decision::Allowed { .. }),
-        "d is admitted at its turn"
-    );
+    admitted(spend(&limiter, "d").await, "d at its turn");
 }
 
 /// A bucket of 4 units refilled at 2 per second, emptied: three spends
@@ -132,13 +134,11 @@ async fn refused_spends_are_promised_turns_in_order_and_a_fresh_spend_waits_behi
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bucket_promises_its_refill_to_the_refused_spends_in_turn() {
     let _machine = machine::timing();
-    let server = RedisServer::start();
-    let cfg = TestConfig::new(CONFIG, &[]);
-    let limiter = support::limiter(&server, &Config::load(&cfg.path()).expect("config")).await;
+    let (_server, _cfg, limiter) = start().await;
 
     for i in 0..4 {
-        let d = spend_on(&limiter, "eb", &format!("full{i}")).await;
-        assert!(matches!(d, Decision::Allowed { .. }), "{i}: {d:?}");
+        let who = format!("full{i}");
+        admitted(spend_on(&limiter, "eb", &who).await, &who);
     }
     let mut turns = Vec::new();
     for who in ["w1", "w2", "w3"] {
@@ -156,11 +156,7 @@ async fn a_bucket_promises_its_refill_to_the_refused_spends_in_turn() {
         spend_on(&limiter, "eb", "").await,
         "a fresh spend at w1's turn",
     );
-    let d = spend_on(&limiter, "eb", "w1").await;
-    assert!(
-        matches!(d, Decision::Allowed { .. }),
-        "w1 at its turn: {d:?}"
-    );
+    admitted(spend_on(&limiter, "eb", "w1").await, "w1 at its turn");
 }
 
 /// Fixed periods of 2 s holding 2 units: with the period full, three
@@ -172,9 +168,7 @@ async fn a_bucket_promises_its_refill_to_the_refused_spends_in_turn() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fixed_window_promises_each_period_to_as_many_waiters_as_it_fits() {
     let _machine = machine::timing();
-    let server = RedisServer::start();
-    let cfg = TestConfig::new(CONFIG, &[]);
-    let limiter = support::limiter(&server, &Config::load(&cfg.path()).expect("config")).await;
+    let (_server, _cfg, limiter) = start().await;
 
     // Periods start on multiples of 2 s since the epoch (UTC midnight);
     // start just after one, so the test's first steps share a period.
@@ -184,8 +178,7 @@ async fn a_fixed_window_promises_each_period_to_as_many_waiters_as_it_fits() {
         .as_millis();
     tokio::time::sleep(Duration::from_millis((2_000 - ms % 2_000) as u64 + 50)).await;
     for who in ["f0", "f1"] {
-        let d = spend_on(&limiter, "ef", who).await;
-        assert!(matches!(d, Decision::Allowed { .. }), "{who}: {d:?}");
+        admitted(spend_on(&limiter, "ef", who).await, who);
     }
     let c = refused(spend_on(&limiter, "ef", "c").await, "c");
     let d = refused(spend_on(&limiter, "ef", "d").await, "d");
@@ -206,11 +199,7 @@ async fn a_fixed_window_promises_each_period_to_as_many_waiters_as_it_fits() {
         "a fresh spend in the promised period",
     );
     for who in ["c", "d"] {
-        let d = spend_on(&limiter, "ef", who).await;
-        assert!(
-            matches!(d, Decision::Allowed { .. }),
-            "{who} in its period: {d:?}"
-        );
+        admitted(spend_on(&limiter, "ef", who).await, who);
     }
     let early = refused(spend_on(&limiter, "ef", "e").await, "e, early");
     assert!(
