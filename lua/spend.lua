@@ -1450,10 +1450,9 @@ local function spend_main(KEYS, ARGV)
           if w.qf == 0 or at + w.hold < w.qf then
             w.qf = at + w.hold
           end
-          if at + w.hold > w.qe then
-            w.qe = at + w.hold
-            call('PEXPIRE', w.line, ceil((w.qe - now) / 1000) + 1000)
-          end
+          -- Its TTL every time (see the admitted spend's, below).
+          w.qe = max(w.qe, at + w.hold)
+          call('PEXPIRE', w.line, ceil((w.qe - now) / 1000) + 1000)
           w.dirty = true
         end
       end
@@ -1572,6 +1571,11 @@ local function spend_main(KEYS, ARGV)
         if now > was then
           call('ZREM', w.line, 't:' .. ticket, format('%d:%d', v, was))
           call('ZADD', w.line, format('%d', v), format('%d:%d', v, now))
+          if now + w.hold > w.qe then
+            -- Its entry (and the line) leave later.
+            w.qe, w.dirty = now + w.hold, true
+            call('PEXPIRE', w.line, ceil((w.qe - now) / 1000) + 1000)
+          end
         else
           call('ZREM', w.line, 't:' .. ticket)
         end
@@ -1581,10 +1585,9 @@ local function spend_main(KEYS, ARGV)
         if w.qf == 0 or now + w.hold < w.qf then
           w.qf = now + w.hold
         end
-        w.dirty = true
-      end
-      if w.line and w.kind == 'sliding' and w.qt > 0 and now + w.hold > w.qe then
-        w.qe = now + w.hold
+        -- Its TTL every time: the ZADD made the key if something deleted
+        -- it while meta still held the line, and no key lives without one.
+        w.qe = max(w.qe, now + w.hold)
         call('PEXPIRE', w.line, ceil((w.qe - now) / 1000) + 1000)
         w.dirty = true
       end

@@ -94,13 +94,18 @@ fn refused(d: Decision, who: &str) -> Rejection {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_spends_are_promised_turns_in_order_and_a_fresh_spend_waits_behind_them() {
     let _machine = machine::timing();
-    let (_server, _cfg, limiter) = start().await;
+    let (server, _cfg, limiter) = start().await;
 
     admitted(spend(&limiter, "a").await, "a");
     tokio::time::sleep(Duration::from_millis(600)).await;
     admitted(spend(&limiter, "b").await, "b");
     let c = refused(spend(&limiter, "c").await, "c");
     let d = refused(spend(&limiter, "d").await, "d");
+    let lines = &limiter.quotas().endpoint("e").expect("e").plan.lines;
+    for line in lines {
+        let ttl: i64 = server.cmd(&["PTTL", line.as_str()]);
+        assert!(ttl > 0, "{line} expires by itself: PTTL {ttl}");
+    }
     assert!(
         d.retry_after >= c.retry_after + Duration::from_millis(400),
         "the second waiter is promised the second unit, ~600 ms after the first: c {c:?}, d {d:?}"
