@@ -269,6 +269,7 @@ const systems = {
       }, 30000, 100);
       return {
         procs,
+        others: [],
         async go() {
           const t = start('quota-worker trigger', QW, ['--config', join(dir, 'config.toml'), 'trigger', 'bench'], { env, cwd: dir });
           const { code } = await t.exited;
@@ -295,6 +296,8 @@ const systems = {
       for (const p of [...procs, producer]) await waitLine(p, /^ready$/, 30000);
       return {
         procs,
+        // Stopped with the workers: an idle run never says "go" to it.
+        others: [producer],
         async go() {
           producer.stdin.write('go\n');
           await waitLine(producer, /^added$/, 60000);
@@ -369,7 +372,7 @@ async function run({ system, kind: scenario, round, items, window, key }) {
     console.log(`  ${name}: ${summary(result)}`);
     return result;
   } finally {
-    if (sys) for (const p of sys.procs) await stop(p);
+    if (sys) for (const p of [...sys.procs, ...sys.others]) await stop(p);
     redis.client.disconnect();
     await stop(redis.child);
   }
@@ -403,7 +406,7 @@ async function idle({ system, round, window, key }) {
     console.log(`  ${name}: ${result.commands_per_s.toFixed(2)} commands/s (two processes)`);
     return result;
   } finally {
-    if (sys) for (const p of sys.procs) await stop(p);
+    if (sys) for (const p of [...sys.procs, ...sys.others]) await stop(p);
     redis.client.disconnect();
     await stop(redis.child);
   }
@@ -571,3 +574,6 @@ writeFileSync(join(OUT, 'report.json'), JSON.stringify({ meta, scenario_a: A, sc
 writeFileSync(join(OUT, 'report.md'), report(meta, results));
 rmSync(join(OUT, 'runs'), { recursive: true, force: true });
 console.log(`\nwrote ${join(OUT, 'report.md')} and report.json`);
+// Whatever might still hold the event loop (a child's pipe), the run is
+// over: exit, which stops every child still running (killAll).
+process.exit(0);
