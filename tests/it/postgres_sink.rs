@@ -297,6 +297,26 @@ fn kill_between_write_and_checkpoint(page: u32, recover_after: &str) -> KilledMi
     }
 }
 
+/// After the run killed in `k` was taken up by `second`: every record is
+/// stored once, one page was written again and added nothing, and the
+/// upstream was asked for each page `asked` times (the killed page twice).
+fn written_again_once(k: &KilledMidRun, second: &Proc, asked_per_page: [usize; 3]) {
+    every_record_once(&k.pg, JOB, &["US"]);
+    assert_eq!(
+        second
+            .messages("this page was written before: nothing added")
+            .len(),
+        1,
+        "{}",
+        second.log()
+    );
+    assert_eq!(
+        asked(&k.upstream, "US"),
+        asked_per_page,
+        "the killed page was fetched again, and only it"
+    );
+}
+
 /// A daemon killed after its page's rows committed and before the page's
 /// checkpoint: the run is taken up again at that page, which is fetched
 /// and written again, and adds nothing (append mode: nothing but the page
@@ -310,20 +330,7 @@ fn a_page_written_again_after_a_kill_before_its_checkpoint_adds_nothing() {
         "the killed daemon's task was not taken up; log:\n{}",
         second.log()
     );
-    every_record_once(&k.pg, JOB, &["US"]);
-    assert_eq!(
-        second
-            .messages("this page was written before: nothing added")
-            .len(),
-        1,
-        "{}",
-        second.log()
-    );
-    assert_eq!(
-        asked(&k.upstream, "US"),
-        [2, 1, 1],
-        "page 1 was fetched again, and only it"
-    );
+    written_again_once(&k, &second, [2, 1, 1]);
 }
 
 /// The same kill at page 2, but the run is taken up by a *newer tick's*
@@ -342,20 +349,7 @@ fn a_newer_tick_taking_over_a_killed_run_writes_its_page_once() {
     let (code, out) = trigger(&k.cfg, &k.redis);
     assert_eq!(code, Some(0), "{out}");
     assert_eq!(done(&second), 1, "the newer tick's task: {}", second.log());
-    every_record_once(&k.pg, JOB, &["US"]);
-    assert_eq!(
-        second
-            .messages("this page was written before: nothing added")
-            .len(),
-        1,
-        "{}",
-        second.log()
-    );
-    assert_eq!(
-        asked(&k.upstream, "US"),
-        [1, 2, 1],
-        "page 2 was fetched again, and only it"
-    );
+    written_again_once(&k, &second, [1, 2, 1]);
     // The killed tick's task, once its worker is found dead: superseded,
     // nothing fetched or written.
     let superseded = || {
