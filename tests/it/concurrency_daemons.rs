@@ -97,15 +97,6 @@ fn peak(requests: &[&Logged]) -> (u64, Option<DateTime<Utc>>) {
     (best as u64, at)
 }
 
-/// Redis commands run so far (INFO commandstats, every command).
-fn commands(redis: &RedisServer) -> u64 {
-    let info: String = redis.cmd(&["INFO", "commandstats"]);
-    info.lines()
-        .filter_map(|l| l.split("calls=").nth(1))
-        .filter_map(|rest| rest.split(',').next()?.parse::<u64>().ok())
-        .sum()
-}
-
 /// Every tick outcome hash of `job` in Redis, summed per field.
 fn outcomes(redis: &RedisServer, job: &str) -> HashMap<String, i64> {
     let mut sum = HashMap::new();
@@ -131,12 +122,12 @@ fn three_daemons_never_have_more_in_flight_than_the_window_allows() {
         d.wait_running(Duration::from_secs(20));
     }
     // The daemons' own traffic while idle, to tell it from the tasks'.
-    let (idle_from, idle_at) = (commands(&redis), Instant::now());
+    let (idle_from, idle_at) = (redis.command_calls().0, Instant::now());
     std::thread::sleep(Duration::from_secs(2));
-    let idle_rate = (commands(&redis) - idle_from) as f64 / idle_at.elapsed().as_secs_f64();
+    let idle_rate = (redis.command_calls().0 - idle_from) as f64 / idle_at.elapsed().as_secs_f64();
 
     // Both jobs at once: 16 tasks, 48 pages, 72 units of requests.
-    let (before, started) = (commands(&redis), Instant::now());
+    let (before, started) = (redis.command_calls().0, Instant::now());
     let mut triggers: Vec<Proc> = ["trending", "chans"]
         .iter()
         .map(|j| Proc::sim_cli(j, &cfg, Some(&redis.url()), &["trigger", j, "--wait"], &[]))
@@ -152,7 +143,7 @@ fn three_daemons_never_have_more_in_flight_than_the_window_allows() {
         );
     }
     let took = started.elapsed();
-    let spent_commands = commands(&redis) - before;
+    let spent_commands = redis.command_calls().0 - before;
     // Every request's lease was returned by its settle (a lease left to
     // lapse would still be held: it lasts 15 s).
     let q = cfg.run(

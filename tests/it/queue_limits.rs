@@ -203,32 +203,6 @@ async fn apalis_pitfall_4_ten_thousand_item_fan_out_drains() {
     assert_eq!((depth.backlog, depth.queued), (0, 0), "{depth:?}");
 }
 
-/// Redis commands of every kind `INFO commandstats` counted since the last
-/// `CONFIG RESETSTAT`, scripts' inner commands included, the test's own
-/// `INFO` and `CONFIG` left out.
-fn commands_since_reset(redis: &RedisServer) -> (u64, String) {
-    let stats: String = redis.cmd(&["INFO", "commandstats"]);
-    let mut total = 0;
-    for line in stats.lines() {
-        let Some((name, rest)) = line
-            .strip_prefix("cmdstat_")
-            .and_then(|l| l.split_once(':'))
-        else {
-            continue;
-        };
-        if name == "info" || name == "config" {
-            continue;
-        }
-        let calls = rest
-            .split(',')
-            .find_map(|f| f.strip_prefix("calls="))
-            .and_then(|n| n.parse::<u64>().ok())
-            .unwrap_or(0);
-        total += calls;
-    }
-    (total, stats)
-}
-
 /// Issue 28, an idle daemon polls: two idle daemons (the real binary) sent
 /// 126 Redis commands a second between them, a fetch every `poll_interval`
 /// per worker slot. They wait on Redis now (a blocking read of the wake
@@ -258,7 +232,7 @@ fn two_idle_daemons_wait_on_redis_instead_of_polling_it() {
     let _: String = redis.cmd(&["CONFIG", "RESETSTAT"]);
     let idled = Instant::now();
     std::thread::sleep(Duration::from_secs(10));
-    let (commands, stats) = commands_since_reset(&redis);
+    let (commands, stats) = redis.command_calls();
     let per_daemon_s = commands as f64 / 2.0 / idled.elapsed().as_secs_f64();
     println!(
         "two idle daemons: {commands} commands in {:?}, {per_daemon_s:.2}/s each",
@@ -349,7 +323,7 @@ async fn a_one_page_task_costs_at_most_35_redis_commands() {
     let _: String = p.redis.cmd(&["CONFIG", "RESETSTAT"]);
     let tick = p.trigger("big").await;
     let seen = p.wait_tick("big", tick, N, Duration::from_secs(120)).await;
-    let (commands, stats) = commands_since_reset(&p.redis);
+    let (commands, stats) = p.redis.command_calls();
     assert_eq!(seen.len(), N, "{:?}", kinds(&seen));
     assert!(seen.iter().all(|s| s.kind() == OutcomeKind::Done));
     let per_task = commands as f64 / N as f64;

@@ -10,7 +10,7 @@ use crate::support::process::{Proc, run_cli};
 use crate::support::redis_server::redis_conn;
 use crate::support::upstream::{Blackhole, Upstream};
 use crate::support::world::{self, JOB, REGIONS};
-use crate::support::{self, RedisServer};
+use crate::support::{self, RedisServer, TestConfig};
 
 const PAGES: u32 = 3;
 
@@ -105,18 +105,12 @@ fn trigger_wait_with_no_daemon_prints_the_hint_even_without_a_terminal() {
     eprintln!("hint after {after:?}");
 }
 
-/// Issue 28: `trigger --wait` read the tick's counts every 200 ms (5
-/// commands a second for as long as a tick ran). It blocks on the tick's
-/// stream of ends now: with no task ending, over 5 s it sends a few
-/// commands (a blocked `XREAD` every 5 s, a read of the counts after it),
-/// not 25. No daemon runs here, so every command Redis counts is its.
-#[test]
-fn trigger_wait_blocks_on_redis_instead_of_polling_it() {
-    let redis = RedisServer::start();
-    let cfg = world::config(world::job("http://127.0.0.1:9")).write();
-    let mut p = Proc::sim_cli(
+/// `trigger JOB --wait` on the world's config, once it has queued the
+/// tick's 8 tasks (and waits for them to end).
+fn waiting_trigger(cfg: &TestConfig, redis: &RedisServer) -> Proc {
+    let p = Proc::sim_cli(
         "trigger --wait",
-        &cfg,
+        cfg,
         Some(&redis.url()),
         &["trigger", JOB, "--wait"],
         &[],
@@ -128,18 +122,25 @@ fn trigger_wait_blocks_on_redis_instead_of_polling_it() {
         "{}",
         p.log()
     );
+    p
+}
+
+/// Issue 28: `trigger --wait` read the tick's counts every 200 ms (5
+/// commands a second for as long as a tick ran). It blocks on the tick's
+/// stream of ends now: with no task ending, over 5 s it sends a few
+/// commands (a blocked `XREAD` every 5 s, a read of the counts after it),
+/// not 25. No daemon runs here, so every command Redis counts is its.
+#[test]
+fn trigger_wait_blocks_on_redis_instead_of_polling_it() {
+    let redis = RedisServer::start();
+    let cfg = world::config(world::job("http://127.0.0.1:9")).write();
+    let mut p = waiting_trigger(&cfg, &redis);
     std::thread::sleep(Duration::from_millis(500));
     let _: String = redis.cmd(&["CONFIG", "RESETSTAT"]);
     std::thread::sleep(Duration::from_secs(5));
-    let stats: String = redis.cmd(&["INFO", "commandstats"]);
+    let (commands, stats) = redis.command_calls();
     assert!(p.running(), "it keeps waiting: {}", p.log());
     p.kill();
-    let commands: u64 = stats
-        .lines()
-        .filter(|l| !l.starts_with("cmdstat_info:") && !l.starts_with("cmdstat_config"))
-        .filter_map(|l| l.split("calls=").nth(1))
-        .filter_map(|rest| rest.split(',').next()?.parse::<u64>().ok())
-        .sum();
     eprintln!("trigger --wait sent {commands} commands in 5 s:\n{stats}");
     assert!(
         commands <= 10,
@@ -154,20 +155,7 @@ fn trigger_wait_blocks_on_redis_instead_of_polling_it() {
 fn trigger_wait_says_why_when_redis_goes_away() {
     let mut redis = RedisServer::start();
     let cfg = world::config(world::job("http://127.0.0.1:9")).write();
-    let mut p = Proc::sim_cli(
-        "trigger --wait",
-        &cfg,
-        Some(&redis.url()),
-        &["trigger", JOB, "--wait"],
-        &[],
-    );
-    assert!(
-        support::wait_until(Duration::from_secs(10), || p
-            .stdout()
-            .starts_with("queued 8 task(s)")),
-        "{}",
-        p.log()
-    );
+    let mut p = waiting_trigger(&cfg, &redis);
     redis.kill();
     let status = p.wait_exit(Duration::from_secs(30));
     let err = p.log();

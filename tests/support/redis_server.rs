@@ -218,6 +218,25 @@ impl RedisServer {
             .unwrap_or_else(|e| panic!("{args:?}: {e}"))
     }
 
+    /// Commands Redis ran since its start or the last `CONFIG RESETSTAT`
+    /// (`INFO commandstats`: every kind, scripts' inner commands included),
+    /// the tests' own `INFO` and `CONFIG` left out; and the stats as read,
+    /// to print when an assertion fails.
+    pub fn command_calls(&self) -> (u64, String) {
+        let stats: String = self.cmd(&["INFO", "commandstats"]);
+        let total = (stats.lines())
+            .filter_map(|l| l.strip_prefix("cmdstat_")?.split_once(':'))
+            .filter(|(name, _)| *name != "info" && *name != "config")
+            .filter_map(|(_, rest)| {
+                rest.split(',')
+                    .find_map(|f| f.strip_prefix("calls="))?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum();
+        (total, stats)
+    }
+
     /// Runs one command, or `None` when the server does not answer it
     /// within a second (killed, hung, refusing it).
     pub fn try_cmd<T: redis::FromRedisValue>(&self, args: &[&str]) -> Option<T> {
