@@ -22,7 +22,7 @@ use crate::support::process::{Proc, run_cli};
 use crate::support::redis_server::redis_conn;
 use crate::support::upstream::Upstream;
 use crate::support::world::{self, JOB, REGIONS};
-use crate::support::{self, ConfigBuilder, RedisServer, Worker};
+use crate::support::{self, ConfigBuilder, RedisServer, TestConfig, Worker};
 
 const PAGES: u32 = 3;
 const ITEMS_PER_PAGE: u32 = 2;
@@ -62,14 +62,7 @@ fn kill_mid_tick(worker: Worker) -> Recovery {
         || workers(&mut conn).len() == 1,
     );
     let a_worker = workers(&mut conn)[0].clone();
-    let (code, out, err) = run_cli(
-        &cfg,
-        Some(&redis.url()),
-        &["trigger", JOB],
-        Duration::from_secs(20),
-    );
-    assert_eq!(code, Some(0), "{out}\n{err}");
-    let tick = *tick_claims(&mut conn).keys().next().expect("a tick");
+    let tick = trigger(&cfg, &redis, &mut conn);
     wait_for(
         "four tasks done and four in flight on daemon A",
         Duration::from_secs(15),
@@ -124,6 +117,19 @@ fn kill_mid_tick(worker: Worker) -> Recovery {
         Some(0)
     );
     Recovery { requeued, done }
+}
+
+/// `trigger JOB` (without waiting) on `redis`, and the tick it claimed:
+/// the first of the job's ticks in Redis.
+fn trigger(cfg: &TestConfig, redis: &RedisServer, conn: &mut redis::Connection) -> i64 {
+    let (code, out, err) = run_cli(
+        cfg,
+        Some(&redis.url()),
+        &["trigger", JOB],
+        Duration::from_secs(20),
+    );
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    *tick_claims(conn).keys().next().expect("a tick")
 }
 
 /// apalis pitfall 8: with apalis's defaults (30 s heartbeat, 10 missed) a
@@ -347,14 +353,7 @@ fn retry_after_a_redelivered_copy_found_the_item_busy_is_not_lost() {
     upstream.inject(Fault::Delay(Duration::from_secs(40)), 1);
     let mut a = Proc::daemon("daemon-a", &cfg, Some(&redis.url()), &[]);
     a.wait_running(Duration::from_secs(10));
-    let (code, out, err) = run_cli(
-        &cfg,
-        Some(&redis.url()),
-        &["trigger", JOB],
-        Duration::from_secs(20),
-    );
-    assert_eq!(code, Some(0), "{out}\n{err}");
-    let tick = *tick_claims(&mut conn).keys().next().expect("a tick");
+    let tick = trigger(&cfg, &redis, &mut conn);
     wait_for(
         "the slow request in flight",
         Duration::from_secs(10),
@@ -426,14 +425,7 @@ fn a_daemon_killed_while_recording_its_tasks_ends_leaves_each_item_whole() {
     upstream.inject(Fault::Delay(Duration::from_secs(1)), items as u32);
     let mut a = Proc::daemon("daemon-a", &cfg, Some(&redis.url()), &[]);
     a.wait_running(Duration::from_secs(10));
-    let (code, out, err) = run_cli(
-        &cfg,
-        Some(&redis.url()),
-        &["trigger", JOB],
-        Duration::from_secs(20),
-    );
-    assert_eq!(code, Some(0), "{out}\n{err}");
-    let tick = *tick_claims(&mut conn).keys().next().expect("a tick");
+    let tick = trigger(&cfg, &redis, &mut conn);
     wait_for("every request in flight", Duration::from_secs(15), || {
         upstream.injected() == items as u64
     });
