@@ -242,6 +242,12 @@ fn restart_only(old: &Config, new: &Config) -> Vec<String> {
         "[redis] quota_replicas",
         o.quota_replicas != n.quota_replicas,
     );
+    check("[redis] sentinels", o.sentinels != n.sentinels);
+    check("[redis] master_name", o.master_name != n.master_name);
+    check(
+        "[redis] queue_replicas",
+        o.queue_replicas != n.queue_replicas,
+    );
     check("[metrics] listen", old.metrics.listen != new.metrics.listen);
     check("state_dir", old.state_dir != new.state_dir);
     let (o, n) = (&old.worker, &new.worker);

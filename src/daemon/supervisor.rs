@@ -114,7 +114,9 @@ pub(super) async fn run(
             _ = stop.wait_for(|s| *s) => return Stopped::Drained,
             _ = tokio::time::sleep(backoff) => {}
         }
-        backoff = (backoff * 2).min(Duration::from_secs(30));
+        // At most the connections' own reconnect backoff: a worker that
+        // died on a failover is back within seconds of the new master.
+        backoff = (backoff * 2).min(crate::conn::MAX_BACKOFF);
         incarnation += 1;
     }
 }

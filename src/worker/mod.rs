@@ -39,8 +39,8 @@ mod step;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::conn::Conn;
 use redis::AsyncCommands;
-use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
@@ -114,7 +114,7 @@ pub(crate) struct Worker {
     /// For retries and deferrals.
     pub(crate) queue: Queue,
     /// For checkpoints, locks and markers.
-    pub(crate) conn: ConnectionManager,
+    pub(crate) conn: Conn,
     pub(crate) fetcher: Fetcher,
     pub(crate) sinks: Sinks,
     pub(crate) stats: Arc<Stats>,
