@@ -341,6 +341,10 @@ mod tests {
         ),
         ("INFO", "the embedded Redis only, as its own default user"),
         (
+            "SENTINEL",
+            "sent to the sentinels, whose users are not the master's (docs/redis.md names what they need)",
+        ),
+        (
             "ROLE",
             "not required: asked only where HELLO is unknown, and a refusal is let through",
         ),

@@ -61,6 +61,8 @@ pub enum Reason {
     /// The server says it is a replica (a readiness probe, or a blocked
     /// read it cut with `UNBLOCKED` when it was demoted).
     Demoted,
+    /// The sentinels announced another master (`+switch-master`).
+    Switched,
 }
 
 impl Reason {
@@ -73,17 +75,19 @@ impl Reason {
             Reason::MasterDown => "masterdown",
             Reason::Loading => "loading",
             Reason::Demoted => "demoted",
+            Reason::Switched => "switched",
         }
     }
 
     /// Every reason, for zeroed series.
-    pub const ALL: [Reason; 6] = [
+    pub const ALL: [Reason; 7] = [
         Reason::Lost,
         Reason::Timeout,
         Reason::ReadOnly,
         Reason::MasterDown,
         Reason::Loading,
         Reason::Demoted,
+        Reason::Switched,
     ];
 }
 
@@ -123,8 +127,13 @@ struct Shared {
     /// A reconnecting task runs.
     reconnecting: AtomicBool,
     db: i64,
-    /// Writes wait for replicas ([`Conn::acked`]): set once, at the start.
-    acks: std::sync::OnceLock<Acks>,
+    timeouts: Timeouts,
+    /// Writes that wait for replicas ([`Conn::acked`]), and the connection
+    /// of their own they go on: a `WAIT` holds its connection until the
+    /// replica answers (up to its timeout, when none is in sync), and the
+    /// rest of the traffic (apalis's heartbeats) must not wait behind it.
+    /// Set once, at the start.
+    acked: std::sync::OnceLock<(Acks, Arc<Shared>)>,
 }
 
 /// Writes that wait for replicas ([`Conn::acked`]).
@@ -147,7 +156,7 @@ struct Handle {
     /// How long one call waits for a master before it fails.
     patience: Duration,
     /// Each command is followed by `WAIT` ([`Conn::acked`]).
-    acking: bool,
+    acks: Option<Acks>,
 }
 
 /// How a [`Conn`] talks to Redis.
@@ -174,7 +183,7 @@ impl Conn {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(t.response))
             .set_response_timeout(Some(t.response));
-        Conn(Arc::new(Handle {
+        let c = Conn(Arc::new(Handle {
             shared: Arc::new(Shared {
                 db: master.db(),
                 master: master.clone(),
@@ -182,11 +191,19 @@ impl Conn {
                 label,
                 link: watch::Sender::new(link),
                 reconnecting: AtomicBool::new(false),
-                acks: std::sync::OnceLock::new(),
+                timeouts: t,
+                acked: std::sync::OnceLock::new(),
             }),
             patience: t.patience,
-            acking: false,
-        }))
+            acks: None,
+        }));
+        if let Master::Sentinel(sentinels) = master {
+            tokio::spawn(follow_switches(
+                sentinels.switches(),
+                Arc::downgrade(&c.0.shared),
+            ));
+        }
+        c
     }
 
     /// Connects to the master now: its error when it cannot (refused
@@ -219,7 +236,7 @@ impl Conn {
         Conn(Arc::new(Handle {
             shared: self.0.shared.clone(),
             patience,
-            acking: self.0.acking,
+            acks: self.0.acks,
         }))
     }
 
@@ -228,32 +245,55 @@ impl Conn {
     }
 
     /// This connection (and every clone), able to make writes wait for
-    /// `replicas` (0: never) for at most `wait` each ([`Conn::acked`]).
-    /// Set once: a second call changes nothing.
+    /// `replicas` (0: never) for at most `wait` each ([`Conn::acked`]), on
+    /// a connection of their own. Set once: a second call changes nothing.
     pub fn with_acks(self, replicas: u8, wait: Duration) -> Conn {
-        if replicas > 0 {
-            let _ = self.0.shared.acks.set(Acks { replicas, wait });
+        let shared = &self.0.shared;
+        if replicas > 0 && shared.acked.get().is_none() {
+            let own = Conn::lazy(&shared.master, shared.timeouts, "acked writes");
+            let _ = shared
+                .acked
+                .set((Acks { replicas, wait }, own.0.shared.clone()));
         }
         self
     }
 
-    /// A clone whose every command is followed, in the same pipeline, by
-    /// `WAIT` for the replicas [`Conn::with_acks`] set (none: a plain
-    /// clone). A command that succeeded but that too few replicas
+    /// A connection whose every command is followed, in the same
+    /// pipeline, by `WAIT` for the replicas [`Conn::with_acks`] set (none:
+    /// a plain clone). A command that succeeded but that too few replicas
     /// acknowledged in time fails with [`not_acknowledged`]'s error (it is
     /// on the master, and a failover may lose it: it does not count). A
-    /// command that failed returns its own error.
+    /// command that failed returns its own error. A `WAIT` acknowledges
+    /// everything the master had written before it, whichever connection
+    /// wrote it.
     pub fn acked(&self) -> Conn {
-        Conn(Arc::new(Handle {
-            shared: self.0.shared.clone(),
-            patience: self.0.patience,
-            acking: self.0.shared.acks.get().is_some(),
-        }))
+        match self.0.shared.acked.get() {
+            Some((acks, own)) => Conn(Arc::new(Handle {
+                shared: own.clone(),
+                patience: self.0.patience,
+                acks: Some(*acks),
+            })),
+            None => self.clone(),
+        }
     }
 
     /// Where the master is found.
     pub fn master(&self) -> &Master {
         &self.0.shared.master
+    }
+
+    /// Which connection this is: a number that grows each time one is made.
+    pub fn generation(&self) -> u64 {
+        self.0.shared.link.borrow().generation()
+    }
+
+    /// Resolves once a connection newer than `generation` is up: the master
+    /// was found again after a drop (a failover, a restart, a lost link).
+    pub async fn reconnected(&self, generation: u64) {
+        let mut rx = self.0.shared.link.subscribe();
+        let _ = rx
+            .wait_for(|l| matches!(l, Link::Up { .. }) && l.generation() > generation)
+            .await;
     }
 
     /// The current connection, or a new one once the master answers,
@@ -471,6 +511,26 @@ impl Shared {
     }
 }
 
+/// Leaves the master as soon as the sentinels announce another one, until
+/// the connection's last user is gone.
+async fn follow_switches(mut switches: watch::Receiver<Option<String>>, shared: Weak<Shared>) {
+    while switches.changed().await.is_ok() {
+        let Some(this) = shared.upgrade() else {
+            return;
+        };
+        let announced = switches.borrow_and_update().clone();
+        let on_old = match &*this.link.borrow() {
+            Link::Up { generation, at, .. } => {
+                (announced.as_deref() != Some(at.as_str())).then_some(*generation)
+            }
+            Link::Down { .. } => None,
+        };
+        if let Some(generation) = on_old {
+            Shared::drop_link(&this, generation, Reason::Switched, None);
+        }
+    }
+}
+
 /// Finds the master and connects, with backoff, until it answers or the
 /// connection is dropped by all its users.
 async fn reconnecting(shared: Weak<Shared>) {
@@ -585,7 +645,7 @@ fn server_refusal(kind: Option<ServerErrorKind>, code: Option<&str>) -> Option<R
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {
-            if let (true, Some(&acks)) = (self.0.acking, self.0.shared.acks.get()) {
+            if let Some(acks) = self.0.acks {
                 return self.send_acked(cmd, acks).await;
             }
             match self.send(Request::One(cmd)).await? {
@@ -602,7 +662,7 @@ impl ConnectionLike for Conn {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         Box::pin(async move {
-            if self.0.acking {
+            if self.0.acks.is_some() {
                 // Every acknowledged write is one command (a script, a SET):
                 // a pipeline here is a bug, said rather than left unacked.
                 return Err(RedisError::from((

@@ -3,25 +3,33 @@
 //! primary at a failover, is resolved again each time), or the master the
 //! sentinels of `[redis] sentinels` name under `master_name`.
 //!
+//! The sentinels also say when they fail the master over (`+switch-master`
+//! on their pub/sub): every connection of the process then leaves the old
+//! master at once ([`Sentinels::switches`]), instead of writing on for the
+//! seconds until the sentinels demote it (writes that its demotion throws
+//! away).
+//!
 //! Either way a connection counts as one to the master only when the server
 //! says it is one (`HELLO`'s `role`, or `ROLE` on a Redis before 6): a
 //! demoted master that came back as a replica, or a name that still points
 //! at the old primary, is not connected to.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use futures::StreamExt;
+use tokio::sync::watch;
+
 use redis::aio::MultiplexedConnection;
-use redis::sentinel::{Sentinel, SentinelNodeConnectionInfo};
 use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError, RedisResult, Value};
 
-use crate::config::{RedisConfig, RedisUrl};
+use crate::config::{MasterSettings, RedisConfig, RedisUrl};
 
-/// How long asking the sentinels for the master may take, all of them
-/// together (each connection to one waits at most a second, each answer
-/// half a second: redis-rs's defaults for them).
-const ASK_SENTINELS: Duration = Duration::from_secs(5);
+/// How long one sentinel may take to connect and answer: one that does
+/// not answer in time is skipped (they are all asked at once).
+const ASK_ONE: Duration = Duration::from_millis(800);
 
 /// Where the master is.
 #[derive(Clone)]
@@ -35,20 +43,20 @@ pub enum Master {
 /// The sentinels of `[redis] sentinels`, and how to log in to the master
 /// they name (from the host-less `[redis] url`).
 pub struct Sentinels {
-    /// redis-rs's client of the sentinels, made at first use: it asks each
-    /// in turn (three at once), skips one that does not answer or does not
-    /// know the name, and checks the master it names with `ROLE`. It keeps
-    /// a connection to each sentinel, hence `&mut` and the lock.
-    client: tokio::sync::Mutex<Option<Sentinel>>,
     name: String,
-    /// How to log in to the master; an error only if the config loader
-    /// let a URL through that it should have refused (a bug), said at
-    /// every attempt.
-    node: Result<SentinelNodeConnectionInfo, String>,
+    /// How to log in to the master (none: no `url`); an error only if the
+    /// config loader let a URL through that it should have refused (a
+    /// bug), said at every attempt.
+    settings: Result<Option<MasterSettings>, String>,
     /// The sentinels; displayed redacted.
     urls: Vec<RedisUrl>,
     /// The master's database, which the connection reports.
     db: i64,
+    /// The newest master the sentinels announced (`ip:port`), once one
+    /// was ([`Sentinels::switches`]).
+    switched: watch::Sender<Option<String>>,
+    /// The tasks that listen for announcements run.
+    listening: AtomicBool,
 }
 
 impl Master {
@@ -58,25 +66,22 @@ impl Master {
         if redis.sentinels.is_empty() {
             return redis.url.clone().map(Master::Url);
         }
-        let mut db = 0;
-        let node = match redis.url.as_ref().map(RedisUrl::master_settings) {
-            None => Ok(SentinelNodeConnectionInfo::default()),
-            Some(Err(e)) => Err(e),
-            Some(Ok(s)) => {
-                db = s.redis.db();
-                let node = SentinelNodeConnectionInfo::default().set_redis_connection_info(s.redis);
-                Ok(match s.tls {
-                    Some(tls) => node.set_tls_mode(tls),
-                    None => node,
-                })
-            }
+        let settings = redis
+            .url
+            .as_ref()
+            .map(RedisUrl::master_settings)
+            .transpose();
+        let db = match &settings {
+            Ok(Some(s)) => s.redis.db(),
+            _ => 0,
         };
         Some(Master::Sentinel(Arc::new(Sentinels {
-            client: tokio::sync::Mutex::new(None),
             name: redis.master_name.clone().unwrap_or_default(),
-            node,
+            settings,
             urls: redis.sentinels.clone(),
             db,
+            switched: watch::Sender::new(None),
+            listening: AtomicBool::new(false),
         })))
     }
 
@@ -95,10 +100,18 @@ impl Master {
         &self,
         config: &AsyncConnectionConfig,
     ) -> RedisResult<(MultiplexedConnection, String)> {
-        let client = match self {
-            Master::Url(url) => Client::open(url.expose())?,
-            Master::Sentinel(s) => s.ask().await?,
-        };
+        match self {
+            Master::Url(url) => self.connect(Client::open(url.expose())?, config).await,
+            Master::Sentinel(s) => s.open(self, config).await,
+        }
+    }
+
+    /// Connects with `client`, and checks that its server is the master.
+    async fn connect(
+        &self,
+        client: Client,
+        config: &AsyncConnectionConfig,
+    ) -> RedisResult<(MultiplexedConnection, String)> {
         let at = client.get_connection_info().addr().to_string();
         let mut conn = client
             .get_multiplexed_async_connection_with_config(config)
@@ -111,28 +124,193 @@ impl Master {
 }
 
 impl Sentinels {
-    /// A client for the master the sentinels name now.
-    async fn ask(&self) -> RedisResult<Client> {
-        let node = self.node.as_ref().map_err(|e| {
+    /// The master the sentinels announce at each failover (`ip:port`, as
+    /// `+switch-master` says it), listening to every sentinel from the
+    /// first call on (one task per sentinel, reconnecting with backoff,
+    /// until the last user is gone).
+    pub(crate) fn switches(self: &Arc<Self>) -> watch::Receiver<Option<String>> {
+        if !self.listening.swap(true, Ordering::SeqCst) {
+            for url in &self.urls {
+                tokio::spawn(listen(Arc::downgrade(self), url.clone()));
+            }
+        }
+        self.switched.subscribe()
+    }
+
+    /// A client for the master at `host:port`, logging in as `url` says.
+    fn client_at(&self, host: String, port: u16) -> RedisResult<Client> {
+        let settings = self.settings.as_ref().map_err(|e| {
             RedisError::from((ErrorKind::InvalidClientConfig, "[redis] url", e.clone()))
         })?;
-        let ask = async {
-            let mut client = self.client.lock().await;
-            let client = match &mut *client {
-                Some(c) => c,
-                none => none.insert(Sentinel::build(
-                    self.urls.iter().map(RedisUrl::expose).collect(),
-                )?),
-            };
-            client.async_master_for(&self.name, Some(node)).await
+        let addr = match settings.as_ref().and_then(|s| s.tls) {
+            None => redis::ConnectionAddr::Tcp(host, port),
+            Some(tls) => redis::ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure: matches!(tls, redis::TlsMode::Insecure),
+                tls_params: None,
+            },
         };
-        match tokio::time::timeout(ASK_SENTINELS, ask).await {
-            Ok(r) => r,
-            Err(_) => Err(RedisError::from(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("no sentinel named the master within {ASK_SENTINELS:?}"),
-            ))),
+        let mut info = redis::IntoConnectionInfo::into_connection_info(addr)?;
+        if let Some(s) = settings {
+            info = info.set_redis_settings(s.redis.clone());
         }
+        Client::open(info)
+    }
+
+    /// The master the sentinels announced last (`+switch-master`), if they
+    /// did: tried first, since a sentinel asked now may not know of the
+    /// failover yet.
+    fn announced(&self) -> Option<(String, u16)> {
+        let at = self.switched.borrow().clone()?;
+        let (host, port) = at.rsplit_once(':')?;
+        Some((host.to_owned(), port.parse().ok()?))
+    }
+
+    /// Where the sentinels say the master is: every sentinel asked at once
+    /// (`SENTINEL GET-MASTER-ADDR-BY-NAME`), each given [`ASK_ONE`], the
+    /// addresses in the order they answered, without repeats. redis-rs's
+    /// sentinel client waits for the sentinels in the order listed, so a
+    /// silent first one cost its whole timeout on every lookup (past a
+    /// spend's 1 s), and it lists every master (`SENTINEL MASTERS`), which
+    /// needs a wider ACL.
+    async fn ask(&self) -> RedisResult<Vec<(String, u16)>> {
+        let mut asks: futures::stream::FuturesUnordered<_> = self
+            .urls
+            .iter()
+            .map(|url| ask_one(url, &self.name))
+            .collect();
+        let mut found = Vec::new();
+        let mut last = None;
+        while let Some(answer) = asks.next().await {
+            match answer {
+                Ok(addr) if !found.contains(&addr) => found.push(addr),
+                Ok(_) => {}
+                Err(e) => last = Some(e),
+            }
+        }
+        if !found.is_empty() {
+            return Ok(found);
+        }
+        Err(last.unwrap_or_else(|| {
+            RedisError::from((
+                ErrorKind::MasterNameNotFoundBySentinel,
+                "no sentinel knows the master",
+            ))
+        }))
+    }
+
+    /// Finds the master and connects to it: the one announced last, then
+    /// each the sentinels name; the first that says it is the master.
+    async fn open(
+        &self,
+        master: &Master,
+        config: &AsyncConnectionConfig,
+    ) -> RedisResult<(MultiplexedConnection, String)> {
+        let mut last = None;
+        if let Some((host, port)) = self.announced() {
+            match master.connect(self.client_at(host, port)?, config).await {
+                Ok(found) => return Ok(found),
+                Err(e) => last = Some(e),
+            }
+        }
+        for (host, port) in self.ask().await? {
+            match master.connect(self.client_at(host, port)?, config).await {
+                Ok(found) => return Ok(found),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| {
+            RedisError::from((
+                ErrorKind::MasterNameNotFoundBySentinel,
+                "no sentinel knows the master",
+            ))
+        }))
+    }
+}
+
+/// Asks the sentinel at `url` where the master `name` is.
+async fn ask_one(url: &RedisUrl, name: &str) -> RedisResult<(String, u16)> {
+    let ask = async {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(ASK_ONE))
+            .set_response_timeout(Some(ASK_ONE));
+        let mut conn = Client::open(url.expose())?
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
+        let addr: Option<(String, u16)> = redis::cmd("SENTINEL")
+            .arg("GET-MASTER-ADDR-BY-NAME")
+            .arg(name)
+            .query_async(&mut conn)
+            .await?;
+        addr.ok_or_else(|| {
+            RedisError::from((
+                ErrorKind::MasterNameNotFoundBySentinel,
+                "a sentinel does not know the master's name",
+                format!("{url} does not monitor \"{name}\""),
+            ))
+        })
+    };
+    tokio::time::timeout(ASK_ONE, ask)
+        .await
+        .unwrap_or_else(|_| {
+            Err(RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("the sentinel {url} did not answer within {ASK_ONE:?}"),
+            )))
+        })
+}
+
+/// Listens to the sentinel at `url` for `+switch-master` of our master.
+async fn listen(sentinels: Weak<Sentinels>, url: RedisUrl) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let Some(name) = sentinels.upgrade().map(|s| s.name.clone()) else {
+            return;
+        };
+        if let Ok(mut pubsub) = subscribe(&url).await {
+            backoff = Duration::from_millis(100);
+            let mut messages = pubsub.on_message();
+            while let Some(msg) = messages.next().await {
+                let Some(s) = sentinels.upgrade() else {
+                    return;
+                };
+                let text: String = msg.get_payload().unwrap_or_default();
+                if let Some(at) = switched_to(&text, &name) {
+                    tracing::info!(master = %name, at, "the sentinels failed the master over");
+                    s.switched.send_replace(Some(at));
+                }
+            }
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(super::MAX_BACKOFF);
+    }
+}
+
+/// A pub/sub connection to the sentinel at `url`, subscribed to
+/// `+switch-master`.
+async fn subscribe(url: &RedisUrl) -> RedisResult<redis::aio::PubSub> {
+    let connect = async {
+        let mut pubsub = Client::open(url.expose())?.get_async_pubsub().await?;
+        pubsub.subscribe("+switch-master").await?;
+        Ok::<_, RedisError>(pubsub)
+    };
+    tokio::time::timeout(Duration::from_secs(2), connect)
+        .await
+        .unwrap_or_else(|_| {
+            Err(RedisError::from(std::io::Error::from(
+                std::io::ErrorKind::TimedOut,
+            )))
+        })
+}
+
+/// The new master (`ip:port`) a `+switch-master` message names, when it is
+/// about `name`: `<name> <old ip> <old port> <new ip> <new port>`.
+fn switched_to(message: &str, name: &str) -> Option<String> {
+    let parts: Vec<&str> = message.split(' ').collect();
+    match parts.as_slice() {
+        [n, _, _, ip, port] if *n == name => Some(format!("{ip}:{port}")),
+        _ => None,
     }
 }
 
@@ -255,6 +433,14 @@ mod tests {
         assert_eq!(field(&Value::Nil, "role"), None);
         assert_eq!(parse_role("slave"), Role::Replica);
         assert_eq!(parse_role("sentinel"), Role::Unknown);
+    }
+
+    #[test]
+    fn a_switch_names_the_new_master_of_our_name_only() {
+        let m = "qw 10.0.0.1 6379 10.0.0.2 6380";
+        assert_eq!(switched_to(m, "qw").as_deref(), Some("10.0.0.2:6380"));
+        assert_eq!(switched_to(m, "other"), None);
+        assert_eq!(switched_to("qw 1 2", "qw"), None);
     }
 
     #[test]

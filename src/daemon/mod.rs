@@ -509,10 +509,6 @@ struct Conns {
 /// they keep beating (`ops::STALE_AFTER`) while no master answers.
 const QUEUE_PATIENCE: Duration = Duration::from_secs(5);
 
-/// How long a queue write waits for a replica's acknowledgement
-/// (`[redis] queue_replicas`) before it counts as failed and is retried.
-const QUEUE_ACK_WAIT: Duration = Duration::from_secs(2);
-
 /// Connects the daemon's Redis connections ([`Conns`]), retrying for 30 s.
 async fn connect(master: &Master, config: &Config) -> Result<Conns, DaemonError> {
     let patience = Duration::from_secs(30);
@@ -533,7 +529,7 @@ async fn connect(master: &Master, config: &Config) -> Result<Conns, DaemonError>
     };
     let queue_conn = connect_with_retry(master, queue, patience, "queue")
         .await?
-        .with_acks(config.redis.queue_replicas, QUEUE_ACK_WAIT);
+        .with_acks(config.redis.queue_replicas, crate::queue::ACK_WAIT);
     // Its reads block up to feeder::BLOCK: they must not time out first.
     let wake = Timeouts {
         response: feeder::BLOCK + config.redis.timeout.max(Duration::from_secs(2)),

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use apalis::prelude::*;
 use tokio::sync::watch;
-use tracing::{error, warn};
+use tracing::{error, info, warn};
 
 use super::drain::{self, CountStarts, Drain};
 use crate::config::Config;
@@ -65,12 +65,20 @@ pub(super) async fn run(
             .build(handle);
         let started = tokio::time::Instant::now();
         Health::beat(&health.worker);
+        let conn = queue.connection();
+        let generation = conn.generation();
         let mut run = std::pin::pin!(w.run());
         let stopping = async {
             let _ = stop.wait_for(|s| *s).await;
         };
         let result = tokio::select! {
-            r = run.as_mut() => Some(r),
+            r = run.as_mut() => Some(Some(r)),
+            // A new master may hold an older copy of the queue than the
+            // one this worker saw (what a failover lost): tasks it believes
+            // this worker holds would never come back while this name
+            // keeps beating. Under a new name they come back after
+            // recover_after, as a dead worker's do.
+            () = conn.reconnected(generation) => Some(None),
             _ = stopping => None,
         };
         let Some(result) = result else {
@@ -100,6 +108,11 @@ pub(super) async fn run(
         if *stop.borrow() {
             return Stopped::Drained;
         }
+        let Some(result) = result else {
+            info!(worker = %name, "the queue's Redis connection was made again (a failover, a restart): the worker registers again under a new name, so what the master believes it holds comes back to the queue");
+            incarnation += 1;
+            continue;
+        };
         health.worker.store(0, Ordering::Relaxed);
         match result {
             Err(e) => {

@@ -77,6 +77,10 @@ pub const FAN_OUT_LEASE: Duration = Duration::from_secs(10);
 /// restarts under a new name; a wait does not.
 pub const APALIS_PATIENCE: Duration = Duration::from_secs(60);
 
+/// How long a queue write waits for a replica's acknowledgement (`[redis]
+/// queue_replicas`) before it counts as failed, to be tried again.
+pub const ACK_WAIT: Duration = Duration::from_secs(2);
+
 /// How long a tick's claim, outcome counts and fan-out progress are kept.
 const TICK_TTL: Duration = Duration::from_secs(86_400);
 
@@ -259,7 +263,9 @@ impl Queue {
             FAN_OUT_LEASE,
             TICK_TTL,
         );
-        Ok(call.invoke(&mut self.conn.clone()).await?)
+        // The claim rides in the first chunk: with `[redis] queue_replicas`
+        // no chunk counts before a replica has it.
+        Ok(call.invoke(&mut self.conn.acked()).await?)
     }
 
     /// Takes over `job`'s fan-out of `tick` if its enqueuer's lease has run
@@ -272,7 +278,7 @@ impl Queue {
         only: Option<Origin>,
     ) -> Result<TakeOver, QueueError> {
         let call = FanOutTake::new(&self.keys, job, tick, who, FAN_OUT_LEASE, only);
-        Ok(call.invoke(&mut self.conn.clone()).await?)
+        Ok(call.invoke(&mut self.conn.acked()).await?)
     }
 
     /// Fan-outs under way (queued in chunks, not finished): job, tick and

@@ -369,7 +369,8 @@ impl Worker {
         if let Some(held) = held {
             finish = finish.holding(held);
         }
-        let starved_ticks = finish.invoke(&mut self.conn.clone()).await?;
+        // With `[redis] queue_replicas`, the end counts once a replica has it.
+        let starved_ticks = finish.invoke(&mut self.conn.acked()).await?;
         self.stats.outcome(o.kind);
         metrics::counter!("qw_tasks_total", "qw_job" => task.job.clone(), "outcome" => o.kind.as_str())
             .increment(1);
