@@ -24,8 +24,19 @@ impl Loader<'_> {
             Some(u) if !u.is_empty() => (Some(RedisUrl(u)), true),
             _ => (raw.url.clone().map(RedisUrl), false),
         };
-        let sentinels = self.sentinels(src, raw);
-        let master_name = raw.master_name.clone();
+        let mut sentinels = self.sentinels(src, raw);
+        let mut master_name = raw.master_name.clone();
+        // The variable names the Redis to use when it names a host: the
+        // sentinels of the file are not asked (a daemon of a production
+        // config run against a Redis of its own).
+        if from_env
+            && let Some(u) = &url
+            && u.master_settings().is_err()
+            && u.check().is_ok()
+        {
+            sentinels.clear();
+            master_name = None;
+        }
         // With sentinels the URL names no host: it is checked as such.
         let checked = match &url {
             Some(u) if !sentinels.is_empty() => Some(u.master_settings().map(|_| ())),
