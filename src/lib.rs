@@ -60,6 +60,10 @@
 //!   `Verdict`: settle, resync, block, for the resource it speaks for, per
 //!   upstream: GitHub REST and GraphQL, Shopify, Meta, IETF).
 //! - [`keys`]: **where a Redis key is named** — every key name, in one place.
+//! - `decode`: a 2xx body as sent — its text (charset, BOM, U+FFFD for
+//!   what cannot be read), decoded within a memory budget with numbers'
+//!   text and keys' order kept, and the records that differ from what was
+//!   sent (`qw_records_altered_total`).
 //! - `scrub`: the secret scrubber every piece of upstream text passes
 //!   through.
 //! - `mint`: tokens that expire, printed by a credential's

@@ -423,6 +423,7 @@ impl Worker {
                 body,
                 next,
                 validators,
+                altered,
             } => {
                 if p.cursor.page == 1 && run.payer.endpoint.conditional {
                     p.held = Some(validators).filter(|v| !v.is_empty());
@@ -435,6 +436,7 @@ impl Worker {
                     .write(run.job(), &run.task().item, at, &body, now)
                     .await;
                 if let Ok(w) = &written {
+                    altered.count(&run.job().name);
                     p.records += w.stored as u64;
                     Stats::add(&self.stats.records, w.stored as u64);
                     p.pages += 1;

@@ -47,6 +47,7 @@ mod accounting_github;
 mod accounting_ietf;
 mod accounting_meta;
 mod accounting_shopify;
+mod exact_records;
 mod fairness;
 mod fan_out_from;
 mod fan_out_from_postgres;
