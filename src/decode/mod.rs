@@ -100,18 +100,24 @@ pub(crate) fn decode(body: &[u8], budget: u64) -> Result<Value, DecodeError> {
     decode_text(&text::text(body, None), "", budget).map(|d| d.body)
 }
 
+/// An array of JSON values read as [`decode_text`] reads them (numbers'
+/// text, keys' order, an object that has serde_json's number key of its
+/// own still an object), without a budget: for JSON this process wrote
+/// itself, a spooled page's records (`deserialize_with`). serde_json's
+/// own `Value` would take `{"$serde_json::private::Number":"7"}` for the
+/// number 7, and refuse `{"$serde_json::private::Number":"x"}`.
+pub(crate) fn values<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Value>, D::Error> {
+    let mut state = State::new(u64::MAX, u64::MAX);
+    match Seed::new(&mut state).deserialize(d)? {
+        Value::Array(items) => Ok(items),
+        _ => Err(D::Error::custom("expected an array of JSON values")),
+    }
+}
+
 /// The decoder proper, over valid UTF-8; `limit` is what an error names.
 /// With the value, whether an object had a key twice.
 fn decode_within(text: &str, budget: u64, limit: u64) -> Result<(Value, bool), DecodeError> {
-    let mut state = State {
-        left: budget,
-        limit,
-        depth: 0,
-        refused: None,
-        entries: Vec::new(),
-        number: None,
-        duplicates: false,
-    };
+    let mut state = State::new(budget, limit);
     let mut de = serde_json::Deserializer::from_str(text);
     let decoded = state
         .charge(size_of::<Value>())
@@ -143,6 +149,18 @@ struct State {
 }
 
 impl State {
+    fn new(budget: u64, limit: u64) -> Self {
+        State {
+            left: budget,
+            limit,
+            depth: 0,
+            refused: None,
+            entries: Vec::new(),
+            number: None,
+            duplicates: false,
+        }
+    }
+
     fn charge(&mut self, bytes: usize) -> Result<(), ()> {
         match self.left.checked_sub(bytes as u64) {
             Some(left) => {
@@ -507,6 +525,19 @@ mod tests {
             assert!(v.is_object(), "{text}: {v}");
             assert_eq!(v.to_string(), text);
         }
+    }
+
+    /// A spooled page's records read back as they were decoded.
+    #[test]
+    fn values_read_back_as_decoded() {
+        #[derive(serde::Deserialize)]
+        struct Page {
+            #[serde(deserialize_with = "values")]
+            records: Vec<Value>,
+        }
+        let records = r#"[{"$serde_json::private::Number":"7"},{"$serde_json::private::Number":"x"},{"z":123456789012345678901234567890,"a":12.30}]"#;
+        let page: Page = serde_json::from_str(&format!(r#"{{"records":{records}}}"#)).unwrap();
+        assert_eq!(Value::Array(page.records).to_string(), records);
     }
 
     /// Issue 39: a BOM, a lone surrogate and bytes invalid in UTF-8 decode.
