@@ -102,6 +102,8 @@ pub(crate) mod decode;
 pub(crate) mod embedded;
 pub(crate) mod eviction;
 pub(crate) mod fetch;
+pub(crate) mod host;
+pub(crate) mod item_state;
 pub mod keys;
 pub mod logging;
 pub(crate) mod mint;

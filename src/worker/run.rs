@@ -22,6 +22,7 @@ use crate::config::{Job, Secret};
 use crate::fetch::paging::{Cursor, Stored, Validators};
 use crate::fetch::{Answered, BuildError, Fetcher, PageAt, Placeholders, Reply, Request};
 use crate::outcome::{Outcome, OutcomeKind};
+use crate::queue::scripts::finish::LastRun;
 use crate::queue::{Origin, TaskArgs};
 use crate::sink::PageRef;
 use crate::stats::Stats;
@@ -129,11 +130,20 @@ impl Worker {
         held: Held<'_>,
     ) -> Result<Outcome, TaskError> {
         let mut p = Progress::new(first_spend);
+        let claimed = (found.now, std::time::Instant::now());
         let ended = self.run_pages(task, job, found, &mut p, minted).await;
         if let Some(unused) = p.first_spend.take() {
             self.give_back(unused).await;
         }
         let outcome = ended?;
+        let ended_at = claimed
+            .0
+            .saturating_add(claimed.1.elapsed().as_secs() as i64);
+        if let Some(last) = LastRun::of(task, &outcome, ended_at) {
+            let json = serde_json::to_string(&last).map_err(TaskError::State)?;
+            let key = self.keys().item_last(&job.name, &task.item_key());
+            p.leaves.set.push((key, json, ITEM_STATE_TTL));
+        }
         // A renewal after the release would find the lock gone and warn.
         drop(held.renewer);
         let end = held.lock.end(std::mem::take(&mut p.leaves));

@@ -117,6 +117,61 @@ pub(crate) struct TickRecord {
     pub(crate) counts: BTreeMap<String, i64>,
 }
 
+/// An item's last run, as `quota-worker state` shows it (`KeySpace::
+/// item_last`): written with the run's outcome, as one more key of the
+/// item's state its end leaves ([`Leaves`]), so no command is added to a
+/// task's end.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct LastRun {
+    /// The run's tick, ms since the epoch.
+    pub(crate) tick: i64,
+    /// How it ended (`done`, `quota_exhausted`, ...).
+    pub(crate) outcome: String,
+    /// When it ended, s since the epoch: Redis's clock at the item's claim
+    /// plus the run's length on the worker's monotonic clock (no host's
+    /// wall clock).
+    pub(crate) ended_at: i64,
+    /// The page it ended on (the last one fetched when `done`).
+    pub(crate) page: u32,
+    /// Pages it fetched.
+    pub(crate) pages: u32,
+    /// Why, in words: the outcome's detail, as logged (free of secrets),
+    /// cut to [`LastRun::DETAIL_MAX`] bytes.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub(crate) detail: String,
+}
+
+impl LastRun {
+    /// The longest detail kept.
+    const DETAIL_MAX: usize = 500;
+
+    /// `task`'s run that ended with `o` at `ended_at`; `None` for a task
+    /// that ran nothing (`superseded`): the item's last run stays the one
+    /// before.
+    pub(crate) fn of(task: &TaskArgs, o: &Outcome, ended_at: i64) -> Option<Self> {
+        if o.kind == OutcomeKind::Superseded {
+            return None;
+        }
+        let mut detail = o.detail.clone();
+        if detail.len() > Self::DETAIL_MAX {
+            let mut end = Self::DETAIL_MAX;
+            while !detail.is_char_boundary(end) {
+                end -= 1;
+            }
+            detail.truncate(end);
+            detail.push('…');
+        }
+        Some(LastRun {
+            tick: task.tick,
+            outcome: o.kind.as_str().to_owned(),
+            ended_at,
+            page: o.page,
+            pages: o.pages,
+            detail,
+        })
+    }
+}
+
 /// `lua/finish.lua`'s arguments: one task's end.
 pub(crate) struct Finish {
     /// `KEYS[1]` `done:<root>`, `KEYS[2]` the tick's outcome hash, `KEYS[3]` the
