@@ -88,6 +88,7 @@ mod decoded_body;
 mod hardening;
 mod health;
 mod install;
+mod item_state;
 mod listener_limits;
 mod logs;
 mod manual_jobs;
