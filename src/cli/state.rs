@@ -13,7 +13,6 @@
 //! item (that item is left as it is); 65 when the fan-out's source cannot
 //! be read for a reset of every item.
 
-use std::collections::{BTreeSet, HashSet};
 use std::time::Duration;
 
 use chrono::{DateTime, NaiveDate};
@@ -23,9 +22,8 @@ use tracing::warn;
 use super::Exit;
 use crate::config::{Config, Job, fmt_duration, parse_duration};
 use crate::item_state::reset::{Forgot, Reply, Reset};
-use crate::item_state::{self, ItemState, rfc3339, tick_time};
+use crate::item_state::{self, ItemState, items, rfc3339, tick_time};
 use crate::keys::KeySpace;
-use crate::schedule::TickItems;
 use crate::worker::{Checkpoint, Holder};
 
 /// Most items without a fan-out row that `state` lists from Redis.
@@ -135,12 +133,13 @@ impl<'c> Target<'c> {
             Err(e) => return Err(redis_failure(config, &e)),
         };
         let keys = KeySpace::new(config.redis.key_prefix.clone());
-        let fanned = fan_out(job).await;
+        let fanned = items::fan_out(job).await;
         let (items, more) = match item {
-            Some(item) => {
-                let one = pick(&mut conn, &keys, job, item, &fanned).await;
-                (vec![one.map_err(|e| e.exit(config))?], false)
-            }
+            Some(item) => match items::find(&mut conn, &keys, job, item, &fanned).await {
+                Ok(Some(one)) => (vec![one], false),
+                Ok(None) => return Err(unknown_item(item, fanned)),
+                Err(e) => return Err(redis_failure(config, &e)),
+            },
             None => {
                 let fanned = match fanned {
                     Ok(f) => f,
@@ -158,7 +157,7 @@ impl<'c> Target<'c> {
                 };
                 let held = item_state::held_items(&mut conn, &keys, &job.name, HELD_MAX).await;
                 let (held, more) = held.map_err(|e| redis_failure(config, &e))?;
-                (every_item(fanned, held), more)
+                (items::every_item(fanned, held), more)
             }
         };
         Ok(Target {
@@ -171,115 +170,21 @@ impl<'c> Target<'c> {
     }
 }
 
-/// The items `job`'s fan-out gives now, as tasks name them; why not, when
-/// its source cannot be read.
-async fn fan_out(job: &Job) -> Result<Vec<String>, String> {
-    let mut items = TickItems::read_async(job)
-        .await
-        .map_err(|e| e.to_string())?;
-    let iter = items.from(0).map_err(|e| e.to_string())?;
-    iter.map(|r| r.map(|(_, item)| crate::queue::item_key(&item)))
-        .collect::<Result<_, _>>()
-        .map_err(|e| e.to_string())
-}
-
-/// The fan-out's items in its order, then the others Redis holds state
-/// for, in key order.
-fn every_item(fanned: Vec<String>, held: BTreeSet<String>) -> Vec<(String, bool)> {
-    let given: HashSet<&str> = fanned.iter().map(String::as_str).collect();
-    let others: Vec<(String, bool)> = held
-        .into_iter()
-        .filter(|h| !given.contains(h.as_str()))
-        .map(|h| (h, false))
-        .collect();
-    fanned
-        .into_iter()
-        .map(|f| (f, true))
-        .chain(others)
-        .collect()
-}
-
-/// Why the ITEM argument names no item.
-enum Unknown {
-    /// Neither the fan-out nor Redis has it; the fan-out's items (or why
-    /// they could not be read).
-    Item(String, Result<Vec<String>, String>),
-    /// Redis failed while looking.
-    Redis(redis::RedisError),
-}
-
-impl Unknown {
-    fn exit(self, config: &Config) -> Exit {
-        match self {
-            Unknown::Redis(e) => redis_failure(config, &e),
-            Unknown::Item(item, fanned) => {
-                let known = match fanned {
-                    Ok(f) if f.is_empty() => "its fan-out gives none now".to_owned(),
-                    Ok(f) => {
-                        let some: Vec<&str> = f.iter().take(8).map(String::as_str).collect();
-                        let more = if f.len() > 8 { ", ..." } else { "" };
-                        format!("its {} item(s): {}{more}", f.len(), some.join(", "))
-                    }
-                    Err(why) => format!("its fan-out could not be read: {why}"),
-                };
-                eprintln!(
-                    "error: unknown item {item:?}: not in the job's fan-out, and Redis holds no state for it ({known}); write it as `trigger --wait` names it, like region=US"
-                );
-                Exit::Usage
-            }
+/// Says that `item` is neither in the fan-out (`fanned`) nor in Redis: 64.
+fn unknown_item(item: &str, fanned: Result<Vec<String>, String>) -> Exit {
+    let known = match fanned {
+        Ok(f) if f.is_empty() => "its fan-out gives none now".to_owned(),
+        Ok(f) => {
+            let some: Vec<&str> = f.iter().take(8).map(String::as_str).collect();
+            let more = if f.len() > 8 { ", ..." } else { "" };
+            format!("its {} item(s): {}{more}", f.len(), some.join(", "))
         }
-    }
-}
-
-/// The item ITEM names: one of the fan-out's, as written or with its
-/// pairs in another order; else one Redis holds state for.
-async fn pick(
-    conn: &mut ConnectionManager,
-    keys: &KeySpace,
-    job: &Job,
-    item: &str,
-    fanned: &Result<Vec<String>, String>,
-) -> Result<(String, bool), Unknown> {
-    if let Ok(f) = fanned {
-        if f.iter().any(|x| x == item) {
-            return Ok((item.to_owned(), true));
-        }
-        let wanted = canonical(item);
-        if let Some(x) = f
-            .iter()
-            .find(|x| wanted.is_some() && canonical(x) == wanted)
-        {
-            return Ok((x.clone(), true));
-        }
-    }
-    match item_state::has_state(conn, keys, &job.name, item).await {
-        Ok(true) => Ok((item.to_owned(), false)),
-        Ok(false) => Err(Unknown::Item(item.to_owned(), fanned.clone())),
-        Err(e) => Err(Unknown::Redis(e)),
-    }
-}
-
-/// An item's pairs in name order (`queue::item_key`'s escapes undone):
-/// `lang=en,region=US` and `region=US,lang=en` are one item. `None` for
-/// text that is not `k=v` pairs.
-fn canonical(item: &str) -> Option<Vec<(String, String)>> {
-    let mut pairs = Vec::new();
-    let (mut key, mut cur, mut escaped) = (None::<String>, String::new(), false);
-    for c in item.chars() {
-        match c {
-            _ if escaped => {
-                cur.push(c);
-                escaped = false;
-            }
-            '\\' => escaped = true,
-            '=' if key.is_none() => key = Some(std::mem::take(&mut cur)),
-            ',' => pairs.push((key.take()?, std::mem::take(&mut cur))),
-            _ => cur.push(c),
-        }
-    }
-    pairs.push((key?, cur));
-    pairs.sort();
-    Some(pairs)
+        Err(why) => format!("its fan-out could not be read: {why}"),
+    };
+    eprintln!(
+        "error: unknown item {item:?}: not in the job's fan-out, and Redis holds no state for it ({known}); write it as `trigger --wait` names it, like region=US"
+    );
+    Exit::Usage
 }
 
 /// `--since`, as written.
@@ -354,11 +259,10 @@ impl Tally {
             .as_deref()
             .unwrap_or("a host it does not name (an older daemon)");
         eprintln!(
-            "{} {item}: in flight on {host} (task {}): not reset; run `quota-worker state reset {} {}` again once it ends",
+            "{} {item}: in flight on {host} (task {}): not reset; run `{}` again once it ends",
             job.name,
             by.task,
-            job.name,
-            shell_word(item)
+            item_state::command_line(&["state", "reset", &job.name, item]),
         );
     }
 
@@ -430,16 +334,6 @@ fn removed(f: &Forgot) -> Vec<String> {
         out.push(format!("the validators {raw}"));
     }
     out
-}
-
-/// `s` as one shell word: as it is when it is plain, else single-quoted.
-fn shell_word(s: &str) -> String {
-    let plain = |c: char| c.is_ascii_alphanumeric() || "-_=.,/:@%+".contains(c);
-    if !s.is_empty() && s.chars().all(plain) {
-        s.to_owned()
-    } else {
-        format!("'{}'", s.replace('\'', r"'\''"))
-    }
 }
 
 /// The text for humans: one block per item.
@@ -576,48 +470,5 @@ mod tests {
             let e = SinceArg::parse(bad).expect_err(bad);
             assert!(e.contains("RFC 3339"), "{bad}: {e}");
         }
-    }
-
-    #[test]
-    fn an_item_is_the_same_in_any_order_of_its_pairs() {
-        assert_eq!(
-            canonical("region=US,lang=en"),
-            canonical("lang=en,region=US")
-        );
-        assert_ne!(
-            canonical("region=US,lang=en"),
-            canonical("region=US,lang=fr")
-        );
-        // Escapes as `queue::item_key` writes them.
-        let key = crate::queue::item_key(&[("a".into(), "x,b=y".into()), ("b".into(), "z".into())]);
-        assert_eq!(
-            canonical(&key),
-            Some(vec![("a".into(), "x,b=y".into()), ("b".into(), "z".into())])
-        );
-        assert_eq!(canonical("US"), None);
-        assert_eq!(canonical("-"), None);
-    }
-
-    #[test]
-    fn the_fan_out_comes_first_then_what_only_redis_holds() {
-        let items = every_item(
-            vec!["r=b".into(), "r=a".into()],
-            ["r=a".to_owned(), "r=0".to_owned()].into(),
-        );
-        assert_eq!(
-            items,
-            [
-                ("r=b".to_owned(), true),
-                ("r=a".to_owned(), true),
-                ("r=0".to_owned(), false)
-            ]
-        );
-    }
-
-    #[test]
-    fn an_item_is_quoted_for_the_shell_only_when_it_must_be() {
-        assert_eq!(shell_word("region=US,lang=en"), "region=US,lang=en");
-        assert_eq!(shell_word("q=it's me"), r"'q=it'\''s me'");
-        assert_eq!(shell_word("a=$(x)"), "'a=$(x)'");
     }
 }

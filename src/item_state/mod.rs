@@ -15,6 +15,7 @@
 //! Redis is never blocked; there is no per-job index of items to read
 //! instead).
 
+pub(crate) mod items;
 pub(crate) mod reset;
 
 use std::collections::BTreeSet;
@@ -174,6 +175,21 @@ pub(crate) fn tick_time(tick_ms: i64) -> String {
     DateTime::<Utc>::from_timestamp_millis(tick_ms)
         .map(|t| t.to_rfc3339_opts(SecondsFormat::Millis, true))
         .unwrap_or_else(|| tick_ms.to_string())
+}
+
+/// `quota-worker ARGS` as one shell command line: each word as it is when
+/// it is plain, else single-quoted (items come from data).
+pub(crate) fn command_line(args: &[&str]) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "-_=.,/:@%+".contains(c);
+    let word = |s: &str| {
+        if !s.is_empty() && s.chars().all(plain) {
+            s.to_owned()
+        } else {
+            format!("'{}'", s.replace('\'', r"'\''"))
+        }
+    };
+    let words: Vec<String> = args.iter().map(|a| word(a)).collect();
+    format!("quota-worker {}", words.join(" "))
 }
 
 /// A checkpoint's cursor without its page number (shown on its own), as
@@ -342,6 +358,22 @@ mod tests {
             (Some(30), Some("done"))
         );
         assert_eq!(s.since.as_deref(), Some("1970-01-01T00:00:05Z"));
+    }
+
+    #[test]
+    fn an_item_is_quoted_for_the_shell_only_when_it_must_be() {
+        assert_eq!(
+            command_line(&["state", "j", "region=US,lang=en"]),
+            "quota-worker state j region=US,lang=en"
+        );
+        assert_eq!(
+            command_line(&["state", "j", "q=it's me"]),
+            r"quota-worker state j 'q=it'\''s me'"
+        );
+        assert_eq!(
+            command_line(&["state", "j", "a=$(x)"]),
+            "quota-worker state j 'a=$(x)'"
+        );
     }
 
     #[test]
