@@ -42,7 +42,12 @@ pub async fn show(config: &Config, job: &str, item: Option<&str>, json: bool) ->
         Err(e) => return redis_failure(config, &e),
     };
     if json {
-        let out = serde_json::json!({ "job": name, "items": states });
+        let out = item_state::Listing {
+            job: &name,
+            items: &states,
+            complete: None,
+            every_item: None,
+        };
         println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
     } else {
         print_states(target.job, &states);

@@ -77,6 +77,24 @@ pub(crate) struct ItemState {
     pub(crate) unreadable: Vec<String>,
 }
 
+/// A job's items' state, as `state --json` and `/api/state/JOB` print it
+/// (fields in this order).
+#[derive(Debug, Serialize)]
+pub(crate) struct Listing<'a> {
+    /// The job.
+    pub(crate) job: &'a str,
+    /// Its items.
+    pub(crate) items: &'a [ItemState],
+    /// `/api/state/JOB`: whether every item is listed (an answer is cut at
+    /// a number of items and a time budget); absent from `state --json`,
+    /// which lists every item.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) complete: Option<bool>,
+    /// With `complete: false`: the command that lists every item.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) every_item: Option<String>,
+}
+
 /// An item's keys, in the order [`read`] asks for them.
 fn item_keys(keys: &KeySpace, job: &str, item: &str) -> [String; 6] {
     [

@@ -85,6 +85,7 @@ mod shutdown;
 mod alert_rules;
 mod credential_command;
 mod decoded_body;
+mod demo;
 mod hardening;
 mod health;
 mod install;

@@ -43,10 +43,11 @@ pub(in crate::ops) async fn api(
     Query(q): Query<StateQuery>,
 ) -> Response {
     let _one = ONE_AT_A_TIME.lock().await;
-    match read(&s, &job, q.item.as_deref()).await {
-        Ok(body) => answer(StatusCode::OK, &body),
-        Err((status, error)) => answer(status, &serde_json::json!({ "error": error })),
-    }
+    let (status, body) = match read(&s, &job, q.item.as_deref()).await {
+        Ok(body) => (StatusCode::OK, body),
+        Err((status, error)) => (status, serde_json::json!({ "error": error }).to_string()),
+    };
+    (status, headers("application/json"), body).into_response()
 }
 
 /// `read` within [`REDIS_READ_BUDGET`].
@@ -56,14 +57,9 @@ async fn within<T>(
     tokio::time::timeout(REDIS_READ_BUDGET, read).await
 }
 
-fn answer(status: StatusCode, body: &serde_json::Value) -> Response {
-    let text = serde_json::to_string_pretty(body).unwrap_or_else(|_| "{}".into());
-    (status, headers("application/json"), text).into_response()
-}
-
 type Failed = (StatusCode, String);
 
-async fn read(s: &OpsState, job: &str, item: Option<&str>) -> Result<serde_json::Value, Failed> {
+async fn read(s: &OpsState, job: &str, item: Option<&str>) -> Result<String, Failed> {
     let live = s.live();
     let Some(job) = live.config.jobs.get(job) else {
         return Err((StatusCode::NOT_FOUND, format!("unknown job {job:?}")));
@@ -121,9 +117,14 @@ async fn read(s: &OpsState, job: &str, item: Option<&str>) -> Result<serde_json:
         Ok(Err(e)) => return Err(unavailable(&e)),
         Err(e) => return Err(unavailable(&e)),
     };
-    let mut body = serde_json::json!({ "job": job.name, "items": states, "complete": complete });
-    if !complete {
-        body["every_item"] = item_state::command_line(&["state", &job.name, "--json"]).into();
-    }
-    Ok(body)
+    let listing = item_state::Listing {
+        job: &job.name,
+        items: &states,
+        complete: Some(complete),
+        every_item: (!complete).then(|| item_state::command_line(&["state", &job.name, "--json"])),
+    };
+    serde_json::to_string_pretty(&listing).map_err(|e| {
+        let why = format!("cannot encode the state: {e}");
+        (StatusCode::INTERNAL_SERVER_ERROR, why)
+    })
 }
