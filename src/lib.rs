@@ -64,6 +64,9 @@
 //!   what cannot be read), decoded within a memory budget with numbers'
 //!   text and keys' order kept, and the records that differ from what was
 //!   sent (`qw_records_altered_total`).
+//! - `item_state`: where a job's items stand (`quota-worker state`, the
+//!   status page's `/api/state/JOB`), read through the worker's own keys and
+//!   types, and `state reset` (`lua/state_reset.lua`).
 //! - `scrub`: the secret scrubber every piece of upstream text passes
 //!   through.
 //! - `mint`: tokens that expire, printed by a credential's

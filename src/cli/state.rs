@@ -50,7 +50,7 @@ pub async fn show(config: &Config, job: &str, item: Option<&str>, json: bool) ->
         };
         println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
     } else {
-        print_states(target.job, &states);
+        print_states(target.job, &states, item.is_none());
     }
     if target.more {
         eprintln!(
@@ -299,7 +299,7 @@ impl Tally {
             item,
             user,
             checkpoint = f.checkpoint.as_deref(),
-            since_was = f.since.as_deref(),
+            since_was = f.since.as_deref().map(|s| s.parse().map_or(s.to_owned(), rfc3339)),
             validators = f.validators.as_deref(),
             since_set = since.map(rfc3339),
             "an operator reset an item's state: its next run starts at page 1"
@@ -323,10 +323,13 @@ fn removed(f: &Forgot) -> Vec<String> {
     if let Some(raw) = &f.checkpoint {
         out.push(match serde_json::from_str::<Checkpoint>(raw) {
             Ok(cp) => format!(
-                "the checkpoint (tick {}, resuming at page {}, cursor {})",
+                "the checkpoint (tick {}, resuming at page {}, cursor {}{})",
                 tick_time(cp.tick),
                 cp.cursor.page,
-                item_state::cursor_fields(&cp).unwrap_or_default()
+                item_state::cursor_fields(&cp).unwrap_or_default(),
+                cp.since
+                    .map(|s| format!(", the run's {{since}} {}", rfc3339(s)))
+                    .unwrap_or_default()
             ),
             Err(_) => format!("an unreadable checkpoint ({raw})"),
         });
@@ -341,16 +344,21 @@ fn removed(f: &Forgot) -> Vec<String> {
     out
 }
 
-/// The text for humans: one block per item.
-fn print_states(job: &Job, states: &[ItemState]) {
-    let fanned = states.iter().filter(|s| s.in_fan_out).count();
-    println!(
-        "job {}: {} item(s), {fanned} in its fan-out now",
-        job.name,
-        states.len()
-    );
-    for s in states {
-        println!();
+/// The text for humans: one block per item; a job's every item under a
+/// line that counts them.
+fn print_states(job: &Job, states: &[ItemState], every: bool) {
+    if every {
+        let fanned = states.iter().filter(|s| s.in_fan_out).count();
+        println!(
+            "job {}: {} item(s), {fanned} in its fan-out now\n",
+            job.name,
+            states.len()
+        );
+    }
+    for (i, s) in states.iter().enumerate() {
+        if i > 0 {
+            println!();
+        }
         print_state(job, s);
     }
 }

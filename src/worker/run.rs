@@ -136,9 +136,8 @@ impl Worker {
             self.give_back(unused).await;
         }
         let outcome = ended?;
-        let ended_at = claimed
-            .0
-            .saturating_add(claimed.1.elapsed().as_secs() as i64);
+        let ran = claimed.1.elapsed().as_secs() as i64;
+        let ended_at = claimed.0.saturating_add(ran);
         if let Some(last) = LastRun::of(task, &outcome, ended_at) {
             let json = serde_json::to_string(&last).map_err(TaskError::State)?;
             let key = self.keys().item_last(&job.name, &task.item_key());
@@ -164,7 +163,7 @@ impl Worker {
             // The item's state stays as it is, for an operator to look at
             // (or for the daemon version that wrote it); nothing is sent.
             let why = format!(
-                "{why}; nothing fetched, the item's state in Redis is left as it is (delete it to start the item's run over)"
+                "{why}; nothing fetched, the item's state in Redis is left as it is (`quota-worker state reset` clears a checkpoint, {{since}} or validators, or delete the key, to start the item's run over)"
             );
             return Ok(Outcome::new(OutcomeKind::Failed, 0, why));
         }

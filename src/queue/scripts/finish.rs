@@ -128,8 +128,8 @@ pub(crate) struct LastRun {
     /// How it ended (`done`, `quota_exhausted`, ...).
     pub(crate) outcome: String,
     /// When it ended, s since the epoch: Redis's clock at the item's claim
-    /// plus the run's length on the worker's monotonic clock (no host's
-    /// wall clock).
+    /// (whole seconds, as `{since}`) plus the run's length on the worker's
+    /// monotonic clock (no host's wall clock), so to within a second or two.
     pub(crate) ended_at: i64,
     /// The page it ended on (the last one fetched when `done`).
     pub(crate) page: u32,
