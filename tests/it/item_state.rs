@@ -20,7 +20,8 @@ use crate::support::styles::{self, NUMERIC, job, sim};
 use crate::support::upstream::{Blackhole, Upstream};
 use crate::support::world;
 use crate::support::{
-    ConfigBuilder, Job, RedisServer, Request, Sink, TestConfig, Window, wait_until,
+    ConfigBuilder, Credential, Endpoint, Job, RedisServer, Request, Sink, TestConfig, Window,
+    wait_until,
 };
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -262,8 +263,8 @@ fn a_reset_while_a_task_holds_the_item_exits_75_and_changes_nothing() {
     daemon.kill();
 }
 
-/// Items come from the fan-out now (here a CSV's rows) and from what Redis
-/// still holds: a row removed from the CSV is listed as no longer in the
+/// Items come from the fan-out now (here a CSV's rows, and a template
+/// credential's tenants) and from what Redis still holds: a row removed from the CSV is listed as no longer in the
 /// fan-out while its state lasts, and is unknown (64) once reset. An
 /// unknown job or item, or a `--since` that is no time, exits 64; Redis
 /// down exits 69.
@@ -281,12 +282,26 @@ fn items_come_from_the_fan_out_and_redis_and_bad_names_exit_64() {
         )
         .sink(Sink::jsonl("data/{job}.jsonl").records("/items"))
         .set("fan_out_from", toml::Value::Table(from));
+    // A template credential's tenants are items like any other.
+    let media = Job::videos_by("media", "ig.media", "http://127.0.0.1:9", "account")
+        .fan_out("account", ["a", "b c"]);
     let cfg = ConfigBuilder::new()
         .credential(world::credential(world::wide()))
         .endpoint(world::endpoint())
+        .credential(Credential::template("ig", "account", "tokens/{account}").window(world::wide()))
+        .endpoint(Endpoint::new("ig.media", "ig", 1))
         .job(feed)
+        .job(media)
         .redis_url(&redis.url())
         .write();
+    let v = state_json(&cfg, &redis, &["media"]);
+    let tenants: Vec<&Value> = v["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .map(|i| &i["item"])
+        .collect();
+    assert_eq!(tenants, ["account=a", "account=b c"], "{v:#}");
 
     let (code, _, err) = cli(
         &cfg,
