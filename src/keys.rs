@@ -261,7 +261,7 @@ impl KeySpace {
     }
 
     /// A job's starved items (hash: item key -> the turn its starvation
-    /// began; `lua/finish.lua`), bounded by [`crate::schedule::STARVED_CAP`].
+    /// began; `lua/finish.lua`), bounded by `queue::scripts::finish::STARVED_CAP`.
     pub fn starved(&self, job: &str) -> String {
         format!("{}:starved:{job}", self.prefix)
     }
