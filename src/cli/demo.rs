@@ -7,7 +7,9 @@
 //! within seconds the shared window runs out: tasks end at once as
 //! `quota_exhausted` with the retry-after, and later ticks resume where they
 //! stopped. The summary compares what the upstream saw with what it allows,
-//! per window; its count of quota errors must be 0.
+//! per window; its count of quota errors must be 0. The status page is
+//! served on a free loopback port (`[metrics] listen = "127.0.0.1:0"` in
+//! `config/demo.toml`) and its address printed at start.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -94,7 +96,6 @@ fn point_at(config: &mut Config, sim_url: &str, out_dir: &Path) -> Result<(), Ex
     config.dir = out_dir.to_owned();
     config.state_dir = out_dir.join("state");
     config.redis.url = None;
-    config.metrics.listen = None;
     Ok(())
 }
 
@@ -184,9 +185,11 @@ async fn run_daemon(
         ..shared
     };
     let (ready_tx, mut ready_rx) = tokio::sync::watch::channel(false);
+    let (addr_tx, addr_rx) = tokio::sync::watch::channel(None);
     let opts = RunOptions {
         shared: shared.clone(),
         ready: Some(ready_tx),
+        metrics_addr: Some(addr_tx),
         ..RunOptions::default()
     };
     let started = Instant::now();
@@ -196,6 +199,12 @@ async fn run_daemon(
     };
     let daemon = tokio::spawn(daemon::run(config.clone(), Arc::new(secrets), opts, stop));
     let _ = ready_rx.wait_for(|r| *r).await;
+    // Bound before the daemon says it is ready.
+    if let Some(addr) = *addr_rx.borrow() {
+        println!(
+            "status page: http://{addr}/ (the windows filling and blocks lifting; item state at http://{addr}/api/state/JOB)\n"
+        );
+    }
     let Some(limiter) = limiter_for(&config).await else {
         let _ = stop_tx.send(());
         let _ = daemon.await;

@@ -560,6 +560,16 @@ mod tests {
         assert_eq!(cursor_at(&body, "/z"), Ok(None));
         assert_eq!(cursor_at(&body, "/missing"), Ok(None));
         assert!(cursor_at(&body, "/o").unwrap_err().contains("an object"));
+        // Issue 39: a number's text as sent, every digit (a cursor from a
+        // record's id, issue 32's `cursor_record`, reads it here too).
+        let body: Value =
+            serde_json::from_str(r#"{"id":123456789012345678901234567891,"p":12.30}"#).unwrap();
+        let cursor = |p| cursor_at(&body, p).unwrap();
+        assert_eq!(
+            cursor("/id").as_deref(),
+            Some("123456789012345678901234567891")
+        );
+        assert_eq!(cursor("/p").as_deref(), Some("12.30"));
         assert_eq!(
             url_at(&json!({"p": {"next": " /x "}}), "/p/next"),
             Ok(Some("/x".into()))

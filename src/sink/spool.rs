@@ -108,6 +108,8 @@ struct Page {
     tick: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     page: Option<u32>,
+    /// Read back as they were decoded (numbers' text, keys' order).
+    #[serde(deserialize_with = "crate::decode::values")]
     records: Vec<Value>,
 }
 

@@ -13,6 +13,7 @@ use serde_json::Value;
 
 use super::spend::{Applied, FirstSpend, Refusal, RefusedBy};
 use crate::config::{Job, fmt_duration};
+use crate::decode::Altered;
 use crate::fetch::paging::{Cursor, Next, Onward, Stored, Validators, onward};
 use crate::fetch::{Reply, Request};
 use crate::outcome::{Outcome, OutcomeKind};
@@ -148,6 +149,9 @@ pub(super) enum Action {
         body: Value,
         next: Next,
         validators: Validators,
+        /// Its records that differ from what was sent, counted once
+        /// written.
+        altered: Altered,
     },
     /// Go on with the next page (`token`: its cursor or next URL); the
     /// checkpoint moves to it.
@@ -248,11 +252,13 @@ fn replied(reply: Reply, blocked: Option<Applied>, rules: &Rules<'_>) -> Action 
             body,
             next,
             validators,
+            altered,
             ..
         } => Action::Write {
             body,
             next,
             validators,
+            altered,
         },
         // Nothing changed since the item's last complete run: this run is
         // complete too, with nothing written; its validators stay.
@@ -559,6 +565,7 @@ records = "/items"
             next: next_at("p2"),
             validators: Validators::default(),
             status: 200,
+            altered: Altered::default(),
         });
         match decide(answer, &at(1, None), &rules(&job)) {
             Action::Write { body: b, next, .. } => {
