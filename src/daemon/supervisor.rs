@@ -50,24 +50,12 @@ pub(super) async fn run(
         // pitfall 14), instead of `run_until`'s plain stop.
         let ctx = WorkerContext::new(&name);
         let drain = Arc::new(Drain::default());
-        let results = drain.clone();
-        let w = WorkerBuilder::new(&ctx)
-            .backend(
-                // Woken by the daemon's feeder, never on a timer (queue::wake).
-                queue
-                    .storage(wake.clone())
-                    .poll_with_strategy(Woken::new(wake.clone())),
-            )
-            .layer(CountStarts(drain.clone()))
-            .concurrency(config.worker.concurrency.get())
-            .data(worker.clone())
-            .on_event(move |ctx, event| results.on_event(ctx, event))
-            .build(handle);
-        let started = tokio::time::Instant::now();
-        Health::beat(&health.worker);
         let conn = queue.connection();
         let generation = conn.generation();
-        let mut run = std::pin::pin!(w.run());
+        let run = build(&ctx, &config, &queue, &worker, &wake, &drain);
+        let started = tokio::time::Instant::now();
+        Health::beat(&health.worker);
+        let mut run = std::pin::pin!(run);
         let stopping = async {
             let _ = stop.wait_for(|s| *s).await;
         };
@@ -132,6 +120,32 @@ pub(super) async fn run(
         backoff = (backoff * 2).min(crate::conn::MAX_BACKOFF);
         incarnation += 1;
     }
+}
+
+/// One incarnation of the apalis worker, named by `ctx`, its task starts
+/// and ends counted in `drain`: its run, to be driven.
+fn build(
+    ctx: &WorkerContext,
+    config: &Config,
+    queue: &Queue,
+    worker: &watch::Receiver<Arc<Worker>>,
+    wake: &Arc<Wake>,
+    drain: &Arc<Drain>,
+) -> impl std::future::Future<Output = Result<(), WorkerError>> {
+    let results = drain.clone();
+    WorkerBuilder::new(ctx)
+        .backend(
+            // Woken by the daemon's feeder, never on a timer (queue::wake).
+            queue
+                .storage(wake.clone())
+                .poll_with_strategy(Woken::new(wake.clone())),
+        )
+        .layer(CountStarts(drain.clone()))
+        .concurrency(config.worker.concurrency.get())
+        .data(worker.clone())
+        .on_event(move |ctx, event| results.on_event(ctx, event))
+        .build(handle)
+        .run()
 }
 
 /// Runs one task on the worker in force when it starts: the task keeps
