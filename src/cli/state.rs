@@ -15,8 +15,8 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, NaiveDate};
 use crate::conn::Conn;
+use chrono::{DateTime, NaiveDate};
 use tracing::warn;
 
 use super::Exit;
@@ -227,10 +227,7 @@ impl SinceArg {
 
     /// The time, epoch s, by Redis's clock; `Err` for one in the future
     /// (the item's next run would ask for nothing).
-    async fn resolve(
-        self,
-        conn: &mut Conn,
-    ) -> redis::RedisResult<Result<i64, String>> {
+    async fn resolve(self, conn: &mut Conn) -> redis::RedisResult<Result<i64, String>> {
         let (now, _): (i64, i64) = redis::cmd("TIME").query_async(conn).await?;
         let at = match self {
             SinceArg::At(at) => at,

@@ -40,7 +40,7 @@ pub async fn run(config: &Config, job_name: &str, wait: bool) -> Exit {
     };
     let url = super::redis_master(config);
     let conn = match crate::conn::connect(&url, Duration::from_secs(5), "queue").await {
-        Ok(c) => c.with_acks(config.redis.queue_replicas, crate::queue::ACK_WAIT),
+        Ok(c) => c.with_acks(config.redis.queue_replicas, crate::queue::ACK_WAIT, 1),
         Err(e) if crate::acl::is_auth_failure(&e) => {
             eprintln!("error: {}", crate::acl::refused_credentials(&url, &e));
             return Exit::Config;

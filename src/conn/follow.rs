@@ -128,12 +128,55 @@ struct Shared {
     reconnecting: AtomicBool,
     db: i64,
     timeouts: Timeouts,
-    /// Writes that wait for replicas ([`Conn::acked`]), and the connection
-    /// of their own they go on: a `WAIT` holds its connection until the
-    /// replica answers (up to its timeout, when none is in sync), and the
-    /// rest of the traffic (apalis's heartbeats) must not wait behind it.
-    /// Set once, at the start.
-    acked: std::sync::OnceLock<(Acks, Arc<Shared>)>,
+    /// Writes that wait for replicas ([`Conn::acked`]), and the
+    /// connections of their own they go on. Set once, at the start.
+    acked: std::sync::OnceLock<Arc<AckPool>>,
+}
+
+/// The connections acknowledged writes go on, each carrying one write at a
+/// time: a `WAIT` holds its connection until the replica answers (up to its
+/// timeout, when none is in sync, as right after a failover), and nothing
+/// may queue behind it: neither the rest of the traffic (apalis's
+/// heartbeats, on the main connection) nor the other acknowledged writes
+/// (a tick's claim behind every task's checkpoint). Each connects at its
+/// first use.
+struct AckPool {
+    acks: Acks,
+    conns: Vec<Conn>,
+    free: std::sync::Mutex<Vec<usize>>,
+    permits: tokio::sync::Semaphore,
+}
+
+impl AckPool {
+    /// Sends `cmd` followed by `WAIT` on a free connection of the pool.
+    async fn send(&self, cmd: &Cmd, patience: Duration) -> RedisResult<Value> {
+        let _permit = self.permits.acquire().await.map_err(|_| {
+            RedisError::from((ErrorKind::Client, "the acknowledged writes' pool is closed"))
+        })?;
+        let taken = self.free.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let Some(i) = taken else {
+            unreachable!("a permit is held for each free connection");
+        };
+        // Given back however the call ends (it may be cancelled).
+        let _back = GiveBack(self, i);
+        self.conns[i]
+            .patient(patience)
+            .send_acked(cmd, self.acks)
+            .await
+    }
+}
+
+/// Returns a pool connection to the free list when dropped.
+struct GiveBack<'a>(&'a AckPool, usize);
+
+impl Drop for GiveBack<'_> {
+    fn drop(&mut self) {
+        self.0
+            .free
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(self.1);
+    }
 }
 
 /// Writes that wait for replicas ([`Conn::acked`]).
@@ -155,8 +198,9 @@ struct Handle {
     shared: Arc<Shared>,
     /// How long one call waits for a master before it fails.
     patience: Duration,
-    /// Each command is followed by `WAIT` ([`Conn::acked`]).
-    acks: Option<Acks>,
+    /// Each command goes, followed by `WAIT`, on a connection of the pool
+    /// ([`Conn::acked`]).
+    acked: Option<Arc<AckPool>>,
 }
 
 /// How a [`Conn`] talks to Redis.
@@ -195,7 +239,7 @@ impl Conn {
                 acked: std::sync::OnceLock::new(),
             }),
             patience: t.patience,
-            acks: None,
+            acked: None,
         }));
         if let Master::Sentinel(sentinels) = master {
             tokio::spawn(follow_switches(
@@ -236,7 +280,7 @@ impl Conn {
         Conn(Arc::new(Handle {
             shared: self.0.shared.clone(),
             patience,
-            acks: self.0.acks,
+            acked: self.0.acked.clone(),
         }))
     }
 
@@ -246,14 +290,21 @@ impl Conn {
 
     /// This connection (and every clone), able to make writes wait for
     /// `replicas` (0: never) for at most `wait` each ([`Conn::acked`]), on
-    /// a connection of their own. Set once: a second call changes nothing.
-    pub fn with_acks(self, replicas: u8, wait: Duration) -> Conn {
+    /// `connections` connections of their own (as many as may write at
+    /// once). Set once: a second call changes nothing.
+    pub fn with_acks(self, replicas: u8, wait: Duration, connections: usize) -> Conn {
         let shared = &self.0.shared;
         if replicas > 0 && shared.acked.get().is_none() {
-            let own = Conn::lazy(&shared.master, shared.timeouts, "acked writes");
-            let _ = shared
-                .acked
-                .set((Acks { replicas, wait }, own.0.shared.clone()));
+            let n = connections.max(1);
+            let conns = (0..n)
+                .map(|_| Conn::lazy(&shared.master, shared.timeouts, "acked writes"))
+                .collect();
+            let _ = shared.acked.set(Arc::new(AckPool {
+                acks: Acks { replicas, wait },
+                conns,
+                free: std::sync::Mutex::new((0..n).collect()),
+                permits: tokio::sync::Semaphore::new(n),
+            }));
         }
         self
     }
@@ -268,10 +319,10 @@ impl Conn {
     /// wrote it.
     pub fn acked(&self) -> Conn {
         match self.0.shared.acked.get() {
-            Some((acks, own)) => Conn(Arc::new(Handle {
-                shared: own.clone(),
+            Some(pool) => Conn(Arc::new(Handle {
+                shared: self.0.shared.clone(),
                 patience: self.0.patience,
-                acks: Some(*acks),
+                acked: Some(pool.clone()),
             })),
             None => self.clone(),
         }
@@ -645,8 +696,8 @@ fn server_refusal(kind: Option<ServerErrorKind>, code: Option<&str>) -> Option<R
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {
-            if let Some(acks) = self.0.acks {
-                return self.send_acked(cmd, acks).await;
+            if let Some(pool) = &self.0.acked {
+                return pool.send(cmd, self.0.patience).await;
             }
             match self.send(Request::One(cmd)).await? {
                 Reply::One(v) => Ok(v),
@@ -662,7 +713,7 @@ impl ConnectionLike for Conn {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         Box::pin(async move {
-            if self.0.acks.is_some() {
+            if self.0.acked.is_some() {
                 // Every acknowledged write is one command (a script, a SET):
                 // a pipeline here is a bug, said rather than left unacked.
                 return Err(RedisError::from((

@@ -529,7 +529,13 @@ async fn connect(master: &Master, config: &Config) -> Result<Conns, DaemonError>
     };
     let queue_conn = connect_with_retry(master, queue, patience, "queue")
         .await?
-        .with_acks(config.redis.queue_replicas, crate::queue::ACK_WAIT);
+        // Each task writes its checkpoints and end, and the scheduler its
+        // claims, one at a time: one connection each.
+        .with_acks(
+            config.redis.queue_replicas,
+            crate::queue::ACK_WAIT,
+            config.worker.concurrency.get() + 2,
+        );
     // Its reads block up to feeder::BLOCK: they must not time out first.
     let wake = Timeouts {
         response: feeder::BLOCK + config.redis.timeout.max(Duration::from_secs(2)),

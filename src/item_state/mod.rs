@@ -21,8 +21,8 @@ pub(crate) mod reset;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use chrono::{DateTime, SecondsFormat, Utc};
 use crate::conn::Conn;
+use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
 
 use crate::fetch::paging::Validators;
