@@ -460,3 +460,69 @@ fn every_command_finds_the_master_through_the_sentinels_skipping_one_that_does_n
     assert_eq!(second, first - 1, "the window came along");
     f.sentinels[0].resume();
 }
+
+/// The sentinel user docs/redis.md names (its `user quota-worker …` line,
+/// read from the page so the page stays true), and the master's own
+/// documented user, both with passwords: a daemon and `trigger --wait` run
+/// through the sentinels as them, and the daemon hears the sentinels'
+/// `+switch-master` across a `SENTINEL FAILOVER`.
+#[test]
+fn the_documented_sentinel_user_is_enough() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/redis.md"))
+        .expect("docs/redis.md");
+    let line = |prefix: &str| {
+        doc.lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("docs/redis.md has a line starting {prefix:?}"))
+            .replace(">PASSWORD", ">pw")
+    };
+    let sentinel_user = line("user quota-worker on ");
+    let master_user = line("ACL SETUSER quota-worker ");
+    let f = Failover::start_with(&[&sentinel_user], &[]);
+    for s in &f.servers {
+        let args: Vec<&str> = master_user.split_whitespace().collect();
+        let _: () = s.cmd(&args);
+    }
+    let sentinels: Vec<String> = (f.sentinels.iter())
+        .map(|s| format!("redis://quota-worker:pw@127.0.0.1:{}", s.port()))
+        .collect();
+    let upstream = Upstream::start(1, 2);
+    let cfg = world::config(world::job(&upstream.base_url()).pages(1))
+        .sentinels(sentinels, MASTER_NAME)
+        .redis_url("redis://quota-worker:pw@/0")
+        .write();
+    let (mut d, port) = daemon("daemon", &cfg, None);
+    d.wait_running(Duration::from_secs(30));
+    let trigger = || {
+        let (code, out, err) = run_cli(
+            &cfg,
+            None,
+            &["trigger", JOB, "--wait"],
+            Duration::from_secs(60),
+        );
+        assert_eq!(
+            code,
+            Some(0),
+            "trigger --wait as the documented users: {out}{err}\n{}",
+            d.log()
+        );
+    };
+    trigger();
+    let old = f.master_port().expect("a master");
+    f.failover();
+    assert!(
+        f.wait_new_master(old, Duration::from_secs(30)).is_some(),
+        "{}",
+        f.logs()
+    );
+    let heard = wait_until(Duration::from_secs(10), || {
+        http::scrape(port).one("qw_redis_reconnects_total", &[("reason", "switched")]) >= 1.0
+    });
+    assert!(
+        heard,
+        "the daemon heard +switch-master as the documented user\n{}",
+        d.log()
+    );
+    trigger();
+    assert!(!d.log().contains("NOPERM"), "{}", d.log());
+}
