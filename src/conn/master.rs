@@ -29,7 +29,7 @@ use crate::config::{MasterSettings, RedisConfig, RedisUrl};
 
 /// How long one sentinel may take to connect and answer: one that does
 /// not answer in time is skipped (they are all asked at once).
-const ASK_ONE: Duration = Duration::from_millis(800);
+const ASK_ONE: Duration = Duration::from_millis(500);
 
 /// Where the master is.
 #[derive(Clone)]
@@ -168,29 +168,40 @@ impl Sentinels {
     }
 
     /// Where the sentinels say the master is: every sentinel asked at once
-    /// (`SENTINEL GET-MASTER-ADDR-BY-NAME`), each given [`ASK_ONE`], the
-    /// addresses in the order they answered, without repeats. redis-rs's
-    /// sentinel client waits for the sentinels in the order listed, so a
-    /// silent first one cost its whole timeout on every lookup (past a
-    /// spend's 1 s), and it lists every master (`SENTINEL MASTERS`), which
-    /// needs a wider ACL.
+    /// (`SENTINEL MASTER`), each given [`ASK_ONE`], the addresses newest
+    /// first by the configuration epoch each sentinel has, without repeats.
+    /// Right after a failover a sentinel that has not heard of it yet still
+    /// names the old master, which still says it is the master until the
+    /// sentinels demote it (about 10 s): taken first, it would have every
+    /// write of a fresh process go where the demotion throws it away (seen
+    /// in `failover::the_documented_sentinel_user_is_enough`: a `trigger`'s
+    /// tick queued there and never ran). redis-rs's sentinel client was not
+    /// used: it waits for the sentinels in the order listed (a silent first
+    /// one cost its whole timeout on every lookup, past a spend's 1 s), takes
+    /// the first answer, and lists every master (`SENTINEL MASTERS`).
     async fn ask(&self) -> RedisResult<Vec<(String, u16)>> {
         let mut asks: futures::stream::FuturesUnordered<_> = self
             .urls
             .iter()
             .map(|url| ask_one(url, &self.name))
             .collect();
-        let mut found = Vec::new();
+        let mut found: Vec<(u64, String, u16)> = Vec::new();
         let mut last = None;
         while let Some(answer) = asks.next().await {
             match answer {
-                Ok(addr) if !found.contains(&addr) => found.push(addr),
-                Ok(_) => {}
+                Ok(named) => found.push(named),
                 Err(e) => last = Some(e),
             }
         }
-        if !found.is_empty() {
-            return Ok(found);
+        found.sort_by(|a, b| b.0.cmp(&a.0));
+        let mut addrs: Vec<(String, u16)> = Vec::new();
+        for (_, host, port) in found {
+            if !addrs.iter().any(|(h, p)| *h == host && *p == port) {
+                addrs.push((host, port));
+            }
+        }
+        if !addrs.is_empty() {
+            return Ok(addrs);
         }
         Err(last.unwrap_or_else(|| {
             RedisError::from((
@@ -229,8 +240,9 @@ impl Sentinels {
     }
 }
 
-/// Asks the sentinel at `url` where the master `name` is.
-async fn ask_one(url: &RedisUrl, name: &str) -> RedisResult<(String, u16)> {
+/// Asks the sentinel at `url` where the master `name` is: its
+/// configuration epoch (newer is higher), host and port.
+async fn ask_one(url: &RedisUrl, name: &str) -> RedisResult<(u64, String, u16)> {
     let ask = async {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(ASK_ONE))
@@ -238,18 +250,22 @@ async fn ask_one(url: &RedisUrl, name: &str) -> RedisResult<(String, u16)> {
         let mut conn = Client::open(url.expose())?
             .get_multiplexed_async_connection_with_config(&config)
             .await?;
-        let addr: Option<(String, u16)> = redis::cmd("SENTINEL")
-            .arg("GET-MASTER-ADDR-BY-NAME")
+        let reply: Value = redis::cmd("SENTINEL")
+            .arg("MASTER")
             .arg(name)
             .query_async(&mut conn)
             .await?;
-        addr.ok_or_else(|| {
-            RedisError::from((
+        let host = field(&reply, "ip");
+        let port = field(&reply, "port").and_then(|p| p.parse::<u16>().ok());
+        let epoch = field(&reply, "config-epoch").and_then(|e| e.parse::<u64>().ok());
+        match (host, port) {
+            (Some(host), Some(port)) => Ok((epoch.unwrap_or(0), host, port)),
+            _ => Err(RedisError::from((
                 ErrorKind::MasterNameNotFoundBySentinel,
                 "a sentinel does not know the master's name",
                 format!("{url} does not monitor \"{name}\""),
-            ))
-        })
+            ))),
+        }
     };
     tokio::time::timeout(ASK_ONE, ask)
         .await
