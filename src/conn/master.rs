@@ -193,7 +193,7 @@ impl Sentinels {
                 Err(e) => last = Some(e),
             }
         }
-        found.sort_by(|a, b| b.0.cmp(&a.0));
+        found.sort_by_key(|f| std::cmp::Reverse(f.0));
         let mut addrs: Vec<(String, u16)> = Vec::new();
         for (_, host, port) in found {
             if !addrs.iter().any(|(h, p)| *h == host && *p == port) {

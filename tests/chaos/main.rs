@@ -73,10 +73,13 @@ fn main() {
         args.daemons,
         args.replicas
     );
+    std::fs::create_dir_all(&args.out).expect("create the report directory");
+    let copy = args.out.join("quota-worker");
+    std::fs::copy(support::bin(), &copy).expect("copy the binary");
+    support::use_bin(copy);
     let mut world = World::start(&args);
     let injected = faults::inject(&mut world, &args);
     let report = verdict::settle_and_check(&mut world, &args, &injected);
-    std::fs::create_dir_all(&args.out).expect("create the report directory");
     std::fs::write(args.out.join("report.md"), report.markdown()).expect("write report.md");
     std::fs::write(
         args.out.join("report.json"),

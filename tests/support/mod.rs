@@ -65,9 +65,22 @@ pub fn load(cfg: &TestConfig) -> quota_worker::config::Config {
     quota_worker::config::Config::load(&cfg.path()).expect("the test's config loads")
 }
 
-/// The binary under test.
+/// Another copy of the binary to run, set once ([`use_bin`]).
+static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// The binary under test: cargo's build of it, or the copy [`use_bin`] set.
 pub fn bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_quota-worker"))
+    BIN.get()
+        .cloned()
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_quota-worker")))
+}
+
+/// Runs `path` instead of cargo's build from now on: the chaos run copies
+/// the binary first, so a build during its half hour does not change the
+/// daemons it restarts.
+#[allow(dead_code, reason = "the chaos run uses it, the tests do not")]
+pub fn use_bin(path: PathBuf) {
+    let _ = BIN.set(path);
 }
 
 /// stdout parsed as one JSON value (panics with both streams when it is not).
