@@ -90,6 +90,17 @@ pub async fn run(config: &Config, job_name: &str, wait: bool) -> Exit {
     }
 }
 
+/// How long `trigger --wait` tries again after its reads were cut (a
+/// failover: the master found again within seconds) before it gives up.
+const CUT_PATIENCE: Duration = Duration::from_secs(15);
+
+/// Whether to try a read again after `e`: a lost connection, within
+/// [`CUT_PATIENCE`] of the first one in a row (`since`).
+fn patient(since: &mut Option<std::time::Instant>, e: &redis::RedisError) -> bool {
+    let cut = e.is_io_error() || e.is_timeout() || e.is_connection_dropped();
+    cut && since.get_or_insert_with(std::time::Instant::now).elapsed() < CUT_PATIENCE
+}
+
 /// When daemons run on this Redis and prefix and none has `job` loaded (a
 /// job added to the files since they started, or since their last reload),
 /// says so on stderr: they need a reload, and meanwhile its tasks are given
@@ -279,8 +290,18 @@ impl Tick<'_> {
         let mut ends = self.watch(&mut conn).await.map_err(lost)?;
         let started = std::time::Instant::now();
         let mut hinted = false;
+        // A failover cuts the reads: they are sent again, to the master
+        // found again, for a while before the wait gives up.
+        let mut cut_since: Option<std::time::Instant> = None;
         loop {
-            let counts = self.read(&mut conn).await.map_err(lost)?;
+            let counts = match self.read(&mut conn).await {
+                Ok(c) => c,
+                Err(e) if patient(&mut cut_since, &e) => {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue;
+                }
+                Err(e) => return Err(lost(e)),
+            };
             let ended: u64 = TERMINAL.iter().map(|k| count(&counts, *k)).sum();
             let summary = summarize(&counts);
             bar.set_position(ended.min(total));
@@ -305,7 +326,11 @@ impl Tick<'_> {
             // At most a few reads a second while tasks end; none while
             // nothing happens but the blocked read (the bar's clock ticks on).
             tokio::time::sleep(Duration::from_millis(200)).await;
-            ends.next(&mut blocking).await.map_err(lost)?;
+            match ends.next(&mut blocking).await {
+                Ok(()) => cut_since = None,
+                Err(e) if patient(&mut cut_since, &e) => {}
+                Err(e) => return Err(lost(e)),
+            }
         }
     }
 

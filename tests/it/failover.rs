@@ -526,3 +526,44 @@ fn the_documented_sentinel_user_is_enough() {
     trigger();
     assert!(!d.log().contains("NOPERM"), "{}", d.log());
 }
+
+/// `trigger --wait` across a `SENTINEL FAILOVER`: its blocked read of the
+/// tick's ends is cut, and sent again to the new master; it waits on to the
+/// tick's end and exits 0.
+#[test]
+fn trigger_wait_waits_through_a_failover() {
+    let f = Failover::start();
+    let upstream = slow_upstream();
+    let cfg = config(&upstream)
+        .sentinels(f.sentinel_urls(), MASTER_NAME)
+        .write();
+    let (mut d, _) = daemon("daemon", &cfg, None);
+    d.wait_running(Duration::from_secs(30));
+    let mut t = Proc::sim_cli(
+        "trigger --wait",
+        &cfg,
+        None,
+        &["trigger", JOB, "--wait"],
+        &[],
+    );
+    assert!(wait_until(Duration::from_secs(30), || upstream.fetched() >= 2));
+    let old = f.master_port().expect("a master");
+    f.failover();
+    assert!(
+        f.wait_new_master(old, Duration::from_secs(30)).is_some(),
+        "{}",
+        f.logs()
+    );
+    let status = t.wait_exit(Duration::from_secs(90));
+    let (out, err) = (t.stdout(), t.log());
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(0),
+        "{out}\n{err}\n{}",
+        d.log()
+    );
+    assert!(
+        out.contains(&format!("{ITEMS} task(s) ended: {ITEMS} done")),
+        "{out}"
+    );
+}
