@@ -50,6 +50,9 @@ pub(crate) struct Report {
     charged: usize,
     /// Rows of the keyed sink, and distinct (item, key) among them.
     sink_rows: (i64, i64),
+    /// Tasks (tick, item) that ended more than once, over every daemon
+    /// process's log: run again (a page or more fetched again).
+    ran_again: usize,
     /// Daemons not ready at the end, and exits none of ours caused.
     unready: Vec<String>,
     exits: u32,
@@ -144,6 +147,7 @@ pub(crate) fn settle_and_check(w: &mut World, args: &Args, faults: &[Injected]) 
         over_window,
         charged: stats.charges.len(),
         sink_rows: sink_rows(w),
+        ran_again: ran_again(w),
         unready,
         exits: w.daemons.iter().map(|d| d.exited).sum(),
         reconnects: reconnects(w),
@@ -176,6 +180,27 @@ fn fan_outs_from_the_start(w: &World) -> HashMap<i64, usize> {
         }
     }
     n
+}
+
+/// Tasks that ended more than once (a terminal outcome line for the same
+/// tick and item), over every process of every daemon.
+fn ran_again(w: &World) -> usize {
+    let mut ends: HashMap<(i64, String), usize> = HashMap::new();
+    for d in &w.daemons {
+        for p in d.before.iter().chain([&d.proc]) {
+            for e in p.outcomes() {
+                let terminal = matches!(
+                    e["outcome"].as_str(),
+                    Some("done" | "quota_exhausted" | "upstream_throttled" | "failed")
+                );
+                if let (true, Some(t), Some(i)) = (terminal, e["tick"].as_i64(), e["item"].as_str())
+                {
+                    *ends.entry((t, i.to_owned())).or_default() += 1;
+                }
+            }
+        }
+    }
+    ends.values().filter(|n| **n > 1).count()
 }
 
 /// Rows in the keyed SQLite sink, and distinct (item, key) among them.
@@ -270,12 +295,13 @@ impl Report {
             );
         }
         s += &format!(
-            "\nticks checked: {} (cron ticks no daemon claimed: {}); items lost: **{lost_total}** {:?}; ticks fanned out twice: **{}**; requests the upstream refused for its window: **{}**; requests charged: {}; keyed sink rows: {} ({} distinct); daemons not ready at the end: {:?}; exits by themselves: {}\n",
+            "\nticks checked: {} (cron ticks no daemon claimed: {}); items lost: **{lost_total}** {:?}; ticks fanned out twice: **{}**; requests the upstream refused for its window: **{}**; tasks that ended twice (run again): {}; requests charged: {}; keyed sink rows: {} ({} distinct); daemons not ready at the end: {:?}; exits by themselves: {}\n",
             self.ticks,
             self.missed.len(),
             self.lost,
             self.fanned_twice.len(),
             self.over_window.len(),
+            self.ran_again,
             self.charged,
             self.sink_rows.0,
             self.sink_rows.1,
@@ -308,6 +334,7 @@ impl Report {
             "items_lost": self.lost.iter().map(|(t, n)| json!({"tick": t, "lost": n})).collect::<Vec<_>>(),
             "ticks_fanned_out_twice": self.fanned_twice,
             "over_window_at_s": self.over_window,
+            "ran_again": self.ran_again,
             "charged": self.charged,
             "sink_rows": self.sink_rows.0,
             "sink_distinct": self.sink_rows.1,
