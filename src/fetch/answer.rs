@@ -275,6 +275,16 @@ pub(super) async fn answer(
     if let Some(over) = too_many_records(&reply, &req.records, endpoint.max_records) {
         reply = over;
     }
+    if let (true, Reply::Ok { body, status, .. }) = (req.graphql, &reply)
+        && let Some(detail) = accounting::github_graphql::without_data(body)
+    {
+        // Never a page (its cursor and records are not there), whatever
+        // the endpoint's accounting reads.
+        reply = Reply::BadBody {
+            status: *status,
+            detail,
+        };
+    }
     if matches!(reply, Reply::NotModified { .. }) && !req.is_conditional() {
         reply = Reply::UnaskedNotModified { status };
     }
