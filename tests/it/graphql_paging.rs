@@ -234,6 +234,8 @@ fn five_pages_of_a_graphql_connection_take_exactly_five_requests() {
 /// stays the run's until it completes, then moves.
 #[test]
 fn a_graphql_run_stopped_at_page_3_resumes_there_with_its_cursor() {
+    // Three pages inside one window's 2 s would not stop at page 3.
+    let _machine = crate::support::machine::timing();
     let rig = rig(
         sim(SimStyle::Graphql(CONNECTION), "/graphql", 5),
         Window::sliding(2, "2s"),
@@ -285,7 +287,9 @@ fn a_graphql_run_stopped_at_page_3_resumes_there_with_its_cursor() {
         served(scope, 5)
     );
 
-    // Complete: the next run starts over, at page 1, with a newer since.
+    // Complete: the next run starts over, at page 1, with a newer since
+    // (the issues updated since then: all of them again).
+    rig.upstream.touch();
     let from = rig.upstream.stats().requests.len();
     let (_, outcomes) = run(&rig, "issues", 1);
     assert_eq!(outcomes[0]["outcome"], "quota_exhausted", "{}", outcomes[0]);
@@ -536,4 +540,179 @@ fn a_bad_flag_a_bad_cursor_or_errors_without_data_fail_the_task() {
         used += 1;
         assert_eq!(rig.quota()["windows"][0]["used"], used, "{what}");
     }
+}
+
+/// The config and job blocks docs/upstreams.md marks as tested by `test`,
+/// as written there, then copied as a user would: the token read from the
+/// world's variable, `origin` moved to the simulator's (`base`), and the
+/// lines a test config always has (the jobs glob, no metrics listener).
+/// Returns the config written out.
+fn docs_config(test: &str, origin: &str, base: &str) -> crate::support::TestConfig {
+    let docs = include_str!("../../docs/upstreams.md");
+    let marker = format!("<!-- tested: it::graphql_paging::{test} ");
+    let from = docs
+        .find(&marker)
+        .unwrap_or_else(|| panic!("{marker} in docs/upstreams.md"));
+    let blocks: Vec<&str> = docs[from..]
+        .split("```toml\n")
+        .skip(1)
+        .take(2)
+        .map(|b| &b[..b.find("```").expect("a closed block")])
+        .collect();
+    let [config, job] = blocks[..] else {
+        panic!("{test}: two toml blocks after the marker");
+    };
+    assert!(
+        config.starts_with("# config/quota-worker.toml\n"),
+        "{config}"
+    );
+    let name = job
+        .lines()
+        .next()
+        .and_then(|l| l.strip_prefix("# jobs/"))
+        .expect("the job block names its file");
+    let secret_env = config
+        .lines()
+        .find_map(|l| l.strip_prefix("secret_env = "))
+        .expect("secret_env");
+    let config = config.replace(
+        &format!("secret_env = {secret_env}"),
+        &format!("secret_env = \"{}\"", crate::support::world::KEY_ENV),
+    );
+    let config = format!("jobs = \"jobs/*.toml\"\n\n[metrics]\nlisten = \"off\"\n\n{config}");
+    assert!(job.contains(origin), "{test}: {origin} in the job");
+    let job = job.replace(origin, base);
+    crate::support::TestConfig::new(&config, &[(name, &job)])
+}
+
+/// Rows the SQLite sink at `path` holds in `table`.
+fn rows(cfg: &crate::support::TestConfig, path: &str, table: &str) -> i64 {
+    let conn = rusqlite::Connection::open(cfg.join(path)).expect("open");
+    conn.query_row(&format!(r#"SELECT count(*) FROM "{table}""#), [], |r| {
+        r.get(0)
+    })
+    .expect("count")
+}
+
+/// The daemon (the real binary) on `cfg`, on its own Redis and `upstream`:
+/// `trigger job --wait`, then the outcome lines (`n` of them).
+fn run_docs(
+    cfg: &crate::support::TestConfig,
+    upstream: &crate::support::upstream::Upstream,
+    job: &str,
+    n: usize,
+) -> (Option<i32>, Vec<Value>) {
+    use crate::support::process::{Proc, run_cli};
+    let redis = crate::support::RedisServer::start();
+    let mut d = Proc::daemon("daemon", cfg, Some(&redis.url()), &[]);
+    d.wait_running(Duration::from_secs(20));
+    let (code, out, err) = run_cli(
+        cfg,
+        Some(&redis.url()),
+        &["trigger", job, "--wait"],
+        Duration::from_secs(90),
+    );
+    assert!(code.is_some(), "trigger hung:\n{out}\n{err}");
+    let logged = crate::support::wait_until(Duration::from_secs(10), || d.outcomes().len() >= n);
+    assert!(logged, "{}\n{}", d.log(), upstream.stats().requests.len());
+    let outcomes = d.outcomes();
+    d.term();
+    d.wait_exit(Duration::from_secs(20));
+    (code, outcomes)
+}
+
+/// docs/upstreams.md's GitHub GraphQL config, as written, against the
+/// simulator in GitHub's GraphQL style (the `graphql` resource,
+/// `x-ratelimit-*`, `data.rateLimit`): each repository's 3 pages in 3
+/// requests, `after` from each page's `endCursor`, every issue in the
+/// SQLite sink once, each query settled to its `rateLimit.cost`.
+#[test]
+fn the_docs_github_graphql_config_pages_each_repository() {
+    let upstream = crate::support::upstream::Upstream::with(
+        SimConfig {
+            accounting: simulator::SimAccounting::Github,
+            ..sim(SimStyle::Graphql(CONNECTION), "/graphql", 3)
+        }
+        .resource("graphql", 5000, Duration::from_secs(3600), &["/graphql"]),
+    );
+    let cfg = docs_config(
+        "the_docs_github_graphql_config_pages_each_repository",
+        "https://api.github.com",
+        &upstream.base_url(),
+    );
+    let (code, outcomes) = run_docs(&cfg, &upstream, "issues", 2);
+    assert_eq!(code, Some(0), "{outcomes:#?}");
+    for o in &outcomes {
+        assert_eq!(o["outcome"], "done", "{o}");
+        assert_eq!(
+            (o["pages"].as_u64(), o["units"].as_u64()),
+            (Some(3), Some(3)),
+            "{o}"
+        );
+    }
+    let stats = upstream.stats();
+    for repo in ["tokio", "mio"] {
+        let scope = format!("tokio-rs/{repo}");
+        let sent: Vec<&Logged> = stats.requests.iter().filter(|r| r.scope == scope).collect();
+        let after: Vec<Value> = sent
+            .iter()
+            .map(|r| r.variables()["after"].clone())
+            .collect();
+        assert_eq!(
+            after,
+            [Value::Null, cursor(&scope, 1), cursor(&scope, 2)],
+            "{scope}"
+        );
+        assert!(
+            sent.iter()
+                .all(|r| r.resource.as_deref() == Some("graphql"))
+        );
+    }
+    assert_eq!(rows(&cfg, "data/github.db", "issues"), 2 * 3 * 2);
+}
+
+/// docs/upstreams.md's Shopify config, as written, against the simulator
+/// in Shopify's style (a leaky bucket, `extensions.cost`): 3 pages in 3
+/// requests, each spent at 112 and settled to its `actualQueryCost`.
+#[test]
+fn the_docs_shopify_graphql_config_pages_the_products() {
+    let path = "/admin/api/2025-01/graphql.json";
+    let upstream = crate::support::upstream::Upstream::with(
+        SimConfig {
+            pages_per_query: 3,
+            items_per_page: 2,
+            style: SimStyle::Graphql(&["products"]),
+            accounting: simulator::SimAccounting::Shopify { actual_percent: 10 },
+            ..SimConfig::default()
+        }
+        .cost(path, 112)
+        .key(SECRET, 1000, Duration::from_secs(20)),
+    );
+    let cfg = docs_config(
+        "the_docs_shopify_graphql_config_pages_the_products",
+        "https://example.myshopify.com",
+        &upstream.base_url(),
+    );
+    let (code, outcomes) = run_docs(&cfg, &upstream, "products", 1);
+    assert_eq!(code, Some(0), "{outcomes:#?}");
+    let o = &outcomes[0];
+    assert_eq!(o["outcome"], "done", "{o}");
+    // 112 spent up front per query, settled to 12 (10%, rounded up).
+    assert_eq!(
+        (o["pages"].as_u64(), o["units"].as_u64()),
+        (Some(3), Some(36)),
+        "{o}"
+    );
+    let stats = upstream.stats();
+    let after: Vec<Value> = (stats.requests.iter())
+        .map(|r| r.variables()["after"].clone())
+        .collect();
+    assert_eq!(after, [Value::Null, cursor("all", 1), cursor("all", 2)]);
+    let query = stats.requests[0].variables()["query"].clone();
+    let query = query.as_str().expect("the query variable");
+    assert!(
+        query.starts_with("updated_at:>'") && query.ends_with("Z'"),
+        "{query}"
+    );
+    assert_eq!(rows(&cfg, "data/shopify.db", "products"), 3 * 2);
 }
