@@ -290,7 +290,7 @@ pub(super) fn serve(
     let graphql = metered.first().map(|(_, n)| n.as_str()) == Some("graphql");
     // A GraphQL connection's page is its whole answer, `{"data": ...}`;
     // any other page is what `data` holds.
-    let connection = matches!(shared.style, super::SimStyle::Graphql(_));
+    let connection = matches!(shared.style_of(&page.path), super::SimStyle::Graphql(_));
     let mut body = page.body;
     let body = match style {
         SimAccounting::Shopify { .. } => {

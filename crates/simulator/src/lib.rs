@@ -126,6 +126,9 @@ pub struct SimConfig {
     pub buckets: Vec<(String, Limit)>,
     /// How it pages ([`SimStyle::Token`], YouTube's, unless set).
     pub style: SimStyle,
+    /// Paths that page in a style of their own ([`SimConfig::style_on`]):
+    /// a GraphQL connection beside YouTube's lists, say.
+    pub styles: Vec<(String, SimStyle)>,
     /// GitHub-like conditional requests (with [`SimStyle::Link`]): every
     /// page carries an `ETag`, and a request whose `If-None-Match` is the
     /// page's current one is answered `304` with no body, not charged.
@@ -178,6 +181,7 @@ impl Default for SimConfig {
             cost_header: false,
             buckets: Vec::new(),
             style: SimStyle::Token,
+            styles: Vec::new(),
             etag: false,
             next_origin: None,
             accounting: SimAccounting::Google,
@@ -202,6 +206,16 @@ impl SimConfig {
         let path = path.into();
         self.costs.retain(|(p, _)| *p != path);
         self.costs.push((path, cost));
+        self
+    }
+
+    /// Requests to `path` page in `style`, whatever [`SimConfig::style`]
+    /// says for the others.
+    #[must_use]
+    pub fn style_on(mut self, path: impl Into<String>, style: SimStyle) -> Self {
+        let path = path.into();
+        self.styles.retain(|(p, _)| *p != path);
+        self.styles.push((path, style));
         self
     }
 
@@ -787,6 +801,7 @@ struct Shared {
     cost_header: bool,
     buckets: HashMap<String, Limit>,
     style: SimStyle,
+    styles: HashMap<String, SimStyle>,
     etag: bool,
     /// `http://127.0.0.1:PORT`: its own origin.
     base: String,
@@ -849,6 +864,7 @@ impl Shared {
             cost_header: config.cost_header,
             buckets: config.buckets.into_iter().collect(),
             style: config.style,
+            styles: config.styles.into_iter().collect(),
             etag: config.etag,
             base,
             next_origin: config.next_origin,
@@ -865,6 +881,11 @@ impl Shared {
                 in_flight: HashMap::new(),
             }),
         }
+    }
+
+    /// How requests to `path` page.
+    fn style_of(&self, path: &str) -> SimStyle {
+        self.styles.get(path).copied().unwrap_or(self.style)
     }
 
     /// Where next links and next URLs point.
@@ -1214,7 +1235,7 @@ fn page(
     query: &[(String, String)],
     body: &[u8],
 ) -> Result<Page, BadParam> {
-    if shared.style != SimStyle::Token {
+    if shared.style_of(path) != SimStyle::Token {
         return styles::page(shared, path, query, body);
     }
     let kinds = kinds(path);
@@ -1324,10 +1345,11 @@ fn asked(
     query: &[(String, String)],
     body: &[u8],
 ) -> (String, Option<u32>) {
-    if shared.style != SimStyle::Token {
+    let style = shared.style_of(path);
+    if style != SimStyle::Token {
         return (
-            styles::scope(shared.style, query, body),
-            styles::page_no(shared.style, query, body).ok(),
+            styles::scope(style, query, body),
+            styles::page_no(style, query, body).ok(),
         );
     }
     let scope = param(query, "regionCode")
@@ -1458,7 +1480,7 @@ async fn respond(shared: &Shared, asked: &Asked<'_>) -> Response {
     };
     // Shopify's and GitHub's GraphQL queries come as POSTs; a GraphQL
     // connection takes nothing else.
-    let connection = matches!(shared.style, SimStyle::Graphql(_));
+    let connection = matches!(shared.style_of(path), SimStyle::Graphql(_));
     let post = matches!(shared.accounting, SimAccounting::Shopify { .. })
         || accounting::resource_of(shared, path) == Some("graphql")
         || connection;

@@ -163,7 +163,7 @@ pub(super) fn page(
     query: &[(String, String)],
     request: &[u8],
 ) -> Result<Page, BadParam> {
-    let style = shared.style;
+    let style = shared.style_of(path);
     let scope = scope(style, query, request);
     let n = page_no(style, query, request)?;
     let updated_at = shared.lock().updated_at;
