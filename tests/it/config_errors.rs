@@ -528,29 +528,21 @@ const ISSUE_32_CASES: &[Case] = &[
 /// line and field, exit 78, for `check` and `run` alike.
 #[test]
 fn issue_32_graphql_and_page_flag_refusals_are_config_errors() {
-    let server = RedisServer::start();
-    for case in ISSUE_32_CASES {
-        let cfg = write(case);
-        for args in [&["check"][..], &["run"]] {
-            let want = Want {
-                what: case.what,
-                file: file_of(&cfg, &case.file),
-                line: case.line,
-                field: case.field,
-                says: case.says,
-            };
-            expect_error(&cfg, &server, args, &want);
-        }
-    }
-    assert_eq!(server.dbsize(), 0, "config errors write nothing to Redis");
+    refused_by_check_and_run(ISSUE_32_CASES);
 }
 
 /// Issue 22, Low 1: each of [`ISSUE_22_LOW_CASES`] is a config error at its
 /// file, line and field, exit 78, for `check` and `run` alike.
 #[test]
 fn issue_22_low_1_values_that_cannot_work_are_config_errors() {
+    refused_by_check_and_run(ISSUE_22_LOW_CASES);
+}
+
+/// Each of `cases` is a config error at its file, line and field, exit 78,
+/// for `check` and `run` alike, and nothing is written to Redis.
+fn refused_by_check_and_run(cases: &[Case]) {
     let server = RedisServer::start();
-    for case in ISSUE_22_LOW_CASES {
+    for case in cases {
         let cfg = write(case);
         for args in [&["check"][..], &["run"]] {
             let want = Want {

@@ -55,14 +55,7 @@ fn graphql(query: &str, variables: &[(&str, &str)]) -> Toml {
 /// The simulator serving `style`, `pages` pages of 2 items per scope at
 /// `path` (cost 1), the world's key with room for everything.
 fn sim(style: SimStyle, path: &str, pages: u32) -> SimConfig {
-    SimConfig {
-        pages_per_query: pages,
-        items_per_page: 2,
-        style,
-        ..SimConfig::default()
-    }
-    .cost(path, 1)
-    .key(SECRET, 1_000_000, Duration::from_secs(3600))
+    crate::support::styles::sim(style, pages, SECRET).cost(path, 1)
 }
 
 /// `name`: the issues of `o/{repo}` for each of `repos`, paged by the
@@ -132,6 +125,18 @@ fn requests(rig: &Rig, from: usize, scope: &str) -> Vec<Logged> {
         .collect()
 }
 
+/// The `variables.after` each of `requests` carried.
+fn afters<'a>(requests: impl IntoIterator<Item = &'a Logged>) -> Vec<Value> {
+    (requests.into_iter())
+        .map(|r| r.variables()["after"].clone())
+        .collect()
+}
+
+/// An outcome line's pages and units.
+fn pages_units(o: &Value) -> (Option<u64>, Option<u64>) {
+    (o["pages"].as_u64(), o["units"].as_u64())
+}
+
 /// The ids of the records written to `path` (a JSON lines file), sorted.
 fn written_ids(rig: &Rig, path: &str) -> Vec<String> {
     let text = std::fs::read_to_string(rig.cfg.join(path)).unwrap_or_default();
@@ -182,11 +187,7 @@ fn five_pages_of_a_graphql_connection_take_exactly_five_requests() {
     for o in &outcomes {
         assert_eq!(o["outcome"], "done", "{o}");
         assert_eq!(o["message"], "all pages fetched", "{o}");
-        assert_eq!(
-            (o["pages"].as_u64(), o["units"].as_u64()),
-            (Some(5), Some(5)),
-            "{o}"
-        );
+        assert_eq!(pages_units(o), (Some(5), Some(5)), "{o}");
     }
     for repo in ["tokio", "serde"] {
         let scope = format!("o/{repo}");
@@ -197,10 +198,7 @@ fn five_pages_of_a_graphql_connection_take_exactly_five_requests() {
             (1..=5).map(Some).collect::<Vec<_>>(),
             "{scope}: no 6th"
         );
-        let after: Vec<Value> = sent
-            .iter()
-            .map(|r| r.variables()["after"].clone())
-            .collect();
+        let after = afters(&sent);
         let mut want = vec![Value::Null];
         want.extend((1..=4).map(|n| cursor(&scope, n)));
         assert_eq!(after, want, "{scope}: the cursor the upstream got");
@@ -644,20 +642,13 @@ fn the_docs_github_graphql_config_pages_each_repository() {
     assert_eq!(code, Some(0), "{outcomes:#?}");
     for o in &outcomes {
         assert_eq!(o["outcome"], "done", "{o}");
-        assert_eq!(
-            (o["pages"].as_u64(), o["units"].as_u64()),
-            (Some(3), Some(3)),
-            "{o}"
-        );
+        assert_eq!(pages_units(o), (Some(3), Some(3)), "{o}");
     }
     let stats = upstream.stats();
     for repo in ["tokio", "mio"] {
         let scope = format!("tokio-rs/{repo}");
         let sent: Vec<&Logged> = stats.requests.iter().filter(|r| r.scope == scope).collect();
-        let after: Vec<Value> = sent
-            .iter()
-            .map(|r| r.variables()["after"].clone())
-            .collect();
+        let after = afters(sent.iter().copied());
         assert_eq!(
             after,
             [Value::Null, cursor(&scope, 1), cursor(&scope, 2)],
@@ -698,15 +689,9 @@ fn the_docs_shopify_graphql_config_pages_the_products() {
     let o = &outcomes[0];
     assert_eq!(o["outcome"], "done", "{o}");
     // 112 spent up front per query, settled to 12 (10%, rounded up).
-    assert_eq!(
-        (o["pages"].as_u64(), o["units"].as_u64()),
-        (Some(3), Some(36)),
-        "{o}"
-    );
+    assert_eq!(pages_units(o), (Some(3), Some(36)), "{o}");
     let stats = upstream.stats();
-    let after: Vec<Value> = (stats.requests.iter())
-        .map(|r| r.variables()["after"].clone())
-        .collect();
+    let after = afters(&stats.requests);
     assert_eq!(after, [Value::Null, cursor("all", 1), cursor("all", 2)]);
     let query = stats.requests[0].variables()["query"].clone();
     let query = query.as_str().expect("the query variable");
