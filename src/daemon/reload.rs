@@ -216,7 +216,7 @@ async fn read(path: &Path) -> Result<(Config, crate::config::Secrets), Vec<Strin
     let tables = crate::sink::check_tables(&config, true)
         .await
         .map_err(strings)?;
-    crate::cli::run::log_tables(&tables);
+    crate::sink::log_tables(&tables);
     Ok((config, secrets))
 }
 
