@@ -79,7 +79,8 @@
 //!   `queue::scripts::finish`; why a credential is blocked:
 //!   `quota::BlockNote`) and read through one read-only module
 //!   (`ops::status::read`).
-//! - [`stats`]: this process's counters (the demo's progress, the metrics).
+//! - [`stats`]: this process's counters (the demo's progress, the metrics);
+//!   [`liveness`]: the daemon loops' beats (the watchdog, `/readyz`).
 //! - [`conn`], `embedded`: reaching Redis, or running one; `eviction`:
 //!   whether that Redis may evict the windows' keys.
 //! - [`logging`]: the log subscriber (text or JSON lines).
@@ -108,6 +109,7 @@ pub(crate) mod fetch;
 pub(crate) mod host;
 pub(crate) mod item_state;
 pub mod keys;
+pub mod liveness;
 pub mod logging;
 pub(crate) mod mint;
 pub mod ops;
