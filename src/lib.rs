@@ -55,7 +55,10 @@
 //!   the loops, and stops them on shutdown.
 //! - [`quota`]: **where a spend is decided** — the windows and the spend
 //!   script (`lua/spend.lua`): spend, settle, block, peek. The CLI's
-//!   `spend`, the worker and the benchmarks call the same function.
+//!   `spend`, the worker and the benchmarks make and read every spend
+//!   through the same two functions (`Limiter::prepare`,
+//!   `Limiter::conclude`), whether the Limiter's own call runs it or, for
+//!   a task's first page, the item claim's script carries it.
 //!   `accounting`: what an answer says about the upstream's own quota (one
 //!   `Verdict`: settle, resync, block, for the resource it speaks for, per
 //!   upstream: GitHub REST and GraphQL, Shopify, Meta, IETF).

@@ -11,7 +11,7 @@
 //! An invalid one is refused: logged at ERROR, counted
 //! (`qw_config_reloads_total{result="refused"}`), the running config kept.
 //!
-//! Settings this process cannot change while it runs ([`RESTART_ONLY`]:
+//! Settings this process cannot change while it runs (`RESTART_ONLY`:
 //! where Redis is and what its keys are called, the metrics address, the
 //! state directory, the worker pool's size and timers, the log format) are
 //! named in a WARN line, "needs a restart", and kept as they are.
