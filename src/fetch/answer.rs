@@ -272,12 +272,7 @@ pub(super) async fn answer(
     // The body's bytes go; only what was decoded from them stays.
     drop(text);
     drop(body);
-    if let Some(over) = too_many_records(&reply, &req.records, endpoint.max_records) {
-        reply = over;
-    }
-    if matches!(reply, Reply::NotModified { .. }) && !req.is_conditional() {
-        reply = Reply::UnaskedNotModified { status };
-    }
+    reply = checked(reply, req, endpoint.max_records);
     if let Reply::Ok {
         body,
         next,
@@ -289,6 +284,31 @@ pub(super) async fn answer(
         *v = validators(endpoint, &headers, scrubber);
     }
     Answered::new(reply, verdict)
+}
+
+/// What `req` makes of a classified answer: too many records, a GraphQL
+/// answer with errors and no data, a 304 to a request that was not
+/// conditional are bad answers.
+fn checked(reply: Reply, req: &Request, max_records: u64) -> Reply {
+    if let Some(over) = too_many_records(&reply, &req.records, max_records) {
+        return over;
+    }
+    if let (true, Reply::Ok { body, status, .. }) = (req.graphql, &reply)
+        && let Some(detail) = accounting::github_graphql::without_data(body)
+    {
+        // Never a page (its cursor and records are not there), whatever
+        // the endpoint's accounting reads.
+        return Reply::BadBody {
+            status: *status,
+            detail,
+        };
+    }
+    match reply {
+        Reply::NotModified { status } if !req.is_conditional() => {
+            Reply::UnaskedNotModified { status }
+        }
+        reply => reply,
+    }
 }
 
 /// A page with more records than `max_records` where `records` points,

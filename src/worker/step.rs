@@ -38,9 +38,10 @@ pub(super) struct Progress {
     pub(super) started: i64,
     /// The tick that began the run (`Checkpoint::run`): with the page
     /// number, the page's id in a postgres sink.
-    pub(super) run: i64,
-    /// Page 1's validators, stored when the run is complete.
-    pub(super) held: Option<Validators>,
+    pub(super) run_tick: i64,
+    /// Page 1's validators (`Checkpoint::validators`), stored for the
+    /// item's next run when this one is complete.
+    pub(super) validators: Option<Validators>,
     /// A same-origin redirect the upstream answered this page with: the
     /// page's next request, spent like any other (`fetch::MAX_REDIRECTS`).
     pub(super) redirect: Option<Box<Request>>,
@@ -63,8 +64,8 @@ impl Progress {
             cursor: Cursor::start(),
             since: 0,
             started: 0,
-            run: 0,
-            held: None,
+            run_tick: 0,
+            validators: None,
             redirect: None,
             pages: 0,
             records: 0,
@@ -174,9 +175,10 @@ pub(super) enum End {
         status: Option<u16>,
         not_modified: bool,
     },
-    /// `done` at `max_pages` with `continue = true`: the item's next run
-    /// goes on at the next page (`token`), from a checkpoint.
-    Continue { token: Option<Stored>, why: String },
+    /// `done` at `max_pages` with `continue = true`: this task ends and
+    /// hands the run on; the item's next run goes on at the next page
+    /// (`token`), from a checkpoint.
+    HandOn { token: Option<Stored>, why: String },
     /// `failed`. The checkpoint stays (`keep_checkpoint`: the sink could
     /// not take the page, or the attempts are used up: the next run
     /// resumes) or goes (the response is to blame: repeating it would fail
@@ -395,7 +397,7 @@ fn written_(
             "max_pages reached; the item's next run goes on at page {}",
             p.cursor.page + 1
         );
-        return Action::End(End::Continue { token, why });
+        return Action::End(End::HandOn { token, why });
     }
     complete("max_pages reached")
 }
@@ -472,6 +474,14 @@ mod tests {
     /// A job of 3 pages at most, cursor at `/next`, 3 attempts with a 1 s
     /// backoff; `extra` adds lines to its `[j.pagination]` table.
     fn job(extra: &str) -> Job {
+        job_paged(&format!(
+            "cursor = \"/next\"\nparam = \"after\"\nmax_pages = 3\n{extra}"
+        ))
+    }
+
+    /// A job with 3 attempts 1 s apart, its `[j.pagination]` table
+    /// `pagination`.
+    fn job_paged(pagination: &str) -> Job {
         let dir = tempfile::tempdir().expect("tempdir");
         let config = dir.path().join("config.toml");
         std::fs::create_dir(dir.path().join("jobs")).expect("jobs");
@@ -497,10 +507,7 @@ retry = {{ attempts = 3, backoff = "1s", max_backoff = "1m" }}
 [j.request]
 url = "http://127.0.0.1:1/items"
 [j.pagination]
-cursor = "/next"
-param = "after"
-max_pages = 3
-{extra}
+{pagination}
 [j.sink]
 kind = "jsonl"
 path = "out.jsonl"
@@ -625,7 +632,7 @@ records = "/items"
             &rules(&job),
         );
         match a {
-            Action::End(End::Continue { token, why }) => {
+            Action::End(End::HandOn { token, why }) => {
                 assert_eq!(token, Some(Stored::new("p4".into())));
                 assert_eq!(
                     why,
@@ -668,6 +675,35 @@ records = "/items"
         let a = decide(page_written(1, bad), &at(1, None), &rules(&job));
         assert!(
             matches!(&a, Action::End(End::Fail { status: Some(200), why, keep_checkpoint: false, .. }) if why == "bad response: the cursor at /next is an object"),
+            "{a:?}"
+        );
+    }
+
+    /// Issue 32: a page-number run ends where the answer's flag says no
+    /// page follows, without the empty page that would end it otherwise;
+    /// a flag that is not a boolean fails the task naming its pointer.
+    #[test]
+    fn a_flag_ends_a_counted_run_and_a_bad_one_fails_it() {
+        let job =
+            job_paged("style = \"page\"\nparam = \"page\"\nmore = \"/has_more\"\nmax_pages = 5");
+        let a = decide(page_written(2, Next::Counted), &at(1, None), &rules(&job));
+        assert!(matches!(a, Action::Next { token: None }), "{a:?}");
+        let a = decide(page_written(2, Next::End), &at(2, None), &rules(&job));
+        assert!(
+            matches!(
+                a,
+                Action::End(End::Complete {
+                    why: "all pages fetched",
+                    ..
+                })
+            ),
+            "{a:?}"
+        );
+        let bad = Next::Bad(r#"the more flag at "/has_more" is a string, not a boolean"#.into());
+        let a = decide(page_written(2, bad), &at(2, None), &rules(&job));
+        assert!(
+            matches!(&a, Action::End(End::Fail { status: Some(200), why, keep_checkpoint: false, .. })
+                if why == r#"bad response: the more flag at "/has_more" is a string, not a boolean"#),
             "{a:?}"
         );
     }

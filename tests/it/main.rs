@@ -52,6 +52,7 @@ mod fairness;
 mod fan_out_from;
 mod fan_out_from_postgres;
 mod fan_out_large;
+mod graphql_paging;
 mod incremental;
 mod outcome_logs;
 mod pagination_styles;
