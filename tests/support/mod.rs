@@ -4,6 +4,7 @@
 //!
 //! | module | what |
 //! |---|---|
+//! | [`rig`] | the one way an end-to-end test runs the product: the real binary as a daemon on its own Redis, `trigger --wait` and a tick's typed outcomes, `quota --json`, `/api/status` |
 //! | [`world`] | the one world the tests describe: the credential, its secret's variable and value, the endpoint, the job, and builders that compose them into a config |
 //! | [`redis_server`] | a private `redis-server` on a free port: stop, kill, hang, restart, a shifted clock |
 //! | [`cluster`] | a private Redis Cluster (3 masters, optionally a replica each): which node masters a key, kill, hang, restart, wait for a failover |
@@ -41,6 +42,7 @@ pub mod postgres;
 pub mod process;
 pub mod procfs;
 pub mod redis_server;
+pub mod rig;
 pub mod seed;
 pub mod styles;
 pub mod upstream;
