@@ -91,13 +91,20 @@ pub fn stderr(o: &Output) -> String {
 }
 
 /// Waits up to `timeout` for `cond`, polling every 20 ms.
-pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+pub fn wait_until(timeout: Duration, cond: impl FnMut() -> bool) -> bool {
+    wait_every(timeout, Duration::from_millis(20), cond)
+}
+
+/// Waits up to `timeout` for `cond`, polling every `every`: the one place a
+/// test or its support waits for something to happen (a sleep anywhere
+/// else is about time itself: a window to pass, a quiet period to watch).
+pub fn wait_every(timeout: Duration, every: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
         if cond() {
             return true;
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(every.min(deadline.saturating_duration_since(Instant::now())));
     }
     cond()
 }
