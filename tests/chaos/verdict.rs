@@ -5,7 +5,7 @@
 //! last before it.
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
@@ -14,15 +14,8 @@ use crate::support::daemon::{ended, tick_claims, tick_outcomes};
 use crate::{Args, KINDS, REGIONS, World};
 
 /// Waits up to `timeout` for `cond`, polling every 100 ms.
-pub(crate) fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if cond() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    cond()
+pub(crate) fn wait_until(timeout: Duration, cond: impl FnMut() -> bool) -> bool {
+    crate::support::wait_every(timeout, Duration::from_millis(100), cond)
 }
 
 /// What the run found.

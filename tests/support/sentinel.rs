@@ -9,7 +9,7 @@
 //! [`Failover::replica`] ask the sentinels each time.
 
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::redis_server::{RedisServer, free_port, redis_server_bin};
 
@@ -68,19 +68,12 @@ impl Sentinel {
     }
 
     fn wait_up(&mut self) -> bool {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Some(c) = self.child.as_mut()
-                && let Ok(Some(_)) = c.try_wait()
-            {
-                return false;
-            }
-            if self.try_cmd::<String>(&["PING"]).is_some() {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        false
+        let mut exited = false;
+        let up = super::wait_until(Duration::from_secs(5), || {
+            exited = (self.child.as_mut()).is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))));
+            exited || self.try_cmd::<String>(&["PING"]).is_some()
+        });
+        up && !exited
     }
 
     /// `redis://127.0.0.1:PORT`.
@@ -194,15 +187,6 @@ impl Failover {
         })
     }
 
-    /// The server that is the master now.
-    pub fn master(&self) -> &RedisServer {
-        let port = self.master_port().expect("a sentinel names the master");
-        self.servers
-            .iter()
-            .find(|s| s.port() == port)
-            .expect("the master is one of ours")
-    }
-
     /// The index of the master in [`Failover::servers`].
     pub fn master_index(&self) -> usize {
         let port = self.master_port().expect("a sentinel names the master");
@@ -223,16 +207,12 @@ impl Failover {
     /// Waits up to `timeout` until the sentinels name another master than
     /// the one on `old_port`; its port.
     pub fn wait_new_master(&self, old_port: u16, timeout: Duration) -> Option<u16> {
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            if let Some(p) = self.master_port()
-                && p != old_port
-            {
-                return Some(p);
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        None
+        let mut new = None;
+        super::wait_every(timeout, Duration::from_millis(50), || {
+            new = self.master_port().filter(|p| *p != old_port);
+            new.is_some()
+        });
+        new
     }
 
     /// Waits until the replica (as the sentinels name them) is in sync
