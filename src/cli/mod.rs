@@ -11,6 +11,7 @@ pub mod run;
 pub mod search;
 pub mod settle;
 pub mod spend;
+pub mod spool;
 pub mod tenant;
 pub mod trigger;
 pub mod unblock;

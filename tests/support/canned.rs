@@ -64,7 +64,11 @@ impl CannedRig {
             .job(job)
             .write();
         for (name, text) in files {
-            std::fs::write(cfg.join(name), text).expect("write a file of the config");
+            let path = cfg.join(name);
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir).expect("mkdir for a file of the config");
+            }
+            std::fs::write(path, text).expect("write a file of the config");
         }
         let mut daemon = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
         daemon.wait_running(Duration::from_secs(30));
