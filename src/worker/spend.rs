@@ -279,8 +279,33 @@ pub(crate) struct Remembered {
     /// that does not ask for its own cost.
     used: Mutex<HashMap<String, Used>>,
     /// Resources an answer named that no window or endpoint of its
-    /// credential has (logged once each).
-    unmirrored: Mutex<HashSet<String>>,
+    /// credential has (logged once each), per credential, at most
+    /// [`UNMIRRORED_REMEMBERED`] each.
+    unmirrored: Mutex<HashMap<String, HashSet<String>>>,
+}
+
+/// How many resources that no window mirrors one credential's answers may
+/// name before this daemon stops remembering (and warning about, and
+/// blocking) more: an upstream naming a new one in every answer would
+/// otherwise grow this daemon's memory, its log and Redis's keys (three
+/// per blocked resource) for ever (issue 37, item 4).
+const UNMIRRORED_REMEMBERED: usize = 16;
+
+/// The marks [`Remembered::unmirrored`] keeps beside the names: an
+/// unusable name was logged, the bound was passed.
+const UNUSABLE_LOGGED: &str = "\0unusable";
+const PAST_THE_BOUND: &str = "\0past the bound";
+
+/// What this daemon makes of an answer's resource that no window mirrors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unmirrored {
+    /// Remembered before: its block is recorded, as any resource's.
+    Known,
+    /// Remembered now, for the first time: logged, and its block recorded.
+    New,
+    /// Past the bound: not remembered, its block not recorded (it would
+    /// stop no spend of this daemon's config); `first`: the first such.
+    Forgotten { first: bool },
 }
 
 impl Remembered {
@@ -331,13 +356,25 @@ impl Remembered {
         }
     }
 
-    /// Whether `key` is logged as unmirrored for the first time now.
-    fn first_unmirrored(&self, key: String) -> bool {
+    /// Remembers that `credential`'s answers named `resource`, which no
+    /// window mirrors, within [`UNMIRRORED_REMEMBERED`] per credential.
+    fn unmirrored(&self, credential: &str, resource: &str) -> Unmirrored {
         let mut m = self
             .unmirrored
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        m.insert(key)
+        let seen = m.entry(credential.to_owned()).or_default();
+        if seen.contains(resource) {
+            return Unmirrored::Known;
+        }
+        // Marks (a NUL first: in no resource's name) do not count.
+        let names = seen.iter().filter(|k| !k.starts_with('\0')).count();
+        if resource.starts_with('\0') || names < UNMIRRORED_REMEMBERED {
+            seen.insert(resource.to_owned());
+            return Unmirrored::New;
+        }
+        let first = seen.insert(PAST_THE_BOUND.to_owned());
+        Unmirrored::Forgotten { first }
     }
 }
 
@@ -635,7 +672,9 @@ impl Worker {
     ) -> Accounted {
         let endpoint = payer.endpoint;
         let cred = &self.config.credentials[&endpoint.credential];
-        let resource = self.answered_resource(payer, cred, verdict.resource.as_deref());
+        let Some(resource) = self.answered_resource(payer, cred, &verdict) else {
+            return self.unrecorded(payer, spent, reply, verdict).await;
+        };
         let cost = match (reply, verdict.used) {
             (Reply::NotModified { .. }, _) => verdict.cost.or(Some(endpoint.not_modified_cost)),
             (_, Some(used)) if verdict.cost.is_none() => {
@@ -697,36 +736,117 @@ impl Worker {
         }
     }
 
-    /// The resource an answer speaks for (`named`: as the upstream names
-    /// it; `None`: the endpoint's), as the credential's keys hold it. A
+    /// The resource an answer speaks for (as the upstream names it; none
+    /// named: the endpoint's), as the credential's keys hold it. A
     /// resource the credential has no window or endpoint of is logged once:
-    /// its answers resync nothing and block only it.
+    /// its answers resync nothing and block only it. `None`: a resource this
+    /// daemon does not record at all: a name it cannot use (issue 37, item
+    /// 4: it was taken for the endpoint's own), or one more unmirrored
+    /// resource than it remembers ([`UNMIRRORED_REMEMBERED`]).
     fn answered_resource(
         &self,
         payer: &Payer<'_>,
         cred: &Credential,
-        named: Option<&str>,
-    ) -> Option<String> {
-        let Some(name) = named else {
-            return payer.endpoint.resource.clone();
+        verdict: &Verdict,
+    ) -> Option<Option<String>> {
+        if let Some(raw) = &verdict.unusable_resource {
+            if self.remembered.unmirrored(&cred.name, UNUSABLE_LOGGED) == Unmirrored::New {
+                warn!(
+                    credential = %cred.name,
+                    endpoint = %payer.endpoint.name,
+                    resource = %raw,
+                    "the upstream names a resource the daemon cannot use (a name is 1 to 64 of a-z, 0-9, _, - and .): its answers count against a resource no window mirrors, so they resync nothing and block no endpoint (logged once per credential)"
+                );
+            }
+            return None;
+        }
+        let Some(name) = verdict.resource.as_deref() else {
+            return Some(payer.endpoint.resource.clone());
         };
         let resource = cred.resource_of(name);
         let known =
             (self.limiter.quotas().resources(&cred.name).iter()).any(|(r, _)| *r == resource);
-        if !known
-            && self
-                .remembered
-                .first_unmirrored(resource_key(&cred.name, Some(name)))
-        {
-            warn!(
-                credential = %cred.name,
-                endpoint = %payer.endpoint.name,
-                resource = name,
-                endpoint_resource = cred.resource_name(payer.endpoint.resource.as_deref()),
-                "the upstream counts this endpoint's answers against a resource no window mirrors: they resync nothing and block only that resource; give the endpoint resource = \"{name}\" and the credential a window of it"
-            );
+        if known {
+            return Some(resource);
         }
-        resource
+        match self.remembered.unmirrored(&cred.name, name) {
+            Unmirrored::Known => Some(resource),
+            Unmirrored::New => {
+                warn!(
+                    credential = %cred.name,
+                    endpoint = %payer.endpoint.name,
+                    resource = name,
+                    endpoint_resource = cred.resource_name(payer.endpoint.resource.as_deref()),
+                    "the upstream counts this endpoint's answers against a resource no window mirrors: they resync nothing and block only that resource; give the endpoint resource = \"{name}\" and the credential a window of it"
+                );
+                Some(resource)
+            }
+            Unmirrored::Forgotten { first } => {
+                if first {
+                    warn!(
+                        credential = %cred.name,
+                        endpoint = %payer.endpoint.name,
+                        resource = name,
+                        remembered = UNMIRRORED_REMEMBERED,
+                        "this daemon remembers no more resources that no window mirrors for this credential: answers that name others resync nothing, block no endpoint and are not logged one by one"
+                    );
+                }
+                None
+            }
+        }
+    }
+
+    /// [`Worker::account`] for an answer of a resource this daemon does not
+    /// record ([`Worker::answered_resource`]): settled to what it cost (a
+    /// reported cost is the request's, whatever resource counted it), no
+    /// window resynced, no resource blocked (none that a spend here checks)
+    /// unless the limit is token-wide, which blocks every resource of the
+    /// credential; a refusal still makes its task wait.
+    async fn unrecorded(
+        &self,
+        payer: &Payer<'_>,
+        spent: &mut Spent,
+        reply: &Reply,
+        verdict: Verdict,
+    ) -> Accounted {
+        let change = (self.settle_reported(payer.endpoint, spent, verdict.cost)).await;
+        spent.flying.land();
+        let Some(b) = verdict.block else {
+            return Accounted {
+                change,
+                blocked: None,
+            };
+        };
+        let status = if verdict.refused {
+            reply.status()
+        } else {
+            None
+        };
+        let cred = &self.config.credentials[&payer.endpoint.credential];
+        let named = match (&verdict.unusable_resource, &verdict.resource) {
+            (Some(raw), _) => format!("\"{raw}\" (a name the daemon cannot use)"),
+            (None, Some(name)) => format!("{name} (no window mirrors it)"),
+            (None, None) => "(none named)".to_owned(),
+        };
+        let (blocked, streak) = if b.token_wide {
+            let all = self.limiter.quotas().resources(&cred.name);
+            let targets: Vec<Option<String>> = all.into_iter().map(|(r, _)| r).collect();
+            self.block(payer, &b, verdict.refused, status, &targets)
+                .await
+        } else {
+            (b.wait, 0)
+        };
+        Accounted {
+            change,
+            blocked: Some(Applied {
+                blocked,
+                reason: b.reason,
+                detail: b.detail,
+                resource: Some(named),
+                token_wide: b.token_wide,
+                streak,
+            }),
+        }
     }
 
     /// Resyncs the `upstream = true` windows the answer speaks for, of the
