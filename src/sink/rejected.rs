@@ -344,7 +344,8 @@ pub enum RetryOutcome {
 impl Sinks {
     /// Keeps a page `cause` says the sink refuses for good, and says so:
     /// [`SinkError::Rejected`], naming where the page is (or why it could
-    /// not be kept: then nothing holds its item).
+    /// not be kept: then nothing holds its item); without a place to keep
+    /// it, `cause` itself.
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn reject(
         &self,
@@ -356,8 +357,10 @@ impl Sinks {
         cause: SinkError,
         scope: Scope,
     ) -> SinkError {
+        // Without a state directory (a command's or a test's sinks), the
+        // sink's own error: it fails the task all the same.
         let kept = match self.rejected.clone() {
-            None => Err("no state directory to keep it in".to_owned()),
+            None => return cause,
             Some(rejected) => {
                 let page = Page {
                     job: job.name.clone(),
@@ -474,83 +477,76 @@ impl Sinks {
         let claimed =
             blocking(move || spool::claim(&p).map_err(|source| SinkError::Io { path: p, source }))
                 .await?;
+        let retried = |item: String, outcome| Retried {
+            file: file.to_owned(),
+            item,
+            outcome,
+        };
         let claimed = match claimed {
-            None => {
-                return Ok(Retried {
-                    file: file.to_owned(),
-                    item: String::new(),
-                    outcome: RetryOutcome::Busy,
-                });
-            }
-            Some(Err(e)) => {
-                return Err(SinkError::Io {
-                    path: file.to_owned(),
-                    source: e,
-                });
+            None => return Ok(retried(String::new(), RetryOutcome::Busy)),
+            Some(Err(source)) => {
+                let path = file.to_owned();
+                return Err(SinkError::Io { path, source });
             }
             Some(Ok(c)) => c,
         };
         let item = crate::queue::item_key(&claimed.page.item);
         let (at, fetched_at) = claimed.page.parts();
-        let written = self
-            .write_records(
-                job,
-                &claimed.page.item,
-                at,
-                &claimed.page.records,
-                fetched_at,
-            )
+        let page = &claimed.page;
+        let written = (self.write_records(job, &page.item, at, &page.records, fetched_at))
             .await
             .map_err(SinkError::classified);
-        let path = file.to_owned();
-        match written {
+        let outcome = match written {
             Ok(records) => {
-                blocking(move || {
-                    std::fs::remove_file(&path)
-                        .and_then(|()| match std::fs::remove_file(note_path(&path)) {
-                            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
-                            _ => Ok(()),
-                        })
-                        .map_err(|source| SinkError::Io { path, source })
-                })
-                .await?;
-                drop(claimed);
+                forget(file).await?;
                 tracing::info!(job = %job.name, item = %item, records,
                     "a page the sink had refused was written by `spool retry`");
-                Ok(Retried {
-                    file: file.to_owned(),
-                    item,
-                    outcome: RetryOutcome::Written(records),
-                })
+                RetryOutcome::Written(records)
             }
             Err(e) => {
-                let scope = e.for_good();
-                let mut note = read_note(file).unwrap_or_else(|| new_note(job, &e, Scope::Item));
-                note.held = false;
-                if let Some(scope) = scope {
-                    note = Note {
-                        held: false,
-                        ..new_note(job, &e, scope)
-                    };
-                }
-                let n = note_path(file);
-                blocking(move || {
-                    write_note(&n, &note).map_err(|source| SinkError::Io { path: n, source })
-                })
-                .await?;
-                drop(claimed);
-                let outcome = match scope {
+                lift(job, file, &e).await?;
+                match e.for_good() {
                     Some(_) => RetryOutcome::Refused(e.to_string()),
                     None => RetryOutcome::NotNow(e.to_string()),
-                };
-                Ok(Retried {
-                    file: file.to_owned(),
-                    item,
-                    outcome,
-                })
+                }
             }
-        }
+        };
+        // Unlocked only now that it is gone, or its note says what became
+        // of it.
+        drop(claimed);
+        Ok(retried(item, outcome))
     }
+}
+
+/// Removes a kept page written again, and its note.
+async fn forget(file: &Path) -> Result<(), SinkError> {
+    let path = file.to_owned();
+    blocking(move || {
+        std::fs::remove_file(&path)
+            .and_then(|()| match std::fs::remove_file(note_path(&path)) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+                _ => Ok(()),
+            })
+            .map_err(|source| SinkError::Io { path, source })
+    })
+    .await
+}
+
+/// Lifts a kept page's hold after `spool retry` could not write it: its
+/// note says so, with the new error when the sink still refuses it for
+/// good (and the job's config it was refused under).
+async fn lift(job: &Job, file: &Path, e: &SinkError) -> Result<(), SinkError> {
+    let note = match e.for_good() {
+        Some(scope) => new_note(job, e, scope),
+        None => read_note(file).unwrap_or_else(|| new_note(job, e, Scope::Item)),
+    };
+    let note = Note {
+        held: false,
+        ..note
+    };
+    let n = note_path(file);
+    blocking(move || write_note(&n, &note).map_err(|source| SinkError::Io { path: n, source }))
+        .await
 }
 
 fn new_note(job: &Job, cause: &SinkError, scope: Scope) -> Note {

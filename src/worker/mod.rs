@@ -302,6 +302,9 @@ impl Worker {
         let cred = self.config.credentials.get(&endpoint.credential)?;
         let value = (cred.template.as_ref()).map(|placeholder| task.value_of(placeholder));
         let (key, argv, ttl) = cred.command(value)?;
+        if let Some(why) = value.and_then(|v| cred.command_refusal(v)) {
+            return Some(Err(format!("credential command failed: {why}")));
+        }
         let known = self.fetcher.secrets();
         let token = self.minter.token(&key, &argv, ttl, known).await;
         Some(token.map_err(|e| e.to_string()))
