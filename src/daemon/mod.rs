@@ -263,7 +263,9 @@ impl Parts {
             minter: minter.clone(),
             skip_spend: opts.hooks.skip_spend,
             panic_after_spend: opts.hooks.panic_after_spend.clone(),
+            newest: Arc::default(),
         });
+        worker.publish();
         let (ops_live, ops_rx) = watch::channel(ops::Live {
             config: config.clone(),
             limiter,

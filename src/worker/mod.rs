@@ -36,7 +36,7 @@ mod run;
 mod spend;
 mod step;
 
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
 use redis::AsyncCommands;
@@ -137,6 +137,11 @@ pub(crate) struct Worker {
     pub(crate) skip_spend: bool,
     /// The test hook `daemon::Hooks::panic_after_spend`.
     pub(crate) panic_after_spend: Option<Arc<std::sync::atomic::AtomicUsize>>,
+    /// The worker of the newest config, shared by every worker of this
+    /// daemon across reloads ([`Worker::publish`]): a task in flight spends
+    /// and sends with its windows, costs and secrets from its next page on
+    /// (SPEC Part 4, "Reload and tasks in flight"; `run::follow_reload`).
+    pub(crate) newest: Arc<RwLock<Weak<Worker>>>,
 }
 
 /// The item a running task holds: its lock, and the lock's renewal (stopped
@@ -193,7 +198,9 @@ impl Worker {
     /// config decides (windows and costs, requests, sinks) is new; what
     /// this process holds across configs (the queue and its connection,
     /// counters, credentials it holds blocked, units in flight) is shared.
-    /// Tasks that began before keep the worker they began with.
+    /// Tasks that began before keep the worker they began with for their
+    /// job, and take this one's windows, costs and secrets at their next
+    /// page once it is [published](Worker::publish).
     pub(crate) fn reloaded(
         &self,
         config: Arc<Config>,
@@ -215,8 +222,24 @@ impl Worker {
             minter: self.minter.clone(),
             skip_spend: self.skip_spend,
             panic_after_spend: self.panic_after_spend.clone(),
+            newest: self.newest.clone(),
             config,
         })
+    }
+
+    /// Makes this worker the newest: tasks in flight on older ones spend
+    /// and send with its config from their next page on.
+    pub(crate) fn publish(self: &Arc<Self>) {
+        let mut newest = self.newest.write().unwrap_or_else(PoisonError::into_inner);
+        *newest = Arc::downgrade(self);
+    }
+
+    /// The newest worker, when it is not this one (a reload since).
+    fn newer(&self) -> Option<Arc<Worker>> {
+        let newest = self.newest.read().unwrap_or_else(PoisonError::into_inner);
+        newest
+            .upgrade()
+            .filter(|w| !std::ptr::eq(Arc::as_ptr(w), self))
     }
 
     /// Runs one task: claims its item, runs its pages while holding it,
