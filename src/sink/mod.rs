@@ -1217,6 +1217,93 @@ mod tests {
         assert_eq!(fixed("{region}/x.jsonl"), "");
     }
 
+    /// Issue 37: which errors are refused for good, per sink kind, and
+    /// what they hold; the rest heal (spooled).
+    #[test]
+    fn errors_refused_for_good_by_sink_kind() {
+        for (code, want) in [
+            ("22P05", Some(Scope::Item)),
+            ("22003", Some(Scope::Item)),
+            ("23505", Some(Scope::Item)),
+            ("23514", Some(Scope::Item)),
+            ("54000", Some(Scope::Item)),
+            ("P0001", Some(Scope::Item)),
+            ("42804", Some(Scope::Job)),
+            ("42501", Some(Scope::Job)),
+            ("42P01", Some(Scope::Job)),
+            ("0A000", Some(Scope::Job)),
+            ("08006", None),
+            ("53300", None),
+            ("53100", None),
+            ("57P01", None),
+            ("40001", None),
+            ("40P01", None),
+            ("55P03", None),
+            ("58030", None),
+            ("28P01", None),
+            ("XX000", None),
+        ] {
+            assert_eq!(sqlstate_for_good(code), want, "{code}");
+        }
+        let sqlite = |code: i32| SinkError::Sqlite {
+            path: "x.db".into(),
+            source: rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(code), None),
+        };
+        use rusqlite::ffi;
+        for code in [
+            ffi::SQLITE_CONSTRAINT,
+            ffi::SQLITE_CONSTRAINT_TRIGGER,
+            ffi::SQLITE_MISMATCH,
+            ffi::SQLITE_TOOBIG,
+            ffi::SQLITE_ERROR,
+            ffi::SQLITE_CORRUPT,
+            ffi::SQLITE_NOTADB,
+        ] {
+            assert_eq!(sqlite(code).for_good(), Some(Scope::Item), "{code}");
+        }
+        for code in [
+            ffi::SQLITE_BUSY,
+            ffi::SQLITE_LOCKED,
+            ffi::SQLITE_FULL,
+            ffi::SQLITE_IOERR,
+            ffi::SQLITE_IOERR_WRITE,
+            ffi::SQLITE_CANTOPEN,
+            ffi::SQLITE_READONLY,
+            ffi::SQLITE_PERM,
+        ] {
+            assert_eq!(sqlite(code).for_good(), None, "{code}");
+        }
+        let io = |e: io::Error| {
+            SinkError::Io {
+                path: "x.jsonl".into(),
+                source: e,
+            }
+            .classified()
+        };
+        assert_eq!(
+            io(io::Error::from(io::ErrorKind::InvalidFilename)).for_good(),
+            Some(Scope::Item)
+        );
+        assert_eq!(
+            io(io::Error::from_raw_os_error(libc::ELOOP)).for_good(),
+            Some(Scope::Item)
+        );
+        for errno in [
+            libc::ENOSPC,
+            libc::EDQUOT,
+            libc::EROFS,
+            libc::EACCES,
+            libc::EIO,
+            libc::EISDIR,
+        ] {
+            assert_eq!(
+                io(io::Error::from_raw_os_error(errno)).for_good(),
+                None,
+                "{errno}"
+            );
+        }
+    }
+
     #[test]
     fn finds_records() {
         let body = json!({"items": [{"id": 1}, {"id": 2}], "next": "x", "n": 3});

@@ -99,6 +99,10 @@ struct Read {
 pub(super) struct Rejected {
     dir: PathBuf,
     read: Mutex<HashMap<String, Read>>,
+    /// Each job's [`fingerprint`], computed once: one `Rejected` serves
+    /// one config (a reload makes another), and a job's printed form can
+    /// be large (its `fan_out` lists).
+    fingerprints: Mutex<HashMap<String, String>>,
 }
 
 impl std::fmt::Debug for Rejected {
@@ -124,6 +128,7 @@ impl Rejected {
         Rejected {
             dir: root(spool),
             read: Mutex::default(),
+            fingerprints: Mutex::default(),
         }
     }
 
@@ -147,7 +152,10 @@ impl Rejected {
             let at = Instant::now();
             read.insert(job.name.clone(), Read { mtime, at, pages });
         }
-        let config = fingerprint(job);
+        let config = lock(&self.fingerprints)
+            .entry(job.name.clone())
+            .or_insert_with(|| fingerprint(job))
+            .clone();
         let tag = Tag::of(item);
         read.get(&job.name)?
             .pages

@@ -305,6 +305,11 @@ fn issue_37_2_a_page_refused_for_good_is_kept_holds_its_item_and_is_written_by_s
     assert_eq!(spooled(&t.rig), 0, "not spooled");
     assert_eq!(kept(&t.rig), 1, "kept");
     assert_eq!(rejected_on_status(&t.rig), Some(1));
+    let (_, html) = http_get(t.rig.port, "/").expect("the status page");
+    assert!(
+        html.contains("Pages refused") && html.contains(r#"class="num rejected-pages""#),
+        "{html}"
+    );
     let m = scrape(t.rig.port);
     assert_eq!(
         m.sum("qw_sink_rejected_pages_total", &[("qw_job", JOB)]),
