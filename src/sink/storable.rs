@@ -202,4 +202,47 @@ mod tests {
             assert!(!text_fits(overflows), "{overflows} overflows");
         }
     }
+
+    /// What the check costs per record, beside the JSON encoding the sink
+    /// does for every record anyway (BENCHMARKS.md section 15), on 50
+    /// video-like records of ~680 bytes; best of 7 runs. A measurement,
+    /// not a test: `cargo test --release --lib storable_cost -- --ignored
+    /// --nocapture`.
+    #[test]
+    #[ignore = "a measurement: run it in release (BENCHMARKS.md section 15)"]
+    fn storable_cost() {
+        use std::time::Instant;
+        let record = |i: usize| {
+            json!({"kind": "youtube#video", "etag": format!("XI7nbFXulYBIpL0ayR_gDh3eu1k-{i}"),
+                   "id": format!("w1-p1-i{i}"),
+                   "snippet": {"publishedAt": "2026-11-01T10:00:00Z", "channelId": "UCaaaaaaaaaaaaaaaaaaaaaa",
+                               "title": format!("Async Rust in production, part {i}: tokio, pools and back-pressure"),
+                               "description": "d".repeat(300), "tags": ["rust", "async", "tokio", "quota"]},
+                   "statistics": {"viewCount": "1234567", "likeCount": "12345", "commentCount": "123"}})
+        };
+        let records: Vec<Value> = (0..50).map(record).collect();
+        let n = 4000;
+        let per = |f: &dyn Fn(&Value) -> usize| {
+            (0..7)
+                .map(|_| {
+                    let t = Instant::now();
+                    let mut x = 0;
+                    for _ in 0..n {
+                        for r in &records {
+                            x += f(std::hint::black_box(r));
+                        }
+                    }
+                    std::hint::black_box(x);
+                    t.elapsed().as_secs_f64() * 1e9 / (n * records.len()) as f64
+                })
+                .fold(f64::MAX, f64::min)
+        };
+        let check = per(&|r| usize::from(storable(r).is_some()));
+        let encode = per(&|r| serde_json::to_string(r).map_or(0, |t| t.len()));
+        let bytes = serde_json::to_string(&records[0]).map_or(0, |t| t.len());
+        println!(
+            "record {bytes} bytes: storable() {check:.0} ns, serde_json::to_string {encode:.0} ns, ratio {:.2}",
+            check / encode
+        );
+    }
 }
