@@ -383,22 +383,56 @@ async fn columns(
     ))
 }
 
-/// The unique index a keyed sink upserts by: on hashes of the item and the
-/// key, so that a key (or an item) of any length is stored. A B-tree entry
-/// holds at most 2,704 bytes, and a 10,000-character key in a plain
-/// `(item, key)` index refused its whole page for good (`index row requires
-/// 11728 bytes`, SQLSTATE 54000; issue 37). `md5` is immutable, as an index
-/// expression must be, and a collision would need two keys of one item that
-/// the same upstream sent.
-const KEY_INDEX_COLUMNS: &str = "(md5(item), md5(key))";
+/// The unique index a keyed sink upserts by, such that a key (or an item)
+/// of any length is stored: a B-tree entry holds at most 2,704 bytes, and a
+/// 10,000-character key in a plain `(item, key)` index refused its whole
+/// page for good (`index row requires 11728 bytes`, SQLSTATE 54000; issue
+/// 37). Each of the two is indexed by its first 300 characters (at most
+/// 1,200 bytes) and a 64-bit hash of all of it (`hashtextextended`,
+/// immutable): a value of up to 300 characters is compared exactly, as
+/// before; two longer ones are one only when their first 300 characters and
+/// their hashes are. Entries stay in item and key order, so writes keep the
+/// locality of the `(item, key)` index (a unique index on `md5` hashes,
+/// scattered, wrote 0.6–0.8 × the pages per second: BENCHMARKS.md section
+/// 15).
+const KEY_INDEX_COLUMNS: &str =
+    "(left(item, 300), hashtextextended(item, 0), left(key, 300), hashtextextended(key, 0))";
 
 /// The conflict target of the upsert: [`KEY_INDEX_COLUMNS`] as `ON
 /// CONFLICT` infers an expression index.
-const KEY_CONFLICT: &str = "((md5(item)), (md5(key)))";
+const KEY_CONFLICT: &str = "((left(item, 300)), (hashtextextended(item, 0)), (left(key, 300)), (hashtextextended(key, 0)))";
+
+/// Whether `table` has a unique index `ON CONFLICT` [`KEY_CONFLICT`] can
+/// use: asked of the server (an `EXPLAIN` of such an insert, in a
+/// savepoint), whatever its name and however its version prints it.
+async fn has_key_index(
+    tx: &deadpool_postgres::Transaction<'_>,
+    table: &str,
+) -> Result<bool, tokio_postgres::Error> {
+    tx.batch_execute("SAVEPOINT quota_worker_key_index").await?;
+    let asked = tx
+        .batch_execute(&format!(
+            "EXPLAIN INSERT INTO {table} (item, key, page_id, fetched_at, record)
+             VALUES ('', '', '', now(), 'null') ON CONFLICT {KEY_CONFLICT} DO NOTHING"
+        ))
+        .await;
+    match asked {
+        Ok(()) => {
+            tx.batch_execute("RELEASE SAVEPOINT quota_worker_key_index")
+                .await?;
+            Ok(true)
+        }
+        Err(e) if e.code() == Some(&SqlState::INVALID_COLUMN_REFERENCE) => {
+            tx.batch_execute("ROLLBACK TO SAVEPOINT quota_worker_key_index")
+                .await?;
+            Ok(false)
+        }
+        Err(e) => Err(e),
+    }
+}
 
 /// The unique indexes of `table` without a predicate: each one's name and
-/// its columns as `pg_get_indexdef` prints them (`(md5(item), md5(key))`,
-/// `(item, key)`).
+/// its columns as `pg_get_indexdef` prints them (`(item, key)`).
 async fn unique_indexes(
     client: &impl GenericClient,
     table: &str,
@@ -595,10 +629,8 @@ async fn ensure_key_index(
         why,
     };
     let t = spec.table();
-    let has_ours =
-        |found: &[(String, String)]| found.iter().any(|(_, cols)| cols == KEY_INDEX_COLUMNS);
     let found = unique_indexes(tx, &t).await.map_err(q)?;
-    if !has_ours(&found) {
+    if !has_key_index(tx, &t).await.map_err(q)? {
         let made = tx
             .batch_execute(&format!(
                 "CREATE UNIQUE INDEX IF NOT EXISTS {} ON {t} {KEY_INDEX_COLUMNS}",
@@ -613,7 +645,7 @@ async fn ensure_key_index(
             }
             other => other.map_err(q)?,
         }
-        if !has_ours(&unique_indexes(tx, &t).await.map_err(q)?) {
+        if !has_key_index(tx, &t).await.map_err(q)? {
             return Err(schema(format!(
                 "has no unique index on {KEY_INDEX_COLUMNS}, and {} names something else",
                 spec.index("item_key_hash")

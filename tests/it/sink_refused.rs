@@ -535,7 +535,9 @@ fn issue_37_3_errors_that_heal_are_spooled_and_written_once() {
 /// Issue 37, item 4: a 10,000-character `key` refused its whole page for
 /// good (`index row requires 11728 bytes, maximum size is 8191`, SQLSTATE
 /// 54000) and the job's later pages queued behind it. The unique index is
-/// on hashes of the item and the key: the key is stored, and upserted. A
+/// on the first 300 characters and a hash of each of the item and the key:
+/// the key is stored, and upserted; one differing from it in its last
+/// character only is a row of its own. A
 /// table made by the older layout (a B-tree unique index on `(item, key)`
 /// and on `page_id`) is moved to the new indexes at start, its rows kept.
 #[test]
@@ -554,11 +556,18 @@ fn issue_37_4_a_key_of_any_length_is_stored_in_an_old_table_too() {
     pg.query(ROLE, &format!("ALTER TABLE leak OWNER TO {ROLE}"));
     let t = PgRig::start_on(pg, &["a"], |s| s.key("/id"));
     let long = incompressible(10_000);
+    // Another key that differs from it in its last character only.
+    let mut twin = long.clone();
+    twin.pop();
+    twin.push(if long.ends_with('x') { 'y' } else { 'x' });
     t.upstream.answer(
         "a",
         200,
         &[],
-        page(json!([{"id": long, "n": 1}, {"id": "short"}]), None),
+        page(
+            json!([{"id": long, "n": 1}, {"id": "short"}, {"id": twin, "n": 9}]),
+            None,
+        ),
     );
     assert_eq!(t.tick(1)[0]["outcome"], "done", "{}", t.rig.daemon.log());
     t.upstream
@@ -571,8 +580,8 @@ fn issue_37_4_a_key_of_any_length_is_stored_in_an_old_table_too() {
     assert_eq!(stored, [[Some("2".to_owned())]], "stored once, upserted");
     assert_eq!(
         t.ids().len(),
-        3,
-        "old, short and the long key: {:?}",
+        4,
+        "old, short and the two long keys: {:?}",
         t.ids()
     );
     assert_eq!(kept(&t.rig), 0);
@@ -584,7 +593,7 @@ fn issue_37_4_a_key_of_any_length_is_stored_in_an_old_table_too() {
     assert_eq!(
         indexes,
         [
-            "leak_item_key_hash USING btree (md5(item), md5(key))",
+            "leak_item_key_hash USING btree (\"left\"(item, 300), hashtextextended(item, (0)::bigint), \"left\"(key, 300), hashtextextended(key, (0)::bigint))",
             "leak_page_id USING hash (page_id)"
         ]
     );
