@@ -32,6 +32,11 @@ pub fn glob_literal(s: &str) -> String {
     out
 }
 
+/// What the per-item keys are named after (`<prefix>:<kind>:<job>:<item>`):
+/// [`KeySpace::cursor`], [`KeySpace::item_ran`], [`KeySpace::since`],
+/// [`KeySpace::validators`], [`KeySpace::item_lock`], [`KeySpace::item_last`].
+const ITEM_KINDS: [&str; 6] = ["cursor", "ran", "since", "validators", "lock", "last"];
+
 /// The layout version of sliding and bucket window keys (`lua/spend.lua`).
 pub const LAYOUT: &str = "v2";
 
@@ -256,7 +261,7 @@ impl KeySpace {
     }
 
     /// A job's starved items (hash: item key -> the turn its starvation
-    /// began; `lua/finish.lua`), bounded by [`crate::schedule::STARVED_CAP`].
+    /// began; `lua/finish.lua`), bounded by `queue::scripts::finish::STARVED_CAP`.
     pub fn starved(&self, job: &str) -> String {
         format!("{}:starved:{job}", self.prefix)
     }
@@ -300,9 +305,34 @@ impl KeySpace {
         format!("{}:validators:{job}:{item}", self.prefix)
     }
 
-    /// Held while a task works on one job's fan-out item (value: task id).
+    /// Held while a task works on one job's fan-out item (value: the
+    /// holder, `worker::Holder`: task id, and the host and process).
     pub fn item_lock(&self, job: &str, item: &str) -> String {
         format!("{}:lock:{job}:{item}", self.prefix)
+    }
+
+    /// The last run of one job's fan-out item that got as far as an
+    /// outcome: its tick, the outcome, when it ended (JSON,
+    /// `queue::scripts::finish::LastRun`), for `quota-worker state`.
+    pub fn item_last(&self, job: &str, item: &str) -> String {
+        format!("{}:last:{job}:{item}", self.prefix)
+    }
+
+    /// A SCAN pattern that matches every per-item key of `job` (checkpoint,
+    /// completed tick, `{since}`, validators, lock, last run) — and some
+    /// other keys, which [`KeySpace::item_of`] tells apart.
+    pub fn items_pattern(&self, job: &str) -> String {
+        format!("{}:*:{}:*", glob_literal(&self.prefix), glob_literal(job))
+    }
+
+    /// The item a per-item key of `job` is for (`region=US` of
+    /// `qw:cursor:trending:region=US`); `None` for any other key. Job names
+    /// hold no `:` (config validation), so the job ends at the first one.
+    pub fn item_of<'k>(&self, job: &str, key: &'k str) -> Option<&'k str> {
+        let rest = key.strip_prefix(&self.prefix)?.strip_prefix(':')?;
+        let (kind, rest) = rest.split_once(':')?;
+        let item = rest.strip_prefix(job)?.strip_prefix(':')?;
+        (ITEM_KINDS.contains(&kind) && !item.is_empty()).then_some(item)
     }
 
     /// Set when a task has ended for good, so a redelivered copy does nothing.
@@ -381,6 +411,36 @@ mod tests {
         assert_eq!(ks.spent("gh", &Scope::Credential), "qw:{gh}:spent:cred");
         assert_eq!(ks.block_streak("gh"), "qw:{gh}:blocked:streak");
         assert_eq!(ks.tenant_of("qw:{gh}:res:search:blocked"), Some("gh"));
+    }
+
+    /// Every per-item key of a job is found by its pattern and read back
+    /// to its item; another job's, a tick's or a window's key is not.
+    #[test]
+    fn per_item_keys_name_their_item() {
+        let ks = KeySpace::new("qw");
+        let item = "region=US,lang=en";
+        for key in [
+            ks.cursor("trending", item),
+            ks.item_ran("trending", item),
+            ks.since("trending", item),
+            ks.validators("trending", item),
+            ks.item_lock("trending", item),
+            ks.item_last("trending", item),
+        ] {
+            assert_eq!(ks.item_of("trending", &key), Some(item), "{key}");
+        }
+        assert_eq!(ks.items_pattern("trending"), "qw:*:trending:*");
+        for other in [
+            ks.cursor("trending2", item),
+            ks.cursor("trend", item),
+            ks.tick_outcomes("trending", 5),
+            ks.starved("trending"),
+            ks.fair("trending"),
+            "qw:{sim}:cred:s1000:v2:meta".to_owned(),
+        ] {
+            assert_eq!(ks.item_of("trending", &other), None, "{other}");
+        }
+        assert_eq!(KeySpace::new("a*b").items_pattern("j"), "a\\*b:*:j:*");
     }
 
     #[test]

@@ -60,6 +60,13 @@
 //!   `Verdict`: settle, resync, block, for the resource it speaks for, per
 //!   upstream: GitHub REST and GraphQL, Shopify, Meta, IETF).
 //! - [`keys`]: **where a Redis key is named** — every key name, in one place.
+//! - `decode`: a 2xx body as sent — its text (charset, BOM, U+FFFD for
+//!   what cannot be read), decoded within a memory budget with numbers'
+//!   text and keys' order kept, and the records that differ from what was
+//!   sent (`qw_records_altered_total`).
+//! - `item_state`: where a job's items stand (`quota-worker state`, the
+//!   status page's `/api/state/JOB`), read through the worker's own keys and
+//!   types, and `state reset` (`lua/state_reset.lua`).
 //! - `scrub`: the secret scrubber every piece of upstream text passes
 //!   through.
 //! - `mint`: tokens that expire, printed by a credential's
@@ -98,6 +105,8 @@ pub(crate) mod decode;
 pub(crate) mod embedded;
 pub(crate) mod eviction;
 pub(crate) mod fetch;
+pub(crate) mod host;
+pub(crate) mod item_state;
 pub mod keys;
 pub mod logging;
 pub(crate) mod mint;

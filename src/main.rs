@@ -84,6 +84,20 @@ enum Command {
         #[arg(long)]
         drift: bool,
     },
+    /// Where each item of a job stands (last run, where the next resumes, {since}, validators, who holds it); `state reset` starts items over
+    #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+    State {
+        #[command(subcommand)]
+        reset: Option<StateCommand>,
+        /// Job name
+        #[arg(required = true)]
+        job: Option<String>,
+        /// One item, as `trigger --wait` names it (region=US) [default: every item]
+        item: Option<String>,
+        /// Print one JSON object
+        #[arg(long)]
+        json: bool,
+    },
     /// Run the scheduler and workers in the foreground (systemd Type=notify)
     Run,
     /// Reload a running daemon's config (SIGHUP) and wait until it has: systemd's ExecReload=
@@ -158,6 +172,7 @@ enum Command {
     },
 }
 
+/// `spool`'s own commands.
 #[derive(Subcommand, Debug)]
 enum SpoolAction {
     /// List the kept pages: job, item, when fetched and refused, the error, what each holds
@@ -172,6 +187,21 @@ enum SpoolAction {
     Retry {
         /// Job name
         job: String,
+    },
+}
+
+/// `state`'s own command.
+#[derive(Subcommand, Debug)]
+enum StateCommand {
+    /// Start an item (or every item of the job) over: forget its checkpoint, {since} and validators, so its next run fetches from page 1 (refused, exit 75, while a task holds it)
+    Reset {
+        /// Job name
+        job: String,
+        /// One item, as `trigger --wait` names it (region=US) [default: every item]
+        item: Option<String>,
+        /// Set {since} to this instead of forgetting it: RFC 3339 (2026-11-01T00:00:00Z), a date (2026-11-01) or an age (30d)
+        #[arg(long, value_name = "VALUE")]
+        since: Option<String>,
     },
 }
 
@@ -245,6 +275,7 @@ fn main() -> ExitCode {
         | Command::Spool { .. }
         | Command::Reload { .. }
         | Command::Unblock { .. }
+        | Command::State { .. }
         | Command::Check { .. } => "warn",
         _ => "info",
     };
@@ -305,6 +336,18 @@ async fn dispatch(command: Command, config: Config) -> Exit {
             resource,
             drift,
         } => cli::unblock::run(&config, &credential, resource.as_deref(), drift).await,
+        Command::State {
+            reset: Some(StateCommand::Reset { job, item, since }),
+            ..
+        } => cli::state::reset(&config, &job, item.as_deref(), since.as_deref()).await,
+        Command::State {
+            job: Some(job),
+            item,
+            json,
+            ..
+        } => cli::state::show(&config, &job, item.as_deref(), json).await,
+        // clap requires JOB without `reset`.
+        Command::State { .. } => Exit::Usage,
         Command::Run => cli::run::run(config).await,
         Command::Reload { pid, timeout } => cli::reload::run(&config, pid, timeout).await,
         Command::Trigger { job, wait } => cli::trigger::run(&config, &job, wait).await,

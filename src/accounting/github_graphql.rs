@@ -133,13 +133,24 @@ pub(crate) fn read(endpoint: &Endpoint, a: &Answer<'_>) -> Verdict {
         });
         return v;
     }
-    if (200..300).contains(&a.status) && !errors.is_empty() && !has_data(&json) {
-        v.bad = Some(format!(
-            "GraphQL answer has errors and no data: {}",
-            first_error(errors)
-        ));
+    if (200..300).contains(&a.status) {
+        v.bad = without_data(&json);
     }
     v
+}
+
+/// A GraphQL answer with `errors` and no `data` (`null` or missing): why
+/// it is a failure, in words; `None` for any other answer (a query with
+/// partial errors still has its data). Read for every `graphql` request
+/// too, whatever its accounting (`fetch`).
+pub(crate) fn without_data(json: &Value) -> Option<String> {
+    let errors = errors(json);
+    (!errors.is_empty() && !has_data(json)).then(|| {
+        format!(
+            "GraphQL answer has errors and no data: {}",
+            first_error(errors)
+        )
+    })
 }
 
 /// Whether an error in `errors` is a secondary rate limit.

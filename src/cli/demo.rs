@@ -6,8 +6,13 @@
 //! bucket of its own (`charge_credential = false`). The quotas are small, so
 //! within seconds the shared window runs out: tasks end at once as
 //! `quota_exhausted` with the retry-after, and later ticks resume where they
-//! stopped. The summary compares what the upstream saw with what it allows,
-//! per window; its count of quota errors must be 0.
+//! stopped. Beside it, a GraphQL API in GitHub's shape: its issues job
+//! pages by the cursor in the POST body's variables, and `hasNextPage` ends
+//! each run without a request for an empty page. The summary compares what
+//! the upstream saw with what it allows, per window; its count of quota
+//! errors must be 0. The status page is served on a free loopback port
+//! (`[metrics] listen = "127.0.0.1:0"` in `config/demo.toml`) and its
+//! address printed at start.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -22,14 +27,17 @@ use crate::daemon::{self, RunOptions, Shared};
 use crate::outcome::{OutcomeEvent, OutcomeKind};
 use crate::quota::{Limiter, Quotas};
 use crate::stats::Stats;
-use simulator::{KeyQuota, SimConfig, SimStats, Simulator};
+use simulator::{KeyQuota, SimConfig, SimStats, SimStyle, Simulator};
 
 /// Request URLs in `config/demo.toml` start with this; the demo points them at
 /// the simulator (the `.invalid` domain can never resolve to anything real).
 pub(crate) const DEMO_UPSTREAM: &str = "http://upstream.invalid";
 
 /// The demo's API keys (fake, for the simulator only) by credential.
-const KEYS: [(&str, &str); 1] = [("yt-demo", "demo-key")];
+const KEYS: [(&str, &str); 2] = [("yt-demo", "demo-key"), ("gh-demo", "demo-gh-key")];
+
+/// The simulated GraphQL API's path: a connection in GitHub's shape.
+const GRAPHQL: &str = "/graphql";
 
 /// The simulated upstream's search path: a bucket of its own per key.
 const SEARCH: &str = simulator::SEARCH;
@@ -39,11 +47,16 @@ const SEARCH: &str = simulator::SEARCH;
 /// times), a little above the demo config's windows, as real headroom is.
 fn sim_config() -> SimConfig {
     SimConfig {
-        keys: vec![KeyQuota::new("demo-key", 50, Duration::from_secs(15)).fixed()],
+        keys: vec![
+            KeyQuota::new("demo-key", 50, Duration::from_secs(15)).fixed(),
+            KeyQuota::new("demo-gh-key", 30, Duration::from_secs(15)).fixed(),
+        ],
         ..SimConfig::default()
     }
     .cost(SEARCH, 1)
     .bucket(SEARCH, 6, Duration::from_secs(30))
+    .cost(GRAPHQL, 1)
+    .style_on(GRAPHQL, SimStyle::Graphql(&["repository", "issues"]))
 }
 
 /// Runs the demo for `duration`, writing under `out_dir`.
@@ -94,7 +107,6 @@ fn point_at(config: &mut Config, sim_url: &str, out_dir: &Path) -> Result<(), Ex
     config.dir = out_dir.to_owned();
     config.state_dir = out_dir.join("state");
     config.redis.url = None;
-    config.metrics.listen = None;
     Ok(())
 }
 
@@ -113,7 +125,7 @@ fn demo_secrets(config: &Config) -> Result<Secrets, crate::config::ConfigErrors>
 
 fn print_intro(config: &Config, sim_url: &str, duration: Duration, out_dir: &Path) {
     println!(
-        "quota-worker demo: {} job(s) against a simulated YouTube-like API at {sim_url}",
+        "quota-worker demo: {} job(s) against a simulated YouTube-like API (and a GraphQL one) at {sim_url}",
         config.jobs.len(),
     );
     let sim = sim_config();
@@ -122,11 +134,16 @@ fn print_intro(config: &Config, sim_url: &str, duration: Duration, out_dir: &Pat
             let windows: Vec<String> = c.windows.iter().map(|w| w.describe()).collect();
             let upstream = sim.keys.iter().find(|k| k.key == key);
             println!(
-                "  credential {cred}: quota-worker windows {}; the upstream allows {} (shared by every method but search)",
+                "  credential {cred}: quota-worker windows {}; the upstream allows {}{}",
                 windows.join(" + "),
                 upstream
                     .map(|k| format!("{}/{}", k.units, fmt_duration(k.per)))
-                    .unwrap_or_default()
+                    .unwrap_or_default(),
+                if cred == KEYS[0].0 {
+                    " (shared by every method but search)"
+                } else {
+                    ""
+                }
             );
         }
     }
@@ -184,9 +201,11 @@ async fn run_daemon(
         ..shared
     };
     let (ready_tx, mut ready_rx) = tokio::sync::watch::channel(false);
+    let (addr_tx, addr_rx) = tokio::sync::watch::channel(None);
     let opts = RunOptions {
         shared: shared.clone(),
         ready: Some(ready_tx),
+        metrics_addr: Some(addr_tx),
         ..RunOptions::default()
     };
     let started = Instant::now();
@@ -196,6 +215,12 @@ async fn run_daemon(
     };
     let daemon = tokio::spawn(daemon::run(config.clone(), Arc::new(secrets), opts, stop));
     let _ = ready_rx.wait_for(|r| *r).await;
+    // Bound before the daemon says it is ready.
+    if let Some(addr) = *addr_rx.borrow() {
+        println!(
+            "status page: http://{addr}/ (the windows filling and blocks lifting; item state at http://{addr}/api/state/JOB)\n"
+        );
+    }
     let Some(limiter) = limiter_for(&config).await else {
         let _ = stop_tx.send(());
         let _ = daemon.await;
@@ -262,7 +287,8 @@ fn upstream_summary(stats: &SimStats) -> Exit {
             fmt_duration(k.per),
             k.units,
         );
-        for (path, l) in &sim.buckets {
+        // The buckets are YouTube's (search.list's), the first key's.
+        for (path, l) in sim.buckets.iter().filter(|_| k.key == KEYS[0].1) {
             println!(
                 "  {}: {path} bucket: at most {} in one {} period (it allows {})",
                 k.key,

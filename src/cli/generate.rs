@@ -147,7 +147,7 @@ fn operator_sections() -> Roff {
         ("69", "Redis (or the embedded redis-server) unavailable."),
         (
             "75",
-            "spend: rejected by a window; trigger --wait: a task stopped for quota.",
+            "spend: rejected by a window; trigger --wait: a task stopped for quota; state reset: a task holds the item.",
         ),
         (
             "78",

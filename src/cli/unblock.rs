@@ -56,7 +56,7 @@ pub async fn run(config: &Config, credential: &str, resource: Option<&str>, drif
         Ok(l) => l,
         Err(e) => return super::limiter_failure(config, &e).await,
     };
-    let user = operator();
+    let user = super::operator();
     for b in &lifted {
         if b.blocked_for.is_zero() {
             println!("{credential}: resource {} was not blocked", b.resource);
@@ -108,49 +108,4 @@ async fn forget_drift(
         }
     }
     Exit::Ok
-}
-
-/// Who runs this: the login name of the real user id (and, under sudo,
-/// who called sudo), for the log line that says who lifted a block.
-fn operator() -> String {
-    let name = user_name(unsafe { libc::getuid() });
-    match std::env::var("SUDO_USER") {
-        Ok(by) if !by.is_empty() => format!("{name} (sudo by {by})"),
-        _ => name,
-    }
-}
-
-/// The login name of `uid` from the password database, else the number.
-fn user_name(uid: libc::uid_t) -> String {
-    let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
-    let mut buf = vec![0u8; 4096];
-    let mut found: *mut libc::passwd = std::ptr::null_mut();
-    // SAFETY: every pointer is to memory owned here, `buf` outlives the
-    // read of `pw_name`, which getpwuid_r points into it.
-    let rc = unsafe {
-        libc::getpwuid_r(
-            uid,
-            &mut pwd,
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-            &mut found,
-        )
-    };
-    if rc != 0 || found.is_null() || pwd.pw_name.is_null() {
-        return format!("uid {uid}");
-    }
-    // SAFETY: getpwuid_r succeeded, so pw_name is a NUL-terminated string in `buf`.
-    let name = unsafe { std::ffi::CStr::from_ptr(pwd.pw_name) };
-    name.to_string_lossy().into_owned()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_operator_is_named_by_the_password_database() {
-        assert_eq!(user_name(0), "root");
-        assert_eq!(user_name(4_000_000_000), "uid 4000000000");
-    }
 }

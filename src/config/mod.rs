@@ -937,6 +937,34 @@ pub struct RequestTemplate {
     pub headers: Vec<(String, Template)>,
     /// Body template.
     pub body: Option<Template>,
+    /// Whether `body` is JSON (a JSON `Content-Type`, or a body that
+    /// starts with `{` or `[`): each placeholder's value goes in
+    /// JSON-string-escaped, so no value changes the JSON's structure.
+    pub body_is_json: bool,
+    /// `graphql = { query, variables }` (instead of `body`): the body is
+    /// built by a JSON encoder, `{"query": ..., "variables": {...}}`.
+    pub graphql: Option<Graphql>,
+}
+
+/// `[job.request] graphql`: a GraphQL query and its variables.
+#[derive(Debug, Clone)]
+pub struct Graphql {
+    /// The query, sent as written: it holds no placeholders (values go in
+    /// as variables, so none can change the query's structure).
+    pub query: String,
+    /// The variables, in config order.
+    pub variables: Vec<(String, Variable)>,
+}
+
+/// One GraphQL variable's value.
+#[derive(Debug, Clone)]
+pub enum Variable {
+    /// Exactly `"{cursor}"`: `null` on a run's first page, the cursor (a
+    /// JSON string) after it.
+    Cursor,
+    /// A template, rendered with the usual placeholders and sent as a JSON
+    /// string.
+    Text(Template),
 }
 
 /// `[job.pagination]`.
@@ -950,18 +978,55 @@ pub struct Pagination {
     /// checkpoint, and the item's next run goes on from there instead of
     /// starting again at page 1.
     pub continues: bool,
+    /// `more` or `last`: a flag in the answer that says whether another
+    /// page follows (any style); the run ends on it without requesting one
+    /// more page.
+    pub flag: Option<PageFlag>,
+}
+
+impl Pagination {
+    /// Whether its pages carry a cursor (`style = "cursor"`): the one
+    /// pagination that gives `{cursor}` a value.
+    pub fn has_cursor(&self) -> bool {
+        matches!(self.style, PageStyle::Cursor { .. })
+    }
+}
+
+/// `[job.pagination] more` / `last`: where the answer says whether another
+/// page follows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PageFlag {
+    /// `more = "/pointer"`: `true` there means another page follows;
+    /// `false`, `null` or nothing ends the run (GraphQL's
+    /// `pageInfo.hasNextPage`, Stripe's and Notion's `has_more`).
+    More(String),
+    /// `last = "/pointer"`: `true` there ends the run (Jira's `isLast`).
+    Last(String),
+}
+
+/// Where a `style = "cursor"` answer's cursor is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CursorAt {
+    /// `cursor = "/pointer"`: at this JSON pointer in the answer.
+    Answer(String),
+    /// `cursor_record = "/pointer"`: at this JSON pointer inside the
+    /// page's last record (Stripe's `starting_after`); an empty records
+    /// array ends the run.
+    LastRecord(String),
 }
 
 /// `[job.pagination] style` and the fields that go with it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PageStyle {
-    /// `"cursor"`: the string or number at `cursor` (a JSON pointer) is sent
-    /// as the query parameter `param`.
+    /// `"cursor"`: the string or number at `cursor` (a JSON pointer), or
+    /// at `cursor_record` in the page's last record, is sent as the query
+    /// parameter `param` and is the value of `{cursor}`.
     Cursor {
-        /// JSON pointer to the next page's cursor in a response.
-        cursor: String,
-        /// Query parameter that carries it.
-        param: String,
+        /// Where the next page's cursor is in a response.
+        cursor: CursorAt,
+        /// Query parameter that carries it (none: the request places it
+        /// with `{cursor}`).
+        param: Option<String>,
     },
     /// `"next_url"`: the URL at `next` (a JSON pointer) replaces the request's
     /// URL and query.

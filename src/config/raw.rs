@@ -202,6 +202,15 @@ pub(super) struct RawRequest {
     #[serde(default)]
     pub(super) headers: IndexMap<String, String>,
     pub(super) body: Option<String>,
+    pub(super) graphql: Option<RawGraphql>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawGraphql {
+    pub(super) query: String,
+    #[serde(default)]
+    pub(super) variables: IndexMap<String, String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -209,10 +218,13 @@ pub(super) struct RawRequest {
 pub(super) struct RawPagination {
     pub(super) style: Option<String>,
     pub(super) cursor: Option<String>,
+    pub(super) cursor_record: Option<String>,
     pub(super) param: Option<String>,
     pub(super) next: Option<String>,
     pub(super) start: Option<u64>,
     pub(super) step: Option<u64>,
+    pub(super) more: Option<String>,
+    pub(super) last: Option<String>,
     pub(super) max_pages: u32,
     #[serde(rename = "continue")]
     pub(super) continues: Option<bool>,

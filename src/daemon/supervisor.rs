@@ -153,13 +153,4 @@ fn worker_name(incarnation: u32) -> String {
 }
 
 /// This host's name (for worker names and tick claims).
-pub(super) fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: gethostname writes at most buf.len() bytes into buf.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if rc != 0 {
-        return "host".into();
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).into_owned()
-}
+pub(super) use crate::host::hostname;

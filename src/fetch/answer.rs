@@ -14,7 +14,8 @@ use super::paging::{Next, Validators, next_page};
 use super::request::Request;
 use crate::accounting::{self, Verdict};
 use crate::config::Endpoint;
-use crate::decode::{DECODED_PER_BODY, DecodeError, decode};
+use crate::decode::text::{Text, charset, text};
+use crate::decode::{Altered, DECODED_PER_BODY, DecodeError, decode_text};
 use crate::scrub::Scrubber;
 // Where the worker has always found it.
 pub(crate) use crate::config::fmt_size;
@@ -38,6 +39,10 @@ pub(crate) enum Reply {
         validators: Validators,
         /// HTTP status.
         status: u16,
+        /// Its records that differ from what was sent (U+FFFD for bytes
+        /// invalid in its charset or a lone surrogate escape, a key sent
+        /// twice).
+        altered: Altered,
     },
     /// The upstream refused this request for its quota (a 429, a 403 with
     /// a quota reason or at 0 left, Shopify's `THROTTLED`, ...: the
@@ -257,17 +262,17 @@ pub(super) async fn answer(
         Ok(Body::Over(_)) => return too_large(),
         Err(e) => return Answered::new(transport_error(e), Verdict::default()),
     };
-    let verdict = verdict(&body);
+    // The body as the text it was sent as (its charset, a BOM skipped):
+    // what the accounting reads and what is decoded.
+    let content_type = headers.get(reqwest::header::CONTENT_TYPE);
+    let text = text(&body, content_type.and_then(|v| charset(v.as_bytes())));
+    let verdict = verdict(text.text.as_bytes());
     let budget = endpoint.max_body.saturating_mul(DECODED_PER_BODY);
-    let mut reply = classify(status, &body, cut, &verdict, scrubber, budget);
+    let mut reply = classify(status, &text, cut, &verdict, scrubber, budget, &req.records);
     // The body's bytes go; only what was decoded from them stays.
+    drop(text);
     drop(body);
-    if let Some(over) = too_many_records(&reply, &req.records, endpoint.max_records) {
-        reply = over;
-    }
-    if matches!(reply, Reply::NotModified { .. }) && !req.is_conditional() {
-        reply = Reply::UnaskedNotModified { status };
-    }
+    reply = checked(reply, req, endpoint.max_records);
     if let Reply::Ok {
         body,
         next,
@@ -279,6 +284,31 @@ pub(super) async fn answer(
         *v = validators(endpoint, &headers, scrubber);
     }
     Answered::new(reply, verdict)
+}
+
+/// What `req` makes of a classified answer: too many records, a GraphQL
+/// answer with errors and no data, a 304 to a request that was not
+/// conditional are bad answers.
+fn checked(reply: Reply, req: &Request, max_records: u64) -> Reply {
+    if let Some(over) = too_many_records(&reply, &req.records, max_records) {
+        return over;
+    }
+    if let (true, Reply::Ok { body, status, .. }) = (req.graphql, &reply)
+        && let Some(detail) = accounting::github_graphql::without_data(body)
+    {
+        // Never a page (its cursor and records are not there), whatever
+        // the endpoint's accounting reads.
+        return Reply::BadBody {
+            status: *status,
+            detail,
+        };
+    }
+    match reply {
+        Reply::NotModified { status } if !req.is_conditional() => {
+            Reply::UnaskedNotModified { status }
+        }
+        reply => reply,
+    }
 }
 
 /// A page with more records than `max_records` where `records` points,
@@ -357,15 +387,18 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 /// `THROTTLED` comes with a 200), or a bad answer whatever its status (a
 /// GraphQL answer with errors and no data). A snippet of `body` (`cut`:
 /// the start of a longer one) is scrubbed before it is cut; a decoded body
-/// is scrubbed later, after the next page is read from it.
+/// is scrubbed later, after the next page is read from it. `records`: the
+/// job's pointer to them, whose records altered on the way in are counted.
 pub(crate) fn classify(
     status: u16,
-    body: &[u8],
+    text: &Text<'_>,
     cut: bool,
     verdict: &Verdict,
     scrubber: &Scrubber,
     budget: u64,
+    records: &str,
 ) -> Reply {
+    let body = text.text.as_bytes();
     if verdict.refused {
         return Reply::Throttled { status };
     }
@@ -379,12 +412,13 @@ pub(crate) fn classify(
         };
     }
     match status {
-        200..=299 => match decode(body, budget) {
-            Ok(body) => Reply::Ok {
-                body,
+        200..=299 => match decode_text(text, records, budget) {
+            Ok(decoded) => Reply::Ok {
+                body: decoded.body,
                 next: Next::End,
                 validators: Validators::default(),
                 status,
+                altered: decoded.altered,
             },
             Err(e @ DecodeError::Json(_)) => Reply::BadBody {
                 status,
@@ -410,6 +444,19 @@ pub(crate) fn classify(
 mod tests {
     use super::*;
 
+    /// [`classify`] of `body` read as UTF-8, its records at `/items`.
+    fn classified(
+        status: u16,
+        body: &[u8],
+        cut: bool,
+        verdict: &Verdict,
+        scrubber: &Scrubber,
+        budget: u64,
+    ) -> Reply {
+        let text = text(body, None);
+        classify(status, &text, cut, verdict, scrubber, budget, "/items")
+    }
+
     fn refused() -> Verdict {
         Verdict {
             refused: true,
@@ -426,7 +473,7 @@ mod tests {
             ..Verdict::default()
         };
         assert!(matches!(
-            classify(200, br#"{"errors":[]}"#, false, &v, &Scrubber::default(), 1 << 20),
+            classified(200, br#"{"errors":[]}"#, false, &v, &Scrubber::default(), 1 << 20),
             Reply::BadBody { status: 200, detail } if detail.starts_with("GraphQL answer has errors")
         ));
     }
@@ -437,11 +484,11 @@ mod tests {
     fn a_refused_answer_is_throttled_whatever_its_status() {
         for status in [200, 400, 403, 429, 503] {
             assert!(
-                matches!(classify(status, b"{}", false, &refused(), &Scrubber::default(), 1 << 20), Reply::Throttled { status: s } if s == status)
+                matches!(classified(status, b"{}", false, &refused(), &Scrubber::default(), 1 << 20), Reply::Throttled { status: s } if s == status)
             );
         }
         assert!(matches!(
-            classify(
+            classified(
                 200,
                 b"{}",
                 false,
@@ -452,7 +499,7 @@ mod tests {
             Reply::Ok { .. }
         ));
         assert!(matches!(
-            classify(
+            classified(
                 429,
                 b"",
                 false,
@@ -467,7 +514,7 @@ mod tests {
     #[test]
     fn bodies_that_are_not_json_are_bad() {
         assert!(matches!(
-            classify(
+            classified(
                 200,
                 b"<html>",
                 false,
@@ -478,7 +525,7 @@ mod tests {
             Reply::BadBody { .. }
         ));
         assert!(matches!(
-            classify(
+            classified(
                 503,
                 b"",
                 false,
@@ -489,7 +536,7 @@ mod tests {
             Reply::ServerError { status: 503 }
         ));
         assert!(matches!(
-            classify(
+            classified(
                 404,
                 b"nope",
                 false,
@@ -505,7 +552,7 @@ mod tests {
     #[test]
     fn a_304_is_not_modified() {
         assert!(matches!(
-            classify(
+            classified(
                 304,
                 b"",
                 false,

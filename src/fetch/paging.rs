@@ -4,10 +4,15 @@
 //! checkpoint's pagination part), and when a run's pages are over
 //! ([`onward`]).
 //!
-//! - `cursor`: the string or number at a JSON pointer, sent as a query
-//!   parameter; `next_url`: the URL at a JSON pointer; `link`: the `Link`
-//!   header's `rel="next"` target ([`next_link`], RFC 8288); `page`: a
-//!   number the worker counts ([`page_value`]).
+//! - `cursor`: the string or number at a JSON pointer (or at one inside
+//!   the page's last record: `cursor_record`, Stripe's), sent as a query
+//!   parameter or wherever the request puts `{cursor}`; `next_url`: the URL
+//!   at a JSON pointer; `link`: the `Link` header's `rel="next"` target
+//!   ([`next_link`], RFC 8288); `page`: a number the worker counts
+//!   ([`page_value`]).
+//! - In every style, a `more` / `last` flag in the answer can say that no
+//!   page follows: the run ends there, without asking for one more page
+//!   ([`flag_says`]).
 //! - What is kept (in the page loop and in the checkpoint in Redis) is a
 //!   [`Stored`] token: the upstream's text with every spelling of the secret
 //!   written `{secret}` / `{+secret}` and every other brace doubled, so the
@@ -22,7 +27,7 @@ use reqwest::header::HeaderMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::config::{Job, PageStyle, Secret, Template};
+use crate::config::{CursorAt, Job, PageFlag, PageStyle, Secret, Template};
 use crate::scrub::Scrubber;
 use crate::sink::json_kind;
 
@@ -72,13 +77,29 @@ pub(crate) const SECRET: &str = "secret";
 /// What a page's answer says about the page after it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Next {
-    /// There is none (or the style is `page`, which the worker counts).
+    /// There is none: the answer names no next page, or its `more` /
+    /// `last` flag says this page is the last.
     End,
+    /// `style = "page"`: the next number, as far as the answer says (the
+    /// worker counts; a page with no records is the last).
+    Counted,
     /// The next page's cursor, or its absolute URL, in stored form.
     At(Stored),
     /// The answer names a next page that cannot be used (a cursor that is
-    /// an object, a next URL that is not one): a bad response.
+    /// an object, a next URL that is not one, a flag that is not a
+    /// boolean): a bad response.
     Bad(String),
+}
+
+/// A JSON scalar as the text a cursor sends: a string as it is, a number
+/// as its decimal text (as the answer wrote it); `None` for anything else.
+/// The one place a value read from an answer becomes a cursor.
+pub(crate) fn scalar_text(v: &Value) -> Option<String> {
+    match v {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    }
 }
 
 /// The cursor at `pointer`: a non-empty string, or a number as its decimal
@@ -86,11 +107,53 @@ pub(crate) enum Next {
 pub(crate) fn cursor_at(body: &Value, pointer: &str) -> Result<Option<String>, String> {
     match body.pointer(pointer) {
         None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) if s.is_empty() => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(Value::Number(n)) => Ok(Some(n.to_string())),
+        Some(v) => match scalar_text(v) {
+            Some(s) if s.is_empty() => Ok(None),
+            Some(s) => Ok(Some(s)),
+            None => Err(format!(
+                "the cursor at {pointer:?} is {}, not a string or number",
+                json_kind(v)
+            )),
+        },
+    }
+}
+
+/// `cursor_record`: the cursor at `pointer` inside the last record of the
+/// array at `records` (the sink's); `Ok(None)` when there is no record (an
+/// empty page ends the run) or the last one has none there.
+pub(crate) fn record_cursor_at(
+    body: &Value,
+    records: &str,
+    pointer: &str,
+) -> Result<Option<String>, String> {
+    let Some(Value::Array(records)) = body.pointer(records) else {
+        // The sink says what is wrong with the records.
+        return Ok(None);
+    };
+    let Some(last) = records.last() else {
+        return Ok(None);
+    };
+    cursor_at(last, pointer).map_err(|e| format!("in the page's last record, {e}"))
+}
+
+/// What the answer's `more` / `last` flag says: `Some(true)` another page
+/// follows, `Some(false)` none does, `None` the answer does not say (no
+/// flag configured, or a `last` flag that is missing or `null`). `Err`: a
+/// flag that is not a boolean, naming its pointer.
+pub(crate) fn flag_says(flag: Option<&PageFlag>, body: &Value) -> Result<Option<bool>, String> {
+    let (pointer, more) = match flag {
+        None => return Ok(None),
+        Some(PageFlag::More(p)) => (p, true),
+        Some(PageFlag::Last(p)) => (p, false),
+    };
+    match body.pointer(pointer) {
+        Some(Value::Bool(b)) => Ok(Some(*b == more)),
+        // GraphQL's hasNextPage, Stripe's has_more: absent means no more.
+        None | Some(Value::Null) if more => Ok(Some(false)),
+        None | Some(Value::Null) => Ok(None),
         Some(other) => Err(format!(
-            "the cursor at {pointer:?} is {}, not a string or number",
+            "the {} flag at {pointer:?} is {}, not a boolean",
+            if more { "more" } else { "last" },
             json_kind(other)
         )),
     }
@@ -316,13 +379,27 @@ impl Validators {
     }
 }
 
-/// Where a page's answer says the next page is, by the job's style.
+/// Where a page's answer says the next page is, by the job's style, and
+/// whether it says one follows at all.
 #[derive(Debug, Clone)]
-pub(super) enum NextIn {
-    /// Nowhere: no pagination, or `style = "page"` (the worker counts).
+pub(super) struct NextIn {
+    at: NextAt,
+    /// `more` / `last`.
+    flag: Option<PageFlag>,
+}
+
+/// Where the next page is, by the job's style.
+#[derive(Debug, Clone)]
+enum NextAt {
+    /// Nowhere: no pagination.
     Nowhere,
+    /// `style = "page"`: the worker counts.
+    Counted,
     /// A cursor at this JSON pointer.
     Cursor(String),
+    /// A cursor at this JSON pointer in the last record of the array at
+    /// `records` (the sink's).
+    Record { pointer: String, records: String },
     /// A URL at this JSON pointer.
     Url(String),
     /// The `Link` header's `rel="next"`.
@@ -331,11 +408,44 @@ pub(super) enum NextIn {
 
 impl NextIn {
     pub(super) fn of(job: &Job) -> Self {
-        match job.pagination.as_ref().map(|p| &p.style) {
-            Some(PageStyle::Cursor { cursor, .. }) => NextIn::Cursor(cursor.clone()),
-            Some(PageStyle::NextUrl { next }) => NextIn::Url(next.clone()),
-            Some(PageStyle::Link) => NextIn::Link,
-            Some(PageStyle::Page { .. }) | None => NextIn::Nowhere,
+        let Some(p) = &job.pagination else {
+            return NextIn {
+                at: NextAt::Nowhere,
+                flag: None,
+            };
+        };
+        let at = match &p.style {
+            PageStyle::Cursor {
+                cursor: CursorAt::Answer(ptr),
+                ..
+            } => NextAt::Cursor(ptr.clone()),
+            PageStyle::Cursor {
+                cursor: CursorAt::LastRecord(ptr),
+                ..
+            } => NextAt::Record {
+                pointer: ptr.clone(),
+                records: job.sink.records.clone(),
+            },
+            PageStyle::NextUrl { next } => NextAt::Url(next.clone()),
+            PageStyle::Link => NextAt::Link,
+            PageStyle::Page { .. } => NextAt::Counted,
+        };
+        NextIn {
+            at,
+            flag: p.flag.clone(),
+        }
+    }
+
+    /// Where the cursor or next URL is, for a message.
+    fn describe(&self) -> String {
+        match &self.at {
+            NextAt::Nowhere | NextAt::Counted => "no next page".to_owned(),
+            NextAt::Cursor(p) => format!("no cursor at {p:?}"),
+            NextAt::Record { pointer, .. } => {
+                format!("no cursor at {pointer:?} in its last record")
+            }
+            NextAt::Url(p) => format!("no next URL at {p:?}"),
+            NextAt::Link => "no Link header with rel=\"next\"".to_owned(),
         }
     }
 }
@@ -345,6 +455,11 @@ impl NextIn {
 /// placeholder, not `[redacted]`). A relative URL resolves against the
 /// request's URL (`request_url`); its origin is checked when its request
 /// is built.
+///
+/// A `more` / `last` flag that says no page follows ends the run whatever
+/// else the answer names (GraphQL's last page still has an `endCursor`);
+/// one that says a page follows when the answer names none is a bad
+/// response (ending there would silently lose the pages after it).
 pub(super) fn next_page(
     next_in: &NextIn,
     request_url: &Url,
@@ -352,20 +467,61 @@ pub(super) fn next_page(
     body: &Value,
     scrubber: &Scrubber,
 ) -> Next {
-    let url = match next_in {
-        NextIn::Nowhere => return Next::End,
-        NextIn::Cursor(ptr) => {
-            return match cursor_at(body, ptr) {
-                Ok(Some(c)) => Next::At(Stored::new(scrubber.templatize(&c))),
-                Ok(None) => Next::End,
-                Err(e) => Next::Bad(e),
+    let follows = match flag_says(next_in.flag.as_ref(), body) {
+        Err(e) => return Next::Bad(e),
+        Ok(Some(false)) => return Next::End,
+        Ok(follows) => follows,
+    };
+    // `cursor_record`: a page with no records is the last, whatever the
+    // flag says.
+    let empty = match &next_in.at {
+        NextAt::Record { records, .. } => (body.pointer(records))
+            .and_then(Value::as_array)
+            .is_none_or(Vec::is_empty),
+        _ => false,
+    };
+    let next = located(&next_in.at, request_url, headers, body, scrubber);
+    match (next, follows) {
+        (Next::End, Some(true)) if !empty => {
+            let flag = match &next_in.flag {
+                Some(PageFlag::More(p)) => format!("{p:?} is true"),
+                Some(PageFlag::Last(p)) => format!("{p:?} is false"),
+                None => String::new(),
             };
+            Next::Bad(format!(
+                "the answer says another page follows ({flag}) but has {}",
+                next_in.describe()
+            ))
         }
-        NextIn::Url(ptr) => match url_at(body, ptr) {
+        (next, _) => next,
+    }
+}
+
+/// Where the answer says the next page is, by the style alone.
+fn located(
+    at: &NextAt,
+    request_url: &Url,
+    headers: &HeaderMap,
+    body: &Value,
+    scrubber: &Scrubber,
+) -> Next {
+    let cursor = |found: Result<Option<String>, String>| match found {
+        Ok(Some(c)) => Next::At(Stored::new(scrubber.templatize(&c))),
+        Ok(None) => Next::End,
+        Err(e) => Next::Bad(e),
+    };
+    let url = match at {
+        NextAt::Nowhere => return Next::End,
+        NextAt::Counted => return Next::Counted,
+        NextAt::Cursor(ptr) => return cursor(cursor_at(body, ptr)),
+        NextAt::Record { pointer, records } => {
+            return cursor(record_cursor_at(body, records, pointer));
+        }
+        NextAt::Url(ptr) => match url_at(body, ptr) {
             Ok(url) => url,
             Err(e) => return Next::Bad(e),
         },
-        NextIn::Link => next_link(
+        NextAt::Link => next_link(
             headers
                 .get_all(reqwest::header::LINK)
                 .iter()
@@ -447,19 +603,22 @@ pub(crate) enum Onward {
 /// ends at the first page with no records (`on_page`: records the page
 /// held, not how many the sink stored, which is 0 for a page a keyed
 /// SQLite sink already holds newer copies of), the others where the answer
-/// names no next page. `Err` is a bad response (a next page that cannot be
-/// used).
+/// names no next page; every style where its `more` / `last` flag says so
+/// ([`Next::End`]). `Err` is a bad response (a next page that cannot be
+/// used, a flag that is not a boolean).
 pub(crate) fn onward(
     style: Option<&PageStyle>,
     next: Next,
     on_page: usize,
 ) -> Result<Onward, String> {
     match (style, next) {
+        (None, _) | (Some(_), Next::End) => Ok(Onward::Last),
+        (Some(_), Next::Bad(why)) => Err(why),
         (Some(PageStyle::Page { .. }), _) if on_page == 0 => Ok(Onward::Last),
         (Some(PageStyle::Page { .. }), _) => Ok(Onward::To(None)),
-        (None, _) | (Some(_), Next::End) => Ok(Onward::Last),
         (Some(_), Next::At(token)) => Ok(Onward::To(Some(token))),
-        (Some(_), Next::Bad(why)) => Err(why),
+        // Only `style = "page"` counts.
+        (Some(_), Next::Counted) => Ok(Onward::Last),
     }
 }
 
@@ -560,11 +719,166 @@ mod tests {
         assert_eq!(cursor_at(&body, "/z"), Ok(None));
         assert_eq!(cursor_at(&body, "/missing"), Ok(None));
         assert!(cursor_at(&body, "/o").unwrap_err().contains("an object"));
+        // Issue 39: a number's text as sent, every digit (a cursor from a
+        // record's id, issue 32's `cursor_record`, reads it here too).
+        let body: Value =
+            serde_json::from_str(r#"{"id":123456789012345678901234567891,"p":12.30}"#).unwrap();
+        let cursor = |p| cursor_at(&body, p).unwrap();
+        assert_eq!(
+            cursor("/id").as_deref(),
+            Some("123456789012345678901234567891")
+        );
+        assert_eq!(cursor("/p").as_deref(), Some("12.30"));
         assert_eq!(
             url_at(&json!({"p": {"next": " /x "}}), "/p/next"),
             Ok(Some("/x".into()))
         );
         assert!(url_at(&json!({"n": 3}), "/n").is_err());
+    }
+
+    fn more(p: &str) -> Option<PageFlag> {
+        Some(PageFlag::More(p.into()))
+    }
+
+    fn last(p: &str) -> Option<PageFlag> {
+        Some(PageFlag::Last(p.into()))
+    }
+
+    #[test]
+    fn flags_say_whether_a_page_follows() {
+        let body = json!({"has_more": true, "no": false, "isLast": true, "z": null,
+                          "s": "yes", "n": 1});
+        assert_eq!(flag_says(None, &body), Ok(None));
+        assert_eq!(flag_says(more("/has_more").as_ref(), &body), Ok(Some(true)));
+        assert_eq!(flag_says(more("/no").as_ref(), &body), Ok(Some(false)));
+        // A missing or null `more` is no more (GraphQL, Stripe).
+        assert_eq!(flag_says(more("/z").as_ref(), &body), Ok(Some(false)));
+        assert_eq!(flag_says(more("/gone").as_ref(), &body), Ok(Some(false)));
+        assert_eq!(flag_says(last("/isLast").as_ref(), &body), Ok(Some(false)));
+        assert_eq!(flag_says(last("/no").as_ref(), &body), Ok(Some(true)));
+        // A missing `last` says nothing: the style decides.
+        assert_eq!(flag_says(last("/gone").as_ref(), &body), Ok(None));
+        assert_eq!(
+            flag_says(more("/s").as_ref(), &body),
+            Err(r#"the more flag at "/s" is a string, not a boolean"#.into())
+        );
+        assert_eq!(
+            flag_says(last("/n").as_ref(), &body),
+            Err(r#"the last flag at "/n" is a number, not a boolean"#.into())
+        );
+    }
+
+    #[test]
+    fn a_record_cursor_is_the_last_records() {
+        let body = json!({"data": [{"id": "a"}, {"id": "b"}], "n": [{"id": 7}],
+                          "empty": [], "o": [{"id": {"x": 1}}]});
+        assert_eq!(
+            record_cursor_at(&body, "/data", "/id"),
+            Ok(Some("b".into()))
+        );
+        assert_eq!(record_cursor_at(&body, "/n", "/id"), Ok(Some("7".into())));
+        assert_eq!(record_cursor_at(&body, "/empty", "/id"), Ok(None));
+        assert_eq!(record_cursor_at(&body, "/missing", "/id"), Ok(None));
+        assert_eq!(
+            record_cursor_at(&body, "/o", "/id"),
+            Err(r#"in the page's last record, the cursor at "/id" is an object, not a string or number"#.into())
+        );
+    }
+
+    fn next_of(at: NextAt, flag: Option<PageFlag>, body: &Value) -> Next {
+        let url = Url::parse("https://h/x").unwrap();
+        let next_in = NextIn { at, flag };
+        next_page(
+            &next_in,
+            &url,
+            &HeaderMap::new(),
+            body,
+            &Scrubber::default(),
+        )
+    }
+
+    fn at(t: &str) -> Next {
+        Next::At(Stored::new(t.into()))
+    }
+
+    #[test]
+    fn a_flag_that_says_no_more_ends_the_run_whatever_else_the_answer_names() {
+        let page = |more: bool| json!({"data": {"c": {"pageInfo": {"hasNextPage": more, "endCursor": "e{1}"}}}});
+        let cursor = || NextAt::Cursor("/data/c/pageInfo/endCursor".into());
+        let flag = more("/data/c/pageInfo/hasNextPage");
+        assert_eq!(next_of(cursor(), flag.clone(), &page(true)), at("e{{1}}"));
+        // GraphQL's last page still has an endCursor.
+        assert_eq!(next_of(cursor(), flag.clone(), &page(false)), Next::End);
+        assert_eq!(next_of(cursor(), None, &page(false)), at("e{{1}}"));
+        // A flag that says more, and no cursor: a bad answer, never a
+        // silent end.
+        let none = json!({"data": {"c": {"pageInfo": {"hasNextPage": true, "endCursor": null}}}});
+        assert_eq!(
+            next_of(cursor(), flag.clone(), &none),
+            Next::Bad(r#"the answer says another page follows ("/data/c/pageInfo/hasNextPage" is true) but has no cursor at "/data/c/pageInfo/endCursor""#.into())
+        );
+        // A bad flag is a bad answer.
+        let bad = json!({"data": {"c": {"pageInfo": {"hasNextPage": "true", "endCursor": "x"}}}});
+        assert!(matches!(next_of(cursor(), flag, &bad), Next::Bad(e) if e.contains("hasNextPage")));
+        // Pages count on until the flag says stop.
+        let n = json!({"items": [1], "isLast": false});
+        assert_eq!(next_of(NextAt::Counted, last("/isLast"), &n), Next::Counted);
+        let n = json!({"items": [1], "isLast": true});
+        assert_eq!(next_of(NextAt::Counted, last("/isLast"), &n), Next::End);
+        let link = || NextAt::Link;
+        assert_eq!(
+            next_of(link(), more("/more"), &json!({"more": false})),
+            Next::End
+        );
+        assert!(
+            matches!(next_of(link(), more("/more"), &json!({"more": true})), Next::Bad(e) if e.contains("no Link header"))
+        );
+    }
+
+    #[test]
+    fn stripe_pages_by_the_last_records_id_until_has_more_is_false() {
+        let rec = || NextAt::Record {
+            pointer: "/id".into(),
+            records: "/data".into(),
+        };
+        let body = json!({"data": [{"id": "cus_1"}, {"id": "cus_2"}], "has_more": true});
+        assert_eq!(next_of(rec(), more("/has_more"), &body), at("cus_2"));
+        let body = json!({"data": [{"id": "cus_3"}], "has_more": false});
+        assert_eq!(next_of(rec(), more("/has_more"), &body), Next::End);
+        // An empty page ends the run, whatever has_more says.
+        let body = json!({"data": [], "has_more": true});
+        assert_eq!(next_of(rec(), more("/has_more"), &body), Next::End);
+        // A last record without an id while has_more says more: bad.
+        let body = json!({"data": [{"x": 1}], "has_more": true});
+        assert!(matches!(
+            next_of(rec(), more("/has_more"), &body),
+            Next::Bad(_)
+        ));
+        assert_eq!(
+            next_of(rec(), None, &json!({"data": [{"x": 1}]})),
+            Next::End
+        );
+    }
+
+    #[test]
+    fn onward_ends_every_style_on_end_and_counts_pages() {
+        let page = PageStyle::Page {
+            param: "p".into(),
+            start: 1,
+            step: 1,
+        };
+        assert_eq!(onward(Some(&page), Next::Counted, 2), Ok(Onward::To(None)));
+        assert_eq!(onward(Some(&page), Next::Counted, 0), Ok(Onward::Last));
+        assert_eq!(onward(Some(&page), Next::End, 2), Ok(Onward::Last));
+        assert_eq!(
+            onward(Some(&page), Next::Bad("b".into()), 2),
+            Err("b".into())
+        );
+        assert_eq!(
+            onward(Some(&PageStyle::Link), at("u"), 2),
+            Ok(Onward::To(Some(Stored::new("u".into()))))
+        );
+        assert_eq!(onward(None, at("u"), 2), Ok(Onward::Last));
     }
 
     #[test]

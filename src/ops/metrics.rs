@@ -121,6 +121,10 @@ fn describe() {
     describe_counter!("qw_pages_total", "Pages fetched (2xx) by job");
     describe_counter!("qw_records_total", "Records written to sinks by job");
     describe_counter!(
+        "qw_records_altered_total",
+        "Records stored otherwise than the upstream sent them, by job and reason: invalid_utf8 (bytes invalid in the body's charset, stored as U+FFFD), lone_surrogate (a lone \\uD800-\\uDFFF escape, U+FFFD), duplicate_key (an object key sent twice: the last value kept), nul (U+0000 in a PostgreSQL sink, U+FFFD), numeric_range (a number outside PostgreSQL's numeric, a string there)"
+    );
+    describe_counter!(
         "qw_fan_out_errors_total",
         "Ticks by job whose fan_out_from source could not be read (nothing fanned out) or had rows refused"
     );

@@ -6,7 +6,8 @@
 //! - `notify`: `READY=1`, `STOPPING=1`, `STATUS=`, and `WATCHDOG=1`, sent
 //!   only while the scheduler and feeder loops keep beating: a wedged loop
 //!   stops the pings and systemd restarts the service;
-//! - `status`: the status page, `GET /` and `GET /api/status` (read-only);
+//! - `status`: the status page, `GET /`, `GET /api/status` and `GET
+//!   /api/state/JOB` (read-only);
 //! - `listener`: the HTTP server for all of it, with a cap on connections and
 //!   a request-head timeout.
 //!
@@ -116,9 +117,10 @@ pub(crate) fn serve(
         .route("/readyz", get(health::readyz))
         .route("/", get(status::page))
         .route("/api/status", get(status::api))
+        .route("/api/state/{job}", get(status::state_api))
         .with_state(state);
     tokio::spawn(listener::run(listener, app, stop));
-    info!(%addr, "metrics listening: /metrics /healthz /readyz, status page / and /api/status");
+    info!(%addr, "metrics listening: /metrics /healthz /readyz, status page / and /api/status, item state /api/state/JOB");
     Ok(addr)
 }
 

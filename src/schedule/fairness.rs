@@ -13,12 +13,9 @@ use redis::aio::ConnectionLike;
 
 use crate::keys::KeySpace;
 
-/// Most starved items kept per job. An item that starts starving while as
-/// many are kept has no count: its outcome lines say `starved_ticks=1`
-/// until it is served. About 75 bytes each in Redis with a 24-character
-/// item key (200,000 took 14.9 MB on Redis 7.0), so ~75 MB for a job of a
-/// million items starved at once (its tick's queued tasks take 400 MB).
-pub const STARVED_CAP: u64 = 1_000_000;
+/// Most starved items kept per job: defined beside the script that keeps
+/// them (`lua/finish.lua`), so the queue's scripts import nothing from here.
+pub use crate::queue::scripts::finish::STARVED_CAP;
 
 /// Most starved items [`starved_items`] reads to pick the most starved.
 const SCAN_MAX: usize = 10_000;

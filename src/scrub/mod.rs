@@ -205,7 +205,10 @@ impl Scrubber {
     }
 
     /// Scrubs every string of a JSON value (records, cursors) in place,
-    /// the keys of its objects as well as their values.
+    /// the keys of its objects as well as their values, and every number:
+    /// a number keeps its digits as sent, however many (issue 39), so a
+    /// secret of digits can be one; it becomes the string it is scrubbed
+    /// to.
     pub(crate) fn scrub_json(&self, value: &mut Value) {
         if self.matcher.is_none() {
             return;
@@ -214,6 +217,11 @@ impl Scrubber {
             Value::String(s) => {
                 if let Cow::Owned(clean) = self.scrub(s) {
                     *s = clean;
+                }
+            }
+            Value::Number(n) => {
+                if let Cow::Owned(clean) = self.scrub(n.as_str()) {
+                    *value = Value::String(clean);
                 }
             }
             Value::Array(items) => items.iter_mut().for_each(|v| self.scrub_json(v)),
@@ -468,6 +476,17 @@ mod tests {
             v,
             serde_json::json!({"items": [{"[redacted]": 1, "y": {"inner [redacted] key": "v"}}]})
         );
+    }
+
+    /// Issue 39: a number keeps every digit, so one can spell a secret
+    /// of digits; it is scrubbed like a string.
+    #[test]
+    fn issue_39_a_number_that_spells_a_secret_is_scrubbed() {
+        let s = Scrubber::new([&Secret::new("918273645546372819")]);
+        let mut v: Value =
+            serde_json::from_str(r#"{"a":9182736455463728190001,"b":12.30,"c":7}"#).unwrap();
+        s.scrub_json(&mut v);
+        assert_eq!(v.to_string(), r#"{"a":"[redacted]0001","b":12.30,"c":7}"#);
     }
 
     /// Issue 22, item 1 (d): legal JSON escapes of the secret (`\/` as PHP

@@ -109,6 +109,8 @@ pub(super) struct Page {
     pub(super) tick: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) page: Option<u32>,
+    /// Read back as they were decoded (numbers' text, keys' order).
+    #[serde(deserialize_with = "crate::decode::values")]
     pub(super) records: Vec<Value>,
 }
 

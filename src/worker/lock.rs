@@ -168,6 +168,44 @@ impl Reader {
     }
 }
 
+/// Who holds an item, as its lock's value says:
+/// `<task id>#<nonce>@<host>:<pid>` (the nonce makes each run's value its
+/// own, so a late release never frees another run's hold). A lock taken by
+/// a daemon from before the host was in it reads with no host.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub(crate) struct Holder {
+    /// The task's id.
+    pub(crate) task: String,
+    /// Its daemon, `host:pid`.
+    pub(crate) host: Option<String>,
+}
+
+impl Holder {
+    /// A new run's value for `task`, in this process.
+    fn value(task: &TaskArgs) -> String {
+        format!(
+            "{}#{}@{}",
+            task.id,
+            crate::quota::request_id(),
+            crate::host::process()
+        )
+    }
+
+    /// The holder a lock's value names. Task ids hold no `#`, host names
+    /// no `@`.
+    pub(crate) fn parse(value: &str) -> Holder {
+        let (run, host) = match value.rsplit_once('@') {
+            Some((run, host)) if run.contains('#') => (run, Some(host.to_owned())),
+            _ => (value, None),
+        };
+        let task = run.split_once('#').map_or(run, |(task, _)| task);
+        Holder {
+            task: task.to_owned(),
+            host,
+        }
+    }
+}
+
 /// One task's hold on one item.
 pub(super) struct ItemLock {
     key: String,
@@ -180,7 +218,7 @@ impl ItemLock {
     pub(super) fn new(keys: &KeySpace, job: &Job, task: &TaskArgs, ttl: Duration) -> Self {
         ItemLock {
             key: keys.item_lock(&job.name, &task.item_key()),
-            value: format!("{}#{}", task.id, crate::quota::request_id()),
+            value: Holder::value(task),
             ttl,
         }
     }
@@ -345,6 +383,18 @@ mod tests {
         assert_eq!((resumed.ran, resumed.since), (Some(4), Some(1_699_990_000)));
         assert!(resumed.unreadable.is_none());
         assert_eq!(resumed.spent.map(|s| s.ok()), Some(Some(vec![0, 7, 0, 0])));
+    }
+
+    /// `state` says which task holds an item, and on which host, from the
+    /// lock's value alone; an older daemon's value names no host.
+    #[test]
+    fn a_locks_value_names_its_task_and_host() {
+        let task = TaskArgs::first("j", 5, 0, vec![], crate::queue::Origin::Tick);
+        let held = Holder::parse(&Holder::value(&task));
+        assert_eq!(held.task, "j:5:0");
+        assert_eq!(held.host.as_deref(), Some(crate::host::process()));
+        let old = Holder::parse("j:5:0:b2#0123abcd");
+        assert_eq!((old.task.as_str(), old.host), ("j:5:0:b2", None));
     }
 
     /// Regression (issue 23 item 8): any reply that was not "already done"

@@ -57,6 +57,7 @@ use crate::quota::Limiter;
 use crate::sink::Sinks;
 use crate::stats::Stats;
 use guards::{InFlight, Renewer};
+pub(crate) use lock::Holder;
 use lock::{Claim, ItemLock};
 pub(crate) use spend::{LocalBlocks, Remembered, Unanswered};
 
@@ -67,7 +68,7 @@ const CHECKPOINT_TTL: Duration = Duration::from_secs(7 * 86_400);
 /// `{since}` silently narrows the next run to `since_initial`, so it must
 /// outlive any gap between two complete runs of a live item, a yearly job's
 /// included; an item dropped from the fan-out frees its keys after this.
-const ITEM_STATE_TTL: Duration = Duration::from_secs(400 * 86_400);
+pub(crate) const ITEM_STATE_TTL: Duration = Duration::from_secs(400 * 86_400);
 /// The item lock's longest lifetime; renewed every third of it while the
 /// task runs. A killed daemon's lock lapses within it, so it is also kept
 /// under half of `recover_after` (see [`Worker::lock_ttl`]).

@@ -24,6 +24,7 @@ use crate::config::{Job, Secret};
 use crate::fetch::paging::{Cursor, Stored, Validators};
 use crate::fetch::{Answered, BuildError, Fetcher, PageAt, Placeholders, Reply, Request};
 use crate::outcome::{Outcome, OutcomeKind};
+use crate::queue::scripts::finish::LastRun;
 use crate::queue::{Origin, TaskArgs};
 use crate::sink::PageRef;
 use crate::stats::Stats;
@@ -136,11 +137,19 @@ impl Worker {
         held: Held<'_>,
     ) -> Result<Outcome, TaskError> {
         let mut p = Progress::new(first_spend);
+        let claimed = (found.now, std::time::Instant::now());
         let ended = self.run_pages(task, job, found, &mut p, minted).await;
         if let Some(unused) = p.first_spend.take() {
             self.give_back(unused).await;
         }
         let outcome = ended?;
+        let ran = claimed.1.elapsed().as_secs() as i64;
+        let ended_at = claimed.0.saturating_add(ran);
+        if let Some(last) = LastRun::of(task, &outcome, ended_at) {
+            let json = serde_json::to_string(&last).map_err(TaskError::State)?;
+            let key = self.keys().item_last(&job.name, &task.item_key());
+            p.leaves.set.push((key, json, ITEM_STATE_TTL));
+        }
         // A renewal after the release would find the lock gone and warn.
         drop(held.renewer);
         let end = held.lock.end(std::mem::take(&mut p.leaves));
@@ -161,7 +170,7 @@ impl Worker {
             // The item's state stays as it is, for an operator to look at
             // (or for the daemon version that wrote it); nothing is sent.
             let why = format!(
-                "{why}; nothing fetched, the item's state in Redis is left as it is (delete it to start the item's run over)"
+                "{why}; nothing fetched, the item's state in Redis is left as it is (`quota-worker state reset` clears a checkpoint, {{since}} or validators, or delete the key, to start the item's run over)"
             );
             return Ok(Outcome::new(OutcomeKind::Failed, 0, why));
         }
@@ -523,6 +532,7 @@ impl Worker {
                 body,
                 next,
                 validators,
+                altered,
             } => {
                 if p.cursor.page == 1 && run.payer.endpoint.conditional {
                     p.held = Some(validators).filter(|v| !v.is_empty());
@@ -535,6 +545,7 @@ impl Worker {
                     .write(run.job(), &run.task().item, at, &body, now)
                     .await;
                 if let Ok(w) = &written {
+                    altered.count(&run.job().name);
                     p.records += w.stored as u64;
                     Stats::add(&self.stats.records, w.stored as u64);
                     p.pages += 1;

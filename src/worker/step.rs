@@ -13,6 +13,7 @@ use serde_json::Value;
 
 use super::spend::{Applied, FirstSpend, Refusal, RefusedBy};
 use crate::config::{Job, fmt_duration};
+use crate::decode::Altered;
 use crate::fetch::paging::{Cursor, Next, Onward, Stored, Validators, onward};
 use crate::fetch::{Reply, Request};
 use crate::outcome::{Outcome, OutcomeKind};
@@ -148,6 +149,9 @@ pub(super) enum Action {
         body: Value,
         next: Next,
         validators: Validators,
+        /// Its records that differ from what was sent, counted once
+        /// written.
+        altered: Altered,
     },
     /// Go on with the next page (`token`: its cursor or next URL); the
     /// checkpoint moves to it.
@@ -248,11 +252,13 @@ fn replied(reply: Reply, blocked: Option<Applied>, rules: &Rules<'_>) -> Action 
             body,
             next,
             validators,
+            altered,
             ..
         } => Action::Write {
             body,
             next,
             validators,
+            altered,
         },
         // Nothing changed since the item's last complete run: this run is
         // complete too, with nothing written; its validators stay.
@@ -483,6 +489,14 @@ mod tests {
     /// A job of 3 pages at most, cursor at `/next`, 3 attempts with a 1 s
     /// backoff; `extra` adds lines to its `[j.pagination]` table.
     fn job(extra: &str) -> Job {
+        job_paged(&format!(
+            "cursor = \"/next\"\nparam = \"after\"\nmax_pages = 3\n{extra}"
+        ))
+    }
+
+    /// A job with 3 attempts 1 s apart, its `[j.pagination]` table
+    /// `pagination`.
+    fn job_paged(pagination: &str) -> Job {
         let dir = tempfile::tempdir().expect("tempdir");
         let config = dir.path().join("config.toml");
         std::fs::create_dir(dir.path().join("jobs")).expect("jobs");
@@ -508,10 +522,7 @@ retry = {{ attempts = 3, backoff = "1s", max_backoff = "1m" }}
 [j.request]
 url = "http://127.0.0.1:1/items"
 [j.pagination]
-cursor = "/next"
-param = "after"
-max_pages = 3
-{extra}
+{pagination}
 [j.sink]
 kind = "jsonl"
 path = "out.jsonl"
@@ -576,6 +587,7 @@ records = "/items"
             next: next_at("p2"),
             validators: Validators::default(),
             status: 200,
+            altered: Altered::default(),
         });
         match decide(answer, &at(1, None), &rules(&job)) {
             Action::Write { body: b, next, .. } => {
@@ -678,6 +690,35 @@ records = "/items"
         let a = decide(page_written(1, bad), &at(1, None), &rules(&job));
         assert!(
             matches!(&a, Action::End(End::Fail { status: Some(200), why, keep_checkpoint: false, .. }) if why == "bad response: the cursor at /next is an object"),
+            "{a:?}"
+        );
+    }
+
+    /// Issue 32: a page-number run ends where the answer's flag says no
+    /// page follows, without the empty page that would end it otherwise;
+    /// a flag that is not a boolean fails the task naming its pointer.
+    #[test]
+    fn a_flag_ends_a_counted_run_and_a_bad_one_fails_it() {
+        let job =
+            job_paged("style = \"page\"\nparam = \"page\"\nmore = \"/has_more\"\nmax_pages = 5");
+        let a = decide(page_written(2, Next::Counted), &at(1, None), &rules(&job));
+        assert!(matches!(a, Action::Next { token: None }), "{a:?}");
+        let a = decide(page_written(2, Next::End), &at(2, None), &rules(&job));
+        assert!(
+            matches!(
+                a,
+                Action::End(End::Complete {
+                    why: "all pages fetched",
+                    ..
+                })
+            ),
+            "{a:?}"
+        );
+        let bad = Next::Bad(r#"the more flag at "/has_more" is a string, not a boolean"#.into());
+        let a = decide(page_written(2, bad), &at(2, None), &rules(&job));
+        assert!(
+            matches!(&a, Action::End(End::Fail { status: Some(200), why, keep_checkpoint: false, .. })
+                if why == r#"bad response: the more flag at "/has_more" is a string, not a boolean"#),
             "{a:?}"
         );
     }

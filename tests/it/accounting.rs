@@ -291,7 +291,11 @@ fn the_worked_configs_in_the_docs_load() {
         .filter(|w| w[0].starts_with("# config/") && w[1].starts_with("# jobs/"))
         .map(|w| (w[0], w[1]))
         .collect();
-    assert_eq!(pairs.len(), 4, "GitHub, Shopify, Instagram, IETF");
+    assert_eq!(
+        pairs.len(),
+        5,
+        "GitHub, GitHub GraphQL, Shopify, Instagram, IETF"
+    );
     let mut capped = 0;
     for (config, job) in pairs {
         let name = job

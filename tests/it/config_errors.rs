@@ -418,12 +418,131 @@ const ISSUE_22_LOW_CASES: &[Case] = &[
     },
 ];
 
+/// A GraphQL request on line 9 of the job file: its variable `after` is
+/// the cursor.
+const GRAPHQL_AFTER: &str = r#"key = "{secret}" }
+graphql = { query = "query($after: String) { a(after: $after) { id } }", variables = { after = "{cursor}" } }"#;
+
+/// Issue 32: what `check` refuses of GraphQL requests and page flags, each
+/// error naming both fields of a pair (or the placeholder).
+const ISSUE_32_CASES: &[Case] = &[
+    Case {
+        what: "graphql and body",
+        config: &[],
+        job: &[(
+            "key = \"{secret}\" }",
+            "key = \"{secret}\" }\nbody = '{{}}'\ngraphql = { query = \"{ a }\" }",
+        )],
+        file: File::Job,
+        line: 9,
+        field: "trending.request.body",
+        says: "graphql and body cannot both be written",
+    },
+    Case {
+        what: "a {cursor} variable without pagination",
+        config: &[],
+        job: &[("key = \"{secret}\" }", GRAPHQL_AFTER)],
+        file: File::Job,
+        line: 9,
+        field: "trending.request.graphql.variables.after",
+        says: "{cursor} has no value: it is the cursor of trending.pagination style = \"cursor\" (cursor or cursor_record), and trending.pagination has no table at all",
+    },
+    Case {
+        what: "a {cursor} variable with a pagination that has no cursor",
+        config: &[],
+        job: &[
+            ("key = \"{secret}\" }", GRAPHQL_AFTER),
+            (
+                "[trending.sink]",
+                "[trending.pagination]\nstyle = \"link\"\nmax_pages = 2\n\n[trending.sink]",
+            ),
+        ],
+        file: File::Job,
+        line: 9,
+        field: "trending.request.graphql.variables.after",
+        says: "trending.pagination has style = \"link\": it has no cursor",
+    },
+    Case {
+        what: "more and last",
+        config: &[],
+        job: &[(
+            "[trending.sink]",
+            "[trending.pagination]\ncursor = \"/next\"\nparam = \"after\"\nmore = \"/more\"\nlast = \"/isLast\"\nmax_pages = 2\n\n[trending.sink]",
+        )],
+        file: File::Job,
+        line: 14,
+        field: "trending.pagination.last",
+        says: "more and last cannot both be written",
+    },
+    Case {
+        what: "a placeholder in the query",
+        config: &[],
+        job: &[(
+            "key = \"{secret}\" }",
+            "key = \"{secret}\" }\ngraphql = { query = \"query { a(r: \\\"{region}\\\") { id } }\" }",
+        )],
+        file: File::Job,
+        line: 9,
+        field: "trending.request.graphql.query",
+        says: "the query takes no placeholders: {region} would be sent as written; pass the value as a variable: variables = { region = \"{region}\" }",
+    },
+    Case {
+        what: "cursor and cursor_record",
+        config: &[],
+        job: &[(
+            "[trending.sink]",
+            "[trending.pagination]\ncursor = \"/next\"\ncursor_record = \"/id\"\nparam = \"after\"\nmax_pages = 2\n\n[trending.sink]",
+        )],
+        file: File::Job,
+        line: 12,
+        field: "trending.pagination.cursor_record",
+        says: "cursor and cursor_record cannot both be written",
+    },
+    Case {
+        what: "graphql with GET",
+        config: &[],
+        job: &[(
+            "url = ",
+            "method = \"GET\"\ngraphql = { query = \"{ a }\" }\nurl = ",
+        )],
+        file: File::Job,
+        line: 7,
+        field: "trending.request.method",
+        says: "graphql is sent with POST, not GET",
+    },
+    Case {
+        what: "a cursor style that sends its cursor nowhere",
+        config: &[],
+        job: &[(
+            "[trending.sink]",
+            "[trending.pagination]\ncursor = \"/next\"\nmax_pages = 2\n\n[trending.sink]",
+        )],
+        file: File::Job,
+        line: 10,
+        field: "trending.pagination.param",
+        says: "must name the query parameter that carries the cursor",
+    },
+];
+
+/// Issue 32: each of [`ISSUE_32_CASES`] is a config error at its file,
+/// line and field, exit 78, for `check` and `run` alike.
+#[test]
+fn issue_32_graphql_and_page_flag_refusals_are_config_errors() {
+    refused_by_check_and_run(ISSUE_32_CASES);
+}
+
 /// Issue 22, Low 1: each of [`ISSUE_22_LOW_CASES`] is a config error at its
 /// file, line and field, exit 78, for `check` and `run` alike.
 #[test]
 fn issue_22_low_1_values_that_cannot_work_are_config_errors() {
+    refused_by_check_and_run(ISSUE_22_LOW_CASES);
+}
+
+/// Each of `cases` is a config error at its file, line and field, exit 78,
+/// for `check` and `run` alike, and nothing is written to Redis.
+fn refused_by_check_and_run(cases: &[Case]) {
     let server = RedisServer::start();
-    for case in ISSUE_22_LOW_CASES {
+    for case in cases {
         let cfg = write(case);
         for args in [&["check"][..], &["run"]] {
             let want = Want {

@@ -556,12 +556,13 @@ fn check_counts_csv_rows_and_warns_above_fan_out_warn() {
 }
 
 /// A column may not take a placeholder the product fills, `{since}` and
-/// `{since_epoch}` (the item's last complete run) included: the load fails
-/// with exit 78 at the job's `fan_out_from.columns`, naming every taken name.
+/// `{since_epoch}` (the item's last complete run) and `{cursor}` (the
+/// page's, issue 32) included: the load fails with exit 78 at the job's
+/// `fan_out_from.columns`, naming every taken name.
 #[test]
 fn a_column_named_like_a_product_placeholder_is_refused() {
     let redis = RedisServer::start();
-    for column in ["since", "since_epoch", "secret"] {
+    for column in ["since", "since_epoch", "secret", "cursor"] {
         let job = CSV_JOB
             .replace("@SIM@", "http://127.0.0.1:9")
             .replace("{channel}", "{lang}");
@@ -583,7 +584,7 @@ fn a_column_named_like_a_product_placeholder_is_refused() {
             errors[0]
         );
         assert!(
-            errors[0].contains("secret, date, job, item, since, since_epoch are taken"),
+            errors[0].contains("secret, date, job, item, since, since_epoch, cursor are taken"),
             "{}",
             errors[0]
         );

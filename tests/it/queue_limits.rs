@@ -299,7 +299,8 @@ fn two_idle_daemons_wait_on_redis_instead_of_polling_it() {
 /// (BullMQ's: 33). Now, 500 one-page tasks with nothing in the way (the
 /// daemon in-process, concurrency 8, a window far from full) cost at most
 /// 35 each: INFO commandstats, scripts' inner commands counted, from the
-/// trigger to the last task's end (measured 33.8; apalis-redis's fetch and
+/// trigger to the last task's end (measured 33.8, 34.8 since issue 35's
+/// last-run record, one SET in finish.lua; apalis-redis's fetch and
 /// ack are 11.6 of them). A count, not a time: it moves only when a task's
 /// path sends more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

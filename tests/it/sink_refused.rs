@@ -193,8 +193,9 @@ fn message(o: &Value) -> &str {
 /// refused for ever (SQLSTATE 22P05), spooled and retried every 10 s, and
 /// the item's later pages queued behind it: the table held 0 rows while
 /// `trigger --wait` said done. U+0000 (in values and in keys) is written as
-/// U+FFFD, counted, and the item's later page lands too; a JSON lines sink
-/// keeps the record as it came.
+/// U+FFFD, counted, and the item's later page lands too (with a number
+/// past `numeric`'s range, written as a string of its digits); a JSON
+/// lines sink keeps the record as it came.
 #[test]
 fn issue_37_1_a_nul_lands_as_the_replacement_character_and_the_items_later_pages_too() {
     let t = PgRig::start(&["a"], |s| s.key("/id"));
@@ -207,11 +208,12 @@ fn issue_37_1_a_nul_lands_as_the_replacement_character_and_the_items_later_pages
             Some("a-2"),
         ),
     );
+    // And a number PostgreSQL's numeric cannot hold (JSON allows it).
     t.upstream.answer(
         "a-2",
         200,
         &[],
-        page(json!([{"id": "3", "t": "later"}]), None),
+        r#"{"items": [{"id": "3", "t": "later", "big": 1e200000, "n": 12.30}]}"#,
     );
     let ended = t.tick(1);
     assert_eq!(ended[0]["outcome"], "done", "{}", t.rig.daemon.log());
@@ -219,6 +221,13 @@ fn issue_37_1_a_nul_lands_as_the_replacement_character_and_the_items_later_pages
     let first = &t.records()[0];
     assert_eq!(first["t"], "a\u{FFFD}b");
     assert_eq!(first["k\u{FFFD}"], json!(["x\u{FFFD}"]));
+    let third = &t.records()[2];
+    assert_eq!(third["big"], "1e+200000", "its digits, as a string");
+    assert_eq!(
+        third["n"].to_string(),
+        "12.30",
+        "a number numeric holds stays one"
+    );
     assert_eq!(spooled(&t.rig), 0, "nothing waits in the spool");
     assert_eq!(kept(&t.rig), 0, "nothing is refused");
     let m = scrape(t.rig.port);
@@ -229,6 +238,13 @@ fn issue_37_1_a_nul_lands_as_the_replacement_character_and_the_items_later_pages
         ),
         1.0,
         "one record altered"
+    );
+    assert_eq!(
+        m.sum(
+            "qw_records_altered_total",
+            &[("qw_job", JOB), ("reason", "numeric_range")]
+        ),
+        1.0
     );
 
     // A JSON lines sink keeps the record as it came.

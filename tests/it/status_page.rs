@@ -6,8 +6,9 @@
 //! headless Chromium's DOM shows
 //! the windows, the block and why, and the jobs with their ticks and last
 //! error; the item shows as text, no secret is anywhere on the page or in
-//! the JSON, the page is read-only (POST, PUT, DELETE: 405), and it works
-//! behind a path prefix. A screenshot is saved as `target/status-page.png`.
+//! the JSON, each item it names links to that item's state
+//! (`/api/state/JOB?item=...`, issue 35), the page is read-only (POST,
+//! PUT, DELETE: 405), and it works behind a path prefix. A screenshot is saved as `target/status-page.png`.
 
 use std::time::Duration;
 
@@ -295,6 +296,47 @@ fn the_status_page_shows_windows_blocks_and_jobs_in_a_real_browser() {
     }
     assert_no_secret("the page", &page.body);
 
+    // Each item the page names links to its state (`state JOB ITEM
+    // --json`), the item percent-encoded; each job to all of its items'.
+    let href = "api/state/broken?item=region%3D%3Cscript%3Ealert%281%29%3C%2Fscript%3E";
+    assert!(
+        page.body
+            .contains(&format!("<a class=\"item\" href=\"{href}\"")),
+        "no link to the item's state:\n{}",
+        page.body
+    );
+    let a = rig.get(&format!("/{href}"), &[]);
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(a.header("content-type"), Some("application/json"));
+    let v: Value = serde_json::from_str(&a.body).expect("JSON");
+    let item = &v["items"][0];
+    assert_eq!(item["item"], format!("region={XSS}"), "{v:#}");
+    assert_eq!(
+        (&item["outcome"], &item["in_fan_out"], &item["held_by"]),
+        (&"failed".into(), &true.into(), &Value::Null),
+        "{v:#}"
+    );
+    assert_no_secret("/api/state/broken", &a.body);
+    let all = rig.get("/api/state/trending", &[]);
+    let v: Value = serde_json::from_str(&all.body).expect("JSON");
+    let outcomes: Vec<String> = (v["items"].as_array().expect("items").iter())
+        .map(|i| format!("{} {}", i["item"], i["outcome"]))
+        .collect();
+    let all_done = REGIONS.map(|r| format!("\"region={r}\" \"done\""));
+    assert_eq!(outcomes, all_done, "{v:#}");
+    assert_eq!(v["complete"], true, "{v:#}");
+    assert!(
+        page.body.contains("href=\"api/state/trending\""),
+        "{}",
+        page.body
+    );
+    for missing in [
+        "/api/state/nosuchjob",
+        "/api/state/trending?item=region%3DXX",
+    ] {
+        assert_eq!(rig.get(missing, &[]).status, 404, "{missing}");
+    }
+
     // The page, in a real browser.
     let Some(browser) = Chromium::find() else {
         return;
@@ -337,7 +379,7 @@ fn the_status_page_shows_windows_blocks_and_jobs_in_a_real_browser() {
 fn the_status_page_is_read_only_and_works_behind_a_path_prefix() {
     let rig = Rig::start();
     rig.trigger("broken", 1);
-    for path in ["/", "/api/status"] {
+    for path in ["/", "/api/status", "/api/state/broken"] {
         for method in ["POST", "PUT", "DELETE", "PATCH"] {
             let a = http_request(rig.port, method, path, &[])
                 .unwrap_or_else(|| panic!("{method} {path}: no answer"));

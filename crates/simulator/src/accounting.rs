@@ -288,13 +288,31 @@ pub(super) fn serve(
     }
     super::record_charge(st, q, charged, &page, query, now, chrono::Utc::now());
     let graphql = metered.first().map(|(_, n)| n.as_str()) == Some("graphql");
+    // A GraphQL connection's page is its whole answer, `{"data": ...}`;
+    // any other page is what `data` holds.
+    let connection = matches!(shared.style_of(&page.path), super::SimStyle::Graphql(_));
+    let mut body = page.body;
     let body = match style {
-        SimAccounting::Shopify { .. } => json!({
-            "data": page.body,
-            "extensions": { "cost": cost_extension(q, cost, Some(charged), left) },
-        }),
-        _ if graphql => graphql_data(&metered[0].0, &mut st.meters, now, cost, page.body, request),
-        _ => page.body,
+        SimAccounting::Shopify { .. } => {
+            let data = if connection {
+                body["data"].take()
+            } else {
+                body
+            };
+            json!({
+                "data": data,
+                "extensions": { "cost": cost_extension(q, cost, Some(charged), left) },
+            })
+        }
+        _ if graphql => {
+            let data = if connection {
+                body["data"].take()
+            } else {
+                json!({ "items": body })
+            };
+            graphql_data(&metered[0].0, &mut st.meters, now, cost, data, request)
+        }
+        _ => body,
     };
     let mut r = axum::Json(body).into_response();
     for (name, value) in page.headers {
@@ -318,17 +336,17 @@ fn cost_extension(q: &KeyQuota, requested: u64, actual: Option<u64>, left: u64) 
     })
 }
 
-/// GitHub GraphQL's answer: the page's items under `data`, and
-/// `data.rateLimit` when the query (`request`) asks for it.
+/// GitHub GraphQL's answer: `data` (the page's items under `items`, or
+/// its connection), and `data.rateLimit` when the query (`request`) asks
+/// for it.
 fn graphql_data(
     q: &KeyQuota,
     meters: &mut std::collections::HashMap<String, Meter>,
     now: Instant,
     cost: u64,
-    items: Value,
+    mut data: Value,
     request: &[u8],
 ) -> Value {
-    let mut data = json!({ "items": items });
     if String::from_utf8_lossy(request).contains("rateLimit") {
         let m = meter(meters, SimAccounting::Github, q, now);
         let reset = epoch_secs_ceil(SystemTime::now() + m.reset_in(q, now));

@@ -31,8 +31,9 @@
 //! `nextPageToken`; a token that was never issued is answered 400.
 //!
 //! Other upstreams' pagination styles (GitHub's `Link` header and `ETag`s,
-//! Meta's `paging.next`, page numbers, numeric cursors) are
-//! [`SimConfig::style`]'s, served by `styles`; other upstreams' own
+//! Meta's `paging.next`, page numbers, numeric cursors, a GraphQL
+//! connection, Stripe's lists) are [`SimConfig::style`]'s, served by
+//! `styles`; other upstreams' own
 //! accounting (GitHub's `x-ratelimit-*` and rate limits, Shopify GraphQL's
 //! cost extension and `THROTTLED`, Meta's usage headers, IETF `RateLimit`
 //! fields) is [`SimConfig::accounting`]'s, served by `accounting`, where
@@ -41,7 +42,9 @@
 //!
 //! The key comes in the `key` or `access_token` query parameter, or as
 //! `Authorization: Bearer KEY`. Every request, whatever its answer, goes
-//! into the request log ([`SimStats::requests`]).
+//! into the request log ([`SimStats::requests`]), with what it carried: its
+//! query, headers (not the key's) and body (a GraphQL query's variables:
+//! [`Logged::variables`]).
 //!
 //! Requests in flight are counted per key while they are answered, and the
 //! most at once kept ([`KeyStats::max_in_flight`], weighted by the paths'
@@ -123,6 +126,9 @@ pub struct SimConfig {
     pub buckets: Vec<(String, Limit)>,
     /// How it pages ([`SimStyle::Token`], YouTube's, unless set).
     pub style: SimStyle,
+    /// Paths that page in a style of their own ([`SimConfig::style_on`]):
+    /// a GraphQL connection beside YouTube's lists, say.
+    pub styles: Vec<(String, SimStyle)>,
     /// GitHub-like conditional requests (with [`SimStyle::Link`]): every
     /// page carries an `ETag`, and a request whose `If-None-Match` is the
     /// page's current one is answered `304` with no body, not charged.
@@ -175,6 +181,7 @@ impl Default for SimConfig {
             cost_header: false,
             buckets: Vec::new(),
             style: SimStyle::Token,
+            styles: Vec::new(),
             etag: false,
             next_origin: None,
             accounting: SimAccounting::Google,
@@ -199,6 +206,16 @@ impl SimConfig {
         let path = path.into();
         self.costs.retain(|(p, _)| *p != path);
         self.costs.push((path, cost));
+        self
+    }
+
+    /// Requests to `path` page in `style`, whatever [`SimConfig::style`]
+    /// says for the others.
+    #[must_use]
+    pub fn style_on(mut self, path: impl Into<String>, style: SimStyle) -> Self {
+        let path = path.into();
+        self.styles.retain(|(p, _)| *p != path);
+        self.styles.push((path, style));
         self
     }
 
@@ -461,7 +478,39 @@ pub struct Logged {
     /// `quotaExceeded`, GitHub's rate limit, `THROTTLED`, ...), not an
     /// injected fault.
     pub over_limit: bool,
+    /// Its method (`GET`, `POST`).
+    pub method: String,
+    /// Its body, as text (lossy UTF-8): a GraphQL query's, with the
+    /// variables it carried.
+    pub body: String,
+    /// Its headers, in order, names lowercase, without those that carry
+    /// the key (`Authorization`, `X-Shopify-Access-Token`); values that are
+    /// not text left out.
+    pub headers: Vec<(String, String)>,
 }
+
+impl Logged {
+    /// A GraphQL request's `variables` (`Null` when it carried none, or
+    /// its body is not JSON).
+    pub fn variables(&self) -> Value {
+        serde_json::from_str::<Value>(&self.body)
+            .map(|mut v| v["variables"].take())
+            .unwrap_or(Value::Null)
+    }
+
+    /// The value of its header `name` (lowercase), if it sent one.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        (self.headers.iter())
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Headers the request log leaves out: they carry the key.
+const SECRET_HEADERS: [HeaderName; 2] = [
+    AUTHORIZATION,
+    HeaderName::from_static("x-shopify-access-token"),
+];
 
 /// Marks a response as the upstream's own over-limit answer, for the
 /// request log ([`Logged::over_limit`]).
@@ -752,6 +801,7 @@ struct Shared {
     cost_header: bool,
     buckets: HashMap<String, Limit>,
     style: SimStyle,
+    styles: HashMap<String, SimStyle>,
     etag: bool,
     /// `http://127.0.0.1:PORT`: its own origin.
     base: String,
@@ -814,6 +864,7 @@ impl Shared {
             cost_header: config.cost_header,
             buckets: config.buckets.into_iter().collect(),
             style: config.style,
+            styles: config.styles.into_iter().collect(),
             etag: config.etag,
             base,
             next_origin: config.next_origin,
@@ -830,6 +881,11 @@ impl Shared {
                 in_flight: HashMap::new(),
             }),
         }
+    }
+
+    /// How requests to `path` page.
+    fn style_of(&self, path: &str) -> SimStyle {
+        self.styles.get(path).copied().unwrap_or(self.style)
     }
 
     /// Where next links and next URLs point.
@@ -1172,9 +1228,15 @@ fn param<'q>(query: &'q [(String, String)], name: &str) -> Option<&'q str> {
 }
 
 /// Builds the answer to `path?query`, or the 400 for a bad parameter.
-fn page(shared: &Shared, path: &str, query: &[(String, String)]) -> Result<Page, BadParam> {
-    if shared.style != SimStyle::Token {
-        return styles::page(shared, path, query);
+/// `body`: the request's (a GraphQL query's).
+fn page(
+    shared: &Shared,
+    path: &str,
+    query: &[(String, String)],
+    body: &[u8],
+) -> Result<Page, BadParam> {
+    if shared.style_of(path) != SimStyle::Token {
+        return styles::page(shared, path, query, body);
     }
     let kinds = kinds(path);
     let max_results = match param(query, "maxResults") {
@@ -1277,11 +1339,17 @@ fn lookup(path: &str, kinds: (&str, &str, &str), ids: &str) -> Page {
 }
 
 /// What the request log says a request asked for: its scope and page.
-fn asked(shared: &Shared, path: &str, query: &[(String, String)]) -> (String, Option<u32>) {
-    if shared.style != SimStyle::Token {
+fn asked(
+    shared: &Shared,
+    path: &str,
+    query: &[(String, String)],
+    body: &[u8],
+) -> (String, Option<u32>) {
+    let style = shared.style_of(path);
+    if style != SimStyle::Token {
         return (
-            styles::scope(query),
-            styles::page_no(shared.style, query).ok(),
+            styles::scope(style, query, body),
+            styles::page_no(style, query, body).ok(),
         );
     }
     let scope = param(query, "regionCode")
@@ -1355,7 +1423,7 @@ async fn handle(
     };
     let response = respond(&shared, &request).await;
     let q = query.unwrap_or_default();
-    let (scope, page) = asked(&shared, uri.path(), &q);
+    let (scope, page) = asked(&shared, uri.path(), &q, &body);
     let logged = Logged {
         received,
         time: Utc::now(),
@@ -1374,6 +1442,12 @@ async fn handle(
         resource: accounting::resource_of(&shared, uri.path()).map(str::to_owned),
         status: response.status().as_u16(),
         over_limit: response.extensions().get::<OverLimit>().is_some(),
+        method: method.as_str().to_owned(),
+        body: String::from_utf8_lossy(&body).into_owned(),
+        headers: (headers.iter())
+            .filter(|(name, _)| !SECRET_HEADERS.contains(name))
+            .filter_map(|(name, v)| Some((name.as_str().to_owned(), v.to_str().ok()?.to_owned())))
+            .collect(),
     };
     shared.lock().stats.requests.push(logged);
     response
@@ -1404,15 +1478,19 @@ async fn respond(shared: &Shared, asked: &Asked<'_>) -> Response {
     let Some(&cost) = shared.costs.get(path) else {
         return error(StatusCode::NOT_FOUND, "notFound", "global", "Not Found");
     };
-    // Shopify's and GitHub's GraphQL queries come as POSTs.
+    // Shopify's and GitHub's GraphQL queries come as POSTs; a GraphQL
+    // connection takes nothing else.
+    let connection = matches!(shared.style_of(path), SimStyle::Graphql(_));
     let post = matches!(shared.accounting, SimAccounting::Shopify { .. })
-        || accounting::resource_of(shared, path) == Some("graphql");
-    if method != Method::GET && !(post && method == Method::POST) {
+        || accounting::resource_of(shared, path) == Some("graphql")
+        || connection;
+    if (method != Method::GET || connection) && !(post && method == Method::POST) {
+        let only = if connection { "POST" } else { "GET" };
         return error(
             StatusCode::METHOD_NOT_ALLOWED,
             "methodNotAllowed",
             "global",
-            "Only GET is supported.",
+            &format!("Only {only} is supported."),
         );
     }
     let Some(query) = query else {
@@ -1439,9 +1517,9 @@ async fn respond(shared: &Shared, asked: &Asked<'_>) -> Response {
                 }
             });
             tracing::debug!(path, ?fault, "simulator: injected fault");
-            injected(shared, fault, path, query).await
+            injected(shared, fault, path, query, asked.body).await
         }
-        None => match page(shared, path, query) {
+        None => match page(shared, path, query, asked.body) {
             Err(r) => {
                 shared.count(&quota.key, |s| s.bad_requests += 1);
                 r.into_response()
@@ -1514,6 +1592,7 @@ async fn injected(
     fault: Fault,
     path: &str,
     query: &[(String, String)],
+    body: &[u8],
 ) -> Response {
     match fault {
         Fault::Status(code) => {
@@ -1544,7 +1623,7 @@ async fn injected(
         Fault::RateLimitExceeded => rate_limit_exceeded(),
         Fault::Delay(d) => {
             tokio::time::sleep(d).await;
-            match page(shared, path, query) {
+            match page(shared, path, query, body) {
                 Ok(p) => axum::Json(p.body).into_response(),
                 Err(r) => r.into_response(),
             }

@@ -2,13 +2,19 @@
 //! (`page=N`, a `Link` header, `ETag`s and `since`), Meta-like (`after=cN`,
 //! an absolute `paging.next` that echoes the query, `access_token`
 //! included), Salesforce-like (a relative `nextRecordsUrl`), page numbers
-//! (an empty page after the last) and a numeric cursor (`"next_page": 2`).
+//! (an empty page after the last, `has_more` and `isLast` on every page),
+//! a numeric cursor (`"next_page": 2`), a GraphQL connection (a POST whose
+//! `variables.after` is the cursor, `pageInfo { hasNextPage endCursor }`)
+//! and Stripe's lists (`starting_after` = the last object's id,
+//! `has_more`).
 //!
 //! Every style serves [`SimConfig::pages_per_query`] pages of
 //! [`SimConfig::items_per_page`] items per scope (`regionCode`, `q` or
-//! `repo`, else `all`); an item is `{scope}-p{n}-i{i}` with an `updated_at`
-//! ([`super::Simulator::touch`]). With a `since` (RFC 3339) after it, a scope
-//! has no items: one empty page. Pages past the last are empty.
+//! `repo`, else `all`; a GraphQL request's variables `owner` and `name`,
+//! or `repo`, `region`, `q`); an item is `{scope}-p{n}-i{i}` with an
+//! `updated_at` ([`super::Simulator::touch`]). With a `since` (RFC 3339;
+//! a GraphQL variable too) after it, a scope has no items: one empty page.
+//! Pages past the last are empty.
 
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
@@ -32,11 +38,28 @@ pub enum SimStyle {
     /// Salesforce-like: `after=cN` in; `{"records": [...],
     /// "nextRecordsUrl": "/path?..."}`, relative, without the host.
     RelativeNext,
-    /// `page=N` in; `{"items": [...]}`, and `{"items": []}` past the last.
+    /// `page=N` in; `{"items": [...], "has_more": bool, "isLast": bool}`,
+    /// and `{"items": []}` (`has_more: false`, `isLast: true`) past the
+    /// last.
     PageNumber,
     /// `page=N` in; `{"items": [...], "next_page": N+1}` (a number) while
     /// pages are left.
     NumericCursor,
+    /// A GraphQL connection (GitHub's v4, Shopify's Admin API): a POST
+    /// `{"query", "variables"}` whose `variables.after` is `null` for page
+    /// 1 and a page's `endCursor` after; the answer is `{"data": {...}}`
+    /// with the connection `{"pageInfo": {"hasNextPage", "endCursor",
+    /// "hasPreviousPage", "startCursor"}, "nodes": [...]}` at this path
+    /// inside `data` (`["repository", "issues"]`, `["products"]`). The
+    /// last page still has its `endCursor` (as GitHub's does); the empty
+    /// page after it has `null`. A cursor is JSON text
+    /// (`{"last":"ID","page":N}`, as Shopify's decode to): quotes and
+    /// braces a client must carry unchanged.
+    Graphql(&'static [&'static str]),
+    /// Stripe's lists: `starting_after=ID` in (the last object's id of the
+    /// page before); `{"object": "list", "url": PATH, "has_more": bool,
+    /// "data": [...]}`.
+    Stripe,
 }
 
 impl SimStyle {
@@ -44,13 +67,32 @@ impl SimStyle {
     fn param(self) -> &'static str {
         match self {
             SimStyle::NextUrl | SimStyle::RelativeNext => "after",
+            SimStyle::Stripe => "starting_after",
             _ => "page",
         }
     }
 }
 
-/// The scope a request pages over.
-pub(super) fn scope(query: &[(String, String)]) -> String {
+/// A GraphQL request's `variables`, if its body is one.
+fn variables(body: &[u8]) -> Option<serde_json::Map<String, Value>> {
+    let v: Value = serde_json::from_slice(body).ok()?;
+    match v.get("variables") {
+        Some(Value::Object(m)) => Some(m.clone()),
+        _ => Some(serde_json::Map::new()),
+    }
+}
+
+/// The scope a request pages over: `body` is a GraphQL request's.
+pub(super) fn scope(style: SimStyle, query: &[(String, String)], body: &[u8]) -> String {
+    if let SimStyle::Graphql(_) = style {
+        let vars = variables(body).unwrap_or_default();
+        let var = |k: &str| vars.get(k).and_then(Value::as_str);
+        if let (Some(owner), Some(name)) = (var("owner"), var("name")) {
+            return format!("{owner}/{name}");
+        }
+        let found = ["repo", "region", "q"].iter().find_map(|k| var(k));
+        return found.unwrap_or("all").to_owned();
+    }
     ["regionCode", "q", "repo"]
         .iter()
         .find_map(|p| param(query, p))
@@ -58,35 +100,79 @@ pub(super) fn scope(query: &[(String, String)]) -> String {
         .to_owned()
 }
 
+fn bad_cursor() -> BadParam {
+    BadParam("invalidPageToken", "The page or cursor is not valid.")
+}
+
 /// The page number a request asks for (1 when it names none).
-pub(super) fn page_no(style: SimStyle, query: &[(String, String)]) -> Result<u32, BadParam> {
+pub(super) fn page_no(
+    style: SimStyle,
+    query: &[(String, String)],
+    body: &[u8],
+) -> Result<u32, BadParam> {
+    if let SimStyle::Graphql(_) = style {
+        let vars = variables(body).ok_or(BadParam(
+            "badRequest",
+            "A GraphQL request is a JSON object with a query and variables.",
+        ))?;
+        return match vars.get("after") {
+            None | Some(Value::Null) => Ok(1),
+            Some(Value::String(c)) => graphql_page(c).ok_or_else(bad_cursor),
+            Some(_) => Err(bad_cursor()),
+        };
+    }
     let Some(v) = param(query, style.param()).filter(|v| !v.is_empty()) else {
         return Ok(1);
     };
     let n = match style {
         SimStyle::NextUrl | SimStyle::RelativeNext => v.strip_prefix('c'),
+        // The page after the one whose object this is: `SCOPE-pN-iK`.
+        SimStyle::Stripe => {
+            let n = v.rsplit_once("-p").and_then(|(_, r)| r.split_once("-i"));
+            let n = n.and_then(|(n, _)| n.parse::<u32>().ok());
+            return n.map(|n| n + 1).ok_or(BadParam(
+                "resource_missing",
+                "No such object: the starting_after id is not one of this list's.",
+            ));
+        }
         _ => Some(v),
     };
     match n.and_then(|n| n.parse::<u32>().ok()) {
         Some(n) if n >= 1 => Ok(n),
-        _ => Err(BadParam(
-            "invalidPageToken",
-            "The page or cursor is not valid.",
-        )),
+        _ => Err(bad_cursor()),
     }
 }
 
-/// The answer to `path?query` in `shared`'s style.
+/// The cursor after page `n` of `scope`: JSON text, as Shopify's decode to.
+fn graphql_cursor(scope: &str, n: u32, items: u32) -> String {
+    json!({ "last": format!("{scope}-p{n}-i{items}"), "page": n }).to_string()
+}
+
+/// The page a GraphQL `after` cursor asks for: the one after its `page`.
+fn graphql_page(cursor: &str) -> Option<u32> {
+    let v: Value = serde_json::from_str(cursor).ok()?;
+    let n = u32::try_from(v.get("page")?.as_u64()?).ok()?;
+    Some(n + 1)
+}
+
+/// The answer to `path?query` (with `body`, a GraphQL request's) in
+/// `shared`'s style.
 pub(super) fn page(
     shared: &Shared,
     path: &str,
     query: &[(String, String)],
+    request: &[u8],
 ) -> Result<Page, BadParam> {
-    let style = shared.style;
-    let scope = scope(query);
-    let n = page_no(style, query)?;
+    let style = shared.style_of(path);
+    let scope = scope(style, query, request);
+    let n = page_no(style, query, request)?;
     let updated_at = shared.lock().updated_at;
-    let since = match param(query, "since") {
+    let graphql_since = match style {
+        SimStyle::Graphql(_) => variables(request)
+            .and_then(|v| v.get("since").and_then(Value::as_str).map(str::to_owned)),
+        _ => None,
+    };
+    let since = match graphql_since.as_deref().or_else(|| param(query, "since")) {
         None => None,
         Some(v) => Some(
             DateTime::parse_from_rfc3339(v)
@@ -111,6 +197,8 @@ pub(super) fn page(
         base: shared.next_base(),
         path,
         query,
+        scope: &scope,
+        items: shared.items,
         n,
         last,
         more,
@@ -131,6 +219,9 @@ struct At<'a> {
     base: &'a str,
     path: &'a str,
     query: &'a [(String, String)],
+    scope: &'a str,
+    /// Items per full page.
+    items: u32,
     n: u32,
     last: u32,
     /// Whether pages are left after this one.
@@ -174,7 +265,32 @@ fn body(
             }
             body
         }
-        SimStyle::PageNumber => json!({ "items": items }),
+        SimStyle::PageNumber => json!({ "items": items, "has_more": at.more, "isLast": !at.more }),
+        SimStyle::Graphql(connection) => {
+            let end = (!items.is_empty()).then(|| graphql_cursor(at.scope, at.n, at.items));
+            let start = (at.n > 1).then(|| graphql_cursor(at.scope, at.n - 1, at.items));
+            let mut data = json!({
+                "pageInfo": {
+                    "hasNextPage": at.more,
+                    "endCursor": end,
+                    "hasPreviousPage": at.n > 1 && !items.is_empty(),
+                    "startCursor": start.filter(|_| !items.is_empty()),
+                },
+                "nodes": items,
+            });
+            for field in connection.iter().rev() {
+                let mut m = serde_json::Map::new();
+                m.insert((*field).to_owned(), data);
+                data = Value::Object(m);
+            }
+            json!({ "data": data })
+        }
+        SimStyle::Stripe => json!({
+            "object": "list",
+            "url": path,
+            "has_more": at.more,
+            "data": items,
+        }),
         SimStyle::NumericCursor => {
             let mut body = json!({ "items": items });
             if at.more {
@@ -243,14 +359,35 @@ mod tests {
 
     #[test]
     fn page_numbers_and_cursors_parse() {
-        assert_eq!(page_no(SimStyle::Link, &q(&[])).ok(), Some(1));
-        assert_eq!(page_no(SimStyle::Link, &q(&[("page", "3")])).ok(), Some(3));
+        let no = |style, query: &[(&str, &str)]| page_no(style, &q(query), b"").ok();
+        assert_eq!(no(SimStyle::Link, &[]), Some(1));
+        assert_eq!(no(SimStyle::Link, &[("page", "3")]), Some(3));
+        assert_eq!(no(SimStyle::NextUrl, &[("after", "c2")]), Some(2));
+        assert_eq!(no(SimStyle::NextUrl, &[("after", "2")]), None);
+        assert_eq!(no(SimStyle::PageNumber, &[("page", "0")]), None);
+        assert_eq!(no(SimStyle::Stripe, &[]), Some(1));
         assert_eq!(
-            page_no(SimStyle::NextUrl, &q(&[("after", "c2")])).ok(),
-            Some(2)
+            no(SimStyle::Stripe, &[("starting_after", "a-b-p3-i2")]),
+            Some(4)
         );
-        assert!(page_no(SimStyle::NextUrl, &q(&[("after", "2")])).is_err());
-        assert!(page_no(SimStyle::PageNumber, &q(&[("page", "0")])).is_err());
+        assert_eq!(no(SimStyle::Stripe, &[("starting_after", "cus_1")]), None);
+    }
+
+    #[test]
+    fn graphql_cursors_are_json_text_and_come_back_in_the_variables() {
+        let style = SimStyle::Graphql(&["repository", "issues"]);
+        let c = graphql_cursor("o/r", 2, 5);
+        assert_eq!(c, r#"{"last":"o/r-p2-i5","page":2}"#);
+        let body = |after: Value| {
+            json!({"query": "q", "variables": {"owner": "o", "name": "r", "after": after}})
+                .to_string()
+        };
+        let no = |b: String| page_no(style, &[], b.as_bytes()).ok();
+        assert_eq!(no(body(Value::Null)), Some(1));
+        assert_eq!(no(body(json!(c))), Some(3));
+        assert_eq!(no(body(json!("nope"))), None);
+        assert_eq!(no("not json".into()), None);
+        assert_eq!(scope(style, &[], body(Value::Null).as_bytes()), "o/r");
     }
 
     #[test]
@@ -260,6 +397,6 @@ mod tests {
             with_param(&query, "page", "2"),
             "repo=o%2Fa&access_token=t+k&page=2"
         );
-        assert_eq!(scope(&query), "o/a");
+        assert_eq!(scope(SimStyle::Link, &query, b""), "o/a");
     }
 }

@@ -8,20 +8,27 @@ use std::str::FromStr;
 
 use indexmap::IndexMap;
 
-use super::request::Placeholders;
+use super::request::{Placeholders, cursor_fields};
 use super::{Loader, NAME_RULE, expand_vars, valid_name};
 use crate::config::choice::PageStyleName;
 use crate::config::defaults as d;
 use crate::config::raw::{RawFanOutFrom, RawJob, RawPagination, RawRetry};
 use crate::config::{
-    DataSource, Endpoint, FanOutFrom, FieldPath, Job, PageStyle, Pagination, Reserve, Retry,
-    Schedule, Source,
+    CursorAt, DataSource, Endpoint, FanOutFrom, FieldPath, Job, PageFlag, PageStyle, Pagination,
+    Reserve, Retry, Schedule, Source,
 };
 use crate::schedule::source;
 
 /// Fan-out keys the product fills itself.
-pub(super) const RESERVED_KEYS: [&str; 6] =
-    ["secret", "date", "job", "item", "since", "since_epoch"];
+pub(super) const RESERVED_KEYS: [&str; 7] = [
+    "secret",
+    "date",
+    "job",
+    "item",
+    "since",
+    "since_epoch",
+    "cursor",
+];
 
 impl Loader<'_> {
     /// Every job of every file `pattern` matches, in file then config order.
@@ -125,10 +132,14 @@ impl Loader<'_> {
         let places = Placeholders::of(columns, &fan_out)
             .with_unknown_columns(from_written && fan_out_from.is_none());
         let request = self.request(src, &base.join("request"), &rj.request, &places);
-        let pagination = rj
-            .pagination
-            .as_ref()
-            .and_then(|p| self.pagination(src, &base.join("pagination"), p));
+        let cursor_in = cursor_fields(&base.join("request"), &rj.request);
+        let pagination = (rj.pagination.as_ref())
+            .and_then(|p| self.pagination(src, &base.join("pagination"), p, !cursor_in.is_empty()));
+        if let Some(at) = cursor_in.first()
+            && (rj.pagination.is_none() || pagination.is_some())
+        {
+            self.check_cursor_given(src, &base, at, pagination.as_ref());
+        }
         let sink = self.sink(src, &base.join("sink"), dir, name, rj.sink, &places);
         let retry = self.retry(src, &base.join("retry"), rj.retry.as_ref());
         let endpoint = endpoints.get(&rj.endpoint);
@@ -506,13 +517,39 @@ impl Loader<'_> {
         }
     }
 
+    /// `{cursor}` at `at` has a value only where the job's pagination has
+    /// a cursor (`style = "cursor"`): the error names both fields.
+    fn check_cursor_given(
+        &mut self,
+        src: &Source,
+        base: &FieldPath,
+        at: &FieldPath,
+        pagination: Option<&Pagination>,
+    ) {
+        let table = base.join("pagination");
+        let has = match pagination.map(|p| &p.style) {
+            Some(PageStyle::Cursor { .. }) => return,
+            Some(PageStyle::NextUrl { .. }) => "style = \"next_url\": it has no cursor",
+            Some(PageStyle::Link) => "style = \"link\": it has no cursor",
+            Some(PageStyle::Page { .. }) => "style = \"page\": it counts pages, it has no cursor",
+            None => "no table at all",
+        };
+        let msg = format!(
+            "{{cursor}} has no value: it is the cursor of {table} style = \"cursor\" (cursor or cursor_record), and {table} has {has}"
+        );
+        self.error(src, at, msg);
+    }
+
     /// `[NAME.pagination]`: the style, the fields it needs (and none of
-    /// the others'), `max_pages` and `continue`.
+    /// the others'), `more` or `last`, `max_pages` and `continue`.
+    /// `cursor_in_request`: the request places the cursor itself
+    /// (`{cursor}`), so `param` may be left out.
     fn pagination(
         &mut self,
         src: &Source,
         base: &FieldPath,
         p: &RawPagination,
+        cursor_in_request: bool,
     ) -> Option<Pagination> {
         // An unknown style is one error, not one more per field it lacks.
         let style = match p.style.as_deref() {
@@ -520,13 +557,14 @@ impl Loader<'_> {
             Some(written) => self.pick(src, &base.join("style"), written)?,
         };
         let (word, uses): (&str, &[&str]) = match style {
-            PageStyleName::Cursor => ("cursor", &["cursor", "param"]),
+            PageStyleName::Cursor => ("cursor", &["cursor", "cursor_record", "param"]),
             PageStyleName::NextUrl => ("next_url", &["next"]),
             PageStyleName::Link => ("link", &[]),
             PageStyleName::Page => ("page", &["param", "start", "step"]),
         };
         let written = [
             ("cursor", p.cursor.is_some()),
+            ("cursor_record", p.cursor_record.is_some()),
             ("param", p.param.is_some()),
             ("next", p.next.is_some()),
             ("start", p.start.is_some()),
@@ -541,14 +579,12 @@ impl Loader<'_> {
         }
         let style = match style {
             PageStyleName::Cursor => PageStyle::Cursor {
-                cursor: self.required_pointer(
-                    src,
-                    base,
-                    "cursor",
-                    p.cursor.as_deref(),
-                    "/nextPageToken",
-                ),
-                param: self.param(src, base, p.param.as_deref(), "the cursor"),
+                cursor: self.cursor_at(src, base, p),
+                // The request may place the cursor itself.
+                param: match p.param.as_deref() {
+                    None if cursor_in_request => None,
+                    written => Some(self.param(src, base, written, "the cursor")),
+                },
             },
             PageStyleName::NextUrl => PageStyle::NextUrl {
                 next: self.required_pointer(src, base, "next", p.next.as_deref(), "/paging/next"),
@@ -570,11 +606,60 @@ impl Loader<'_> {
             self.error(src, &base.join("max_pages"), "must be at least 1");
             return None;
         };
+        let flag = self.page_flag(src, base, p);
         Some(Pagination {
             style,
             max_pages,
             continues: p.continues.unwrap_or(d::PAGE_CONTINUE),
+            flag,
         })
+    }
+
+    /// `cursor` or `cursor_record`: exactly one.
+    fn cursor_at(&mut self, src: &Source, base: &FieldPath, p: &RawPagination) -> CursorAt {
+        match (&p.cursor, &p.cursor_record) {
+            (Some(_), Some(_)) => {
+                let msg = "cursor and cursor_record cannot both be written: the cursor is in the answer (cursor) or in its last record (cursor_record)";
+                self.error(src, &base.join("cursor_record"), msg);
+                CursorAt::Answer(String::new())
+            }
+            (None, Some(ptr)) => {
+                self.check_pointer(src, &base.join("cursor_record"), ptr, true, "/id");
+                CursorAt::LastRecord(ptr.clone())
+            }
+            (Some(ptr), None) => CursorAt::Answer(self.required_pointer(
+                src,
+                base,
+                "cursor",
+                Some(ptr),
+                "/nextPageToken",
+            )),
+            (None, None) => {
+                let msg = "missing: a JSON pointer like \"/nextPageToken\", or cursor_record = \"/id\" for the id of the page's last record (Stripe)";
+                self.error(src, &base.join("cursor"), msg);
+                CursorAt::Answer(String::new())
+            }
+        }
+    }
+
+    /// `more` or `last`: at most one, a JSON pointer.
+    fn page_flag(&mut self, src: &Source, base: &FieldPath, p: &RawPagination) -> Option<PageFlag> {
+        match (&p.more, &p.last) {
+            (Some(_), Some(_)) => {
+                let msg = "more and last cannot both be written: more = true says another page follows, last = true says none does; write the one the upstream sends";
+                self.error(src, &base.join("last"), msg);
+                None
+            }
+            (Some(ptr), None) => {
+                self.check_pointer(src, &base.join("more"), ptr, true, "/has_more");
+                Some(PageFlag::More(ptr.clone()))
+            }
+            (None, Some(ptr)) => {
+                self.check_pointer(src, &base.join("last"), ptr, true, "/isLast");
+                Some(PageFlag::Last(ptr.clone()))
+            }
+            (None, None) => None,
+        }
     }
 
     /// A pagination field holding a JSON pointer that the style needs.

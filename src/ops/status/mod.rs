@@ -1,20 +1,26 @@
 //! The status page on the metrics listener: `GET /` (HTML) and
-//! `GET /api/status` (the same data as JSON). Read-only: both routes answer
+//! `GET /api/status` (the same data as JSON), and `GET /api/state/JOB`
+//! (where its items stand). Read-only: both routes answer
 //! only GET and HEAD (anything else is 405), and nothing here writes to
 //! Redis.
 //!
 //! - `model`: what the page shows, read from Redis at request time;
 //! - `read`: the reads of what the windows and the queue do not keep by
 //!   themselves (spend history, tick records, block notes), read-only;
-//! - `page`: the HTML (maud), inline CSS and SVG, no script.
+//! - `page`: the HTML (maud), inline CSS and SVG, no script;
+//! - `items`: `GET /api/state/JOB[?item=ITEM]`, where a job's items stand
+//!   (`quota-worker state`'s JSON), which the page links each item to.
 //!
 //! Behind a reverse proxy under a path prefix every link works as it is
 //! (they are relative); a proxy that sends `X-Forwarded-Prefix` also gets a
 //! `<base href>`, so the page works when asked for without a trailing slash.
 
+mod items;
 mod model;
 mod page;
 mod read;
+
+pub(super) use items::api as state_api;
 
 use std::sync::Arc;
 

@@ -8,11 +8,13 @@
 use std::time::Duration;
 
 use maud::{DOCTYPE, Markup, html};
+use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
 
 use super::model::{
     Block, CredentialStatus, JobStatus, RunsOut, Status, TickStatus, TokenStatus, WindowStatus,
 };
 use crate::config::fmt_duration;
+use crate::item_state::command_line;
 
 /// What the request asked of the page besides the data.
 #[derive(Debug, Clone, Default)]
@@ -289,7 +291,11 @@ fn jobs(jobs: &[JobStatus]) -> Markup {
             tbody {
                 @for j in jobs {
                     tr class="job" data-job=(j.name) {
-                        td { strong { (j.name) } br; span class="muted" { (j.endpoint) " on " (j.credential) } }
+                        td {
+                            strong { (j.name) } br;
+                            span class="muted" { (j.endpoint) " on " (j.credential) } br;
+                            a class="state" href=(state_href(&j.name, None)) title=(command_line(&["state", &j.name])) { "item state" }
+                        }
                         td { code { (j.schedule) } br; span class="muted" { (j.timezone) } }
                         td { @match &j.next_fire { Some(t) => { time datetime=(t) { (t) } } None => { span class="muted" { "none" } } } }
                         td {
@@ -302,7 +308,7 @@ fn jobs(jobs: &[JobStatus]) -> Markup {
                                 Some(e) => {
                                     span class="bad" { (e.outcome) }
                                     @if let Some(st) = e.status { " " (st) }
-                                    " · " span class="item" { (e.item) } br;
+                                    " · " (item_link(&j.name, &e.item)) br;
                                     span class="detail" { (e.detail) } br;
                                     time class="muted" datetime=(e.at) { (e.at) }
                                 }
@@ -312,7 +318,7 @@ fn jobs(jobs: &[JobStatus]) -> Markup {
                         @if starved {
                             td class="starved" {
                                 @for s in j.starved.iter().flatten() {
-                                    span class="item" { (s.item) } " (" (s.ticks) " ticks)" br;
+                                    (item_link(&j.name, &s.item)) " (" (s.ticks) " ticks)" br;
                                 }
                             }
                         }
@@ -325,6 +331,27 @@ fn jobs(jobs: &[JobStatus]) -> Markup {
                 }
             }
         }
+    }
+}
+
+/// Where an item's state is (`api/state/JOB?item=ITEM`, relative like
+/// every link here), or every item's; the item percent-encoded (items come
+/// from data). Job names are plain (config validation).
+fn state_href(job: &str, item: Option<&str>) -> String {
+    match item {
+        None => format!("api/state/{job}"),
+        Some(item) => {
+            let item = utf8_percent_encode(item, NON_ALPHANUMERIC);
+            format!("api/state/{job}?item={item}")
+        }
+    }
+}
+
+/// An item's name, linked to its state; its title the command that shows
+/// the same.
+fn item_link(job: &str, item: &str) -> Markup {
+    html! {
+        a class="item" href=(state_href(job, Some(item))) title=(command_line(&["state", job, item])) { (item) }
     }
 }
 

@@ -27,6 +27,12 @@ const DONE_TTL: Duration = Duration::from_secs(86_400);
 /// How long a job's starved items are kept after the last of them starved:
 /// longer than any gap between two ticks of a live job.
 const STARVED_TTL: Duration = Duration::from_secs(400 * 86_400);
+/// Most starved items kept per job. An item that starts starving while as
+/// many are kept has no count: its outcome lines say `starved_ticks=1`
+/// until it is served. About 75 bytes each in Redis with a 24-character
+/// item key (200,000 took 14.9 MB on Redis 7.0), so ~75 MB for a job of a
+/// million items starved at once (its tick's queued tasks take 400 MB).
+pub const STARVED_CAP: u64 = 1_000_000;
 /// How many of a job's ticks its record keeps (the newest).
 pub(crate) const TICKS_KEPT: usize = 10;
 /// How long a job's tick record outlives the first end of its newest tick
@@ -115,6 +121,61 @@ pub(crate) struct TickRecord {
     pub(crate) tick: i64,
     /// The tick's outcome hash: outcome field -> count, `#items`, ...
     pub(crate) counts: BTreeMap<String, i64>,
+}
+
+/// An item's last run, as `quota-worker state` shows it (`KeySpace::
+/// item_last`): written with the run's outcome, as one more key of the
+/// item's state its end leaves ([`Leaves`]), so no command is added to a
+/// task's end.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct LastRun {
+    /// The run's tick, ms since the epoch.
+    pub(crate) tick: i64,
+    /// How it ended (`done`, `quota_exhausted`, ...).
+    pub(crate) outcome: String,
+    /// When it ended, s since the epoch: Redis's clock at the item's claim
+    /// (whole seconds, as `{since}`) plus the run's length on the worker's
+    /// monotonic clock (no host's wall clock), so to within a second or two.
+    pub(crate) ended_at: i64,
+    /// The page it ended on (the last one fetched when `done`).
+    pub(crate) page: u32,
+    /// Pages it fetched.
+    pub(crate) pages: u32,
+    /// Why, in words: the outcome's detail, as logged (free of secrets),
+    /// cut to [`LastRun::DETAIL_MAX`] bytes.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub(crate) detail: String,
+}
+
+impl LastRun {
+    /// The longest detail kept.
+    const DETAIL_MAX: usize = 500;
+
+    /// `task`'s run that ended with `o` at `ended_at`; `None` for a task
+    /// that ran nothing (`superseded`): the item's last run stays the one
+    /// before.
+    pub(crate) fn of(task: &TaskArgs, o: &Outcome, ended_at: i64) -> Option<Self> {
+        if o.kind == OutcomeKind::Superseded {
+            return None;
+        }
+        let mut detail = o.detail.clone();
+        if detail.len() > Self::DETAIL_MAX {
+            let mut end = Self::DETAIL_MAX;
+            while !detail.is_char_boundary(end) {
+                end -= 1;
+            }
+            detail.truncate(end);
+            detail.push('…');
+        }
+        Some(LastRun {
+            tick: task.tick,
+            outcome: o.kind.as_str().to_owned(),
+            ended_at,
+            page: o.page,
+            pages: o.pages,
+            detail,
+        })
+    }
 }
 
 /// `lua/finish.lua`'s arguments: one task's end.
@@ -238,7 +299,7 @@ impl Finish {
             .arg(self.turn.map(|t| t.to_string()).unwrap_or_default())
             .arg(&self.item)
             .arg(ms(STARVED_TTL))
-            .arg(crate::schedule::STARVED_CAP);
+            .arg(STARVED_CAP);
         if let Some(held) = &self.held {
             call.key(&held.lock);
             call.arg(&held.holder).arg(held.leaves.set.len());
