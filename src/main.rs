@@ -222,17 +222,6 @@ fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     quota_worker::config::parse_duration(s)
 }
 
-/// A command whose output goes to a reader that stopped reading (`check |
-/// head`) ends as a Unix tool does, by SIGPIPE, silently: Rust ignores the
-/// signal, and `println!` then panics on the broken pipe (issue 37). Not
-/// for `run` and `demo`, daemons that must outlive a closed socket or log
-/// pipe.
-fn default_sigpipe() {
-    // SAFETY: sets the disposition of one signal before any thread that
-    // could be writing has started.
-    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
-}
-
 fn main() -> ExitCode {
     let args = match Args::try_parse() {
         Ok(a) => a,
@@ -246,9 +235,6 @@ fn main() -> ExitCode {
             return code.into();
         }
     };
-    if !matches!(args.command, Command::Run | Command::Demo { .. }) {
-        default_sigpipe();
-    }
     if let Some(code) = generate(&args.command) {
         return code;
     }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::Exit;
+use super::{Exit, out, outln};
 use crate::acl;
 use crate::config::{
     Config, Credential, Job, Reserve, Scope, UnsafeEviction, Window, fmt_duration,
@@ -49,8 +49,8 @@ pub async fn run(config: &Config, now: DateTime<Utc>, with_secrets: bool) -> Exi
     };
     let (config, sources) = read_sources(config).await;
     let daemons = live_daemons(&config).await;
-    print!("{}", report(&config, now, &sources, daemons));
-    print!("{}", tables_report(&tables));
+    out!("{}", report(&config, now, &sources, daemons));
+    out!("{}", tables_report(&tables));
     redis_eviction(&config).await
 }
 
@@ -64,7 +64,7 @@ async fn commands(config: &Config, secrets: &crate::config::Secrets, run: bool) 
     let mut ok = true;
     for cred in config.credentials.values().filter(|c| c.minted()) {
         if !run {
-            println!(
+            outln!(
                 "credential {}: secret_command's program is there and executable (not run; `check --with-secrets` runs it)",
                 cred.name
             );
@@ -77,7 +77,7 @@ async fn commands(config: &Config, secrets: &crate::config::Secrets, run: bool) 
             Some(_) => match Tenants::seen(config, cred).values.into_iter().next() {
                 Some(v) => Some(v),
                 None => {
-                    println!(
+                    outln!(
                         "credential {}: secret_command not run (a template's runs per tenant, and no job's items name one now)",
                         cred.name
                     );
@@ -98,7 +98,7 @@ async fn commands(config: &Config, secrets: &crate::config::Secrets, run: bool) 
             None => name.clone(),
         };
         match crate::mint::run(&argv, &name, &known).await {
-            Ok(token) => println!(
+            Ok(token) => outln!(
                 "credential {whose}: secret_command printed a token ({} bytes)",
                 token.expose().len()
             ),
@@ -169,7 +169,7 @@ async fn redis_eviction(config: &Config) -> Exit {
 /// The queue's Redis (the windows' too without `quota_nodes`).
 async fn queue_eviction(config: &Config) -> Exit {
     let Some(url) = &config.redis.url else {
-        println!("\nredis: embedded, started with maxmemory-policy noeviction");
+        outln!("\nredis: embedded, started with maxmemory-policy noeviction");
         return Exit::Ok;
     };
     let wait = Duration::from_secs(2);
@@ -187,7 +187,7 @@ async fn queue_eviction(config: &Config) -> Exit {
             return Exit::Config;
         }
         Err(_) => {
-            println!(
+            outln!(
                 "\nredis: {url} does not answer now; its maxmemory-policy and its user's permissions are checked when `run` starts"
             );
             return Exit::Ok;
@@ -197,7 +197,7 @@ async fn queue_eviction(config: &Config) -> Exit {
     let replicas = config.redis.quota_replicas > 0;
     let access = match acl::access(conn, &config.redis.key_prefix, replicas).await {
         Ok(acl::Access::Granted) => {
-            println!("redis: {url}: {}", acl::Access::Granted);
+            outln!("redis: {url}: {}", acl::Access::Granted);
             Exit::Ok
         }
         Ok(missing @ acl::Access::Missing(_)) => {
@@ -205,11 +205,11 @@ async fn queue_eviction(config: &Config) -> Exit {
             Exit::Config
         }
         Ok(unknown @ acl::Access::Unknown(_)) => {
-            println!("warning: redis: {url}: {unknown}");
+            outln!("warning: redis: {url}: {unknown}");
             Exit::Ok
         }
         Err(e) => {
-            println!("warning: redis: {url}: the user's permissions could not be read: {e}");
+            outln!("warning: redis: {url}: the user's permissions could not be read: {e}");
             Exit::Ok
         }
     };
@@ -230,7 +230,7 @@ async fn quota_cluster(config: &Config) -> Exit {
     let at = format!("the quota windows' {target}");
     let wait = Duration::from_secs(2);
     let Ok(Ok(conn)) = tokio::time::timeout(wait, target.connect(wait, 0)).await else {
-        println!(
+        outln!(
             "\nredis: {at} does not answer now; its masters' maxmemory-policy is checked when `run` starts"
         );
         return Exit::Ok;
@@ -240,7 +240,7 @@ async fn quota_cluster(config: &Config) -> Exit {
     let access =
         match acl::access_windows(&mut conn.clone(), &config.redis.key_prefix, replicas).await {
             Ok(acl::Access::Granted) => {
-                println!("redis: {at}: the user may run every command the windows need");
+                outln!("redis: {at}: the user may run every command the windows need");
                 Exit::Ok
             }
             Ok(missing @ acl::Access::Missing(_)) => {
@@ -248,11 +248,11 @@ async fn quota_cluster(config: &Config) -> Exit {
                 Exit::Config
             }
             Ok(unknown @ acl::Access::Unknown(_)) => {
-                println!("warning: redis: {at}: {unknown}");
+                outln!("warning: redis: {at}: {unknown}");
                 Exit::Ok
             }
             Err(e) => {
-                println!("warning: redis: {at}: the user's permissions could not be read: {e}");
+                outln!("warning: redis: {at}: the user's permissions could not be read: {e}");
                 Exit::Ok
             }
         };
@@ -267,7 +267,7 @@ async fn quota_cluster(config: &Config) -> Exit {
 fn verdict(config: &Config, at: &str, eviction: Eviction) -> Exit {
     match eviction {
         Eviction::Safe => {
-            println!("\nredis: {at}: maxmemory-policy noeviction");
+            outln!("\nredis: {at}: maxmemory-policy noeviction");
             Exit::Ok
         }
         Eviction::Unsafe(policy) => {
@@ -278,7 +278,7 @@ fn verdict(config: &Config, at: &str, eviction: Eviction) -> Exit {
                     Exit::Config
                 }
                 UnsafeEviction::Warn => {
-                    println!(
+                    outln!(
                         "\nwarning: Redis at {at}: {reason} (unsafe_eviction = \"warn\": `run` starts anyway)"
                     );
                     Exit::Ok
@@ -286,7 +286,7 @@ fn verdict(config: &Config, at: &str, eviction: Eviction) -> Exit {
             }
         }
         Eviction::Unknown(why) => {
-            println!(
+            outln!(
                 "\nwarning: Redis at {at}: its maxmemory-policy cannot be verified ({why}); make sure it is noeviction"
             );
             Exit::Ok

@@ -10,7 +10,7 @@
 
 use serde_json::json;
 
-use super::Exit;
+use super::{Exit, out, outln};
 use crate::config::Config;
 use crate::sink::{self, KeptPage, RetryOutcome, Scope, Sinks};
 
@@ -34,11 +34,11 @@ pub fn list(config: &Config, job: Option<&str>, as_json: bool) -> Exit {
         return unknown_job(config, j);
     }
     if as_json {
-        println!("{}", json!({ "pages": pages }));
+        outln!("{}", json!({ "pages": pages }));
         return Exit::Ok;
     }
     if pages.is_empty() {
-        println!(
+        outln!(
             "no page refused for good{} (nothing under {})",
             job.map(|j| format!(" for job {j}")).unwrap_or_default(),
             spool.join("%rejected").display()
@@ -46,10 +46,10 @@ pub fn list(config: &Config, job: Option<&str>, as_json: bool) -> Exit {
         return Exit::Ok;
     }
     for p in &pages {
-        print!("{}", as_text(p));
+        out!("{}", as_text(p));
     }
     let jobs: std::collections::BTreeSet<&str> = pages.iter().map(|p| p.job.as_str()).collect();
-    println!(
+    outln!(
         "{} page(s) refused for good; after fixing the cause, write them again with `quota-worker spool retry {}`",
         pages.len(),
         match jobs.len() {
@@ -104,7 +104,7 @@ pub async fn retry(config: &Config, job: &str) -> Exit {
         }
     };
     if done.is_empty() {
-        println!(
+        outln!(
             "no page of job {} is kept as refused: nothing to write",
             job.name
         );
@@ -116,29 +116,29 @@ pub async fn retry(config: &Config, job: &str) -> Exit {
         match &r.outcome {
             RetryOutcome::Written(rows) => {
                 written += 1;
-                println!("written  {}  {rows} row(s); removed {file}", r.item);
+                outln!("written  {}  {rows} row(s); removed {file}", r.item);
             }
             RetryOutcome::Refused(why) => {
                 refused += 1;
-                println!(
+                outln!(
                     "refused  {}  still: {why}\n  kept in {file}; its hold is lifted: the item's next run fetches that page again",
                     r.item
                 );
             }
             RetryOutcome::NotNow(why) => {
                 not_now += 1;
-                println!(
+                outln!(
                     "not now  {}  the sink cannot take it now: {why}\n  kept in {file}; try again",
                     r.item
                 );
             }
             RetryOutcome::Busy => {
                 not_now += 1;
-                println!("busy     {file}: another process holds it (a `spool retry` running?)");
+                outln!("busy     {file}: another process holds it (a `spool retry` running?)");
             }
         }
     }
-    println!(
+    outln!(
         "{written} of {} page(s) written; {refused} still refused; {not_now} not written now",
         done.len()
     );

@@ -362,14 +362,13 @@ fn check_warns_of_a_count_that_resyncs_nothing_and_counts_per_resource() {
 }
 
 /// Issue 37 (low): `check … | head` panicked ("failed printing to stdout:
-/// Broken pipe") once `head` had stopped reading. A command whose reader
-/// went away now ends as a Unix tool does, by SIGPIPE, with nothing on its
-/// standard error. The pipe's read end is closed before the command starts,
-/// so its first write meets it.
+/// Broken pipe") once `head` had stopped reading. The rest of its output is
+/// dropped and it ends with its own exit code (0: the config is valid), as
+/// `keys` does (`keys_installed`). The pipe's read end is closed before the
+/// command starts, so its first write meets it.
 #[test]
 fn check_into_a_pipe_nobody_reads_ends_quietly() {
     use std::os::fd::FromRawFd;
-    use std::os::unix::process::ExitStatusExt;
     let cfg = config(search_job());
     let mut fds = [0; 2];
     // SAFETY: `fds` has room for the two descriptors pipe(2) writes.
@@ -388,5 +387,5 @@ fn check_into_a_pipe_nobody_reads_ends_quietly() {
     let out = cmd.output().expect("run check");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("panicked"), "{err}");
-    assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{err}");
+    assert_eq!(out.status.code(), Some(0), "{err}");
 }
