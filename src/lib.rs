@@ -55,7 +55,10 @@
 //!   the loops, and stops them on shutdown.
 //! - [`quota`]: **where a spend is decided** — the windows and the spend
 //!   script (`lua/spend.lua`): spend, settle, block, peek. The CLI's
-//!   `spend`, the worker and the benchmarks call the same function.
+//!   `spend`, the worker and the benchmarks make and read every spend
+//!   through the same two functions (`Limiter::prepare`,
+//!   `Limiter::conclude`), whether the Limiter's own call runs it or, for
+//!   a task's first page, the item claim's script carries it.
 //!   `accounting`: what an answer says about the upstream's own quota (one
 //!   `Verdict`: settle, resync, block, for the resource it speaks for, per
 //!   upstream: GitHub REST and GraphQL, Shopify, Meta, IETF).
@@ -79,7 +82,8 @@
 //!   `queue::scripts::finish`; why a credential is blocked:
 //!   `quota::BlockNote`) and read through one read-only module
 //!   (`ops::status::read`).
-//! - [`stats`]: this process's counters (the demo's progress, the metrics).
+//! - [`stats`]: this process's counters (the demo's progress, the metrics);
+//!   [`liveness`]: the daemon loops' beats (the watchdog, `/readyz`).
 //! - [`conn`], `embedded`: reaching Redis, or running one; `eviction`:
 //!   whether that Redis may evict the windows' keys.
 //! - [`logging`]: the log subscriber (text or JSON lines).
@@ -108,6 +112,7 @@ pub(crate) mod fetch;
 pub(crate) mod host;
 pub(crate) mod item_state;
 pub mod keys;
+pub mod liveness;
 pub mod logging;
 pub(crate) mod mint;
 pub mod ops;

@@ -1,9 +1,15 @@
 //! Quota windows and the spend: weighted units taken atomically from a
 //! credential's shared windows in Redis by `lua/spend.lua`.
 //!
-//! This module knows no HTTP and no queue. The CLI's `spend`, the workers and
-//! the benchmarks all call [`Limiter::spend`] (or [`Limiter::spend_reserved`]
-//! for a job with a priority reserve). A decision is data ([`Decision`]); a
+//! This module knows no HTTP and no queue. Every spend is made ready by
+//! `Limiter::prepare` (its cost checked, its KEYS and ARGV) and decided
+//! by `Limiter::conclude` (the script's reply, counted in the metrics):
+//! the benchmarks call [`Limiter::spend`] (or [`Limiter::spend_reserved`]
+//! with a priority reserve), the CLI's `spend` [`Limiter::spend_for`] (a
+//! tenant), the workers [`Limiter::spend_in_line`] (the windows' waiting
+//! lines), each of which runs both; a task's first page's spend rides in
+//! the item claim's script between the two instead (`worker::lock`, where
+//! `Limiter::rides_along` says it may). A decision is data ([`Decision`]); a
 //! cost that can never fit is an error of its own
 //! ([`QuotaError::CostTooLarge`]), as in governor's `InsufficientCapacity`.
 //! [`Limiter::sync`] records drift when the upstream reports fewer units left
@@ -503,7 +509,7 @@ fn lines(ks: &KeySpace, credential: &str, windows: &[WindowPlan]) -> Vec<String>
         .collect()
 }
 
-/// A spend made ready to run ([`Limiter::prepare`]).
+/// A spend made ready to run (`Limiter::prepare`).
 pub(crate) struct PreparedSpend<'a> {
     /// The endpoint's plan (a template tenant's own).
     pub(crate) ep: Cow<'a, EndpointPlan>,
@@ -1033,8 +1039,8 @@ impl Limiter {
     /// A spend made ready to run: checked, with its KEYS and ARGV.
     /// [`Limiter::spend_for`] runs it; a script of one's own may run it in
     /// its own call instead (after [`library`], through `spend_main`) where
-    /// [`Limiter::rides_along`] says that is sound, and hand the spend's
-    /// reply to [`Limiter::conclude`].
+    /// `Limiter::rides_along` says that is sound, and hand the spend's
+    /// reply to `Limiter::conclude`.
     pub(crate) fn prepare(
         &self,
         endpoint: &str,
