@@ -711,3 +711,149 @@ fn issue_37_2_sqlite_refusing_a_page_for_good_keeps_it() {
         .expect("count");
     assert_eq!(n, 1);
 }
+
+/// How many times `upstream` was asked for the canned answer `name`.
+fn asked(upstream: &Hostile, name: &str) -> usize {
+    let path = format!("/canned/{name}");
+    (upstream.seen().iter())
+        .filter(|s| s.path() == path)
+        .count()
+}
+
+/// One tick of `items` tasks on `rig`'s daemon now: this tick's outcomes.
+fn tick_of(rig: &CannedRig, items: usize) -> Vec<Value> {
+    let before = before_terminal(rig);
+    let (outcomes, _) = rig.tick(before + items);
+    outcomes[before..].to_vec()
+}
+
+/// Issue 37, item 2, files: a directory where an item's JSON lines file
+/// goes (`EISDIR`) never heals by waiting, yet it was spooled and retried
+/// every 10 s, and each tick fetched the item and spooled one more page.
+/// It is refused for good: the task fails naming the OS error, the page is
+/// kept, `{since}` and page 1's validators stay, the other item goes on.
+/// The hold outlasts a restart (it is read from the kept files); a reload
+/// that changes the job lifts it (the item is fetched again, once the
+/// directory is gone, and written); `spool retry` then writes the kept
+/// page once.
+#[test]
+fn issue_37_2_a_directory_where_the_file_goes_is_refused_for_good_held_across_a_restart_until_a_reload()
+ {
+    let upstream = Hostile::start();
+    let endpoint = CannedRig::endpoint().set("conditional", true);
+    let job = CannedRig::job(&upstream).fan_out("v", ["a", "b"]);
+    let mut rig = CannedRig::start_job("k3y-for-37", endpoint, job, &[]);
+    upstream.answer(
+        "a",
+        200,
+        &[("etag", b"\"a-1\"")],
+        page(json!([{"id": "a-1"}]), None),
+    );
+    upstream.answer("b", 200, &[], page(json!([{"id": "b-1"}]), None));
+    let ended = tick_of(&rig, 2);
+    assert!(ended.iter().all(|o| o["outcome"] == "done"), "{ended:#?}");
+    let validators = |rig: &CannedRig| -> Option<String> {
+        rig.redis.cmd(&["GET", &keys().validators(JOB, "v=a")])
+    };
+    let since_before = since(&rig, "a").expect("a complete run leaves {since}");
+    let validators_before = validators(&rig).expect("page 1's ETag is kept");
+    assert!(validators_before.contains("a-1"), "{validators_before}");
+
+    // Something the sink never removes, where item a's file goes.
+    let file = rig.cfg.join("data/leak/a.jsonl");
+    std::fs::remove_file(&file).expect("rm a.jsonl");
+    std::fs::create_dir(&file).expect("a directory in the way");
+    upstream.answer(
+        "a",
+        200,
+        &[("etag", b"\"a-2\"")],
+        page(json!([{"id": "a-2"}]), None),
+    );
+    upstream.answer("b", 200, &[], page(json!([{"id": "b-2"}]), None));
+    // {since} is in seconds: a run completed now would move it.
+    std::thread::sleep(Duration::from_millis(1_100));
+    let ended = tick_of(&rig, 2);
+    let a = CannedRig::outcome(&ended, "a");
+    assert_eq!(a["outcome"], "failed", "{a}");
+    let why = message(a);
+    assert!(
+        why.starts_with("the sink refused this page for good: cannot write ")
+            && why.contains("Is a directory (os error 21)")
+            && why.contains("state/spool/%rejected/leak/")
+            && why.contains("quota-worker spool retry leak"),
+        "{why}"
+    );
+    assert_eq!(CannedRig::outcome(&ended, "b")["outcome"], "done");
+    assert_eq!((spooled(&rig), kept(&rig)), (0, 1), "kept, not spooled");
+    assert_eq!(
+        since(&rig, "a"),
+        Some(since_before.clone()),
+        "{{since}} stays"
+    );
+    assert_eq!(
+        validators(&rig),
+        Some(validators_before.clone()),
+        "the validators stay"
+    );
+    assert_eq!(rejected_on_status(&rig), Some(1));
+
+    // Held: the next tick fetches nothing of item a, and keeps nothing more.
+    let before = asked(&upstream, "a");
+    let ended = tick_of(&rig, 2);
+    let a = CannedRig::outcome(&ended, "a");
+    assert!(message(a).starts_with("sink: held: "), "{a}");
+    assert_eq!(a["units"], 0, "{a}");
+    assert_eq!(asked(&upstream, "a"), before, "item a was not fetched");
+    assert_eq!((spooled(&rig), kept(&rig)), (0, 1));
+
+    // Across a restart too: the hold is in the kept files.
+    rig.daemon.term();
+    assert!(rig.daemon.wait_exit(Duration::from_secs(30)).is_some());
+    rig.daemon =
+        crate::support::process::Proc::daemon("daemon-2", &rig.cfg, Some(&rig.redis.url()), &[]);
+    rig.daemon.wait_running(Duration::from_secs(30));
+    let ended = tick_of(&rig, 2);
+    let a = CannedRig::outcome(&ended, "a");
+    assert!(message(a).starts_with("sink: held: "), "{a}");
+    assert_eq!(asked(&upstream, "a"), before, "item a was not fetched");
+
+    // The operator moves the directory away and changes the job: the
+    // reload lifts the hold, and the item's next run is written.
+    std::fs::remove_dir(&file).expect("rm the directory");
+    let job_file = rig.cfg.join("jobs/leak.toml");
+    let text = std::fs::read_to_string(&job_file).expect("the job file");
+    assert!(text.starts_with("[leak]\n"), "{text}");
+    let text = text.replacen("[leak]\n", "[leak]\nsince_initial = \"2d\"\n", 1);
+    std::fs::write(&job_file, text).expect("edit the job");
+    rig.daemon.signal(libc::SIGHUP);
+    assert!(
+        rig.daemon
+            .wait_log("configuration reloaded", Duration::from_secs(30)),
+        "{}",
+        rig.daemon.log()
+    );
+    upstream.answer(
+        "a",
+        200,
+        &[("etag", b"\"a-3\"")],
+        page(json!([{"id": "a-3"}]), None),
+    );
+    let ended = tick_of(&rig, 2);
+    assert!(ended.iter().all(|o| o["outcome"] == "done"), "{ended:#?}");
+    assert_eq!(asked(&upstream, "a"), before + 1, "fetched again, once");
+    assert_eq!(kept(&rig), 1, "the kept page stays for `spool retry`");
+    let (code, out, err) = run_cli(
+        &rig.cfg,
+        None,
+        &["spool", "retry", JOB],
+        Duration::from_secs(60),
+    );
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("1 of 1 page(s) written"), "{out}");
+    assert_eq!(kept(&rig), 0);
+    let lines = std::fs::read_to_string(&file).expect("a.jsonl");
+    for id in ["a-2", "a-3"] {
+        let n = lines.matches(&format!(r#""id":"{id}""#)).count();
+        assert_eq!(n, 1, "{id} once: {lines}");
+    }
+}
