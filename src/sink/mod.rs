@@ -173,22 +173,6 @@ pub enum SinkError {
         #[source]
         source: io::Error,
     },
-    /// Something the sink never removes is where the item's JSON lines
-    /// file goes: a directory (`EISDIR`), or a file where one of its
-    /// directories goes (`ENOTDIR`, `EEXIST`). No retry can write the page
-    /// until an operator moves it away, so none is spooled: the page is
-    /// kept as refused for good and holds its item (issue 37).
-    #[error(
-        "cannot write {}: {source}; something other than a file is where this item's sink file goes, or a file is where one of its directories goes, and the sink never removes it: move it away",
-        path.display()
-    )]
-    InTheWay {
-        /// The file.
-        path: PathBuf,
-        /// What the OS said.
-        #[source]
-        source: io::Error,
-    },
     /// The item's JSON lines file or SQLite database is a symbolic link:
     /// never followed (it could point anywhere the daemon may write), so
     /// the page is not written there, nor spooled for it; the item's task
@@ -290,18 +274,16 @@ impl SinkError {
     ///   the item; BUSY, LOCKED, FULL, IOERR, CANTOPEN, READONLY, PERM,
     ///   NOMEM, PROTOCOL, SCHEMA heal.
     /// - Files (JSON lines, and where SQLite files go): a file name too long
-    ///   (`ENAMETOOLONG`), a symbolic link where the file goes (`ELOOP`), a
-    ///   directory where it goes (`EISDIR`) or a file where one of its
-    ///   directories goes (`ENOTDIR`, `EEXIST`) hold the item; every other
-    ///   OS error (`ENOSPC`, `EDQUOT`, `EROFS`, `EACCES`, `EPERM`, `EIO`)
-    ///   heals: Part 2's read-only or full disk, which an operator's fix
-    ///   (or a freed byte) heals with no command.
+    ///   (`ENAMETOOLONG`) and a symbolic link where the file goes (`ELOOP`)
+    ///   hold the item; every other OS error (`ENOSPC`, `EDQUOT`, `EROFS`,
+    ///   `EACCES`, `EIO`, a directory in the way) heals: an operator's fix
+    ///   (a mode, a mount, a directory moved away) or a freed byte writes
+    ///   the spooled pages with no command (Part 2; issue 22's "an item
+    ///   whose file cannot be written for now").
     #[must_use]
     pub fn for_good(&self) -> Option<Scope> {
         match self {
-            SinkError::NeverWritable { .. }
-            | SinkError::InTheWay { .. }
-            | SinkError::Symlink { .. } => Some(Scope::Item),
+            SinkError::NeverWritable { .. } | SinkError::Symlink { .. } => Some(Scope::Item),
             SinkError::Sqlite { source, .. } => sqlite_for_good(source),
             SinkError::Postgres(e) => match &**e {
                 PgError::Schema { .. } => Some(Scope::Job),
@@ -325,10 +307,7 @@ impl SinkError {
     }
 
     /// A write error that no retry can fix, as such: a path whose file name
-    /// is too long (`ENAMETOOLONG`), a symbolic link where the file goes
-    /// (`ELOOP`), a directory where it goes or a file where one of its
-    /// directories goes (`EISDIR`, `ENOTDIR`, `EEXIST`: only the JSON
-    /// lines append meets these, where the spool's own I/O never passes).
+    /// is too long (`ENAMETOOLONG`).
     pub(crate) fn classified(self) -> Self {
         match self {
             SinkError::Io { path, source } if source.kind() == io::ErrorKind::InvalidFilename => {
@@ -336,14 +315,6 @@ impl SinkError {
             }
             SinkError::Io { path, source } if source.raw_os_error() == Some(libc::ELOOP) => {
                 SinkError::Symlink { path }
-            }
-            SinkError::Io { path, source }
-                if matches!(
-                    source.raw_os_error(),
-                    Some(libc::EISDIR | libc::ENOTDIR | libc::EEXIST)
-                ) =>
-            {
-                SinkError::InTheWay { path, source }
             }
             SinkError::Sqlite { path, source } if sqlite::is_symlink_refusal(&source) => {
                 SinkError::Symlink { path }
@@ -1321,13 +1292,6 @@ mod tests {
             io(io::Error::from_raw_os_error(libc::ELOOP)).for_good(),
             Some(Scope::Item)
         );
-        for errno in [libc::EISDIR, libc::ENOTDIR, libc::EEXIST] {
-            assert_eq!(
-                io(io::Error::from_raw_os_error(errno)).for_good(),
-                Some(Scope::Item),
-                "{errno}"
-            );
-        }
         for errno in [
             libc::ENOSPC,
             libc::EDQUOT,
@@ -1335,7 +1299,8 @@ mod tests {
             libc::EACCES,
             libc::EPERM,
             libc::EIO,
-            libc::ENOENT,
+            libc::EISDIR,
+            libc::ENOTDIR,
         ] {
             assert_eq!(
                 io(io::Error::from_raw_os_error(errno)).for_good(),

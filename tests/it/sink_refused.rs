@@ -727,18 +727,18 @@ fn tick_of(rig: &CannedRig, items: usize) -> Vec<Value> {
     outcomes[before..].to_vec()
 }
 
-/// Issue 37, item 2, files: a directory where an item's JSON lines file
-/// goes (`EISDIR`) never heals by waiting, yet it was spooled and retried
-/// every 10 s, and each tick fetched the item and spooled one more page.
-/// It is refused for good: the task fails naming the OS error, the page is
-/// kept, `{since}` and page 1's validators stay, the other item goes on.
-/// The hold outlasts a restart (it is read from the kept files); a reload
-/// that changes the job lifts it (the item is fetched again, once the
-/// directory is gone, and written); `spool retry` then writes the kept
-/// page once.
+/// Issue 37, item 2, files: a symbolic link where an item's JSON lines
+/// file goes (`ELOOP`: the sink never follows one) never heals by waiting.
+/// It is refused for good: the task fails naming it, the page is kept,
+/// `{since}` and page 1's validators stay, the other item goes on. The
+/// hold outlasts a restart (it is read from the kept files); a reload that
+/// changes the job lifts it (the item is fetched again, once the link is
+/// gone, and written); `spool retry` then writes the kept page once. (A
+/// directory where the file goes heals instead, with no command: issue
+/// 22's `spool_per_item::issue_22_2_an_item_that_cannot_be_written_…`.)
 #[test]
-fn issue_37_2_a_directory_where_the_file_goes_is_refused_for_good_held_across_a_restart_until_a_reload()
- {
+fn issue_37_2_a_link_where_the_file_goes_is_refused_for_good_held_across_a_restart_until_a_reload()
+{
     let upstream = Hostile::start();
     let endpoint = CannedRig::endpoint().set("conditional", true);
     let job = CannedRig::job(&upstream).fan_out("v", ["a", "b"]);
@@ -759,10 +759,11 @@ fn issue_37_2_a_directory_where_the_file_goes_is_refused_for_good_held_across_a_
     let validators_before = validators(&rig).expect("page 1's ETag is kept");
     assert!(validators_before.contains("a-1"), "{validators_before}");
 
-    // Something the sink never removes, where item a's file goes.
+    // A link planted where item a's file goes.
     let file = rig.cfg.join("data/leak/a.jsonl");
     std::fs::remove_file(&file).expect("rm a.jsonl");
-    std::fs::create_dir(&file).expect("a directory in the way");
+    let elsewhere = rig.cfg.join("elsewhere.jsonl");
+    std::os::unix::fs::symlink(&elsewhere, &file).expect("a link in the way");
     upstream.answer(
         "a",
         200,
@@ -777,8 +778,8 @@ fn issue_37_2_a_directory_where_the_file_goes_is_refused_for_good_held_across_a_
     assert_eq!(a["outcome"], "failed", "{a}");
     let why = message(a);
     assert!(
-        why.starts_with("the sink refused this page for good: cannot write ")
-            && why.contains("Is a directory (os error 21)")
+        why.starts_with("the sink refused this page for good: refused to write ")
+            && why.contains("it is a symbolic link, which a sink never follows")
             && why.contains("state/spool/%rejected/leak/")
             && why.contains("quota-worker spool retry leak"),
         "{why}"
@@ -817,9 +818,10 @@ fn issue_37_2_a_directory_where_the_file_goes_is_refused_for_good_held_across_a_
     assert!(message(a).starts_with("sink: held: "), "{a}");
     assert_eq!(asked(&upstream, "a"), before, "item a was not fetched");
 
-    // The operator moves the directory away and changes the job: the
+    // The operator removes the link and changes the job: the
     // reload lifts the hold, and the item's next run is written.
-    std::fs::remove_dir(&file).expect("rm the directory");
+    assert!(!elsewhere.exists(), "the link was never followed");
+    std::fs::remove_file(&file).expect("rm the link");
     let job_file = rig.cfg.join("jobs/leak.toml");
     let text = std::fs::read_to_string(&job_file).expect("the job file");
     assert!(text.starts_with("[leak]\n"), "{text}");
