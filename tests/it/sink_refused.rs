@@ -436,6 +436,65 @@ fn issue_37_2_a_table_that_refuses_every_page_holds_the_whole_job() {
     assert!(ended.iter().all(|o| o["outcome"] == "done"), "{ended:#?}");
 }
 
+/// Issue 37, item 2: a permission on the table revoked (`permission denied
+/// for table leak`, SQLSTATE 42501) heals only when an operator grants it
+/// again, and would refuse every item's pages: the page is kept and holds
+/// the whole job, nothing is spooled, nothing more is fetched; once
+/// granted, `spool retry` writes it once and the job goes on.
+#[test]
+fn issue_37_2_a_permission_revoked_on_the_table_holds_the_job_until_spool_retry() {
+    let t = PgRig::start(&["a", "b"], |s| s.key("/id"));
+    for v in ["a", "b"] {
+        t.upstream
+            .answer(v, 200, &[], page(json!([{"id": format!("{v}-1")}]), None));
+    }
+    let ended = t.tick(2);
+    assert!(ended.iter().all(|o| o["outcome"] == "done"), "{ended:#?}");
+    let since_before = since(&t.rig, "a").expect("{since}");
+    t.sql(&format!("REVOKE INSERT, UPDATE ON leak FROM {ROLE}"));
+    for v in ["a", "b"] {
+        t.upstream
+            .answer(v, 200, &[], page(json!([{"id": format!("{v}-2")}]), None));
+    }
+    std::thread::sleep(Duration::from_millis(1_100));
+    let ended = t.tick(2);
+    assert!(ended.iter().all(|o| o["outcome"] == "failed"), "{ended:#?}");
+    assert!(
+        ended
+            .iter()
+            .any(|o| message(o).contains("permission denied for table leak")
+                && message(o).contains("SQLSTATE 42501")
+                && message(o).contains("nothing more of this job is fetched")),
+        "{ended:#?}"
+    );
+    let refused = kept(&t.rig);
+    assert!((1..=2).contains(&refused), "{refused}");
+    assert_eq!(spooled(&t.rig), 0, "not spooled");
+    assert_eq!(since(&t.rig, "a"), Some(since_before), "{{since}} stays");
+    assert_eq!(rejected_on_status(&t.rig), Some(refused as u64));
+    let asked = (t.asked("a"), t.asked("b"));
+    let ended = t.tick(2);
+    assert!(
+        ended
+            .iter()
+            .all(|o| message(o)
+                .starts_with("sink: held: the sink refused a page of this job for good")),
+        "{ended:#?}"
+    );
+    assert_eq!((t.asked("a"), t.asked("b")), asked, "no item fetched");
+    assert_eq!(kept(&t.rig), refused, "nothing more kept");
+    t.sql(&format!("GRANT INSERT, UPDATE ON leak TO {ROLE}"));
+    let (code, out) = t.spool_retry();
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(kept(&t.rig), 0);
+    let ended = t.tick(2);
+    assert!(ended.iter().all(|o| o["outcome"] == "done"), "{ended:#?}");
+    let ids = t.ids();
+    for id in ["a-2", "b-2"] {
+        assert_eq!(ids.iter().filter(|i| *i == id).count(), 1, "{id}: {ids:?}");
+    }
+}
+
 /// Issue 37, item 2: a spooled page (the server refused the login while
 /// it was fetched) that the sink then refuses for good on replay leaves the
 /// spool for the kept pages, and the item's later spooled page is written
