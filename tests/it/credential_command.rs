@@ -12,16 +12,17 @@
 //! (200 with a record echoing the token for the tokens it accepts, 401
 //! for any other), and a shell script as the command that counts its runs.
 
+use std::ops::Deref;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::support;
 use crate::support::config::{ConfigBuilder, Credential, Endpoint, Job, Request, Sink, Window};
-use crate::support::daemon::TERMINAL;
 use crate::support::hostile::Hostile;
-use crate::support::http::{http_get, scrape, wait_http};
-use crate::support::process::{Proc, run_cli};
+use crate::support::http::{http_get, scrape};
+use crate::support::rig::Outcome;
 use crate::support::{RedisServer, TestConfig, free_port, wait_until};
 
 /// What every token the script prints holds: nothing the daemon writes may.
@@ -57,12 +58,18 @@ fn job(name: &str, endpoint: &str, upstream: &Hostile, placeholder: &str, values
         .sink(Sink::jsonl(&format!("data/{{job}}/{{{placeholder}}}.jsonl")).records("/items"))
 }
 
+/// The shared rig ([`support::rig::Rig`]) and the minting script.
 struct Rig {
-    redis: RedisServer,
-    cfg: TestConfig,
-    daemon: Proc,
-    port: u16,
+    rig: support::rig::Rig,
     script: PathBuf,
+}
+
+impl Deref for Rig {
+    type Target = support::rig::Rig;
+
+    fn deref(&self) -> &support::rig::Rig {
+        &self.rig
+    }
 }
 
 impl Rig {
@@ -72,50 +79,8 @@ impl Rig {
     }
 
     /// `trigger JOB --wait`, then the outcomes of that tick (`items` of them).
-    fn tick(&self, job: &str, items: usize) -> Vec<Value> {
-        let before = self.ended(job).len();
-        let (code, _, log) = run_cli(
-            &self.cfg,
-            Some(&self.redis.url()),
-            &["trigger", job, "--wait"],
-            Duration::from_secs(90),
-        );
-        assert!(code.is_some(), "trigger {job} --wait did not end: {log}");
-        wait_until(Duration::from_secs(10), || {
-            self.ended(job).len() >= before + items
-        });
-        let all = self.ended(job);
-        assert_eq!(all.len(), before + items, "{all:#?}");
-        all[before..].to_vec()
-    }
-
-    fn ended(&self, job: &str) -> Vec<Value> {
-        (self.daemon.outcomes().into_iter())
-            .filter(|o| o["job"] == job && TERMINAL.contains(&o["outcome"].as_str().unwrap_or("")))
-            .collect()
-    }
-
-    /// Units used in `credential`'s window (`quota --json`).
-    fn used(&self, credential: &str) -> u64 {
-        let (code, out, log) = run_cli(
-            &self.cfg,
-            Some(&self.redis.url()),
-            &["quota", credential, "--json"],
-            Duration::from_secs(30),
-        );
-        assert_eq!(code, Some(0), "{log}");
-        let v: Value = serde_json::from_str(&out).expect("quota --json");
-        let creds = v["credentials"].as_array().expect("credentials");
-        creds
-            .iter()
-            .filter(|c| {
-                c["name"]
-                    .as_str()
-                    .is_some_and(|n| n.starts_with(credential))
-            })
-            .flat_map(|c| c["windows"].as_array().cloned().unwrap_or_default())
-            .map(|w| w["used"].as_u64().expect("used"))
-            .sum()
+    fn tick(&self, job: &str, items: usize) -> Vec<Outcome> {
+        self.rig.tick(job, items).0
     }
 }
 
@@ -124,8 +89,7 @@ impl Rig {
     /// in state `want` (the page reads at most once a second).
     fn token_on_status(&self, name: &str, want: &str) -> Value {
         let read = || {
-            let (_, body) = http_get(self.port, "/api/status").expect("/api/status");
-            let v: Value = serde_json::from_str(&body).expect("status JSON");
+            let v = self.status();
             (v["credentials"].as_array().expect("credentials").iter())
                 .find(|c| c["name"] == name)
                 .map(|c| c["token"].clone())
@@ -144,11 +108,8 @@ impl Rig {
     }
 }
 
-fn outcome(o: &Value) -> (&str, &str) {
-    (
-        o["outcome"].as_str().unwrap_or(""),
-        o["message"].as_str().unwrap_or(""),
-    )
+fn outcome(o: &Outcome) -> (&str, &str) {
+    (&o.kind, &o.message)
 }
 
 fn start(upstream: &Hostile, dir: &Path) -> Rig {
@@ -178,17 +139,8 @@ fn start(upstream: &Hostile, dir: &Path) -> Rig {
         .job(job("brief", "short", upstream, "v", &["a"]))
         .job(job("tenants", "tpl", upstream, "account", &["t1", "t2"]))
         .write();
-    let mut daemon = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
-    daemon.wait_running(Duration::from_secs(30));
-    assert!(
-        wait_http(port, Duration::from_secs(10)),
-        "no metrics listener"
-    );
     Rig {
-        redis,
-        cfg,
-        daemon,
-        port,
+        rig: support::rig::Rig::start(redis, cfg, &[]),
         script,
     }
 }
@@ -289,7 +241,7 @@ fn a_command_mints_at_first_use_after_its_ttl_and_after_a_401_and_its_failure_sp
     let t = rig.token_on_status("short", "failed");
     let error = t["error"].as_str().expect("error");
     assert!(error.contains("exited with exit status: 2"), "{t:#}");
-    let (_, page) = http_get(rig.port, "/").expect("the status page");
+    let (_, page) = http_get(rig.listener(), "/").expect("the status page");
     assert!(
         page.contains(r#"class="token" data-state="failed""#)
             && page.contains("exited with exit status: 2"),
@@ -304,7 +256,7 @@ fn a_command_mints_at_first_use_after_its_ttl_and_after_a_401_and_its_failure_sp
     assert_eq!((rig.runs("t1"), rig.runs("t2")), (1, 1));
     rig.token_on_status("tpl[account=t1]", "fresh");
 
-    let m = scrape(rig.port);
+    let m = scrape(rig.listener());
     let runs = |c: &str, r: &str| {
         m.one(
             "qw_credential_commands_total",
@@ -335,9 +287,9 @@ fn a_command_mints_at_first_use_after_its_ttl_and_after_a_401_and_its_failure_sp
             "a token in Redis at {key}"
         );
     }
-    let (_, status) = http_get(rig.port, "/api/status").expect("/api/status");
+    let (_, status) = http_get(rig.listener(), "/api/status").expect("/api/status");
     assert!(!status.contains(MARK), "a token in /api/status");
-    let (_, metrics) = http_get(rig.port, "/metrics").expect("/metrics");
+    let (_, metrics) = http_get(rig.listener(), "/metrics").expect("/metrics");
     assert!(!metrics.contains(MARK), "a token in /metrics");
     let sink = std::fs::read_to_string(rig.cfg.join("data/pull/a.jsonl")).expect("sink");
     assert!(
@@ -478,13 +430,8 @@ fn issue_37_4_a_credential_command_is_judged_by_its_exit_and_no_process_of_it_ou
             .job(job(name, name, &upstream, "v", &["a"]));
     }
     let cfg = builder.write();
-    let mut daemon = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
-    daemon.wait_running(Duration::from_secs(30));
     let rig = Rig {
-        redis,
-        cfg,
-        daemon,
-        port: 0,
+        rig: support::rig::Rig::start(redis, cfg, &[]),
         script: dir.path().join("leaky"),
     };
     let pids = |name: &str| -> Vec<u32> {
@@ -613,20 +560,15 @@ fn issue_37_4_a_template_command_in_check_and_a_tenant_that_looks_like_an_option
         ) && text.contains("the tenant value \"--help\" starts with '-'"),
         "{text}"
     );
-    let mut daemon = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
-    daemon.wait_running(Duration::from_secs(30));
     upstream.accept_tokens(&[&token("alice", 2)]);
     let rig = Rig {
-        redis,
-        cfg,
-        daemon,
-        port: 0,
+        rig: support::rig::Rig::start(redis, cfg, &[]),
         script: script.clone(),
     };
     let o = rig.tick("tenants", 2);
     let by = |v: &str| {
         o.iter()
-            .find(|o| o["item"] == format!("account={v}"))
+            .find(|o| o.line["item"] == format!("account={v}"))
             .map(outcome)
             .unwrap_or_else(|| panic!("no outcome for {v}: {o:#?}"))
     };

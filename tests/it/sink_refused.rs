@@ -867,11 +867,11 @@ fn issue_37_2_a_link_where_the_file_goes_is_refused_for_good_held_across_a_resta
     assert_eq!((spooled(&rig), kept(&rig)), (0, 1));
 
     // Across a restart too: the hold is in the kept files.
-    rig.daemon.term();
-    assert!(rig.daemon.wait_exit(Duration::from_secs(30)).is_some());
-    rig.daemon =
+    rig.rig.daemon.term();
+    assert!(rig.rig.daemon.wait_exit(Duration::from_secs(30)).is_some());
+    rig.rig.daemon =
         crate::support::process::Proc::daemon("daemon-2", &rig.cfg, Some(&rig.redis.url()), &[]);
-    rig.daemon.wait_running(Duration::from_secs(30));
+    rig.rig.daemon.wait_running(Duration::from_secs(30));
     let ended = tick_of(&rig, 2);
     let a = CannedRig::outcome(&ended, "a");
     assert!(message(a).starts_with("sink: held: "), "{a}");
@@ -886,7 +886,7 @@ fn issue_37_2_a_link_where_the_file_goes_is_refused_for_good_held_across_a_resta
     assert!(text.starts_with("[leak]\n"), "{text}");
     let text = text.replacen("[leak]\n", "[leak]\nsince_initial = \"2d\"\n", 1);
     std::fs::write(&job_file, text).expect("edit the job");
-    rig.daemon.signal(libc::SIGHUP);
+    rig.rig.daemon.signal(libc::SIGHUP);
     assert!(
         rig.daemon
             .wait_log("configuration reloaded", Duration::from_secs(30)),
