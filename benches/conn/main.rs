@@ -17,7 +17,7 @@
 //! ```
 //!
 //! `cargo test --all-targets` runs it as the smoke run. Nothing here
-//! asserts a speed: BENCHMARKS.md §16 quotes the numbers.
+//! asserts a speed: BENCHMARKS.md §17 quotes the numbers.
 
 // The integration tests' support library; the benchmark uses its Redis.
 #[allow(dead_code, unused_imports)]

@@ -4,7 +4,7 @@
 //! this process, concurrency 8, no quota in the way), with and without
 //! `queue_replicas = quota_replicas = 1` (a replica started beside the
 //! master). Run on a commit from before issue 36 (this file and `main.rs`
-//! copied there) it gives the "before" of BENCHMARKS.md §16.
+//! copied there) it gives the "before" of BENCHMARKS.md §17.
 
 use std::time::Duration;
 

@@ -59,7 +59,7 @@ const WINDOW_SECS: u64 = 10;
 /// request that reaches it late (a daemon just restarted, starved of CPU on
 /// this loaded machine) can land in the upstream's next window. A strict
 /// 30-minute run (the same period) saw one such refusal in 1,637 requests
-/// (BENCHMARKS.md §16); the half second is the headroom docs/redis.md
+/// (BENCHMARKS.md §17); the half second is the headroom docs/redis.md
 /// tells operators to keep.
 const CREDENTIAL_PER: &str = "10500ms";
 /// The job: 4 regions × 2 pages every 3 s is 8 units a tick, about 27 per

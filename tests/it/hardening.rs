@@ -7,6 +7,8 @@
 use std::ops::Deref;
 use std::time::Duration;
 
+use serde_json::Value;
+
 use crate::support::config::NEVER;
 use crate::support::hostile::Hostile;
 use crate::support::http::http_get;
@@ -750,4 +752,121 @@ fn an_absurd_reported_cost_is_bounded() {
         "{}",
         rig.daemon.log()
     );
+}
+
+/// `quota h --json`'s credential, on the rig's Redis.
+fn quota_h(rig: &support::canned::CannedRig) -> Value {
+    let (code, out, err) = run_cli(
+        &rig.cfg,
+        Some(&rig.redis.url()),
+        &["quota", "h", "--json"],
+        Duration::from_secs(30),
+    );
+    assert_eq!(code, Some(0), "{err}");
+    let v: Value = serde_json::from_str(&out).expect("quota --json");
+    v["credentials"][0].clone()
+}
+
+/// Issue 37, item 4: an answer with `x-ratelimit-remaining: 0` naming a
+/// resource the daemon cannot use (65 × `a`, a 1 KB name with spaces,
+/// non-ASCII bytes) was taken for the endpoint's own resource: drift on
+/// the `core` window and `core` blocked for 50 minutes, 8 of 10 tasks
+/// `quota_exhausted`. Such a name is a resource no window mirrors: `core`
+/// keeps no drift and no block, and every task ends `done`. So is each of
+/// many valid names no window mirrors, and the daemon warns about at most
+/// 16 of them per credential.
+#[test]
+fn issue_37_4_a_resource_name_the_daemon_cannot_use_is_not_the_endpoints_own() {
+    use crate::support::canned::CannedRig;
+    use crate::support::{Endpoint, Window};
+    let upstream = Hostile::start();
+    let values: Vec<String> = (1..=10).map(|i| format!("v{i}")).collect();
+    let credential = crate::support::Credential::env("h", "HKEY")
+        .secret("k3y-for-37")
+        .window(Window::sliding(5000, "1h").upstream());
+    let endpoint = Endpoint::new("h", "h", 1)
+        .throttle_block("30s")
+        .set("accounting", "github");
+    let job = CannedRig::job(&upstream).fan_out("v", values.iter().map(String::as_str));
+    let rig = CannedRig::start_with(credential, endpoint, job, &[]);
+    let reset = (chrono::Utc::now().timestamp() + 3000).to_string();
+    let long_with_spaces = "a name with spaces ".repeat(54);
+    let names: Vec<Vec<u8>> = vec![
+        "a".repeat(65).into_bytes(),
+        long_with_spaces.into_bytes(),
+        "r\u{e9}serv\u{e9}".as_bytes().to_vec(),
+        b"caf\xe9".to_vec(),
+    ];
+    let mut ended = 0;
+    for name in &names {
+        for v in &values {
+            let headers: Vec<(&str, &[u8])> = vec![
+                ("x-ratelimit-limit", b"5000"),
+                ("x-ratelimit-remaining", b"0"),
+                ("x-ratelimit-used", b"5000"),
+                ("x-ratelimit-reset", reset.as_bytes()),
+                ("x-ratelimit-resource", name),
+            ];
+            let body = serde_json::json!({ "items": [{ "id": v }] }).to_string();
+            upstream.answer(v, 200, &headers, body);
+        }
+        ended += values.len();
+        let (outcomes, out) = rig.tick(ended);
+        let this = &outcomes[ended - values.len()..];
+        let name = String::from_utf8_lossy(name);
+        assert!(
+            this.iter().all(|o| o["outcome"] == "done"),
+            "{name:?}: {this:#?}\n{out}"
+        );
+        let q = quota_h(&rig);
+        assert_eq!(q["blocked_for_ms"], 0, "{name:?}: core blocked: {q}");
+        let drift: u64 = (q["windows"].as_array().expect("windows").iter())
+            .map(|w| w["drift"].as_u64().unwrap_or(0))
+            .sum();
+        assert_eq!(drift, 0, "{name:?}: drift on core: {q}");
+    }
+    let warned = rig
+        .daemon
+        .log()
+        .matches("a resource no window mirrors")
+        .count();
+    assert!((1..=2).contains(&warned), "warned {warned} times");
+
+    // Many valid names no window mirrors: every task done, at most 16
+    // warned about, one line when the daemon stops remembering more.
+    ended = names.len() * values.len();
+    for round in 0..3 {
+        for (i, v) in values.iter().enumerate() {
+            let name = format!("other-{round}-{i}");
+            let headers: Vec<(&str, &[u8])> = vec![
+                ("x-ratelimit-limit", b"30"),
+                ("x-ratelimit-remaining", b"0"),
+                ("x-ratelimit-reset", reset.as_bytes()),
+                ("x-ratelimit-resource", name.as_bytes()),
+            ];
+            let body = serde_json::json!({ "items": [{ "id": v }] }).to_string();
+            upstream.answer(v, 200, &headers, body);
+        }
+        ended += values.len();
+        let (outcomes, out) = rig.tick(ended);
+        assert!(
+            outcomes[ended - values.len()..]
+                .iter()
+                .all(|o| o["outcome"] == "done"),
+            "{out}"
+        );
+    }
+    let log = rig.daemon.log();
+    let warnings: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("a resource no window mirrors") && l.contains("other-"))
+        .collect();
+    assert_eq!(warnings.len(), 16, "warned about 16 names: {warnings:#?}");
+    assert_eq!(
+        log.matches("remembers no more resources that no window mirrors")
+            .count(),
+        1,
+        "{log}"
+    );
+    assert_eq!(quota_h(&rig)["blocked_for_ms"], 0);
 }

@@ -56,22 +56,40 @@ impl CannedRig {
     /// Starts it with `job` (named `leak`), `files` written into the config
     /// directory first (a `fan_out_from` CSV).
     pub fn start_job(secret: &str, endpoint: Endpoint, job: Job, files: &[(&str, &str)]) -> Self {
+        Self::start_with(Self::credential(secret), endpoint, job, files)
+    }
+
+    /// The credential `h`: `secret` in `HKEY`, 1,000 an hour.
+    pub fn credential(secret: &str) -> Credential {
+        Credential::env("h", "HKEY")
+            .secret(secret)
+            .window(Window::sliding(1000, "1h"))
+    }
+
+    /// Starts it with `credential` (named `h`), `endpoint` and `job`,
+    /// `files` written into the config directory first.
+    pub fn start_with(
+        credential: Credential,
+        endpoint: Endpoint,
+        job: Job,
+        files: &[(&str, &str)],
+    ) -> Self {
         let redis = RedisServer::start();
         let port = free_port();
         let cfg = ConfigBuilder::new()
             .redis_url(&redis.url())
             .state_dir("state")
             .metrics_listen(&format!("127.0.0.1:{port}"))
-            .credential(
-                Credential::env("h", "HKEY")
-                    .secret(secret)
-                    .window(Window::sliding(1000, "1h")),
-            )
+            .credential(credential)
             .endpoint(endpoint)
             .job(job)
             .write();
         for (name, text) in files {
-            std::fs::write(cfg.join(name), text).expect("write a file of the config");
+            let path = cfg.join(name);
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir).expect("mkdir for a file of the config");
+            }
+            std::fs::write(path, text).expect("write a file of the config");
         }
         CannedRig {
             rig: Rig::start(redis, cfg, &[]),
