@@ -35,6 +35,8 @@ const NEEDED: &[(&str, &str)] = &[
     ),
     ("+@scripting", "SCRIPT LOAD return"),
     ("+@connection", "PING"),
+    // Whether the server is the master, at every (re)connection (conn/master.rs).
+    ("+@connection", "HELLO"),
     ("+@fast", "TIME"),
     ("+@keyspace", "SCAN 0"),
     ("+@keyspace", "DEL {k}"),
@@ -338,6 +340,14 @@ mod tests {
             "only with [redis] quota_nodes, whose user is not asked",
         ),
         ("INFO", "the embedded Redis only, as its own default user"),
+        (
+            "SENTINEL",
+            "sent to the sentinels, whose users are not the master's (docs/redis.md names what they need)",
+        ),
+        (
+            "ROLE",
+            "not required: asked only where HELLO is unknown, and a refusal is let through",
+        ),
         (
             "SHUTDOWN",
             "the embedded Redis only, as its own default user",

@@ -85,7 +85,8 @@
 //!   (`ops::status::read`).
 //! - [`stats`]: this process's counters (the demo's progress, the metrics);
 //!   [`liveness`]: the daemon loops' beats (the watchdog, `/readyz`).
-//! - [`conn`], `embedded`: reaching Redis, or running one; `eviction`:
+//! - [`conn`], `embedded`: reaching the Redis master (and following it through
+//!   a failover: Sentinel, a managed Redis), or running one; `eviction`:
 //!   whether that Redis may evict the windows' keys.
 //! - [`logging`]: the log subscriber (text or JSON lines).
 //! - `simulator` (its own crate, `crates/simulator`): a simulated metered

@@ -22,9 +22,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use quota_worker::config::Config;
+use quota_worker::conn::Conn;
 use quota_worker::conn::Lua;
 use quota_worker::quota::{Decision, Limiter, Quotas, request_id};
-use redis::aio::ConnectionManager;
 use serde::Serialize;
 use serde_json::json;
 
@@ -91,7 +91,7 @@ impl Cost {
 }
 
 /// `INFO commandstats` as command -> (calls, µs).
-async fn commandstats(conn: &mut ConnectionManager) -> BTreeMap<String, (f64, f64)> {
+async fn commandstats(conn: &mut Conn) -> BTreeMap<String, (f64, f64)> {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(conn)
@@ -123,7 +123,7 @@ struct Bench {
     /// fills), on one limiter each.
     bucket: Limiter,
     concurrent: Limiter,
-    conn: ConnectionManager,
+    conn: Conn,
     floor_keys: Vec<String>,
 }
 
@@ -132,7 +132,7 @@ impl Bench {
     async fn once(
         limiter: Limiter,
         [bucket, concurrent]: [Limiter; 2],
-        mut conn: ConnectionManager,
+        mut conn: Conn,
         keys: Vec<String>,
         what: Call,
     ) {

@@ -435,7 +435,7 @@ async fn phase(ctx: &Ctx, p: &Phase) -> PhaseResult {
 
 /// Upper bound on |caller clock − Redis TIME|: TIME read between two
 /// readings of the caller's clock.
-async fn clock_offset(conn: &mut redis::aio::ConnectionManager) -> i64 {
+async fn clock_offset(conn: &mut quota_worker::conn::Conn) -> i64 {
     let mut worst = 0;
     for _ in 0..5 {
         let a = now_us();

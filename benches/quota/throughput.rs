@@ -25,9 +25,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use quota_worker::config::Config;
+use quota_worker::conn::Conn;
 use quota_worker::conn::Lua;
 use quota_worker::quota::{Decision, Limiter, Quotas, request_id, script};
-use redis::aio::ConnectionManager;
 use serde::Serialize;
 use serde_json::json;
 
@@ -203,7 +203,7 @@ fn config_text() -> String {
 #[derive(Clone)]
 struct Caller {
     limiter: Limiter,
-    conn: ConnectionManager,
+    conn: Conn,
     endpoint: Arc<str>,
     naive_keys: Arc<[String]>,
     batched_keys: Arc<[String]>,
@@ -604,9 +604,9 @@ struct Cell {
 struct Env<'a> {
     ctx: &'a Ctx,
     plan: &'a Plan,
-    admin: ConnectionManager,
+    admin: Conn,
     limiter: Limiter,
-    conn: ConnectionManager,
+    conn: Conn,
     bench: Option<PathBuf>,
     /// redis-benchmark's last rate, per way of sending, to size its COUNT.
     ceiling_rate: [f64; 2],
@@ -1072,7 +1072,7 @@ pub async fn run(ctx: &Ctx) -> Section {
                 "rounds": plan.rounds,
                 "round_ms": plan.round.as_millis() as u64,
                 "warmup_ms": plan.warmup.as_millis() as u64,
-                "shared_connection": "all Rust callers share one Limiter (one multiplexed ConnectionManager)",
+                "shared_connection": "all Rust callers share one Limiter (one multiplexed Conn)",
                 "ceiling": env.bench.as_ref().map_or(
                     serde_json::Value::String(format!("not measured: {why_not}")),
                     |p| json!(format!("{} -c N (ceiling), -c 1 -P N (ceiling_pipelined)", p.display()))

@@ -168,12 +168,13 @@ async fn redis_eviction(config: &Config) -> Exit {
 
 /// The queue's Redis (the windows' too without `quota_nodes`).
 async fn queue_eviction(config: &Config) -> Exit {
-    let Some(url) = &config.redis.url else {
+    let Some(url) = crate::conn::Master::of(&config.redis) else {
         outln!("\nredis: embedded, started with maxmemory-policy noeviction");
         return Exit::Ok;
     };
+    let url = &url;
     let wait = Duration::from_secs(2);
-    let mut conn = match crate::conn::connect(url, wait, 0).await {
+    let mut conn = match crate::conn::connect(url, wait, "cli").await {
         Ok(mut c) => match redis::cmd("PING").query_async::<()>(&mut c).await {
             Err(e) if acl::is_auth_failure(&e) => Err(e),
             _ => Ok(c),
@@ -298,9 +299,9 @@ fn verdict(config: &Config, at: &str, eviction: Eviction) -> Exit {
 /// heartbeats within `recover_after`), when it answers; `None` when it
 /// does not (or the Redis is the embedded one of a daemon not running).
 async fn live_daemons(config: &Config) -> Option<u64> {
-    let url = config.redis.url.as_ref()?;
+    let master = crate::conn::Master::of(&config.redis)?;
     let wait = Duration::from_secs(2);
-    let conn = crate::conn::connect(url, wait, 0).await.ok()?;
+    let conn = crate::conn::connect(&master, wait, "cli").await.ok()?;
     let keys = crate::keys::KeySpace::new(config.redis.key_prefix.clone());
     let queue = crate::queue::Queue::new(conn, keys, config.worker.recover_after);
     let live = queue.live_workers(config.worker.recover_after);

@@ -39,7 +39,7 @@ pub use duration::{fmt_duration, parse_duration};
 pub use error::{ConfigError, ConfigErrors, FieldPath, Seg, Source};
 pub use postgres::{PasswordFrom, PgTarget, PgTls, PgTlsMode};
 pub(crate) use raw::fmt_size;
-pub use redis_url::RedisUrl;
+pub use redis_url::{MasterSettings, RedisUrl};
 pub(crate) use template::expand;
 pub use template::{Expansion, Template, TemplateError};
 pub use tenant::{parse_tenant, tenant_name};
@@ -90,7 +90,9 @@ pub struct Config {
 /// `[redis]`.
 #[derive(Debug, Clone)]
 pub struct RedisConfig {
-    /// `None`: the daemon starts an embedded `redis-server` itself.
+    /// `None` (and no `sentinels`): the daemon starts an embedded
+    /// `redis-server` itself. With `sentinels`: the master's user,
+    /// password, database and TLS, and no host (the sentinels name it).
     pub url: Option<RedisUrl>,
     /// Every key the product writes starts with it.
     pub key_prefix: String,
@@ -107,6 +109,21 @@ pub struct RedisConfig {
     /// Replicas that must acknowledge an admitted spend (`WAIT`) before its
     /// request is sent: 0 (never waits) or 1.
     pub quota_replicas: u8,
+    /// The sentinels to ask where the master is (`redis://HOST:PORT`,
+    /// credentials in the URL where they need them); empty: `url` names it.
+    pub sentinels: Vec<RedisUrl>,
+    /// The name the sentinels monitor the master under (with `sentinels`).
+    pub master_name: Option<String>,
+    /// Replicas that must acknowledge a tick's claim and fan-out, a task's
+    /// checkpoint and its end (`WAIT`) before they count: 0 or 1.
+    pub queue_replicas: u8,
+}
+
+impl RedisConfig {
+    /// Whether the daemon runs a Redis of its own: no `url`, no `sentinels`.
+    pub fn embedded(&self) -> bool {
+        self.url.is_none() && self.sentinels.is_empty()
+    }
 }
 
 /// `[redis] unsafe_eviction`: a Redis that may evict keys under memory

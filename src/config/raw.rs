@@ -77,6 +77,9 @@ pub(super) struct RawRedis {
     pub(super) unsafe_eviction: Option<String>,
     pub(super) quota_nodes: Option<Vec<String>>,
     pub(super) quota_replicas: Option<i64>,
+    pub(super) sentinels: Option<Vec<String>>,
+    pub(super) master_name: Option<String>,
+    pub(super) queue_replicas: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

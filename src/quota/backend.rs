@@ -1,5 +1,5 @@
 //! Where the quota windows live: the standalone Redis the queue uses (a
-//! `ConnectionManager`), or a Redis Cluster (`[redis] quota_nodes`, through
+//! `Conn`), or a Redis Cluster (`[redis] quota_nodes`, through
 //! redis-rs's async cluster client). [`QuotaConn`] is either, behind the one
 //! `ConnectionLike` the [`super::Limiter`] runs its script on, so spend,
 //! settle, block, peek and sync, the CLI and the metrics do not know which.
@@ -20,7 +20,9 @@ use std::collections::HashMap;
 use std::fmt;
 use std::time::Duration;
 
-use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::aio::ConnectionLike;
+
+use crate::conn::Conn;
 use redis::cluster::{ClusterClient, ClusterClientBuilder, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo, SingleNodeRoutingInfo};
@@ -29,6 +31,7 @@ use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, RedisResult, Value};
 use super::{Limiter, Plan, QuotaError};
 use crate::config::{Config, RedisUrl};
 use crate::conn::LuaCall;
+use crate::conn::Master;
 use crate::eviction::{self, Eviction};
 
 /// A connection to wherever the windows live. Cloning is cheap and shares
@@ -36,14 +39,14 @@ use crate::eviction::{self, Eviction};
 #[derive(Clone)]
 pub enum QuotaConn {
     /// One Redis (the queue's, or the embedded one): a multiplexed
-    /// connection that reconnects in the background.
-    Standalone(ConnectionManager),
+    /// connection that follows its master.
+    Standalone(Conn),
     /// A Redis Cluster: one multiplexed connection per node, routed by slot.
     Cluster(ClusterConnection),
 }
 
-impl From<ConnectionManager> for QuotaConn {
-    fn from(c: ConnectionManager) -> Self {
+impl From<Conn> for QuotaConn {
+    fn from(c: Conn) -> Self {
         QuotaConn::Standalone(c)
     }
 }
@@ -425,16 +428,16 @@ fn worst(nodes: impl Iterator<Item = (String, Option<String>)>) -> Eviction {
 /// cluster's seed nodes, passwords redacted.
 #[derive(Debug, Clone)]
 pub enum QuotaTarget {
-    /// One Redis.
-    Standalone(RedisUrl),
+    /// One Redis (its master).
+    Standalone(Master),
     /// A Redis Cluster, by its seed nodes.
     Cluster(Vec<RedisUrl>),
 }
 
 impl QuotaTarget {
     /// Where `config`'s windows live; `standalone` is the queue's Redis (the
-    /// configured URL or the embedded one's socket).
-    pub fn of(config: &Config, standalone: RedisUrl) -> Self {
+    /// configured master or the embedded one's socket).
+    pub fn of(config: &Config, standalone: Master) -> Self {
         if config.redis.quota_nodes.is_empty() {
             QuotaTarget::Standalone(standalone)
         } else {
@@ -446,9 +449,9 @@ impl QuotaTarget {
     /// `timeout`; a failed connection is retried `retries` times.
     pub async fn connect(&self, timeout: Duration, retries: usize) -> RedisResult<QuotaConn> {
         match self {
-            QuotaTarget::Standalone(url) => {
-                Ok(crate::conn::connect(url, timeout, retries).await?.into())
-            }
+            QuotaTarget::Standalone(master) => Ok(crate::conn::connect(master, timeout, "windows")
+                .await?
+                .into()),
             QuotaTarget::Cluster(nodes) => {
                 let client = cluster_client(nodes, timeout, retries)?;
                 Ok(client.get_async_connection().await?.into())
@@ -461,8 +464,8 @@ impl QuotaTarget {
     /// caller's policy handles it.
     pub fn connect_lazy(&self, timeout: Duration, retries: usize) -> RedisResult<QuotaConn> {
         match self {
-            QuotaTarget::Standalone(url) => {
-                Ok(crate::conn::connect_lazy(url, timeout, retries)?.into())
+            QuotaTarget::Standalone(master) => {
+                Ok(crate::conn::connect_lazy(master, timeout, "windows").into())
             }
             QuotaTarget::Cluster(nodes) => {
                 let client = cluster_client(nodes, timeout, retries)?;
@@ -482,7 +485,7 @@ impl QuotaTarget {
 impl fmt::Display for QuotaTarget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            QuotaTarget::Standalone(url) => write!(f, "{url}"),
+            QuotaTarget::Standalone(master) => write!(f, "{master}"),
             QuotaTarget::Cluster(nodes) => {
                 let nodes: Vec<String> = nodes.iter().map(ToString::to_string).collect();
                 write!(f, "Redis Cluster [{}]", nodes.join(", "))

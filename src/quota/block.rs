@@ -16,7 +16,7 @@ use std::fmt;
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use crate::conn::Conn;
 use redis::{AsyncCommands, FromRedisValue};
 use serde::{Deserialize, Serialize};
 
@@ -172,7 +172,7 @@ impl BlockNote {
     /// longer one's note.
     pub(crate) async fn record(
         &self,
-        conn: &mut ConnectionManager,
+        conn: &mut Conn,
         keys: &KeySpace,
         credential: &str,
         resource: Option<&str>,

@@ -874,7 +874,7 @@ pub struct Limiter {
 }
 
 impl Limiter {
-    /// A limiter for `quotas` over `conn` (a `ConnectionManager` or a cluster
+    /// A limiter for `quotas` over `conn` (a `Conn` or a cluster
     /// connection); each call waits at most `timeout`.
     pub fn new(conn: impl Into<QuotaConn>, quotas: Arc<Quotas>, timeout: Duration) -> Self {
         Limiter {

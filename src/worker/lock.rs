@@ -9,7 +9,7 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use crate::conn::Conn;
 use tracing::warn;
 
 use super::Checkpoint;
@@ -227,7 +227,7 @@ impl ItemLock {
     /// `spend`, the first page's spend too, made only if the claim succeeds.
     pub(super) async fn claim(
         &self,
-        conn: &mut ConnectionManager,
+        conn: &mut Conn,
         keys: &KeySpace,
         job: &Job,
         task: &TaskArgs,
@@ -266,7 +266,7 @@ impl ItemLock {
     /// Renews the lock every third of its TTL until the returned guard is
     /// dropped, so a long request keeps the item and a killed daemon's (or a
     /// panicked task's) lock lapses within its TTL.
-    pub(super) fn keep_renewed(&self, mut conn: ConnectionManager) -> Renewer {
+    pub(super) fn keep_renewed(&self, mut conn: Conn) -> Renewer {
         let (key, value, ttl) = (self.key.clone(), self.value.clone(), self.ttl);
         Renewer::spawn(async move {
             loop {
@@ -298,7 +298,7 @@ impl ItemLock {
 
     /// Frees the item, if it is still ours: when the task could not record
     /// its end (Redis failed), which would have freed it.
-    pub(super) async fn release(&self, conn: &mut ConnectionManager) -> redis::RedisResult<()> {
+    pub(super) async fn release(&self, conn: &mut Conn) -> redis::RedisResult<()> {
         ITEM_LOCK
             .call()
             .key(&self.key)

@@ -78,6 +78,7 @@ mod upstream_throttle;
 // Daemons as processes: several at once, restarts, signals, embedded Redis.
 mod concurrency_daemons;
 mod embedded;
+mod failover;
 mod multi_daemon;
 mod recovery;
 mod run_exit_codes;

@@ -644,6 +644,24 @@ impl ConfigBuilder {
         self
     }
 
+    /// `[redis] sentinels` and `master_name`: the master found through
+    /// sentinels (`url`, if set, then names no host).
+    pub fn sentinels<S: Into<String>>(
+        mut self,
+        urls: impl IntoIterator<Item = S>,
+        master_name: &str,
+    ) -> Self {
+        self.redis.set("sentinels", strings(urls));
+        self.redis.set("master_name", master_name);
+        self
+    }
+
+    /// `[redis] queue_replicas`.
+    pub fn queue_replicas(mut self, n: i64) -> Self {
+        self.redis.set("queue_replicas", n);
+        self
+    }
+
     /// The `[worker]` section.
     pub fn worker(mut self, w: Worker) -> Self {
         self.worker = w.0;

@@ -407,9 +407,9 @@ pub async fn limiter(
     config: &quota_worker::config::Config,
 ) -> quota_worker::quota::Limiter {
     let conn = quota_worker::conn::connect(
-        &quota_worker::config::RedisUrl::new(server.url()),
+        &quota_worker::conn::Master::Url(quota_worker::config::RedisUrl::new(server.url())),
         Duration::from_secs(2),
-        3,
+        "test",
     )
     .await
     .expect("connect");

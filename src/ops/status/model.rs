@@ -6,9 +6,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use crate::conn::Conn;
 use chrono::{DateTime, SecondsFormat, Utc};
 use futures::future::join_all;
-use redis::aio::ConnectionManager;
 use serde::Serialize;
 
 use super::super::{OpsState, bounded, peek_all};
@@ -293,7 +293,7 @@ type JobRead = Option<(Vec<TickRecord>, Option<LastError>)>;
 /// Each job's last ticks and error, and its starved items, as read (each
 /// `None` when it could not be read within the budget).
 async fn read_jobs(
-    conn: &ConnectionManager,
+    conn: &Conn,
     keys: &KeySpace,
     jobs: &[&Job],
 ) -> Vec<(JobRead, Option<StarvedItems>)> {

@@ -8,8 +8,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::conn::Conn;
 use redis::AsyncCommands;
-use redis::aio::ConnectionManager;
 
 use crate::keys::KeySpace;
 use crate::queue::scripts::finish::{LastError, TICKS_KEPT, TickRecord};
@@ -52,7 +52,7 @@ pub(crate) async fn read_rings(
 /// Why each of `blocks` (a credential and one of its resources, `None`
 /// the default one) is blocked (`None`: not recorded, or not blocked).
 pub(crate) async fn read_block_notes(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     keys: &KeySpace,
     blocks: &[(String, Option<String>)],
 ) -> redis::RedisResult<Vec<Option<BlockNote>>> {
@@ -71,7 +71,7 @@ pub(crate) async fn read_block_notes(
 
 /// A job's newest ticks (newest first) and its last error.
 pub(crate) async fn read_job(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     keys: &KeySpace,
     job: &str,
 ) -> redis::RedisResult<(Vec<TickRecord>, Option<LastError>)> {

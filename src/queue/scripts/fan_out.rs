@@ -4,7 +4,7 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use crate::conn::Conn;
 
 use crate::conn::Lua;
 use crate::keys::KeySpace;
@@ -115,7 +115,7 @@ impl<'a> FanOut<'a> {
     }
 
     /// Runs the script.
-    pub(crate) async fn invoke(&self, conn: &mut ConnectionManager) -> redis::RedisResult<Chunk> {
+    pub(crate) async fn invoke(&self, conn: &mut Conn) -> redis::RedisResult<Chunk> {
         let mut call = FAN_OUT.call();
         for key in &self.keys {
             call.key(key);

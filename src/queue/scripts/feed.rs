@@ -3,7 +3,7 @@
 
 use std::sync::LazyLock;
 
-use redis::aio::ConnectionManager;
+use crate::conn::Conn;
 
 use crate::conn::Lua;
 use crate::keys::KeySpace;
@@ -61,7 +61,7 @@ impl Feed {
     }
 
     /// Runs the script.
-    pub(crate) async fn invoke(&self, conn: &mut ConnectionManager) -> redis::RedisResult<Fed> {
+    pub(crate) async fn invoke(&self, conn: &mut Conn) -> redis::RedisResult<Fed> {
         let mut call = FEED.call();
         for key in &self.keys {
             call.key(key);

@@ -1,42 +1,30 @@
-//! Connecting to Redis: one `ConnectionManager` per process, which reconnects
-//! by itself in the background.
+//! Connecting to Redis: [`Conn`], a connection to the master that follows
+//! it through a failover (`follow`), found where the config says
+//! ([`Master`]: a URL's host, or what the sentinels name); and [`Lua`],
+//! how the product runs its scripts.
+
+mod follow;
+mod master;
 
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+pub use follow::{Conn, MAX_BACKOFF, NotReady, Reason, Timeouts};
+pub use master::{Master, Sentinels};
 
-use crate::config::RedisUrl;
-
-fn manager_config(timeout: Duration, retries: usize) -> ConnectionManagerConfig {
-    ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(timeout))
-        .set_response_timeout(Some(timeout))
-        .set_number_of_retries(retries)
-        .set_min_delay(Duration::from_millis(50))
-        .set_max_delay(Duration::from_secs(2))
-}
-
-/// Connects to `url`. Each command times out after `timeout`, each connection
-/// attempt too; a failed connection is retried `retries` times with
-/// exponential backoff before this gives up.
+/// Connects to `master` now. Each command times out after `timeout`, each
+/// connection attempt too, and a call waits for a master at most that long.
 pub async fn connect(
-    url: &RedisUrl,
+    master: &Master,
     timeout: Duration,
-    retries: usize,
-) -> Result<ConnectionManager, redis::RedisError> {
-    let client = redis::Client::open(url.expose())?;
-    ConnectionManager::new_with_config(client, manager_config(timeout, retries)).await
+    label: &'static str,
+) -> Result<Conn, redis::RedisError> {
+    Conn::connect(master, Timeouts::both(timeout), label).await
 }
 
 /// Like [`connect`], but connects on first use: an unreachable Redis surfaces
 /// as the first command's error, where the caller's policy handles it.
-pub(crate) fn connect_lazy(
-    url: &RedisUrl,
-    timeout: Duration,
-    retries: usize,
-) -> Result<ConnectionManager, redis::RedisError> {
-    let client = redis::Client::open(url.expose())?;
-    ConnectionManager::new_lazy_with_config(client, manager_config(timeout, retries))
+pub(crate) fn connect_lazy(master: &Master, timeout: Duration, label: &'static str) -> Conn {
+    Conn::lazy(master, Timeouts::both(timeout), label)
 }
 
 /// A Lua script run in one round trip: `EVALSHA`, and on NOSCRIPT (a
