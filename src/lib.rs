@@ -54,7 +54,8 @@
 //! - [`daemon`]: `quota-worker run` — starts Redis (or connects to it) and
 //!   the loops, and stops them on shutdown.
 //! - [`quota`]: **where a spend is decided** — the windows and the spend
-//!   script (`lua/spend.lua`): spend, settle, block, peek. The CLI's
+//!   core (`lua/spend/`: a Redis function library, one script on Redis 6):
+//!   spend, settle, block, peek, sync, undrift. The CLI's
 //!   `spend`, the worker and the benchmarks call the same function.
 //!   `accounting`: what an answer says about the upstream's own quota (one
 //!   `Verdict`: settle, resync, block, for the resource it speaks for, per

@@ -660,14 +660,15 @@ impl Env<'_> {
                     .endpoint(&shape.endpoint)
                     .expect("endpoint")
                     .plan;
-                let mut args = plan.args(
-                    "spend",
-                    CEILING_ID,
-                    &caller.cost.to_string(),
-                    quota_worker::config::Reserve::NONE,
-                );
                 // As `Ours` spends: without the status page's history.
-                args.truncate(5 + plan.windows.len());
+                let args = (plan.layout(&quota_worker::quota::Operation::Spend {
+                    request_id: CEILING_ID,
+                    cost: caller.cost,
+                    reserve: quota_worker::config::Reserve::NONE,
+                    ticket: None,
+                    history: false,
+                }))
+                .args;
                 let t = Instant::now();
                 let run = ceiling(shot, script().sha(), &shape.keys, &args, count).await;
                 let secs = t.elapsed().as_secs_f64();
