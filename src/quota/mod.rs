@@ -3,8 +3,10 @@
 //! function library on Redis 7, one script by EVALSHA on Redis 6).
 //!
 //! This module knows no HTTP and no queue. The CLI's `spend`, the workers and
-//! the benchmarks all call [`Limiter::spend`] (or [`Limiter::spend_reserved`]
-//! for a job with a priority reserve). A decision is data ([`Decision`]); a
+//! the benchmarks all call [`Limiter::spend`] (or [`Limiter::spend_with`] with
+//! [`SpendOptions`]: a cost, a job's priority reserve, a tenant, a waiting
+//! line); every call is an [`Operation`] laid out in one place
+//! ([`Plan::layout`]). A decision is data ([`Decision`]); a
 //! cost that can never fit is an error of its own
 //! ([`QuotaError::CostTooLarge`]), as in governor's `InsufficientCapacity`.
 //! [`Limiter::sync`] records drift when the upstream reports fewer units left

@@ -1,6 +1,6 @@
 //! Promise (issue 11 item 5): a task's first page costs no spend round trip
 //! of its own — its spend rides in the call that claims its item
-//! (`lua/claim_spend.lua`) — and every rule of the spend holds unchanged; a
+//! (the spend core's claim, `lua/spend/claim.lua`) — and every rule of the spend holds unchanged; a
 //! spend made at the claim that the task then does not use is given back
 //! before the task's outcome is told.
 
