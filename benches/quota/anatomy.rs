@@ -347,8 +347,10 @@ pub async fn run(ctx: &Ctx) -> Section {
     )
     .without_history();
     // A user refused FUNCTION and FCALL: the spend core runs as one script.
+    // With a password: redis-rs sends no AUTH for a URL with a user and no
+    // password, and the connection would run as the default user.
     let _: () = redis::cmd("ACL")
-        .arg(&["SETUSER", "noscripts", "on", "nopass", "~*", "&*", "+@all"][..])
+        .arg(&["SETUSER", "noscripts", "on", ">bench", "~*", "&*", "+@all"][..])
         .arg(&["-function", "-fcall", "-fcall_ro"][..])
         .query_async(&mut conn)
         .await
@@ -356,7 +358,7 @@ pub async fn run(ctx: &Ctx) -> Section {
     let url = ctx
         .redis
         .url()
-        .replacen("redis://", "redis://noscripts@", 1);
+        .replacen("redis://", "redis://noscripts:bench@", 1);
     let script_conn =
         quota_worker::conn::connect(&quota_worker::config::RedisUrl::new(url), TIMEOUT, 3)
             .await
