@@ -1,7 +1,7 @@
 -- The library form (Redis 7): one function per operation, named
 -- `<library>_<op>` (FCALL qw_<version>_spend ...), each taking the KEYS and
 -- ARGV of core.lua's header (ARGV[1] names the operation). The assembler
--- (src/quota/lua.rs) starts the text with the library's name, which
+-- (src/quota/library.rs) starts the text with the library's name, which
 -- carries its version, so two versions can be loaded side by side during a
 -- rolling deploy, and defines LIBRARY, that name.
 
