@@ -139,6 +139,11 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Pages a sink refused for good (kept under <state_dir>/spool/%rejected/): list them, or write them again once the cause is fixed
+    Spool {
+        #[command(subcommand)]
+        action: SpoolAction,
+    },
     /// Print how another program calls the spend core to spend from an endpoint's windows
     Keys {
         /// Endpoint name (of a template credential: one tenant, NAME[account=VALUE])
@@ -167,6 +172,24 @@ enum Command {
         /// Where to write them (created if missing)
         #[arg(value_name = "DIR")]
         dir: PathBuf,
+    },
+}
+
+/// `spool`'s own commands.
+#[derive(Subcommand, Debug)]
+enum SpoolAction {
+    /// List the kept pages: job, item, when fetched and refused, the error, what each holds
+    List {
+        /// Only this job's
+        job: Option<String>,
+        /// Print one JSON object
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write JOB's kept pages again, once, with its sink as now configured, and lift their hold (exit 0 all written, 1 one still refused, 75 the sink could not take one now)
+    Retry {
+        /// Job name
+        job: String,
     },
 }
 
@@ -238,6 +261,7 @@ fn main() -> ExitCode {
         | Command::Quota { .. }
         | Command::Keys { .. }
         | Command::Search { .. }
+        | Command::Spool { .. }
         | Command::Reload { .. }
         | Command::Unblock { .. }
         | Command::State { .. }
@@ -291,6 +315,12 @@ async fn dispatch(command: Command, config: Config) -> Exit {
             limit,
             json,
         } => cli::search::run(&config, &job, &query, limit, json).await,
+        Command::Spool {
+            action: SpoolAction::List { job, json },
+        } => cli::spool::list(&config, job.as_deref(), json),
+        Command::Spool {
+            action: SpoolAction::Retry { job },
+        } => cli::spool::retry(&config, &job).await,
         Command::Unblock {
             credential,
             resource,

@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncReadExt};
+
 use tracing::{info, warn};
 
 use crate::config::Secret;
@@ -35,6 +36,9 @@ pub(crate) const TIMEOUT: Duration = Duration::from_secs(10);
 pub(crate) const AGAIN_AFTER: Duration = Duration::from_secs(60);
 /// The most of its standard error that is read (and logged).
 const MAX_STDERR: u64 = 16 << 10;
+
+// `MintError::TooLong` says "64 KiB".
+const _: () = assert!(MAX_SECRET_FILE_BYTES == 64 << 10);
 
 /// Why the command gave no token. Its words never hold what the command
 /// printed on its standard output (that would be the secret).
@@ -52,8 +56,8 @@ pub(crate) enum MintError {
     /// It printed nothing but white space.
     #[error("{program} printed nothing on its standard output")]
     Empty { program: String },
-    /// It printed more than a token can be.
-    #[error("{program} printed more than {MAX_SECRET_FILE_BYTES} bytes on its standard output")]
+    /// It printed more than a token can be (64 KiB).
+    #[error("{program} printed more than 64 KiB on its standard output")]
     TooLong { program: String },
     /// What it printed is not UTF-8 text.
     #[error("{program} printed something that is not UTF-8 text")]
@@ -67,6 +71,15 @@ pub(crate) enum MintError {
 /// what it printed, trimmed. Its standard error is logged line by line,
 /// scrubbed of `known` secrets and of the token it printed; `name` says
 /// whose command it is.
+///
+/// The command runs in a process group of its own, and is judged by its
+/// exit status and what it printed before it exited: a background child
+/// that still holds its standard output does not make it wait (issue 37,
+/// item 4: a helper that printed its token and exited 0 was "killed at
+/// 10 s" for that). Once it has exited, and at the timeout, the whole
+/// group is killed, so none of its processes outlives it (a `sleep` under
+/// `sh` used to live on, one more at every run). More than 64 KiB on its
+/// standard output fails at once, "printed more than 64 KiB".
 pub(crate) async fn run(
     argv: &[String],
     name: &str,
@@ -78,55 +91,205 @@ pub(crate) async fn run(
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        .process_group(0)
         .kill_on_drop(true)
         .spawn()
         .map_err(|e| MintError::Spawn {
             program: program.clone(),
             why: e.to_string(),
         })?;
+    let group = Group::of(&child);
     let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
         unreachable!("both were asked for as pipes");
     };
-    let output = async {
-        let (out, err) = tokio::join!(
-            read_bounded(stdout, MAX_SECRET_FILE_BYTES + 1),
-            read_bounded(stderr, MAX_STDERR)
-        );
-        let status = child.wait().await;
-        (out, err, status)
-    };
-    // The child is killed when this drops it (a timeout): kill_on_drop.
-    let Ok((out, err, status)) = tokio::time::timeout(TIMEOUT, output).await else {
-        return Err(MintError::Timeout { program });
-    };
+    let out = Collected::spawn(stdout, MAX_SECRET_FILE_BYTES);
+    let err = Collected::spawn(stderr, MAX_STDERR);
     let read_error = |e: std::io::Error| MintError::Read {
         program: program.clone(),
         why: e.to_string(),
     };
-    let out = out.map_err(read_error)?;
-    let status = status.map_err(read_error)?;
+    let ended = tokio::select! {
+        exited = group.exited() => Ended::Exited(exited),
+        () = out.overflowed() => Ended::Overflowed,
+        () = tokio::time::sleep(TIMEOUT) => Ended::TimedOut,
+    };
+    // Whatever became of it, nothing of its group is left running (its
+    // exited leader, not yet reaped, keeps the group's id from reuse).
+    group.kill();
+    let status = child.wait().await.map_err(read_error);
+    // Reaped: its id may be another group's from now on.
+    group.disarm();
+    let status = status?;
+    let out = out.finish().await;
+    let err = err.finish().await;
+    match ended {
+        Ended::Exited(Err(e)) => return Err(read_error(e)),
+        Ended::Overflowed => return Err(MintError::TooLong { program }),
+        Ended::TimedOut => return Err(MintError::Timeout { program }),
+        Ended::Exited(Ok(())) => {}
+    }
+    if out.len() as u64 > MAX_SECRET_FILE_BYTES {
+        return Err(MintError::TooLong { program });
+    }
     let token = String::from_utf8(out).ok().map(|t| t.trim().to_owned());
     let scrubber = Scrubber::new(known.iter().chain(token.as_ref().map(Secret::new).as_ref()));
-    log_stderr(&scrubber, name, &err.unwrap_or_default(), status.success());
+    log_stderr(&scrubber, name, &err, status.success());
     if !status.success() {
         let status = status.to_string();
         return Err(MintError::Exit { program, status });
     }
     match token {
         None => Err(MintError::NotText { program }),
-        Some(t) if t.len() as u64 > MAX_SECRET_FILE_BYTES => Err(MintError::TooLong { program }),
         Some(t) if t.is_empty() => Err(MintError::Empty { program }),
         Some(t) => Ok(Secret::new(t)),
     }
 }
 
-/// Up to `limit` bytes of `r`; the rest is left unread (the pipe's writer
-/// may then block, and the time limit ends it).
-async fn read_bounded(r: impl AsyncRead + Unpin, limit: u64) -> std::io::Result<Vec<u8>> {
-    let mut buf = Vec::new();
-    r.take(limit).read_to_end(&mut buf).await?;
-    Ok(buf)
+/// How a command's run ended.
+enum Ended {
+    /// It exited (`Err`: waiting for it failed).
+    Exited(std::io::Result<()>),
+    /// It printed more than a token can be.
+    Overflowed,
+    /// It ran past [`TIMEOUT`].
+    TimedOut,
 }
+
+/// The command's process group (its id is the command's pid): killed
+/// whole, when the command has exited, at the timeout, or when the task
+/// that waits for it goes away.
+struct Group {
+    pid: Option<libc::pid_t>,
+}
+
+impl Group {
+    fn of(child: &tokio::process::Child) -> Self {
+        Group {
+            pid: child.id().and_then(|p| libc::pid_t::try_from(p).ok()),
+        }
+    }
+
+    /// Waits until the command (the group's leader) has exited, without
+    /// reaping it (`waitid` with `WNOWAIT`): while it is a zombie its pid,
+    /// the group's id, cannot be reused, so [`Group::kill`] can only reach
+    /// its own processes.
+    async fn exited(&self) -> std::io::Result<()> {
+        let Some(pid) = self.pid else {
+            return Ok(());
+        };
+        tokio::task::spawn_blocking(move || {
+            loop {
+                // SAFETY: a zeroed siginfo_t is a valid out-parameter.
+                let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+                // SAFETY: waits for our own child, writing only into `info`.
+                let rc = unsafe {
+                    libc::waitid(
+                        libc::P_PID,
+                        pid as libc::id_t,
+                        &mut info,
+                        libc::WEXITED | libc::WNOWAIT,
+                    )
+                };
+                if rc == 0 {
+                    return Ok(());
+                }
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        })
+        .await
+        .map_err(std::io::Error::other)?
+    }
+
+    /// Its leader was reaped: nothing is signalled any more (the id is
+    /// free for another group).
+    fn disarm(mut self) {
+        self.pid = None;
+    }
+
+    /// Kills every process of the group (SIGKILL).
+    fn kill(&self) {
+        if let Some(pid) = self.pid {
+            // SAFETY: signals the process group the command leads; none
+            // other can have its id while the leader is unreaped.
+            unsafe { libc::killpg(pid, libc::SIGKILL) };
+        }
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        // The task went away before the command ended (a daemon shutting
+        // down): its group goes too (kill_on_drop reaps the leader).
+        self.kill();
+    }
+}
+
+/// What a command prints on one stream, read as it comes (so a command
+/// that exits leaves what it printed, whoever else holds the pipe), at
+/// most `limit` bytes and one more to see that it printed more.
+struct Collected {
+    buf: Arc<Mutex<Vec<u8>>>,
+    over: Arc<tokio::sync::Notify>,
+    limit: u64,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl Collected {
+    fn spawn(mut r: impl AsyncRead + Unpin + Send + 'static, limit: u64) -> Self {
+        let buf: Arc<Mutex<Vec<u8>>> = Arc::default();
+        let over = Arc::new(tokio::sync::Notify::new());
+        let (b, o) = (buf.clone(), over.clone());
+        let reader = tokio::spawn(async move {
+            let mut chunk = [0u8; 8192];
+            loop {
+                match r.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => {
+                        let mut b = b.lock().unwrap_or_else(PoisonError::into_inner);
+                        let room = (limit + 1).saturating_sub(b.len() as u64) as usize;
+                        b.extend_from_slice(&chunk[..n.min(room)]);
+                        if b.len() as u64 > limit {
+                            o.notify_one();
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+        Collected {
+            buf,
+            over,
+            limit,
+            reader,
+        }
+    }
+
+    /// Resolves once more than `limit` bytes came.
+    async fn overflowed(&self) {
+        self.over.notified().await;
+    }
+
+    /// What came: all of it once the pipe closes (the group is killed by
+    /// then, so it closes at once unless a process that left the group
+    /// holds it), else what came within a moment.
+    async fn finish(self) -> Vec<u8> {
+        let mut reader = self.reader;
+        if tokio::time::timeout(DRAIN, &mut reader).await.is_err() {
+            reader.abort();
+        }
+        let b = self.buf.lock().unwrap_or_else(PoisonError::into_inner);
+        let keep = (b.len() as u64).min(self.limit + 1) as usize;
+        b[..keep].to_vec()
+    }
+}
+
+/// How long, once the command has exited and its group was killed, its
+/// output may take to arrive (a process that left the group may hold the
+/// pipe open for ever).
+const DRAIN: Duration = Duration::from_millis(500);
 
 /// The command's standard error, one log line each: WARN when it failed.
 fn log_stderr(scrubber: &Scrubber, name: &str, err: &[u8], ok: bool) {

@@ -27,8 +27,8 @@ use reqwest::header::HeaderMap;
 use serde_json::Value;
 
 use super::{
-    Answer, Block, Left, Verdict, epoch_secs, header_str, header_u64, messages, resource_named,
-    retry_after, until_epoch,
+    Answer, Block, Left, Verdict, epoch_secs, header_str, header_u64, messages, retry_after,
+    until_epoch,
 };
 use crate::config::Endpoint;
 use crate::quota::BlockReason;
@@ -65,11 +65,6 @@ pub(super) fn until_reset(
     Some(until_epoch(endpoint, RESET, raw, epoch_secs(raw)?, now))
 }
 
-/// The resource the answer names, if it names one that can be.
-pub(super) fn resource(headers: &HeaderMap) -> Option<String> {
-    resource_named(header_str(headers, RESOURCE)?)
-}
-
 /// Which rate limit an error body names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Says {
@@ -97,8 +92,10 @@ pub(super) fn says(body: &[u8]) -> Says {
 /// The headers' part of a verdict: the resource, what it has left and
 /// when it resets, and at 0 a block until then.
 pub(super) fn headers_say(endpoint: &Endpoint, headers: &HeaderMap, now: DateTime<Utc>) -> Verdict {
+    let (resource, unusable_resource) = super::header_resource(headers, RESOURCE);
     let mut v = Verdict {
-        resource: resource(headers),
+        resource,
+        unusable_resource,
         ..Verdict::default()
     };
     let resets_in = until_reset(endpoint, headers, now);
@@ -246,7 +243,8 @@ mod tests {
         let b = v.block.expect("blocked");
         assert!(v.refused && !b.token_wide, "{b:?}");
         assert_eq!(b.wait, Duration::from_secs(46));
-        // A resource name that cannot be one (it ends up in keys) is none.
+        // A resource name that cannot be one (it ends up in keys) is a
+        // resource no window mirrors, never the endpoint's own (issue 37).
         for bad in ["", "a b", "core/x", "{core}", &"x".repeat(65)] {
             let v = read(
                 &ep,
@@ -256,7 +254,16 @@ mod tests {
                 now,
             );
             assert_eq!(v.resource, None, "{bad:?}");
+            assert!(v.unusable_resource.is_some(), "{bad:?}");
         }
+        let v = read(
+            &ep,
+            200,
+            &gh_of("core", "30", "1", now.timestamp()),
+            b"{}",
+            now,
+        );
+        assert_eq!(v.unusable_resource, None);
         let v = read(
             &ep,
             200,

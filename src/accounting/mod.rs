@@ -61,8 +61,16 @@ pub(crate) struct Verdict {
     /// What the request really cost: the spend is settled to it.
     pub(crate) cost: Option<u64>,
     /// The resource the answer counted against, as the upstream names it
-    /// (GitHub's `x-ratelimit-resource`); `None`: the endpoint's own.
+    /// (GitHub's `x-ratelimit-resource`); `None`: the endpoint's own, unless
+    /// [`Verdict::unusable_resource`] says the answer named one.
     pub(crate) resource: Option<String>,
+    /// The answer named its resource, with a name the daemon cannot use
+    /// (empty, over 64 bytes, spaces, control or non-ASCII characters: it
+    /// would go into Redis keys and metric labels), shown here as the log
+    /// shows it. That is a resource no window mirrors, never the endpoint's
+    /// own: it resyncs no window and blocks nothing the daemon spends on
+    /// (issue 37, item 4: such an answer at 0 left blocked `core`).
+    pub(crate) unusable_resource: Option<String>,
     /// What the upstream has left, per limit it reports: the `upstream =
     /// true` windows that mirror each are resynced to it (drift).
     pub(crate) left: Vec<Resync>,
@@ -283,6 +291,21 @@ pub(crate) fn resource_named(raw: &str) -> Option<String> {
 /// A header's text, trimmed, if it is text.
 fn header_str<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
     Some(headers.get(name)?.to_str().ok()?.trim())
+}
+
+/// The resource a header names (`x-ratelimit-resource`): `(None, None)`
+/// when the answer has no such header, `(Some(name), None)` for a name the
+/// daemon can use ([`resource_named`]), `(None, Some(as logged))` for one
+/// it cannot (a value that is not even text included).
+pub(crate) fn header_resource(headers: &HeaderMap, name: &str) -> (Option<String>, Option<String>) {
+    let Some(raw) = headers.get(name) else {
+        return (None, None);
+    };
+    let text = String::from_utf8_lossy(raw.as_bytes());
+    match resource_named(&text) {
+        Some(named) => (Some(named), None),
+        None => (None, Some(as_logged(text.trim()))),
+    }
 }
 
 /// `raw` as the log shows an upstream's value: escaped, at most 64 chars.

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::Exit;
+use super::{Exit, out, outln};
 use crate::acl;
 use crate::config::{
     Config, Credential, Job, Reserve, Scope, UnsafeEviction, Window, fmt_duration,
@@ -49,8 +49,8 @@ pub async fn run(config: &Config, now: DateTime<Utc>, with_secrets: bool) -> Exi
     };
     let (config, sources) = read_sources(config).await;
     let daemons = live_daemons(&config).await;
-    print!("{}", report(&config, now, &sources, daemons));
-    print!("{}", tables_report(&tables));
+    out!("{}", report(&config, now, &sources, daemons));
+    out!("{}", tables_report(&tables));
     redis_eviction(&config).await
 }
 
@@ -64,30 +64,46 @@ async fn commands(config: &Config, secrets: &crate::config::Secrets, run: bool) 
     let mut ok = true;
     for cred in config.credentials.values().filter(|c| c.minted()) {
         if !run {
-            println!(
+            outln!(
                 "credential {}: secret_command's program is there and executable (not run; `check --with-secrets` runs it)",
                 cred.name
             );
             continue;
         }
-        let Some((_, argv, _)) = cred.command(None) else {
-            println!(
-                "credential {}: secret_command not run (a template's runs per tenant, when a task needs it)",
-                cred.name
-            );
+        // A template's runs per tenant: here once, for its first tenant
+        // in the jobs' items (every tenant's runs when a task needs it).
+        let tenant = match &cred.template {
+            None => None,
+            Some(_) => match Tenants::seen(config, cred).values.into_iter().next() {
+                Some(v) => Some(v),
+                None => {
+                    outln!(
+                        "credential {}: secret_command not run (a template's runs per tenant, and no job's items name one now)",
+                        cred.name
+                    );
+                    continue;
+                }
+            },
+        };
+        let Some((name, argv, _)) = cred.command(tenant.as_deref()) else {
             continue;
         };
-        match crate::mint::run(&argv, &cred.name, &known).await {
-            Ok(token) => println!(
-                "credential {}: secret_command printed a token ({} bytes)",
-                cred.name,
+        if let Some(why) = tenant.as_deref().and_then(|v| cred.command_refusal(v)) {
+            eprintln!("error: credential {name}: credential command failed: {why}");
+            ok = false;
+            continue;
+        }
+        let whose = match &tenant {
+            Some(_) => format!("{name} (one tenant; each tenant's runs when a task needs it)"),
+            None => name.clone(),
+        };
+        match crate::mint::run(&argv, &name, &known).await {
+            Ok(token) => outln!(
+                "credential {whose}: secret_command printed a token ({} bytes)",
                 token.expose().len()
             ),
             Err(e) => {
-                eprintln!(
-                    "error: credential {}: credential command failed: {e}",
-                    cred.name
-                );
+                eprintln!("error: credential {name}: credential command failed: {e}");
                 ok = false;
             }
         }
@@ -153,7 +169,7 @@ async fn redis_eviction(config: &Config) -> Exit {
 /// The queue's Redis (the windows' too without `quota_nodes`).
 async fn queue_eviction(config: &Config) -> Exit {
     let Some(url) = &config.redis.url else {
-        println!("\nredis: embedded, started with maxmemory-policy noeviction");
+        outln!("\nredis: embedded, started with maxmemory-policy noeviction");
         return Exit::Ok;
     };
     let wait = Duration::from_secs(2);
@@ -171,7 +187,7 @@ async fn queue_eviction(config: &Config) -> Exit {
             return Exit::Config;
         }
         Err(_) => {
-            println!(
+            outln!(
                 "\nredis: {url} does not answer now; its maxmemory-policy and its user's permissions are checked when `run` starts"
             );
             return Exit::Ok;
@@ -181,7 +197,7 @@ async fn queue_eviction(config: &Config) -> Exit {
     let replicas = config.redis.quota_replicas > 0;
     let access = match acl::access(conn, &config.redis.key_prefix, replicas).await {
         Ok(acl::Access::Granted) => {
-            println!("redis: {url}: {}", acl::Access::Granted);
+            outln!("redis: {url}: {}", acl::Access::Granted);
             Exit::Ok
         }
         Ok(missing @ acl::Access::Missing(_)) => {
@@ -189,11 +205,11 @@ async fn queue_eviction(config: &Config) -> Exit {
             Exit::Config
         }
         Ok(unknown @ acl::Access::Unknown(_)) => {
-            println!("warning: redis: {url}: {unknown}");
+            outln!("warning: redis: {url}: {unknown}");
             Exit::Ok
         }
         Err(e) => {
-            println!("warning: redis: {url}: the user's permissions could not be read: {e}");
+            outln!("warning: redis: {url}: the user's permissions could not be read: {e}");
             Exit::Ok
         }
     };
@@ -227,7 +243,7 @@ async fn quota_cluster(config: &Config) -> Exit {
     let at = format!("the quota windows' {target}");
     let wait = Duration::from_secs(2);
     let Ok(Ok(conn)) = tokio::time::timeout(wait, target.connect(wait, 0)).await else {
-        println!(
+        outln!(
             "\nredis: {at} does not answer now; its masters' maxmemory-policy is checked when `run` starts"
         );
         return Exit::Ok;
@@ -237,7 +253,7 @@ async fn quota_cluster(config: &Config) -> Exit {
     let access =
         match acl::access_windows(&mut conn.clone(), &config.redis.key_prefix, replicas).await {
             Ok(acl::Access::Granted) => {
-                println!("redis: {at}: the user may run every command the windows need");
+                outln!("redis: {at}: the user may run every command the windows need");
                 Exit::Ok
             }
             Ok(missing @ acl::Access::Missing(_)) => {
@@ -245,11 +261,11 @@ async fn quota_cluster(config: &Config) -> Exit {
                 Exit::Config
             }
             Ok(unknown @ acl::Access::Unknown(_)) => {
-                println!("warning: redis: {at}: {unknown}");
+                outln!("warning: redis: {at}: {unknown}");
                 Exit::Ok
             }
             Err(e) => {
-                println!("warning: redis: {at}: the user's permissions could not be read: {e}");
+                outln!("warning: redis: {at}: the user's permissions could not be read: {e}");
                 Exit::Ok
             }
         };
@@ -265,7 +281,7 @@ async fn quota_cluster(config: &Config) -> Exit {
 fn verdict(config: &Config, at: &str, eviction: Eviction) -> Exit {
     match eviction {
         Eviction::Safe => {
-            println!("\nredis: {at}: maxmemory-policy noeviction");
+            outln!("\nredis: {at}: maxmemory-policy noeviction");
             Exit::Ok
         }
         Eviction::Unsafe(policy) => {
@@ -276,7 +292,7 @@ fn verdict(config: &Config, at: &str, eviction: Eviction) -> Exit {
                     Exit::Config
                 }
                 UnsafeEviction::Warn => {
-                    println!(
+                    outln!(
                         "\nwarning: Redis at {at}: {reason} (unsafe_eviction = \"warn\": `run` starts anyway)"
                     );
                     Exit::Ok
@@ -284,7 +300,7 @@ fn verdict(config: &Config, at: &str, eviction: Eviction) -> Exit {
             }
         }
         Eviction::Unknown(why) => {
-            println!(
+            outln!(
                 "\nwarning: Redis at {at}: its maxmemory-policy cannot be verified ({why}); make sure it is noeviction"
             );
             Exit::Ok
@@ -322,8 +338,8 @@ fn report(
     );
     let mut warnings = Vec::new();
     for job in config.jobs.values() {
-        out.push_str(&job_lines(config, job, now));
         let read = sources.iter().find(|(n, _)| *n == job.name).map(|(_, r)| r);
+        out.push_str(&job_lines(config, job, now, read));
         let (line, warning) = fan_out_lines(config, job, read);
         out.push_str(&line);
         warnings.extend(warning);
@@ -411,8 +427,12 @@ fn unmirrored(config: &Config) -> Vec<String> {
     out
 }
 
-/// A job's worst-case cost per run and its next fire times.
-fn job_lines(config: &Config, job: &Job, now: DateTime<Utc>) -> String {
+/// A job's worst-case cost per run and its next fire times. `read`: its
+/// `fan_out_from` source as read now, if it has one: one that cannot be
+/// read, or holds more than `max_items` rows, fans out no task now (issue
+/// 37: "100000 task(s) per tick" was printed for it), though the worst
+/// case still counts `max_items` (it may be fixed before the next tick).
+fn job_lines(config: &Config, job: &Job, now: DateTime<Utc>, read: Option<&SourceRead>) -> String {
     let ep = &config.endpoints[&job.endpoint];
     let next: Vec<String> = schedule::next_fires(job, now, 3)
         .iter()
@@ -432,14 +452,23 @@ fn job_lines(config: &Config, job: &Job, now: DateTime<Utc>) -> String {
     let run = schedule::worst_per_run(config, job);
     let hops = crate::fetch::MAX_REDIRECTS;
     let redirected = run.saturating_mul(u64::from(hops) + 1);
+    let tasks = match read {
+        Some(Err(SourceError::TooManyRows { max, .. })) => format!(
+            "no task per tick now (its fan_out_from source has more than max_items = {max} rows)"
+        ),
+        Some(Err(_)) => "no task per tick now (its fan_out_from source cannot be read)".to_owned(),
+        _ => format!("{} task(s) per tick", job.items()),
+    };
+    let items = match read {
+        Some(Err(_)) => format!("at most {} item(s) once it fans out", job.items()),
+        _ => format!("{} item(s)", job.items()),
+    };
     format!(
-        "\njob {} ({}): endpoint {}, {} task(s) per tick, worst case {} units per run ({} item(s) x {} page(s) x {} unit(s)); {redirected} if every page is redirected {hops} times (each hop is spent)\n{reserve}  next: {}\n",
+        "\njob {} ({}): endpoint {}, {tasks}, worst case {} units per run ({items} x {} page(s) x {} unit(s)); {redirected} if every page is redirected {hops} times (each hop is spent)\n{reserve}  next: {}\n",
         job.name,
         job.file.display(),
         ep.name,
-        job.items(),
         run,
-        job.items(),
         job.max_pages(),
         ep.cost,
         next_line(job, &next),
@@ -490,8 +519,12 @@ fn fan_out_lines(config: &Config, job: &Job, read: Option<&SourceRead>) -> (Stri
                 }
             }
             Err(e) => {
+                let now = match e {
+                    SourceError::TooManyRows { .. } => "has more rows than max_items now",
+                    _ => "cannot be read now",
+                };
                 out.push_str(&format!(
-                    "  fan_out_from {source}: cannot be read now; counted at max_items = {}{times}\n",
+                    "  fan_out_from {source}: {now}: a tick fans out nothing; counted at max_items = {}{times} for the worst case\n",
                     from.max_items
                 ));
                 warnings.push(format!(
@@ -782,8 +815,12 @@ impl Tenants {
         }
     }
 
-    /// Its line, and a warning naming tenants without a token file.
+    /// Its line, and a warning naming tenants without a token file (or,
+    /// minted by a command, tenants it would not run for).
     fn report(&self, cred: &Credential) -> (String, Option<String>) {
+        if cred.minted() {
+            return self.report_minted(cred);
+        }
         let placeholder = cred.template.as_deref().unwrap_or_default();
         let mut missing = Vec::new();
         let mut with_token = 0usize;
@@ -807,6 +844,36 @@ impl Tenants {
             "credential {}: {n} tenant(s) have no token file, so their items' tasks end failed (\"no secret for ...\"): {}{}",
             cred.name,
             missing.join("; ").escape_debug(),
+            if n > MISSING_SHOWN { "; ..." } else { "" }
+        );
+        (line, Some(warning))
+    }
+}
+
+impl Tenants {
+    /// [`Tenants::report`] for a template whose tokens `secret_command`
+    /// mints, one run per tenant: there are no token files to look for
+    /// (issue 37: `check` said "0 with a token file" and "the credential is
+    /// not a template" while `run` minted for every tenant).
+    fn report_minted(&self, cred: &Credential) -> (String, Option<String>) {
+        let placeholder = cred.template.as_deref().unwrap_or_default();
+        let more = if self.more { "+" } else { "" };
+        let line = format!(
+            "  template on {{{placeholder}}}: {}{more} tenant(s) in the jobs' items now, each one's token minted by secret_command when a task needs it; each tenant has the windows below\n",
+            self.values.len()
+        );
+        let refused: Vec<String> = (self.values.iter())
+            .filter_map(|v| cred.command_refusal(v))
+            .collect();
+        if refused.is_empty() {
+            return (line, None);
+        }
+        let n = refused.len();
+        let warning = format!(
+            "credential {}: {n} tenant(s) would reach secret_command as an option, so their items' tasks end failed: {}{}",
+            cred.name,
+            // Each names its value escaped ({:?}): nothing more to escape.
+            refused[..n.min(MISSING_SHOWN)].join("; "),
             if n > MISSING_SHOWN { "; ..." } else { "" }
         );
         (line, Some(warning))

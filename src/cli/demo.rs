@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::broadcast;
 
-use super::Exit;
+use super::{Exit, out, outln};
 use crate::config::{Config, Secrets, Template, fmt_duration};
 use crate::daemon::{self, RunOptions, Shared};
 use crate::outcome::{OutcomeEvent, OutcomeKind};
@@ -124,7 +124,7 @@ fn demo_secrets(config: &Config) -> Result<Secrets, crate::config::ConfigErrors>
 }
 
 fn print_intro(config: &Config, sim_url: &str, duration: Duration, out_dir: &Path) {
-    println!(
+    outln!(
         "quota-worker demo: {} job(s) against a simulated YouTube-like API (and a GraphQL one) at {sim_url}",
         config.jobs.len(),
     );
@@ -133,7 +133,7 @@ fn print_intro(config: &Config, sim_url: &str, duration: Duration, out_dir: &Pat
         if let Some(c) = config.credentials.get(cred) {
             let windows: Vec<String> = c.windows.iter().map(|w| w.describe()).collect();
             let upstream = sim.keys.iter().find(|k| k.key == key);
-            println!(
+            outln!(
                 "  credential {cred}: quota-worker windows {}; the upstream allows {}{}",
                 windows.join(" + "),
                 upstream
@@ -150,7 +150,7 @@ fn print_intro(config: &Config, sim_url: &str, duration: Duration, out_dir: &Pat
     for e in config.endpoints.values().filter(|e| !e.charge_credential) {
         let windows: Vec<String> = e.windows.iter().map(|w| w.describe()).collect();
         let upstream = sim.buckets.iter().find(|(p, _)| p == SEARCH);
-        println!(
+        outln!(
             "  endpoint {}: a bucket of its own (not counted in {}'s windows), quota-worker windows {}; the upstream allows {}",
             e.name,
             e.credential,
@@ -161,7 +161,7 @@ fn print_intro(config: &Config, sim_url: &str, duration: Duration, out_dir: &Pat
         );
     }
     for job in config.jobs.values() {
-        println!(
+        outln!(
             "  job {}: {} ({}), {} task(s) per tick, up to {} page(s) each, endpoint {} at {} unit(s)",
             job.name,
             job.schedule,
@@ -172,7 +172,7 @@ fn print_intro(config: &Config, sim_url: &str, duration: Duration, out_dir: &Pat
             config.endpoints[&job.endpoint].cost
         );
     }
-    println!(
+    outln!(
         "running for {}; records go to {}\n",
         fmt_duration(duration),
         out_dir.display()
@@ -217,7 +217,7 @@ async fn run_daemon(
     let _ = ready_rx.wait_for(|r| *r).await;
     // Bound before the daemon says it is ready.
     if let Some(addr) = *addr_rx.borrow() {
-        println!(
+        outln!(
             "status page: http://{addr}/ (the windows filling and blocks lifting; item state at http://{addr}/api/state/JOB)\n"
         );
     }
@@ -248,7 +248,7 @@ async fn run_daemon(
 }
 
 fn print_summary(s: &Stats, ran: &Ran, out_dir: &Path) {
-    println!(
+    outln!(
         "\n=== demo summary ({}{}) ===",
         fmt_duration(ran.started.elapsed()),
         if ran.interrupted { ", interrupted" } else { "" }
@@ -257,28 +257,28 @@ fn print_summary(s: &Stats, ran: &Ran, out_dir: &Path) {
         .iter()
         .map(|k| format!("{} {}", s.count(*k), k.as_str()))
         .collect();
-    println!("tasks by outcome: {}", outcomes.join(", "));
-    println!(
+    outln!("tasks by outcome: {}", outcomes.join(", "));
+    outln!(
         "pages fetched: {}; records ingested: {} (files under {})",
         Stats::get(&s.pages),
         Stats::get(&s.records),
         out_dir.join("data").display()
     );
-    println!("units spent vs. each window (now, live from Redis):");
-    print!("{}", ran.usage);
+    outln!("units spent vs. each window (now, live from Redis):");
+    out!("{}", ran.usage);
 }
 
 /// What the upstream saw, per key; exit 70 if it answered a quota error
 /// (the limiter let too much through).
 fn upstream_summary(stats: &SimStats) -> Exit {
-    println!("what the upstream saw, per key:");
+    outln!("what the upstream saw, per key:");
     let sim = sim_config();
     let mut quota_errors = 0;
     for k in &sim.keys {
         let ks = stats.key(&k.key);
         quota_errors += ks.quota_errors;
         let in_bucket = |path: &str| sim.buckets.iter().any(|(p, _)| p == path);
-        println!(
+        outln!(
             "  {}: {} units charged, {} quota error(s); shared window: at most {} in one {} period (it allows {})",
             k.key,
             ks.units,
@@ -289,7 +289,7 @@ fn upstream_summary(stats: &SimStats) -> Exit {
         );
         // The buckets are YouTube's (search.list's), the first key's.
         for (path, l) in sim.buckets.iter().filter(|_| k.key == KEYS[0].1) {
-            println!(
+            outln!(
                 "  {}: {path} bucket: at most {} in one {} period (it allows {})",
                 k.key,
                 stats.max_units_in_any_period(&k.key, l.per, |p| p == path),
@@ -298,7 +298,7 @@ fn upstream_summary(stats: &SimStats) -> Exit {
             );
         }
     }
-    println!("upstream quota errors: {quota_errors}");
+    outln!("upstream quota errors: {quota_errors}");
     if quota_errors > 0 {
         eprintln!("error: the upstream answered quota errors: the limiter let too much through");
         return Exit::Software;
@@ -342,7 +342,7 @@ async fn progress(stats: &Stats, limiter: &Limiter, started: Instant) {
                 }
             }
         }
-        println!(
+        outln!(
             "[{:>3}s] done {} · quota_exhausted {} · retrying {} · failed {} · records {} · windows: {}",
             started.elapsed().as_secs(),
             stats.count(OutcomeKind::Done),
@@ -376,7 +376,7 @@ async fn live_view(mut rx: broadcast::Receiver<OutcomeEvent>, started: Instant) 
                         Some(d) => format!("deferred: runs again in {}", fmt_duration(d)),
                         None => "the next tick resumes at this page".into(),
                     };
-                    println!(
+                    outln!(
                         "[{t:>5.1}s] {} {} page {}: quota_exhausted after {} page(s), stopped cleanly, retry after {}; {then} (the tick's other tasks stop the same way)",
                         ev.job,
                         ev.item,
@@ -393,12 +393,16 @@ async fn live_view(mut rx: broadcast::Receiver<OutcomeEvent>, started: Instant) 
                 } else {
                     String::new()
                 };
-                println!(
+                outln!(
                     "[{t:>5.1}s] {} {}: done, {} page(s){resumed}, {} record(s), {} unit(s)",
-                    ev.job, ev.item, o.pages, o.records, o.units
+                    ev.job,
+                    ev.item,
+                    o.pages,
+                    o.records,
+                    o.units
                 );
             }
-            _ => println!(
+            _ => outln!(
                 "[{t:>5.1}s] {} {}: {} ({})",
                 ev.job,
                 ev.item,

@@ -11,6 +11,7 @@ pub mod run;
 pub mod search;
 pub mod settle;
 pub mod spend;
+pub mod spool;
 pub mod state;
 pub mod tenant;
 pub mod trigger;
@@ -22,6 +23,42 @@ use std::sync::Arc;
 
 use crate::config::{self, Config};
 use crate::quota::{Limiter, QuotaTarget, Quotas};
+
+/// Prints `args` on standard output, as `print!` does, except that a
+/// reader that went away (`quota-worker check | head`) is not an error:
+/// `print!` panics on the closed pipe (issue 37). The rest of the output is
+/// dropped, and the command ends with its own exit code, as `keys` and
+/// `completions` do.
+pub(crate) fn write_out(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static GONE: AtomicBool = AtomicBool::new(false);
+    if GONE.load(Ordering::Relaxed) {
+        return;
+    }
+    let mut stdout = std::io::stdout().lock();
+    match stdout.write_fmt(args) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => GONE.store(true, Ordering::Relaxed),
+        Err(e) => {
+            GONE.store(true, Ordering::Relaxed);
+            eprintln!("error: cannot write to stdout: {e}");
+        }
+    }
+}
+
+/// `print!` through [`write_out`].
+macro_rules! out {
+    ($($arg:tt)*) => { $crate::cli::write_out(format_args!($($arg)*)) };
+}
+
+/// `println!` through [`write_out`].
+macro_rules! outln {
+    () => { $crate::cli::write_out(format_args!("\n")) };
+    ($($arg:tt)*) => { $crate::cli::write_out(format_args!("{}\n", format_args!($($arg)*))) };
+}
+
+pub(crate) use {out, outln};
 
 /// Exit codes, from sysexits.h.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use serde_json::json;
 
-use super::Exit;
+use super::{Exit, out, outln};
 use crate::config::{Config, fmt_duration};
 use crate::quota::{CredentialUsage, Limiter, QuotaError, Quotas};
 
@@ -75,11 +75,11 @@ pub async fn run(config: &Config, credential: Option<&str>, as_json: bool) -> Ex
         if !notes.is_empty() {
             out["templates"] = notes.iter().map(TemplateNote::to_json).collect();
         }
-        println!("{out}");
+        outln!("{out}");
     } else {
-        print!("{}", table(&usages));
+        out!("{}", table(&usages));
         for n in &notes {
-            println!("{}", n.line(credential.is_none()));
+            outln!("{}", n.line(credential.is_none()));
         }
     }
     Exit::Ok

@@ -12,7 +12,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::Exit;
+use super::{Exit, outln};
 use crate::config::{Config, fmt_duration};
 use crate::daemon::reload::{Record, record_path};
 
@@ -75,7 +75,7 @@ fn report(pid: u32, r: &Record) -> Exit {
             v.join(", ")
         }
     };
-    println!(
+    outln!(
         "process {pid} reloaded its configuration (fingerprint {}): jobs added: {}; removed: {}; changed: {}",
         r.fingerprint,
         list(&r.added),

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use serde_json::{Value, json};
 
-use super::Exit;
+use super::{Exit, out, outln};
 use crate::config::{Config, SinkKind};
 use crate::sink::{self, Hit, SinkError};
 
@@ -70,9 +70,9 @@ pub async fn run(config: &Config, job: &str, query: &str, limit: usize, as_json:
     hits.sort_by(|a, b| a.1.rank.total_cmp(&b.1.rank));
     hits.truncate(limit);
     if as_json {
-        println!("{}", as_json_value(&job.name, query, &dbs, &hits));
+        outln!("{}", as_json_value(&job.name, query, &dbs, &hits));
     } else {
-        print!("{}", as_text(&job.name, query, &hits));
+        out!("{}", as_text(&job.name, query, &hits));
     }
     Exit::Ok
 }
@@ -103,9 +103,9 @@ async fn postgres(
     let at = PathBuf::from(format!("{} table {}", pg.target, pg.table_name()));
     let hits: Vec<(PathBuf, Hit)> = hits.into_iter().map(|h| (at.clone(), h)).collect();
     if as_json {
-        println!("{}", as_json_value(&job.name, query, &[at], &hits));
+        outln!("{}", as_json_value(&job.name, query, &[at], &hits));
     } else {
-        print!("{}", as_text(&job.name, query, &hits));
+        out!("{}", as_text(&job.name, query, &hits));
     }
     Exit::Ok
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use serde_json::json;
 
-use super::Exit;
+use super::{Exit, outln};
 use crate::config::Config;
 use crate::quota::Quotas;
 
@@ -48,16 +48,16 @@ pub async fn run(config: &Config, name: &str, id: &str, cost: u64, as_json: bool
         return Exit::Usage;
     }
     if as_json {
-        println!(
+        outln!(
             "{}",
             json!({"settled": true, "request_id": id, "cost": cost, "windows": windows})
         );
     } else if cost == 0 {
-        println!(
+        outln!(
             "refunded spend {id} on {name} in {windows} window(s); its lease, if it held one, is returned"
         );
     } else {
-        println!(
+        outln!(
             "settled spend {id} on {name} to {cost} units in {windows} window(s); its lease, if it held one, is returned"
         );
     }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use serde_json::json;
 
-use super::Exit;
+use super::{Exit, outln};
 use crate::config::{Config, Reserve, fmt_duration};
 use crate::quota::{Decision, Quotas, RejectedBy};
 
@@ -76,13 +76,13 @@ fn report(
                     out["lease"] = json!(id);
                     out["lease_ms"] = json!(ms);
                 }
-                println!("{out}");
+                outln!("{out}");
             } else {
-                println!(
+                outln!(
                     "allowed: spent {cost} units on {name}; {remaining} left in the tightest window (request {id})"
                 );
                 if let Some(ms) = lease {
-                    println!(
+                    outln!(
                         "lease {id} held until `quota-worker settle '{name}' {id} COST` returns it, or for {}",
                         fmt_duration(std::time::Duration::from_millis(ms))
                     );
@@ -92,13 +92,13 @@ fn report(
         }
         Decision::Unchecked => {
             if as_json {
-                println!(
+                outln!(
                     "{}",
                     json!({"allowed": true, "remaining": null, "retry_after_ms": 0,
                            "rejecting_window": 0, "request_id": id, "unchecked": true})
                 );
             } else {
-                println!(
+                outln!(
                     "allowed UNCHECKED: Redis is unavailable and {endpoint} is fail-open; nothing was recorded"
                 );
             }
@@ -107,7 +107,7 @@ fn report(
         Decision::Rejected(r) => {
             let ms = r.retry_after.as_millis() as u64;
             if as_json {
-                println!(
+                outln!(
                     "{}",
                     json!({"allowed": false, "remaining": r.remaining, "retry_after_ms": ms,
                            "rejecting_window": r.by.window_number(), "request_id": id,
@@ -121,7 +121,7 @@ fn report(
                         format!("window {n} ({scope} {})", w.describe())
                     }
                 };
-                println!(
+                outln!(
                     "rejected: retry after {} ({ms} ms); refused by {why}; {} units left",
                     fmt_duration(r.retry_after),
                     r.remaining

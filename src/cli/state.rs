@@ -19,7 +19,7 @@ use chrono::{DateTime, NaiveDate};
 use redis::aio::ConnectionManager;
 use tracing::warn;
 
-use super::Exit;
+use super::{Exit, outln};
 use crate::config::{Config, Job, fmt_duration, parse_duration};
 use crate::item_state::reset::{Forgot, Reply, Reset};
 use crate::item_state::{self, ItemState, items, rfc3339, tick_time};
@@ -48,7 +48,7 @@ pub async fn show(config: &Config, job: &str, item: Option<&str>, json: bool) ->
             complete: None,
             every_item: None,
         };
-        println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+        outln!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
     } else {
         print_states(target.job, &states, item.is_none());
     }
@@ -285,7 +285,7 @@ impl Tally {
                 fmt_duration(job.since_initial)
             ),
         };
-        println!(
+        outln!(
             "{} {item}: forgot {}; its next run starts at page 1 with {next}",
             job.name,
             if removed.is_empty() {
@@ -309,9 +309,12 @@ impl Tally {
     fn summary(&self, job: &Job) {
         let total = self.reset + self.nothing + self.held;
         if total > 1 || self.nothing > 0 {
-            println!(
+            outln!(
                 "job {}: {} item(s) reset, {} had nothing to forget, {} in flight (not reset)",
-                job.name, self.reset, self.nothing, self.held
+                job.name,
+                self.reset,
+                self.nothing,
+                self.held
             );
         }
     }
@@ -349,7 +352,7 @@ fn removed(f: &Forgot) -> Vec<String> {
 fn print_states(job: &Job, states: &[ItemState], every: bool) {
     if every {
         let fanned = states.iter().filter(|s| s.in_fan_out).count();
-        println!(
+        outln!(
             "job {}: {} item(s), {fanned} in its fan-out now\n",
             job.name,
             states.len()
@@ -357,7 +360,7 @@ fn print_states(job: &Job, states: &[ItemState], every: bool) {
     }
     for (i, s) in states.iter().enumerate() {
         if i > 0 {
-            println!();
+            outln!();
         }
         print_state(job, s);
     }
@@ -369,7 +372,7 @@ fn print_state(job: &Job, s: &ItemState) {
     } else {
         " (not in the fan-out now; Redis still holds its state)"
     };
-    println!("{}{gone}", s.item);
+    outln!("{}{gone}", s.item);
     let last = match (s.last_tick, &s.outcome) {
         (None, _) => "none recorded".to_owned(),
         (Some(t), None) => format!(
@@ -385,23 +388,23 @@ fn print_state(job: &Job, s: &ItemState) {
             format!("tick {}: {o}{ended}", tick_time(t))
         }
     };
-    println!("  last run:    {last}");
+    outln!("  last run:    {last}");
     if let Some(d) = &s.detail {
-        println!("               {d}");
+        outln!("               {d}");
     }
     let next = match (s.resume_page, &s.cursor) {
         (Some(p), Some(c)) => format!("resumes at page {p}, cursor {c}"),
         (Some(p), None) => format!("resumes at page {p}"),
         (None, _) => "start (page 1)".to_owned(),
     };
-    println!("  next run:    {next}");
+    outln!("  next run:    {next}");
     let since = s.since.clone().unwrap_or_else(|| {
         format!(
             "none: now − since_initial ({})",
             fmt_duration(job.since_initial)
         )
     });
-    println!("  {{since}}:     {since}");
+    outln!("  {{since}}:     {since}");
     let validators = match &s.validators {
         None => "none".to_owned(),
         Some(v) => [("ETag", &v.etag), ("Last-Modified", &v.last_modified)]
@@ -410,7 +413,7 @@ fn print_state(job: &Job, s: &ItemState) {
             .collect::<Vec<_>>()
             .join(", "),
     };
-    println!("  validators:  {validators}");
+    outln!("  validators:  {validators}");
     let held = match &s.held_by {
         None => "nobody".to_owned(),
         Some(h) => match &h.host {
@@ -421,9 +424,9 @@ fn print_state(job: &Job, s: &ItemState) {
             ),
         },
     };
-    println!("  held by:     {held}");
+    outln!("  held by:     {held}");
     for u in &s.unreadable {
-        println!(
+        outln!(
             "  unreadable:  {u} (the worker fails this item's tasks until `state reset` clears it)"
         );
     }

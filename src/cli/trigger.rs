@@ -8,7 +8,7 @@ use std::time::Duration;
 use indicatif::{ProgressBar, ProgressStyle};
 use redis::aio::ConnectionManager;
 
-use super::Exit;
+use super::{Exit, outln};
 use crate::config::{Config, Job, RedisUrl, fmt_duration};
 use crate::keys::KeySpace;
 use crate::outcome::{DEFERRED, OutcomeKind, RETRY_AT_MS, RETRYING, WAITED};
@@ -171,7 +171,7 @@ async fn enqueue(queue: &Queue, job: &Job, who: &str) -> Result<(i64, u64), Exit
         bar.finish_and_clear();
         match r {
             Ok(Fanned::Queued(n)) if start > 0 => {
-                println!(
+                outln!(
                     "resumed tick {tick} of job {} at task {start}: queued {} more, {n} task(s) in all",
                     job.name,
                     n.saturating_sub(start)
@@ -179,7 +179,7 @@ async fn enqueue(queue: &Queue, job: &Job, who: &str) -> Result<(i64, u64), Exit
                 return Ok((tick, n));
             }
             Ok(Fanned::Queued(n)) => {
-                println!("queued {n} task(s) of job {} (tick {tick})", job.name);
+                outln!("queued {n} task(s) of job {} (tick {tick})", job.name);
                 return Ok((tick, n));
             }
             Ok(Fanned::Taken { .. }) if start == 0 => tick += 1,
@@ -296,7 +296,7 @@ impl Tick<'_> {
                 bar.finish_and_clear();
                 let retry = retry_after(&counts, &mut conn).await;
                 let (name, tick) = (&self.job.name, self.tick);
-                println!("{name} tick {tick}: {total} task(s) ended: {summary}{retry}");
+                outln!("{name} tick {tick}: {total} task(s) ended: {summary}{retry}");
                 return Ok(counts);
             }
             if !hinted

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use tracing::warn;
 
-use super::Exit;
+use super::{Exit, outln};
 use crate::config::{Config, fmt_duration};
 use crate::quota::{Limiter, Quotas};
 
@@ -59,12 +59,12 @@ pub async fn run(config: &Config, credential: &str, resource: Option<&str>, drif
     let user = super::operator();
     for b in &lifted {
         if b.blocked_for.is_zero() {
-            println!("{credential}: resource {} was not blocked", b.resource);
+            outln!("{credential}: resource {} was not blocked", b.resource);
             continue;
         }
         let why = b.reason.map(|r| format!(" ({r})")).unwrap_or_default();
         let left = fmt_duration(b.blocked_for);
-        println!(
+        outln!(
             "{credential}: resource {} unblocked; it was blocked for {left} more{why}",
             b.resource
         );
@@ -98,7 +98,7 @@ async fn forget_drift(
     };
     for f in &forgot {
         let (scope, window, units) = (f.scope.to_string(), f.window.describe(), f.units);
-        println!(
+        outln!(
             "{credential}: window {window} ({scope}, resource {}): {units} units of drift forgotten",
             f.resource
         );

@@ -292,6 +292,35 @@ impl Credential {
         }
     }
 
+    /// Why a template's command must not run for tenant `value`: the value
+    /// starts with `-` and would begin an argument of the command, which
+    /// would read it as an option (`--help`, `--output=/etc/x`): values come
+    /// from data (`fan_out_from`), not the operator. An argument after a
+    /// `--` in the argv is safe (the operator ended the options there).
+    /// `None`: it may run (or the secret is not minted, or not a template).
+    pub fn command_refusal(&self, value: &str) -> Option<String> {
+        let (SecretSource::Command { argv, .. }, Some(placeholder)) =
+            (&self.secret, &self.template)
+        else {
+            return None;
+        };
+        if !value.starts_with('-') {
+            return None;
+        }
+        let wanted = format!("{{{placeholder}}}");
+        let at = argv
+            .iter()
+            .skip(1)
+            .take_while(|a| a.as_str() != "--")
+            .any(|a| a.starts_with(&wanted));
+        let program = argv.first().map_or("", String::as_str);
+        at.then(|| {
+            format!(
+                "the tenant value {value:?} starts with '-', so {program} would read it as an option; not run (put \"--\" before \"{wanted}\" in secret_command if the command takes it as a value there)"
+            )
+        })
+    }
+
     /// Whether a command mints this credential's secret.
     pub fn minted(&self) -> bool {
         matches!(self.secret, SecretSource::Command { .. })

@@ -257,10 +257,12 @@ impl Parts {
             minter: minter.clone(),
             skip_spend: opts.hooks.skip_spend,
             panic_after_spend: opts.hooks.panic_after_spend.clone(),
+            newest: Arc::default(),
         };
         let sinks = Sinks::for_config(config);
         let worker = Worker::new(config.clone(), secrets, limiter.clone(), sinks, lasting)?;
         let worker = Arc::new(worker);
+        worker.publish();
         let (ops_live, ops_rx) = watch::channel(ops::Live {
             config: config.clone(),
             limiter,

@@ -7,7 +7,10 @@
 //! after it: the scheduler reads its jobs from it (new jobs fire, removed
 //! ones stop), each new task takes the worker in force when it starts
 //! (windows, costs, requests, sinks), the status page and metrics list it.
-//! Tasks in flight keep the worker, and so the config, they began with.
+//! Tasks in flight keep the worker they began with for their job (its
+//! request, pagination and sink), and spend and send with the newest
+//! worker's windows, costs and secrets from their next page
+//! (`Worker::publish`, SPEC Part 4 "Reload and tasks in flight").
 //! An invalid one is refused: logged at ERROR, counted
 //! (`qw_config_reloads_total{result="refused"}`), the running config kept.
 //!
@@ -144,7 +147,9 @@ async fn reload(senders: &Senders, seq: u64) -> (Record, Option<PathBuf>) {
     let (added, removed, changed) = job_changes(&old, &new);
     // The worker first: a tick the scheduler fires under the new config
     // finds workers that know its job (one that does not would give the
-    // task back, not lose it).
+    // task back, not lose it). Tasks in flight take its windows, costs and
+    // secrets at their next page.
+    next.publish();
     senders.worker.send_replace(next.clone());
     senders.ops.send_replace(ops::Live {
         config: new.clone(),
@@ -159,7 +164,7 @@ async fn reload(senders: &Senders, seq: u64) -> (Record, Option<PathBuf>) {
         removed = %removed.join(","),
         changed = %changed.join(","),
         needs_restart = needs_restart.len(),
-        "configuration reloaded: ticks and tasks that start from now on use it; tasks in flight finish under the one they began with"
+        "configuration reloaded: ticks and tasks that start from now on use it; tasks in flight spend and send with its windows, costs and secrets from their next page, and keep their job's request, pagination and sink"
     );
     let record = Record {
         seq,

@@ -65,8 +65,10 @@
 //! sink failure like a full disk: the page is spooled.
 
 mod postgres;
+mod rejected;
 mod spool;
 mod sqlite;
+mod storable;
 
 use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
@@ -83,6 +85,9 @@ use crate::config::{Config, ConfigError, ConfigErrors, Item, Job, SinkKind, Temp
 use crate::pg::PgError;
 pub(crate) use postgres::log_tables;
 pub use postgres::{TableState, check_tables, find as find_postgres};
+pub use rejected::{
+    KeptPage, Retried, RetryOutcome, Scope, count as rejected_count, list as rejected_pages,
+};
 pub use sqlite::{Hit, find};
 use sqlite::{Pool, Row, TableSpec};
 
@@ -183,6 +188,48 @@ pub enum SinkError {
     /// The blocking task that did the I/O panicked or was cancelled.
     #[error("sink I/O task ended abnormally: {0}")]
     Task(#[source] tokio::task::JoinError),
+    /// The sink refused the page for good ([`SinkError::for_good`]): not
+    /// spooled, kept under `<state_dir>/spool/%rejected/` with its error;
+    /// it holds its item (or job) until `spool retry` or a reload.
+    #[error(
+        "the sink refused this page for good: {cause}; {}",
+        match kept {
+            Ok(path) => format!(
+                "the page is kept in {} with its error, and nothing more of this {} is fetched until `quota-worker spool retry {job}` writes it or a reload changes the job",
+                path.display(),
+                match scope { Scope::Item => "item", Scope::Job => "job" },
+            ),
+            Err(why) => format!("not spooled ({why})"),
+        }
+    )]
+    Rejected {
+        /// The job.
+        job: String,
+        /// What the sink said.
+        cause: Box<SinkError>,
+        /// Where the page is kept, or why it could not be.
+        kept: Result<PathBuf, String>,
+        /// What it holds.
+        scope: Scope,
+    },
+    /// A page the sink refused for good holds this item (or its job):
+    /// nothing is fetched for it.
+    #[error(
+        "held: the sink refused a page of this {} for good ({error}); it is kept in {} and nothing of this {} is fetched (no units spent) until `quota-worker spool retry {job}` writes it or a reload changes the job",
+        match scope { Scope::Item => "item", Scope::Job => "job" },
+        file.display(),
+        match scope { Scope::Item => "item", Scope::Job => "job" },
+    )]
+    Held {
+        /// The job.
+        job: String,
+        /// What the kept page holds.
+        scope: Scope,
+        /// Why it was refused.
+        error: String,
+        /// The kept page.
+        file: PathBuf,
+    },
 }
 
 impl SinkError {
@@ -194,16 +241,59 @@ impl SinkError {
     }
 
     /// Whether the page's task must end `failed`: the response is to blame,
-    /// or the item's page can never be written ([`SinkError::NeverWritable`]).
-    /// Any other error is the sink's, for an operator to fix: the page is
-    /// spooled, or the run waits.
+    /// or the sink refused the page for good ([`SinkError::Rejected`]), or
+    /// such a page holds the item ([`SinkError::Held`]). Any other error is
+    /// the sink's for now: the page is spooled, or the run waits.
     #[must_use]
     pub fn fails_the_task(&self) -> bool {
         self.is_bad_response()
-            || matches!(
-                self,
-                SinkError::NeverWritable { .. } | SinkError::Symlink { .. }
-            )
+            || self.for_good().is_some()
+            || matches!(self, SinkError::Rejected { .. } | SinkError::Held { .. })
+    }
+
+    /// Whether the sink refuses the page **for good** (retrying it can
+    /// never help), and then what that holds; `None` for an error that can
+    /// heal (spooled, retried). Per sink kind (docs/jobs.md, "Sinks that
+    /// cannot be written"):
+    ///
+    /// - PostgreSQL, by SQLSTATE class: 21 cardinality, 22 data exception
+    ///   (U+0000 in text, a number out of range), 23 integrity constraint,
+    ///   27 triggered data change, 2F/39 routine, 44 check option, 54
+    ///   program limit (an index row or a `tsvector` too large), P0 a
+    ///   PL/pgSQL `RAISE` (an operator's trigger): the page's own data,
+    ///   which holds its item; 42 syntax or access rule (a column dropped or
+    ///   of another type, a permission revoked), 0A feature not supported,
+    ///   and a table whose columns differ: the table, which holds the job.
+    ///   Everything else heals: 08 connection, 53 resources (too many
+    ///   connections, disk full), 57 operator intervention (shutdown), 40
+    ///   transaction rollback (serialization failure, deadlock), 55 object
+    ///   state (a lock not available), 58 system (I/O), 28 a login refused
+    ///   (the password file is read again), XX internal, no answer.
+    /// - SQLite, by primary result code: CONSTRAINT, MISMATCH, TOOBIG,
+    ///   ERROR (SQL: a table changed by hand), CORRUPT, NOTADB, AUTH hold
+    ///   the item; BUSY, LOCKED, FULL, IOERR, CANTOPEN, READONLY, PERM,
+    ///   NOMEM, PROTOCOL, SCHEMA heal.
+    /// - Files (JSON lines, and where SQLite files go): a file name too long
+    ///   (`ENAMETOOLONG`) and a symbolic link where the file goes (`ELOOP`)
+    ///   hold the item; every other OS error (`ENOSPC`, `EDQUOT`, `EROFS`,
+    ///   `EACCES`, `EIO`, a directory in the way) heals: an operator's fix
+    ///   (a mode, a mount, a directory moved away) or a freed byte writes
+    ///   the spooled pages with no command (Part 2; issue 22's "an item
+    ///   whose file cannot be written for now").
+    #[must_use]
+    pub fn for_good(&self) -> Option<Scope> {
+        match self {
+            SinkError::NeverWritable { .. } | SinkError::Symlink { .. } => Some(Scope::Item),
+            SinkError::Sqlite { source, .. } => sqlite_for_good(source),
+            SinkError::Postgres(e) => match &**e {
+                PgError::Schema { .. } => Some(Scope::Job),
+                PgError::Query {
+                    code: Some(code), ..
+                } => sqlstate_for_good(code.code()),
+                _ => None,
+            },
+            _ => None,
+        }
     }
 
     /// What the task's outcome says.
@@ -218,7 +308,7 @@ impl SinkError {
 
     /// A write error that no retry can fix, as such: a path whose file name
     /// is too long (`ENAMETOOLONG`).
-    fn classified(self) -> Self {
+    pub(crate) fn classified(self) -> Self {
         match self {
             SinkError::Io { path, source } if source.kind() == io::ErrorKind::InvalidFilename => {
                 SinkError::NeverWritable { path, source }
@@ -231,6 +321,33 @@ impl SinkError {
             }
             other => other,
         }
+    }
+}
+
+/// [`SinkError::for_good`] for a PostgreSQL SQLSTATE.
+fn sqlstate_for_good(code: &str) -> Option<Scope> {
+    match code.get(..2)? {
+        "21" | "22" | "23" | "27" | "2F" | "39" | "44" | "54" | "P0" => Some(Scope::Item),
+        "42" | "0A" => Some(Scope::Job),
+        _ => None,
+    }
+}
+
+/// [`SinkError::for_good`] for a SQLite error.
+fn sqlite_for_good(e: &rusqlite::Error) -> Option<Scope> {
+    use rusqlite::ffi;
+    let rusqlite::Error::SqliteFailure(f, _) = e else {
+        return None;
+    };
+    match f.extended_code & 0xff {
+        ffi::SQLITE_CONSTRAINT
+        | ffi::SQLITE_MISMATCH
+        | ffi::SQLITE_TOOBIG
+        | ffi::SQLITE_ERROR
+        | ffi::SQLITE_CORRUPT
+        | ffi::SQLITE_NOTADB
+        | ffi::SQLITE_AUTH => Some(Scope::Item),
+        _ => None,
     }
 }
 
@@ -258,6 +375,9 @@ pub struct Sinks {
     pg: Arc<postgres::PgSinks>,
     /// Where pages the sink cannot take wait; none: such a page is an error.
     spool: Option<Arc<spool::Spool>>,
+    /// Where pages the sink refused for good are kept, and what they hold;
+    /// none: such a page is an error, and kept nowhere.
+    rejected: Option<Arc<rejected::Rejected>>,
     /// Jobs whose last page could be neither written nor spooled here, and
     /// the room the largest such page needed, bytes.
     stuck: Arc<Mutex<HashMap<String, u64>>>,
@@ -280,6 +400,7 @@ impl Sinks {
             dbs: Arc::new(Pool::default()),
             pg: Arc::new(postgres::PgSinks::new(DEFAULT_PG_POOL)),
             spool: None,
+            rejected: None,
             stuck: Arc::default(),
         }
     }
@@ -293,7 +414,17 @@ impl Sinks {
         sinks.pg = Arc::new(postgres::PgSinks::new(config.worker.concurrency.get()));
         let spool = spool::Spool::new(spool_dir(config), config.jobs.clone());
         sinks.spool = Some(Arc::new(spool));
+        sinks.rejected = Some(Arc::new(rejected::Rejected::new(&spool_dir(config))));
         sinks.keep_flushing();
+        sinks
+    }
+
+    /// Sinks for a command that writes pages itself (`spool retry`): the
+    /// config's paths and PostgreSQL servers, its kept pages; no spool and
+    /// no retry loop (the daemon's spool is the daemon's).
+    pub fn for_command(config: &Config) -> Self {
+        let mut sinks = Sinks::new(config.dir.clone());
+        sinks.rejected = Some(Arc::new(rejected::Rejected::new(&spool_dir(config))));
         sinks
     }
 
@@ -345,6 +476,12 @@ impl Sinks {
         }
         let written = self.write_records(job, item, Some(at), records, fetched_at);
         let stored = match written.await.map_err(SinkError::classified) {
+            // Never spooled: it can never be written. Kept, and it holds
+            // the item (or the job), so no tick spends for it again.
+            Err(e) if let Some(scope) = e.for_good() => {
+                let rejected = self.reject(job, item, Some(at), records, fetched_at, e, scope);
+                return Err(rejected.await);
+            }
             Err(e) if !e.fails_the_task() => {
                 self.spool_page(job, item, Some(at), records, fetched_at, e)
                     .await
@@ -362,6 +499,9 @@ impl Sinks {
     /// spend for a page that is lost again (issue 22, item 5). The error
     /// says why not.
     pub async fn ready(&self, job: &Job, item: &Item, now: DateTime<Utc>) -> Result<(), SinkError> {
+        // A page the sink refused for good holds its item (or job): a page
+        // fetched now would be refused again, or queue behind it.
+        self.held(job, item).await?;
         let Some(needed) = lock(&self.stuck).get(&job.name).copied() else {
             return Ok(());
         };
@@ -444,7 +584,7 @@ impl Sinks {
                     search: job.sink.search.clone(),
                 };
                 let item = sqlite::item_column(item);
-                let (keyed, missing_keys) = keyed_rows(job, records)?;
+                let (keyed, missing_keys) = keyed_rows(job, records.iter())?;
                 warn_missing_keys(job, missing_keys);
                 let rows: Vec<Row> = (keyed.into_iter().zip(records))
                     .map(|((key, record_text), record)| Row {
@@ -489,14 +629,50 @@ impl Sinks {
                 fetched_at.to_rfc3339_opts(SecondsFormat::Millis, true)
             ),
         };
-        let (rows, missing_keys) = keyed_rows(job, records)?;
+        // What PostgreSQL cannot hold (U+0000, numbers past numeric's
+        // range) is rewritten here, in this sink only (storable.rs).
+        let mut altered = Vec::new();
+        let fixed: Vec<std::borrow::Cow<'_, Value>> = records
+            .iter()
+            .map(|r| match storable::storable(r) {
+                Some((v, a)) => {
+                    altered.push(a);
+                    std::borrow::Cow::Owned(v)
+                }
+                None => std::borrow::Cow::Borrowed(r),
+            })
+            .collect();
+        let (rows, missing_keys) = keyed_rows(job, fixed.iter().map(|r| r.as_ref()))?;
         warn_missing_keys(job, missing_keys);
         let page = postgres::page_rows(item, page_id, fetched_at, spec.keyed, rows);
-        self.pg
+        let written = self
+            .pg
             .write(&spec, &page)
             .await
-            .map_err(|e| SinkError::Postgres(Box::new(e)))
+            .map_err(|e| SinkError::Postgres(Box::new(e)))?;
+        count_altered(job, &altered);
+        Ok(written)
     }
+}
+
+/// Counts and logs the records a sink wrote altered (once per page written).
+fn count_altered(job: &Job, altered: &[storable::Altered]) {
+    if altered.is_empty() {
+        return;
+    }
+    let mut by_reason: Vec<(&'static str, u64)> = Vec::new();
+    for reason in altered.iter().flat_map(|a| a.reasons()) {
+        match by_reason.iter_mut().find(|(r, _)| *r == reason) {
+            Some((_, n)) => *n += 1,
+            None => by_reason.push((reason, 1)),
+        }
+    }
+    for (reason, n) in &by_reason {
+        metrics::counter!("qw_records_altered_total", "qw_job" => job.name.clone(), "reason" => *reason)
+            .increment(*n);
+    }
+    tracing::info!(job = %job.name, altered = ?by_reason,
+        "records held what PostgreSQL cannot store (U+0000 written as U+FFFD; numbers past numeric's range written as strings)");
 }
 
 /// Connections per PostgreSQL server of [`Sinks::new`] (the daemon's are
@@ -508,7 +684,10 @@ type KeyedRow = (Option<String>, String);
 
 /// Each record with its key (`None` without `sink.key`, or when the record
 /// has no value there) and its JSON text; and how many had no key value.
-fn keyed_rows(job: &Job, records: &[Value]) -> Result<(Vec<KeyedRow>, usize), SinkError> {
+fn keyed_rows<'a>(
+    job: &Job,
+    records: impl ExactSizeIterator<Item = &'a Value>,
+) -> Result<(Vec<KeyedRow>, usize), SinkError> {
     let mut missing = 0usize;
     let mut rows = Vec::with_capacity(records.len());
     for record in records {
@@ -1040,6 +1219,95 @@ mod tests {
         assert_eq!(fixed("/var/lib/q/{job}.sqlite"), "/var/lib/q");
         assert_eq!(fixed("out/all.jsonl"), "out");
         assert_eq!(fixed("{region}/x.jsonl"), "");
+    }
+
+    /// Issue 37: which errors are refused for good, per sink kind, and
+    /// what they hold; the rest heal (spooled).
+    #[test]
+    fn errors_refused_for_good_by_sink_kind() {
+        for (code, want) in [
+            ("22P05", Some(Scope::Item)),
+            ("22003", Some(Scope::Item)),
+            ("23505", Some(Scope::Item)),
+            ("23514", Some(Scope::Item)),
+            ("54000", Some(Scope::Item)),
+            ("P0001", Some(Scope::Item)),
+            ("42804", Some(Scope::Job)),
+            ("42501", Some(Scope::Job)),
+            ("42P01", Some(Scope::Job)),
+            ("0A000", Some(Scope::Job)),
+            ("08006", None),
+            ("53300", None),
+            ("53100", None),
+            ("57P01", None),
+            ("40001", None),
+            ("40P01", None),
+            ("55P03", None),
+            ("58030", None),
+            ("28P01", None),
+            ("XX000", None),
+        ] {
+            assert_eq!(sqlstate_for_good(code), want, "{code}");
+        }
+        let sqlite = |code: i32| SinkError::Sqlite {
+            path: "x.db".into(),
+            source: rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(code), None),
+        };
+        use rusqlite::ffi;
+        for code in [
+            ffi::SQLITE_CONSTRAINT,
+            ffi::SQLITE_CONSTRAINT_TRIGGER,
+            ffi::SQLITE_MISMATCH,
+            ffi::SQLITE_TOOBIG,
+            ffi::SQLITE_ERROR,
+            ffi::SQLITE_CORRUPT,
+            ffi::SQLITE_NOTADB,
+        ] {
+            assert_eq!(sqlite(code).for_good(), Some(Scope::Item), "{code}");
+        }
+        for code in [
+            ffi::SQLITE_BUSY,
+            ffi::SQLITE_LOCKED,
+            ffi::SQLITE_FULL,
+            ffi::SQLITE_IOERR,
+            ffi::SQLITE_IOERR_WRITE,
+            ffi::SQLITE_CANTOPEN,
+            ffi::SQLITE_READONLY,
+            ffi::SQLITE_PERM,
+        ] {
+            assert_eq!(sqlite(code).for_good(), None, "{code}");
+        }
+        let io = |e: io::Error| {
+            SinkError::Io {
+                path: "x.jsonl".into(),
+                source: e,
+            }
+            .classified()
+        };
+        assert_eq!(
+            io(io::Error::from(io::ErrorKind::InvalidFilename)).for_good(),
+            Some(Scope::Item)
+        );
+        assert_eq!(
+            io(io::Error::from_raw_os_error(libc::ELOOP)).for_good(),
+            Some(Scope::Item)
+        );
+        for errno in [
+            libc::ENOSPC,
+            libc::EDQUOT,
+            libc::EROFS,
+            libc::EACCES,
+            libc::EPERM,
+            libc::EIO,
+            libc::EISDIR,
+            libc::ENOTDIR,
+        ] {
+            assert_eq!(
+                io(io::Error::from_raw_os_error(errno)).for_good(),
+                None,
+                "{errno}"
+            );
+        }
     }
 
     #[test]

@@ -70,7 +70,7 @@ pub(super) struct Spool {
 
 /// Which item a spooled page belongs to, as its file name says.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-enum Tag {
+pub(super) enum Tag {
     /// 16 hex digits of the SHA-1 of the item's key.
     Item(String),
     /// A page spooled before item tags: its item is in the file only.
@@ -78,7 +78,7 @@ enum Tag {
 }
 
 impl Tag {
-    fn of(item: &Item) -> Tag {
+    pub(super) fn of(item: &Item) -> Tag {
         let digest = sha1_smol::Sha1::from(crate::queue::item_key(item))
             .digest()
             .to_string();
@@ -87,7 +87,7 @@ impl Tag {
 
     /// The tag in a page file's name: `<ms>-<tag>-<uuid>.json`, or
     /// `<ms>-<uuid>.json` from before tags.
-    fn of_file(path: &Path) -> Tag {
+    pub(super) fn of_file(path: &Path) -> Tag {
         let name = path.file_stem().and_then(|n| n.to_str()).unwrap_or("");
         match name.split('-').collect::<Vec<_>>()[..] {
             [_, tag, _] => Tag::Item(tag.to_owned()),
@@ -96,21 +96,37 @@ impl Tag {
     }
 }
 
-/// One spooled page, as stored.
+/// One spooled page, as stored (a page refused for good is kept in the
+/// same form: `rejected`).
 #[derive(Serialize, Deserialize)]
-struct Page {
-    job: String,
-    item: Item,
-    fetched_at: String,
+pub(super) struct Page {
+    pub(super) job: String,
+    pub(super) item: Item,
+    pub(super) fetched_at: String,
     /// The run's tick and the page number; absent in pages spooled before
     /// they were kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    tick: Option<i64>,
+    pub(super) tick: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    page: Option<u32>,
+    pub(super) page: Option<u32>,
     /// Read back as they were decoded (numbers' text, keys' order).
     #[serde(deserialize_with = "crate::decode::values")]
-    records: Vec<Value>,
+    pub(super) records: Vec<Value>,
+}
+
+impl Page {
+    /// The page as a sink writes it: its item, which page of which run
+    /// (`None` for a page spooled before that was kept), when fetched.
+    pub(super) fn parts(&self) -> (Option<PageRef>, DateTime<Utc>) {
+        let fetched_at = DateTime::parse_from_rfc3339(&self.fetched_at)
+            .map(|t| t.with_timezone(&Utc))
+            .unwrap_or_else(|_| Utc::now());
+        let at = match (self.tick, self.page) {
+            (Some(tick), Some(page)) => Some(PageRef { tick, page }),
+            _ => None,
+        };
+        (at, fetched_at)
+    }
 }
 
 impl Spool {
@@ -174,7 +190,7 @@ enum Replayed {
 }
 
 /// The page files in `dir`, oldest first (dot-files are pages being written).
-fn page_files(dir: &Path) -> io::Result<Vec<PathBuf>> {
+pub(super) fn page_files(dir: &Path) -> io::Result<Vec<PathBuf>> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
         .flatten()
         .map(|e| e.path())
@@ -189,14 +205,23 @@ fn page_files(dir: &Path) -> io::Result<Vec<PathBuf>> {
 }
 
 /// Writes `page` to a new file in `dir`, whole or not at all.
-fn save(dir: &Path, page: &Page, at_ms: i64) -> io::Result<PathBuf> {
-    std::fs::create_dir_all(dir)?;
-    let Tag::Item(tag) = Tag::of(&page.item) else {
+pub(super) fn save(dir: &Path, page: &Page, at_ms: i64) -> io::Result<PathBuf> {
+    save_as(dir, &page_name(&page.item, at_ms), page)
+}
+
+/// A new page file's name: `<at_ms>-<item tag>-<uuid>.json`.
+pub(super) fn page_name(item: &Item, at_ms: i64) -> String {
+    let Tag::Item(tag) = Tag::of(item) else {
         unreachable!("an item always has a tag");
     };
-    let name = format!("{at_ms:013}-{tag}-{}.json", uuid::Uuid::new_v4().simple());
+    format!("{at_ms:013}-{tag}-{}.json", uuid::Uuid::new_v4().simple())
+}
+
+/// Writes `page` to `dir/name`, whole or not at all.
+pub(super) fn save_as(dir: &Path, name: &str, page: &Page) -> io::Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
     let tmp = dir.join(format!(".{name}.tmp"));
-    let path = dir.join(&name);
+    let path = dir.join(name);
     let written = (|| {
         let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
         serde_json::to_writer(&mut f, page).map_err(io::Error::other)?;
@@ -214,15 +239,15 @@ fn save(dir: &Path, page: &Page, at_ms: i64) -> io::Result<PathBuf> {
 }
 
 /// A spooled page claimed for replay: its file stays locked until dropped.
-struct Claimed {
-    path: PathBuf,
+pub(super) struct Claimed {
+    pub(super) path: PathBuf,
     _file: File,
-    page: Page,
+    pub(super) page: Page,
 }
 
 /// Locks and reads `path`; `None` when another replayer holds it or has
 /// already written it; `Some(Err)` when it is no page (set aside).
-fn claim(path: &Path) -> io::Result<Option<Result<Claimed, io::Error>>> {
+pub(super) fn claim(path: &Path) -> io::Result<Option<Result<Claimed, io::Error>>> {
     // Never through a symbolic link: one planted in the spool could point
     // at any file the daemon may read, and a page-shaped one would be
     // written to a sink. The link itself is set aside, unfollowed.
@@ -477,14 +502,8 @@ impl Sinks {
                 "a spooled page's job is not configured any more; the page stays in the spool");
             return Ok(Replayed::Left);
         };
-        let fetched_at = DateTime::parse_from_rfc3339(&claimed.page.fetched_at)
-            .map(|t| t.with_timezone(&Utc))
-            .unwrap_or_else(|_| Utc::now());
         let item = crate::queue::item_key(&claimed.page.item);
-        let at = match (claimed.page.tick, claimed.page.page) {
-            (Some(tick), Some(page)) => Some(PageRef { tick, page }),
-            _ => None,
-        };
+        let (at, fetched_at) = claimed.page.parts();
         let written = self
             .write_records(
                 job,
@@ -494,7 +513,21 @@ impl Sinks {
                 fetched_at,
             )
             .await
-            .map_err(|e| (tag.clone(), e))?;
+            .map_err(SinkError::classified);
+        let written = match written {
+            Ok(n) => n,
+            // Never to be written: out of the spool, kept with its error,
+            // so the item's later pages go on (issue 37).
+            Err(e) if let Some(scope) = e.for_good() => {
+                let page_item = claimed.page.item.clone();
+                self.reject_spooled(job, &page_item, &claimed.path, e, scope)
+                    .await
+                    .map_err(|e| (tag.clone(), e))?;
+                drop(claimed);
+                return Ok(Replayed::Done);
+            }
+            Err(e) => return Err((tag, e)),
+        };
         let file = claimed.path.clone();
         blocking(move || {
             std::fs::remove_file(&file).map_err(|source| SinkError::Io { path: file, source })

@@ -21,7 +21,7 @@ use tracing::{debug, error, info, warn};
 
 use super::Worker;
 use super::lease;
-use super::memory::resource_key;
+use super::memory::{UNMIRRORED_REMEMBERED, UNUSABLE_LOGGED, Unmirrored, resource_key};
 use super::spend::{MAX_SETTLE, Payer, Spent, settled};
 use crate::accounting::{Used, Verdict};
 use crate::config::{Credential, Endpoint, Scope};
@@ -52,6 +52,12 @@ pub(super) struct Facts<'a> {
     /// The spend holds a lease of a concurrent window: it is settled even
     /// at its own cost, which returns the lease.
     pub(super) leased: bool,
+    /// The answer's resource is one this daemon does not record (issue 37,
+    /// item 4): a name it cannot use, or one more resource no window
+    /// mirrors than it remembers ([`Remembered::unmirrored`]); how the
+    /// outcome line names it. It resyncs nothing and blocks no resource a
+    /// spend here checks, unless the limit is token-wide.
+    pub(super) unrecorded: Option<String>,
 }
 
 /// What one answer does to the quota.
@@ -63,9 +69,6 @@ pub(super) struct AccountPlan {
     /// The resource the answer speaks for, as the credential's keys hold it
     /// (`None`: the default resource).
     pub(super) resource: Option<String>,
-    /// The answer named a resource no window or endpoint of the credential
-    /// has (its name): it resyncs nothing and blocks only that resource.
-    pub(super) unmirrored: Option<String>,
     /// The windows to resync, in plan order.
     pub(super) resyncs: Vec<ResyncTo>,
     /// The block to record.
@@ -146,13 +149,12 @@ pub(super) fn priced_by_used(reply: &Reply, verdict: &Verdict) -> Option<Used> {
 pub(super) fn plan(verdict: &Verdict, reply: &Reply, facts: &Facts<'_>) -> AccountPlan {
     let endpoint = facts.endpoint;
     let cred = facts.credential;
-    let (resource, unmirrored) = match verdict.resource.as_deref() {
-        None => (endpoint.resource.clone(), None),
-        Some(name) => {
-            let resource = cred.resource_of(name);
-            let known = facts.resources.iter().any(|(r, _)| *r == resource);
-            (resource, (!known).then(|| name.to_owned()))
-        }
+    // A resource no window mirrors resyncs nothing (no window of it) and
+    // blocks only itself; one this daemon does not record, nothing.
+    let unrecorded = facts.unrecorded.as_deref();
+    let resource = match verdict.resource.as_deref() {
+        None => endpoint.resource.clone(),
+        Some(name) => cred.resource_of(name),
     };
     let cost = match reply {
         // A 304 the upstream did not price costs `not_modified_cost`.
@@ -162,7 +164,7 @@ pub(super) fn plan(verdict: &Verdict, reply: &Reply, facts: &Facts<'_>) -> Accou
     };
     let settle = settle(facts, cost);
     let resyncs = match facts.windows {
-        Some(windows) if !verdict.left.is_empty() => {
+        Some(windows) if !verdict.left.is_empty() && unrecorded.is_none() => {
             resyncs(endpoint, cred, windows, resource.as_deref(), verdict)
         }
         _ => vec![],
@@ -180,12 +182,20 @@ pub(super) fn plan(verdict: &Verdict, reply: &Reply, facts: &Facts<'_>) -> Accou
                 .refused
                 .then_some((endpoint.throttle_block_max.max(least)).min(endpoint.max_block)),
         };
-        let mut targets = vec![resource.clone()];
+        let mut targets = match unrecorded {
+            None => vec![resource.clone()],
+            Some(_) => vec![],
+        };
         if b.token_wide {
             let others = facts.resources.iter().map(|(r, _)| r);
-            targets.extend(others.filter(|r| **r != resource).cloned());
+            let others = others.filter(|r| unrecorded.is_some() || **r != resource);
+            targets.extend(others.cloned());
         }
         let several = facts.resources.len() > 1;
+        let named = match unrecorded {
+            Some(n) => Some(n.to_owned()),
+            None => several.then(|| cred.resource_name(resource.as_deref()).to_owned()),
+        };
         BlockPlan {
             for_,
             reason: b.reason,
@@ -196,15 +206,14 @@ pub(super) fn plan(verdict: &Verdict, reply: &Reply, facts: &Facts<'_>) -> Accou
                 None
             },
             targets,
-            named: several.then(|| cred.resource_name(resource.as_deref()).to_owned()),
+            named,
             token_wide: b.token_wide && several,
         }
     });
     AccountPlan {
         settle,
-        end_streak: succeeded && block.is_none(),
+        end_streak: succeeded && block.is_none() && unrecorded.is_none(),
         resource,
-        unmirrored,
         resyncs,
         block,
     }
@@ -342,6 +351,7 @@ impl Worker {
             by_used,
             recorded: spent.recorded,
             leased: spent.lease.is_some(),
+            unrecorded: self.remember_resource(payer, cred, &verdict, &resources),
         };
         let plan = plan(&verdict, reply, &facts);
         self.carry_out(payer, spent, plan).await
@@ -362,9 +372,6 @@ impl Worker {
         plan: AccountPlan,
     ) -> Accounted {
         let endpoint = payer.endpoint;
-        if let Some(name) = &plan.unmirrored {
-            self.unmirrored(payer, name);
-        }
         let change = match plan.settle {
             Some(s) => self.settle(endpoint, spent, s).await,
             None => 0,
@@ -383,7 +390,13 @@ impl Worker {
                 blocked: None,
             };
         };
-        let (blocked, streak) = self.block(payer, &b).await;
+        let (blocked, streak) = if b.targets.is_empty() {
+            // A resource this daemon does not record: its task waits, and
+            // nothing is blocked.
+            (b.for_.wait, 0)
+        } else {
+            self.block(payer, &b).await
+        };
         Accounted {
             change,
             blocked: Some(Applied {
@@ -397,20 +410,61 @@ impl Worker {
         }
     }
 
-    /// Logs, once per daemon, an answer's resource that no window or
-    /// endpoint of its credential has.
-    fn unmirrored(&self, payer: &Payer<'_>, name: &str) {
-        let cred = &self.config.credentials[&payer.endpoint.credential];
-        if !(self.remembered).first_unmirrored(resource_key(&cred.name, Some(name))) {
-            return;
+    /// Whether this daemon records the resource `verdict` speaks for, and
+    /// logs a new one no window mirrors (once per credential and name):
+    /// `None` it does (the endpoint's, one a window mirrors, or one of the
+    /// [`UNMIRRORED_REMEMBERED`] no window mirrors that it remembers);
+    /// else how the outcome names what it does not record: a name it
+    /// cannot use (issue 37, item 4: it was taken for the endpoint's own),
+    /// or one past that bound.
+    fn remember_resource(
+        &self,
+        payer: &Payer<'_>,
+        cred: &Credential,
+        verdict: &Verdict,
+        resources: &[(Option<String>, String)],
+    ) -> Option<String> {
+        if let Some(raw) = &verdict.unusable_resource {
+            if self.remembered.unmirrored(&cred.name, UNUSABLE_LOGGED) == Unmirrored::New {
+                warn!(
+                    credential = %cred.name,
+                    endpoint = %payer.endpoint.name,
+                    resource = %raw,
+                    "the upstream names a resource the daemon cannot use (a name is 1 to 64 of a-z, 0-9, _, - and .): its answers count against a resource no window mirrors, so they resync nothing and block no endpoint (logged once per credential)"
+                );
+            }
+            return Some(format!("\"{raw}\" (a name the daemon cannot use)"));
         }
-        warn!(
-            credential = %cred.name,
-            endpoint = %payer.endpoint.name,
-            resource = name,
-            endpoint_resource = cred.resource_name(payer.endpoint.resource.as_deref()),
-            "the upstream counts this endpoint's answers against a resource no window mirrors: they resync nothing and block only that resource; give the endpoint resource = \"{name}\" and the credential a window of it"
-        );
+        let name = verdict.resource.as_deref()?;
+        let resource = cred.resource_of(name);
+        if resources.iter().any(|(r, _)| *r == resource) {
+            return None;
+        }
+        match self.remembered.unmirrored(&cred.name, name) {
+            Unmirrored::Known => None,
+            Unmirrored::New => {
+                warn!(
+                    credential = %cred.name,
+                    endpoint = %payer.endpoint.name,
+                    resource = name,
+                    endpoint_resource = cred.resource_name(payer.endpoint.resource.as_deref()),
+                    "the upstream counts this endpoint's answers against a resource no window mirrors: they resync nothing and block only that resource; give the endpoint resource = \"{name}\" and the credential a window of it"
+                );
+                None
+            }
+            Unmirrored::Forgotten { first } => {
+                if first {
+                    warn!(
+                        credential = %cred.name,
+                        endpoint = %payer.endpoint.name,
+                        resource = name,
+                        remembered = UNMIRRORED_REMEMBERED,
+                        "this daemon remembers no more resources that no window mirrors for this credential: answers that name others resync nothing, block no endpoint and are not logged one by one"
+                    );
+                }
+                Some(format!("{name} (no window mirrors it)"))
+            }
+        }
     }
 
     /// Resyncs one window of the payer's credential (a template's: its
@@ -625,6 +679,7 @@ mod tests {
         by_used: Option<u64>,
         recorded: bool,
         leased: bool,
+        unrecorded: Option<String>,
     }
 
     impl World {
@@ -637,6 +692,7 @@ mod tests {
                 by_used: None,
                 recorded: true,
                 leased: false,
+                unrecorded: None,
             }
         }
 
@@ -655,6 +711,7 @@ mod tests {
                 by_used: self.by_used,
                 recorded: self.recorded,
                 leased: self.leased,
+                unrecorded: self.unrecorded.clone(),
             };
             plan(verdict, reply, &facts)
         }
@@ -813,7 +870,6 @@ mod tests {
             (p.resyncs.iter().map(|r| (r.window, r.left))).collect::<Vec<_>>(),
             [(1, 29)]
         );
-        assert_eq!(p.unmirrored, None);
         assert!(p.end_streak);
     }
 
@@ -867,7 +923,6 @@ mod tests {
     fn github_a_resource_no_window_mirrors_is_told_and_blocks_only_itself() {
         let w = github_world();
         let p = w.plan(200, &github("code_search", "9", 60), b"[]", ok());
-        assert_eq!(p.unmirrored.as_deref(), Some("code_search"));
         assert_eq!(p.resource.as_deref(), Some("code_search"));
         assert_eq!(p.resyncs, [], "no window of it to resync");
         let p = w.plan(200, &github("code_search", "0", 60), b"[]", ok());
@@ -877,6 +932,21 @@ mod tests {
         );
     }
 
+    /// Issue 37, item 4: a resource this daemon does not record (a name it
+    /// cannot use) resyncs nothing, blocks nothing and ends no streak, but
+    /// settles, and a refusal still makes the task wait; a token-wide limit
+    /// blocks every resource of the credential.
+    #[test]
+    fn github_a_resource_not_recorded_resyncs_and_blocks_nothing() {
+        let mut w = github_world();
+        w.unrecorded = Some("\"a a\" (a name the daemon cannot use)".into());
+        let p = w.plan(200, &github("core", "0", 60), b"[]", ok());
+        assert_eq!(p.resyncs, [], "no window resynced");
+        let b = p.block.expect("the task waits");
+        assert_eq!(b.targets, Vec::<Option<String>>::new(), "nothing blocked");
+        assert_eq!(b.named, w.unrecorded);
+        assert!(!p.end_streak);
+    }
     #[test]
     fn github_graphql_a_query_without_its_cost_is_priced_by_used() {
         let mut w = World::new(Some(Accounting::GithubGraphql), "graphql");

@@ -142,8 +142,34 @@ pub(crate) struct Remembered {
     /// that does not ask for its own cost.
     used: Mutex<HashMap<String, Used>>,
     /// Resources an answer named that no window or endpoint of its
-    /// credential has (logged once each).
-    unmirrored: Mutex<HashSet<String>>,
+    /// credential has (logged once each), per credential, at most
+    /// [`UNMIRRORED_REMEMBERED`] each.
+    unmirrored: Mutex<HashMap<String, HashSet<String>>>,
+}
+
+/// How many resources that no window mirrors one credential's answers may
+/// name before this daemon stops remembering (and warning about, and
+/// blocking) more: an upstream naming a new one in every answer would
+/// otherwise grow this daemon's memory, its log and Redis's keys (three
+/// per blocked resource) for ever (issue 37, item 4).
+pub(super) const UNMIRRORED_REMEMBERED: usize = 16;
+
+/// The mark [`Remembered::unmirrored`] keeps for "an unusable name was
+/// logged" (a NUL first: in no resource's name).
+pub(super) const UNUSABLE_LOGGED: &str = "\0unusable";
+/// The mark for "the bound was passed".
+const PAST_THE_BOUND: &str = "\0past the bound";
+
+/// What this daemon makes of an answer's resource that no window mirrors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Unmirrored {
+    /// Remembered before: its block is recorded, as any resource's.
+    Known,
+    /// Remembered now, for the first time: logged, and its block recorded.
+    New,
+    /// Past the bound: not remembered, its block not recorded (it would
+    /// stop no spend of this daemon's config); `first`: the first such.
+    Forgotten { first: bool },
 }
 
 impl Remembered {
@@ -195,10 +221,22 @@ impl Remembered {
         }
     }
 
-    /// Whether `key` is logged as unmirrored for the first time now.
-    pub(super) fn first_unmirrored(&self, key: String) -> bool {
+    /// Remembers that `credential`'s answers named `resource`, which no
+    /// window mirrors, within [`UNMIRRORED_REMEMBERED`] per credential.
+    pub(super) fn unmirrored(&self, credential: &str, resource: &str) -> Unmirrored {
         let mut m = (self.unmirrored.lock()).unwrap_or_else(PoisonError::into_inner);
-        m.insert(key)
+        let seen = m.entry(credential.to_owned()).or_default();
+        if seen.contains(resource) {
+            return Unmirrored::Known;
+        }
+        // Marks (a NUL first: in no resource's name) do not count.
+        let names = seen.iter().filter(|k| !k.starts_with('\0')).count();
+        if resource.starts_with('\0') || names < UNMIRRORED_REMEMBERED {
+            seen.insert(resource.to_owned());
+            return Unmirrored::New;
+        }
+        let first = seen.insert(PAST_THE_BOUND.to_owned());
+        Unmirrored::Forgotten { first }
     }
 }
 
@@ -287,8 +325,25 @@ mod tests {
     #[test]
     fn an_unmirrored_resource_is_told_once() {
         let mem = Remembered::default();
-        assert!(mem.first_unmirrored(resource_key("gh", Some("search"))));
-        assert!(!mem.first_unmirrored(resource_key("gh", Some("search"))));
-        assert!(mem.first_unmirrored(resource_key("gh", Some("code_search"))));
+        assert_eq!(mem.unmirrored("gh", "search"), Unmirrored::New);
+        assert_eq!(mem.unmirrored("gh", "search"), Unmirrored::Known);
+        assert_eq!(mem.unmirrored("gh", "code_search"), Unmirrored::New);
+    }
+
+    /// Issue 37, item 4: at most [`UNMIRRORED_REMEMBERED`] per credential;
+    /// the marks do not count.
+    #[test]
+    fn unmirrored_resources_are_remembered_within_a_bound_per_credential() {
+        let mem = Remembered::default();
+        assert_eq!(mem.unmirrored("gh", UNUSABLE_LOGGED), Unmirrored::New);
+        for i in 0..UNMIRRORED_REMEMBERED {
+            assert_eq!(mem.unmirrored("gh", &format!("r{i}")), Unmirrored::New);
+        }
+        let past = mem.unmirrored("gh", "one-more");
+        assert_eq!(past, Unmirrored::Forgotten { first: true });
+        let again = mem.unmirrored("gh", "and-another");
+        assert_eq!(again, Unmirrored::Forgotten { first: false });
+        assert_eq!(mem.unmirrored("gh", "r0"), Unmirrored::Known);
+        assert_eq!(mem.unmirrored("other", "r0"), Unmirrored::New);
     }
 }

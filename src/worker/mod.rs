@@ -38,7 +38,7 @@ mod run;
 mod spend;
 mod step;
 
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
 use redis::AsyncCommands;
@@ -140,6 +140,11 @@ pub(crate) struct Worker {
     pub(crate) skip_spend: bool,
     /// The test hook `daemon::Hooks::panic_after_spend`.
     pub(crate) panic_after_spend: Option<Arc<std::sync::atomic::AtomicUsize>>,
+    /// The worker of the newest config, shared by every worker of this
+    /// daemon across reloads ([`Worker::publish`]): a task in flight spends
+    /// and sends with its windows, costs and secrets from its next page on
+    /// (SPEC Part 4, "Reload and tasks in flight"; `run::follow_reload`).
+    pub(crate) newest: Arc<RwLock<Weak<Worker>>>,
 }
 
 /// What a daemon's worker holds whatever its config: made once when the
@@ -160,6 +165,8 @@ pub(crate) struct Lasting {
     pub(crate) minter: Arc<Minter>,
     pub(crate) skip_spend: bool,
     pub(crate) panic_after_spend: Option<Arc<std::sync::atomic::AtomicUsize>>,
+    /// The worker of the newest config ([`Worker::newest`]).
+    pub(crate) newest: Arc<RwLock<Weak<Worker>>>,
 }
 
 /// The item a running task holds: its lock, and the lock's renewal (stopped
@@ -235,6 +242,7 @@ impl Worker {
             minter,
             skip_spend,
             panic_after_spend,
+            newest,
         } = lasting;
         Ok(Worker {
             fetcher: Fetcher::new(&secrets)?,
@@ -252,6 +260,7 @@ impl Worker {
             minter,
             skip_spend,
             panic_after_spend,
+            newest,
         })
     }
 
@@ -260,7 +269,8 @@ impl Worker {
     /// this process holds across configs ([`Lasting`]: the queue and its
     /// connection, counters, credentials it holds blocked, units in
     /// flight) is shared. Tasks that began before keep the worker they
-    /// began with.
+    /// began with for their job, and take this one's windows, costs and
+    /// secrets at their next page once it is [published](Worker::publish).
     pub(crate) fn reloaded(
         &self,
         config: Arc<Config>,
@@ -279,8 +289,24 @@ impl Worker {
             minter: self.minter.clone(),
             skip_spend: self.skip_spend,
             panic_after_spend: self.panic_after_spend.clone(),
+            newest: self.newest.clone(),
         };
         Worker::new(config, Arc::new(secrets), limiter, sinks, lasting)
+    }
+
+    /// Makes this worker the newest: tasks in flight on older ones spend
+    /// and send with its config from their next page on.
+    pub(crate) fn publish(self: &Arc<Self>) {
+        let mut newest = self.newest.write().unwrap_or_else(PoisonError::into_inner);
+        *newest = Arc::downgrade(self);
+    }
+
+    /// The newest worker, when it is not this one (a reload since).
+    fn newer(&self) -> Option<Arc<Worker>> {
+        let newest = self.newest.read().unwrap_or_else(PoisonError::into_inner);
+        newest
+            .upgrade()
+            .filter(|w| !std::ptr::eq(Arc::as_ptr(w), self))
     }
 
     /// Runs one task: claims its item, runs its pages while holding it,
@@ -366,6 +392,9 @@ impl Worker {
         let cred = self.config.credentials.get(&endpoint.credential)?;
         let value = (cred.template.as_ref()).map(|placeholder| task.value_of(placeholder));
         let (key, argv, ttl) = cred.command(value)?;
+        if let Some(why) = value.and_then(|v| cred.command_refusal(v)) {
+            return Some(Err(format!("credential command failed: {why}")));
+        }
         let known = self.fetcher.secrets();
         let token = self.minter.token(&key, &argv, ttl, known).await;
         Some(token.map_err(|e| e.to_string()))

@@ -10,6 +10,8 @@
 //! a run that stops at `max_pages` with `continue = true` keeps its
 //! checkpoint for the item's next run instead.
 
+use std::sync::Arc;
+
 use chrono::{DateTime, Utc};
 use redis::AsyncCommands;
 use tracing::{info, warn};
@@ -45,6 +47,11 @@ pub(super) struct Run<'a> {
     cursor_key: String,
     since_key: String,
     validators_key: String,
+    /// The worker of a config reloaded since the run began, if any: the
+    /// run spends from its windows at its costs and sends with its secret
+    /// (`follow_reload`); the job (request, pagination, sink) stays the
+    /// run's own.
+    live: Option<Arc<Worker>>,
 }
 
 impl Run<'_> {
@@ -186,6 +193,17 @@ impl Worker {
         p.run_tick = start.run.unwrap_or(start.tick);
         p.validators = start.validators;
         let outcome = loop {
+            if let Err(why) = self.follow_reload(&mut run).await {
+                // The newest config gives this run no secret: it stops
+                // here, resumable at this page.
+                let end = End::Fail {
+                    status: None,
+                    why,
+                    refund: false,
+                    keep_checkpoint: true,
+                };
+                break self.end(&run, p, None, end).await?;
+            }
             match self.step(&run, p).await? {
                 Stepped::Next => {}
                 Stepped::End(outcome) => break outcome,
@@ -217,33 +235,9 @@ impl Worker {
         minted: Option<Result<Secret, String>>,
     ) -> Result<Run<'a>, String> {
         let endpoint = &self.config.endpoints[&job.endpoint];
-        let cred = &self.config.credentials[&endpoint.credential];
-        let (credential, tenant, secret, fetcher) = match (minted, &cred.template) {
-            (Some(Err(why)), _) => return Err(why),
-            (Some(Ok(secret)), template) => {
-                let value = template.as_ref().map(|ph| task.value_of(ph).to_owned());
-                let name = (value.as_deref()).and_then(|v| cred.tenant(v));
-                let fetcher = self.fetcher.with_secret(&secret);
-                let name = name.unwrap_or_else(|| cred.name.clone());
-                (name, value, secret, fetcher)
-            }
-            (None, None) => {
-                let secret = self.secrets.get(&cred.name).cloned();
-                let secret = secret.unwrap_or_else(|| Secret::new(""));
-                (cred.name.clone(), None, secret, self.fetcher.clone())
-            }
-            (None, Some(placeholder)) => {
-                // Config validation makes every item of the job fill it.
-                let value = task.value_of(placeholder);
-                let name = cred.tenant(value).unwrap_or_default();
-                // Read once per task: the claim's spend read it already.
-                let read = (p.first_spend.as_ref()).and_then(|f| f.tenant_secret().cloned());
-                let secret = read.map_or_else(|| cred.tenant_secret(value), Ok);
-                let secret = secret.map_err(|e| format!("no secret for {name}: {e}"))?;
-                let fetcher = self.fetcher.with_secret(&secret);
-                (name, Some(value.to_owned()), secret, fetcher)
-            }
-        };
+        // Read once per task: the claim's spend read a tenant's already.
+        let read = (p.first_spend.as_ref()).and_then(|f| f.tenant_secret().cloned());
+        let (credential, tenant, secret, fetcher) = self.credential_for(task, job, minted, read)?;
         let item = task.item_key();
         Ok(Run {
             payer: Payer {
@@ -265,7 +259,107 @@ impl Worker {
             cursor_key: self.keys().cursor(&job.name, &item),
             since_key: self.keys().since(&job.name, &item),
             validators_key: self.keys().validators(&job.name, &item),
+            live: None,
         })
+    }
+
+    /// Whose quota `task`'s requests spend under this worker's config (a
+    /// template credential's tenant, or the credential), the tenant's value,
+    /// the secret they are sent with and the fetcher that scrubs it.
+    /// `minted`: the token a command minted for it; `read`: a tenant's
+    /// secret already read. `Err`: no secret can be had.
+    fn credential_for(
+        &self,
+        task: &TaskArgs,
+        job: &Job,
+        minted: Option<Result<Secret, String>>,
+        read: Option<Secret>,
+    ) -> Result<(String, Option<String>, Secret, Fetcher), String> {
+        let endpoint = self
+            .config
+            .endpoints
+            .get(&job.endpoint)
+            .ok_or_else(|| format!("endpoint {} is not configured", job.endpoint))?;
+        let cred = &self.config.credentials[&endpoint.credential];
+        Ok(match (minted, &cred.template) {
+            (Some(Err(why)), _) => return Err(why),
+            (Some(Ok(secret)), template) => {
+                let value = template.as_ref().map(|ph| task.value_of(ph).to_owned());
+                let name = (value.as_deref()).and_then(|v| cred.tenant(v));
+                let fetcher = self.fetcher.with_secret(&secret);
+                let name = name.unwrap_or_else(|| cred.name.clone());
+                (name, value, secret, fetcher)
+            }
+            (None, None) => {
+                let secret = self.secrets.get(&cred.name).cloned();
+                let secret = secret.unwrap_or_else(|| Secret::new(""));
+                (cred.name.clone(), None, secret, self.fetcher.clone())
+            }
+            (None, Some(placeholder)) => {
+                // Config validation makes every item of the job fill it.
+                let value = task.value_of(placeholder);
+                let name = cred.tenant(value).unwrap_or_default();
+                let secret = read.map_or_else(|| cred.tenant_secret(value), Ok);
+                let secret = secret.map_err(|e| format!("no secret for {name}: {e}"))?;
+                let fetcher = self.fetcher.with_secret(&secret);
+                (name, Some(value.to_owned()), secret, fetcher)
+            }
+        })
+    }
+
+    /// A reload since the run began (or since its last page): from its
+    /// next page on, the run spends from the newest config's windows at its
+    /// costs and sends with its secret (SPEC Part 4: an emergency cut of a
+    /// window cannot wait for the pages of every task in flight, nor a
+    /// rotated secret); its job's request, pagination and sink stay as the
+    /// run began. `Err`: the newest config gives it no secret.
+    async fn follow_reload(&self, run: &mut Run<'_>) -> Result<(), String> {
+        let Some(newest) = self.newer() else {
+            return Ok(());
+        };
+        if run.live.as_ref().is_some_and(|l| Arc::ptr_eq(l, &newest)) {
+            return Ok(());
+        }
+        let (task, job) = (run.task(), run.job());
+        if !newest.config.endpoints.contains_key(&job.endpoint) {
+            // Its endpoint left the config: the run ends as it began.
+            return Ok(());
+        }
+        let minted = newest.mint(task, job).await;
+        let (_, _, secret, fetcher) = newest.credential_for(task, job, minted, None)?;
+        info!(task = %task.id, job = %job.name,
+              "a reload since this task began: its next pages spend and are sent under the new config's windows, costs and secret");
+        run.secret = secret;
+        run.fetcher = fetcher;
+        run.live = Some(newest);
+        Ok(())
+    }
+
+    /// The worker whose windows and costs the run's next spend takes (the
+    /// newest config's since a reload: [`Worker::follow_reload`]), and the
+    /// run's payer under it.
+    fn spender<'r>(&'r self, run: &'r Run<'r>) -> (&'r Worker, Payer<'r>) {
+        let Some(live) = run.live.as_deref() else {
+            return (self, run.payer.clone());
+        };
+        let job = run.job();
+        let endpoint = live.config.endpoints.get(&job.endpoint);
+        let Some(endpoint) = endpoint else {
+            return (self, run.payer.clone());
+        };
+        let cred = &live.config.credentials[&endpoint.credential];
+        let tenant = (cred.template.as_ref()).map(|ph| run.task().value_of(ph).to_owned());
+        let credential = (tenant.as_deref())
+            .and_then(|v| cred.tenant(v))
+            .unwrap_or_else(|| cred.name.clone());
+        let payer = Payer {
+            task: run.task(),
+            job,
+            endpoint,
+            credential,
+            tenant,
+        };
+        (live, payer)
     }
 
     /// One page (or one hop of a page's redirect): what happened, what it
@@ -274,7 +368,8 @@ impl Worker {
     async fn step(&self, run: &Run<'_>, p: &mut Progress) -> Result<Stepped, TaskError> {
         let now = Utc::now();
         let (mut answer, mut spent) = self.attempt(run, p, now).await;
-        if let Some(secret) = self.remint(run, &answer).await {
+        let (spender, _) = self.spender(run);
+        if let Some(secret) = spender.remint(run, &answer).await {
             return Ok(Stepped::Reminted(secret));
         }
         loop {
@@ -306,7 +401,9 @@ impl Worker {
         if run.reminted {
             return None;
         }
-        let cred = &self.config.credentials[&run.payer.endpoint.credential];
+        // This worker's config (the newest, since a reload: `spender`).
+        let endpoint = self.config.endpoints.get(&run.job().endpoint)?;
+        let cred = &self.config.credentials[&endpoint.credential];
         let value = (cred.template.as_ref()).map(|ph| run.task().value_of(ph));
         let (key, argv, ttl) = cred.command(value)?;
         self.minter.refused(&key, &run.secret).await;
@@ -356,12 +453,15 @@ impl Worker {
         if let Err(e) = self.sinks.ready(run.job(), &run.task().item, now).await {
             return (Answer::SinkNotReady(e), None);
         }
+        // The windows and costs of the newest config (a reload since the
+        // run began), the run's own job.
+        let (spender, payer) = self.spender(run);
         // This daemon's own hold first: a first spend stays unused then.
-        let admission = match self.held_here(&run.payer) {
+        let admission = match spender.held_here(&payer) {
             Some(refusal) => Admission::Refused(refusal),
             None => {
                 let first = p.first_spend.take();
-                self.spend(&run.payer, p.cursor.page, first).await
+                spender.spend(&payer, p.cursor.page, first).await
             }
         };
         let mut spent = match admission {
@@ -369,14 +469,14 @@ impl Worker {
             Admission::Refused(refusal) => return (Answer::Refused(refusal), None),
             Admission::Unavailable(e) => return (Answer::LimiterDown(e), None),
         };
-        let cost = run.payer.endpoint.cost.get();
+        let cost = payer.endpoint.cost.get();
         p.units += cost;
         Stats::add(&self.stats.units, cost);
         self.test_panic();
 
-        let endpoint = run.payer.endpoint;
+        let endpoint = payer.endpoint;
         let Answered { reply, verdict } = run.fetcher.send(endpoint, &request).await;
-        let accounted = self.account(&run.payer, &mut spent, &reply, verdict).await;
+        let accounted = spender.account(&payer, &mut spent, &reply, verdict).await;
         p.add_units(accounted.change);
         let blocked = accounted.blocked;
         (Answer::Replied { reply, blocked }, Some(spent))
@@ -480,7 +580,8 @@ impl Worker {
         // A request that never left gives its units back first: the
         // outcome reports what was spent.
         if let (true, Some(spent)) = (end.refunds(), spent) {
-            let change = self.refund(run.payer.endpoint, spent).await;
+            let (spender, payer) = self.spender(run);
+            let change = spender.refund(payer.endpoint, spent).await;
             p.add_units(change);
         }
         // The outcome, the HTTP status that decided it, and the copy to

@@ -61,6 +61,7 @@ pub(super) const MAX_SETTLE: u64 = (1 << 53) - 1;
 
 /// Whose windows a run's requests spend from: the task, its job and
 /// endpoint, and the credential as `quota` names it.
+#[derive(Clone)]
 pub(super) struct Payer<'a> {
     pub(super) task: &'a TaskArgs,
     pub(super) job: &'a Job,

@@ -371,8 +371,19 @@ fn written_(
 ) -> Action {
     let written = match written {
         Ok(w) => w,
-        // The response's fault, or a path that can never exist: the task
-        // fails, the other items go on.
+        // Refused for good (kept, holding the item): the task fails and the
+        // run is not complete, so `{since}` and the validators stay; the
+        // checkpoint stays at this page, fetched again only once an
+        // operator acts (`spool retry`) or a reload changes the job.
+        Err(e @ SinkError::Rejected { .. }) => {
+            return Action::End(End::Fail {
+                status: Some(200),
+                why: e.task_reason(),
+                refund: false,
+                keep_checkpoint: true,
+            });
+        }
+        // The response's fault: the task fails, the other items go on.
         Err(e) if e.fails_the_task() => return fail(Some(200), e.task_reason()),
         // Neither written nor spooled: fetching it again now would only
         // spend again, so the run waits for an operator.
@@ -427,10 +438,16 @@ fn fail(status: Option<u16>, why: String) -> Action {
 /// checkpoint kept at this page, so it is fetched again only once the sink
 /// or the spool can be written, never retried before.
 fn stuck(p: &Progress, e: &SinkError) -> Action {
-    let why = format!(
-        "sink: {e}; nothing more is fetched for this job here until its sink or spool can be written, then the item resumes at page {}",
-        p.cursor.page
-    );
+    let why = match e {
+        // A page refused for good holds the item: the error says until when.
+        SinkError::Held { .. } => {
+            format!("sink: {e}; then the item resumes at page {}", p.cursor.page)
+        }
+        _ => format!(
+            "sink: {e}; nothing more is fetched for this job here until its sink or spool can be written, then the item resumes at page {}",
+            p.cursor.page
+        ),
+    };
     Action::End(End::Fail {
         status: None,
         why,
@@ -1115,6 +1132,52 @@ records = "/items"
                     ..
                 })
             ),
+            "{a:?}"
+        );
+    }
+
+    /// Issue 37: a page the sink refused for good is not written and the run
+    /// is not complete: the task fails with the checkpoint kept (so
+    /// `{since}` and the validators stay), naming the error; a task whose
+    /// item such a page holds fails before spending, saying until when.
+    #[test]
+    fn a_page_refused_for_good_fails_the_task_and_keeps_the_checkpoint() {
+        let job = job("");
+        let rejected = SinkError::Rejected {
+            job: "j".into(),
+            cause: Box::new(SinkError::NeverWritable {
+                path: "x".into(),
+                source: std::io::Error::from(std::io::ErrorKind::InvalidFilename),
+            }),
+            kept: Ok("state/spool/%rejected/j/1-a-b.json".into()),
+            scope: crate::sink::Scope::Item,
+        };
+        let a = decide(
+            Answer::Written {
+                written: Err(rejected),
+                next: next_at("p3"),
+            },
+            &at(2, Some("p2")),
+            &rules(&job),
+        );
+        assert!(
+            matches!(&a, Action::End(End::Fail { keep_checkpoint: true, status: Some(200), why, .. })
+                if why.starts_with("the sink refused this page for good: ")
+                    && why.contains("kept in state/spool/%rejected/j/1-a-b.json")
+                    && why.contains("quota-worker spool retry j")),
+            "{a:?}"
+        );
+        let held = SinkError::Held {
+            job: "j".into(),
+            scope: crate::sink::Scope::Item,
+            error: "ERROR: bad (SQLSTATE 22P05)".into(),
+            file: "k.json".into(),
+        };
+        let a = decide(Answer::SinkNotReady(held), &at(3, Some("p3")), &rules(&job));
+        assert!(
+            matches!(&a, Action::End(End::Fail { keep_checkpoint: true, status: None, why, .. })
+                if why.starts_with("sink: held: the sink refused a page of this item for good (ERROR: bad (SQLSTATE 22P05))")
+                    && why.ends_with("then the item resumes at page 3")),
             "{a:?}"
         );
     }

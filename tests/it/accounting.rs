@@ -11,22 +11,39 @@
 //! says about the adapter ([`Measure`]: over-limit answers after the first
 //! answer, units used, units the upstream allowed and we left unused).
 
+use std::ops::{Deref, DerefMut};
 use std::time::Duration;
 
 use serde_json::Value;
 use simulator::{Fault, SimConfig};
 
-use crate::support::process::{Proc, run_cli};
+use crate::support;
+use crate::support::process::Proc;
 use crate::support::upstream::Upstream;
 use crate::support::world::{self, CREDENTIAL, ENDPOINT, JOB, SECRET};
 use crate::support::{ConfigBuilder, Endpoint, Job, RedisServer, TestConfig, Window};
 
-/// A daemon (the real binary) on its own Redis and simulator.
+/// The shared rig ([`support::rig::Rig`]: the daemon on its own Redis)
+/// and the simulator it pages, with what the accounting modules ask of
+/// them: the world's job triggered, its credential's block, and what the
+/// simulator's log says ([`Measure`]).
 pub(crate) struct Rig {
-    pub(crate) redis: RedisServer,
     pub(crate) upstream: Upstream,
-    pub(crate) cfg: TestConfig,
-    pub(crate) daemon: Proc,
+    rig: support::rig::Rig,
+}
+
+impl Deref for Rig {
+    type Target = support::rig::Rig;
+
+    fn deref(&self) -> &support::rig::Rig {
+        &self.rig
+    }
+}
+
+impl DerefMut for Rig {
+    fn deref_mut(&mut self) -> &mut support::rig::Rig {
+        &mut self.rig
+    }
 }
 
 /// The job [`JOB`] on [`ENDPOINT`]: the simulator's videos at `base`, one
@@ -74,14 +91,8 @@ impl Rig {
         let upstream = Upstream::with(sim);
         before(&upstream);
         let cfg = config(&upstream.base_url()).write();
-        let mut daemon = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
-        daemon.wait_running(Duration::from_secs(20));
-        Rig {
-            redis,
-            upstream,
-            cfg,
-            daemon,
-        }
+        let rig = support::rig::Rig::start(redis, cfg, &[]);
+        Rig { upstream, rig }
     }
 
     /// `trigger JOB --wait`: the exit code and the summary line.
@@ -91,37 +102,18 @@ impl Rig {
 
     /// `trigger job --wait`: the exit code and the summary line.
     pub(crate) fn trigger_job(&self, job: &str) -> (Option<i32>, String) {
-        let (code, out, err) = run_cli(
-            &self.cfg,
-            Some(&self.redis.url()),
-            &["trigger", job, "--wait"],
-            Duration::from_secs(90),
-        );
-        assert!(code.is_some(), "trigger hung:\n{out}\n{err}");
-        (code, out.lines().last().unwrap_or_default().to_owned())
-    }
-
-    /// A command of the binary on this rig: its exit code, stdout and stderr.
-    pub(crate) fn cli(&self, args: &[&str]) -> (Option<i32>, String, String) {
-        run_cli(
-            &self.cfg,
-            Some(&self.redis.url()),
-            args,
-            Duration::from_secs(30),
-        )
+        let t = self.rig.trigger(job);
+        (t.code, t.summary().to_owned())
     }
 
     /// `quota CREDENTIAL --json`'s credential.
     pub(crate) fn quota(&self) -> Value {
-        self.quota_of(CREDENTIAL)
+        self.rig.quota(CREDENTIAL)
     }
 
     /// `quota credential --json`'s credential.
     pub(crate) fn quota_of(&self, credential: &str) -> Value {
-        let (code, out, err) = self.cli(&["quota", credential, "--json"]);
-        assert_eq!(code, Some(0), "{err}");
-        let v: Value = serde_json::from_str(&out).expect("quota --json");
-        v["credentials"][0].clone()
+        self.rig.quota(credential)
     }
 
     /// The credential's block, as `quota --json` shows it.
@@ -143,11 +135,6 @@ impl Rig {
             &keys.block_kind(CREDENTIAL),
             &keys.block_reason(CREDENTIAL),
         ]);
-    }
-
-    /// Every outcome line the daemon logged so far.
-    pub(crate) fn outcomes(&self) -> Vec<Value> {
-        self.daemon.outcomes()
     }
 
     /// What the simulator's log says about this run.
@@ -263,14 +250,12 @@ fn retry_after_is_read_in_every_form_and_bounded() {
     assert_eq!(clamped.len(), 1, "{clamped:?}");
     assert_eq!(clamped[0]["raw"], "99999999999");
     // Each throttled task says how long and why.
-    let throttled: Vec<Value> = (rig.outcomes().into_iter())
-        .filter(|o| o["outcome"] == "upstream_throttled")
+    let throttled: Vec<_> = (rig.outcomes().into_iter())
+        .filter(|o| o.kind == "upstream_throttled")
         .collect();
     assert_eq!(throttled.len(), cases.len());
     assert!(
-        throttled[0]["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("credential blocked for 2s (429)")),
+        (throttled[0].message).contains("credential blocked for 2s (429)"),
         "{}",
         throttled[0]
     );

@@ -126,25 +126,19 @@ fn a_secondary_limit_blocks_every_worker_and_the_cli_for_60s_then_120s() {
     let outcomes = rig.outcomes();
     let throttled: Vec<_> = outcomes
         .iter()
-        .filter(|o| o["outcome"] == "upstream_throttled")
+        .filter(|o| o.kind == "upstream_throttled")
         .collect();
     assert_eq!(throttled.len(), 1);
-    assert_eq!(throttled[0]["status"], 403);
-    assert_eq!(throttled[0]["retry_after_ms"], 60_000);
-    let msg = throttled[0]["message"].as_str().unwrap_or_default();
+    assert_eq!(throttled[0].status, Some(403));
+    assert_eq!(throttled[0].retry_after_ms, Some(60_000));
+    let msg = throttled[0].message.as_str();
     assert!(
         msg.contains("(secondary rate limit)") && msg.contains("(secondary_limit)"),
         "{msg}"
     );
     // The other workers' tasks: refused by the block, retry after it.
-    for o in outcomes
-        .iter()
-        .filter(|o| o["outcome"] == "quota_exhausted")
-    {
-        assert!(
-            o["retry_after_ms"].as_u64().is_some_and(|ms| ms > 50_000),
-            "{o}"
-        );
+    for o in outcomes.iter().filter(|o| o.kind == "quota_exhausted") {
+        assert!(o.retry_after_ms.is_some_and(|ms| ms > 50_000), "{o}");
     }
 
     // The CLI is refused too, and a whole new tick sends nothing.

@@ -45,13 +45,13 @@ fn r0_blocks_for_t_seconds_and_the_upstream_never_answers_429() {
     );
     let o = rig.outcomes();
     let last = o.last().expect("an outcome");
-    assert_eq!(last["outcome"], "quota_exhausted", "{last}");
+    assert_eq!(last.kind, "quota_exhausted", "{last}");
     assert_eq!(
-        (last["pages"].as_u64(), last["page"].as_u64()),
+        (Some(last.pages), Some(last.page)),
         (Some(4), Some(5)),
         "{last}"
     );
-    let ra = last["retry_after_ms"].as_u64().expect("retry_after_ms");
+    let ra = last.retry_after_ms.expect("retry_after_ms");
     assert!(ra > 1000 && ra <= 4000, "the block's end: {last}");
     // The mirrored window (100 units, we counted 4) was resynced to r.
     let q = rig.quota();
@@ -109,7 +109,7 @@ fn every_listed_limit_is_mirrored_and_the_one_at_zero_blocks() {
     for _ in 0..6 {
         let (code, summary) = rig.trigger();
         let last = rig.outcomes().last().cloned().expect("an outcome");
-        pages += last["pages"].as_u64().expect("pages");
+        pages += last.pages;
         if code == Some(0) {
             break;
         }

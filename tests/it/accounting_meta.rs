@@ -84,13 +84,14 @@ fn too_many_calls_blocks_for_the_regain_time_and_ends_throttled() {
     let (code, summary) = rig.trigger();
     assert_eq!(code, Some(75), "{summary}");
     let o = &rig.outcomes()[0];
-    assert_eq!(o["outcome"], "upstream_throttled", "{o}");
-    assert_eq!(o["status"], 400);
+    assert_eq!(o.kind, "upstream_throttled", "{o}");
+    assert_eq!(o.status, Some(400));
     assert_eq!(
-        o["retry_after_ms"], 60_000,
+        o.retry_after_ms,
+        Some(60_000),
         "1 minute to regain access: {o}"
     );
-    let msg = o["message"].as_str().unwrap_or_default();
+    let msg = o.message.as_str();
     assert!(
         msg.contains("(error code 80002)") && msg.contains("(usage)"),
         "{msg}"

@@ -76,13 +76,13 @@ fn throttled_blocks_for_the_refill_and_the_next_query_is_admitted() {
     assert!(summary.contains("1 upstream_throttled"), "{summary}");
     let o = &rig.outcomes()[0];
     assert_eq!(
-        (o["outcome"].as_str(), o["status"].as_u64()),
+        (Some(o.kind.as_str()), o.status),
         (Some("upstream_throttled"), Some(200)),
         "{o}"
     );
-    assert_eq!(o["units"], 0, "a throttled query costs nothing: {o}");
+    assert_eq!(o.units, 0, "a throttled query costs nothing: {o}");
     // ⌈(30 − available) / 5⌉ whole seconds, available ≥ 10: at most 4 s.
-    let ra = o["retry_after_ms"].as_u64().expect("retry_after_ms");
+    let ra = o.retry_after_ms.expect("retry_after_ms");
     assert!(
         ra.is_multiple_of(1000) && (1000..=4000).contains(&ra),
         "{o}"
@@ -109,8 +109,8 @@ fn throttled_blocks_for_the_refill_and_the_next_query_is_admitted() {
     let (code, summary) = rig.trigger();
     assert_eq!(code, Some(0), "{summary}");
     let o = rig.outcomes().last().cloned().expect("outcome");
-    assert_eq!(o["outcome"], "done", "{o}");
-    assert_eq!(o["units"], 12, "settled to actualQueryCost: {o}");
+    assert_eq!(o.kind, "done", "{o}");
+    assert_eq!(o.units, 12, "settled to actualQueryCost: {o}");
     let m = rig.measure("shopify-graphql (throttled, then admitted)");
     assert_eq!((m.over_limit, m.over_limit_after_first), (1, 0), "{m:?}");
 }
@@ -132,11 +132,11 @@ fn the_bucket_holds_actual_costs_and_shopify_never_throttles_after_the_first_ans
     // issue 24: the request left the unanswered count before its settle).
     assert_eq!(m.over_limit, 0, "Shopify throttled quota-worker: {m:?}");
     let done: Vec<_> = (rig.outcomes().into_iter())
-        .filter(|o| o["outcome"] == "done")
+        .filter(|o| o.kind == "done")
         .collect();
     assert!(!done.is_empty());
     for o in &done {
-        assert_eq!(o["units"], 12, "settled to actualQueryCost: {o}");
+        assert_eq!(o.units, 12, "settled to actualQueryCost: {o}");
     }
     assert_eq!(m.used, 12 * done.len() as u64);
 }

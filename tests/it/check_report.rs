@@ -360,3 +360,32 @@ fn check_warns_of_a_count_that_resyncs_nothing_and_counts_per_resource() {
         "{text}"
     );
 }
+
+/// Issue 37 (low): `check … | head` panicked ("failed printing to stdout:
+/// Broken pipe") once `head` had stopped reading. The rest of its output is
+/// dropped and it ends with its own exit code (0: the config is valid), as
+/// `keys` does (`keys_installed`). The pipe's read end is closed before the
+/// command starts, so its first write meets it.
+#[test]
+fn check_into_a_pipe_nobody_reads_ends_quietly() {
+    use std::os::fd::FromRawFd;
+    let cfg = config(search_job());
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe(2) writes.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0, "pipe");
+    // SAFETY: both are fresh descriptors this test owns from here on.
+    let (read, write) = unsafe {
+        (
+            std::fs::File::from_raw_fd(fds[0]),
+            std::fs::File::from_raw_fd(fds[1]),
+        )
+    };
+    drop(read);
+    let mut cmd = support::process::command(&cfg.path(), &["check"], &[SECRET]);
+    cmd.env("QUOTA_WORKER_REDIS_URL", "redis://127.0.0.1:9/")
+        .stdout(write);
+    let out = cmd.output().expect("run check");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(out.status.code(), Some(0), "{err}");
+}

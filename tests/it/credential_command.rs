@@ -12,16 +12,17 @@
 //! (200 with a record echoing the token for the tokens it accepts, 401
 //! for any other), and a shell script as the command that counts its runs.
 
+use std::ops::Deref;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::support;
 use crate::support::config::{ConfigBuilder, Credential, Endpoint, Job, Request, Sink, Window};
-use crate::support::daemon::TERMINAL;
 use crate::support::hostile::Hostile;
-use crate::support::http::{http_get, scrape, wait_http};
-use crate::support::process::{Proc, run_cli};
+use crate::support::http::{http_get, scrape};
+use crate::support::rig::Outcome;
 use crate::support::{RedisServer, TestConfig, free_port, wait_until};
 
 /// What every token the script prints holds: nothing the daemon writes may.
@@ -57,12 +58,18 @@ fn job(name: &str, endpoint: &str, upstream: &Hostile, placeholder: &str, values
         .sink(Sink::jsonl(&format!("data/{{job}}/{{{placeholder}}}.jsonl")).records("/items"))
 }
 
+/// The shared rig ([`support::rig::Rig`]) and the minting script.
 struct Rig {
-    redis: RedisServer,
-    cfg: TestConfig,
-    daemon: Proc,
-    port: u16,
+    rig: support::rig::Rig,
     script: PathBuf,
+}
+
+impl Deref for Rig {
+    type Target = support::rig::Rig;
+
+    fn deref(&self) -> &support::rig::Rig {
+        &self.rig
+    }
 }
 
 impl Rig {
@@ -72,50 +79,8 @@ impl Rig {
     }
 
     /// `trigger JOB --wait`, then the outcomes of that tick (`items` of them).
-    fn tick(&self, job: &str, items: usize) -> Vec<Value> {
-        let before = self.ended(job).len();
-        let (code, _, log) = run_cli(
-            &self.cfg,
-            Some(&self.redis.url()),
-            &["trigger", job, "--wait"],
-            Duration::from_secs(90),
-        );
-        assert!(code.is_some(), "trigger {job} --wait did not end: {log}");
-        wait_until(Duration::from_secs(10), || {
-            self.ended(job).len() >= before + items
-        });
-        let all = self.ended(job);
-        assert_eq!(all.len(), before + items, "{all:#?}");
-        all[before..].to_vec()
-    }
-
-    fn ended(&self, job: &str) -> Vec<Value> {
-        (self.daemon.outcomes().into_iter())
-            .filter(|o| o["job"] == job && TERMINAL.contains(&o["outcome"].as_str().unwrap_or("")))
-            .collect()
-    }
-
-    /// Units used in `credential`'s window (`quota --json`).
-    fn used(&self, credential: &str) -> u64 {
-        let (code, out, log) = run_cli(
-            &self.cfg,
-            Some(&self.redis.url()),
-            &["quota", credential, "--json"],
-            Duration::from_secs(30),
-        );
-        assert_eq!(code, Some(0), "{log}");
-        let v: Value = serde_json::from_str(&out).expect("quota --json");
-        let creds = v["credentials"].as_array().expect("credentials");
-        creds
-            .iter()
-            .filter(|c| {
-                c["name"]
-                    .as_str()
-                    .is_some_and(|n| n.starts_with(credential))
-            })
-            .flat_map(|c| c["windows"].as_array().cloned().unwrap_or_default())
-            .map(|w| w["used"].as_u64().expect("used"))
-            .sum()
+    fn tick(&self, job: &str, items: usize) -> Vec<Outcome> {
+        self.rig.tick(job, items).0
     }
 }
 
@@ -124,8 +89,7 @@ impl Rig {
     /// in state `want` (the page reads at most once a second).
     fn token_on_status(&self, name: &str, want: &str) -> Value {
         let read = || {
-            let (_, body) = http_get(self.port, "/api/status").expect("/api/status");
-            let v: Value = serde_json::from_str(&body).expect("status JSON");
+            let v = self.status();
             (v["credentials"].as_array().expect("credentials").iter())
                 .find(|c| c["name"] == name)
                 .map(|c| c["token"].clone())
@@ -144,11 +108,8 @@ impl Rig {
     }
 }
 
-fn outcome(o: &Value) -> (&str, &str) {
-    (
-        o["outcome"].as_str().unwrap_or(""),
-        o["message"].as_str().unwrap_or(""),
-    )
+fn outcome(o: &Outcome) -> (&str, &str) {
+    (&o.kind, &o.message)
 }
 
 fn start(upstream: &Hostile, dir: &Path) -> Rig {
@@ -178,17 +139,8 @@ fn start(upstream: &Hostile, dir: &Path) -> Rig {
         .job(job("brief", "short", upstream, "v", &["a"]))
         .job(job("tenants", "tpl", upstream, "account", &["t1", "t2"]))
         .write();
-    let mut daemon = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
-    daemon.wait_running(Duration::from_secs(30));
-    assert!(
-        wait_http(port, Duration::from_secs(10)),
-        "no metrics listener"
-    );
     Rig {
-        redis,
-        cfg,
-        daemon,
-        port,
+        rig: support::rig::Rig::start(redis, cfg, &[]),
         script,
     }
 }
@@ -289,7 +241,7 @@ fn a_command_mints_at_first_use_after_its_ttl_and_after_a_401_and_its_failure_sp
     let t = rig.token_on_status("short", "failed");
     let error = t["error"].as_str().expect("error");
     assert!(error.contains("exited with exit status: 2"), "{t:#}");
-    let (_, page) = http_get(rig.port, "/").expect("the status page");
+    let (_, page) = http_get(rig.listener(), "/").expect("the status page");
     assert!(
         page.contains(r#"class="token" data-state="failed""#)
             && page.contains("exited with exit status: 2"),
@@ -304,7 +256,7 @@ fn a_command_mints_at_first_use_after_its_ttl_and_after_a_401_and_its_failure_sp
     assert_eq!((rig.runs("t1"), rig.runs("t2")), (1, 1));
     rig.token_on_status("tpl[account=t1]", "fresh");
 
-    let m = scrape(rig.port);
+    let m = scrape(rig.listener());
     let runs = |c: &str, r: &str| {
         m.one(
             "qw_credential_commands_total",
@@ -335,9 +287,9 @@ fn a_command_mints_at_first_use_after_its_ttl_and_after_a_401_and_its_failure_sp
             "a token in Redis at {key}"
         );
     }
-    let (_, status) = http_get(rig.port, "/api/status").expect("/api/status");
+    let (_, status) = http_get(rig.listener(), "/api/status").expect("/api/status");
     assert!(!status.contains(MARK), "a token in /api/status");
-    let (_, metrics) = http_get(rig.port, "/metrics").expect("/metrics");
+    let (_, metrics) = http_get(rig.listener(), "/metrics").expect("/metrics");
     assert!(!metrics.contains(MARK), "a token in /metrics");
     let sink = std::fs::read_to_string(rig.cfg.join("data/pull/a.jsonl")).expect("sink");
     assert!(
@@ -415,4 +367,217 @@ fn check_finds_a_missing_program_and_runs_the_command_only_with_secrets() {
         err.contains("credentials.b.secret_command") && err.contains("{account}"),
         "{err}"
     );
+}
+
+/// The three helpers of issue 37 (item 4): each records its own pid and
+/// its child's in `pids-NAME`, so the test can count what outlives it.
+const LEAKY: &str = r#"#!/bin/sh
+d=$(dirname "$0")
+echo $$ >> "$d/pids-leaky"
+sleep 1037 &
+echo $! >> "$d/pids-leaky"
+echo partial
+wait
+"#;
+const BACKGROUND: &str = r#"#!/bin/sh
+d=$(dirname "$0")
+echo $$ >> "$d/pids-bg"
+sleep 1038 &
+echo $! >> "$d/pids-bg"
+echo tok-bg-SEKRIT
+exit 0
+"#;
+const LOUD: &str = r#"#!/bin/sh
+head -c 100000000 /dev/zero | tr '\0' a
+echo
+"#;
+
+/// Issue 37, item 4: `secret_command` timeouts leaked processes and
+/// misjudged a helper that succeeded. `echo partial; sleep` under `sh`:
+/// `sh` was killed at 10 s and `sleep` lived on (one more at every run); a
+/// helper that printed its token and exited 0 but left a background child
+/// holding its standard output was "killed at 10 s" and its token thrown
+/// away; one printing 100 MB was told "exit status 141". Now the helper
+/// runs in its own process group, killed whole at the timeout (and once it
+/// has exited: none of its processes outlives it), and is judged by its
+/// exit status and what it printed before exiting, at most 64 KiB.
+#[test]
+fn issue_37_4_a_credential_command_is_judged_by_its_exit_and_no_process_of_it_outlives_it() {
+    use std::os::unix::fs::PermissionsExt;
+    let upstream = Hostile::start();
+    upstream.accept_tokens(&["tok-bg-SEKRIT"]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let script = |name: &str, text: &str| -> String {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).expect("write the script");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        path.to_str().expect("utf-8 path").to_owned()
+    };
+    let (leaky, bg, loud) = (
+        script("leaky", LEAKY),
+        script("bg", BACKGROUND),
+        script("loud", LOUD),
+    );
+    let redis = RedisServer::start();
+    let window = || Window::sliding(1000, "1h");
+    let mut builder = ConfigBuilder::new()
+        .redis_url(&redis.url())
+        .state_dir("state");
+    for (name, path) in [("leaky", &leaky), ("bg", &bg), ("loud", &loud)] {
+        builder = builder
+            .credential(Credential::command(name, &[path.as_str()], None).window(window()))
+            .endpoint(Endpoint::new(name, name, 1))
+            .job(job(name, name, &upstream, "v", &["a"]));
+    }
+    let cfg = builder.write();
+    let rig = Rig {
+        rig: support::rig::Rig::start(redis, cfg, &[]),
+        script: dir.path().join("leaky"),
+    };
+    let pids = |name: &str| -> Vec<u32> {
+        std::fs::read_to_string(dir.path().join(format!("pids-{name}")))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    };
+    let alive = |name: &str| -> Vec<u32> {
+        pids(name)
+            .into_iter()
+            .filter(|p| crate::support::procfs::alive(*p))
+            .collect()
+    };
+
+    // Exit 0 with the token printed, a background child still holding its
+    // standard output: the token is used at once, and the child is gone.
+    let t0 = std::time::Instant::now();
+    let o = rig.tick("bg", 1);
+    assert_eq!(outcome(&o[0]).0, "done", "{o:#?}");
+    assert!(t0.elapsed() < Duration::from_secs(9), "{:?}", t0.elapsed());
+    assert_eq!(pids("bg").len(), 2, "the helper and its child ran");
+    assert!(
+        wait_until(Duration::from_secs(5), || alive("bg").is_empty()),
+        "still alive: {:?}",
+        alive("bg")
+    );
+
+    // Past the timeout: the whole group killed, none of it outlives it.
+    let o = rig.tick("leaky", 1);
+    let (kind, msg) = outcome(&o[0]);
+    assert_eq!(kind, "failed", "{o:#?}");
+    assert!(msg.contains("did not finish within 10 s"), "{msg}");
+    assert_eq!(pids("leaky").len(), 2, "the helper and its child ran");
+    assert!(
+        wait_until(Duration::from_secs(5), || alive("leaky").is_empty()),
+        "outlived the timeout: {:?}",
+        alive("leaky")
+    );
+
+    // 100 MB on its standard output: "printed more than 64 KiB", at once.
+    let t0 = std::time::Instant::now();
+    let o = rig.tick("loud", 1);
+    let (kind, msg) = outcome(&o[0]);
+    assert_eq!(kind, "failed", "{o:#?}");
+    assert!(msg.contains("printed more than 64 KiB"), "{msg}");
+    assert!(t0.elapsed() < Duration::from_secs(9), "{:?}", t0.elapsed());
+    assert!(!rig.daemon.log().contains("SEKRIT"), "a token in the log");
+}
+
+/// Issue 37 (low): `check` misreported a template credential whose token a
+/// `secret_command` mints ("0 with a token file", "mint[account=alice]: the
+/// credential is not a template") while `run` minted for every tenant; and
+/// a fan-out value `--help` reached the command as an option. `check` says
+/// each tenant's token is minted, `--with-secrets` runs the command for one
+/// tenant, and a value starting with `-` in an argument of its own is
+/// refused (its task fails saying why, the command not run; `check` warns).
+#[test]
+fn issue_37_4_a_template_command_in_check_and_a_tenant_that_looks_like_an_option() {
+    use std::os::unix::fs::PermissionsExt;
+    let upstream = Hostile::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let script = dir.path().join("mint");
+    std::fs::write(&script, SCRIPT).expect("write the script");
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let s = script.to_str().expect("utf-8 path");
+    let redis = RedisServer::start();
+    let build = |values: &[&str]| {
+        ConfigBuilder::new()
+            .redis_url(&redis.url())
+            .state_dir("state")
+            .credential(
+                Credential::command("tpl", &[s, "{account}"], None)
+                    .templated("account")
+                    .window(Window::sliding(1000, "1h")),
+            )
+            .endpoint(Endpoint::new("tpl", "tpl", 1))
+            .job(job("tenants", "tpl", &upstream, "account", values))
+            .write()
+    };
+    let runs = |arg: &str| std::fs::read_to_string(dir.path().join(format!("runs-{arg}"))).ok();
+    let cfg = build(&["alice", "bob"]);
+    let out = cfg.run(&["check"], &[]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        text.contains(
+            "2 tenant(s) in the jobs' items now, each one's token minted by secret_command"
+        ),
+        "{text}"
+    );
+    assert!(
+        !text.contains("token file")
+            && !err.contains("token file")
+            && !err.contains("not a template"),
+        "{text}{err}"
+    );
+    let out = cfg.run(&["check", "--with-secrets"], &[]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("credential tpl[account=alice] (one tenant; each tenant's runs when a task needs it): secret_command printed a token"),
+        "{text}"
+    );
+    assert_eq!((runs("alice").as_deref(), runs("bob")), (Some("1\n"), None));
+
+    let cfg = build(&["alice", "--help"]);
+    let out = cfg.run(&["check"], &[]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains(
+            "warning: credential tpl: 1 tenant(s) would reach secret_command as an option"
+        ) && text.contains("the tenant value \"--help\" starts with '-'"),
+        "{text}"
+    );
+    upstream.accept_tokens(&[&token("alice", 2)]);
+    let rig = Rig {
+        rig: support::rig::Rig::start(redis, cfg, &[]),
+        script: script.clone(),
+    };
+    let o = rig.tick("tenants", 2);
+    let by = |v: &str| {
+        o.iter()
+            .find(|o| o.line["item"] == format!("account={v}"))
+            .map(outcome)
+            .unwrap_or_else(|| panic!("no outcome for {v}: {o:#?}"))
+    };
+    assert_eq!(by("alice").0, "done", "{o:#?}");
+    let (kind, msg) = by("--help");
+    assert_eq!(kind, "failed", "{o:#?}");
+    assert!(
+        msg.starts_with("credential command failed: the tenant value \"--help\" starts with '-'"),
+        "{msg}"
+    );
+    assert_eq!(runs("--help"), None, "the command did not run for it");
 }

@@ -517,8 +517,19 @@ fn check_counts_csv_rows_and_warns_above_fan_out_warn() {
     .expect("csv");
     let out = check(&cfg, &redis);
     let text = support::stdout(&out);
-    assert!(text.contains("cannot be read now"), "{text}");
+    assert!(
+        text.contains("has more rows than max_items now: a tick fans out nothing"),
+        "{text}"
+    );
     assert!(text.contains("more than 3 rows (max_items)"), "{text}");
+    // Issue 37: such a tick fans out nothing: "6 task(s) per tick" was
+    // printed for it.
+    assert!(
+        text.contains(
+            "no task per tick now (its fan_out_from source has more than max_items = 3 rows)"
+        ) && !text.contains("task(s) per tick"),
+        "{text}"
+    );
     // Counted at max_items: 3 x 2 = 6, under the warning's 8; more rows allowed: 10.
     let cfg = bin_config(
         &[(

@@ -18,6 +18,7 @@ use simulator::{Fault, Logged, SimConfig, SimStyle};
 use toml::Value as Toml;
 
 use crate::accounting::{Rig, config};
+use crate::support::rig::Outcome;
 use crate::support::world::{ENDPOINT, REGIONS, SECRET};
 use crate::support::{Job, Request, Sink, Window};
 
@@ -101,7 +102,7 @@ fn rig(sim: SimConfig, window: Window, jobs: impl FnOnce(&str) -> Vec<Job>) -> R
 
 /// `trigger JOB --wait`, and the outcome lines of `job` the daemon logged
 /// once there are `n` more than `before`.
-fn run(rig: &Rig, job: &str, n: usize) -> (Option<i32>, Vec<Value>) {
+fn run(rig: &Rig, job: &str, n: usize) -> (Option<i32>, Vec<Outcome>) {
     let before = outcomes_of(rig, job).len();
     let (code, summary) = rig.trigger_job(job);
     let logged = crate::support::wait_until(Duration::from_secs(10), || {
@@ -111,9 +112,9 @@ fn run(rig: &Rig, job: &str, n: usize) -> (Option<i32>, Vec<Value>) {
     (code, outcomes_of(rig, job)[before..].to_vec())
 }
 
-fn outcomes_of(rig: &Rig, job: &str) -> Vec<Value> {
+fn outcomes_of(rig: &Rig, job: &str) -> Vec<Outcome> {
     (rig.outcomes().into_iter())
-        .filter(|o| o["job"] == job)
+        .filter(|o| o.job == job)
         .collect()
 }
 
@@ -133,8 +134,8 @@ fn afters<'a>(requests: impl IntoIterator<Item = &'a Logged>) -> Vec<Value> {
 }
 
 /// An outcome line's pages and units.
-fn pages_units(o: &Value) -> (Option<u64>, Option<u64>) {
-    (o["pages"].as_u64(), o["units"].as_u64())
+fn pages_units(o: &Outcome) -> (Option<u64>, Option<u64>) {
+    (Some(o.pages), Some(o.units))
 }
 
 /// The ids of the records written to `path` (a JSON lines file), sorted.
@@ -185,8 +186,8 @@ fn five_pages_of_a_graphql_connection_take_exactly_five_requests() {
     let (code, outcomes) = run(&rig, "issues", 2);
     assert_eq!(code, Some(0), "{outcomes:#?}");
     for o in &outcomes {
-        assert_eq!(o["outcome"], "done", "{o}");
-        assert_eq!(o["message"], "all pages fetched", "{o}");
+        assert_eq!(o.kind, "done", "{o}");
+        assert_eq!(o.message, "all pages fetched", "{o}");
         assert_eq!(pages_units(o), (Some(5), Some(5)), "{o}");
     }
     for repo in ["tokio", "serde"] {
@@ -252,12 +253,16 @@ fn a_graphql_run_stopped_at_page_3_resumes_there_with_its_cursor() {
         let from = rig.upstream.stats().requests.len();
         let (_, outcomes) = run(&rig, "issues", 1);
         let o = &outcomes[0];
-        assert_eq!(o["outcome"], want, "run {}: {o}", run_no + 1);
+        assert_eq!(o.kind, want, "run {}: {o}", run_no + 1);
         let sent = requests(&rig, from, scope);
         let got: Vec<u32> = sent.iter().map(|r| r.page.expect("a page")).collect();
         assert_eq!(got, pages, "run {}: pages requested", run_no + 1);
         if want == "quota_exhausted" {
-            assert_eq!(o["page"], pages[pages.len() - 1] + 1, "stopped at: {o}");
+            assert_eq!(
+                o.page,
+                u64::from(pages[pages.len() - 1]) + 1,
+                "stopped at: {o}"
+            );
         }
         // The first request of a resumed run carries the cursor of the
         // page before it, as the upstream gave it.
@@ -290,7 +295,7 @@ fn a_graphql_run_stopped_at_page_3_resumes_there_with_its_cursor() {
     rig.upstream.touch();
     let from = rig.upstream.stats().requests.len();
     let (_, outcomes) = run(&rig, "issues", 1);
-    assert_eq!(outcomes[0]["outcome"], "quota_exhausted", "{}", outcomes[0]);
+    assert_eq!(outcomes[0].kind, "quota_exhausted", "{}", outcomes[0]);
     let sent = requests(&rig, from, scope);
     assert_eq!(sent[0].page, Some(1));
     assert_eq!(sent[0].variables()["after"], Value::Null);
@@ -328,7 +333,7 @@ fn a_stripe_list_pages_by_the_last_id_until_has_more_is_false() {
     assert_eq!(code, Some(0), "{outcomes:#?}");
     let o = &outcomes[0];
     assert_eq!(
-        (o["outcome"].as_str(), o["pages"].as_u64()),
+        (Some(o.kind.as_str()), Some(o.pages)),
         (Some("done"), Some(4)),
         "{o}"
     );
@@ -391,16 +396,13 @@ fn a_more_or_last_flag_saves_the_empty_page_24_units_not_32() {
         let from = rig.upstream.stats().requests.len();
         let (code, outcomes) = run(&rig, job, REGIONS.len());
         assert_eq!(code, Some(0), "{job}: {outcomes:#?}");
-        let spent: u64 = outcomes
-            .iter()
-            .map(|o| o["units"].as_u64().expect("units"))
-            .sum();
+        let spent: u64 = outcomes.iter().map(|o| o.units).sum();
         let requested = rig.upstream.stats().requests.len() - from;
         assert_eq!(spent, requested as u64, "{job}: a unit per request");
         units.insert(job, spent);
         for o in &outcomes {
-            assert_eq!(o["outcome"], "done", "{job}: {o}");
-            assert_eq!(o["records"], 6, "{job}: {o}");
+            assert_eq!(o.kind, "done", "{job}: {o}");
+            assert_eq!(o.records, 6, "{job}: {o}");
         }
     }
     println!("page style, 8 items x 3 pages: units spent per run {units:?}");
@@ -527,9 +529,9 @@ fn a_bad_flag_a_bad_cursor_or_errors_without_data_fail_the_task() {
         let (code, outcomes) = run(&rig, "issues", 1);
         assert_eq!(code, Some(1), "{what}: {outcomes:#?}");
         let o = &outcomes[0];
-        assert_eq!(o["outcome"], "failed", "{what}: {o}");
-        assert_eq!(o["message"], says, "{what}: {o}");
-        assert_eq!(o["units"], 1, "{what}: {o}");
+        assert_eq!(o.kind, "failed", "{what}: {o}");
+        assert_eq!(o.message, says, "{what}: {o}");
+        assert_eq!(o.units, 1, "{what}: {o}");
         assert_eq!(
             rig.upstream.stats().requests.len() - from,
             1,
@@ -593,30 +595,26 @@ fn rows(cfg: &crate::support::TestConfig, path: &str, table: &str) -> i64 {
 }
 
 /// The daemon (the real binary) on `cfg`, on its own Redis and `upstream`:
-/// `trigger job --wait`, then the outcome lines (`n` of them).
+/// `trigger job --wait` on a daemon of its own, then the outcome lines
+/// (`n` of them), and the config back once the daemon stopped.
 fn run_docs(
-    cfg: &crate::support::TestConfig,
+    cfg: crate::support::TestConfig,
     upstream: &crate::support::upstream::Upstream,
     job: &str,
     n: usize,
-) -> (Option<i32>, Vec<Value>) {
-    use crate::support::process::{Proc, run_cli};
+) -> (Option<i32>, Vec<Outcome>, crate::support::TestConfig) {
     let redis = crate::support::RedisServer::start();
-    let mut d = Proc::daemon("daemon", cfg, Some(&redis.url()), &[]);
-    d.wait_running(Duration::from_secs(20));
-    let (code, out, err) = run_cli(
-        cfg,
-        Some(&redis.url()),
-        &["trigger", job, "--wait"],
-        Duration::from_secs(90),
+    let mut rig = crate::support::rig::Rig::start(redis, cfg, &[]);
+    let (outcomes, t) = rig.tick(job, n);
+    assert!(
+        outcomes.len() == n,
+        "{}\n{}",
+        rig.daemon.log(),
+        upstream.stats().requests.len()
     );
-    assert!(code.is_some(), "trigger hung:\n{out}\n{err}");
-    let logged = crate::support::wait_until(Duration::from_secs(10), || d.outcomes().len() >= n);
-    assert!(logged, "{}\n{}", d.log(), upstream.stats().requests.len());
-    let outcomes = d.outcomes();
-    d.term();
-    d.wait_exit(Duration::from_secs(20));
-    (code, outcomes)
+    rig.daemon.term();
+    rig.daemon.wait_exit(Duration::from_secs(20));
+    (t.code, outcomes, rig.cfg)
 }
 
 /// docs/upstreams.md's GitHub GraphQL config, as written, against the
@@ -638,10 +636,10 @@ fn the_docs_github_graphql_config_pages_each_repository() {
         "https://api.github.com",
         &upstream.base_url(),
     );
-    let (code, outcomes) = run_docs(&cfg, &upstream, "issues", 2);
+    let (code, outcomes, cfg) = run_docs(cfg, &upstream, "issues", 2);
     assert_eq!(code, Some(0), "{outcomes:#?}");
     for o in &outcomes {
-        assert_eq!(o["outcome"], "done", "{o}");
+        assert_eq!(o.kind, "done", "{o}");
         assert_eq!(pages_units(o), (Some(3), Some(3)), "{o}");
     }
     let stats = upstream.stats();
@@ -684,10 +682,10 @@ fn the_docs_shopify_graphql_config_pages_the_products() {
         "https://example.myshopify.com",
         &upstream.base_url(),
     );
-    let (code, outcomes) = run_docs(&cfg, &upstream, "products", 1);
+    let (code, outcomes, cfg) = run_docs(cfg, &upstream, "products", 1);
     assert_eq!(code, Some(0), "{outcomes:#?}");
     let o = &outcomes[0];
-    assert_eq!(o["outcome"], "done", "{o}");
+    assert_eq!(o.kind, "done", "{o}");
     // 112 spent up front per query, settled to 12 (10%, rounded up).
     assert_eq!(pages_units(o), (Some(3), Some(36)), "{o}");
     let stats = upstream.stats();

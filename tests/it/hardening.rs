@@ -4,16 +4,17 @@
 //! loopback; a second hostile instance is the foreign host that nothing may
 //! ever reach. docs/security.md states the promises.
 
+use std::ops::Deref;
 use std::time::Duration;
 
 use serde_json::Value;
 
 use crate::support::config::NEVER;
-use crate::support::daemon::TERMINAL;
 use crate::support::hostile::Hostile;
 use crate::support::http::http_get;
-use crate::support::process::{Proc, run_cli};
+use crate::support::process::run_cli;
 use crate::support::procfs;
+use crate::support::rig::Outcome;
 use crate::support::world::KEY_ENV;
 use crate::support::{self, RedisServer, TestConfig, wait_until};
 
@@ -110,11 +111,16 @@ records = "/items"
     )
 }
 
-/// A daemon on its own Redis.
-struct Rig {
-    redis: RedisServer,
-    cfg: TestConfig,
-    daemon: Proc,
+/// The shared rig ([`support::rig::Rig`]) with the secret in the
+/// daemon's environment.
+struct Rig(support::rig::Rig);
+
+impl Deref for Rig {
+    type Target = support::rig::Rig;
+
+    fn deref(&self) -> &support::rig::Rig {
+        &self.0
+    }
 }
 
 impl Rig {
@@ -125,33 +131,14 @@ impl Rig {
     fn on(redis: RedisServer, cfg: TestConfig, env: &[(&str, &str)]) -> Rig {
         let mut all = vec![(KEY_ENV, SECRET)];
         all.extend_from_slice(env);
-        let mut daemon = Proc::daemon("daemon", &cfg, Some(&redis.url()), &all);
-        daemon.wait_running(Duration::from_secs(30));
-        Rig { redis, cfg, daemon }
+        Rig(support::rig::Rig::start(redis, cfg, &all))
     }
 
-    /// Runs one tick of `job` (`items` tasks) and returns its outcome lines.
-    fn tick(&self, job: &str, items: usize) -> Vec<Value> {
-        let (code, out, err) = run_cli(
-            &self.cfg,
-            Some(&self.redis.url()),
-            &["trigger", job, "--wait"],
-            Duration::from_secs(90),
-        );
-        let ended = |d: &Proc| -> Vec<Value> {
-            d.outcomes()
-                .into_iter()
-                .filter(|o| o["job"] == job)
-                .filter(|o| TERMINAL.contains(&o["outcome"].as_str().unwrap_or("")))
-                .collect()
-        };
-        wait_until(Duration::from_secs(10), || {
-            ended(&self.daemon).len() >= items
-        });
-        let outcomes = ended(&self.daemon);
-        assert_eq!(outcomes.len(), items, "{job}: {outcomes:#?}");
-        // `trigger --wait` exits by how the tick ended (trigger_exit_codes).
-        let had = |kind: &str| outcomes.iter().any(|o| o["outcome"] == kind);
+    /// Runs one tick of `job` (`items` tasks) and returns its outcomes;
+    /// `trigger --wait` exits by how the tick ended (trigger_exit_codes).
+    fn tick(&self, job: &str, items: usize) -> Vec<Outcome> {
+        let (outcomes, t) = self.0.tick(job, items);
+        let had = |kind: &str| outcomes.iter().any(|o| o.kind == kind);
         let expected = if had("failed") {
             1
         } else if had("quota_exhausted") || had("upstream_throttled") {
@@ -159,31 +146,13 @@ impl Rig {
         } else {
             0
         };
-        assert_eq!(code, Some(expected), "trigger {job}: {out}\n{err}");
+        assert_eq!(t.code, Some(expected), "trigger {job}: {t:#?}");
         outcomes
-    }
-
-    fn quota(&self, credential: &str) -> Value {
-        let (code, out, err) = run_cli(
-            &self.cfg,
-            Some(&self.redis.url()),
-            &["quota", credential, "--json"],
-            Duration::from_secs(30),
-        );
-        assert_eq!(code, Some(0), "quota: {out}\n{err}");
-        serde_json::from_str::<Value>(&out).expect("quota --json")["credentials"][0].clone()
-    }
-
-    /// Units the credential's window holds.
-    fn used(&self, credential: &str) -> u64 {
-        self.quota(credential)["windows"][0]["used"]
-            .as_u64()
-            .expect("used")
     }
 }
 
-fn detail(o: &Value) -> &str {
-    o["message"].as_str().unwrap_or("")
+fn detail(o: &Outcome) -> &str {
+    &o.message
 }
 
 /// Issue 9, High 1: the secret followed redirects to another host (in the
@@ -234,7 +203,7 @@ body = '{{{{"key": "{{secret}}"}}}}'"#
     let rig = Rig::start(config("", "", "off", &jobs));
     for name in ["in_query", "in_header", "in_body"] {
         for o in rig.tick(name, codes.len()) {
-            assert_eq!(o["outcome"], "failed", "{o}");
+            assert_eq!(o.kind, "failed", "{o}");
             assert!(
                 detail(&o).contains("redirect leaves the origin"),
                 "{name}: {o}"
@@ -286,16 +255,16 @@ fn redirect_loops_end_at_the_hop_limit_and_every_hop_is_spent() {
     let rig = Rig::start(config("", "", "off", &jobs));
 
     let o = &rig.tick("looping", 1)[0];
-    assert_eq!(o["outcome"], "failed", "{o}");
+    assert_eq!(o.kind, "failed", "{o}");
     assert!(detail(o).contains("too many redirects"), "{o}");
     assert_eq!(upstream.count(), 4, "one request and three hops");
     assert_eq!(rig.used("hostile"), 4, "every hop spent");
-    assert_eq!(o["units"], 4);
+    assert_eq!(o.units, 4);
 
     // Three hops within the limit: followed to the answer, each hop spent.
     let o = &rig.tick("hops", 1)[0];
-    assert_eq!(o["outcome"], "done", "{o}");
-    assert_eq!(o["records"], 1);
+    assert_eq!(o.kind, "done", "{o}");
+    assert_eq!(o.records, 1);
     assert_eq!(upstream.count(), 8);
     assert_eq!(rig.used("other"), 4);
     assert!(
@@ -347,12 +316,12 @@ fn oversize_bodies_fail_and_memory_stays_bounded() {
     let rig = Rig::start(config("", r#"max_body = "1MiB""#, "off", &jobs));
     for name in ["sized", "chunked", "endless"] {
         let o = &rig.tick(name, 1)[0];
-        assert_eq!(o["outcome"], "failed", "{o}");
+        assert_eq!(o.kind, "failed", "{o}");
         assert_eq!(
             detail(o),
             "response body over max_body 1 MiB; reading stopped there"
         );
-        assert_eq!(o["units"], 1, "{o}");
+        assert_eq!(o.units, 1, "{o}");
     }
     assert_eq!(rig.used("hostile"), 3);
     let peak = procfs::status_kib(rig.daemon.pid(), "VmHWM");
@@ -491,14 +460,14 @@ fn upstream_waits_are_capped_at_max_block() {
 
     let day = 86_400_000u64;
     let o = &rig.tick("years", 1)[0];
-    assert_eq!(o["outcome"], "upstream_throttled", "{o}");
-    assert_eq!(o["retry_after_ms"], day, "{o}");
+    assert_eq!(o.kind, "upstream_throttled", "{o}");
+    assert_eq!(o.retry_after_ms, Some(day), "{o}");
     let blocked = rig.quota("hostile")["blocked_for_ms"].as_u64().expect("ms");
     assert!(blocked > day - 60_000 && blocked <= day, "{blocked}");
 
     let o = &rig.tick("huge", 1)[0];
-    assert_eq!(o["outcome"], "upstream_throttled", "{o}");
-    assert_eq!(o["retry_after_ms"], 600_000, "{o}");
+    assert_eq!(o.kind, "upstream_throttled", "{o}");
+    assert_eq!(o.retry_after_ms, Some(600_000), "{o}");
     let blocked = rig.quota("other")["blocked_for_ms"].as_u64().expect("ms");
     assert!(blocked > 540_000 && blocked <= 600_000, "{blocked}");
     // And the block holds: a spend is refused.
@@ -535,7 +504,7 @@ headers = { X-Api-Key = "{secret}" }"#,
     let rig = Rig::start(config("", "", "off", &jobs));
     let outcomes = rig.tick("echo", 2);
     for o in &outcomes {
-        assert_eq!(o["outcome"], "failed", "{o}");
+        assert_eq!(o.kind, "failed", "{o}");
         assert!(detail(o).contains("[redacted]"), "{o}");
     }
     assert!(
@@ -592,10 +561,7 @@ fn path_placeholders_are_percent_encoded() {
     ];
     let rig = Rig::start(config("", "", "off", &jobs));
     let outcomes = rig.tick("encoded", values.len());
-    let refused: Vec<&Value> = outcomes
-        .iter()
-        .filter(|o| o["outcome"] == "failed")
-        .collect();
+    let refused: Vec<&Outcome> = outcomes.iter().filter(|o| o.kind == "failed").collect();
     assert_eq!(refused.len(), 1, "{outcomes:#?}");
     assert!(detail(refused[0]).contains("would change the request URL's path"));
     let mut paths: Vec<String> = upstream
@@ -626,7 +592,7 @@ fn path_placeholders_are_percent_encoded() {
     }
     assert_eq!(rig.used("hostile"), 6, "the refused item spent nothing");
 
-    assert_eq!(rig.tick("raw", 1)[0]["outcome"], "done");
+    assert_eq!(rig.tick("raw", 1)[0].kind, "done");
     assert_eq!(upstream.seen().last().expect("raw").path(), "/ok/a/b/items");
 }
 
@@ -673,15 +639,15 @@ fn control_characters_in_fan_out_values_are_refused() {
             .expect("enqueue");
     });
     assert!(wait_until(Duration::from_secs(20), || {
-        !rig.daemon.outcomes().is_empty()
+        !rig.outcomes().is_empty()
     }));
-    let o = &rig.daemon.outcomes()[0];
-    assert_eq!(o["outcome"], "failed", "{o}");
+    let o = &rig.outcomes()[0];
+    assert_eq!(o.kind, "failed", "{o}");
     assert_eq!(
         detail(o),
         r"request not sent: fan-out item v=a\r\u{1b}[2Jb holds control characters; refused"
     );
-    assert_eq!(o["units"], 0);
+    assert_eq!(o.units, 0);
     assert_eq!(upstream.count(), 0);
     assert_eq!(rig.used("hostile"), 0);
 }
@@ -706,12 +672,12 @@ fn an_unbuildable_request_spends_nothing() {
     let cfg = config("", "", "off", &jobs);
     let rig = Rig::on(RedisServer::start(), cfg, &[(KEY_ENV, "line\nbreak")]);
     let o = &rig.tick("unbuildable", 1)[0];
-    assert_eq!(o["outcome"], "failed", "{o}");
+    assert_eq!(o.kind, "failed", "{o}");
     assert!(
         detail(o).starts_with("request not sent: header Authorization"),
         "{o}"
     );
-    assert_eq!(o["units"], 0);
+    assert_eq!(o.units, 0);
     assert_eq!(rig.used("hostile"), 0);
     assert_eq!(upstream.count(), 0);
 
@@ -748,7 +714,7 @@ max_pages = 50"#;
     let jobs = [job("repeat", "h", "GET", &url, "", &["x"], pagination)];
     let rig = Rig::start(config("", "", "off", &jobs));
     let o = &rig.tick("repeat", 1)[0];
-    assert_eq!(o["outcome"], "failed", "{o}");
+    assert_eq!(o.kind, "failed", "{o}");
     assert!(detail(o).starts_with("cursor repeated"), "{o}");
     assert_eq!(upstream.count(), 2);
     assert_eq!(rig.used("hostile"), 2);
@@ -772,8 +738,8 @@ fn an_absurd_reported_cost_is_bounded() {
     )];
     let rig = Rig::start(config("", r#"cost_header = "x-quota-cost""#, "off", &jobs));
     let o = &rig.tick("costly", 1)[0];
-    assert_eq!(o["outcome"], "done", "{o}");
-    assert_eq!(o["units"], 100_000, "{o}");
+    assert_eq!(o.kind, "done", "{o}");
+    assert_eq!(o.units, 100_000, "{o}");
     assert_eq!(rig.used("hostile"), 100_000);
     assert!(
         rig.daemon
@@ -782,4 +748,121 @@ fn an_absurd_reported_cost_is_bounded() {
         "{}",
         rig.daemon.log()
     );
+}
+
+/// `quota h --json`'s credential, on the rig's Redis.
+fn quota_h(rig: &support::canned::CannedRig) -> Value {
+    let (code, out, err) = run_cli(
+        &rig.cfg,
+        Some(&rig.redis.url()),
+        &["quota", "h", "--json"],
+        Duration::from_secs(30),
+    );
+    assert_eq!(code, Some(0), "{err}");
+    let v: Value = serde_json::from_str(&out).expect("quota --json");
+    v["credentials"][0].clone()
+}
+
+/// Issue 37, item 4: an answer with `x-ratelimit-remaining: 0` naming a
+/// resource the daemon cannot use (65 × `a`, a 1 KB name with spaces,
+/// non-ASCII bytes) was taken for the endpoint's own resource: drift on
+/// the `core` window and `core` blocked for 50 minutes, 8 of 10 tasks
+/// `quota_exhausted`. Such a name is a resource no window mirrors: `core`
+/// keeps no drift and no block, and every task ends `done`. So is each of
+/// many valid names no window mirrors, and the daemon warns about at most
+/// 16 of them per credential.
+#[test]
+fn issue_37_4_a_resource_name_the_daemon_cannot_use_is_not_the_endpoints_own() {
+    use crate::support::canned::CannedRig;
+    use crate::support::{Endpoint, Window};
+    let upstream = Hostile::start();
+    let values: Vec<String> = (1..=10).map(|i| format!("v{i}")).collect();
+    let credential = crate::support::Credential::env("h", "HKEY")
+        .secret("k3y-for-37")
+        .window(Window::sliding(5000, "1h").upstream());
+    let endpoint = Endpoint::new("h", "h", 1)
+        .throttle_block("30s")
+        .set("accounting", "github");
+    let job = CannedRig::job(&upstream).fan_out("v", values.iter().map(String::as_str));
+    let rig = CannedRig::start_with(credential, endpoint, job, &[]);
+    let reset = (chrono::Utc::now().timestamp() + 3000).to_string();
+    let long_with_spaces = "a name with spaces ".repeat(54);
+    let names: Vec<Vec<u8>> = vec![
+        "a".repeat(65).into_bytes(),
+        long_with_spaces.into_bytes(),
+        "r\u{e9}serv\u{e9}".as_bytes().to_vec(),
+        b"caf\xe9".to_vec(),
+    ];
+    let mut ended = 0;
+    for name in &names {
+        for v in &values {
+            let headers: Vec<(&str, &[u8])> = vec![
+                ("x-ratelimit-limit", b"5000"),
+                ("x-ratelimit-remaining", b"0"),
+                ("x-ratelimit-used", b"5000"),
+                ("x-ratelimit-reset", reset.as_bytes()),
+                ("x-ratelimit-resource", name),
+            ];
+            let body = serde_json::json!({ "items": [{ "id": v }] }).to_string();
+            upstream.answer(v, 200, &headers, body);
+        }
+        ended += values.len();
+        let (outcomes, out) = rig.tick(ended);
+        let this = &outcomes[ended - values.len()..];
+        let name = String::from_utf8_lossy(name);
+        assert!(
+            this.iter().all(|o| o["outcome"] == "done"),
+            "{name:?}: {this:#?}\n{out}"
+        );
+        let q = quota_h(&rig);
+        assert_eq!(q["blocked_for_ms"], 0, "{name:?}: core blocked: {q}");
+        let drift: u64 = (q["windows"].as_array().expect("windows").iter())
+            .map(|w| w["drift"].as_u64().unwrap_or(0))
+            .sum();
+        assert_eq!(drift, 0, "{name:?}: drift on core: {q}");
+    }
+    let warned = rig
+        .daemon
+        .log()
+        .matches("a resource no window mirrors")
+        .count();
+    assert!((1..=2).contains(&warned), "warned {warned} times");
+
+    // Many valid names no window mirrors: every task done, at most 16
+    // warned about, one line when the daemon stops remembering more.
+    ended = names.len() * values.len();
+    for round in 0..3 {
+        for (i, v) in values.iter().enumerate() {
+            let name = format!("other-{round}-{i}");
+            let headers: Vec<(&str, &[u8])> = vec![
+                ("x-ratelimit-limit", b"30"),
+                ("x-ratelimit-remaining", b"0"),
+                ("x-ratelimit-reset", reset.as_bytes()),
+                ("x-ratelimit-resource", name.as_bytes()),
+            ];
+            let body = serde_json::json!({ "items": [{ "id": v }] }).to_string();
+            upstream.answer(v, 200, &headers, body);
+        }
+        ended += values.len();
+        let (outcomes, out) = rig.tick(ended);
+        assert!(
+            outcomes[ended - values.len()..]
+                .iter()
+                .all(|o| o["outcome"] == "done"),
+            "{out}"
+        );
+    }
+    let log = rig.daemon.log();
+    let warnings: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("a resource no window mirrors") && l.contains("other-"))
+        .collect();
+    assert_eq!(warnings.len(), 16, "warned about 16 names: {warnings:#?}");
+    assert_eq!(
+        log.matches("remembers no more resources that no window mirrors")
+            .count(),
+        1,
+        "{log}"
+    );
+    assert_eq!(quota_h(&rig)["blocked_for_ms"], 0);
 }

@@ -14,7 +14,7 @@ use crate::support::http;
 use crate::support::process::{Proc, run_cli};
 use crate::support::upstream::Upstream;
 use crate::support::world::{self, JOB};
-use crate::support::{RedisServer, free_port, wait_until};
+use crate::support::{RedisServer, free_port, wait_every, wait_until};
 
 /// The case: idle clients, a few more than the daemon's soft limit.
 const IDLE: usize = 1_100;
@@ -220,19 +220,15 @@ fn idle_listener_connections_cannot_starve_the_daemon_of_descriptors() {
         let t = Instant::now();
         (healthz_waiting(port, Duration::from_secs(150)), t.elapsed())
     });
-    let deadline = Instant::now() + Duration::from_secs(150);
-    while Instant::now() < deadline {
+    wait_every(Duration::from_secs(150), Duration::from_millis(100), || {
         peak = peak.max(open_fds(d.pid()));
         // Every client polled each round: each one's close time is recorded.
         let mut open = 0;
         for c in idle.iter_mut() {
             open += usize::from(!c.poll_closed());
         }
-        if open == 0 {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+        open == 0
+    });
     let open = idle.iter().filter(|c| c.closed.is_none()).count();
     assert_eq!(
         open, 0,

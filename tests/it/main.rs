@@ -66,6 +66,7 @@ mod resources;
 mod retries;
 mod rolling_deploy;
 mod sink;
+mod sink_refused;
 mod sink_unwritable;
 mod spool_per_item;
 mod sqlite_key_per_item;

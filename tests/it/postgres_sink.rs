@@ -369,7 +369,8 @@ fn a_newer_tick_taking_over_a_killed_run_writes_its_page_once() {
 
 /// PostgreSQL stopped while a tick runs: its pages are spooled, the tasks
 /// end `done`, and once the server is back the rows arrive; the upstream
-/// was asked for each page once.
+/// was asked for each page once (a server down heals: none is refused for
+/// good).
 #[test]
 fn a_server_stopped_during_a_tick_costs_no_page_again() {
     let mut pg = server();
@@ -420,6 +421,12 @@ fn a_server_stopped_during_a_tick_costs_no_page_again() {
         asked(&upstream, "US"),
         [1, 1, 1],
         "no page was fetched again"
+    );
+    // Issue 37, item 3: a server down (57P01 at the shutdown, then refused
+    // connections) heals: nothing is kept as refused for good.
+    assert!(
+        !cfg.join("state/spool/%rejected").exists(),
+        "a page of a server that was down was kept as refused"
     );
     let spooled_errors: Vec<String> = d
         .messages("the sink could not take the page: spooled, and written when it can")

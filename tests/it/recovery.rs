@@ -22,7 +22,7 @@ use crate::support::process::{Proc, run_cli};
 use crate::support::redis_server::redis_conn;
 use crate::support::upstream::Upstream;
 use crate::support::world::{self, JOB, REGIONS};
-use crate::support::{self, ConfigBuilder, RedisServer, TestConfig, Worker};
+use crate::support::{self, ConfigBuilder, RedisServer, TestConfig, Worker, wait_until};
 
 const PAGES: u32 = 3;
 const ITEMS_PER_PAGE: u32 = 2;
@@ -74,16 +74,12 @@ fn kill_mid_tick(worker: Worker) -> Recovery {
     a.kill();
     let killed = Instant::now();
     let mut requeued = None;
-    let deadline = killed + Duration::from_secs(60);
-    while Instant::now() < deadline {
+    wait_until(Duration::from_secs(60), || {
         if requeued.is_none() && !workers(&mut conn).contains(&a_worker) {
             requeued = Some(killed.elapsed());
         }
-        if ended(&tick_outcomes(&mut conn, tick)) >= ITEMS {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        ended(&tick_outcomes(&mut conn, tick)) >= ITEMS
+    });
     let done = killed.elapsed();
     let o = tick_outcomes(&mut conn, tick);
     assert_eq!(ended(&o), ITEMS, "not every task ended: {o:?}");

@@ -349,3 +349,132 @@ fn trigger_says_when_the_running_daemon_needs_a_reload_and_its_tasks_wait_for_it
         "no warning once reloaded:\n{err}"
     );
 }
+
+/// The keys the simulator saw, in the order it was asked, from request
+/// `from` on.
+fn keys_seen(upstream: &Upstream, from: usize) -> Vec<String> {
+    let stats = upstream.stats();
+    stats.requests[from.min(stats.requests.len())..]
+        .iter()
+        .map(|r| r.key.clone().unwrap_or_default())
+        .collect()
+}
+
+/// Issue 37, item 4: a reload did not reach a task in flight. A window cut
+/// from 100 to 3 an hour and a rotated `secret_file` were ignored by a
+/// running 20-page task: 15 more requests, all with the old secret, `quota`
+/// showing `3/1h used 20`. SPEC Part 4: windows, costs and secrets apply to
+/// the next spend and the next request of every task, in flight or not; a
+/// task in flight keeps its job's request, pagination and sink.
+#[test]
+fn issue_37_4_a_reload_reaches_tasks_in_flight_at_their_next_spend_and_request() {
+    let redis = RedisServer::start();
+    // Every answer held 300 ms: a 20-page run takes seconds.
+    let sim = simulator::SimConfig {
+        pages_per_query: 20,
+        items_per_page: 1,
+        ..simulator::SimConfig::default()
+    }
+    .key("old-key", 1_000_000, Duration::from_secs(3600))
+    .key("new-key", 1_000_000, Duration::from_secs(3600))
+    .hold(Duration::from_millis(300));
+    let upstream = Upstream::with(sim);
+    let port = free_port();
+    let build = |units: u64, max_pages: u32, sink: &str| {
+        ConfigBuilder::new()
+            .worker(Worker::default().concurrency(2))
+            .metrics_listen(&format!("127.0.0.1:{port}"))
+            .credential(
+                Credential::file(world::CREDENTIAL, "secrets/sim")
+                    .window(Window::sliding(units, "1h")),
+            )
+            .endpoint(world::endpoint())
+            .job(
+                Job::videos("crawl", world::ENDPOINT, &upstream.base_url())
+                    .fan_out("region", ["US"])
+                    .pages(max_pages)
+                    .sink(crate::support::Sink::jsonl(sink).records("/items")),
+            )
+    };
+    let mut cfg = build(100, 20, "data/before.jsonl").write();
+    std::fs::create_dir_all(cfg.join("secrets")).expect("mkdir secrets");
+    std::fs::write(cfg.join("secrets/sim"), "old-key\n").expect("secret");
+    let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
+    d.wait_running(Duration::from_secs(20));
+    let trigger = |cfg: &TestConfig| {
+        let (code, _, err) = run_cli(
+            cfg,
+            Some(&redis.url()),
+            &["trigger", "crawl"],
+            Duration::from_secs(30),
+        );
+        assert_eq!(code, Some(0), "{err}");
+    };
+    let ended = |d: &Proc, n: usize| {
+        let all: Vec<Value> = (d.outcomes().into_iter())
+            .filter(|o| o["job"] == "crawl" && o["outcome"] != "retrying")
+            .collect();
+        (all.len() >= n).then(|| all[n - 1].clone())
+    };
+    let lines = |cfg: &TestConfig, path: &str| {
+        std::fs::read_to_string(cfg.join(path))
+            .map(|t| t.lines().count())
+            .unwrap_or(0)
+    };
+
+    // 1. A rotated secret, a new sink path and max_pages: the task in
+    // flight sends its next request with the new secret, and keeps its
+    // pagination (20 pages) and its sink.
+    trigger(&cfg);
+    assert!(
+        wait_until(Duration::from_secs(20), || upstream.stats().requests.len()
+            >= 3),
+        "the run did not start"
+    );
+    std::fs::write(cfg.join("secrets/sim"), "new-key\n").expect("rotate");
+    cfg.rewrite(&build(100, 5, "data/after.jsonl"));
+    let (code, _, err) = reload(&cfg, &redis, &d);
+    assert_eq!(code, Some(0), "{err}");
+    let at_reload = upstream.stats().requests.len();
+    assert!(
+        wait_until(Duration::from_secs(30), || ended(&d, 1).is_some()),
+        "{}",
+        d.log()
+    );
+    let o = ended(&d, 1).expect("ended");
+    assert_eq!(o["outcome"], "done", "{o}");
+    assert_eq!(o["pages"], 20, "its pagination kept: {o}");
+    let after = keys_seen(&upstream, at_reload);
+    assert!(after.len() >= 10, "{after:?}");
+    // A request in flight at the reload went with the old secret; every
+    // one after it with the new.
+    assert!(
+        after[1..].iter().all(|k| k == "new-key"),
+        "the keys after the reload: {after:?}"
+    );
+    assert_eq!(lines(&cfg, "data/before.jsonl"), 20, "its sink kept");
+    assert_eq!(lines(&cfg, "data/after.jsonl"), 0);
+
+    // 2. A window cut from 100 to 3 an hour: the task in flight stops at
+    // its next spend, quota_exhausted, not after 20 pages.
+    trigger(&cfg);
+    let started = upstream.stats().requests.len();
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            upstream.stats().requests.len() >= started + 2
+        }),
+        "the run did not start"
+    );
+    cfg.rewrite(&build(3, 5, "data/after.jsonl"));
+    let (code, _, err) = reload(&cfg, &redis, &d);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        wait_until(Duration::from_secs(30), || ended(&d, 2).is_some()),
+        "{}",
+        d.log()
+    );
+    let o = ended(&d, 2).expect("ended");
+    assert_eq!(o["outcome"], "quota_exhausted", "{o}");
+    let sent = upstream.stats().requests.len() - started;
+    assert!(sent < 10, "{sent} requests after the window was cut to 3");
+}

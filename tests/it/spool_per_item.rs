@@ -46,7 +46,8 @@ fn spooled(cfg: &TestConfig) -> usize {
 /// was oldest first per job, so every later page of every item queued
 /// behind it: after three ticks `short.jsonl` had 1 line and the spool 5
 /// pages. Now the long item's task fails (its path can never exist, nothing
-/// spooled) and `short` writes every tick.
+/// spooled) and `short` writes every tick. Since issue 37 the refused page
+/// is kept under `spool/%rejected/` and holds its item: it is fetched once.
 #[test]
 fn issue_22_2_a_path_that_cannot_exist_fails_only_its_own_item() {
     let upstream = Hostile::start();
@@ -89,6 +90,22 @@ fn issue_22_2_a_path_that_cannot_exist_fails_only_its_own_item() {
         0,
         "nothing is spooled for a path that cannot exist"
     );
+    // Issue 37: the page is kept as refused for good, and it holds its
+    // item: ticks 2 and 3 fetched nothing for it (no unit spent).
+    let asked = upstream
+        .seen()
+        .iter()
+        .filter(|s| s.path() == format!("/canned/{long}"))
+        .count();
+    assert_eq!(asked, 1, "the long item was fetched once, then held");
+    let kept = std::fs::read_dir(rig.cfg.join("state/spool/%rejected/leak"))
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
+                .count()
+        })
+        .unwrap_or(0);
+    assert_eq!(kept, 1, "the refused page is kept, once");
 }
 
 /// Issue 22, item 2: an item whose file cannot be written for now (here a

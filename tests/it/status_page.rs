@@ -16,15 +16,15 @@ use quota_worker::config::Scope;
 use serde_json::Value;
 use simulator::SimConfig;
 
+use crate::support;
 use crate::support::browser::Chromium;
 use crate::support::http::{self, http_request};
 use crate::support::keys::keys;
-use crate::support::process::Proc;
 use crate::support::upstream::Upstream;
 use crate::support::world;
 use crate::support::{
-    ConfigBuilder, Credential, Endpoint, Job, RedisServer, Request, Sink, TestConfig, Window,
-    free_port, wait_until,
+    ConfigBuilder, Credential, Endpoint, Job, RedisServer, Request, Sink, Window, free_port,
+    wait_until,
 };
 
 const MAIN_SECRET: &str = "main-secret-7c1e0f";
@@ -50,12 +50,12 @@ fn csv_source(path: &str) -> toml::Value {
 /// `hot`'s second request is refused and the credential blocked) and `aux`
 /// (`broken` asks for a path the upstream does not have, for the one item of
 /// its CSV: XSS).
+/// The shared rig on the simulator, with the three jobs and the page's
+/// port.
 struct Rig {
-    redis: RedisServer,
-    cfg: TestConfig,
+    rig: support::rig::Rig,
     port: u16,
     _upstream: Upstream,
-    _daemon: Proc,
 }
 
 impl Rig {
@@ -113,30 +113,11 @@ impl Rig {
             .write();
         // The item comes from data, as an operator's CSV would hold it.
         std::fs::write(cfg.join("items.csv"), format!("region\n{XSS}\n")).expect("write CSV");
-        let daemon = Proc::start("daemon", &cfg, &["run"], &[]);
-        assert!(
-            http::wait_http(port, Duration::from_secs(30)),
-            "the daemon's listener on {port} did not answer"
-        );
         Rig {
-            redis,
-            cfg,
+            rig: support::rig::Rig::start(redis, cfg, &[]),
             port,
             _upstream: upstream,
-            _daemon: daemon,
         }
-    }
-
-    /// `trigger JOB --wait`, expecting its exit code.
-    fn trigger(&self, job: &str, code: i32) {
-        let out = self.cfg.run_on(&self.redis, &["trigger", job, "--wait"]);
-        assert_eq!(
-            out.status.code(),
-            Some(code),
-            "trigger {job} --wait: {}\n{}",
-            crate::support::stdout(&out),
-            crate::support::stderr(&out)
-        );
     }
 
     fn get(&self, path: &str, headers: &[(&str, &str)]) -> http::Answer {
@@ -146,17 +127,16 @@ impl Rig {
 
     fn api(&self) -> Value {
         let a = self.get("/api/status", &[]);
-        assert_eq!(a.status, 200, "{}", a.body);
         assert_eq!(a.header("content-type"), Some("application/json"));
-        serde_json::from_str(&a.body).unwrap_or_else(|e| panic!("{e}: {}", a.body))
+        self.rig.status()
     }
 
     /// Runs the three jobs; returns the JSON once the spend history caught
     /// up with the windows (it is written off the task's path).
     fn run_jobs(&self) -> Value {
-        self.trigger("trending", 0);
-        self.trigger("hot", 75);
-        self.trigger("broken", 1);
+        self.rig.trigger_expect("trending", 0);
+        self.rig.trigger_expect("hot", 75);
+        self.rig.trigger_expect("broken", 1);
         let mut last = Value::Null;
         let caught_up = wait_until(Duration::from_secs(10), || {
             last = self.api();
@@ -378,7 +358,7 @@ fn the_status_page_shows_windows_blocks_and_jobs_in_a_real_browser() {
 #[test]
 fn the_status_page_is_read_only_and_works_behind_a_path_prefix() {
     let rig = Rig::start();
-    rig.trigger("broken", 1);
+    rig.rig.trigger_expect("broken", 1);
     for path in ["/", "/api/status", "/api/state/broken"] {
         for method in ["POST", "PUT", "DELETE", "PATCH"] {
             let a = http_request(rig.port, method, path, &[])
@@ -433,7 +413,7 @@ fn the_status_page_is_read_only_and_works_behind_a_path_prefix() {
     );
 
     // What the status page keeps in Redis is bounded and expires.
-    let mut conn = rig.redis.conn();
+    let mut conn = rig.rig.redis.conn();
     // Every credential's rings, of either scope.
     let mut rings: Vec<String> = Vec::new();
     for scope in [Scope::Credential, Scope::Endpoint("*".into())] {
@@ -554,18 +534,9 @@ fn the_status_page_lists_each_tenant_of_a_template_credential() {
     for (account, token) in [("a", TOK_A), ("b", TOK_B)] {
         std::fs::write(cfg.join(format!("tokens/{account}")), token).expect("token");
     }
-    let _daemon = Proc::start("daemon", &cfg, &["run"], &[]);
-    assert!(
-        http::wait_http(port, Duration::from_secs(30)),
-        "the daemon's listener on {port} did not answer"
-    );
-    let out = cfg.run_on(&redis, &["trigger", "media", "--wait"]);
-    let said = format!(
-        "{}\n{}",
-        crate::support::stdout(&out),
-        crate::support::stderr(&out)
-    );
-    assert_eq!(out.status.code(), Some(75), "a done, b throttled: {said}");
+    let rig = support::rig::Rig::start(redis, cfg, &[]);
+    let t = rig.trigger("media");
+    assert_eq!(t.code, Some(75), "a done, b throttled: {t:#?}");
     let stats = upstream.stats();
     assert_eq!(
         (stats.key(TOK_A).units, stats.key(TOK_B).units),
@@ -698,11 +669,7 @@ fn the_status_page_names_each_resource_and_its_block() {
         "PX",
         "600000",
     ]);
-    let _daemon = Proc::start("daemon", &cfg, &["run"], &[]);
-    assert!(
-        http::wait_http(port, Duration::from_secs(30)),
-        "the daemon's listener on {port} did not answer"
-    );
+    let _rig = support::rig::Rig::start(redis, cfg, &[]);
 
     let a = http_request(port, "GET", "/api/status", &[]).expect("GET /api/status");
     assert_eq!(a.status, 200, "{}", a.body);

@@ -75,15 +75,17 @@ impl Chromium {
         let pgid = child.id() as i32;
         let started = Instant::now();
         let waiter = std::thread::spawn(move || child.wait_with_output());
-        while !waiter.is_finished() {
-            if started.elapsed() > PATIENCE {
-                // SAFETY: kill(2) on the process group of the browser this
-                // function started (its own group, made by process_group(0)).
-                unsafe { libc::kill(-pgid, libc::SIGKILL) };
-                let _ = waiter.join();
-                panic!("chromium did not finish within {PATIENCE:?} on {url}");
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        let finished =
+            super::wait_every(PATIENCE, Duration::from_millis(50), || waiter.is_finished());
+        if !finished {
+            // SAFETY: kill(2) on the process group of the browser this
+            // function started (its own group, made by process_group(0)).
+            unsafe { libc::kill(-pgid, libc::SIGKILL) };
+            let _ = waiter.join();
+            panic!(
+                "chromium did not finish within {PATIENCE:?} on {url} ({:?})",
+                started.elapsed()
+            );
         }
         // Helpers the browser left behind go with its group.
         // SAFETY: as above; the group may already be gone (ESRCH, ignored).

@@ -5,25 +5,32 @@
 //! the real binary as a daemon on its own `redis-server`, ticks by
 //! `trigger leak --wait`.
 
+use std::ops::Deref;
 use std::time::Duration;
 
 use serde_json::Value;
 
-use super::daemon::TERMINAL;
 use super::hostile::Hostile;
-use super::process::Proc;
+use super::rig::Rig;
 use super::{
-    ConfigBuilder, Credential, Endpoint, Job, RedisServer, Request, Sink, TestConfig, Window,
-    free_port, wait_until,
+    ConfigBuilder, Credential, Endpoint, Job, RedisServer, Request, Sink, Window, free_port,
+    wait_until,
 };
 
-/// The daemon, its Redis and config, and its listener's port.
+/// The shared rig ([`Rig`]: the daemon, its Redis and config) and its
+/// listener's port.
 pub struct CannedRig {
-    pub redis: RedisServer,
-    pub cfg: TestConfig,
-    pub daemon: Proc,
+    pub rig: Rig,
     /// The metrics listener's port (`/api/status`, the status page).
     pub port: u16,
+}
+
+impl Deref for CannedRig {
+    type Target = Rig;
+
+    fn deref(&self) -> &Rig {
+        &self.rig
+    }
 }
 
 impl CannedRig {
@@ -49,29 +56,43 @@ impl CannedRig {
     /// Starts it with `job` (named `leak`), `files` written into the config
     /// directory first (a `fan_out_from` CSV).
     pub fn start_job(secret: &str, endpoint: Endpoint, job: Job, files: &[(&str, &str)]) -> Self {
+        Self::start_with(Self::credential(secret), endpoint, job, files)
+    }
+
+    /// The credential `h`: `secret` in `HKEY`, 1,000 an hour.
+    pub fn credential(secret: &str) -> Credential {
+        Credential::env("h", "HKEY")
+            .secret(secret)
+            .window(Window::sliding(1000, "1h"))
+    }
+
+    /// Starts it with `credential` (named `h`), `endpoint` and `job`,
+    /// `files` written into the config directory first.
+    pub fn start_with(
+        credential: Credential,
+        endpoint: Endpoint,
+        job: Job,
+        files: &[(&str, &str)],
+    ) -> Self {
         let redis = RedisServer::start();
         let port = free_port();
         let cfg = ConfigBuilder::new()
             .redis_url(&redis.url())
             .state_dir("state")
             .metrics_listen(&format!("127.0.0.1:{port}"))
-            .credential(
-                Credential::env("h", "HKEY")
-                    .secret(secret)
-                    .window(Window::sliding(1000, "1h")),
-            )
+            .credential(credential)
             .endpoint(endpoint)
             .job(job)
             .write();
         for (name, text) in files {
-            std::fs::write(cfg.join(name), text).expect("write a file of the config");
+            let path = cfg.join(name);
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir).expect("mkdir for a file of the config");
+            }
+            std::fs::write(path, text).expect("write a file of the config");
         }
-        let mut daemon = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
-        daemon.wait_running(Duration::from_secs(30));
         CannedRig {
-            redis,
-            cfg,
-            daemon,
+            rig: Rig::start(redis, cfg, &[]),
             port,
         }
     }
@@ -81,31 +102,19 @@ impl CannedRig {
         Endpoint::new("h", "h", 1).throttle_block("30s")
     }
 
-    /// Runs one tick by `trigger leak --wait`: the `items` outcomes it
-    /// ended with, and the trigger's output.
+    /// Runs one tick by `trigger leak --wait`: the `items` outcomes the
+    /// job has ended with so far (this tick's and the ones before), and the
+    /// trigger's output.
     pub fn tick(&self, items: usize) -> (Vec<Value>, String) {
-        let mut t = Proc::sim_cli(
-            "trigger",
-            &self.cfg,
-            Some(&self.redis.url()),
-            &["trigger", "leak", "--wait"],
-            &[],
-        );
-        assert!(
-            t.wait_exit(Duration::from_secs(90)).is_some(),
-            "trigger --wait did not end"
-        );
-        let ended = || -> Vec<Value> {
-            self.daemon
-                .outcomes()
-                .into_iter()
-                .filter(|o| TERMINAL.contains(&o["outcome"].as_str().unwrap_or("")))
-                .collect()
-        };
-        wait_until(Duration::from_secs(10), || ended().len() >= items);
-        let outcomes = ended();
+        let t = self.rig.trigger("leak");
+        wait_until(Duration::from_secs(10), || {
+            self.rig.ended("leak").len() >= items
+        });
+        let outcomes: Vec<Value> = (self.rig.ended("leak").into_iter())
+            .map(|o| o.line)
+            .collect();
         assert_eq!(outcomes.len(), items, "{outcomes:#?}");
-        (outcomes, format!("{}\n{}", t.stdout(), t.log()))
+        (outcomes, format!("{}\n{}", t.stdout, t.stderr))
     }
 
     /// The outcome of the item whose `v` is `v`.

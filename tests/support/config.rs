@@ -192,6 +192,18 @@ impl Credential {
         }
     }
 
+    /// A credential whose secret is read from `secret_file` (relative to
+    /// the config's directory), again at every reload.
+    pub fn file(name: &str, secret_file: &str) -> Self {
+        let mut fields = Fields::default();
+        fields.set("secret_file", secret_file);
+        Credential {
+            name: name.to_owned(),
+            fields,
+            secret: None,
+        }
+    }
+
     /// A template credential: one tenant per value of `{placeholder}`,
     /// each tenant's token in `secret_file` (holding the placeholder,
     /// relative to the config's directory).

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use chrono::{DateTime, Datelike, Timelike, Utc};
 use serde_json::Value;
@@ -122,18 +122,14 @@ pub fn wait_ticks_ended(
     items: i64,
     timeout: Duration,
 ) -> (bool, HashMap<i64, HashMap<String, i64>>) {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let all: HashMap<i64, HashMap<String, i64>> = ticks
-            .iter()
+    let mut all = HashMap::new();
+    let ok = super::wait_every(timeout, Duration::from_millis(50), || {
+        all = (ticks.iter())
             .map(|t| (*t, tick_outcomes(conn, *t)))
             .collect();
-        let ok = all.values().all(|o| ended(o) >= items);
-        if ok || Instant::now() >= deadline {
-            return (ok, all);
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+        all.values().all(|o| ended(o) >= items)
+    });
+    (ok, all)
 }
 
 /// Every record the sink of [`JOB`] wrote, as `(region, record id)`.

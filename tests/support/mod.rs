@@ -4,6 +4,7 @@
 //!
 //! | module | what |
 //! |---|---|
+//! | [`rig`] | the one way an end-to-end test runs the product: the real binary as a daemon on its own Redis, `trigger --wait` and a tick's typed outcomes, `quota --json`, `/api/status` |
 //! | [`world`] | the one world the tests describe: the credential, its secret's variable and value, the endpoint, the job, and builders that compose them into a config |
 //! | [`redis_server`] | a private `redis-server` on a free port: stop, kill, hang, restart, a shifted clock |
 //! | [`cluster`] | a private Redis Cluster (3 masters, optionally a replica each): which node masters a key, kill, hang, restart, wait for a failover |
@@ -41,6 +42,7 @@ pub mod postgres;
 pub mod process;
 pub mod procfs;
 pub mod redis_server;
+pub mod rig;
 pub mod seed;
 pub mod styles;
 pub mod upstream;
@@ -89,13 +91,20 @@ pub fn stderr(o: &Output) -> String {
 }
 
 /// Waits up to `timeout` for `cond`, polling every 20 ms.
-pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+pub fn wait_until(timeout: Duration, cond: impl FnMut() -> bool) -> bool {
+    wait_every(timeout, Duration::from_millis(20), cond)
+}
+
+/// Waits up to `timeout` for `cond`, polling every `every`: the one place a
+/// test or its support waits for something to happen (a sleep anywhere
+/// else is about time itself: a window to pass, a quiet period to watch).
+pub fn wait_every(timeout: Duration, every: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
         if cond() {
             return true;
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(every.min(deadline.saturating_duration_since(Instant::now())));
     }
     cond()
 }

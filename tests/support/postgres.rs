@@ -22,7 +22,7 @@
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::redis_server::free_port;
 
@@ -194,21 +194,19 @@ impl Postgres {
             .spawn()
             .unwrap_or_else(|e| panic!("cannot run postgres from {} ({e})", self.bin.display()));
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if let Some(c) = self.child.as_mut()
-                && let Ok(Some(_)) = c.try_wait()
-            {
-                self.child = None;
-                return false;
-            }
-            if self.try_query(SUPERUSER, "SELECT 1").is_ok() {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        let mut exited = false;
+        let up = super::wait_every(Duration::from_secs(30), Duration::from_millis(50), || {
+            exited = (self.child.as_mut()).is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))));
+            exited || self.try_query(SUPERUSER, "SELECT 1").is_ok()
+        });
+        if exited {
+            self.child = None;
+            return false;
         }
-        self.stop();
-        false
+        if !up {
+            self.stop();
+        }
+        up
     }
 
     /// The port.
@@ -250,12 +248,8 @@ impl Postgres {
         let pid = child.id() as libc::pid_t;
         // SAFETY: our own child, not yet reaped.
         unsafe { libc::kill(pid, sig) };
-        let deadline = Instant::now() + patience;
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        if super::wait_until(patience, || matches!(child.try_wait(), Ok(Some(_)))) {
+            return;
         }
         let _ = child.kill();
         let _ = child.wait();

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -171,19 +171,15 @@ impl Proc {
     /// Waits up to `timeout` for it to exit; once it has, also until its
     /// output is read to the end.
     pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        while self.running() {
-            if Instant::now() >= deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(10));
+        if !super::wait_every(timeout, Duration::from_millis(10), || !self.running()) {
+            return None;
         }
         // Let the readers reach EOF; bounded, as a grandchild that inherited
         // the pipes (none should) would hold them open.
-        let until = Instant::now() + Duration::from_secs(5);
-        while self.readers.iter().any(|r| !r.is_finished()) && Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        let readers = &self.readers;
+        super::wait_every(Duration::from_secs(5), Duration::from_millis(5), || {
+            readers.iter().all(|r| r.is_finished())
+        });
         self.status
     }
 

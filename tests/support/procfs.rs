@@ -82,7 +82,9 @@ pub fn run_with_peak_kib(mut cmd: std::process::Command) -> (Option<i32>, String
     let (err, e) = super::process::collect_lines(child.stderr.take().expect("stderr"));
     let pid = child.id();
     let mut peak = 0;
-    let status = loop {
+    let mut status = None;
+    let every = std::time::Duration::from_millis(5);
+    super::wait_every(std::time::Duration::from_secs(24 * 3600), every, || {
         // Read before reaping: once reaped, the pid may be another's.
         if let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
             let hwm = text
@@ -91,11 +93,10 @@ pub fn run_with_peak_kib(mut cmd: std::process::Command) -> (Option<i32>, String
                 .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok());
             peak = peak.max(hwm.unwrap_or(0));
         }
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            break status;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    };
+        status = child.try_wait().expect("try_wait");
+        status.is_some()
+    });
+    let status = status.expect("the command ended");
     let _ = (o.join(), e.join());
     let text =
         |l: std::sync::Arc<std::sync::Mutex<Vec<String>>>| l.lock().expect("lines").join("\n");

@@ -15,7 +15,7 @@ use std::collections::BTreeSet;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A private `redis-server` on 127.0.0.1.
 pub struct RedisServer {
@@ -209,31 +209,28 @@ impl RedisServer {
             ),
         };
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Some(c) = self.child.as_mut()
-                && let Ok(Some(_)) = c.try_wait()
-            {
-                self.child = None;
-                return false;
-            }
-            if self.ping() {
-                if self.no_functions {
-                    let _: String = self.cmd(&[
-                        "ACL",
-                        "SETUSER",
-                        "default",
-                        "-function",
-                        "-fcall",
-                        "-fcall_ro",
-                    ]);
-                }
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(10));
+        let mut exited = false;
+        let up = super::wait_every(Duration::from_secs(5), Duration::from_millis(10), || {
+            exited = (self.child.as_mut()).is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))));
+            exited || self.ping()
+        });
+        if exited {
+            self.child = None;
+            return false;
         }
-        self.kill();
-        false
+        if !up {
+            self.kill();
+        } else if self.no_functions {
+            let _: String = self.cmd(&[
+                "ACL",
+                "SETUSER",
+                "default",
+                "-function",
+                "-fcall",
+                "-fcall_ro",
+            ]);
+        }
+        up
     }
 
     fn ping(&self) -> bool {
@@ -394,11 +391,11 @@ impl RedisServer {
     /// Starts it again on the same port (after `stop`/`kill`).
     pub fn restart(&mut self) {
         self.stop();
-        for _ in 0..50 {
-            if self.spawn() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
+        // The port may still be held by the old server's sockets a moment.
+        if super::wait_every(Duration::from_secs(15), Duration::from_millis(100), || {
+            self.spawn()
+        }) {
+            return;
         }
         panic!(
             "redis-server did not restart on port {}; log:\n{}",

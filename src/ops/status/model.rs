@@ -211,6 +211,9 @@ pub(crate) struct JobStatus {
     /// first, at most 20; absent when none is.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) starved: Option<Vec<Starved>>,
+    /// Pages its sink refused for good, kept on this host under
+    /// `<state_dir>/spool/%rejected/<job>/` (`quota-worker spool list`).
+    pub(crate) rejected_pages: u64,
 }
 
 /// An item that got no quota for several ticks in a row.
@@ -359,16 +362,20 @@ pub(crate) async fn gather(s: &OpsState) -> Status {
         redis_up &= c.readable;
         credentials.push(c);
     }
+    let rejected = rejected_pages(&live.config, &jobs).await;
     let jobs = jobs
         .iter()
         .zip(records)
-        .map(|(job, (record, starved))| {
+        .zip(rejected)
+        .map(|((job, read), rejected)| (job, read, rejected))
+        .map(|(job, (record, starved), rejected)| {
             if record.is_none() || starved.is_none() {
                 redis_up = false;
             }
             let (ticks, error) = record.unwrap_or_default();
             let mut status = job_status(&live.config, job, ticks, error);
             status.starved = starved.and_then(starved_list);
+            status.rejected_pages = rejected;
             status
         })
         .collect();
@@ -383,6 +390,21 @@ pub(crate) async fn gather(s: &OpsState) -> Status {
         credentials,
         jobs,
     }
+}
+
+/// How many pages each job's sink refused for good, kept in the state
+/// directory (a directory listing each, off the runtime).
+async fn rejected_pages(config: &Config, jobs: &[&Job]) -> Vec<u64> {
+    let spool = crate::sink::spool_dir(config);
+    let names: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
+    let n = names.len();
+    tokio::task::spawn_blocking(move || {
+        (names.iter())
+            .map(|j| crate::sink::rejected_count(&spool, j) as u64)
+            .collect()
+    })
+    .await
+    .unwrap_or_else(|_| vec![0; n])
 }
 
 /// The note on block `b` of credential `name`, as read for `blocked`
@@ -648,6 +670,7 @@ fn job_status(
             detail: e.detail,
         }),
         starved: None,
+        rejected_pages: 0,
     }
 }
 

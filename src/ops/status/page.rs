@@ -279,12 +279,14 @@ fn chart(w: &WindowStatus) -> Markup {
 
 fn jobs(jobs: &[JobStatus]) -> Markup {
     let starved = jobs.iter().any(|j| j.starved.is_some());
+    let rejected = jobs.iter().any(|j| j.rejected_pages > 0);
     html! {
         table {
             thead { tr {
                 th { "Job" } th { "Schedule" } th { "Next fire" } th { "Last ticks (newest first)" }
                 th class="num" { "Open tasks" } th { "Last error" }
                 @if starved { th { "Starved items" } }
+                @if rejected { th class="num" { "Pages refused" } }
             } }
             tbody {
                 @for j in jobs {
@@ -318,6 +320,11 @@ fn jobs(jobs: &[JobStatus]) -> Markup {
                                 @for s in j.starved.iter().flatten() {
                                     (item_link(&j.name, &s.item)) " (" (s.ticks) " ticks)" br;
                                 }
+                            }
+                        }
+                        @if rejected {
+                            td class="num rejected-pages" title="pages the sink refused for good, kept in the state directory: quota-worker spool list" {
+                                @if j.rejected_pages > 0 { span class="bad" { (j.rejected_pages) } } @else { "0" }
                             }
                         }
                     }

@@ -1,0 +1,234 @@
+//! The one way an end-to-end test runs the product: the real binary as a
+//! daemon on its own `redis-server`, with a config the test built
+//! ([`ConfigBuilder`]); ticks by `trigger JOB --wait` ([`Rig::trigger`],
+//! [`Rig::tick`]); what it did as typed outcome lines ([`Outcome`]), `quota
+//! --json` ([`Rig::quota`], [`Rig::used`]) and `/api/status`
+//! ([`Rig::status`]). The upstream is the test's (the simulator, a
+//! [`super::hostile::Hostile`], canned answers): the rig needs only its
+//! base URL in the config.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::daemon::TERMINAL;
+use super::http::{http_get, wait_http};
+use super::process::{Proc, run_cli};
+use super::{RedisServer, TestConfig, wait_until};
+
+/// How long `trigger --wait` may take before the test calls it hung.
+const TRIGGER: Duration = Duration::from_secs(90);
+
+/// How long a tick's outcome lines may take to reach the daemon's log after
+/// `trigger --wait` returned (the log is written after Redis's record).
+const LOGGED: Duration = Duration::from_secs(10);
+
+/// A daemon on its own Redis.
+pub struct Rig {
+    pub redis: RedisServer,
+    pub cfg: TestConfig,
+    pub daemon: Proc,
+    /// The metrics listener's port, when [`Rig::listening`] says there is one.
+    pub port: Option<u16>,
+}
+
+/// `trigger JOB --wait` as it ended.
+#[derive(Debug)]
+pub struct Triggered {
+    /// Its exit code (`None`: killed by a signal).
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Triggered {
+    /// The summary line it ends with.
+    pub fn summary(&self) -> &str {
+        self.stdout.lines().last().unwrap_or_default()
+    }
+}
+
+/// One task outcome line of the daemon's log, typed; `line` keeps the rest.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// `done`, `quota_exhausted`, `upstream_throttled`, `failed`,
+    /// `superseded`, `retrying`, ...
+    pub kind: String,
+    pub job: String,
+    /// Its detail, in words.
+    pub message: String,
+    /// The page it stopped at, or the last it fetched.
+    pub page: u64,
+    /// Pages fetched.
+    pub pages: u64,
+    pub records: u64,
+    pub units: u64,
+    /// The upstream's HTTP status, when one ended it.
+    pub status: Option<u64>,
+    /// When the quota said the task may go on (`quota_exhausted`,
+    /// `upstream_throttled`).
+    pub retry_after_ms: Option<u64>,
+    /// The whole line.
+    pub line: Value,
+}
+
+impl Outcome {
+    /// Reads one log line (`None`: not an outcome).
+    pub fn of(line: Value) -> Option<Outcome> {
+        let kind = line.get("outcome")?.as_str()?.to_owned();
+        let text = |k: &str| line[k].as_str().unwrap_or_default().to_owned();
+        let num = |k: &str| line[k].as_u64().unwrap_or(0);
+        Some(Outcome {
+            kind,
+            job: text("job"),
+            message: text("message"),
+            page: num("page"),
+            pages: num("pages"),
+            records: num("records"),
+            units: num("units"),
+            status: line["status"].as_u64(),
+            retry_after_ms: line["retry_after_ms"].as_u64(),
+            line,
+        })
+    }
+
+    /// Whether it ends its task's chain (no copy of it comes back).
+    pub fn terminal(&self) -> bool {
+        TERMINAL.contains(&self.kind.as_str())
+    }
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.line)
+    }
+}
+
+impl Rig {
+    /// Starts the daemon on `redis` with `cfg` (its `[redis] url` may name
+    /// another server: the daemon is pointed at `redis`), `env` added to
+    /// its environment, and waits until it says it runs (and, when `cfg`
+    /// opens a listener, until it answers).
+    pub fn start(redis: RedisServer, cfg: TestConfig, env: &[(&str, &str)]) -> Rig {
+        let mut daemon = Proc::daemon("daemon", &cfg, Some(&redis.url()), env);
+        daemon.wait_running(Duration::from_secs(30));
+        let port = Self::listening(&cfg);
+        if let Some(port) = port {
+            assert!(
+                wait_http(port, Duration::from_secs(10)),
+                "the daemon's listener on {port} did not answer; log:\n{}",
+                daemon.log()
+            );
+        }
+        Rig {
+            redis,
+            cfg,
+            daemon,
+            port,
+        }
+    }
+
+    /// The port of the config's `[metrics] listen`, if it opens one.
+    fn listening(cfg: &TestConfig) -> Option<u16> {
+        let text = std::fs::read_to_string(cfg.join("config.toml")).ok()?;
+        let doc: toml::Value = toml::from_str(&text).ok()?;
+        let listen = doc.get("metrics")?.get("listen")?.as_str()?;
+        listen.rsplit_once(':')?.1.parse().ok()
+    }
+
+    /// A command of the binary on this rig's Redis: its exit code, stdout
+    /// and stderr.
+    pub fn cli(&self, args: &[&str]) -> (Option<i32>, String, String) {
+        run_cli(
+            &self.cfg,
+            Some(&self.redis.url()),
+            args,
+            Duration::from_secs(30),
+        )
+    }
+
+    /// `trigger JOB --wait`, as it ended (it must end).
+    pub fn trigger(&self, job: &str) -> Triggered {
+        let (code, stdout, stderr) = run_cli(
+            &self.cfg,
+            Some(&self.redis.url()),
+            &["trigger", job, "--wait"],
+            TRIGGER,
+        );
+        let t = Triggered {
+            code,
+            stdout,
+            stderr,
+        };
+        assert!(t.code.is_some(), "trigger {job} --wait hung: {t:#?}");
+        t
+    }
+
+    /// `trigger JOB --wait`, which must exit `code`.
+    pub fn trigger_expect(&self, job: &str, code: i32) -> Triggered {
+        let t = self.trigger(job);
+        assert_eq!(t.code, Some(code), "trigger {job} --wait: {t:#?}");
+        t
+    }
+
+    /// Runs one tick of `job` by `trigger --wait` and returns the `items`
+    /// outcomes it ended with (exactly that many), and the trigger.
+    pub fn tick(&self, job: &str, items: usize) -> (Vec<Outcome>, Triggered) {
+        let before = self.ended(job).len();
+        let t = self.trigger(job);
+        wait_until(LOGGED, || self.ended(job).len() >= before + items);
+        let all = self.ended(job);
+        assert_eq!(all.len(), before + items, "{job}: {all:#?}\n{t:#?}");
+        (all[before..].to_vec(), t)
+    }
+
+    /// Every outcome line the daemon logged so far.
+    pub fn outcomes(&self) -> Vec<Outcome> {
+        (self.daemon.outcomes().into_iter())
+            .filter_map(Outcome::of)
+            .collect()
+    }
+
+    /// The terminal outcomes of `job` so far.
+    pub fn ended(&self, job: &str) -> Vec<Outcome> {
+        (self.outcomes().into_iter())
+            .filter(|o| o.job == job && o.terminal())
+            .collect()
+    }
+
+    /// `quota CREDENTIAL --json`'s credential (the first it lists).
+    pub fn quota(&self, credential: &str) -> Value {
+        let (code, out, err) = self.cli(&["quota", credential, "--json"]);
+        assert_eq!(code, Some(0), "quota {credential}: {out}\n{err}");
+        let v: Value = serde_json::from_str(&out).expect("quota --json");
+        v["credentials"][0].clone()
+    }
+
+    /// Units `credential`'s windows hold, summed over the credential and
+    /// its tenants (`quota --json`).
+    pub fn used(&self, credential: &str) -> u64 {
+        let (code, out, err) = self.cli(&["quota", credential, "--json"]);
+        assert_eq!(code, Some(0), "quota {credential}: {out}\n{err}");
+        let v: Value = serde_json::from_str(&out).expect("quota --json");
+        let creds = v["credentials"].as_array().cloned().unwrap_or_default();
+        (creds.iter())
+            .filter(|c| (c["name"].as_str()).is_some_and(|n| n.starts_with(credential)))
+            .flat_map(|c| c["windows"].as_array().cloned().unwrap_or_default())
+            .map(|w| w["used"].as_u64().expect("used"))
+            .sum()
+    }
+
+    /// The metrics listener's port (the config must open one).
+    pub fn listener(&self) -> u16 {
+        self.port.expect("the config opens no listener")
+    }
+
+    /// `/api/status`, as JSON.
+    pub fn status(&self) -> Value {
+        let port = self.listener();
+        let (code, body) = http_get(port, "/api/status").expect("/api/status");
+        assert_eq!(code, 200, "{body}");
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"))
+    }
+}
