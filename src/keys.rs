@@ -37,7 +37,7 @@ pub fn glob_literal(s: &str) -> String {
 /// [`KeySpace::validators`], [`KeySpace::item_lock`], [`KeySpace::item_last`].
 const ITEM_KINDS: [&str; 6] = ["cursor", "ran", "since", "validators", "lock", "last"];
 
-/// The layout version of sliding and bucket window keys (`lua/spend.lua`).
+/// The layout version of sliding and bucket window keys (`lua/spend/log.lua`).
 pub const LAYOUT: &str = "v2";
 
 /// Key names under one prefix.
@@ -149,7 +149,7 @@ impl KeySpace {
         }
     }
 
-    /// A window's waiting line (`lua/spend.lua`, "Waiting line"): the
+    /// A window's waiting line (`lua/spend/line.lua`): the
     /// promises made to spends it refused, and their tickets. `None` for a
     /// concurrent window, which keeps none.
     pub fn line(&self, credential: &str, scope: &Scope, window: &Window) -> Option<String> {
@@ -194,7 +194,7 @@ impl KeySpace {
         self.spent_in(credential, scope, None)
     }
 
-    /// The 24-hour ring of units spent per 5 minutes (`lua/spend.lua`,
+    /// The 24-hour ring of units spent per 5 minutes (`lua/spend/ring.lua`,
     /// `quota::ring`)
     /// of one scope of a credential's windows of one resource: every window
     /// of a scope and resource sees the same spends.

@@ -55,11 +55,12 @@
 //! - [`daemon`]: `quota-worker run` — starts Redis (or connects to it) and
 //!   the loops, and stops them on shutdown.
 //! - [`quota`]: **where a spend is decided** — the windows and the spend
-//!   script (`lua/spend.lua`): spend, settle, block, peek. The CLI's
-//!   `spend`, the worker and the benchmarks make and read every spend
-//!   through the same two functions (`Limiter::prepare`,
-//!   `Limiter::conclude`), whether the Limiter's own call runs it or, for
-//!   a task's first page, the item claim's script carries it.
+//!   core (`lua/spend/`: a Redis function library, one script on Redis 6):
+//!   spend, settle, block, peek, sync, undrift. The CLI's `spend`, the
+//!   workers and the benchmarks make and read every spend through the same
+//!   two functions (`Limiter::prepare`, `Limiter::conclude`), whether the
+//!   Limiter's own call runs it or, for a task's first page, the item
+//!   claim's call carries it.
 //!   `accounting`: what an answer says about the upstream's own quota (one
 //!   `Verdict`: settle, resync, block, for the resource it speaks for, per
 //!   upstream: GitHub REST and GraphQL, Shopify, Meta, IETF).

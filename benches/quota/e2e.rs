@@ -749,7 +749,7 @@ pub(crate) async fn run_once(
     sim.shutdown().await;
 
     let per = |x: f64| x / n as f64;
-    let scripts = ["evalsha", "eval"];
+    let scripts = ["evalsha", "eval", "fcall"];
     Some(Run {
         round,
         sink: sink.name,

@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use quota_worker::config::{Config, Reserve};
-use quota_worker::quota::{Decision, Limiter, Quotas, request_id};
+use quota_worker::quota::{Decision, Limiter, Quotas, SpendOptions, request_id};
 use serde::Serialize;
 use serde_json::json;
 use tokio::sync::watch;
@@ -394,7 +394,7 @@ async fn phase(ctx: &Ctx, p: &Phase) -> PhaseResult {
                     let id = request_id();
                     let from_us = now_us();
                     let d = limiter
-                        .spend_reserved("ex", Some(cost), &id, reserve)
+                        .spend_with("ex", &id, SpendOptions::new().cost(cost).reserve(reserve))
                         .await
                         .expect("spend");
                     let to_us = now_us();

@@ -214,10 +214,23 @@ async fn queue_eviction(config: &Config) -> Exit {
             Exit::Ok
         }
     };
+    note_functions(conn, &config.redis.key_prefix, &url).await;
     if eviction == Exit::Config || access == Exit::Config {
         Exit::Config
     } else {
         Exit::Ok
+    }
+}
+
+/// Says so when the user at `at` may not load or call the spend core's
+/// function library (Redis 7): spends then run by EVALSHA, which works.
+async fn note_functions(
+    conn: &mut (impl redis::aio::ConnectionLike + Send),
+    prefix: &str,
+    at: &impl std::fmt::Display,
+) {
+    if let Ok(acl::Access::Missing(missing)) = acl::functions(conn, prefix).await {
+        println!("note: redis: {at}: {}", acl::slower(&missing));
     }
 }
 
@@ -257,6 +270,7 @@ async fn quota_cluster(config: &Config) -> Exit {
                 Exit::Ok
             }
         };
+    note_functions(&mut conn.clone(), &config.redis.key_prefix, &at).await;
     if eviction == Exit::Config || access == Exit::Config {
         Exit::Config
     } else {

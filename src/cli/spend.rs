@@ -39,10 +39,11 @@ pub async fn run(
         Err(code) => return code,
     };
     let id = crate::quota::request_id();
-    let decision = match limiter
-        .spend_for(endpoint, tenant.as_deref(), Some(cost), &id, reserve)
-        .await
-    {
+    let options = crate::quota::SpendOptions::new()
+        .cost(cost)
+        .reserve(reserve)
+        .tenant(tenant.as_deref());
+    let decision = match limiter.spend_with(endpoint, &id, options).await {
         Ok(d) => d,
         Err(e) => return super::limiter_failure(config, &e).await,
     };

@@ -28,7 +28,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, RedisResult, Value};
 
-use super::{Limiter, Plan, QuotaError};
+use super::{Limiter, Operation, Plan, QuotaError};
 use crate::config::{Config, RedisUrl};
 use crate::conn::LuaCall;
 use crate::conn::Master;
@@ -84,6 +84,34 @@ impl ConnectionLike for QuotaConn {
             QuotaConn::Standalone(c) => c.get_db(),
             QuotaConn::Cluster(c) => c.get_db(),
         }
+    }
+}
+
+/// The spend core's library is loaded on every master a call may reach: one
+/// Redis, or each master of the cluster (a call routes to the one that owns
+/// its credential's slot; after a failover, its new master).
+impl crate::conn::FunctionHost for QuotaConn {
+    async fn holds_library(&mut self, name: &str) -> RedisResult<bool> {
+        let c = match self {
+            QuotaConn::Standalone(c) => return crate::conn::holds_library(c, name).await,
+            QuotaConn::Cluster(c) => c,
+        };
+        let mut list = redis::cmd("FUNCTION");
+        list.arg("LIST").arg("LIBRARYNAME").arg(name);
+        let all = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+        // Without a response policy the client answers node address -> reply.
+        let per_node = match c.route_command(list, all).await? {
+            Value::Map(m) => m.into_iter().map(|(_, v)| v).collect(),
+            other => vec![other],
+        };
+        Ok(per_node
+            .iter()
+            .all(|libs| matches!(libs, Value::Array(l) if !l.is_empty())))
+    }
+
+    async fn load_library(&mut self, source: &str) -> RedisResult<()> {
+        // redis-rs sends FUNCTION LOAD to every master of a cluster.
+        crate::conn::load_library(self, source).await
     }
 }
 
@@ -346,12 +374,13 @@ impl Limiter {
         &self,
         what: Durable,
         plan: &Plan,
-        args: Vec<String>,
+        operation: &Operation<'_>,
     ) -> Result<Vec<i64>, QuotaError> {
         let Some(wait) = self.replica_wait_cmd() else {
-            return self.call(plan, args).await;
+            return self.call(plan, operation).await;
         };
-        let (r, acked) = self.call_then(plan, args, Some(&wait)).await?;
+        let layout = plan.layout(operation);
+        let (r, acked) = (self.call_then(operation.op(), &layout, Some(&wait))).await?;
         // A settle of an id no window holds, or a sync with no drift,
         // wrote nothing a failover could lose.
         let wrote = what == Durable::Block || r.first().is_some_and(|&n| n > 0);

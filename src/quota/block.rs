@@ -9,7 +9,7 @@
 //! status page.
 //!
 //! A block is per (credential, resource): a spend checks the block of its
-//! endpoint's resource (`lua/spend.lua`'s first key). A token-wide limit
+//! endpoint's resource (the spend core's first key, `lua/spend/core.lua`). A token-wide limit
 //! (GitHub's secondary rate limits) blocks every resource at once.
 
 use std::fmt;

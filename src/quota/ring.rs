@@ -1,5 +1,5 @@
 //! The spend history's rings: units spent per 5-minute slot over 24 hours,
-//! one ring per window scope, written by `lua/spend.lua` in the spend's own
+//! one ring per window scope, written by `lua/spend/ring.lua` in the spend's own
 //! call (so a spend costs no round trip more for it). The layout is known
 //! here and in the script only; the status page reads rings through
 //! [`decode`].
@@ -14,7 +14,7 @@ pub(crate) const SLOTS: usize = 288;
 /// holds only zeros.
 pub(crate) const RING_TTL: Duration = Duration::from_secs(300 * (288 + 1));
 
-/// The ring `raw` (`lua/spend.lua`'s layout) as [`SLOTS`] counts, oldest
+/// The ring `raw` (`lua/spend/ring.lua`'s layout) as [`SLOTS`] counts, oldest
 /// first, ending with `now_slot`'s. Slots the ring has not reached yet, or
 /// has moved past, count 0.
 pub(crate) fn decode(raw: &[u8], now_slot: u64) -> Vec<u64> {

@@ -465,7 +465,7 @@ impl Worker {
             }
         };
         let mut spent = match admission {
-            Admission::Admitted(spent) => spent,
+            Admission::Admitted(spent) => *spent,
             Admission::Refused(refusal) => return (Answer::Refused(refusal), None),
             Admission::Unavailable(e) => return (Answer::LimiterDown(e), None),
         };

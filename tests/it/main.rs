@@ -17,6 +17,7 @@ mod drift;
 mod duplicate_request;
 mod fixed_boundary;
 mod fixed_window_dst;
+mod function_library;
 mod idle_eviction;
 mod key_expiry;
 mod multi_window;

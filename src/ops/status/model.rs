@@ -268,7 +268,7 @@ fn rfc3339_ms(ms: i64) -> String {
 }
 
 /// The drift of a window: units the upstream reported as already used
-/// that the window had not counted (spend.lua's sync; see docs/spend.md).
+/// that the window had not counted (the spend core's sync; see docs/spend.md).
 fn drift(w: &WindowUsage) -> Option<u64> {
     Some(w.drift)
 }

@@ -1,6 +1,6 @@
 //! What the status page reads from Redis that the windows and the queue
 //! do not keep by themselves, read-only: the spend history's rings (written
-//! by `lua/spend.lua`, layout in `quota::ring`), each job's tick record and
+//! by the spend core (`lua/spend/ring.lua`, layout in `quota::ring`), each job's tick record and
 //! last error (written by `lua/finish.lua`, layout in
 //! `queue::scripts::finish`) and why a credential is blocked (written by the
 //! worker that blocked it, `quota::BlockNote`). Each layout lives with its

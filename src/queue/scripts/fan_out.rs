@@ -10,8 +10,14 @@ use crate::conn::Lua;
 use crate::keys::KeySpace;
 use crate::queue::task::TickFanOut;
 
-static FAN_OUT: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(include_str!("../../../lua/fan_out.lua")));
+/// `lua/fan_out.lua`, after `lua/apalis_push.lua` (apalis's task layout,
+/// written in one place for it and `lua/feed.lua`).
+static FAN_OUT: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        include_str!("../../../lua/apalis_push.lua"),
+        include_str!("../../../lua/fan_out.lua")
+    ))
+});
 
 /// A fan-out's member in the `fanning` zset: `<job>:<tick_ms>`.
 pub(crate) fn fanning_member(job: &str, tick: i64) -> String {

@@ -8,7 +8,14 @@ use crate::conn::Conn;
 use crate::conn::Lua;
 use crate::keys::KeySpace;
 
-static FEED: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../../../lua/feed.lua")));
+/// `lua/feed.lua`, after `lua/apalis_push.lua` (apalis's task layout,
+/// written in one place for it and `lua/fan_out.lua`).
+static FEED: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        include_str!("../../../lua/apalis_push.lua"),
+        include_str!("../../../lua/feed.lua")
+    ))
+});
 
 /// `lua/feed.lua`'s arguments.
 pub(crate) struct Feed {
