@@ -146,7 +146,12 @@ impl KeySpace {
             WindowKind::Concurrent { .. } => {
                 let units = units_tag(window);
                 ["meta", "lease", "held"]
-                    .map(|k| format!("{}:{scope}:inflight{units}:{k}", self.credential(credential)))
+                    .map(|k| {
+                        format!(
+                            "{}:{scope}:inflight{units}:{k}",
+                            self.credential(credential)
+                        )
+                    })
                     .to_vec()
             }
         }

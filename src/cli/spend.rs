@@ -5,7 +5,8 @@
 //! spends from one tenant's windows: `spend 'ig.media[account=123]'`. On an
 //! endpoint with a concurrent window an admitted spend holds a lease, named
 //! by its id (`lease`), until `quota-worker settle ENDPOINT ID COST` returns
-//! it or it lapses.
+//! it or it lapses. A shadow window (`mode = "shadow"`) never refuses: the
+//! spend names those that would have (`shadow_refused`).
 
 use std::sync::Arc;
 
@@ -13,7 +14,7 @@ use serde_json::json;
 
 use super::Exit;
 use crate::config::{Config, Reserve, fmt_duration};
-use crate::quota::{Decision, Quotas, RejectedBy};
+use crate::quota::{Decision, Quotas, RejectedBy, Spent};
 
 /// Runs the command.
 pub async fn run(
@@ -43,23 +44,24 @@ pub async fn run(
         .cost(cost)
         .reserve(reserve)
         .tenant(tenant.as_deref());
-    let decision = match limiter.spend_with(endpoint, &id, options).await {
-        Ok(d) => d,
+    let spent = match limiter.spend_shadowed(endpoint, &id, options).await {
+        Ok(s) => s,
         Err(e) => return super::limiter_failure(config, &e).await,
     };
-    report(config, name, endpoint, cost, &id, &decision, as_json)
+    report(config, name, endpoint, cost, &id, &spent, as_json)
 }
 
-/// Prints `decision` (text or JSON) and returns its exit code.
+/// Prints `spent` (text or JSON) and returns its exit code.
 fn report(
     config: &Config,
     name: &str,
     endpoint: &str,
     cost: u64,
     id: &str,
-    decision: &Decision,
+    spent: &Spent,
     as_json: bool,
 ) -> Exit {
+    let (decision, shadow) = (&spent.decision, &spent.shadow_refused);
     let windows = config.windows_of(&config.endpoints[endpoint]);
     // Whether an admitted spend holds a lease, and how long it lasts
     // unreturned (the longest of its concurrent windows').
@@ -71,7 +73,8 @@ fn report(
         Decision::Allowed { remaining } => {
             if as_json {
                 let mut out = json!({"allowed": true, "remaining": remaining, "retry_after_ms": 0,
-                                     "rejecting_window": 0, "request_id": id});
+                                     "rejecting_window": 0, "request_id": id,
+                                     "shadow_refused": shadow});
                 if let Some(ms) = lease {
                     out["lease"] = json!(id);
                     out["lease_ms"] = json!(ms);
@@ -81,6 +84,13 @@ fn report(
                 println!(
                     "allowed: spent {cost} units on {name}; {remaining} left in the tightest window (request {id})"
                 );
+                for &n in shadow {
+                    let (scope, w) = &windows[n - 1];
+                    println!(
+                        "shadow window {n} ({scope} {}) would have refused it (mode = \"shadow\": counted, not enforced)",
+                        w.describe()
+                    );
+                }
                 if let Some(ms) = lease {
                     println!(
                         "lease {id} held until `quota-worker settle '{name}' {id} COST` returns it, or for {}",
@@ -95,7 +105,8 @@ fn report(
                 println!(
                     "{}",
                     json!({"allowed": true, "remaining": null, "retry_after_ms": 0,
-                           "rejecting_window": 0, "request_id": id, "unchecked": true})
+                           "rejecting_window": 0, "request_id": id, "unchecked": true,
+                           "shadow_refused": []})
                 );
             } else {
                 println!(
@@ -111,7 +122,7 @@ fn report(
                     "{}",
                     json!({"allowed": false, "remaining": r.remaining, "retry_after_ms": ms,
                            "rejecting_window": r.by.window_number(), "request_id": id,
-                           "blocked": r.by == RejectedBy::Blocked})
+                           "blocked": r.by == RejectedBy::Blocked, "shadow_refused": []})
                 );
             } else {
                 let why = match r.by {

@@ -100,11 +100,18 @@ impl Loader<'_> {
             // Reported, and the window kept, so that nothing else cascades.
             self.error(src, &at.join("units"), d::MAX_COUNT_RULE);
         }
-        let mode = self.pick_or(src, &at.join("mode"), rw.mode.as_deref(), WindowMode::Enforce);
+        let mode = self.pick_or(
+            src,
+            &at.join("mode"),
+            rw.mode.as_deref(),
+            WindowMode::Enforce,
+        );
         let kind = rw.kind.as_deref().unwrap_or(d::WINDOW_KIND);
         let (per, kind) = match self.pick(src, &at.join("kind"), kind)? {
             WindowKindName::Concurrent => {
-                return self.concurrent(src, at, rw, units).map(|w| Window { mode, ..w });
+                return self
+                    .concurrent(src, at, rw, units)
+                    .map(|w| Window { mode, ..w });
             }
             WindowKindName::Sliding => (self.period(src, at, rw)?, self.sliding(src, at, rw)),
             WindowKindName::Fixed => {
