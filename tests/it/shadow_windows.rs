@@ -6,10 +6,20 @@
 //! (by reload), it keeps its keys and refuses from what it already holds.
 //! Every window kind; and through the real daemon, a tick of 30 items.
 
+use std::time::Duration;
+
 use quota_worker::config::Config;
 use quota_worker::quota::{Decision, Limiter, RejectedBy, SpendOptions, Spent, request_id};
 
-use crate::support::{self, ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window};
+use serde_json::{Value, json};
+
+use crate::support::http::{http_get, scrape, wait_http};
+use crate::support::process::{Proc, run_cli};
+use crate::support::upstream::Upstream;
+use crate::support::world;
+use crate::support::{
+    self, ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window, free_port,
+};
 
 /// Credential `k` with an enforced window of 100 and a shadow one of 10 of
 /// the same kind and period (`shadow`: whether the second is a shadow).
@@ -183,4 +193,127 @@ async fn a_cost_that_never_fits_a_shadow_window_is_admitted_and_counted() {
     assert_eq!(w[1]["shadow_refusals"], 1);
     assert_eq!(w[1]["used"], 0, "what it would refuse, it does not record");
     assert!(w[0].get("mode").is_none(), "{}", w[0]);
+}
+
+/// The daemon's credential: an enforced 100 a minute and a shadow (or,
+/// `shadow = false`, enforced) 10 a minute; the metrics and status page on
+/// `port`; a job of 30 regions, one page each.
+fn daemon_config(upstream: &Upstream, port: u16, shadow: bool) -> ConfigBuilder {
+    let tried = Window::sliding(10, "1m");
+    let tried = if shadow { tried.shadow() } else { tried };
+    let regions: Vec<String> = (1..=30).map(|i| format!("R{i:02}")).collect();
+    let regions: Vec<&str> = regions.iter().map(String::as_str).collect();
+    ConfigBuilder::new()
+        .worker(world::quick_worker(4))
+        .metrics_listen(&format!("127.0.0.1:{port}"))
+        .credential(world::credential(Window::sliding(100, "1m")).window(tried))
+        .endpoint(world::endpoint())
+        .job(world::videos_job(
+            world::JOB,
+            world::ENDPOINT,
+            &upstream.base_url(),
+            &regions,
+            1,
+        ))
+}
+
+#[test]
+fn a_tick_of_30_spends_30_and_every_report_counts_20_shadow_refusals_then_sighup_enforces() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::with(world::sim(1, 2));
+    let port = free_port();
+    let mut cfg = daemon_config(&upstream, port, true).write();
+    let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
+    d.wait_running(Duration::from_secs(20));
+    assert!(wait_http(port, Duration::from_secs(10)));
+
+    let cli = |cfg: &TestConfig, args: &[&str]| {
+        run_cli(cfg, Some(&redis.url()), args, Duration::from_secs(90))
+    };
+    let (code, out, err) = cli(&cfg, &["trigger", world::JOB, "--wait"]);
+    assert_eq!(code, Some(0), "{out}\n{err}\n{}", d.log());
+    // Every item ran: the shadow window refused nothing for real.
+    assert_eq!(upstream.fetched(), 30, "the upstream saw every request");
+    let done = (d.outcomes().iter())
+        .filter(|o| o["outcome"] == "done")
+        .count();
+    assert_eq!(done, 30, "{}", d.log());
+
+    // quota --json: the shadow window holds the 10 it would have admitted,
+    // and counts the 20 it would have refused.
+    let (code, out, err) = cli(&cfg, &["quota", world::CREDENTIAL, "--json"]);
+    assert_eq!(code, Some(0), "{err}");
+    let j: Value = serde_json::from_str(&out).expect("json");
+    let w = &j["credentials"][0]["windows"];
+    assert_eq!(w[0]["used"], 30);
+    assert_eq!(
+        (&w[1]["mode"], &w[1]["used"]),
+        (&json!("shadow"), &json!(10))
+    );
+    assert_eq!(w[1]["shadow_refusals"], 20, "{}", w[1]);
+    // quota (text) marks it.
+    let (_, text, _) = cli(&cfg, &["quota", world::CREDENTIAL]);
+    assert!(text.contains("SHADOW (20 refusals in 24 h)"), "{text}");
+
+    // /metrics: the daemon's counter, by credential and window.
+    let m = scrape(port);
+    let labels = [("credential", world::CREDENTIAL), ("window", "10/1m")];
+    assert_eq!(m.one("qw_shadow_refusals_total", &labels), 20.0);
+
+    // The status page: its data and the page itself.
+    let (status, body) = http_get(port, "/api/status").expect("/api/status");
+    assert_eq!(status, 200);
+    let api: Value = serde_json::from_str(&body).expect("status json");
+    let cred = (api["credentials"].as_array().expect("credentials").iter())
+        .find(|c| c["name"] == world::CREDENTIAL)
+        .expect("the credential");
+    let sw = &cred["windows"][1];
+    assert_eq!(
+        (&sw["mode"], &sw["shadow_refusals"]),
+        (&json!("shadow"), &json!(20)),
+        "{sw}"
+    );
+    let (_, page) = http_get(port, "/").expect("/");
+    assert!(
+        page.contains("would have refused 20 spends in 24 h"),
+        "{page}"
+    );
+
+    // The log: the first shadow refusal at INFO, once within the minute.
+    let lines: Vec<String> = (d.stderr_lines().into_iter())
+        .filter(|l| l.contains("shadow window would have refused"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].contains("INFO") || lines[0].contains("\"level\":\"INFO\""),
+        "{}",
+        lines[0]
+    );
+
+    // spend --json names the window that would refuse the 31st spend.
+    let (code, out, _) = cli(&cfg, &["spend", world::ENDPOINT, "--json"]);
+    assert_eq!(code, Some(0));
+    let s: Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(
+        (&s["allowed"], &s["shadow_refused"]),
+        (&json!(true), &json!([2]))
+    );
+
+    // SIGHUP with the window enforced: same keys, so it refuses from the
+    // 10 it holds. The next tick fetches nothing.
+    cfg.rewrite(&daemon_config(&upstream, port, false));
+    let pid = d.pid().to_string();
+    let (code, out, err) = cli(&cfg, &["reload", "--pid", &pid]);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    let (code, out, err) = cli(&cfg, &["spend", world::ENDPOINT, "--json"]);
+    assert_eq!(code, Some(75), "{out}\n{err}");
+    let s: Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(s["rejecting_window"], 2, "{s}");
+    let (code, out, err) = cli(&cfg, &["trigger", world::JOB, "--wait"]);
+    assert_ne!(code, Some(0), "{out}\n{err}");
+    assert_eq!(upstream.fetched(), 30, "nothing more reached the upstream");
+    let stopped = (d.outcomes().iter())
+        .filter(|o| o["outcome"] == "quota_exhausted")
+        .count();
+    assert!(stopped > 0, "{}", d.log());
 }
