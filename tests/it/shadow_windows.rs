@@ -317,3 +317,22 @@ fn a_tick_of_30_spends_30_and_every_report_counts_20_shadow_refusals_then_sighup
         .count();
     assert!(stopped > 0, "{}", d.log());
 }
+
+#[test]
+fn check_judges_a_shadow_window_as_if_enforced_without_failing() {
+    let upstream = Upstream::with(world::sim(1, 2));
+    let cfg = daemon_config(&upstream, free_port(), true).write();
+    let out = cfg.run(&["check"], &[]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{text}\n{}",
+        support::stderr(&out)
+    );
+    let line = (text.lines())
+        .find(|l| l.contains("10/1m"))
+        .unwrap_or_else(|| panic!("no line for the shadow window:\n{text}"));
+    assert!(line.contains("would not fit (shadow"), "{line}");
+    assert!(text.contains("a shadow window"), "{text}");
+}
