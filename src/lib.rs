@@ -55,8 +55,11 @@
 //!   the loops, and stops them on shutdown.
 //! - [`quota`]: **where a spend is decided** — the windows and the spend
 //!   core (`lua/spend/`: a Redis function library, one script on Redis 6):
-//!   spend, settle, block, peek, sync, undrift. The CLI's
-//!   `spend`, the worker and the benchmarks call the same function.
+//!   spend, settle, block, peek, sync, undrift. The CLI's `spend`, the
+//!   workers and the benchmarks make and read every spend through the same
+//!   two functions (`Limiter::prepare`, `Limiter::conclude`), whether the
+//!   Limiter's own call runs it or, for a task's first page, the item
+//!   claim's call carries it.
 //!   `accounting`: what an answer says about the upstream's own quota (one
 //!   `Verdict`: settle, resync, block, for the resource it speaks for, per
 //!   upstream: GitHub REST and GraphQL, Shopify, Meta, IETF).
@@ -80,7 +83,8 @@
 //!   `queue::scripts::finish`; why a credential is blocked:
 //!   `quota::BlockNote`) and read through one read-only module
 //!   (`ops::status::read`).
-//! - [`stats`]: this process's counters (the demo's progress, the metrics).
+//! - [`stats`]: this process's counters (the demo's progress, the metrics);
+//!   [`liveness`]: the daemon loops' beats (the watchdog, `/readyz`).
 //! - [`conn`], `embedded`: reaching Redis, or running one; `eviction`:
 //!   whether that Redis may evict the windows' keys.
 //! - [`logging`]: the log subscriber (text or JSON lines).
@@ -109,6 +113,7 @@ pub(crate) mod fetch;
 pub(crate) mod host;
 pub(crate) mod item_state;
 pub mod keys;
+pub mod liveness;
 pub mod logging;
 pub(crate) mod mint;
 pub mod ops;

@@ -87,23 +87,6 @@ pub(crate) fn daemon_error(e: &DaemonError) -> Exit {
     }
 }
 
-/// Logs what making sure of each postgres sink's table did.
-pub(crate) fn log_tables(tables: &[(String, crate::sink::TableState)]) {
-    use crate::sink::TableState;
-    for (what, state) in tables {
-        match state {
-            TableState::Ready { done } => {
-                for step in done {
-                    tracing::info!(sink = %what, "postgres sink: {step}");
-                }
-            }
-            TableState::Missing => {}
-            TableState::Unreachable(why) => tracing::warn!(sink = %what, error = %why,
-                "postgres sink: the server does not answer; its table is checked, and pages spooled meanwhile written, once it does"),
-        }
-    }
-}
-
 /// Runs the command.
 pub async fn run(config: Config) -> Exit {
     // First: a SIGHUP from here on reloads, never kills.
@@ -122,7 +105,7 @@ pub async fn run(config: Config) -> Exit {
     }
     match super::check_tables(&config, true).await {
         Err(code) => return code,
-        Ok(tables) => log_tables(&tables),
+        Ok(tables) => crate::sink::log_tables(&tables),
     }
     // Without a spool, a page the sink cannot take ends its task `failed`
     // (cursor kept) instead of waiting there: worth a warning, not a refusal.

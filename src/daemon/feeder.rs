@@ -21,7 +21,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use crate::ops::Health;
+use crate::liveness::Health;
 use crate::queue::wake::{WakeStream, Woke};
 use crate::queue::{FEED_BATCH, Fed, Queue, RETENTION, Wake};
 
@@ -29,7 +29,7 @@ use crate::queue::{FEED_BATCH, Fed, Queue, RETENTION, Wake};
 const TRIM_REST: Duration = Duration::from_secs(60);
 
 /// The longest one blocking read waits: the loop beats at least this often
-/// (the watchdog calls a loop stale after `ops::STALE_AFTER`, 12 s).
+/// (the watchdog calls a loop stale after `liveness::STALE_AFTER`, 12 s).
 pub(super) const BLOCK: Duration = Duration::from_secs(5);
 
 /// The longest an idle daemon goes without looking at the queue itself: a

@@ -24,16 +24,16 @@ use crate::config::{Config, RedisUrl, Secrets};
 pub(crate) use crate::embedded::EmbeddedError;
 use crate::embedded::EmbeddedRedis;
 use crate::eviction::Eviction;
-use crate::fetch::Fetcher;
 use crate::keys::KeySpace;
-use crate::ops::{self, Health, Notifier, OpsState};
+use crate::liveness::Health;
+use crate::ops::{self, Notifier, OpsState};
 use crate::outcome::OutcomeEvent;
 use crate::queue::{Queue, Wake};
 use crate::quota::{Limiter, QuotaConn, QuotaTarget, Quotas};
 use crate::schedule::Scheduler;
 use crate::sink::Sinks;
 use crate::stats::Stats;
-use crate::worker::Worker;
+use crate::worker::{Lasting, Worker};
 
 /// Why the daemon could not run.
 #[derive(Debug, thiserror::Error)]
@@ -244,26 +244,23 @@ impl Parts {
         )
         .with_replicas(config.redis.quota_replicas);
         let shared = &opts.shared;
-        let fetcher = Fetcher::new(&secrets)?;
         // Shared with the status page, which shows what its commands did.
         let minter: Arc<crate::mint::Minter> = Arc::default();
-        let worker = Arc::new(Worker {
-            config: config.clone(),
-            secrets,
-            limiter: limiter.clone(),
+        let lasting = Lasting {
             queue: queue.clone(),
             conn: queue_conn,
-            fetcher,
-            sinks: Sinks::for_config(config),
             stats: shared.stats.clone(),
             events: shared.events.clone(),
             local_blocks: Arc::default(),
-            unanswered: Default::default(),
-            remembered: Default::default(),
+            unanswered: Arc::default(),
+            remembered: Arc::default(),
             minter: minter.clone(),
             skip_spend: opts.hooks.skip_spend,
             panic_after_spend: opts.hooks.panic_after_spend.clone(),
-        });
+        };
+        let sinks = Sinks::for_config(config);
+        let worker = Worker::new(config.clone(), secrets, limiter.clone(), sinks, lasting)?;
+        let worker = Arc::new(worker);
         let (ops_live, ops_rx) = watch::channel(ops::Live {
             config: config.clone(),
             limiter,

@@ -11,7 +11,7 @@
 //! An invalid one is refused: logged at ERROR, counted
 //! (`qw_config_reloads_total{result="refused"}`), the running config kept.
 //!
-//! Settings this process cannot change while it runs ([`restart_only`]:
+//! Settings this process cannot change while it runs (`RESTART_ONLY`:
 //! where Redis is and what its keys are called, the metrics address, the
 //! state directory, the worker pool's size and timers, the log format) are
 //! named in a WARN line, "needs a restart", and kept as they are.
@@ -132,6 +132,7 @@ async fn reload(senders: &Senders, seq: u64) -> (Record, Option<PathBuf>) {
     for what in &needs_restart {
         warn!(setting = %what, "configuration reload: this setting needs a restart; it is not applied");
     }
+    let needs_restart: Vec<String> = needs_restart.iter().map(ToString::to_string).collect();
     let new = Arc::new(new);
     let next = match worker.reloaded(new.clone(), secrets) {
         Ok(w) => Arc::new(w),
@@ -215,68 +216,115 @@ async fn read(path: &Path) -> Result<(Config, crate::config::Secrets), Vec<Strin
     let tables = crate::sink::check_tables(&config, true)
         .await
         .map_err(strings)?;
-    crate::cli::run::log_tables(&tables);
+    crate::sink::log_tables(&tables);
     Ok((config, secrets))
 }
 
-/// Settings a running daemon cannot change: each holds a connection, a
-/// listening socket, a running pool or an installed subscriber. Named as
-/// the config writes them.
-fn restart_only(old: &Config, new: &Config) -> Vec<String> {
-    let (o, n) = (&old.redis, &new.redis);
-    let mut changed = Vec::new();
-    let mut check = |what: &str, differs: bool| {
-        if differs {
-            changed.push(what.to_owned());
+/// A setting a running daemon cannot change: each holds a connection, a
+/// listening socket, a running pool or an installed subscriber.
+struct RestartOnly {
+    /// As the config writes it.
+    name: &'static str,
+    /// Puts `old`'s value into `new`; whether they differed.
+    keep: fn(old: &Config, new: &mut Config) -> bool,
+    /// The value kept, as the log and the record show it; `None` where
+    /// showing it says nothing or could show a secret (a URL's password).
+    shown: Option<fn(&Config) -> String>,
+}
+
+/// Every restart-only setting, in the order a reload names them: every
+/// field of `[redis]` and `[metrics]`, and some of `[worker]` (a field
+/// added to one of them stops the unit test `every_setting_is_placed`
+/// compiling until it is placed, here or as live).
+const RESTART_ONLY: [RestartOnly; 13] = [
+    RestartOnly::new("[redis] url", |o, n| put(&o.redis.url, &mut n.redis.url)),
+    RestartOnly::new("[redis] key_prefix", |o, n| {
+        put(&o.redis.key_prefix, &mut n.redis.key_prefix)
+    }),
+    RestartOnly::new("[redis] timeout", |o, n| {
+        put(&o.redis.timeout, &mut n.redis.timeout)
+    }),
+    RestartOnly::new("[redis] unsafe_eviction", |o, n| {
+        put(&o.redis.unsafe_eviction, &mut n.redis.unsafe_eviction)
+    }),
+    RestartOnly::new("[redis] quota_nodes", |o, n| {
+        put(&o.redis.quota_nodes, &mut n.redis.quota_nodes)
+    }),
+    RestartOnly::new("[redis] quota_replicas", |o, n| {
+        put(&o.redis.quota_replicas, &mut n.redis.quota_replicas)
+    }),
+    RestartOnly::new("[metrics] listen", |o, n| {
+        put(&o.metrics.listen, &mut n.metrics.listen)
+    }),
+    RestartOnly::new("state_dir", |o, n| put(&o.state_dir, &mut n.state_dir)),
+    RestartOnly::new("[worker] concurrency", |o, n| {
+        put(&o.worker.concurrency, &mut n.worker.concurrency)
+    })
+    .shown(|c| c.worker.concurrency.to_string()),
+    RestartOnly::new("[worker] poll_interval", |o, n| {
+        put(&o.worker.poll_interval, &mut n.worker.poll_interval)
+    }),
+    RestartOnly::new("[worker] recover_after", |o, n| {
+        put(&o.worker.recover_after, &mut n.worker.recover_after)
+    }),
+    RestartOnly::new("[worker] shutdown_timeout", |o, n| {
+        put(&o.worker.shutdown_timeout, &mut n.worker.shutdown_timeout)
+    })
+    .shown(|c| fmt_duration(c.worker.shutdown_timeout)),
+    RestartOnly::new("[log] format", |o, n| put(&o.log_format, &mut n.log_format)),
+];
+
+impl RestartOnly {
+    /// `name`, kept by `keep`, its value not shown.
+    const fn new(name: &'static str, keep: fn(&Config, &mut Config) -> bool) -> Self {
+        RestartOnly {
+            name,
+            keep,
+            shown: None,
         }
-    };
-    check("[redis] url", o.url != n.url);
-    check("[redis] key_prefix", o.key_prefix != n.key_prefix);
-    check("[redis] timeout", o.timeout != n.timeout);
-    check(
-        "[redis] unsafe_eviction",
-        o.unsafe_eviction != n.unsafe_eviction,
-    );
-    check("[redis] quota_nodes", o.quota_nodes != n.quota_nodes);
-    check(
-        "[redis] quota_replicas",
-        o.quota_replicas != n.quota_replicas,
-    );
-    check("[metrics] listen", old.metrics.listen != new.metrics.listen);
-    check("state_dir", old.state_dir != new.state_dir);
-    let (o, n) = (&old.worker, &new.worker);
-    check("[worker] concurrency", o.concurrency != n.concurrency);
-    check("[worker] poll_interval", o.poll_interval != n.poll_interval);
-    check("[worker] recover_after", o.recover_after != n.recover_after);
-    check(
-        "[worker] shutdown_timeout",
-        o.shutdown_timeout != n.shutdown_timeout,
-    );
-    check("[log] format", old.log_format != new.log_format);
-    changed
+    }
+
+    /// Shows the value kept with `show`.
+    const fn shown(self, show: fn(&Config) -> String) -> Self {
+        RestartOnly {
+            shown: Some(show),
+            ..self
+        }
+    }
+}
+
+/// Sets `new` to `old`; whether it was different.
+fn put<T: PartialEq + Clone>(old: &T, new: &mut T) -> bool {
+    let differs = old != new;
+    *new = old.clone();
+    differs
+}
+
+/// A restart-only setting that changed in the files and was not applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct NotApplied {
+    name: &'static str,
+    /// The value in force, where it is shown.
+    still: Option<String>,
+}
+
+impl std::fmt::Display for NotApplied {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.still {
+            Some(v) => write!(f, "{} (still {v})", self.name),
+            None => f.write_str(self.name),
+        }
+    }
 }
 
 /// `new` with every restart-only setting as `old` has it, and the
-/// settings that differed (each with its old value kept, for the log).
-fn keep_restart_only(old: &Config, mut new: Config) -> (Config, Vec<String>) {
-    let changed = restart_only(old, &new);
-    new.redis = old.redis.clone();
-    new.metrics = old.metrics.clone();
-    new.state_dir = old.state_dir.clone();
-    new.worker.concurrency = old.worker.concurrency;
-    new.worker.poll_interval = old.worker.poll_interval;
-    new.worker.recover_after = old.worker.recover_after;
-    new.worker.shutdown_timeout = old.worker.shutdown_timeout;
-    new.log_format = old.log_format;
-    let kept = changed
-        .into_iter()
-        .map(|what| match what.as_str() {
-            "[worker] shutdown_timeout" => format!(
-                "{what} (still {})",
-                fmt_duration(old.worker.shutdown_timeout)
-            ),
-            "[worker] concurrency" => format!("{what} (still {})", old.worker.concurrency),
-            _ => what,
+/// settings that differed (with the value kept, where it is shown).
+fn keep_restart_only(old: &Config, mut new: Config) -> (Config, Vec<NotApplied>) {
+    let kept = (RESTART_ONLY.iter())
+        .filter(|s| (s.keep)(old, &mut new))
+        .map(|s| NotApplied {
+            name: s.name,
+            still: s.shown.map(|show| show(old)),
         })
         .collect();
     (new, kept)
@@ -348,7 +396,7 @@ mod tests {
         );
         let (kept, named) = keep_restart_only(&old, new);
         assert_eq!(
-            named,
+            named.iter().map(ToString::to_string).collect::<Vec<_>>(),
             [
                 "[redis] url",
                 "[redis] key_prefix",
@@ -368,5 +416,73 @@ mod tests {
                 .1
                 .is_empty()
         );
+    }
+
+    /// Every restart-only setting changed at once: each is named once, in
+    /// the list's order, and each keeps its old value (an entry that
+    /// compared one field and kept another would show here).
+    #[test]
+    fn every_restart_only_setting_is_named_and_kept() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let old = config(dir.path(), BASE);
+        let new = config(
+            dir.path(),
+            "state_dir = \"elsewhere\"\n\
+             [redis]\nurl = \"redis://127.0.0.1:2/0\"\nkey_prefix = \"other\"\ntimeout = \"3s\"\n\
+             unsafe_eviction = \"warn\"\nquota_nodes = [\"redis://127.0.0.1:7000\"]\nquota_replicas = 1\n\
+             [metrics]\nlisten = \"127.0.0.1:9999\"\n\
+             [worker]\nconcurrency = 9\npoll_interval = \"7s\"\nrecover_after = \"5m\"\nshutdown_timeout = \"2m\"\n\
+             [log]\nformat = \"json\"\n",
+        );
+        let (kept, named) = keep_restart_only(&old, new);
+        let names: Vec<&str> = named.iter().map(|n| n.name).collect();
+        let all: Vec<&str> = RESTART_ONLY.iter().map(|s| s.name).collect();
+        assert_eq!(names, all);
+        assert!(
+            named
+                .iter()
+                .any(|n| n.to_string() == "[worker] shutdown_timeout (still 30s)")
+        );
+        assert_eq!(format!("{:?}", kept.redis), format!("{:?}", old.redis));
+        assert_eq!(kept.metrics.listen, old.metrics.listen);
+        assert_eq!(kept.state_dir, old.state_dir);
+        assert_eq!(format!("{:?}", kept.worker), format!("{:?}", old.worker));
+        assert_eq!(kept.log_format, old.log_format);
+    }
+
+    /// Every field of the sections a reload cannot apply is in
+    /// [`RESTART_ONLY`], and `[worker]`'s fields are each placed: a new
+    /// field does not compile here until it is (no `..` below).
+    #[test]
+    fn every_setting_is_placed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let c = config(dir.path(), BASE);
+        let crate::config::RedisConfig {
+            url: _,
+            key_prefix: _,
+            timeout: _,
+            unsafe_eviction: _,
+            quota_nodes: _,
+            quota_replicas: _,
+        } = c.redis;
+        let crate::config::MetricsConfig { listen: _ } = c.metrics;
+        let crate::config::WorkerConfig {
+            concurrency: _,
+            shutdown_timeout: _,
+            recover_after: _,
+            poll_interval: _,
+            // Live: read by `check` and by each task.
+            fan_out_warn: _,
+            unknown_job_grace: _,
+        } = c.worker;
+        let sections = |prefix: &str| {
+            RESTART_ONLY
+                .iter()
+                .filter(|s| s.name.starts_with(prefix))
+                .count()
+        };
+        assert_eq!(sections("[redis] "), 6);
+        assert_eq!(sections("[metrics] "), 1);
+        assert_eq!(sections("[worker] "), 4);
     }
 }

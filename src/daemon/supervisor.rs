@@ -12,7 +12,7 @@ use tracing::{error, warn};
 
 use super::drain::{self, CountStarts, Drain};
 use crate::config::Config;
-use crate::ops::Health;
+use crate::liveness::Health;
 use crate::queue::wake::Woken;
 use crate::queue::{Queue, TaskArgs, Wake};
 use crate::worker::Worker;

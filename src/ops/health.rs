@@ -1,52 +1,20 @@
-//! Liveness: each daemon loop beats a slot of [`Health`] every round; the
-//! systemd watchdog ([`super::notify`]) and `/readyz` read how fresh the beats are.
+//! Readiness: `/readyz`, from Redis's answers and how fresh the daemon
+//! loops' beats are ([`crate::liveness`]; the systemd watchdog,
+//! [`super::notify`], reads them too).
 
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
-use chrono::Utc;
 
 use super::OpsState;
 use crate::config::UnsafeEviction;
 use crate::eviction::{self, Eviction};
+use crate::liveness::{STALE_AFTER, fresh};
 use crate::quota::{ProbeError, QuotaConn};
 use tracing::warn;
-
-/// A loop is healthy if it beat within this long (the feeder can sit in one
-/// Redis call for up to the queue connection's 10 s response timeout).
-pub const STALE_AFTER: Duration = Duration::from_secs(12);
-
-/// Liveness of the daemon's loops, as Unix ms of their last good round: the
-/// systemd watchdog and `/readyz` read them.
-#[derive(Debug, Default)]
-pub struct Health {
-    /// The scheduler's last wake-up.
-    pub scheduler: AtomicI64,
-    /// The feeder's last successful round.
-    pub feeder: AtomicI64,
-    /// When the worker last (re)started fetching; 0 while it is down.
-    pub worker: AtomicI64,
-}
-
-impl Health {
-    /// Marks `slot` alive now.
-    pub(crate) fn beat(slot: &AtomicI64) {
-        slot.store(Utc::now().timestamp_millis(), Ordering::Relaxed);
-    }
-
-    /// Whether the scheduler and feeder loops are alive.
-    pub(crate) fn loops_alive(&self) -> bool {
-        fresh(&self.scheduler, STALE_AFTER) && fresh(&self.feeder, STALE_AFTER)
-    }
-}
-
-fn fresh(slot: &AtomicI64, within: Duration) -> bool {
-    let last = slot.load(Ordering::Relaxed);
-    last > 0 && Utc::now().timestamp_millis() - last < within.as_millis() as i64
-}
 
 /// How long each readiness read may wait for Redis.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);

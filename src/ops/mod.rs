@@ -2,7 +2,8 @@
 //! notify protocol.
 //!
 //! - `metrics`: the recorder, and the gauges read from Redis at scrape time;
-//! - `health`: the daemon loops' liveness ([`Health`]) and `/readyz`;
+//! - `health`: `/readyz`, from Redis and the daemon loops' liveness
+//!   ([`crate::liveness`]);
 //! - `notify`: `READY=1`, `STOPPING=1`, `STATUS=`, and `WATCHDOG=1`, sent
 //!   only while the scheduler and feeder loops keep beating: a wedged loop
 //!   stops the pings and systemd restarts the service;
@@ -29,13 +30,12 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-pub use health::Health;
-pub use health::STALE_AFTER;
 pub use listener::{HEAD_TIMEOUT, MAX_CONNECTIONS};
 pub(crate) use metrics::{GaugeReads, recorder, zero_counters};
 pub use notify::Notifier;
 pub(crate) use status::StatusReads;
 
+use crate::liveness::Health;
 use crate::queue::Queue;
 use crate::quota::{CredentialUsage, Limiter};
 use crate::stats::Stats;

@@ -2,11 +2,16 @@
 //! credential's shared windows in Redis by the spend core (`lua/spend/`, a
 //! function library on Redis 7, one script by EVALSHA on Redis 6).
 //!
-//! This module knows no HTTP and no queue. The CLI's `spend`, the workers and
-//! the benchmarks all call [`Limiter::spend`] (or [`Limiter::spend_with`] with
-//! [`SpendOptions`]: a cost, a job's priority reserve, a tenant, a waiting
-//! line); every call is an [`Operation`] laid out in one place
-//! ([`Plan::layout`]). A decision is data ([`Decision`]); a
+//! This module knows no HTTP and no queue. Every spend is an [`Operation`]
+//! laid out in one place ([`Plan::layout`]), made ready by
+//! `Limiter::prepare` (its cost checked, its KEYS and ARGV) and decided by
+//! `Limiter::conclude` (the reply, counted in the metrics). The CLI's
+//! `spend`, the workers and the benchmarks call [`Limiter::spend`] (or
+//! [`Limiter::spend_with`] with [`SpendOptions`]: a cost, a job's priority
+//! reserve, a tenant, a waiting line), which runs both; a task's first
+//! page's spend rides in the item claim's call between the two instead
+//! (`worker::lock`, where `Limiter::rides_along` says it may). A decision
+//! is data ([`Decision`]); a
 //! cost that can never fit is an error of its own
 //! ([`QuotaError::CostTooLarge`]), as in governor's `InsufficientCapacity`.
 //! [`Limiter::sync`] records drift when the upstream reports fewer units left
@@ -450,7 +455,7 @@ fn window_keys(ks: &KeySpace, credential: &str, scope: &Scope, window: &Window) 
     keys
 }
 
-/// A spend made ready to run ([`Limiter::prepare`]).
+/// A spend made ready to run (`Limiter::prepare`).
 pub(crate) struct PreparedSpend<'a> {
     /// Whether the windows' Redis runs the spend core by FCALL (the
     /// limiter's, for a script of one's own on the same Redis).
@@ -945,8 +950,8 @@ impl Limiter {
     /// A spend made ready to run: checked, with its KEYS and ARGV.
     /// [`Limiter::spend_with`] runs it; the item claim runs it in its own
     /// call instead (the library's claim, `lua/spend/claim.lua`) where
-    /// [`Limiter::rides_along`] says that is sound, and hands the spend's
-    /// reply to [`Limiter::conclude`].
+    /// `Limiter::rides_along` says that is sound, and hands the spend's
+    /// reply to `Limiter::conclude`.
     pub(crate) fn prepare(
         &self,
         endpoint: &str,

@@ -23,7 +23,7 @@ use tracing::{debug, error, info, warn};
 use super::source::SourceError;
 use super::{FanOutCause, Fanned, TickItems, next_fires, queue_tick};
 use crate::config::{Config, Job};
-use crate::ops::Health;
+use crate::liveness::Health;
 use crate::queue::{Origin, Queue, TakeOver, TickFanOut};
 
 /// How often a daemon looks for fan-outs whose enqueuer died.

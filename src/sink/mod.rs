@@ -81,6 +81,7 @@ use serde_json::Value;
 
 use crate::config::{Config, ConfigError, ConfigErrors, Item, Job, SinkKind, Template};
 use crate::pg::PgError;
+pub(crate) use postgres::log_tables;
 pub use postgres::{TableState, check_tables, find as find_postgres};
 pub use sqlite::{Hit, find};
 use sqlite::{Pool, Row, TableSpec};

@@ -635,6 +635,24 @@ pub async fn check_tables(
     }
 }
 
+/// Logs what [`check_tables`] found, for `run` at start and for a reload
+/// (both make the tables): what was done to each at INFO, a server that
+/// does not answer at WARN.
+pub(crate) fn log_tables(tables: &[(String, TableState)]) {
+    for (what, state) in tables {
+        match state {
+            TableState::Ready { done } => {
+                for step in done {
+                    tracing::info!(sink = %what, "postgres sink: {step}");
+                }
+            }
+            TableState::Missing => {}
+            TableState::Unreachable(why) => tracing::warn!(sink = %what, error = %why,
+                "postgres sink: the server does not answer; its table is checked, and pages spooled meanwhile written, once it does"),
+        }
+    }
+}
+
 async fn check_table(spec: &TableSpec<'_>, create: bool) -> Result<TableState, PgError> {
     let target = &spec.sink.target;
     let mut conn = pg::connect(target).await?;

@@ -140,6 +140,26 @@ pub(crate) struct Worker {
     pub(crate) panic_after_spend: Option<Arc<std::sync::atomic::AtomicUsize>>,
 }
 
+/// What a daemon's worker holds whatever its config: made once when the
+/// daemon starts, and handed on by each worker to the one a reload makes,
+/// so a reload loses no counter, no block this daemon holds itself, no
+/// units in flight and no minted token. A field added here is one the
+/// compiler makes both [`Worker::new`] and [`Worker::reloaded`] place.
+pub(crate) struct Lasting {
+    /// For retries and deferrals.
+    pub(crate) queue: Queue,
+    /// For checkpoints, locks and markers.
+    pub(crate) conn: ConnectionManager,
+    pub(crate) stats: Arc<Stats>,
+    pub(crate) events: Option<tokio::sync::broadcast::Sender<OutcomeEvent>>,
+    pub(crate) local_blocks: Arc<LocalBlocks>,
+    pub(crate) unanswered: Arc<Unanswered>,
+    pub(crate) remembered: Arc<Remembered>,
+    pub(crate) minter: Arc<Minter>,
+    pub(crate) skip_spend: bool,
+    pub(crate) panic_after_spend: Option<Arc<std::sync::atomic::AtomicUsize>>,
+}
+
 /// The item a running task holds: its lock, and the lock's renewal (stopped
 /// before the task's end frees the item in the call that records it).
 pub(super) struct Held<'a> {
@@ -190,24 +210,65 @@ impl Worker {
         self.queue.keys()
     }
 
+    /// A worker for `config`: its `secrets` (and the HTTP client that
+    /// sends them), its `limiter` (the config's windows and costs) and its
+    /// `sinks`, with what this process holds whatever the config
+    /// (`lasting`). The one place a worker is made: the daemon's first,
+    /// and each reload's ([`Worker::reloaded`]).
+    pub(crate) fn new(
+        config: Arc<Config>,
+        secrets: Arc<Secrets>,
+        limiter: Limiter,
+        sinks: Sinks,
+        lasting: Lasting,
+    ) -> Result<Self, reqwest::Error> {
+        let Lasting {
+            queue,
+            conn,
+            stats,
+            events,
+            local_blocks,
+            unanswered,
+            remembered,
+            minter,
+            skip_spend,
+            panic_after_spend,
+        } = lasting;
+        Ok(Worker {
+            fetcher: Fetcher::new(&secrets)?,
+            config,
+            secrets,
+            limiter,
+            queue,
+            conn,
+            sinks,
+            stats,
+            events,
+            local_blocks,
+            unanswered,
+            remembered,
+            minter,
+            skip_spend,
+            panic_after_spend,
+        })
+    }
+
     /// This worker for a reloaded `config` with its `secrets`: what the
     /// config decides (windows and costs, requests, sinks) is new; what
-    /// this process holds across configs (the queue and its connection,
-    /// counters, credentials it holds blocked, units in flight) is shared.
-    /// Tasks that began before keep the worker they began with.
+    /// this process holds across configs ([`Lasting`]: the queue and its
+    /// connection, counters, credentials it holds blocked, units in
+    /// flight) is shared. Tasks that began before keep the worker they
+    /// began with.
     pub(crate) fn reloaded(
         &self,
         config: Arc<Config>,
         secrets: Secrets,
     ) -> Result<Self, reqwest::Error> {
-        let quotas = Arc::new(crate::quota::Quotas::new(&config));
-        Ok(Worker {
-            fetcher: Fetcher::new(&secrets)?,
-            secrets: Arc::new(secrets),
-            limiter: self.limiter.with_quotas(quotas),
+        let limiter = (self.limiter).with_quotas(Arc::new(crate::quota::Quotas::new(&config)));
+        let sinks = self.sinks.reloaded(&config);
+        let lasting = Lasting {
             queue: self.queue.clone(),
             conn: self.conn.clone(),
-            sinks: self.sinks.reloaded(&config),
             stats: self.stats.clone(),
             events: self.events.clone(),
             local_blocks: self.local_blocks.clone(),
@@ -216,8 +277,8 @@ impl Worker {
             minter: self.minter.clone(),
             skip_spend: self.skip_spend,
             panic_after_spend: self.panic_after_spend.clone(),
-            config,
-        })
+        };
+        Worker::new(config, Arc::new(secrets), limiter, sinks, lasting)
     }
 
     /// Runs one task: claims its item, runs its pages while holding it,

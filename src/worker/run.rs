@@ -183,8 +183,8 @@ impl Worker {
         p.cursor = start.cursor;
         p.since = (start.since.or(found.since)).unwrap_or(found.now.saturating_sub(initial));
         p.started = start.started.unwrap_or(found.now);
-        p.run = start.run.unwrap_or(start.tick);
-        p.held = start.validators;
+        p.run_tick = start.run.unwrap_or(start.tick);
+        p.validators = start.validators;
         let outcome = loop {
             match self.step(&run, p).await? {
                 Stepped::Next => {}
@@ -435,10 +435,10 @@ impl Worker {
                 altered,
             } => {
                 if p.cursor.page == 1 && run.payer.endpoint.conditional {
-                    p.held = Some(validators).filter(|v| !v.is_empty());
+                    p.validators = Some(validators).filter(|v| !v.is_empty());
                 }
                 let at = PageRef {
-                    tick: p.run,
+                    tick: p.run_tick,
                     page: p.cursor.page,
                 };
                 let written = (self.sinks)
@@ -491,7 +491,7 @@ impl Worker {
                 status,
                 not_modified,
             } => (self.complete(run, p, why, not_modified)?, status, None),
-            End::Continue { token, why } => (self.hand_on(run, p, token, why).await?, None, None),
+            End::HandOn { token, why } => (self.hand_on(run, p, token, why).await?, None, None),
             End::Fail {
                 status,
                 why,
@@ -574,7 +574,7 @@ impl Worker {
         not_modified: bool,
     ) -> Result<Outcome, TaskError> {
         if not_modified {
-            p.held = run.rules.validators.clone();
+            p.validators = run.rules.validators.clone();
         }
         if p.checkpointed {
             p.leaves.del.push(run.cursor_key.clone());
@@ -582,7 +582,7 @@ impl Worker {
         let since = (run.since_key.clone(), p.started.to_string(), ITEM_STATE_TTL);
         p.leaves.set.push(since);
         if run.payer.endpoint.conditional {
-            match &p.held {
+            match &p.validators {
                 Some(v) => {
                     let json = serde_json::to_string(v).map_err(TaskError::State)?;
                     let validators = (run.validators_key.clone(), json, ITEM_STATE_TTL);
@@ -602,8 +602,8 @@ impl Worker {
             cursor: p.cursor.clone(),
             since: Some(p.since),
             started: Some(p.started),
-            validators: p.held.clone(),
-            run: Some(p.run),
+            validators: p.validators.clone(),
+            run: Some(p.run_tick),
         };
         let json = serde_json::to_string(&cp).map_err(TaskError::State)?;
         self.conn

@@ -13,7 +13,8 @@
 //!
 //! Nothing here ends a task or touches its progress: the step
 //! (`step::decide`) says what an admission or an answer means for the task,
-//! and applies the units these functions return.
+//! and the run (`run::Worker::attempt`, `run::Worker::end`) adds the units
+//! these functions return to the task's progress.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};

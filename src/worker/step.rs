@@ -38,9 +38,10 @@ pub(super) struct Progress {
     pub(super) started: i64,
     /// The tick that began the run (`Checkpoint::run`): with the page
     /// number, the page's id in a postgres sink.
-    pub(super) run: i64,
-    /// Page 1's validators, stored when the run is complete.
-    pub(super) held: Option<Validators>,
+    pub(super) run_tick: i64,
+    /// Page 1's validators (`Checkpoint::validators`), stored for the
+    /// item's next run when this one is complete.
+    pub(super) validators: Option<Validators>,
     /// A same-origin redirect the upstream answered this page with: the
     /// page's next request, spent like any other (`fetch::MAX_REDIRECTS`).
     pub(super) redirect: Option<Box<Request>>,
@@ -63,8 +64,8 @@ impl Progress {
             cursor: Cursor::start(),
             since: 0,
             started: 0,
-            run: 0,
-            held: None,
+            run_tick: 0,
+            validators: None,
             redirect: None,
             pages: 0,
             records: 0,
@@ -174,9 +175,10 @@ pub(super) enum End {
         status: Option<u16>,
         not_modified: bool,
     },
-    /// `done` at `max_pages` with `continue = true`: the item's next run
-    /// goes on at the next page (`token`), from a checkpoint.
-    Continue { token: Option<Stored>, why: String },
+    /// `done` at `max_pages` with `continue = true`: this task ends and
+    /// hands the run on; the item's next run goes on at the next page
+    /// (`token`), from a checkpoint.
+    HandOn { token: Option<Stored>, why: String },
     /// `failed`. The checkpoint stays (`keep_checkpoint`: the sink could
     /// not take the page, or the attempts are used up: the next run
     /// resumes) or goes (the response is to blame: repeating it would fail
@@ -395,7 +397,7 @@ fn written_(
             "max_pages reached; the item's next run goes on at page {}",
             p.cursor.page + 1
         );
-        return Action::End(End::Continue { token, why });
+        return Action::End(End::HandOn { token, why });
     }
     complete("max_pages reached")
 }
@@ -630,7 +632,7 @@ records = "/items"
             &rules(&job),
         );
         match a {
-            Action::End(End::Continue { token, why }) => {
+            Action::End(End::HandOn { token, why }) => {
                 assert_eq!(token, Some(Stored::new("p4".into())));
                 assert_eq!(
                     why,

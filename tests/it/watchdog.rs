@@ -1,6 +1,6 @@
 //! The systemd watchdog tracks the daemon's loops, not a timer: when the
 //! scheduler loop is wedged, the `WATCHDOG=1` pings stop within
-//! `ops::STALE_AFTER` (12 s) and `/readyz` says why, while a healthy daemon
+//! `liveness::STALE_AFTER` (12 s) and `/readyz` says why, while a healthy daemon
 //! beside it keeps pinging over the same period. systemd would then kill and
 //! restart the wedged one.
 //!
@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 
 use quota_worker::config::Config;
 use quota_worker::daemon::{Hooks, RunOptions};
-use quota_worker::ops::{Notifier, STALE_AFTER};
+use quota_worker::liveness::STALE_AFTER;
+use quota_worker::ops::Notifier;
 
 use crate::support::http::http_get;
 use crate::support::in_process::InProcess;

@@ -10,10 +10,8 @@
 
 use std::sync::LazyLock;
 
-use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
 
 use super::super::{OpsState, REDIS_READ_BUDGET};
 use super::headers;
@@ -31,19 +29,10 @@ const SOURCE_BUDGET: std::time::Duration = std::time::Duration::from_secs(10);
 static ONE_AT_A_TIME: LazyLock<tokio::sync::Mutex<()>> =
     LazyLock::new(|| tokio::sync::Mutex::new(()));
 
-#[derive(Debug, Deserialize)]
-pub(in crate::ops) struct StateQuery {
-    item: Option<String>,
-}
-
-/// `GET /api/state/{job}`.
-pub(in crate::ops) async fn api(
-    State(s): State<OpsState>,
-    Path(job): Path<String>,
-    Query(q): Query<StateQuery>,
-) -> Response {
+/// `GET /api/state/{job}` (`?item=`: one item's).
+pub(super) async fn api(s: &OpsState, job: &str, item: Option<&str>) -> Response {
     let _one = ONE_AT_A_TIME.lock().await;
-    let (status, body) = match read(&s, &job, q.item.as_deref()).await {
+    let (status, body) = match read(s, job, item).await {
         Ok(body) => (StatusCode::OK, body),
         Err((status, error)) => (status, serde_json::json!({ "error": error }).to_string()),
     };

@@ -20,11 +20,9 @@ mod model;
 mod page;
 mod read;
 
-pub(super) use items::api as state_api;
-
 use std::sync::Arc;
 
-use axum::extract::{Query, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
@@ -65,6 +63,11 @@ const REFRESH: std::ops::RangeInclusive<u64> = 5..=3600;
 #[derive(Debug, Deserialize)]
 pub(super) struct PageQuery {
     refresh: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct StateQuery {
+    item: Option<String>,
 }
 
 fn headers(content_type: &'static str) -> [(HeaderName, HeaderValue); 5] {
@@ -109,6 +112,15 @@ pub(super) async fn api(State(s): State<OpsState>) -> Response {
     let status = read(&s).await;
     let body = serde_json::to_string_pretty(&*status).unwrap_or_else(|_| "{}".into());
     (headers("application/json"), body).into_response()
+}
+
+/// `GET /api/state/{job}`: where the job's items stand (`items`).
+pub(super) async fn state_api(
+    State(s): State<OpsState>,
+    Path(job): Path<String>,
+    Query(q): Query<StateQuery>,
+) -> Response {
+    items::api(&s, &job, q.item.as_deref()).await
 }
 
 /// The `<base href>` for a proxy's `X-Forwarded-Prefix`: a path (`/ops/qw`)
