@@ -11,7 +11,8 @@ redis-server:
   default i33), assembled as src/quota/library.rs assembles it;
 - after:  the tree's lua/spend/;
 - after, with a shadow window: the same spend with one more window, a
-  shadow one (what the feature costs where it is used).
+  shadow one (what the feature costs where it is used), beside the same
+  spend with that second window enforced.
 
 Each spends cost 1 on windows that always admit, on keys of its own, and
 writes the spend history (one ring), as the daemon's spends do. Only the
@@ -80,16 +81,20 @@ def cli(port, *args, stdin=None):
     ).stdout
 
 
-def spend_args(name, cred, shadow):
-    """FCALL <lib>_spend with one sliding window (and a shadow one)."""
+def spend_args(name, cred, second):
+    """FCALL <lib>_spend with one sliding window, and `second` (None, "shadow"
+    or "enforce") a second one of the same period, keyed by its units."""
     t = "{" + cred + "}"
     keys = [f"b:{t}:blocked", f"b:{t}:clock"]
     keys += [f"b:{t}:cred:s3600000:v2:{k}" for k in ("meta", "log", "ts", "adj")]
     specs = ["sliding:1000000000000:3600000"]
-    if shadow:
+    if second:
         keys += [f"b:{t}:cred:s3600000:u900000000000:v2:{k}" for k in ("meta", "log", "ts", "adj")]
-        keys.append(f"b:{t}:cred:s3600000:u900000000000:shadow")
-        specs.append("shadow:sliding:900000000000:3600000")
+        if second == "shadow":
+            keys.append(f"b:{t}:cred:s3600000:u900000000000:shadow")
+            specs.append("shadow:sliding:900000000000:3600000")
+        else:
+            specs.append("sliding:900000000000:3600000")
     keys.append(f"b:{t}:spent:cred")
     argv = ["spend", "r-__rand_int__", "1", "0", str(len(specs)), *specs,
             "1", "300000", "288", "86700000"]
@@ -131,9 +136,10 @@ def main():
         cli(port, "-x", "FUNCTION", "LOAD", stdin=library(a.before, "qwbefore"))
         cli(port, "-x", "FUNCTION", "LOAD", stdin=library(None, "qwafter"))
         calls = {
-            f"before ({before_ref}), one window": spend_args("qwbefore", "before", False),
-            f"after ({after_ref}+tree), one window": spend_args("qwafter", "after", False),
-            "after, one window and a shadow window": spend_args("qwafter", "shadowed", True),
+            f"before ({before_ref}), one window": spend_args("qwbefore", "before", None),
+            f"after ({after_ref}), one window": spend_args("qwafter", "after", None),
+            "after, a window and a shadow window": spend_args("qwafter", "shadowed", "shadow"),
+            "after, two enforced windows": spend_args("qwafter", "two", "enforce"),
         }
         # Each call answers as it should before it is timed.
         for label, args in calls.items():
@@ -149,15 +155,16 @@ def main():
                     check=True, capture_output=True,
                 )
                 results[label].append(fcall_us(port))
-        base = statistics.median(results[next(iter(calls))])
+        first = results[next(iter(calls))]
         print(f"redis-server {cli(port, 'INFO', 'server').split('redis_version:')[1].split()[0]}, "
-              f"{a.rounds} rounds of {a.requests} FCALLs, 16 connections; median round")
+              f"{a.rounds} rounds of {a.requests} FCALLs, 16 connections, load average "
+              f"{os.getloadavg()[0]:.1f}; median round")
         print()
-        print("| spend, cost 1, admitted | µs per call (median) | rounds | ÷ before |")
-        print("|---|---:|---|---:|")
+        print("| spend, cost 1, admitted | µs per call (median) | ÷ before, median of the rounds' ratios | rounds, µs |")
+        print("|---|---:|---:|---|")
         for label, us in results.items():
-            med = statistics.median(us)
-            print(f"| {label} | {med:.2f} | {', '.join(f'{u:.2f}' for u in us)} | {med / base:.3f}× |")
+            ratio = statistics.median(u / b for u, b in zip(us, first))
+            print(f"| {label} | {statistics.median(us):.2f} | {ratio:.3f}× | {', '.join(f'{u:.1f}' for u in us)} |")
     finally:
         server.terminate()
         server.wait()

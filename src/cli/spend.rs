@@ -84,19 +84,7 @@ fn report(
                 println!(
                     "allowed: spent {cost} units on {name}; {remaining} left in the tightest window (request {id})"
                 );
-                for &n in shadow {
-                    let (scope, w) = &windows[n - 1];
-                    println!(
-                        "shadow window {n} ({scope} {}) would have refused it (mode = \"shadow\": counted, not enforced)",
-                        w.describe()
-                    );
-                }
-                if let Some(ms) = lease {
-                    println!(
-                        "lease {id} held until `quota-worker settle '{name}' {id} COST` returns it, or for {}",
-                        fmt_duration(std::time::Duration::from_millis(ms))
-                    );
-                }
+                print_notes(&windows, shadow, lease, name, id);
             }
             Exit::Ok
         }
@@ -140,5 +128,30 @@ fn report(
             }
             Exit::TempFail
         }
+    }
+}
+
+/// Under an admitted spend's line: a line per shadow window (`shadow`:
+/// their 1-based numbers among `windows`) that would have refused it, and
+/// the lease it holds (`lease`: how long it lasts unreturned, ms).
+fn print_notes(
+    windows: &[(crate::config::Scope, &crate::config::Window)],
+    shadow: &[usize],
+    lease: Option<u64>,
+    name: &str,
+    id: &str,
+) {
+    for &n in shadow {
+        let (scope, w) = &windows[n - 1];
+        println!(
+            "shadow window {n} ({scope} {}) would have refused it (mode = \"shadow\": counted, not enforced)",
+            w.describe()
+        );
+    }
+    if let Some(ms) = lease {
+        println!(
+            "lease {id} held until `quota-worker settle '{name}' {id} COST` returns it, or for {}",
+            fmt_duration(std::time::Duration::from_millis(ms))
+        );
     }
 }
