@@ -3,8 +3,13 @@
 
 Redis CPU per spend, by BENCHMARKS.md §9's method: `INFO commandstats`
 reset before each measurement, the µs per `FCALL` Redis reports, callers on
-one server (redis-benchmark, 16 connections), interleaved rounds, the median
-round. Three libraries of the spend core, loaded side by side in one
+one server (redis-benchmark, 16 connections), interleaved rounds (the order
+rotated each round), the median of each round's ratio to "before". Beside
+it, the redis-server process's own CPU time (user + system, from
+/proc/<pid>/stat) per call: commandstats times a call by the wall clock, so
+on a loaded machine a call that is preempted counts the time it waited; the
+process's CPU time does not (it adds the network's share, the same for
+every call). Three libraries of the spend core, loaded side by side in one
 redis-server:
 
 - before: lua/spend/ as it was before shadow windows (git ref BEFORE,
@@ -101,6 +106,13 @@ def spend_args(name, cred, second):
     return [f"{name}_spend", str(len(keys)), *keys, *argv]
 
 
+def cpu_s(pid):
+    """User + system CPU seconds of process `pid`."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def fcall_us(port):
     for line in cli(port, "INFO", "commandstats").splitlines():
         if line.startswith("cmdstat_fcall:"):
@@ -146,25 +158,36 @@ def main():
             out = cli(port, "FCALL", *[x.replace("__rand_int__", "0") for x in args])
             assert out.split()[0] == "1", (label, out)
         results = {label: [] for label in calls}
+        cpu = {label: [] for label in calls}
+        labels = list(calls)
         for r in range(a.rounds):
-            for label, args in calls.items():
+            for label in labels[r % len(labels):] + labels[:r % len(labels)]:
                 cli(port, "CONFIG", "RESETSTAT")
+                t0 = cpu_s(server.pid)
                 subprocess.run(
                     ["redis-benchmark", "-p", str(port), "-c", "16", "-n", str(a.requests),
-                     "-r", "1000000000000", "-q", "FCALL", *args],
+                     "-r", "1000000000000", "-q", "FCALL", *calls[label]],
                     check=True, capture_output=True,
                 )
+                cpu[label].append((cpu_s(server.pid) - t0) * 1e6 / a.requests)
                 results[label].append(fcall_us(port))
-        first = results[next(iter(calls))]
+        first, first_cpu = results[labels[0]], cpu[labels[0]]
         print(f"redis-server {cli(port, 'INFO', 'server').split('redis_version:')[1].split()[0]}, "
               f"{a.rounds} rounds of {a.requests} FCALLs, 16 connections, load average "
-              f"{os.getloadavg()[0]:.1f}; median round")
+              f"{os.getloadavg()[0]:.1f}; medians over the rounds")
         print()
-        print("| spend, cost 1, admitted | µs per call (median) | ÷ before, median of the rounds' ratios | rounds, µs |")
-        print("|---|---:|---:|---|")
-        for label, us in results.items():
+        print("| spend, cost 1, admitted | commandstats µs per call | ÷ before (rounds' ratios) | process CPU µs per call | ÷ before (rounds' ratios) |")
+        print("|---|---:|---:|---:|---:|")
+        for label in labels:
+            us, c = results[label], cpu[label]
             ratio = statistics.median(u / b for u, b in zip(us, first))
-            print(f"| {label} | {statistics.median(us):.2f} | {ratio:.3f}× | {', '.join(f'{u:.1f}' for u in us)} |")
+            cratio = statistics.median(u / b for u, b in zip(c, first_cpu))
+            print(f"| {label} | {statistics.median(us):.2f} | {ratio:.3f}× | "
+                  f"{statistics.median(c):.2f} | {cratio:.3f}× |")
+        print()
+        for label in labels:
+            print(f"- {label}: commandstats {', '.join(f'{u:.1f}' for u in results[label])}; "
+                  f"CPU {', '.join(f'{u:.1f}' for u in cpu[label])}")
     finally:
         server.terminate()
         server.wait()

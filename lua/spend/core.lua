@@ -31,9 +31,7 @@
 --     concurrent (3 keys)      <w>:meta     string: units in flight, earliest lease bound, expiry (msgpack)
 --                              <w>:lease    zset: request id -> when its lease expires, µs
 --                              <w>:held     hash: request id -> its units
---     and after them, a shadow window's (spec "shadow:..."), one more:
---                              <w>:shadow   string: its shadow refusals, a ring as
---                                           ring.lua keeps (counts per slot)
+--     and a shadow window's one more: <w>:shadow  string: its refusals' ring (ring.lua)
 --   then, optional, the spend history's rings (ARGV[6+n] says how many):
 --     <prefix>:{<credential>}:spent:<scope>  string: units per 5-minute slot, 24 h
 --   then, optional (a spend naming a ticket, ARGV[10+n]), one per window but
@@ -65,12 +63,9 @@
 --      offset from local midnight and <tz> is "<offset_ms>" or
 --      "<offset_ms>|<utc_ms>|<offset_ms>|..." (UTC offsets and the instants they
 --      start, ascending) — the time zone's rules, so DST shifts the reset.
---      Any of these after "shadow:" is a shadow window: it is brought to
---      now, counted and recorded as the others are, but never refuses nor
---      makes a spend wait (it keeps no waiting line). A spend the enforced
---      windows admit and a shadow window would refuse is admitted, and not
---      recorded in that window (its state is what it would be, enforced: a
---      change of mode keeps it), and is that window's shadow refusal.
+--      After "shadow:", a shadow window: it never refuses nor makes a spend
+--      wait (no line); a spend it alone would refuse is admitted, not
+--      recorded in it (its state is what it would be, enforced), and counted.
 --   optional, the spend history the status page charts (absent: none kept):
 --   6+n  number of rings, m (their keys follow the windows' keys)
 --   7+n  slot length, ms (300000)     8+n  slots kept (288)     9+n  ring TTL, ms
@@ -92,11 +87,9 @@
 --           rejecting window that frees last, 0 when allowed or when the
 --           credential block is what frees last. A concurrent window that
 --           refuses waits until its earliest lease expires, at most 1,000 ms.
---           Shadow windows count in none of these; shadow_1, ... (none when
---           no shadow window would refuse, or the spend was refused or is a
---           retry of one admitted) are the 1-based numbers of the shadow
---           windows that would have refused it. Each adds 1 to the current
---           slot of its ring when the call keeps the history (ARGV 6+n..).
+--           Shadow windows count in none of these; shadow_1, ...: those that
+--           would have refused a (new, admitted) spend, each adding 1 to its
+--           ring when the call keeps the history.
 --   settle: {windows_adjusted}   (a concurrent window that held the spend's
 --           lease counts: the settle, whatever its cost, ended the lease)
 --   block:  {blocked_for_ms}
