@@ -40,6 +40,21 @@ struct Tally {
     since: u64,
 }
 
+impl Tally {
+    /// One more refusal at `now`: the count to log and over how long when a
+    /// line is due (a minute after the last), else `None`.
+    fn add(&mut self, now: Instant) -> Option<(u64, Duration)> {
+        self.since += 1;
+        let over = now.saturating_duration_since(self.logged);
+        if over < LOG_EVERY {
+            return None;
+        }
+        let count = self.since;
+        (self.logged, self.since) = (now, 0);
+        Some((count, over))
+    }
+}
+
 /// By credential and window, in this process.
 static TALLIES: LazyLock<Mutex<HashMap<String, Tally>>> = LazyLock::new(Mutex::default);
 
@@ -47,7 +62,8 @@ static TALLIES: LazyLock<Mutex<HashMap<String, Tally>>> = LazyLock::new(Mutex::d
 /// `qw_shadow_refusals_total{credential,window}` (the configured
 /// credential, never a tenant, as every counter) and logs them: a window's
 /// first refusal in this process at once, then at most one line a minute
-/// with the count since the last.
+/// with the count since the last (written at the first refusal a minute or
+/// more after it).
 pub(super) fn note(plan: &Plan, refused: &[usize]) {
     for &n in refused {
         let w = &plan.windows[n - 1];
@@ -56,36 +72,37 @@ pub(super) fn note(plan: &Plan, refused: &[usize]) {
             .increment(1);
         let key = format!("{}\u{0}{}\u{0}{window}", plan.family, w.scope);
         let now = Instant::now();
-        let mut tallies = TALLIES.lock().unwrap_or_else(|e| e.into_inner());
-        let first = !tallies.contains_key(&key);
-        let tally = tallies.entry(key).or_insert(Tally {
-            logged: now,
-            since: 0,
-        });
-        tally.since += 1;
-        if first || now.duration_since(tally.logged) >= LOG_EVERY {
-            let (count, since) = (tally.since, now.duration_since(tally.logged));
-            tally.logged = now;
-            tally.since = 0;
-            drop(tallies);
-            if first {
-                tracing::info!(
-                    credential = %plan.credential,
-                    scope = %w.scope,
-                    window = %window,
-                    "shadow window would have refused a spend (first shadow refusal; admitted: the window is in mode = \"shadow\")"
-                );
-            } else {
-                tracing::info!(
-                    credential = %plan.credential,
-                    scope = %w.scope,
-                    window = %window,
-                    count,
-                    over_secs = since.as_secs(),
-                    "shadow window would have refused {count} spend(s) in the last {}s (admitted: mode = \"shadow\")",
-                    since.as_secs()
-                );
+        let due = {
+            let mut tallies = TALLIES.lock().unwrap_or_else(|e| e.into_inner());
+            match tallies.get_mut(&key) {
+                Some(tally) => tally.add(now).map(Some),
+                None => {
+                    let first = Tally {
+                        logged: now,
+                        since: 0,
+                    };
+                    tallies.insert(key, first);
+                    Some(None)
+                }
             }
+        };
+        match due {
+            None => {}
+            Some(None) => tracing::info!(
+                credential = %plan.credential,
+                scope = %w.scope,
+                window = %window,
+                "shadow window would have refused a spend (first shadow refusal; admitted: the window is in mode = \"shadow\")"
+            ),
+            Some(Some((count, over))) => tracing::info!(
+                credential = %plan.credential,
+                scope = %w.scope,
+                window = %window,
+                count,
+                over_secs = over.as_secs(),
+                "shadow window would have refused {count} spend(s) in the last {}s (admitted: mode = \"shadow\")",
+                over.as_secs()
+            ),
         }
     }
 }
@@ -115,5 +132,31 @@ impl Limiter {
             windows[*i].shadow_refusals = slots.iter().sum();
         }
         Ok(windows)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tally_logs_at_most_once_a_minute_with_the_count_since_the_last_line() {
+        let t0 = Instant::now();
+        let mut t = Tally {
+            logged: t0,
+            since: 0,
+        };
+        for s in 1..60 {
+            assert_eq!(t.add(t0 + Duration::from_secs(s)), None, "{s} s");
+        }
+        assert_eq!(
+            t.add(t0 + Duration::from_secs(61)),
+            Some((60, Duration::from_secs(61)))
+        );
+        assert_eq!(t.add(t0 + Duration::from_secs(62)), None);
+        assert_eq!(
+            t.add(t0 + Duration::from_secs(200)),
+            Some((2, Duration::from_secs(139)))
+        );
     }
 }

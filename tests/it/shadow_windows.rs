@@ -336,3 +336,33 @@ fn check_judges_a_shadow_window_as_if_enforced_without_failing() {
     assert!(line.contains("would not fit (shadow"), "{line}");
     assert!(text.contains("a shadow window"), "{text}");
 }
+
+#[test]
+fn a_bad_mode_and_a_window_given_twice_exit_78_at_their_line_and_field() {
+    let cfg = TestConfig::new(
+        r#"[credentials.k]
+secret_env = "K"
+windows = [
+  { units = 100, per = "1m" },
+  { units = 10, per = "1m", mode = "dry-run" },
+  { units = 100, per = "1m", mode = "shadow" },
+]
+
+[endpoints.e]
+credential = "k"
+cost = 1
+"#,
+        &[],
+    );
+    let out = cfg.run(&["check"], &[("K", "x")]);
+    let err = support::stderr(&out);
+    assert_eq!(out.status.code(), Some(78), "{err}");
+    assert!(
+        err.contains(":5:36: credentials.k.windows[1].mode: unknown window mode \"dry-run\": use \"enforce\" or \"shadow\""),
+        "{err}"
+    );
+    assert!(
+        err.contains(":6:3: credentials.k.windows[2]: two sliding windows of 100/1m"),
+        "{err}"
+    );
+}
