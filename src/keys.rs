@@ -452,6 +452,42 @@ mod tests {
         assert_eq!(ks.tenant_of("qw:{gh}:res:search:blocked"), Some("gh"));
     }
 
+    /// A window after the first of its kind, period and resource carries
+    /// its units, whatever its mode; its shadow ring sits beside its keys.
+    #[test]
+    fn a_window_keyed_by_units_keeps_its_keys_in_either_mode() {
+        let ks = KeySpace::new("qw");
+        let tried = Window {
+            units: NonZeroU64::new(10).unwrap(),
+            per: Duration::from_secs(60),
+            kind: WindowKind::Sliding,
+            upstream: false,
+            resource: None,
+            every_resource: false,
+            mode: crate::config::WindowMode::Shadow,
+            keyed_by_units: true,
+        };
+        let keys = ks.window("k", &Scope::Credential, &tried);
+        assert_eq!(keys[0], "qw:{k}:cred:s60000:u10:v2:meta");
+        let enforced = Window {
+            mode: crate::config::WindowMode::Enforce,
+            ..tried.clone()
+        };
+        assert_eq!(ks.window("k", &Scope::Credential, &enforced), keys);
+        assert_eq!(
+            ks.shadow_refusals("k", &Scope::Credential, &tried),
+            "qw:{k}:cred:s60000:u10:shadow"
+        );
+        let lease = Window {
+            kind: WindowKind::Concurrent { lease: None },
+            ..tried
+        };
+        assert_eq!(
+            ks.window("k", &Scope::Credential, &lease)[0],
+            "qw:{k}:cred:inflight:u10:meta"
+        );
+    }
+
     /// Every per-item key of a job is found by its pattern and read back
     /// to its item; another job's, a tick's or a window's key is not.
     #[test]
