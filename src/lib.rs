@@ -31,8 +31,9 @@
 //! 3. `worker`: one task — claim its item, run its pages, record how it
 //!    ended. `worker::run`: the run, step by step; `worker::step`: **where
 //!    an answer becomes an action** (the pure `decide`, unit-tested for
-//!    every kind of answer); `worker::spend`: the task's side of the quota,
-//!    as data.
+//!    every kind of answer); `worker::spend`: the spend before a request;
+//!    `worker::account`: **what an answer does to the quota**, as data (the
+//!    pure `plan`, unit-tested per accounting adapter).
 //! 4. `fetch`: the upstream request and what its answer means —
 //!    `fetch::request` (the template for one page, its origin, redirects),
 //!    `fetch::paging` (**where pagination lives**: the next page in each

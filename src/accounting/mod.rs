@@ -1,6 +1,6 @@
 //! Upstream accounting: what one answer says about the upstream's own
 //! quota, read as one typed [`Verdict`] that the worker applies in one
-//! place (`worker::spend`): settle the request to what it really cost,
+//! place (`worker::account`): settle the request to what it really cost,
 //! resync the `upstream = true` windows to what is left, block the
 //! credential for a while and why, and whether the answer was a refusal.
 //!

@@ -185,6 +185,17 @@ impl Location {
         }
     }
 
+    /// A location in no file, for the tests that build a config by hand.
+    #[cfg(test)]
+    pub(crate) fn nowhere() -> Self {
+        Location {
+            file: PathBuf::new(),
+            line: 0,
+            column: 0,
+            field: String::new(),
+        }
+    }
+
     /// An error at this location.
     pub fn error(&self, message: impl Into<String>) -> ConfigError {
         ConfigError {

@@ -29,9 +29,11 @@
 //! - `lock`: the item lock; `guards`: what undoes a running task's side
 //!   effects however it ends, a panic included.
 
+mod account;
 mod guards;
 mod lease;
 mod lock;
+mod memory;
 mod run;
 mod spend;
 mod step;
@@ -59,7 +61,7 @@ use crate::stats::Stats;
 use guards::{InFlight, Renewer};
 pub(crate) use lock::Holder;
 use lock::{Claim, ItemLock};
-pub(crate) use spend::{LocalBlocks, Remembered, Unanswered};
+pub(crate) use memory::{LocalBlocks, Remembered, Unanswered};
 
 /// How long pagination checkpoints are kept when nothing resumes them.
 const CHECKPOINT_TTL: Duration = Duration::from_secs(7 * 86_400);

@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::spend::{Applied, FirstSpend, Refusal, RefusedBy};
+use super::account::Applied;
+use super::spend::{FirstSpend, Refusal, RefusedBy};
 use crate::config::{Job, fmt_duration};
 use crate::decode::Altered;
 use crate::fetch::paging::{Cursor, Next, Onward, Stored, Validators, onward};
