@@ -492,6 +492,8 @@ fn check(
             upstream: false,
             resource: None,
             every_resource: false,
+            mode: Default::default(),
+            keyed_by_units: false,
         };
         let r = if reserved { p.reserve } else { 0 };
         w.admits(Reserve::new(r).expect("a reserve of 0-99%"))

@@ -31,6 +31,7 @@
 --     concurrent (3 keys)      <w>:meta     string: units in flight, earliest lease bound, expiry (msgpack)
 --                              <w>:lease    zset: request id -> when its lease expires, µs
 --                              <w>:held     hash: request id -> its units
+--     and a shadow window's one more: <w>:shadow  string: its refusals' ring (ring.lua)
 --   then, optional, the spend history's rings (ARGV[6+n] says how many):
 --     <prefix>:{<credential>}:spent:<scope>  string: units per 5-minute slot, 24 h
 --   then, optional (a spend naming a ticket, ARGV[10+n]), one per window but
@@ -62,6 +63,9 @@
 --      offset from local midnight and <tz> is "<offset_ms>" or
 --      "<offset_ms>|<utc_ms>|<offset_ms>|..." (UTC offsets and the instants they
 --      start, ascending) — the time zone's rules, so DST shifts the reset.
+--      After "shadow:", a shadow window: it never refuses nor makes a spend
+--      wait (no line); a spend it alone would refuse is admitted, not
+--      recorded in it (its state is what it would be, enforced), and counted.
 --   optional, the spend history the status page charts (absent: none kept):
 --   6+n  number of rings, m (their keys follow the windows' keys)
 --   7+n  slot length, ms (300000)     8+n  slots kept (288)     9+n  ring TTL, ms
@@ -74,7 +78,7 @@
 --      secret); "" for a spend that respects the line but will not come back
 --
 -- Returns
---   spend:  {allowed, remaining, retry_after_ms, rejecting_window}
+--   spend:  {allowed, remaining, retry_after_ms, rejecting_window, shadow_1, ...}
 --           allowed 1/0; remaining = fewest units this spend could still take
 --           across the windows (after it when allowed, as it stands when
 --           rejected; a reserve counts as taken); retry_after_ms = when a spend
@@ -83,6 +87,9 @@
 --           rejecting window that frees last, 0 when allowed or when the
 --           credential block is what frees last. A concurrent window that
 --           refuses waits until its earliest lease expires, at most 1,000 ms.
+--           Shadow windows count in none of these; shadow_1, ...: those that
+--           would have refused a (new, admitted) spend, each adding 1 to its
+--           ring when the call keeps the history.
 --   settle: {windows_adjusted}   (a concurrent window that held the spend's
 --           lease counts: the settle, whatever its cost, ended the lease)
 --   block:  {blocked_for_ms}
@@ -232,7 +239,9 @@ local function proto(spec, i)
   if p then
     return p
   end
-  local kind, units, per, rest = match(spec or '', '^(%a+):(%d+):(%d+):?(.*)$')
+  local body = match(spec or '', '^shadow:(.*)$')
+  local shadow = body ~= nil
+  local kind, units, per, rest = match(body or spec or '', '^(%a+):(%d+):(%d+):?(.*)$')
   if not kind then
     return nil, 'bad window spec ' .. tostring(spec)
   end
@@ -246,7 +255,7 @@ local function proto(spec, i)
     return nil, kind .. ' window ' .. i .. ' ' .. why
   end
   -- Window tables of this spec, by their place in a call (`window`).
-  p.K, p.kind, p.pool = K, kind, {}
+  p.K, p.kind, p.pool, p.shadow = K, kind, {}, shadow
   if NPROTOS >= 512 then
     PROTOS, NPROTOS = {}, 0
   end
@@ -267,6 +276,8 @@ local function window(p, i, reserve)
     w = {
       K = p.K, p = p, kind = p.kind, i = i, units = p.units, per = p.per, hold = p.hold,
       q = p.q, perq = p.perq, reserve = -1, lim = 0,
+      -- a shadow window: its refusals' ring, whether it would refuse this spend
+      shadow = p.shadow, sring = false, over = false,
       -- every kind
       used = 0, drift = 0, rd = 0, rdt = 0, xr = 0, dirty = false, ttl = false,
       meta = false, mi = 0, raw = false,
@@ -350,6 +361,9 @@ local function parse(KEYS, ARGV, op)
     end
     local w = window(p, i, reserve)
     k = k + p.K.open(w, KEYS, k)
+    if p.shadow then
+      w.sring, k = KEYS[k], k + 1
+    end
     if w.meta then
       nm = nm + 1
       metas[nm], w.mi = w.meta, nm

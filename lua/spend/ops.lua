@@ -36,16 +36,20 @@ end
 
 -- ------------------------------------------------------------ spend
 
--- A refused spend: every window must admit it, so it waits for the one that
--- frees last; on a tie the credential block (0) or the lower window index
--- names it. A spend that names a ticket is promised its turn.
+-- A refused spend: every enforced window must admit it, so it waits for the
+-- one that frees last; on a tie the credential block (0) or the lower window
+-- index names it. A spend that names a ticket is promised its turn. Shadow
+-- windows name no wait, and are not asked whether they hold the spend (one
+-- does not hold a spend it would have refused).
 local function refuse(c, remaining)
   local now, cost, ws = c.now, c.cost, c.ws
   local retry, rejecting = max(c.blocked - now, 0), 0
   local best
   for i = 1, c.nwin do
     local w = ws[i]
-    if w.used + cost > w.lim then
+    if w.shadow then
+      -- neither a wait nor a line
+    elseif w.used + cost > w.lim then
       local wait = frees_in(w, c, w.lim - cost)
       if w.K.momentary then
         wait = min(wait, SOON)
@@ -58,7 +62,7 @@ local function refuse(c, remaining)
     if w.line and w.turn > retry then
       retry, rejecting = w.turn, i
     end
-    if not best or w.K.keeps(w) > best.K.keeps(best) then
+    if not w.shadow and (not best or w.K.keeps(w) > best.K.keeps(best)) then
       best = w
     end
   end
@@ -106,15 +110,18 @@ end
 -- An admitted spend: the id is recorded in every window first; a window
 -- that already holds it makes this a retry of a spend that happened (its
 -- reply was lost): admitted once, charged once, and the records just added
--- are taken back.
+-- are taken back. A shadow window that would refuse it (`over`) records
+-- nothing, and the spend is its shadow refusal (c.nover of them).
 local function admit(c, remaining)
   local ws, n = c.ws, c.nwin
   for i = 1, n do
     local w = ws[i]
-    if not w.K.record(w, c) then
+    if not w.over and not w.K.record(w, c) then
       for j = 1, i - 1 do
         local u = ws[j]
-        u.K.unrecord(u, c)
+        if not u.over then
+          u.K.unrecord(u, c)
+        end
       end
       save(c)
       return { 1, remaining, 0, 0 }
@@ -123,11 +130,13 @@ local function admit(c, remaining)
   remaining = nil
   for i = 1, n do
     local w = ws[i]
-    local left = w.lim - w.used - c.cost
-    if remaining == nil or left < remaining then
-      remaining = left
+    if not w.shadow then
+      local left = w.lim - w.used - c.cost
+      if remaining == nil or left < remaining then
+        remaining = left
+      end
     end
-    if not w.K.admit(w, c) then
+    if not w.over and not w.K.admit(w, c) then
       return fail('window ' .. i .. ' ran out of positions; delete its keys')
     end
   end
@@ -141,7 +150,17 @@ local function admit(c, remaining)
   end
   save(c)
   Ring.add(c, c.cost)
-  return { 1, max(remaining, 0), 0, 0 }
+  local out = { 1, max(remaining or 0, 0), 0, 0 }
+  if c.nover > 0 then
+    for i = 1, n do
+      local w = ws[i]
+      if w.over then
+        out[#out + 1] = i
+        Ring.shadow(c, w)
+      end
+    end
+  end
+  return out
 end
 
 -- `t`: a TIME reply the caller read (the claim's), or nil.
@@ -153,23 +172,32 @@ function Ops.spend(KEYS, ARGV, t)
   end
   local cost, ws = c.cost, c.ws
   for i = 1, c.nwin do
-    if cost > ws[i].lim then
+    if cost > ws[i].lim and not ws[i].shadow then
       return fail('cost ' .. cost .. ' can never fit window ' .. i .. ' (' .. ws[i].lim .. ' units with the reserve)')
     end
   end
   clock(c, t)
   bring(c)
-  local rejected, remaining = c.blocked > c.now, nil
+  local rejected, remaining, nover = c.blocked > c.now, nil, 0
   for i = 1, c.nwin do
     local w = ws[i]
     local left = w.lim - w.used
-    if remaining == nil or left < remaining then
-      remaining = left
-    end
-    if cost > left then
-      rejected = true
+    if not w.shadow then
+      if remaining == nil or left < remaining then
+        remaining = left
+      end
+      if cost > left then
+        rejected = true
+      end
+    else
+      -- What it would refuse, it counts and does not record (admit).
+      w.over = cost > left
+      if w.over then
+        nover = nover + 1
+      end
     end
   end
+  c.nover = nover
   remaining = max(remaining or 0, 0)
   if c.ticket then
     -- Each window's line, brought to now, and this spend's turn in it.

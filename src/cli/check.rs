@@ -641,12 +641,19 @@ impl Row<'_> {
         let worst = self.worst(config, tenants, now);
         let pct = worst as f64 * 100.0 / w.units.get() as f64;
         let fits = worst <= w.units.get();
+        // A shadow window is judged as if enforced, and marked: it would
+        // not fit, but it refuses nothing (SPEC Part 4, "Shadow windows").
+        let verdict = match (fits, w.is_shadow()) {
+            (true, false) => "fits",
+            (false, false) => "DOES NOT FIT",
+            (true, true) => "fits (shadow)",
+            (false, true) => "would not fit (shadow: not enforced)",
+        };
         let mut line = format!(
-            "  {:<scope_w$}  {:<win_w$}  worst case {worst:>9} units per {:<6} {pct:>6.1}%  {}\n",
+            "  {:<scope_w$}  {:<win_w$}  worst case {worst:>9} units per {:<6} {pct:>6.1}%  {verdict}\n",
             scope,
             w.describe(),
             fmt_duration(w.per),
-            if fits { "fits" } else { "DOES NOT FIT" }
         );
         // A job's reserve: what its spends leave free in this window.
         for j in self.jobs.iter().filter(|j| j.reserve != Reserve::NONE) {
@@ -669,6 +676,11 @@ impl Row<'_> {
             fmt_duration(w.per),
             w.units
         );
+        if w.is_shadow() {
+            msg.push_str(
+                " (a shadow window: enforced, it would refuse what does not fit; as it is, it counts shadow refusals)",
+            );
+        }
         if tenants.is_some() {
             msg.push_str(" (for its busiest tenant)");
         } else if let Some((at, job)) = schedule::exhausted_at(config, &self.jobs, w, now) {

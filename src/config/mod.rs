@@ -494,6 +494,25 @@ pub struct Window {
     /// `core`'s), so every endpoint of the credential spends it. Its keys
     /// are the default resource's.
     pub every_resource: bool,
+    /// `mode = "shadow"`: evaluated and recorded with the others, never
+    /// refusing; a spend it alone would refuse is admitted and counted as
+    /// its shadow refusal (SPEC Part 4, "Shadow windows").
+    pub mode: WindowMode,
+    /// Its keys carry its units: an earlier window of its list has its
+    /// resource, kind and period (a shadow window trying another number of
+    /// units for the same limit). Set by the list, not the mode, so that a
+    /// change of `mode` keeps the window's keys and state.
+    pub keyed_by_units: bool,
+}
+
+/// Whether a window refuses what it would not admit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum WindowMode {
+    /// `"enforce"` (the default): it refuses.
+    #[default]
+    Enforce,
+    /// `"shadow"`: it only records and counts what it would have refused.
+    Shadow,
 }
 
 /// How a window's period is counted.
@@ -527,6 +546,11 @@ pub enum WindowKind {
 pub const LEASE_SLACK: Duration = Duration::from_secs(5);
 
 impl Window {
+    /// Whether it is a shadow window (`mode = "shadow"`).
+    pub fn is_shadow(&self) -> bool {
+        self.mode == WindowMode::Shadow
+    }
+
     /// "9500/24h", "100/1h fixed at 00:00 America/Los_Angeles", "8 in flight".
     pub fn describe(&self) -> String {
         let base = format!("{}/{}", self.units, fmt_duration(self.per));

@@ -128,6 +128,7 @@ pub(super) struct RawWindow {
     pub(super) timezone: Option<String>,
     pub(super) upstream: Option<bool>,
     pub(super) resource: Option<String>,
+    pub(super) mode: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

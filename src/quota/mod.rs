@@ -27,6 +27,7 @@ mod block;
 mod library;
 mod operation;
 pub(crate) mod ring;
+mod shadow;
 pub(crate) mod tz;
 
 use std::borrow::Cow;
@@ -138,6 +139,18 @@ impl Decision {
             other => other,
         }
     }
+}
+
+/// What a spend decided, and which shadow windows would have refused it.
+#[must_use]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Spent {
+    /// What the enforced windows decided.
+    pub decision: Decision,
+    /// The shadow windows (`mode = "shadow"`) that would have refused this
+    /// admitted spend, by their 1-based numbers as [`RejectedBy::Window`]
+    /// numbers them; empty when none would have, or the spend was refused.
+    pub shadow_refused: Vec<usize>,
 }
 
 /// Why and for how long a spend was refused.
@@ -305,7 +318,7 @@ impl Plan {
         let windows: Vec<WindowPlan> = windows
             .into_iter()
             .map(|(scope, window)| {
-                let wkeys = ks.window(credential, &scope, &window);
+                let wkeys = window_keys(ks, credential, &scope, &window);
                 keys.extend(wkeys.iter().cloned());
                 let per = window.per.as_millis();
                 let spec = match &window.kind {
@@ -322,6 +335,12 @@ impl Plan {
                         reset.as_millis(),
                         tz::table(*timezone, now)
                     ),
+                };
+                // A shadow window's spec says so (lua/spend/core.lua).
+                let spec = if window.is_shadow() {
+                    format!("shadow:{spec}")
+                } else {
+                    spec
                 };
                 WindowPlan {
                     scope,
@@ -354,7 +373,7 @@ impl Plan {
             .windows
             .iter()
             .map(|w| {
-                let wkeys = ks.window(credential, &w.scope, &w.window);
+                let wkeys = window_keys(ks, credential, &w.scope, &w.window);
                 keys.extend(wkeys.iter().cloned());
                 WindowPlan {
                     keys: wkeys,
@@ -390,11 +409,14 @@ impl Plan {
         }
     }
 
-    /// The window that admits the fewest units to a spend with `reserve`.
+    /// The enforced window that admits the fewest units to a spend with
+    /// `reserve` (a shadow window refuses nothing, a cost it can never fit
+    /// included).
     pub(crate) fn tightest(&self, reserve: Reserve) -> Option<&Window> {
         self.windows
             .iter()
             .map(|w| &w.window)
+            .filter(|w| !w.is_shadow())
             .min_by_key(|w| w.admits(reserve))
     }
 }
@@ -412,13 +434,25 @@ fn rings(ks: &KeySpace, credential: &str, windows: &[WindowPlan]) -> Vec<String>
     out
 }
 
-/// The waiting lines of `credential`'s `windows`: one per window but
-/// concurrent ones, in window order (the kinds that keep one,
-/// [`KeySpace::line`]).
+/// The waiting lines of `credential`'s `windows`: one per enforced window
+/// but concurrent ones, in window order (the kinds that keep one,
+/// [`KeySpace::line`]; a shadow window makes no spend wait).
 fn lines(ks: &KeySpace, credential: &str, windows: &[WindowPlan]) -> Vec<String> {
     (windows.iter())
+        .filter(|w| !w.window.is_shadow())
         .filter_map(|w| ks.line(credential, &w.scope, &w.window))
         .collect()
+}
+
+/// A window's keys in the spend core's order: its kind's
+/// ([`KeySpace::window`]), then, for a shadow window, the ring of its
+/// refusals ([`KeySpace::shadow_refusals`]).
+fn window_keys(ks: &KeySpace, credential: &str, scope: &Scope, window: &Window) -> Vec<String> {
+    let mut keys = ks.window(credential, scope, window);
+    if window.is_shadow() {
+        keys.push(ks.shadow_refusals(credential, scope, window));
+    }
+    keys
 }
 
 /// A spend made ready to run (`Limiter::prepare`).
@@ -667,6 +701,7 @@ impl Quotas {
                     && w.window.kind_name() == window.kind_name()
                     && w.window.per == window.per
                     && w.window.resource == window.resource
+                    && w.window.units == window.units
             })
             .ok_or_else(|| QuotaError::UnknownWindow {
                 credential: credential.to_owned(),
@@ -736,6 +771,9 @@ pub struct WindowUsage {
     /// A concurrent window's leases held now (requests in flight); 0 for
     /// the other kinds.
     pub leases: u64,
+    /// A shadow window's refusals over the last 24 hours (the spend
+    /// history's, [`ring`]); 0 for an enforced window.
+    pub shadow_refusals: u64,
 }
 
 /// Live usage of a credential.
@@ -892,10 +930,21 @@ impl Limiter {
         request_id: &str,
         options: SpendOptions<'_>,
     ) -> Result<Decision, QuotaError> {
+        (self.spend_shadowed(endpoint, request_id, options).await).map(|s| s.decision)
+    }
+
+    /// [`Limiter::spend_with`], with the shadow windows that would have
+    /// refused the spend ([`Spent`]).
+    pub async fn spend_shadowed(
+        &self,
+        endpoint: &str,
+        request_id: &str,
+        options: SpendOptions<'_>,
+    ) -> Result<Spent, QuotaError> {
         let spend = self.prepare(endpoint, request_id, options)?;
         let started = std::time::Instant::now();
         let reply = (self.spend_replicated(&spend, request_id)).await;
-        self.conclude(&spend, reply, started.elapsed())
+        self.conclude_spent(&spend, reply, started.elapsed())
     }
 
     /// A spend made ready to run: checked, with its KEYS and ARGV.
@@ -945,6 +994,18 @@ impl Limiter {
         reply: Result<Vec<i64>, QuotaError>,
         took: Duration,
     ) -> Result<Decision, QuotaError> {
+        self.conclude_spent(spend, reply, took).map(|s| s.decision)
+    }
+
+    /// [`Limiter::conclude`], with the shadow windows that would have
+    /// refused the spend (counted in the metrics and the log as they are
+    /// named: [`shadow::note`]).
+    fn conclude_spent(
+        &self,
+        spend: &PreparedSpend<'_>,
+        reply: Result<Vec<i64>, QuotaError>,
+        took: Duration,
+    ) -> Result<Spent, QuotaError> {
         let (ep, cost) = (&spend.ep, spend.cost);
         let endpoint = ep.endpoint.as_str();
         metrics::histogram!("qw_spend_duration_seconds", "endpoint" => endpoint.to_owned())
@@ -967,7 +1028,15 @@ impl Limiter {
                 .increment(cost);
         }
         match reply {
-            Ok(r) => decision(&r).map(|d| d.in_flight(&ep.plan)),
+            Ok(r) => {
+                let decision = decision(&r)?.in_flight(&ep.plan);
+                let shadow_refused = shadow::refused(&r, &ep.plan)?;
+                shadow::note(&ep.plan, &shadow_refused);
+                Ok(Spent {
+                    decision,
+                    shadow_refused,
+                })
+            }
             Err(e) if e.is_unavailable() && ep.policy == LimiterUnavailable::FailOpen => {
                 tracing::warn!(
                     endpoint,
@@ -976,7 +1045,10 @@ impl Limiter {
                     error = %e,
                     "limiter unavailable; endpoint is fail-open, request allowed unrecorded"
                 );
-                Ok(Decision::Unchecked)
+                Ok(Spent {
+                    decision: Decision::Unchecked,
+                    shadow_refused: Vec::new(),
+                })
             }
             Err(e) => Err(e),
         }
@@ -1128,8 +1200,10 @@ impl Limiter {
                 frees_in: Duration::from_millis(u(c[2])),
                 drift: u(c[3]),
                 leases: u(c[4]),
+                shadow_refusals: 0,
             })
             .collect();
+        let windows = self.shadow_counts(&plan, windows).await?;
         let blocks = self.read_blocks(&plan).await?;
         let default = blocks.iter().find(|b| b.default);
         Ok(CredentialUsage {
@@ -1298,7 +1372,9 @@ fn ints(v: Value) -> Result<Vec<i64>, QuotaError> {
 }
 
 fn decision(r: &[i64]) -> Result<Decision, QuotaError> {
-    let [allowed, remaining, retry_ms, window] = r else {
+    // After the four: the shadow windows that would have refused
+    // ([`shadow::refused`]).
+    let [allowed, remaining, retry_ms, window, ..] = r else {
         return Err(QuotaError::Script(format!("spend returned {r:?}")));
     };
     let remaining = (*remaining).max(0) as u64;
@@ -1346,5 +1422,10 @@ mod tests {
             })
         ));
         assert!(decision(&[1, 2]).is_err());
+        assert_eq!(
+            decision(&[1, 7, 0, 0, 2, 3]).unwrap(),
+            Decision::Allowed { remaining: 7 },
+            "shadow refusals follow an admitted spend's four values"
+        );
     }
 }

@@ -6,6 +6,8 @@
 
 use std::time::Duration;
 
+use super::QuotaConn;
+
 /// One slot of the spend history.
 pub(crate) const SLOT: Duration = Duration::from_secs(300);
 /// Slots kept: 24 hours of 5 minutes.
@@ -35,6 +37,36 @@ pub(crate) fn decode(raw: &[u8], now_slot: u64) -> Vec<u64> {
             _ => 0,
         })
         .collect()
+}
+
+/// Reads rings where the windows live (they are written by the spend
+/// core, beside the windows: the queue's Redis or the quota cluster) and
+/// that Redis's clock: the time (ms since the epoch) and each ring's counts
+/// per slot, oldest first, the last slot being the current one. One command
+/// per ring, all in flight at once: on a cluster the rings of different
+/// credentials live on different nodes, which one pipeline cannot reach.
+pub(crate) async fn read(
+    conn: &QuotaConn,
+    rings: &[String],
+) -> redis::RedisResult<(i64, Vec<Vec<u64>>)> {
+    let time = async {
+        let (s, us): (i64, i64) = redis::cmd("TIME").query_async(&mut conn.clone()).await?;
+        Ok::<_, redis::RedisError>(s * 1000 + us / 1000)
+    };
+    let gets = futures::future::try_join_all(rings.iter().map(|r| async move {
+        let raw: Option<Vec<u8>> = redis::cmd("GET")
+            .arg(r)
+            .query_async(&mut conn.clone())
+            .await?;
+        Ok::<_, redis::RedisError>(raw)
+    }));
+    let (now_ms, raws) = futures::future::try_join(time, gets).await?;
+    let now_slot = (now_ms.max(0) as u64) / SLOT.as_millis() as u64;
+    let out = raws
+        .iter()
+        .map(|raw| decode(raw.as_deref().unwrap_or_default(), now_slot))
+        .collect();
+    Ok((now_ms, out))
 }
 
 #[cfg(test)]

@@ -26,6 +26,7 @@ mod retry_after_exact;
 mod retry_after_settled;
 mod script_flush;
 mod settle_block;
+mod shadow_windows;
 mod spend_contention;
 mod waiting_line;
 mod weighted_spend;

@@ -158,6 +158,12 @@ impl Window {
         self
     }
 
+    /// `mode = "shadow"`: evaluated and recorded, never refusing.
+    pub fn shadow(mut self) -> Self {
+        self.0.set("mode", "shadow");
+        self
+    }
+
     /// `upstream = true`: it mirrors the upstream's own limit.
     pub fn upstream(mut self) -> Self {
         self.0.set("upstream", true);

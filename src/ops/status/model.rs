@@ -147,6 +147,14 @@ pub(crate) struct WindowStatus {
     pub(crate) runs_out: RunsOut,
     /// Units spent per 5 minutes over the last 24 hours.
     pub(crate) history: SpendHistory,
+    /// `"shadow"` for a shadow window (`mode = "shadow"`: it never
+    /// refuses); absent for an enforced one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) mode: Option<&'static str>,
+    /// A shadow window's refusals over the last 24 hours: the spends it
+    /// would have refused, admitted; absent for an enforced window.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) shadow_refusals: Option<u64>,
 }
 
 /// Units spent per slot, oldest first; the last slot is the current one
@@ -577,6 +585,8 @@ fn window(w: &WindowUsage, ring: Vec<u64>, now_ms: i64) -> WindowStatus {
             from: rfc3339_ms(first_slot * slot_ms),
             units: ring,
         },
+        mode: w.window.is_shadow().then_some("shadow"),
+        shadow_refusals: w.window.is_shadow().then_some(w.shadow_refusals),
     }
 }
 

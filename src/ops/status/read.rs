@@ -13,41 +13,15 @@ use redis::AsyncCommands;
 
 use crate::keys::KeySpace;
 use crate::queue::scripts::finish::{LastError, TICKS_KEPT, TickRecord};
-use crate::quota::{BlockNote, QuotaConn, ring};
+use crate::quota::BlockNote;
 
 /// A job's starved items (`lua/finish.lua` writes them, fair rotation
 /// reads them too: `schedule::fairness`).
 pub(crate) use crate::schedule::starved_items;
 
-/// Reads rings where the windows live (they are written by the spend
-/// script, beside the windows: the queue's Redis or the quota cluster) and
-/// that Redis's clock: the time (ms since the epoch) and each ring's units
-/// per slot, oldest first, the last slot being the current one. One command
-/// per ring, all in flight at once: on a cluster the rings of different
-/// credentials live on different nodes, which one pipeline cannot reach.
-pub(crate) async fn read_rings(
-    conn: &QuotaConn,
-    rings: &[String],
-) -> redis::RedisResult<(i64, Vec<Vec<u64>>)> {
-    let time = async {
-        let (s, us): (i64, i64) = redis::cmd("TIME").query_async(&mut conn.clone()).await?;
-        Ok::<_, redis::RedisError>(s * 1000 + us / 1000)
-    };
-    let gets = futures::future::try_join_all(rings.iter().map(|r| async move {
-        let raw: Option<Vec<u8>> = redis::cmd("GET")
-            .arg(r)
-            .query_async(&mut conn.clone())
-            .await?;
-        Ok::<_, redis::RedisError>(raw)
-    }));
-    let (now_ms, raws) = futures::future::try_join(time, gets).await?;
-    let now_slot = (now_ms.max(0) as u64) / ring::SLOT.as_millis() as u64;
-    let out = raws
-        .iter()
-        .map(|raw| ring::decode(raw.as_deref().unwrap_or_default(), now_slot))
-        .collect();
-    Ok((now_ms, out))
-}
+/// Reads rings where the windows live, and that Redis's clock
+/// ([`ring::read`]).
+pub(crate) use crate::quota::ring::read as read_rings;
 
 /// Why each of `blocks` (a credential and one of its resources, `None`
 /// the default one) is blocked (`None`: not recorded, or not blocked).
