@@ -42,8 +42,9 @@ use deadpool_postgres::GenericClient;
 use serde_json::Value;
 use tokio_postgres::error::SqlState;
 
-use super::{Hit, SinkError};
-use crate::config::{Config, ConfigError, ConfigErrors, Job, PgSink, SinkKind};
+use super::record::{Hit, PageRef, item_column, keyed_rows, search_text, warn_missing_keys};
+use super::{SinkError, storable};
+use crate::config::{Config, ConfigError, ConfigErrors, Item, Job, PgSink, SinkKind};
 use crate::pg::{self, PgError, ident, literal};
 
 /// How long one page's transaction may take before the page is spooled
@@ -267,6 +268,75 @@ impl PgSinks {
         tx.commit().await.map_err(q)?;
         Ok(usize::try_from(n).unwrap_or(usize::MAX))
     }
+}
+
+/// Writes `records` of `job`'s `item` as one page (`at`; `None` for a page
+/// spooled by a version that did not keep it), exactly once, through `pg`'s
+/// pool for the sink's server; how many rows were written.
+pub(super) async fn write(
+    pg: &PgSinks,
+    job: &Job,
+    item: &Item,
+    at: Option<PageRef>,
+    records: &[Value],
+    fetched_at: DateTime<Utc>,
+) -> Result<usize, SinkError> {
+    let Some(spec) = TableSpec::of(job) else {
+        return Ok(0);
+    };
+    let item = item_column(item);
+    let page_id = match at {
+        Some(at) => page_id(&job.name, at.tick, at.page, &item),
+        // The fetch time stands in for the page: the same at every
+        // replay of that spooled page.
+        None => format!(
+            "{}:at:{}:{item}",
+            job.name,
+            fetched_at.to_rfc3339_opts(SecondsFormat::Millis, true)
+        ),
+    };
+    // What PostgreSQL cannot hold (U+0000, numbers past numeric's
+    // range) is rewritten here, in this sink only (storable.rs).
+    let mut altered = Vec::new();
+    let fixed: Vec<std::borrow::Cow<'_, Value>> = records
+        .iter()
+        .map(|r| match storable::storable(r) {
+            Some((v, a)) => {
+                altered.push(a);
+                std::borrow::Cow::Owned(v)
+            }
+            None => std::borrow::Cow::Borrowed(r),
+        })
+        .collect();
+    let (rows, missing_keys) = keyed_rows(job, fixed.iter().map(|r| r.as_ref()))?;
+    warn_missing_keys(job, missing_keys);
+    let page = page_rows(item, page_id, fetched_at, spec.keyed, rows);
+    let written = pg
+        .write(&spec, &page)
+        .await
+        .map_err(|e| SinkError::Postgres(Box::new(e)))?;
+    count_altered(job, &altered);
+    Ok(written)
+}
+
+/// Counts and logs the records a sink wrote altered (once per page written).
+fn count_altered(job: &Job, altered: &[storable::Altered]) {
+    if altered.is_empty() {
+        return;
+    }
+    let mut by_reason: Vec<(&'static str, u64)> = Vec::new();
+    for reason in altered.iter().flat_map(|a| a.reasons()) {
+        match by_reason.iter_mut().find(|(r, _)| *r == reason) {
+            Some((_, n)) => *n += 1,
+            None => by_reason.push((reason, 1)),
+        }
+    }
+    for (reason, n) in &by_reason {
+        metrics::counter!("qw_records_altered_total", "qw_job" => job.name.clone(), "reason" => *reason)
+            .increment(*n);
+    }
+    tracing::info!(job = %job.name, altered = ?by_reason,
+        "records held what PostgreSQL cannot store (U+0000 written as U+FFFD; numbers past numeric's range written as strings)");
 }
 
 /// One page's rows: with `keyed`, one per key (the last of a key on the
@@ -877,7 +947,7 @@ pub async fn find(job: &Job, query: &str, limit: usize) -> Result<Vec<Hit>, Sink
             tracing::warn!(table = %spec.sink.table_name(), "stored record or item is not JSON");
             continue;
         };
-        texts.push(super::sqlite::search_text(&record, spec.search));
+        texts.push(search_text(&record, spec.search));
         hits.push(Hit {
             item,
             key: r.get(1),
