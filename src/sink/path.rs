@@ -31,7 +31,7 @@ pub(super) fn has_dir(job: &Job) -> bool {
 
 /// `job`'s sink path for `item` on `date`, as the template renders it
 /// (relative paths are relative to the config directory; see
-/// [`Sinks::path`]). Every substituted value is [sanitized](sanitize).
+/// [`Sinks::path`](super::Sinks::path)). Every substituted value is [sanitized](sanitize).
 pub fn render_path(job: &Job, item: &Item, date: NaiveDate) -> PathBuf {
     render(&job.sink.path, &job.name, item, date)
 }
@@ -180,7 +180,7 @@ pub const NAME_MAX: usize = 255;
 /// longest value (every combination of the lists is an item, so the
 /// longest ones meet). Names that take a `fan_out_from` column are not
 /// known before a tick: such an item fails alone when it comes
-/// ([`SinkError::NeverWritable`]).
+/// ([`SinkError::NeverWritable`](super::SinkError::NeverWritable)).
 pub fn name_too_long(job: &Job) -> Option<String> {
     let longest: Vec<(&str, String)> = job
         .fan_out
