@@ -92,7 +92,7 @@ end
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 
 -- Tasks due now go straight into apalis (its data hash, metadata and
--- active list, as lua/feed.lua moves them) while it holds fewer than the
+-- active list, as lua/feed.lua moves them: lua/apalis_push.lua) while it holds fewer than the
 -- cap and no backlog task is due before them (issue 28: through the
 -- backlog a task cost a HSETNX and a ZADD here and a HSETNX and a HSET in
 -- the feed; straight in, the HSETNX and the HSET). The rest wait in the
@@ -108,9 +108,7 @@ local pushed = {}
 for i = 10, #ARGV, 3 do
   local id, delay = ARGV[i], tonumber(ARGV[i + 1])
   if delay <= 0 and #pushed < room then
-    if redis.call('HSETNX', KEYS[8], id, ARGV[i + 2]) == 1 then
-      redis.call('HSET', ARGV[9] .. ':' .. id, 'attempts', 0, 'max_attempts', 1,
-        'status', 'Pending', 'idempotency_key', '')
+    if apalis_write(KEYS[8], ARGV[9], id, ARGV[i + 2]) then
       pushed[#pushed + 1] = id
     end
   elseif redis.call('HSETNX', KEYS[2], id, ARGV[i + 2]) == 1 then
@@ -121,10 +119,7 @@ for i = 10, #ARGV, 3 do
     end
   end
 end
-if #pushed > 0 then
-  redis.call('RPUSH', KEYS[9], unpack(pushed))
-  redis.call('XADD', KEYS[7], 'MAXLEN', 16, '*', 'at', 0)
-end
+apalis_announce(KEYS[9], KEYS[7], pushed)
 if soonest and (first[2] == nil or soonest < tonumber(first[2])) then
   redis.call('XADD', KEYS[7], 'MAXLEN', 16, '*', 'at', soonest)
 end

@@ -5,11 +5,9 @@
 -- which fails past ~8,000; tasks pushed here go to the active list, which
 -- its fetch reads one at a time, but the cap also bounds the per-task
 -- metadata apalis keeps). Each task is written as apalis-redis's own push
--- (lua/batch_push.lua in apalis-redis 1.0) writes an immediate one: its
--- payload into the data hash with HSETNX (a task id already there is not
--- pushed again, so nothing runs twice), its metadata hash, its id at the
--- tail of the active list, in backlog order (due time, then id: a tick's
--- tasks in serving order). Moving and removing happen in the same call, so
+-- writes an immediate one (lua/apalis_push.lua, which this script starts
+-- with), in backlog order (due time, then id: a tick's tasks in serving
+-- order). Moving and removing happen in the same call, so
 -- a feeder that dies mid-way loses nothing and no lease is needed.
 --
 -- Then it says what is next, for the daemon's waiter (src/daemon/feeder.rs):
@@ -56,16 +54,11 @@ if n > 0 then
     for i, id in ipairs(due) do
       -- A payload-less entry cannot run: it just leaves the backlog.
       local payload = payloads[i]
-      if payload and redis.call('HSETNX', KEYS[3], id, payload) == 1 then
-        redis.call('HSET', ARGV[3] .. ':' .. id, 'attempts', 0, 'max_attempts', 1,
-          'status', 'Pending', 'idempotency_key', '')
+      if payload and apalis_write(KEYS[3], ARGV[3], id, payload) then
         pushed[#pushed + 1] = id
       end
     end
-    if #pushed > 0 then
-      redis.call('RPUSH', KEYS[4], unpack(pushed))
-      redis.call('XADD', KEYS[6], 'MAXLEN', 16, '*', 'at', 0)
-    end
+    apalis_announce(KEYS[4], KEYS[6], pushed)
     redis.call('ZREM', KEYS[1], unpack(due))
     redis.call('HDEL', KEYS[2], unpack(due))
     moved = #pushed

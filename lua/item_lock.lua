@@ -27,12 +27,14 @@
 --   renew:   1 if still held (and extended), 0 if lost
 --   release: 1 if released, 0 if it was no longer ours
 
--- The script is one function, item_lock_main(KEYS, ARGV), called by the last
--- line, so that lua/claim_spend.lua can claim and spend in one call; there
--- it passes `clock`, a table the claim leaves its TIME reply in (`now`),
--- which the spend then reads instead of asking Redis again.
+-- This file defines item_lock(KEYS, ARGV), which returns the reply (and,
+-- for a claim that took the item, the TIME reply it read). The script that
+-- runs alone is this text followed by `return item_lock(KEYS, ARGV)`
+-- (src/worker/lock.rs); the spend library includes it for the claim with
+-- the first page's spend (lua/spend/claim.lua), which hands that clock
+-- reading to the spend.
 
-local function item_lock_main(KEYS, ARGV, clock)
+local function item_lock(KEYS, ARGV)
   local op = ARGV[1]
   if op == 'claim' then
     -- One MGET for the done marker and the item's four keys (issue 28:
@@ -47,10 +49,7 @@ local function item_lock_main(KEYS, ARGV, clock)
     end
     local function s(x) return x or '' end
     local t = redis.call('TIME')
-    if clock then
-      clock.now = t
-    end
-    return { 2, s(v[2]), s(v[3]), s(v[4]), s(v[5]), t[1] }
+    return { 2, s(v[2]), s(v[3]), s(v[4]), s(v[5]), t[1] }, t
   end
   if redis.call('GET', KEYS[1]) ~= ARGV[2] then
     return 0
@@ -63,5 +62,3 @@ local function item_lock_main(KEYS, ARGV, clock)
   end
   return redis.error_reply('ERR quota-worker: unknown op ' .. tostring(op))
 end
-
-return item_lock_main(KEYS, ARGV)

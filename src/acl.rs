@@ -35,6 +35,8 @@ const NEEDED: &[(&str, &str)] = &[
     ),
     ("+@scripting", "SCRIPT LOAD return"),
     ("+@connection", "PING"),
+    // Whether the server is the master, at every (re)connection (conn/master.rs).
+    ("+@connection", "HELLO"),
     ("+@fast", "TIME"),
     ("+@keyspace", "SCAN 0"),
     ("+@keyspace", "DEL {k}"),
@@ -98,6 +100,15 @@ const NEEDED: &[(&str, &str)] = &[
 
 /// With `[redis] quota_replicas`: each spend waits for a replica.
 const NEEDED_WITH_REPLICAS: (&str, &str) = ("+@connection", "WAIT 1 0");
+
+/// The spend core as a function library (Redis 7): asking whether it is
+/// loaded, loading it, calling it. Not required: without them the spend
+/// core runs by `EVALSHA`, which costs Redis more per call ([`functions`]).
+const WANTED: &[(&str, &str)] = &[
+    ("+@scripting", "FUNCTION LIST"),
+    ("+@scripting", "FUNCTION LOAD x"),
+    ("+@scripting", "FCALL f 1 {k}"),
+];
 
 /// Asks `redis.acl_check_cmd` about each spec in ARGV (words separated by
 /// a unit separator, `{k}` and `{q}` in them replaced by KEYS[1] and
@@ -213,6 +224,29 @@ pub(crate) async fn access_windows<C: ConnectionLike + Send>(
     access_with(conn, &specs, [&probe_key, &other_key]).await
 }
 
+/// Whether the user of `conn` may load and call the spend core's function
+/// library, for keys under `prefix` (both keys in one slot, as a cluster's
+/// call has them). `Missing`: spends run by `EVALSHA` instead, which works
+/// and costs Redis more per call ([`slower`] says so).
+pub(crate) async fn functions<C: ConnectionLike + Send>(
+    conn: &mut C,
+    prefix: &str,
+) -> Result<Access, RedisError> {
+    let probe_key = format!("{prefix}:{{acl-probe}}:w");
+    let other_key = format!("{prefix}:{{acl-probe}}:q");
+    access_with(conn, WANTED, [&probe_key, &other_key]).await
+}
+
+/// What to tell a user that may not run the library's commands (`missing`,
+/// from [`functions`]): not an error.
+pub(crate) fn slower(missing: &[Missing]) -> String {
+    let commands: Vec<&str> = missing.iter().map(|m| m.command.as_str()).collect();
+    format!(
+        "the Redis user may not run {}: quota-worker spends by EVALSHA instead, which works and costs Redis more per call; for the function library (FCALL) grant them, e.g. ACL SETUSER <user> +fcall +function",
+        commands.join(", ")
+    )
+}
+
 /// The command names in `text` at each of `openers` (`call('` and the
 /// like): the word up to the closing quote, upper-cased.
 pub(crate) fn commands_in(text: &str, openers: &[&str], found: &mut BTreeSet<String>) {
@@ -292,7 +326,7 @@ fn command_of(spec: &str) -> String {
     let mut words = spec.split(' ');
     let first = words.next().unwrap_or_default();
     match (first, words.next()) {
-        ("SCRIPT", Some(sub)) => format!("{first} {sub}"),
+        ("SCRIPT" | "FUNCTION", Some(sub)) => format!("{first} {sub}"),
         (_, Some(APALIS_QUEUES)) => format!("{first} {APALIS_QUEUES}"),
         _ => first.to_owned(),
     }
@@ -323,7 +357,7 @@ mod tests {
     use std::collections::BTreeSet;
     use std::path::Path;
 
-    use super::{NEEDED, NEEDED_WITH_REPLICAS, commands_in};
+    use super::{NEEDED, NEEDED_WITH_REPLICAS, WANTED, commands_in};
 
     /// Commands sent that the check deliberately does not ask about, and why.
     const NOT_ASKED: &[(&str, &str)] = &[
@@ -338,6 +372,14 @@ mod tests {
             "only with [redis] quota_nodes, whose user is not asked",
         ),
         ("INFO", "the embedded Redis only, as its own default user"),
+        (
+            "SENTINEL",
+            "sent to the sentinels, whose users are not the master's (docs/redis.md names what they need)",
+        ),
+        (
+            "ROLE",
+            "not required: asked only where HELLO is unknown, and a refusal is let through",
+        ),
         (
             "SHUTDOWN",
             "the embedded Redis only, as its own default user",
@@ -371,7 +413,7 @@ mod tests {
             commands_in(text, &["cmd(\""], &mut sent);
         });
         assert!(sent.len() > 30, "the scan found too little: {sent:?}");
-        let asked: BTreeSet<String> = (NEEDED.iter().chain([&NEEDED_WITH_REPLICAS]))
+        let asked: BTreeSet<String> = (NEEDED.iter().chain([&NEEDED_WITH_REPLICAS]).chain(WANTED))
             .map(|(_, spec)| spec.split(' ').next().unwrap_or("").to_owned())
             .chain(NOT_ASKED.iter().map(|(c, _)| (*c).to_owned()))
             .collect();

@@ -37,7 +37,7 @@ pub fn glob_literal(s: &str) -> String {
 /// [`KeySpace::validators`], [`KeySpace::item_lock`], [`KeySpace::item_last`].
 const ITEM_KINDS: [&str; 6] = ["cursor", "ran", "since", "validators", "lock", "last"];
 
-/// The layout version of sliding and bucket window keys (`lua/spend.lua`).
+/// The layout version of sliding and bucket window keys (`lua/spend/log.lua`).
 pub const LAYOUT: &str = "v2";
 
 /// Key names under one prefix.
@@ -143,13 +143,39 @@ impl KeySpace {
             WindowKind::Fixed { .. } => vec![format!("{base}:fixed")],
             // One per scope (config validation), named for no lease: a
             // changed lease keeps the leases in flight.
-            WindowKind::Concurrent { .. } => ["meta", "lease", "held"]
-                .map(|k| format!("{}:{scope}:inflight:{k}", self.credential(credential)))
-                .to_vec(),
+            WindowKind::Concurrent { .. } => {
+                let units = units_tag(window);
+                ["meta", "lease", "held"]
+                    .map(|k| {
+                        format!(
+                            "{}:{scope}:inflight{units}:{k}",
+                            self.credential(credential)
+                        )
+                    })
+                    .to_vec()
+            }
         }
     }
 
-    /// A window's waiting line (`lua/spend.lua`, "Waiting line"): the
+    /// A shadow window's refusals (`lua/spend/ring.lua`'s layout: counts
+    /// per 5-minute slot over 24 hours), written by the spend it would
+    /// have refused. Not a part of the window's state: a change of `mode`
+    /// leaves the window's keys as they are.
+    pub fn shadow_refusals(&self, credential: &str, scope: &Scope, window: &Window) -> String {
+        match window.kind {
+            WindowKind::Concurrent { .. } => {
+                let (_, scope) = self.window_base(credential, scope, window);
+                format!(
+                    "{}:{scope}:inflight{}:shadow",
+                    self.credential(credential),
+                    units_tag(window)
+                )
+            }
+            _ => format!("{}:shadow", self.window_base(credential, scope, window).0),
+        }
+    }
+
+    /// A window's waiting line (`lua/spend/line.lua`): the
     /// promises made to spends it refused, and their tickets. `None` for a
     /// concurrent window, which keeps none.
     pub fn line(&self, credential: &str, scope: &Scope, window: &Window) -> Option<String> {
@@ -168,10 +194,11 @@ impl KeySpace {
             Scope::Endpoint(e) => format!("ep:{e}"),
         };
         let base = format!(
-            "{}:{scope}:{}{}",
+            "{}:{scope}:{}{}{}",
             self.resource(credential, window.resource.as_deref()),
             &window.kind_name()[..1],
-            window.per.as_millis()
+            window.per.as_millis(),
+            units_tag(window)
         );
         (base, scope)
     }
@@ -194,7 +221,7 @@ impl KeySpace {
         self.spent_in(credential, scope, None)
     }
 
-    /// The 24-hour ring of units spent per 5 minutes (`lua/spend.lua`,
+    /// The 24-hour ring of units spent per 5 minutes (`lua/spend/ring.lua`,
     /// `quota::ring`)
     /// of one scope of a credential's windows of one resource: every window
     /// of a scope and resource sees the same spends.
@@ -359,6 +386,16 @@ impl KeySpace {
     }
 }
 
+/// ":u<units>" for a window keyed by its units
+/// ([`Window::keyed_by_units`]), "" for every other.
+fn units_tag(window: &Window) -> String {
+    if window.keyed_by_units {
+        format!(":u{}", window.units)
+    } else {
+        String::new()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -375,6 +412,8 @@ mod tests {
             upstream: false,
             resource: None,
             every_resource: false,
+            mode: Default::default(),
+            keyed_by_units: false,
         };
         let keys = ks.window(
             "yt-key1",
@@ -411,6 +450,42 @@ mod tests {
         assert_eq!(ks.spent("gh", &Scope::Credential), "qw:{gh}:spent:cred");
         assert_eq!(ks.block_streak("gh"), "qw:{gh}:blocked:streak");
         assert_eq!(ks.tenant_of("qw:{gh}:res:search:blocked"), Some("gh"));
+    }
+
+    /// A window after the first of its kind, period and resource carries
+    /// its units, whatever its mode; its shadow ring sits beside its keys.
+    #[test]
+    fn a_window_keyed_by_units_keeps_its_keys_in_either_mode() {
+        let ks = KeySpace::new("qw");
+        let tried = Window {
+            units: NonZeroU64::new(10).unwrap(),
+            per: Duration::from_secs(60),
+            kind: WindowKind::Sliding,
+            upstream: false,
+            resource: None,
+            every_resource: false,
+            mode: crate::config::WindowMode::Shadow,
+            keyed_by_units: true,
+        };
+        let keys = ks.window("k", &Scope::Credential, &tried);
+        assert_eq!(keys[0], "qw:{k}:cred:s60000:u10:v2:meta");
+        let enforced = Window {
+            mode: crate::config::WindowMode::Enforce,
+            ..tried.clone()
+        };
+        assert_eq!(ks.window("k", &Scope::Credential, &enforced), keys);
+        assert_eq!(
+            ks.shadow_refusals("k", &Scope::Credential, &tried),
+            "qw:{k}:cred:s60000:u10:shadow"
+        );
+        let lease = Window {
+            kind: WindowKind::Concurrent { lease: None },
+            ..tried
+        };
+        assert_eq!(
+            ks.window("k", &Scope::Credential, &lease)[0],
+            "qw:{k}:cred:inflight:u10:meta"
+        );
     }
 
     /// Every per-item key of a job is found by its pattern and read back

@@ -61,11 +61,12 @@
 //! - [`daemon`]: `quota-worker run` — starts Redis (or connects to it) and
 //!   the loops, and stops them on shutdown.
 //! - [`quota`]: **where a spend is decided** — the windows and the spend
-//!   script (`lua/spend.lua`): spend, settle, block, peek. The CLI's
-//!   `spend`, the worker and the benchmarks make and read every spend
-//!   through the same two functions (`Limiter::prepare`,
-//!   `Limiter::conclude`), whether the Limiter's own call runs it or, for
-//!   a task's first page, the item claim's script carries it.
+//!   core (`lua/spend/`: a Redis function library, one script on Redis 6):
+//!   spend, settle, block, peek, sync, undrift. The CLI's `spend`, the
+//!   workers and the benchmarks make and read every spend through the same
+//!   two functions (`Limiter::prepare`, `Limiter::conclude`), whether the
+//!   Limiter's own call runs it or, for a task's first page, the item
+//!   claim's call carries it.
 //!   `accounting`: what an answer says about the upstream's own quota (one
 //!   `Verdict`: settle, resync, block, for the resource it speaks for, per
 //!   upstream: GitHub REST and GraphQL, Shopify, Meta, IETF).
@@ -91,7 +92,8 @@
 //!   (`ops::status::read`).
 //! - [`stats`]: this process's counters (the demo's progress, the metrics);
 //!   [`liveness`]: the daemon loops' beats (the watchdog, `/readyz`).
-//! - [`conn`], `embedded`: reaching Redis, or running one; `eviction`:
+//! - [`conn`], `embedded`: reaching the Redis master (and following it through
+//!   a failover: Sentinel, a managed Redis), or running one; `eviction`:
 //!   whether that Redis may evict the windows' keys.
 //! - [`logging`]: the log subscriber (text or JSON lines).
 //! - `simulator` (its own crate, `crates/simulator`): a simulated metered

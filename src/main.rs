@@ -144,14 +144,17 @@ enum Command {
         #[command(subcommand)]
         action: SpoolAction,
     },
-    /// Print how another program calls lua/spend.lua to spend from an endpoint's windows
+    /// Print how another program calls the spend core to spend from an endpoint's windows
     Keys {
         /// Endpoint name (of a template credential: one tenant, NAME[account=VALUE])
-        #[arg(required_unless_present = "script")]
+        #[arg(required_unless_present_any = ["script", "library"])]
         endpoint: Option<String>,
-        /// Print the spend script itself instead
-        #[arg(long, conflicts_with_all = ["endpoint", "cost", "reserve"])]
+        /// Print the spend script itself instead (EVALSHA, any Redis)
+        #[arg(long, conflicts_with_all = ["endpoint", "cost", "reserve", "library"])]
         script: bool,
+        /// Print the function library instead (FUNCTION LOAD, Redis 7)
+        #[arg(long, conflicts_with_all = ["endpoint", "cost", "reserve"])]
+        library: bool,
         /// Units to spend [default: the endpoint's cost]
         #[arg(long)]
         cost: Option<u64>,
@@ -304,6 +307,7 @@ async fn dispatch(command: Command, config: Config) -> Exit {
             reserve,
             ..
         } => cli::keys::run(&config, &endpoint, cost, reserve),
+        Command::Keys { library: true, .. } => cli::keys::print_library(),
         Command::Keys { .. } => cli::keys::print_script(),
         Command::Search {
             job,

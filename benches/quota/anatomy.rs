@@ -1,6 +1,10 @@
 //! Section `anatomy`: where a call's time goes inside Redis, read from
 //! `INFO commandstats` (reset before each measurement): the Redis CPU time
-//! per `EVALSHA` and per command the script ran. It explains two targets the
+//! per call (`FCALL` of the spend core's library, or `EVALSHA` of a script)
+//! and per command it ran. Beside the library: the same files as one script
+//! (what Redis 6 runs; here through a Redis user refused `FUNCTION` and
+//! `FCALL`), and the script as it was before the library
+//! (`tests/support/fixtures/spend_before_33.lua`), all in the same run. It explains two targets the
 //! throughput and reject sections measure:
 //!
 //! - admitting at cost 1 against the naive log: beside both runs the
@@ -22,9 +26,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use quota_worker::config::Config;
+use quota_worker::conn::Conn;
 use quota_worker::conn::Lua;
-use quota_worker::quota::{Decision, Limiter, Quotas, request_id};
-use redis::aio::ConnectionManager;
+use quota_worker::quota::{Decision, Limiter, Operation, Quotas, request_id};
 use serde::Serialize;
 use serde_json::json;
 
@@ -36,6 +40,13 @@ use crate::support::TestConfig;
 
 static FLOOR: std::sync::LazyLock<Lua> =
     std::sync::LazyLock::new(|| Lua::new(include_str!("../baseline/layout_floor.lua")));
+
+/// lua/spend.lua as it was before the function library (issue 33).
+static BEFORE: std::sync::LazyLock<Lua> = std::sync::LazyLock::new(|| {
+    Lua::new(include_str!(
+        "../../tests/support/fixtures/spend_before_33.lua"
+    ))
+});
 
 /// Units of the full window the refusals run on (entries of 1 unit).
 const FULL: u64 = 10_000;
@@ -50,10 +61,13 @@ enum Call {
     OursReject100,
     BucketAdmit,
     ConcurrentAdmit,
+    ScriptAdmit,
+    BeforeAdmit,
+    BeforeReject1,
 }
 
 impl Call {
-    const ALL: [Call; 7] = [
+    const ALL: [Call; 10] = [
         Call::NaiveAdmit,
         Call::FloorAdmit,
         Call::OursAdmit,
@@ -61,17 +75,39 @@ impl Call {
         Call::OursReject100,
         Call::BucketAdmit,
         Call::ConcurrentAdmit,
+        Call::ScriptAdmit,
+        Call::BeforeAdmit,
+        Call::BeforeReject1,
     ];
+
+    /// The command Redis counts the call under.
+    fn top(self) -> &'static str {
+        match self {
+            Call::NaiveAdmit
+            | Call::FloorAdmit
+            | Call::ScriptAdmit
+            | Call::BeforeAdmit
+            | Call::BeforeReject1 => "evalsha",
+            _ => "fcall",
+        }
+    }
 
     fn label(self) -> &'static str {
         match self {
             Call::NaiveAdmit => "naive log, admit cost 1",
             Call::FloorAdmit => "layout floor, admit cost 1",
-            Call::OursAdmit => "spend.lua, admit cost 1",
-            Call::OursReject1 => "spend.lua, refuse cost 1 (10,000 entries of 1)",
-            Call::OursReject100 => "spend.lua, refuse cost 100 (10,000 entries of 1)",
-            Call::BucketAdmit => "spend.lua, admit cost 1, bucket window",
-            Call::ConcurrentAdmit => "spend.lua, admit cost 1, concurrent window (a lease)",
+            Call::OursAdmit => "spend core (FCALL), admit cost 1",
+            Call::OursReject1 => "spend core (FCALL), refuse cost 1 (10,000 entries of 1)",
+            Call::OursReject100 => "spend core (FCALL), refuse cost 100 (10,000 entries of 1)",
+            Call::BucketAdmit => "spend core (FCALL), admit cost 1, bucket window",
+            Call::ConcurrentAdmit => {
+                "spend core (FCALL), admit cost 1, concurrent window (a lease)"
+            }
+            Call::ScriptAdmit => "spend core as one script (EVALSHA, Redis 6), admit cost 1",
+            Call::BeforeAdmit => "before: spend.lua (EVALSHA), admit cost 1",
+            Call::BeforeReject1 => {
+                "before: spend.lua (EVALSHA), refuse cost 1 (10,000 entries of 1)"
+            }
         }
     }
 }
@@ -91,7 +127,7 @@ impl Cost {
 }
 
 /// `INFO commandstats` as command -> (calls, µs).
-async fn commandstats(conn: &mut ConnectionManager) -> BTreeMap<String, (f64, f64)> {
+async fn commandstats(conn: &mut Conn) -> BTreeMap<String, (f64, f64)> {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(conn)
@@ -116,27 +152,54 @@ async fn commandstats(conn: &mut ConnectionManager) -> BTreeMap<String, (f64, f6
     out
 }
 
-struct Bench {
+/// Everything a call needs, cloned into each caller.
+#[derive(Clone)]
+struct Clients {
     limiter: Limiter,
     /// The bucket section's credentials (`bk`: a bucket that never fills)
     /// and the concurrent section's (`cc`: a concurrent window that never
     /// fills), on one limiter each.
     bucket: Limiter,
     concurrent: Limiter,
-    conn: ConnectionManager,
+    /// `an` and `rj` again, through a Redis user refused `FUNCTION` and
+    /// `FCALL`: the spend core as one script, as on Redis 6.
+    script: Limiter,
+    conn: Conn,
     floor_keys: Vec<String>,
 }
 
-impl Bench {
+struct Bench {
+    clients: Clients,
+    conn: Conn,
+}
+
+impl Clients {
+    /// The pre-library script's spend of `cost` on endpoint `endpoint`
+    /// (the same keys and arguments as ours, without the history).
+    async fn before(&self, endpoint: &str, cost: u64) -> Vec<i64> {
+        let plan = &self
+            .limiter
+            .quotas()
+            .endpoint(endpoint)
+            .expect("endpoint")
+            .plan;
+        let id = request_id();
+        let layout = plan.layout(&Operation::Spend {
+            request_id: &id,
+            cost,
+            reserve: quota_worker::config::Reserve::NONE,
+            ticket: None,
+            history: false,
+        });
+        let mut call = BEFORE.call();
+        call.key(layout.keys).arg(layout.args);
+        call.invoke(&mut self.conn.clone()).await.expect("before")
+    }
+
     /// One call of `what`; panics if it is not admitted / refused as meant.
-    async fn once(
-        limiter: Limiter,
-        [bucket, concurrent]: [Limiter; 2],
-        mut conn: ConnectionManager,
-        keys: Vec<String>,
-        what: Call,
-    ) {
-        match what {
+    async fn once(self, what: Call) {
+        let mut conn = self.conn.clone();
+        let (spent, want_allowed) = match what {
             Call::NaiveAdmit => {
                 let r: Vec<i64> = NAIVE
                     .call()
@@ -148,79 +211,75 @@ impl Bench {
                     .invoke(&mut conn)
                     .await
                     .expect("naive spend");
-                assert_eq!(r[0], 1, "naive: refused on a window that never fills");
+                (r[0] == 1, true)
             }
             Call::FloorAdmit => {
                 let _: Vec<i64> = FLOOR
                     .call()
-                    .key(&keys)
+                    .key(&self.floor_keys)
                     .arg(request_id())
                     .arg(1)
                     .invoke(&mut conn)
                     .await
                     .expect("floor call");
+                (true, true)
             }
-            Call::OursAdmit => {
-                let d = limiter.spend("an", Some(1), &request_id()).await;
-                assert!(
-                    d.expect("spend").is_allowed(),
-                    "ours: refused on a window that never fills"
-                );
+            Call::OursAdmit | Call::ScriptAdmit => {
+                let l = if what == Call::OursAdmit {
+                    &self.limiter
+                } else {
+                    &self.script
+                };
+                let d = l.spend("an", Some(1), &request_id()).await;
+                (d.expect("spend").is_allowed(), true)
             }
             Call::OursReject1 | Call::OursReject100 => {
                 let cost = if what == Call::OursReject1 { 1 } else { 100 };
-                let d = limiter.spend("rj", Some(cost), &request_id()).await;
-                assert!(
-                    matches!(d.expect("spend"), Decision::Rejected(_)),
-                    "ours: admitted on a full window"
-                );
+                let d = self.limiter.spend("rj", Some(cost), &request_id()).await;
+                (!matches!(d.expect("spend"), Decision::Rejected(_)), false)
             }
             Call::BucketAdmit => {
-                let d = bucket.spend("bk", Some(1), &request_id()).await;
-                assert!(
-                    d.expect("spend").is_allowed(),
-                    "ours: refused by a bucket that never fills"
-                );
+                let d = self.bucket.spend("bk", Some(1), &request_id()).await;
+                (d.expect("spend").is_allowed(), true)
             }
             Call::ConcurrentAdmit => {
-                let d = concurrent.spend("cc", Some(1), &request_id()).await;
-                assert!(
-                    d.expect("spend").is_allowed(),
-                    "ours: refused by a concurrent window that never fills"
-                );
+                let d = self.concurrent.spend("cc", Some(1), &request_id()).await;
+                (d.expect("spend").is_allowed(), true)
             }
-        }
+            Call::BeforeAdmit => (self.before("an", 1).await[0] == 1, true),
+            Call::BeforeReject1 => (self.before("rj", 1).await[0] == 1, false),
+        };
+        assert_eq!(spent, want_allowed, "{}: admitted {spent}", what.label());
     }
+}
 
+impl Bench {
     /// Runs `what` at `n` callers for `d`; its Redis cost per call.
     async fn measure(&mut self, what: Call, n: usize, d: Duration) -> Cost {
         common::reset_stats(&mut self.conn).await;
-        let (limiter, others, conn, keys) = (
-            self.limiter.clone(),
-            [self.bucket.clone(), self.concurrent.clone()],
-            self.conn.clone(),
-            self.floor_keys.clone(),
-        );
-        let (calls, _, _) = drive(n, d, move || {
-            Bench::once(
-                limiter.clone(),
-                others.clone(),
-                conn.clone(),
-                keys.clone(),
-                what,
-            )
-        })
-        .await;
+        let clients = self.clients.clone();
+        let (calls, _, _) = drive(n, d, move || clients.clone().once(what)).await;
         let stats = commandstats(&mut self.conn).await;
-        let (evals, usec) = stats.get("evalsha").copied().unwrap_or((0.0, 0.0));
+        let (evals, usec) = stats.get(what.top()).copied().unwrap_or((0.0, 0.0));
         assert!(
             evals >= calls as f64,
-            "{}: {evals} EVALSHA counted for {calls} calls",
-            what.label()
+            "{}: {evals} {} counted for {calls} calls",
+            what.label(),
+            what.top(),
         );
         let mut commands = BTreeMap::new();
         for (name, (c, u)) in &stats {
-            if c > &0.0 && !matches!(name.as_str(), "evalsha" | "info" | "config|resetstat") {
+            let outside = matches!(
+                name.as_str(),
+                "evalsha"
+                    | "eval"
+                    | "fcall"
+                    | "info"
+                    | "config|resetstat"
+                    | "function|list"
+                    | "function|load"
+            );
+            if c > &0.0 && !outside {
                 commands.insert(name.to_uppercase(), u / evals);
             }
         }
@@ -287,12 +346,37 @@ pub async fn run(ctx: &Ctx) -> Section {
         TIMEOUT,
     )
     .without_history();
+    // A user refused FUNCTION and FCALL: the spend core runs as one script.
+    // With a password: redis-rs sends no AUTH for a URL with a user and no
+    // password, and the connection would run as the default user.
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "noscripts", "on", ">bench", "~*", "&*", "+@all"][..])
+        .arg(&["-function", "-fcall", "-fcall_ro"][..])
+        .query_async(&mut conn)
+        .await
+        .expect("ACL SETUSER");
+    let url = ctx
+        .redis
+        .url()
+        .replacen("redis://", "redis://noscripts:bench@", 1);
+    let script_conn = quota_worker::conn::connect(
+        &quota_worker::conn::Master::Url(quota_worker::config::RedisUrl::new(url)),
+        TIMEOUT,
+        "bench",
+    )
+    .await
+    .expect("connect as noscripts");
+    let script = Limiter::new(script_conn, q.clone(), TIMEOUT).without_history();
     let mut bench = Bench {
-        limiter,
-        bucket,
-        concurrent,
+        clients: Clients {
+            limiter,
+            bucket,
+            concurrent,
+            script,
+            conn: conn.clone(),
+            floor_keys,
+        },
         conn: conn.clone(),
-        floor_keys,
     };
     // rounds[call] = one Cost per round; round 0 warms up and is dropped.
     let mut rounds: Vec<Vec<Cost>> = Call::ALL.iter().map(|_| Vec::new()).collect();
@@ -321,11 +405,14 @@ pub async fn run(ctx: &Ctx) -> Section {
 
     let mut md = format!(
         "Redis CPU per call from `INFO commandstats` (reset before each measurement): µs per \
-         `EVALSHA`, and the µs each command inside it took per call. {n} callers on one \
+         `FCALL` (the spend core's library) or `EVALSHA` (a script), and the µs each command \
+         inside it took per call. The spend core as one script runs through a Redis user refused \
+         `FUNCTION` and `FCALL` (what Redis 6 runs); \"before\" is `lua/spend.lua` as it was \
+         before the library (`tests/support/fixtures/spend_before_33.lua`). {n} callers on one \
          connection, {} interleaved rounds of {} ms, the median round (range in brackets). \
          \"rate ÷ naive\" is what the time per call allows: naive µs ÷ this call's µs. The \
          layout floor (`benches/baseline/layout_floor.lua`) makes only the calls any admission \
-         in spend.lua's layout must make (read clock and counters, record the id, append the \
+         in the spend core's layout must make (read clock and counters, record the id, append the \
          entry, write the counters) and checks nothing.\n\n\
          | call | µs per call | rate ÷ naive | commands inside (µs per call) | commands in all | the rest: Lua and the call bridge |\n\
          |---|---:|---:|---|---:|---:|\n",
@@ -360,16 +447,26 @@ pub async fn run(ctx: &Ctx) -> Section {
     let ours_vs_floor = costs[1].evalsha_us / costs[2].evalsha_us;
     let bucket_vs_sliding = costs[2].evalsha_us / costs[5].evalsha_us;
     let concurrent_vs_sliding = costs[2].evalsha_us / costs[6].evalsha_us;
+    let script_vs_fcall = costs[7].evalsha_us / costs[2].evalsha_us;
+    let before_vs_fcall = costs[8].evalsha_us / costs[2].evalsha_us;
+    let before_reject_vs_fcall = costs[9].evalsha_us / costs[3].evalsha_us;
+    let lua = |i: usize| costs[i].evalsha_us - costs[i].commands_us();
     let xr = |i: usize| costs[i].commands.get("XRANGE").copied().unwrap_or(0.0);
     md.push_str(&format!(
         "\nAt cost 1 the layout floor itself allows {floor_vs_naive:.2}× the naive log's rate; \
-         spend.lua runs at {ours_vs_floor:.2}× the floor. A refusal at cost 100 spends \
+         the spend core (FCALL) runs at {ours_vs_floor:.2}× the floor. Against the script as \
+         it was before the library, in the same run: an admit costs {before_vs_fcall:.2}× \
+         (before ÷ now) as much Redis CPU ({:.1} µs of Lua and call bridge before, {:.1} µs \
+         now), a refusal {before_reject_vs_fcall:.2}×; the same files as one script \
+         (EVALSHA, Redis 6) cost {script_vs_fcall:.2}× the FCALL. A refusal at cost 100 spends \
          {:.1} µs in its `XRANGE` where one at cost 1 spends {:.1} µs: the entry 100 units on \
          sits further into its stream node (up to 100 entries, which Redis walks from the \
          node's start), the same constant at any window size (the growth section). A bucket \
          window's admission allows {bucket_vs_sliding:.2}× the rate of a sliding one's (the \
          bucket section's target, here without the client's share); a concurrent window's \
          (a lease) {concurrent_vs_sliding:.2}× (the concurrent section's).\n",
+        lua(8),
+        lua(2),
         xr(4),
         xr(3),
     ));
@@ -386,6 +483,9 @@ pub async fn run(ctx: &Ctx) -> Section {
             "ours_rate_vs_floor": ours_vs_floor,
             "bucket_rate_vs_sliding": bucket_vs_sliding,
             "concurrent_rate_vs_sliding": concurrent_vs_sliding,
+            "script_cost_vs_fcall": script_vs_fcall,
+            "before_cost_vs_fcall": before_vs_fcall,
+            "before_refusal_cost_vs_fcall": before_reject_vs_fcall,
             "calls": data,
         }),
         targets: Vec::new(),

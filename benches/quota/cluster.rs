@@ -64,7 +64,11 @@ fn counters(server: &RedisServer) -> (f64, u64) {
     let stats: String = server.cmd(&["INFO", "commandstats"]);
     let calls = stats
         .lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter(|l| {
+            ["cmdstat_evalsha:", "cmdstat_eval:", "cmdstat_fcall:"]
+                .iter()
+                .any(|p| l.starts_with(p))
+        })
         .filter_map(|l| {
             l.split(&[':', ','][..])
                 .find_map(|kv| kv.strip_prefix("calls="))

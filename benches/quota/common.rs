@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use hdrhistogram::Histogram;
 use quota_worker::config::RedisUrl;
-use redis::aio::ConnectionManager;
+use quota_worker::conn::Conn;
 use serde::Serialize;
 
 use crate::support::RedisServer;
@@ -50,13 +50,17 @@ pub async fn spend_admitted(
 }
 
 /// A multiplexed connection, as the daemon makes them.
-pub async fn connect(server: &RedisServer) -> ConnectionManager {
-    quota_worker::conn::connect(&RedisUrl::new(server.url()), TIMEOUT, 3)
-        .await
-        .expect("connect")
+pub async fn connect(server: &RedisServer) -> Conn {
+    quota_worker::conn::connect(
+        &quota_worker::conn::Master::Url(RedisUrl::new(server.url())),
+        TIMEOUT,
+        "test",
+    )
+    .await
+    .expect("connect")
 }
 
-pub async fn del(conn: &mut ConnectionManager, keys: &[String]) {
+pub async fn del(conn: &mut Conn, keys: &[String]) {
     if keys.is_empty() {
         return;
     }
@@ -67,7 +71,7 @@ pub async fn del(conn: &mut ConnectionManager, keys: &[String]) {
         .expect("del");
 }
 
-pub async fn flushall(conn: &mut ConnectionManager) {
+pub async fn flushall(conn: &mut Conn) {
     let _: () = redis::cmd("FLUSHALL")
         .arg("SYNC")
         .query_async(conn)
@@ -75,12 +79,12 @@ pub async fn flushall(conn: &mut ConnectionManager) {
         .expect("FLUSHALL");
 }
 
-pub async fn redis_now_us(conn: &mut ConnectionManager) -> i64 {
+pub async fn redis_now_us(conn: &mut Conn) -> i64 {
     let (s, us): (i64, i64) = redis::cmd("TIME").query_async(conn).await.expect("TIME");
     s * 1_000_000 + us
 }
 
-pub async fn info_field(conn: &mut ConnectionManager, section: &str, field: &str) -> String {
+pub async fn info_field(conn: &mut Conn, section: &str, field: &str) -> String {
     let info: String = redis::cmd("INFO")
         .arg(section)
         .query_async(conn)
@@ -93,7 +97,7 @@ pub async fn info_field(conn: &mut ConnectionManager, section: &str, field: &str
         .to_owned()
 }
 
-pub async fn used_memory(conn: &mut ConnectionManager) -> i64 {
+pub async fn used_memory(conn: &mut Conn) -> i64 {
     info_field(conn, "memory", "used_memory")
         .await
         .parse()
@@ -101,7 +105,7 @@ pub async fn used_memory(conn: &mut ConnectionManager) -> i64 {
 }
 
 /// A server setting's value (`CONFIG GET`).
-pub async fn config_get(conn: &mut ConnectionManager, name: &str) -> String {
+pub async fn config_get(conn: &mut Conn, name: &str) -> String {
     let kv: Vec<String> = redis::cmd("CONFIG")
         .arg("GET")
         .arg(name)
@@ -111,7 +115,7 @@ pub async fn config_get(conn: &mut ConnectionManager, name: &str) -> String {
     kv.get(1).cloned().expect("a config value")
 }
 
-pub async fn config_set(conn: &mut ConnectionManager, name: &str, value: &str) {
+pub async fn config_set(conn: &mut Conn, name: &str, value: &str) {
     let _: () = redis::cmd("CONFIG")
         .arg("SET")
         .arg(name)
@@ -122,7 +126,7 @@ pub async fn config_set(conn: &mut ConnectionManager, name: &str, value: &str) {
 }
 
 /// `CONFIG RESETSTAT`: `INFO commandstats` and the like count from here.
-pub async fn reset_stats(conn: &mut ConnectionManager) {
+pub async fn reset_stats(conn: &mut Conn) {
     let _: () = redis::cmd("CONFIG")
         .arg("RESETSTAT")
         .query_async(conn)
@@ -131,7 +135,7 @@ pub async fn reset_stats(conn: &mut ConnectionManager) {
 }
 
 /// `MEMORY USAGE key SAMPLES 0` (exact: every element counted).
-pub async fn memory_usage(conn: &mut ConnectionManager, key: &str) -> i64 {
+pub async fn memory_usage(conn: &mut Conn, key: &str) -> i64 {
     let n: Option<i64> = redis::cmd("MEMORY")
         .arg("USAGE")
         .arg(key)
@@ -279,7 +283,7 @@ impl Rounds {
 pub async fn limiter_on(
     server: &RedisServer,
     config: &str,
-) -> (quota_worker::quota::Limiter, ConnectionManager) {
+) -> (quota_worker::quota::Limiter, Conn) {
     let cfg = crate::support::TestConfig::new(config, &[]);
     let config = quota_worker::config::Config::load(&cfg.path()).expect("the section's config");
     let mut conn = connect(server).await;

@@ -23,13 +23,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use quota_worker::config::{Config, RedisUrl};
+use quota_worker::conn::Conn;
 use quota_worker::daemon::{Hooks, RunOptions, Shared};
 use quota_worker::keys::KeySpace;
 use quota_worker::outcome::OutcomeEvent;
 use quota_worker::outcome::OutcomeKind;
 use quota_worker::queue::{Origin, Queue};
 use quota_worker::quota::{Limiter, Quotas};
-use redis::aio::ConnectionManager;
 use serde::Serialize;
 use simulator::{SimConfig, Simulator};
 use tokio::sync::{broadcast, oneshot};
@@ -574,7 +574,7 @@ query = {{ chart = "mostPopular", regionCode = "{{region}}", maxResults = "1", k
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn run_once(
     redis: &RedisServer,
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     sink: &SinkDir,
     store: &Store,
     round: usize,
@@ -675,9 +675,13 @@ pub(crate) async fn run_once(
     let mut daemon = InProcess::start(config.clone(), secrets, opts).await;
 
     let url = RedisUrl::new(redis.url());
-    let own = quota_worker::conn::connect(&url, Duration::from_secs(10), 3)
-        .await
-        .expect("connect");
+    let own = quota_worker::conn::connect(
+        &quota_worker::conn::Master::Url(url.clone()),
+        Duration::from_secs(10),
+        "test",
+    )
+    .await
+    .expect("connect");
     let queue = Queue::new(
         own.clone(),
         KeySpace::new(config.redis.key_prefix.clone()),
@@ -745,7 +749,7 @@ pub(crate) async fn run_once(
     sim.shutdown().await;
 
     let per = |x: f64| x / n as f64;
-    let scripts = ["evalsha", "eval"];
+    let scripts = ["evalsha", "eval", "fcall"];
     Some(Run {
         round,
         sink: sink.name,
@@ -812,7 +816,7 @@ struct Dones {
 
 /// `INFO commandstats`: command -> (calls, usec). Inner commands of scripts
 /// are counted under their own names, and their time under the script too.
-async fn commandstats(conn: &mut ConnectionManager) -> BTreeMap<String, (u64, u64)> {
+async fn commandstats(conn: &mut Conn) -> BTreeMap<String, (u64, u64)> {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(conn)
@@ -842,7 +846,7 @@ async fn commandstats(conn: &mut ConnectionManager) -> BTreeMap<String, (u64, u6
 }
 
 /// redis-server's CPU time so far (user + sys), µs.
-async fn redis_cpu_us(conn: &mut ConnectionManager) -> i64 {
+async fn redis_cpu_us(conn: &mut Conn) -> i64 {
     let mut secs = 0.0;
     for field in ["used_cpu_user", "used_cpu_sys"] {
         secs += info_field(conn, "cpu", field)

@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use quota_worker::config::{Config, Reserve};
-use quota_worker::quota::{Decision, Limiter, Quotas, request_id};
+use quota_worker::quota::{Decision, Limiter, Quotas, SpendOptions, request_id};
 use serde::Serialize;
 use serde_json::json;
 use tokio::sync::watch;
@@ -394,7 +394,7 @@ async fn phase(ctx: &Ctx, p: &Phase) -> PhaseResult {
                     let id = request_id();
                     let from_us = now_us();
                     let d = limiter
-                        .spend_reserved("ex", Some(cost), &id, reserve)
+                        .spend_with("ex", &id, SpendOptions::new().cost(cost).reserve(reserve))
                         .await
                         .expect("spend");
                     let to_us = now_us();
@@ -435,7 +435,7 @@ async fn phase(ctx: &Ctx, p: &Phase) -> PhaseResult {
 
 /// Upper bound on |caller clock − Redis TIME|: TIME read between two
 /// readings of the caller's clock.
-async fn clock_offset(conn: &mut redis::aio::ConnectionManager) -> i64 {
+async fn clock_offset(conn: &mut quota_worker::conn::Conn) -> i64 {
     let mut worst = 0;
     for _ in 0..5 {
         let a = now_us();
@@ -492,6 +492,8 @@ fn check(
             upstream: false,
             resource: None,
             every_resource: false,
+            mode: Default::default(),
+            keyed_by_units: false,
         };
         let r = if reserved { p.reserve } else { 0 };
         w.admits(Reserve::new(r).expect("a reserve of 0-99%"))

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use quota_worker::config::Config;
+use quota_worker::conn::Conn;
 use quota_worker::conn::Lua;
 use quota_worker::quota::{Decision, Limiter, Quotas, RejectedBy};
-use redis::aio::ConnectionManager;
 use serde_json::json;
 
 use crate::Ctx;
@@ -73,7 +73,7 @@ pub fn naive_key(name: &str) -> String {
 
 /// One naive spend (one 1h window of `limit` units): (allowed, retry_after_ms).
 pub async fn naive_spend(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     key: &str,
     id: &str,
     cost: u64,
@@ -95,14 +95,7 @@ pub async fn naive_spend(
 /// Writes `n` one-unit members straight into a naive log: member `<tag:8
 /// hex><i:24 hex>:1` (a 32-hex id like a real request id, unit 1) at a spend
 /// time spread evenly over [from, to). Pipelined ZADDs of 1,000 members each.
-pub async fn fill_naive(
-    conn: &mut ConnectionManager,
-    zset: &str,
-    tag: u32,
-    n: usize,
-    from_us: i64,
-    to_us: i64,
-) {
+pub async fn fill_naive(conn: &mut Conn, zset: &str, tag: u32, n: usize, from_us: i64, to_us: i64) {
     let mut pipe = redis::pipe();
     let mut queued = 0;
     for first in (0..n).step_by(FILL_CHUNK) {
@@ -129,7 +122,7 @@ pub async fn fill_naive(
 /// real request id. Entries are appended: `from_us` must not be earlier than
 /// the window's newest.
 pub async fn fill_ours(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     keys: &[String],
     tag: u32,
     n: usize,
@@ -158,7 +151,7 @@ pub async fn used_units(limiter: &Limiter, name: &str) -> u64 {
     limiter.peek(name).await.expect("peek").windows[0].used
 }
 
-pub async fn zcard(conn: &mut ConnectionManager, key: &str) -> i64 {
+pub async fn zcard(conn: &mut Conn, key: &str) -> i64 {
     redis::cmd("ZCARD")
         .arg(key)
         .query_async(conn)
@@ -168,7 +161,7 @@ pub async fn zcard(conn: &mut ConnectionManager, key: &str) -> i64 {
 
 /// Entries a spend.lua window's stream holds (`keys`: meta, log, ts, adj):
 /// one per spend, expired ones dropped a few calls after they expire.
-pub async fn stream_len(conn: &mut ConnectionManager, keys: &[String]) -> i64 {
+pub async fn stream_len(conn: &mut Conn, keys: &[String]) -> i64 {
     redis::cmd("XLEN")
         .arg(&keys[2])
         .query_async(conn)
@@ -177,7 +170,7 @@ pub async fn stream_len(conn: &mut ConnectionManager, keys: &[String]) -> i64 {
 }
 
 /// Takes entry `id`, the newest of the spend.lua window `keys`, back out.
-pub async fn pop_newest(conn: &mut ConnectionManager, keys: &[String], id: &str) -> i64 {
+pub async fn pop_newest(conn: &mut Conn, keys: &[String], id: &str) -> i64 {
     crate::support::seed::pop_cmd(keys, id)
         .query_async(conn)
         .await
@@ -187,7 +180,7 @@ pub async fn pop_newest(conn: &mut ConnectionManager, keys: &[String], id: &str)
 /// Drops keys without blocking Redis (large values are freed by Redis's
 /// lazy-free thread), then waits until that thread is done, so the next
 /// measurement does not share the CPU with it.
-pub async fn unlink(conn: &mut ConnectionManager, keys: &[String]) {
+pub async fn unlink(conn: &mut Conn, keys: &[String]) {
     if keys.is_empty() {
         return;
     }
@@ -200,7 +193,7 @@ pub async fn unlink(conn: &mut ConnectionManager, keys: &[String]) {
 }
 
 /// Waits until Redis's lazy-free thread has nothing left to free.
-pub async fn wait_lazyfree(conn: &mut ConnectionManager) {
+pub async fn wait_lazyfree(conn: &mut Conn) {
     let deadline = Instant::now() + Duration::from_secs(60);
     while common::info_field(conn, "memory", "lazyfree_pending_objects").await != "0"
         && Instant::now() < deadline
@@ -576,14 +569,7 @@ pub async fn run(ctx: &Ctx) -> Section {
 
 /// Removes an allowed spend pair again: spend.lua's entry (the window's
 /// newest) and the naive log's `cost` members. One round trip each.
-async fn undo(
-    conn: &mut ConnectionManager,
-    q: &Quotas,
-    name: &str,
-    ours_id: &str,
-    naive_id: &str,
-    cost: u64,
-) {
+async fn undo(conn: &mut Conn, q: &Quotas, name: &str, ours_id: &str, naive_id: &str, cost: u64) {
     let keys = ours_keys(q, name);
     let members: Vec<String> = (1..=cost).map(|i| format!("{naive_id}:{i}")).collect();
     let popped = pop_newest(conn, &keys, ours_id).await;
@@ -602,7 +588,7 @@ async fn undo(
 
 /// Both layouts hold exactly `n` live one-unit entries.
 async fn check_window(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     limiter: &Limiter,
     name: &str,
     nkey: &str,

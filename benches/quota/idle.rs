@@ -8,8 +8,8 @@
 
 use std::time::Instant;
 
+use quota_worker::conn::Conn;
 use quota_worker::quota::{Limiter, request_id};
-use redis::aio::ConnectionManager;
 use serde_json::json;
 
 use crate::Ctx;
@@ -256,13 +256,7 @@ fn small(x: f64) -> String {
 /// Filled afresh, not copied: a `COPY`ed zset is laid out anew in memory and
 /// frees about twice as fast as a filled one, which would flatter the naive
 /// log's inline eviction.
-async fn one(
-    conn: &mut ConnectionManager,
-    limiter: &Limiter,
-    keys: &[String],
-    nkey: &str,
-    g: &Gap,
-) -> Rep {
+async fn one(conn: &mut Conn, limiter: &Limiter, keys: &[String], nkey: &str, g: &Gap) -> Rep {
     let mut rep = Rep::default();
     let live = g.live as i64;
     let now = common::redis_now_us(conn).await;

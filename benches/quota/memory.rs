@@ -5,8 +5,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use quota_worker::conn::Conn;
 use quota_worker::quota::{Limiter, request_id};
-use redis::aio::ConnectionManager;
 use serde_json::json;
 
 use crate::Ctx;
@@ -199,8 +199,8 @@ pub async fn run(ctx: &Ctx) -> Section {
 /// window holds exactly them, and measures it; then drops the window.
 async fn measure(
     plan: &Plan,
-    admin: &mut ConnectionManager,
-    clients: &[(Limiter, ConnectionManager)],
+    admin: &mut Conn,
+    clients: &[(Limiter, Conn)],
     imp: Imp,
     cost: u64,
     keys: &[String],

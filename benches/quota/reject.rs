@@ -17,9 +17,9 @@
 
 use std::time::Duration;
 
+use quota_worker::conn::Conn;
 use quota_worker::conn::Lua;
 use quota_worker::quota::{Decision, Limiter, request_id};
-use redis::aio::ConnectionManager;
 use serde_json::json;
 
 use crate::Ctx;
@@ -92,7 +92,7 @@ fn list_key(name: &str) -> String {
 }
 
 /// One refused spend of `cost` by `imp` on window `name`.
-async fn refuse(limiter: &Limiter, conn: &mut ConnectionManager, imp: Imp, name: &str, cost: u64) {
+async fn refuse(limiter: &Limiter, conn: &mut Conn, imp: Imp, name: &str, cost: u64) {
     let allowed = match imp {
         Imp::Ours => {
             let d = limiter
@@ -136,7 +136,7 @@ async fn refuse(limiter: &Limiter, conn: &mut ConnectionManager, imp: Imp, name:
 
 /// Fills the list of the moving window with `n` timestamps (seconds, as it
 /// stores them), newest first, spread over [from, to) µs.
-async fn fill_list(conn: &mut ConnectionManager, key: &str, n: usize, from_us: i64, to_us: i64) {
+async fn fill_list(conn: &mut Conn, key: &str, n: usize, from_us: i64, to_us: i64) {
     for first in (0..n).step_by(1_000) {
         let mut cmd = redis::cmd("RPUSH");
         cmd.arg(key);

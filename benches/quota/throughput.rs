@@ -2,7 +2,7 @@
 //! the Rust limiter at 1, 8, 64 and 256 concurrent callers, cost 1 and 100,
 //! one window and three, side by side in the same run with
 //!
-//! - the **ceiling**: `redis-benchmark` running `EVALSHA` of `lua/spend.lua`
+//! - the **ceiling**: `redis-benchmark` running `FCALL` of the spend core
 //!   with the same keys and arguments at the same concurrency (what Redis
 //!   itself does with this script), and the same with one pipelined
 //!   connection (`-c 1 -P N`), which is how the limiter's multiplexed
@@ -25,9 +25,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use quota_worker::config::Config;
+use quota_worker::conn::Conn;
 use quota_worker::conn::Lua;
 use quota_worker::quota::{Decision, Limiter, Quotas, request_id, script};
-use redis::aio::ConnectionManager;
 use serde::Serialize;
 use serde_json::json;
 
@@ -203,7 +203,7 @@ fn config_text() -> String {
 #[derive(Clone)]
 struct Caller {
     limiter: Limiter,
-    conn: ConnectionManager,
+    conn: Conn,
     endpoint: Arc<str>,
     naive_keys: Arc<[String]>,
     batched_keys: Arc<[String]>,
@@ -353,10 +353,10 @@ struct Shot<'a> {
     pipeline: usize,
 }
 
-/// Runs `count` EVALSHA spends of the endpoint's plan.
+/// Runs `count` FCALL spends of the endpoint's plan.
 async fn ceiling(
     shot: Shot<'_>,
-    sha: &str,
+    function: &str,
     keys: &[String],
     args: &[String],
     count: u64,
@@ -367,8 +367,8 @@ async fn ceiling(
         .args(["-c", &shot.conns.to_string(), "-n", &count.to_string()])
         .args(["-P", &shot.pipeline.to_string()])
         .args(["-r", &RAND_SPACE.to_string()])
-        .arg("EVALSHA")
-        .arg(sha)
+        .arg("FCALL")
+        .arg(function)
         .arg(keys.len().to_string())
         .args(keys)
         .args(args)
@@ -604,9 +604,9 @@ struct Cell {
 struct Env<'a> {
     ctx: &'a Ctx,
     plan: &'a Plan,
-    admin: ConnectionManager,
+    admin: Conn,
     limiter: Limiter,
-    conn: ConnectionManager,
+    conn: Conn,
     bench: Option<PathBuf>,
     /// redis-benchmark's last rate, per way of sending, to size its COUNT.
     ceiling_rate: [f64; 2],
@@ -660,16 +660,18 @@ impl Env<'_> {
                     .endpoint(&shape.endpoint)
                     .expect("endpoint")
                     .plan;
-                let mut args = plan.args(
-                    "spend",
-                    CEILING_ID,
-                    &caller.cost.to_string(),
-                    quota_worker::config::Reserve::NONE,
-                );
                 // As `Ours` spends: without the status page's history.
-                args.truncate(5 + plan.windows.len());
+                let args = (plan.layout(&quota_worker::quota::Operation::Spend {
+                    request_id: CEILING_ID,
+                    cost: caller.cost,
+                    reserve: quota_worker::config::Reserve::NONE,
+                    ticket: None,
+                    history: false,
+                }))
+                .args;
                 let t = Instant::now();
-                let run = ceiling(shot, script().sha(), &shape.keys, &args, count).await;
+                let spend = quota_worker::quota::Op::Spend.function().name();
+                let run = ceiling(shot, spend, &shape.keys, &args, count).await;
                 let secs = t.elapsed().as_secs_f64();
                 self.ceiling_rate[slot] = run.rps;
                 (run.requests, secs, run.rps, run.lat)
@@ -882,7 +884,7 @@ fn markdown(plan: &Plan, cells: &[Cell], ceiling_note: &str) -> String {
          `naive_log_batched.lua`, `ZADD`s of up to 500 members) run through the same tasks and \
          connection, one zset per window (the fixed day is a 24 h log: the naive design has no \
          calendar window); the ceiling is `redis-benchmark -c N` (N connections, one request in \
-         flight on each) running `EVALSHA` of `lua/spend.lua` with the same keys and arguments and \
+         flight on each) running `FCALL` of the spend core with the same keys and arguments and \
          a random 32-character id per call{ceiling_note}, and the pipelined ceiling the same with \
          `-c 1 -P N` (one connection, N requests in flight, as the limiter's multiplexed connection \
          sends them; ours can beat the plain ceiling because Redis then reads and answers many \
@@ -905,7 +907,7 @@ fn targets(cells: &[Cell], why_not: &str) -> Vec<Target> {
     let wname = |w: usize| if w == 1 { "1 window" } else { "3 windows" };
     for c in cells.iter().filter(|c| c.callers == 64) {
         let what = format!(
-            "spends/s vs the ceiling (redis-benchmark EVALSHA) at 64 callers, cost {}, {}",
+            "spends/s vs the ceiling (redis-benchmark FCALL) at 64 callers, cost {}, {}",
             c.cost,
             wname(c.windows)
         );
@@ -992,7 +994,16 @@ pub async fn run(ctx: &Ctx) -> Section {
     let conn = connect(&ctx.redis).await;
     let limiter = Limiter::new(conn.clone(), quotas, TIMEOUT).without_history();
 
-    // Load the scripts, so EVALSHA finds them from the first call.
+    // Load the library and the scripts, so FCALL and EVALSHA find them from
+    // the first call.
+    let _: () = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(quota_worker::quota::library().source())
+        .query_async::<String>(&mut admin)
+        .await
+        .map(drop)
+        .expect("FUNCTION LOAD");
     for source in [script().source(), NAIVE.source(), BATCHED.source()] {
         let sha: String = redis::cmd("SCRIPT")
             .arg("LOAD")
@@ -1072,7 +1083,7 @@ pub async fn run(ctx: &Ctx) -> Section {
                 "rounds": plan.rounds,
                 "round_ms": plan.round.as_millis() as u64,
                 "warmup_ms": plan.warmup.as_millis() as u64,
-                "shared_connection": "all Rust callers share one Limiter (one multiplexed ConnectionManager)",
+                "shared_connection": "all Rust callers share one Limiter (one multiplexed Conn)",
                 "ceiling": env.bench.as_ref().map_or(
                     serde_json::Value::String(format!("not measured: {why_not}")),
                     |p| json!(format!("{} -c N (ceiling), -c 1 -P N (ceiling_pipelined)", p.display()))

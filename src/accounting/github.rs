@@ -195,7 +195,7 @@ mod tests {
     #[test]
     fn remaining_resyncs_until_the_reset_and_zero_blocks_until_then() {
         let ep = endpoint(Some(Accounting::Github));
-        let now = Utc::now();
+        let now = super::super::tests::whole_second_now();
         let v = read(&ep, 200, &gh("4999", now.timestamp() + 600), b"[]", now);
         assert_eq!(v.resource.as_deref(), Some("core"));
         assert_eq!(
@@ -222,7 +222,7 @@ mod tests {
     #[test]
     fn a_search_answer_speaks_for_search_only() {
         let ep = endpoint(Some(Accounting::Github));
-        let now = Utc::now();
+        let now = super::super::tests::whole_second_now();
         let v = read(
             &ep,
             200,
@@ -279,7 +279,7 @@ mod tests {
     #[test]
     fn a_fractional_reset_is_rounded_up() {
         let ep = endpoint(Some(Accounting::Github));
-        let now = Utc::now();
+        let now = super::super::tests::whole_second_now();
         let mut h = gh("0", 0);
         let reset = format!("{}.5", now.timestamp() + 9);
         h.insert("x-ratelimit-reset", reset.parse().expect("value"));
@@ -290,7 +290,7 @@ mod tests {
     #[test]
     fn the_primary_limit_blocks_until_the_reset() {
         let ep = endpoint(Some(Accounting::Github));
-        let now = Utc::now();
+        let now = super::super::tests::whole_second_now();
         for status in [403, 429] {
             let v = read(&ep, status, &gh("0", now.timestamp() + 120), PRIMARY, now);
             assert!(v.refused);
@@ -312,7 +312,7 @@ mod tests {
     #[test]
     fn a_secondary_limit_blocks_the_token_60s_doubling_or_its_retry_after() {
         let ep = endpoint(Some(Accounting::Github));
-        let now = Utc::now();
+        let now = super::super::tests::whole_second_now();
         let v = read(&ep, 403, &gh("4000", now.timestamp() + 600), SECONDARY, now);
         assert!(v.refused);
         let b = v.block.expect("blocked");
@@ -353,7 +353,7 @@ mod tests {
     #[test]
     fn other_403s_are_not_rate_limits() {
         let ep = endpoint(Some(Accounting::Github));
-        let now = Utc::now();
+        let now = super::super::tests::whole_second_now();
         let body =
             br#"{"message":"Resource not accessible by integration","documentation_url":"x"}"#;
         let v = read(&ep, 403, &gh("4000", now.timestamp() + 600), body, now);

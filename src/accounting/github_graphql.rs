@@ -195,7 +195,7 @@ mod tests {
     #[test]
     fn settles_to_the_reported_cost_and_resyncs_the_graphql_resource() {
         let ep = endpoint(Some(Accounting::GithubGraphql));
-        let now = Utc::now();
+        let now = super::super::tests::whole_second_now();
         let reset = now.timestamp() + 900;
         let body = format!(
             r#"{{"data":{{"viewer":{{"login":"x"}},"rateLimit":{{"cost":7,"remaining":4893,"used":107,"resetAt":"{}"}}}}}}"#,
@@ -244,7 +244,7 @@ mod tests {
     #[test]
     fn rate_limited_blocks_until_the_reset_with_a_200_or_a_403() {
         let ep = endpoint(Some(Accounting::GithubGraphql));
-        let now = Utc::now();
+        let now = super::super::tests::whole_second_now();
         let body = br#"{"errors":[{"type":"RATE_LIMITED","code":"graphql_rate_limit","message":"API rate limit exceeded for user ID 1."}]}"#;
         for status in [200, 403] {
             let v = read(
@@ -275,7 +275,7 @@ mod tests {
     #[test]
     fn a_secondary_limit_blocks_the_token() {
         let ep = endpoint(Some(Accounting::GithubGraphql));
-        let now = Utc::now();
+        let now = super::super::tests::whole_second_now();
         let body = br#"{"errors":[{"message":"You have exceeded a secondary rate limit. Please wait a few minutes before you try again."}]}"#;
         let v = read(
             &ep,
@@ -294,7 +294,7 @@ mod tests {
     #[test]
     fn errors_without_data_are_a_bad_answer() {
         let ep = endpoint(Some(Accounting::GithubGraphql));
-        let now = Utc::now();
+        let now = super::super::tests::whole_second_now();
         let body = br#"{"errors":[{"type":"NOT_FOUND","path":["repository"],"message":"Could not resolve to a Repository with the name 'x/y'."}]}"#;
         let v = read(&ep, 200, &HeaderMap::new(), body, now);
         assert_eq!(

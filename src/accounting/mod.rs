@@ -390,8 +390,11 @@ pub(crate) fn retry_after(
     Some(bounded(endpoint, "retry-after", v, wait))
 }
 
-/// Until `reset` (a Unix time in seconds, as a header writes it), rounded
-/// up (the reset second itself is not yet free), at most `max_block`.
+/// Until a second after `reset` (a Unix time in seconds, as a header
+/// writes it: the reset second itself is not yet free), counted from `now`
+/// to the millisecond, at most `max_block`. Regression (issue 33 item 4):
+/// counted from `now`'s whole second, drift bound to a reset T (and the
+/// block until it) ended anywhere between T + 1 s and T + 2 s.
 pub(crate) fn until_epoch(
     endpoint: &Endpoint,
     header: &str,
@@ -399,8 +402,9 @@ pub(crate) fn until_epoch(
     reset: u64,
     now: DateTime<Utc>,
 ) -> Duration {
-    let secs = (i128::from(reset) - i128::from(now.timestamp())).max(0);
-    let wait = Duration::from_secs(u64::try_from(secs).unwrap_or(u64::MAX).saturating_add(1));
+    let end_ms = (i128::from(reset) + 1) * 1000;
+    let ms = (end_ms - i128::from(now.timestamp_millis())).max(0);
+    let wait = Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX));
     bounded(endpoint, header, raw, wait)
 }
 
@@ -451,6 +455,13 @@ pub(crate) mod tests {
 
     /// An endpoint with `accounting`, YouTube's quota reasons, a 60 s
     /// `throttle_block` and a one-hour `max_block`.
+    /// Now, on a whole second: what a test that compares a wait with a
+    /// whole number of seconds until a reset (a header's epoch second) reads
+    /// the answer at (a reset ends a second after it, to the millisecond).
+    pub(crate) fn whole_second_now() -> DateTime<Utc> {
+        DateTime::from_timestamp(Utc::now().timestamp(), 0).expect("now")
+    }
+
     pub(crate) fn endpoint(accounting: Option<Accounting>) -> Endpoint {
         Endpoint {
             name: "e".into(),
@@ -500,6 +511,23 @@ pub(crate) mod tests {
             );
         }
         h
+    }
+
+    /// Regression (issue 33 item 4): drift bound to an upstream reset T
+    /// (and the block until it) ended between T + 1 s and T + 2 s, counted
+    /// from the whole second of now; it ends at T + 1 s to the millisecond.
+    #[test]
+    fn a_reset_ends_a_second_after_it_to_the_millisecond() {
+        let ep = endpoint(None);
+        let t: u64 = 1_700_000_020;
+        let at = |ms_before: i64| {
+            let now = DateTime::from_timestamp_millis(t as i64 * 1000 - ms_before).expect("time");
+            until_epoch(&ep, "x-ratelimit-reset", "r", t, now)
+        };
+        assert_eq!(at(300), Duration::from_millis(1_300));
+        assert_eq!(at(7_700), Duration::from_millis(8_700));
+        assert_eq!(at(-700), Duration::from_millis(300));
+        assert_eq!(at(-1_500), Duration::ZERO, "a reset long past");
     }
 
     fn wait_of(v: &Verdict) -> Option<Duration> {

@@ -168,12 +168,13 @@ async fn redis_eviction(config: &Config) -> Exit {
 
 /// The queue's Redis (the windows' too without `quota_nodes`).
 async fn queue_eviction(config: &Config) -> Exit {
-    let Some(url) = &config.redis.url else {
+    let Some(url) = crate::conn::Master::of(&config.redis) else {
         outln!("\nredis: embedded, started with maxmemory-policy noeviction");
         return Exit::Ok;
     };
+    let url = &url;
     let wait = Duration::from_secs(2);
-    let mut conn = match crate::conn::connect(url, wait, 0).await {
+    let mut conn = match crate::conn::connect(url, wait, "cli").await {
         Ok(mut c) => match redis::cmd("PING").query_async::<()>(&mut c).await {
             Err(e) if acl::is_auth_failure(&e) => Err(e),
             _ => Ok(c),
@@ -213,10 +214,23 @@ async fn queue_eviction(config: &Config) -> Exit {
             Exit::Ok
         }
     };
+    note_functions(conn, &config.redis.key_prefix, &url).await;
     if eviction == Exit::Config || access == Exit::Config {
         Exit::Config
     } else {
         Exit::Ok
+    }
+}
+
+/// Says so when the user at `at` may not load or call the spend core's
+/// function library (Redis 7): spends then run by EVALSHA, which works.
+async fn note_functions(
+    conn: &mut (impl redis::aio::ConnectionLike + Send),
+    prefix: &str,
+    at: &impl std::fmt::Display,
+) {
+    if let Ok(acl::Access::Missing(missing)) = acl::functions(conn, prefix).await {
+        println!("note: redis: {at}: {}", acl::slower(&missing));
     }
 }
 
@@ -256,6 +270,7 @@ async fn quota_cluster(config: &Config) -> Exit {
                 Exit::Ok
             }
         };
+    note_functions(&mut conn.clone(), &config.redis.key_prefix, &at).await;
     if eviction == Exit::Config || access == Exit::Config {
         Exit::Config
     } else {
@@ -298,9 +313,9 @@ fn verdict(config: &Config, at: &str, eviction: Eviction) -> Exit {
 /// heartbeats within `recover_after`), when it answers; `None` when it
 /// does not (or the Redis is the embedded one of a daemon not running).
 async fn live_daemons(config: &Config) -> Option<u64> {
-    let url = config.redis.url.as_ref()?;
+    let master = crate::conn::Master::of(&config.redis)?;
     let wait = Duration::from_secs(2);
-    let conn = crate::conn::connect(url, wait, 0).await.ok()?;
+    let conn = crate::conn::connect(&master, wait, "cli").await.ok()?;
     let keys = crate::keys::KeySpace::new(config.redis.key_prefix.clone());
     let queue = crate::queue::Queue::new(conn, keys, config.worker.recover_after);
     let live = queue.live_workers(config.worker.recover_after);
@@ -626,12 +641,19 @@ impl Row<'_> {
         let worst = self.worst(config, tenants, now);
         let pct = worst as f64 * 100.0 / w.units.get() as f64;
         let fits = worst <= w.units.get();
+        // A shadow window is judged as if enforced, and marked: it would
+        // not fit, but it refuses nothing (SPEC Part 4, "Shadow windows").
+        let verdict = match (fits, w.is_shadow()) {
+            (true, false) => "fits",
+            (false, false) => "DOES NOT FIT",
+            (true, true) => "fits (shadow)",
+            (false, true) => "would not fit (shadow: not enforced)",
+        };
         let mut line = format!(
-            "  {:<scope_w$}  {:<win_w$}  worst case {worst:>9} units per {:<6} {pct:>6.1}%  {}\n",
+            "  {:<scope_w$}  {:<win_w$}  worst case {worst:>9} units per {:<6} {pct:>6.1}%  {verdict}\n",
             scope,
             w.describe(),
             fmt_duration(w.per),
-            if fits { "fits" } else { "DOES NOT FIT" }
         );
         // A job's reserve: what its spends leave free in this window.
         for j in self.jobs.iter().filter(|j| j.reserve != Reserve::NONE) {
@@ -654,6 +676,11 @@ impl Row<'_> {
             fmt_duration(w.per),
             w.units
         );
+        if w.is_shadow() {
+            msg.push_str(
+                " (a shadow window: enforced, it would refuse what does not fit; as it is, it counts shadow refusals)",
+            );
+        }
         if tenants.is_some() {
             msg.push_str(" (for its busiest tenant)");
         } else if let Some((at, job)) = schedule::exhausted_at(config, &self.jobs, w, now) {

@@ -307,8 +307,8 @@ fn upstream_summary(stats: &SimStats) -> Exit {
 }
 
 async fn limiter_for(config: &Config) -> Option<Limiter> {
-    let url = super::redis_url(config);
-    match crate::conn::connect(&url, config.redis.timeout, 2).await {
+    let master = super::redis_master(config);
+    match crate::conn::connect(&master, config.redis.timeout, "windows").await {
         Ok(c) => Some(Limiter::new(
             c,
             Arc::new(Quotas::new(config)),

@@ -1,8 +1,11 @@
 //! `quota-worker keys ENDPOINT [--cost N] [--reserve P%]`: how another program
-//! (PHP, Python, ...) calls `lua/spend.lua` to spend from the same windows
+//! (PHP, Python, ...) calls the spend core to spend from the same windows
 //! (and, on an endpoint with a concurrent window, to return the lease a
-//! spend takes); `keys --script` prints the script itself. An endpoint of a template
-//! credential is named with one tenant (`keys 'ig.media[account=123]'`):
+//! spend takes): by `FCALL` of the function library the daemon loads
+//! (Redis 7), or by `EVALSHA` of the one script built from the same source
+//! (any Redis), with the same KEYS and ARGV. `keys --script` prints that
+//! script, `keys --library` the library (`FUNCTION LOAD`). An endpoint of a
+//! template credential is named with one tenant (`keys 'ig.media[account=123]'`):
 //! the keys are that tenant's.
 
 use std::path::{Path, PathBuf};
@@ -12,7 +15,11 @@ use serde_json::json;
 use super::Exit;
 use crate::config::{Config, Reserve};
 use crate::keys::KeySpace;
-use crate::quota::{Quotas, SCRIPT};
+use crate::quota::{Op, Operation, Quotas, SCRIPT};
+
+/// What another program replaces with a unique id per upstream request
+/// (the spend core refuses it as it stands).
+const REQUEST_ID: &str = "{request_id}";
 
 /// Runs the command.
 pub fn run(config: &Config, name: &str, cost: Option<u64>, reserve: Reserve) -> Exit {
@@ -37,11 +44,19 @@ pub fn run(config: &Config, name: &str, cost: Option<u64>, reserve: Reserve) -> 
             return Exit::Software;
         }
     };
+    let spend = plan.layout(&Operation::Spend {
+        request_id: REQUEST_ID,
+        cost,
+        reserve,
+        ticket: None,
+        history: true,
+    });
     let mut out = json!({
         "script": script,
         "sha1": crate::quota::script().sha(),
-        "keys": plan.keys_for("spend"),
-        "args": plan.args("spend", "{request_id}", &cost.to_string(), reserve),
+        "keys": spend.keys,
+        "args": spend.args,
+        "fcall": fcall(Op::Spend),
     });
     if tenant.is_some() {
         // The tenant's name, as `quota` shows it and its keys carry it.
@@ -91,12 +106,39 @@ fn lease_ms(config: &Config, endpoint: &str) -> u64 {
 /// window: the same script, op `settle`, once the request's answer has been
 /// read or the request failed.
 fn settle(plan: &crate::quota::Plan, lease_ms: u64) -> serde_json::Value {
+    let mut settle = plan.layout(&Operation::Settle {
+        request_id: REQUEST_ID,
+        actual: 0,
+        history: true,
+    });
+    // The cost is the caller's to fill in.
+    settle.args[2] = "{cost}".to_owned();
     json!({
-        "keys": plan.keys_for("settle"),
-        "args": plan.args("settle", "{request_id}", "{cost}", Reserve::NONE),
+        "keys": settle.keys,
+        "args": settle.args,
+        "fcall": fcall(Op::Settle),
         "lease_ms": lease_ms,
         "how": format!(
             "an admitted spend holds a lease in the endpoint's concurrent window(s) until it is settled:              once the request's answer has been read (or the request failed), run the same script with these keys and args,              {{request_id}} the spend's id and {{cost}} what the request cost (the spend's cost when the upstream says nothing;              0 when it was never sent, which also refunds its units); the reply is [windows that held the spend].              A lease not returned lapses {lease_ms} ms after the spend"
+        ),
+    })
+}
+
+/// How to call operation `op` as a function of the library (Redis 7).
+fn fcall(op: Op) -> serde_json::Value {
+    let f = op.function();
+    let library = crate::quota::library().name();
+    json!({
+        "function": f.name(),
+        "library": library,
+        "how": format!(
+            "on Redis 7 and later: FCALL {} <number of keys> <keys> <args>, the same keys and args as EVALSHA takes \
+             (cheaper for Redis: the library's helpers are loaded once, not run on every call); \
+             a quota-worker process loads library {library} where it is missing; on an error \
+             \"Function not found\" (no quota-worker has called since the Redis started, or lost it) \
+             either load it (FUNCTION LOAD with the text `quota-worker keys --library` prints) and call again, \
+             or call the script by EVALSHA as below",
+            f.name()
         ),
     })
 }
@@ -112,8 +154,8 @@ fn cluster(config: &Config, credential: &str) -> serde_json::Value {
         "hash_tag": tag,
         "how": format!(
             "every key carries the hash tag {tag}, so all of them are in one slot (CLUSTER KEYSLOT {tag}); \
-             send EVALSHA to the master that owns it (a cluster client routes EVALSHA by its first key and follows MOVED/ASK); \
-             on NOSCRIPT, send EVAL with the script's text to the same node"
+             send FCALL (or EVALSHA) to the master that owns it (a cluster client routes both by their first key and follows MOVED/ASK); \
+             on NOSCRIPT, send EVAL with the script's text to the same node; quota-worker loads its library on every master"
         ),
     })
 }
@@ -139,16 +181,16 @@ pub fn print_script() -> Exit {
     emit(SCRIPT)
 }
 
+/// Prints the function library this binary loads (`keys --library`), as
+/// `FUNCTION LOAD` takes it.
+pub fn print_library() -> Exit {
+    emit(crate::quota::library().source())
+}
+
 /// A path holding exactly the script this binary runs, wherever the binary
-/// is installed: `lua/spend.lua` next to the config directory when it is
-/// that script (a checkout), else a copy written to
-/// `<state_dir>/lua/spend.lua`, else (a state directory this user may not
-/// write) to the temporary directory.
+/// is installed: a copy written to `<state_dir>/lua/spend.lua`, else (a
+/// state directory this user may not write) to the temporary directory.
 fn script_path(config: &Config) -> Result<PathBuf, String> {
-    let beside = config.dir.join("../lua/spend.lua");
-    if std::fs::read_to_string(&beside).is_ok_and(|s| s == SCRIPT) {
-        return Ok(std::fs::canonicalize(&beside).unwrap_or(beside));
-    }
     let sha = crate::quota::script().sha();
     let places = [
         config.state_dir.join("lua/spend.lua"),

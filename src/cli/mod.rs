@@ -22,6 +22,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use crate::config::{self, Config};
+use crate::conn::Master;
 use crate::quota::{Limiter, QuotaTarget, Quotas};
 
 /// Prints `args` on standard output, as `print!` does, except that a
@@ -154,22 +155,21 @@ pub(crate) async fn check_tables(
         })
 }
 
-/// The URL to reach Redis at: the configured one, or the embedded Redis's
-/// socket in the state directory.
-pub(crate) fn redis_url(config: &Config) -> config::RedisUrl {
-    match &config.redis.url {
-        Some(u) => u.clone(),
-        None => config::RedisUrl::new(format!(
+/// Where the Redis master is: the configured URL's host or what the
+/// sentinels name, or the embedded Redis's socket in the state directory.
+pub(crate) fn redis_master(config: &Config) -> Master {
+    Master::of(&config.redis).unwrap_or_else(|| {
+        Master::Url(config::RedisUrl::new(format!(
             "unix://{}",
             crate::embedded::socket_path(&config.state_dir).display()
-        )),
-    }
+        )))
+    })
 }
 
 /// Where the windows live: the cluster of `[redis] quota_nodes`, else the
-/// Redis of [`redis_url`].
+/// Redis of [`redis_master`].
 pub(crate) fn quota_target(config: &Config) -> QuotaTarget {
-    QuotaTarget::of(config, redis_url(config))
+    QuotaTarget::of(config, redis_master(config))
 }
 
 /// A limiter for `quotas` where the windows live. It connects on first use,
@@ -200,10 +200,16 @@ pub(crate) async fn limiter_failure(config: &Config, e: &crate::quota::QuotaErro
         Q::Script(_) => true,
         _ => false,
     };
-    if ask
-        && let QuotaTarget::Standalone(url) = quota_target(config)
-        && let Ok(mut c) = crate::conn::connect(&url, config.redis.timeout, 0).await
-        && let Err(refused) = redis::cmd("PING").query_async::<()>(&mut c).await
+    let refused = match quota_target(config) {
+        QuotaTarget::Standalone(master) if ask => {
+            match crate::conn::connect(&master, config.redis.timeout, "cli").await {
+                Ok(mut c) => redis::cmd("PING").query_async::<()>(&mut c).await.err(),
+                Err(e) => Some(e),
+            }
+        }
+        _ => None,
+    };
+    if let Some(refused) = refused
         && crate::acl::is_auth_failure(&refused)
     {
         eprintln!(
@@ -230,7 +236,7 @@ pub(crate) fn quota_error(config: &Config, e: &crate::quota::QuotaError) -> Exit
     }
     if e.is_unavailable() {
         eprintln!("error: Redis at {}: {e}", quota_target(config));
-        if config.redis.url.is_none() && config.redis.quota_nodes.is_empty() {
+        if config.redis.embedded() && config.redis.quota_nodes.is_empty() {
             eprintln!(
                 "hint: [redis] url is not set, so this uses the embedded Redis of a running `quota-worker run`; start the daemon or set {}",
                 config::REDIS_URL_ENV

@@ -162,6 +162,12 @@ pub(crate) fn to_json(usages: &[CredentialUsage]) -> serde_json::Value {
                     if w.window.is_concurrent() {
                         out["leases"] = json!(w.leases);
                     }
+                    // A shadow window: what it would have refused over the
+                    // last 24 hours (an enforced window has neither field).
+                    if w.window.is_shadow() {
+                        out["mode"] = json!("shadow");
+                        out["shadow_refusals"] = json!(w.shadow_refusals);
+                    }
                     out
                 })
                 .collect();
@@ -236,6 +242,13 @@ pub(crate) fn table(usages: &[CredentialUsage]) -> String {
                     format!("{} ({} lease{s} held)", w.window.describe(), w.leases)
                 } else {
                     w.window.describe()
+                };
+                let window = if w.window.is_shadow() {
+                    let n = w.shadow_refusals;
+                    let s = if n == 1 { "" } else { "s" };
+                    format!("{window} SHADOW ({n} refusal{s} in 24 h)")
+                } else {
+                    window
                 };
                 let mut row = vec![format!("{}", i + 1), w.scope.to_string()];
                 if several {

@@ -5,7 +5,8 @@
 //! spends from one tenant's windows: `spend 'ig.media[account=123]'`. On an
 //! endpoint with a concurrent window an admitted spend holds a lease, named
 //! by its id (`lease`), until `quota-worker settle ENDPOINT ID COST` returns
-//! it or it lapses.
+//! it or it lapses. A shadow window (`mode = "shadow"`) never refuses: the
+//! spend names those that would have (`shadow_refused`).
 
 use std::sync::Arc;
 
@@ -13,7 +14,7 @@ use serde_json::json;
 
 use super::{Exit, outln};
 use crate::config::{Config, Reserve, fmt_duration};
-use crate::quota::{Decision, Quotas, RejectedBy};
+use crate::quota::{Decision, Quotas, RejectedBy, Spent};
 
 /// Runs the command.
 pub async fn run(
@@ -39,26 +40,28 @@ pub async fn run(
         Err(code) => return code,
     };
     let id = crate::quota::request_id();
-    let decision = match limiter
-        .spend_for(endpoint, tenant.as_deref(), Some(cost), &id, reserve)
-        .await
-    {
-        Ok(d) => d,
+    let options = crate::quota::SpendOptions::new()
+        .cost(cost)
+        .reserve(reserve)
+        .tenant(tenant.as_deref());
+    let spent = match limiter.spend_shadowed(endpoint, &id, options).await {
+        Ok(s) => s,
         Err(e) => return super::limiter_failure(config, &e).await,
     };
-    report(config, name, endpoint, cost, &id, &decision, as_json)
+    report(config, name, endpoint, cost, &id, &spent, as_json)
 }
 
-/// Prints `decision` (text or JSON) and returns its exit code.
+/// Prints `spent` (text or JSON) and returns its exit code.
 fn report(
     config: &Config,
     name: &str,
     endpoint: &str,
     cost: u64,
     id: &str,
-    decision: &Decision,
+    spent: &Spent,
     as_json: bool,
 ) -> Exit {
+    let (decision, shadow) = (&spent.decision, &spent.shadow_refused);
     let windows = config.windows_of(&config.endpoints[endpoint]);
     // Whether an admitted spend holds a lease, and how long it lasts
     // unreturned (the longest of its concurrent windows').
@@ -70,7 +73,8 @@ fn report(
         Decision::Allowed { remaining } => {
             if as_json {
                 let mut out = json!({"allowed": true, "remaining": remaining, "retry_after_ms": 0,
-                                     "rejecting_window": 0, "request_id": id});
+                                     "rejecting_window": 0, "request_id": id,
+                                     "shadow_refused": shadow});
                 if let Some(ms) = lease {
                     out["lease"] = json!(id);
                     out["lease_ms"] = json!(ms);
@@ -80,12 +84,7 @@ fn report(
                 outln!(
                     "allowed: spent {cost} units on {name}; {remaining} left in the tightest window (request {id})"
                 );
-                if let Some(ms) = lease {
-                    outln!(
-                        "lease {id} held until `quota-worker settle '{name}' {id} COST` returns it, or for {}",
-                        fmt_duration(std::time::Duration::from_millis(ms))
-                    );
-                }
+                print_notes(&windows, shadow, lease, name, id);
             }
             Exit::Ok
         }
@@ -94,7 +93,8 @@ fn report(
                 outln!(
                     "{}",
                     json!({"allowed": true, "remaining": null, "retry_after_ms": 0,
-                           "rejecting_window": 0, "request_id": id, "unchecked": true})
+                           "rejecting_window": 0, "request_id": id, "unchecked": true,
+                           "shadow_refused": []})
                 );
             } else {
                 outln!(
@@ -110,7 +110,7 @@ fn report(
                     "{}",
                     json!({"allowed": false, "remaining": r.remaining, "retry_after_ms": ms,
                            "rejecting_window": r.by.window_number(), "request_id": id,
-                           "blocked": r.by == RejectedBy::Blocked})
+                           "blocked": r.by == RejectedBy::Blocked, "shadow_refused": []})
                 );
             } else {
                 let why = match r.by {
@@ -128,5 +128,30 @@ fn report(
             }
             Exit::TempFail
         }
+    }
+}
+
+/// Under an admitted spend's line: a line per shadow window (`shadow`:
+/// their 1-based numbers among `windows`) that would have refused it, and
+/// the lease it holds (`lease`: how long it lasts unreturned, ms).
+fn print_notes(
+    windows: &[(crate::config::Scope, &crate::config::Window)],
+    shadow: &[usize],
+    lease: Option<u64>,
+    name: &str,
+    id: &str,
+) {
+    for &n in shadow {
+        let (scope, w) = &windows[n - 1];
+        outln!(
+            "shadow window {n} ({scope} {}) would have refused it (mode = \"shadow\": counted, not enforced)",
+            w.describe()
+        );
+    }
+    if let Some(ms) = lease {
+        outln!(
+            "lease {id} held until `quota-worker settle '{name}' {id} COST` returns it, or for {}",
+            fmt_duration(std::time::Duration::from_millis(ms))
+        );
     }
 }

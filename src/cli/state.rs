@@ -15,8 +15,8 @@
 
 use std::time::Duration;
 
+use crate::conn::Conn;
 use chrono::{DateTime, NaiveDate};
-use redis::aio::ConnectionManager;
 use tracing::warn;
 
 use super::{Exit, outln};
@@ -108,7 +108,7 @@ pub async fn reset(config: &Config, job: &str, item: Option<&str>, since: Option
 /// The job, its Redis, and the items the command is about.
 struct Target<'c> {
     job: &'c Job,
-    conn: ConnectionManager,
+    conn: Conn,
     keys: KeySpace,
     /// Each item, and whether the fan-out gives it now.
     items: Vec<(String, bool)>,
@@ -132,8 +132,8 @@ impl<'c> Target<'c> {
             eprintln!("error: unknown job {job:?} (known: {})", known.join(", "));
             return Err(Exit::Usage);
         };
-        let url = super::redis_url(config);
-        let mut conn = match crate::conn::connect(&url, config.redis.timeout, 1).await {
+        let url = super::redis_master(config);
+        let mut conn = match crate::conn::connect(&url, config.redis.timeout, "cli").await {
             Ok(c) => c,
             Err(e) => return Err(redis_failure(config, &e)),
         };
@@ -227,10 +227,7 @@ impl SinceArg {
 
     /// The time, epoch s, by Redis's clock; `Err` for one in the future
     /// (the item's next run would ask for nothing).
-    async fn resolve(
-        self,
-        conn: &mut ConnectionManager,
-    ) -> redis::RedisResult<Result<i64, String>> {
+    async fn resolve(self, conn: &mut Conn) -> redis::RedisResult<Result<i64, String>> {
         let (now, _): (i64, i64) = redis::cmd("TIME").query_async(conn).await?;
         let at = match self {
             SinceArg::At(at) => at,
@@ -436,7 +433,7 @@ fn print_state(job: &Job, s: &ItemState) {
 /// (78); a Redis that does not answer is unavailable (69); a reply this
 /// binary cannot read is a bug (70).
 fn redis_failure(config: &Config, e: &redis::RedisError) -> Exit {
-    let url = super::redis_url(config);
+    let url = super::redis_master(config);
     if crate::acl::is_auth_failure(e) {
         eprintln!("error: {}", crate::acl::refused_credentials(&url, e));
         return Exit::Config;

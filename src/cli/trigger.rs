@@ -5,11 +5,11 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use crate::conn::Conn;
 use indicatif::{ProgressBar, ProgressStyle};
-use redis::aio::ConnectionManager;
 
 use super::{Exit, outln};
-use crate::config::{Config, Job, RedisUrl, fmt_duration};
+use crate::config::{Config, Job, fmt_duration};
 use crate::keys::KeySpace;
 use crate::outcome::{DEFERRED, OutcomeKind, RETRY_AT_MS, RETRYING, WAITED};
 use crate::queue::known;
@@ -38,9 +38,9 @@ pub async fn run(config: &Config, job_name: &str, wait: bool) -> Exit {
         );
         return Exit::Usage;
     };
-    let url = super::redis_url(config);
-    let conn = match crate::conn::connect(&url, Duration::from_secs(5), 1).await {
-        Ok(c) => c,
+    let url = super::redis_master(config);
+    let conn = match crate::conn::connect(&url, Duration::from_secs(5), "queue").await {
+        Ok(c) => c.with_acks(config.redis.queue_replicas, crate::queue::ACK_WAIT, 1),
         Err(e) if crate::acl::is_auth_failure(&e) => {
             eprintln!("error: {}", crate::acl::refused_credentials(&url, &e));
             return Exit::Config;
@@ -77,13 +77,10 @@ pub async fn run(config: &Config, job_name: &str, wait: bool) -> Exit {
     };
     // The blocked reads of the tick's ends on a connection of their own,
     // whose response timeout outlasts them.
-    let blocking = match crate::conn::connect(&super::redis_url(config), ENDS_BLOCK * 2, 1).await {
+    let blocking = match crate::conn::connect(&tick.url, ENDS_BLOCK * 2, "wake").await {
         Ok(c) => c,
         Err(e) => {
-            eprintln!(
-                "error: cannot reach Redis at {}: {e}",
-                super::redis_url(config)
-            );
+            eprintln!("error: cannot reach Redis at {}: {e}", tick.url);
             return Exit::Unavailable;
         }
     };
@@ -93,13 +90,24 @@ pub async fn run(config: &Config, job_name: &str, wait: bool) -> Exit {
     }
 }
 
+/// How long `trigger --wait` tries again after its reads were cut (a
+/// failover: the master found again within seconds) before it gives up.
+const CUT_PATIENCE: Duration = Duration::from_secs(15);
+
+/// Whether to try a read again after `e`: a lost connection, within
+/// [`CUT_PATIENCE`] of the first one in a row (`since`).
+fn patient(since: &mut Option<std::time::Instant>, e: &redis::RedisError) -> bool {
+    let cut = e.is_io_error() || e.is_timeout() || e.is_connection_dropped();
+    cut && since.get_or_insert_with(std::time::Instant::now).elapsed() < CUT_PATIENCE
+}
+
 /// When daemons run on this Redis and prefix and none has `job` loaded (a
 /// job added to the files since they started, or since their last reload),
 /// says so on stderr: they need a reload, and meanwhile its tasks are given
 /// back until one has it, for up to `unknown_job_grace`. Silent when it
 /// cannot tell (no daemon announces its jobs: none runs, or they predate
 /// the announcement).
-async fn reload_hint(conn: &mut ConnectionManager, keys: &KeySpace, config: &Config, job: &Job) {
+async fn reload_hint(conn: &mut Conn, keys: &KeySpace, config: &Config, job: &Job) {
     let Ok((now, live, last)) = known::live_daemons(conn, keys, &job.name).await else {
         return;
     };
@@ -247,7 +255,7 @@ struct Tick<'a> {
     outcomes: String,
     /// Its stream of ends, written while it is waited for.
     ended: String,
-    url: RedisUrl,
+    url: crate::conn::Master,
     /// What is in flight, when nothing has ended for a while.
     queue: Queue,
     /// Its endpoint's request timeout.
@@ -260,11 +268,7 @@ struct Tick<'a> {
 impl Tick<'_> {
     /// Shows progress until every task of the tick ended, prints the summary,
     /// and returns the final counts.
-    async fn wait(
-        &self,
-        mut conn: ConnectionManager,
-        mut blocking: ConnectionManager,
-    ) -> Result<Counts, Exit> {
+    async fn wait(&self, mut conn: Conn, mut blocking: Conn) -> Result<Counts, Exit> {
         let total = self.total;
         let bar = ProgressBar::new(total);
         bar.set_style(
@@ -286,8 +290,18 @@ impl Tick<'_> {
         let mut ends = self.watch(&mut conn).await.map_err(lost)?;
         let started = std::time::Instant::now();
         let mut hinted = false;
+        // A failover cuts the reads: they are sent again, to the master
+        // found again, for a while before the wait gives up.
+        let mut cut_since: Option<std::time::Instant> = None;
         loop {
-            let counts = self.read(&mut conn).await.map_err(lost)?;
+            let counts = match self.read(&mut conn).await {
+                Ok(c) => c,
+                Err(e) if patient(&mut cut_since, &e) => {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue;
+                }
+                Err(e) => return Err(lost(e)),
+            };
             let ended: u64 = TERMINAL.iter().map(|k| count(&counts, *k)).sum();
             let summary = summarize(&counts);
             bar.set_position(ended.min(total));
@@ -312,12 +326,16 @@ impl Tick<'_> {
             // At most a few reads a second while tasks end; none while
             // nothing happens but the blocked read (the bar's clock ticks on).
             tokio::time::sleep(Duration::from_millis(200)).await;
-            ends.next(&mut blocking).await.map_err(lost)?;
+            match ends.next(&mut blocking).await {
+                Ok(()) => cut_since = None,
+                Err(e) if patient(&mut cut_since, &e) => {}
+                Err(e) => return Err(lost(e)),
+            }
         }
     }
 
     /// Marks the tick as waited for and reads from its stream of ends' newest entry on.
-    async fn watch(&self, conn: &mut ConnectionManager) -> redis::RedisResult<Ends> {
+    async fn watch(&self, conn: &mut Conn) -> redis::RedisResult<Ends> {
         redis::AsyncCommands::hset::<_, _, _, ()>(conn, &self.outcomes, WAITED, 1).await?;
         let newest: redis::streams::StreamRangeReply = redis::cmd("XREVRANGE")
             .arg(&self.ended)
@@ -371,7 +389,7 @@ impl Tick<'_> {
         }
     }
 
-    async fn read(&self, conn: &mut ConnectionManager) -> redis::RedisResult<Counts> {
+    async fn read(&self, conn: &mut Conn) -> redis::RedisResult<Counts> {
         redis::AsyncCommands::hgetall(conn, &self.outcomes).await
     }
 }
@@ -384,7 +402,7 @@ struct Ends {
 
 impl Ends {
     /// Waits until a task ends (or [`ENDS_BLOCK`] passes).
-    async fn next(&mut self, conn: &mut ConnectionManager) -> redis::RedisResult<()> {
+    async fn next(&mut self, conn: &mut Conn) -> redis::RedisResult<()> {
         let reply: Option<redis::streams::StreamReadReply> = redis::cmd("XREAD")
             .arg("BLOCK")
             .arg(ENDS_BLOCK.as_millis() as u64)
@@ -435,7 +453,7 @@ fn verdict(counts: &Counts) -> Exit {
 /// " (retry after 41m 2s)" when a task ended on a quota's "no": the earliest
 /// moment any of them may retry (`lua/finish.lua` keeps it on Redis's clock,
 /// so it is measured against Redis's clock here too).
-async fn retry_after(counts: &Counts, conn: &mut ConnectionManager) -> String {
+async fn retry_after(counts: &Counts, conn: &mut Conn) -> String {
     let quota =
         count(counts, OutcomeKind::QuotaExhausted) + count(counts, OutcomeKind::UpstreamThrottled);
     let Some(at) = counts.get(RETRY_AT_MS).filter(|_| quota > 0) else {

@@ -5,6 +5,7 @@
 
 use super::{
     LimiterUnavailable, LogFormat, Method, OnQuotaExhausted, ResetIs, SinkKind, UnsafeEviction,
+    WindowMode,
 };
 
 /// An enum written in the config as one of a fixed set of words.
@@ -37,6 +38,14 @@ fn one_of<'a>(words: impl Iterator<Item = &'a str>) -> String {
         Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
         _ => quoted.concat(),
     }
+}
+
+impl Choice for WindowMode {
+    const WHAT: &'static str = "window mode";
+    const CHOICES: &'static [(&'static str, Self)] = &[
+        ("enforce", WindowMode::Enforce),
+        ("shadow", WindowMode::Shadow),
+    ];
 }
 
 impl Choice for LogFormat {
@@ -180,6 +189,7 @@ mod tests {
         distinct::<Method>();
         distinct::<SinkKind>();
         distinct::<WindowKindName>();
+        distinct::<WindowMode>();
         distinct::<PageStyleName>();
     }
 }

@@ -39,7 +39,7 @@ pub use duration::{fmt_duration, parse_duration};
 pub use error::{ConfigError, ConfigErrors, FieldPath, Seg, Source};
 pub use postgres::{PasswordFrom, PgTarget, PgTls, PgTlsMode};
 pub(crate) use raw::fmt_size;
-pub use redis_url::RedisUrl;
+pub use redis_url::{MasterSettings, RedisUrl};
 pub(crate) use template::expand;
 pub use template::{Expansion, Template, TemplateError};
 pub use tenant::{parse_tenant, tenant_name};
@@ -90,7 +90,9 @@ pub struct Config {
 /// `[redis]`.
 #[derive(Debug, Clone)]
 pub struct RedisConfig {
-    /// `None`: the daemon starts an embedded `redis-server` itself.
+    /// `None` (and no `sentinels`): the daemon starts an embedded
+    /// `redis-server` itself. With `sentinels`: the master's user,
+    /// password, database and TLS, and no host (the sentinels name it).
     pub url: Option<RedisUrl>,
     /// Every key the product writes starts with it.
     pub key_prefix: String,
@@ -107,6 +109,21 @@ pub struct RedisConfig {
     /// Replicas that must acknowledge an admitted spend (`WAIT`) before its
     /// request is sent: 0 (never waits) or 1.
     pub quota_replicas: u8,
+    /// The sentinels to ask where the master is (`redis://HOST:PORT`,
+    /// credentials in the URL where they need them); empty: `url` names it.
+    pub sentinels: Vec<RedisUrl>,
+    /// The name the sentinels monitor the master under (with `sentinels`).
+    pub master_name: Option<String>,
+    /// Replicas that must acknowledge a tick's claim and fan-out, a task's
+    /// checkpoint and its end (`WAIT`) before they count: 0 or 1.
+    pub queue_replicas: u8,
+}
+
+impl RedisConfig {
+    /// Whether the daemon runs a Redis of its own: no `url`, no `sentinels`.
+    pub fn embedded(&self) -> bool {
+        self.url.is_none() && self.sentinels.is_empty()
+    }
 }
 
 /// `[redis] unsafe_eviction`: a Redis that may evict keys under memory
@@ -477,6 +494,25 @@ pub struct Window {
     /// `core`'s), so every endpoint of the credential spends it. Its keys
     /// are the default resource's.
     pub every_resource: bool,
+    /// `mode = "shadow"`: evaluated and recorded with the others, never
+    /// refusing; a spend it alone would refuse is admitted and counted as
+    /// its shadow refusal (SPEC Part 4, "Shadow windows").
+    pub mode: WindowMode,
+    /// Its keys carry its units: an earlier window of its list has its
+    /// resource, kind and period (a shadow window trying another number of
+    /// units for the same limit). Set by the list, not the mode, so that a
+    /// change of `mode` keeps the window's keys and state.
+    pub keyed_by_units: bool,
+}
+
+/// Whether a window refuses what it would not admit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum WindowMode {
+    /// `"enforce"` (the default): it refuses.
+    #[default]
+    Enforce,
+    /// `"shadow"`: it only records and counts what it would have refused.
+    Shadow,
 }
 
 /// How a window's period is counted.
@@ -510,6 +546,11 @@ pub enum WindowKind {
 pub const LEASE_SLACK: Duration = Duration::from_secs(5);
 
 impl Window {
+    /// Whether it is a shadow window (`mode = "shadow"`).
+    pub fn is_shadow(&self) -> bool {
+        self.mode == WindowMode::Shadow
+    }
+
     /// "9500/24h", "100/1h fixed at 00:00 America/Los_Angeles", "8 in flight".
     pub fn describe(&self) -> String {
         let base = format!("{}/{}", self.units, fmt_duration(self.per));

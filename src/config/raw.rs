@@ -77,6 +77,9 @@ pub(super) struct RawRedis {
     pub(super) unsafe_eviction: Option<String>,
     pub(super) quota_nodes: Option<Vec<String>>,
     pub(super) quota_replicas: Option<i64>,
+    pub(super) sentinels: Option<Vec<String>>,
+    pub(super) master_name: Option<String>,
+    pub(super) queue_replicas: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -125,6 +128,7 @@ pub(super) struct RawWindow {
     pub(super) timezone: Option<String>,
     pub(super) upstream: Option<bool>,
     pub(super) resource: Option<String>,
+    pub(super) mode: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -57,6 +57,65 @@ impl RedisUrl {
         };
         Err(format!("invalid Redis URL \"{self}\": {why}; {ACCEPTED}"))
     }
+
+    /// What a URL without a host says about a master that sentinels name
+    /// (`redis://:PASSWORD@/0`, `rediss://USER:PASSWORD@/2`): how to log
+    /// in to it, and whether over TLS (`rediss://`; `#insecure` skips the
+    /// certificate check). A URL with a host, or one redis-rs cannot read,
+    /// is an error that shows it redacted.
+    pub fn master_settings(&self) -> Result<MasterSettings, String> {
+        use redis::IntoConnectionInfo;
+        const FORM: &str = "with [redis] sentinels, url holds only the master's user, password, database and TLS, \
+and no host (the sentinels say where the master is): write redis://[USER]:PASSWORD@/DB, or rediss://... for TLS";
+        let bad = |why: &str| format!("invalid Redis URL \"{self}\": {why}; {FORM}");
+        let Some((scheme, rest)) = self.0.split_once("://") else {
+            return Err(bad("not a URL"));
+        };
+        let scheme_lc = scheme.to_ascii_lowercase();
+        if !["redis", "rediss", "valkey", "valkeys"].contains(&scheme_lc.as_str()) {
+            return Err(bad(&format!(
+                "scheme {scheme:?} cannot name a master over TCP"
+            )));
+        }
+        // The userinfo ends at the last '@' (as `redact` reads it).
+        let (userinfo, after) = match rest.rfind('@') {
+            Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
+            None => (None, rest),
+        };
+        if !(after.is_empty() || after.starts_with(['/', '?', '#'])) {
+            return Err(bad("it names a host"));
+        }
+        // redis-rs reads URLs with a host only: one stands in for it.
+        let placeholder = match userinfo {
+            Some(u) => format!("{scheme}://{u}@sentinel-master{after}"),
+            None => format!("{scheme}://sentinel-master{after}"),
+        };
+        let info = placeholder
+            .as_str()
+            .into_connection_info()
+            .map_err(|e| bad(&e.to_string()))?;
+        let tls = match info.addr() {
+            redis::ConnectionAddr::TcpTls { insecure, .. } => Some(if *insecure {
+                redis::TlsMode::Insecure
+            } else {
+                redis::TlsMode::Secure
+            }),
+            _ => None,
+        };
+        Ok(MasterSettings {
+            redis: info.redis_settings().clone(),
+            tls,
+        })
+    }
+}
+
+/// How to log in to a master that sentinels name ([`RedisUrl::master_settings`]).
+#[derive(Clone, Debug)]
+pub struct MasterSettings {
+    /// User, password, database, protocol.
+    pub redis: redis::RedisConnectionInfo,
+    /// TLS, if any.
+    pub tls: Option<redis::TlsMode>,
 }
 
 impl fmt::Display for RedisUrl {

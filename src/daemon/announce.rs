@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::aio::ConnectionManager;
+use crate::conn::Conn;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
@@ -30,7 +30,7 @@ pub(super) fn daemon_id(host: &str) -> String {
 
 /// Announces until `stop`, then withdraws.
 pub(super) async fn run(
-    mut conn: ConnectionManager,
+    mut conn: Conn,
     keys: KeySpace,
     id: String,
     host: String,

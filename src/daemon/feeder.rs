@@ -16,7 +16,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use crate::conn::Conn;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
@@ -45,7 +45,7 @@ const LOOK_EVERY: Duration = Duration::from_secs(30);
 pub(super) async fn run(
     queue: Queue,
     wake: Arc<Wake>,
-    conn: ConnectionManager,
+    conn: Conn,
     poll_interval: Duration,
     health: Arc<Health>,
     mut stop: watch::Receiver<bool>,

@@ -15,12 +15,12 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use crate::config::{Config, RedisUrl, Secrets};
+use crate::config::{Config, Secrets};
+use crate::conn::{Conn, Master, Timeouts};
 pub(crate) use crate::embedded::EmbeddedError;
 use crate::embedded::EmbeddedRedis;
 use crate::eviction::Eviction;
@@ -45,7 +45,7 @@ pub enum DaemonError {
     #[error("Redis at {url} is unreachable: {source}")]
     Unreachable {
         /// Where (password redacted).
-        url: RedisUrl,
+        url: Master,
         /// The last error.
         #[source]
         source: redis::RedisError,
@@ -55,7 +55,7 @@ pub enum DaemonError {
     #[error("{}", crate::acl::refused_credentials(url, source))]
     Auth {
         /// Where (password redacted).
-        url: RedisUrl,
+        url: Master,
         /// What Redis said.
         #[source]
         source: redis::RedisError,
@@ -64,7 +64,7 @@ pub enum DaemonError {
     #[error("Redis at {url}: {what}")]
     Permissions {
         /// Where (password redacted).
-        url: RedisUrl,
+        url: Master,
         /// What it may not run, and what to grant.
         what: String,
     },
@@ -79,7 +79,7 @@ pub enum DaemonError {
     #[error("Redis at {url}: {}", Eviction::unsafe_reason(policy))]
     UnsafeEviction {
         /// Where (password redacted).
-        url: RedisUrl,
+        url: Master,
         /// Its `maxmemory-policy`.
         policy: String,
     },
@@ -171,16 +171,17 @@ pub struct Hooks {
 }
 
 async fn connect_with_retry(
-    url: &RedisUrl,
-    timeout: Duration,
+    master: &Master,
+    timeouts: Timeouts,
     patience: Duration,
-) -> Result<redis::aio::ConnectionManager, DaemonError> {
+    label: &'static str,
+) -> Result<Conn, DaemonError> {
     let deadline = tokio::time::Instant::now() + patience;
     let mut wait = Duration::from_millis(100);
     loop {
         // A PING too: a URL without a password is only refused (NOAUTH) at
         // the first command.
-        let connected = match crate::conn::connect(url, timeout, 2).await {
+        let connected = match Conn::connect(master, timeouts, label).await {
             Ok(mut c) => match redis::cmd("PING").query_async::<()>(&mut c).await {
                 Err(e) if crate::acl::is_auth_failure(&e) => Err(e),
                 _ => Ok(c),
@@ -192,18 +193,18 @@ async fn connect_with_retry(
             // Waiting will not change the password.
             Err(source) if crate::acl::is_auth_failure(&source) => {
                 return Err(DaemonError::Auth {
-                    url: url.clone(),
+                    url: master.clone(),
                     source,
                 });
             }
             Err(e) if tokio::time::Instant::now() + wait < deadline => {
-                warn!(url = %url, error = %e, "Redis unreachable; retrying");
+                warn!(redis = %master, error = %e, "Redis unreachable; retrying");
                 tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(Duration::from_secs(5));
+                wait = (wait * 2).min(crate::conn::MAX_BACKOFF);
             }
             Err(source) => {
                 return Err(DaemonError::Unreachable {
-                    url: url.clone(),
+                    url: master.clone(),
                     source,
                 });
             }
@@ -217,7 +218,7 @@ struct Parts {
     /// What a reload replaces, for whoever reads it.
     live: reload::Senders,
     /// The feeder's own connection, for its blocking reads.
-    wake_conn: ConnectionManager,
+    wake_conn: Conn,
     /// What the metrics endpoint and the notifier read.
     ops: OpsState,
 }
@@ -228,8 +229,8 @@ impl Parts {
         secrets: Arc<Secrets>,
         opts: &RunOptions,
         limiter_conn: QuotaConn,
-        queue_conn: ConnectionManager,
-        wake_conn: ConnectionManager,
+        queue_conn: Conn,
+        wake_conn: Conn,
     ) -> Result<Self, DaemonError> {
         let keys = KeySpace::new(config.redis.key_prefix.clone());
         let queue = Queue::new(
@@ -385,9 +386,9 @@ async fn wedged(mut stop: watch::Receiver<bool>) {
 /// to run anyway (src/eviction.rs): the queue's Redis, and the cluster's
 /// masters when the windows live there.
 async fn check_eviction(
-    url: &RedisUrl,
+    url: &Master,
     config: &Config,
-    conn: &ConnectionManager,
+    conn: &Conn,
     quota: &QuotaConn,
 ) -> Result<(), DaemonError> {
     let wait = config.redis.timeout.max(Duration::from_secs(2));
@@ -410,9 +411,9 @@ async fn check_eviction(
 /// What Redis must allow before anything runs: no key evicted, and every
 /// command the product sends permitted to its user.
 async fn preflight(
-    url: &RedisUrl,
+    url: &Master,
     config: &Config,
-    queue_conn: &ConnectionManager,
+    queue_conn: &Conn,
     limiter_conn: &QuotaConn,
 ) -> Result<(), DaemonError> {
     check_eviction(url, config, queue_conn, limiter_conn).await?;
@@ -449,12 +450,8 @@ async fn check_window_access(config: &Config, conn: &QuotaConn) -> Result<(), Da
 /// Refuses a Redis user that may not run every command the product sends
 /// (src/acl.rs), naming what is missing; one whose permissions cannot be
 /// read (a Redis before 7) is logged and let through.
-async fn check_access(
-    url: &RedisUrl,
-    config: &Config,
-    conn: &ConnectionManager,
-) -> Result<(), DaemonError> {
-    let replicas = config.redis.quota_replicas > 0;
+async fn check_access(url: &Master, config: &Config, conn: &Conn) -> Result<(), DaemonError> {
+    let replicas = config.redis.quota_replicas > 0 || config.redis.queue_replicas > 0;
     match crate::acl::access(&mut conn.clone(), &config.redis.key_prefix, replicas).await {
         Ok(crate::acl::Access::Granted) => Ok(()),
         Ok(missing @ crate::acl::Access::Missing(_)) => Err(DaemonError::Permissions {
@@ -500,27 +497,50 @@ struct Conns {
     /// one, else to `url`.
     limiter: QuotaConn,
     /// The queue's.
-    queue: ConnectionManager,
+    queue: Conn,
     /// The feeder's blocking reads of the wake stream: a blocked read holds
     /// its connection, so it has one of its own.
-    wake: ConnectionManager,
+    wake: Conn,
 }
 
+/// How long a call on the queue's connection waits for a master: about
+/// one failover's worth of the daemon's loops' time, short enough that
+/// they keep beating (`ops::STALE_AFTER`) while no master answers.
+const QUEUE_PATIENCE: Duration = Duration::from_secs(5);
+
 /// Connects the daemon's Redis connections ([`Conns`]), retrying for 30 s.
-async fn connect(url: &RedisUrl, config: &Config) -> Result<Conns, DaemonError> {
+async fn connect(master: &Master, config: &Config) -> Result<Conns, DaemonError> {
     let patience = Duration::from_secs(30);
-    let limiter_conn = match QuotaTarget::of(config, url.clone()) {
-        QuotaTarget::Standalone(_) => connect_with_retry(url, config.redis.timeout, patience)
-            .await?
-            .into(),
+    let limiter_conn = match QuotaTarget::of(config, master.clone()) {
+        QuotaTarget::Standalone(_) => {
+            let t = Timeouts::both(config.redis.timeout);
+            connect_with_retry(master, t, patience, "windows")
+                .await?
+                .into()
+        }
         cluster => connect_cluster_with_retry(cluster, config.redis.timeout, patience).await?,
     };
     // apalis-redis kills its worker on any Redis error, a response timeout
     // included (apalis-redis #76): give the queue's connection patience.
-    let queue_conn = connect_with_retry(url, Duration::from_secs(10), patience).await?;
+    let queue = Timeouts {
+        response: Duration::from_secs(10),
+        patience: QUEUE_PATIENCE,
+    };
+    let queue_conn = connect_with_retry(master, queue, patience, "queue")
+        .await?
+        // Each task writes its checkpoints and end, and the scheduler its
+        // claims, one at a time: one connection each.
+        .with_acks(
+            config.redis.queue_replicas,
+            crate::queue::ACK_WAIT,
+            config.worker.concurrency.get() + 2,
+        );
     // Its reads block up to feeder::BLOCK: they must not time out first.
-    let wake_timeout = feeder::BLOCK + config.redis.timeout.max(Duration::from_secs(2));
-    let wake_conn = connect_with_retry(url, wake_timeout, patience).await?;
+    let wake = Timeouts {
+        response: feeder::BLOCK + config.redis.timeout.max(Duration::from_secs(2)),
+        patience: QUEUE_PATIENCE,
+    };
+    let wake_conn = connect_with_retry(master, wake, patience, "wake").await?;
     Ok(Conns {
         limiter: limiter_conn,
         queue: queue_conn,
@@ -558,16 +578,16 @@ pub async fn run(
 ) -> Result<(), DaemonError> {
     // Shutdown is heard from the start: while waiting for Redis, too.
     let mut shutdown = std::pin::pin!(shutdown);
-    let embedded = match &config.redis.url {
+    let embedded = match Master::of(&config.redis) {
         Some(_) => None,
         None => tokio::select! {
             _ = shutdown.as_mut() => return Ok(()),
             r = EmbeddedRedis::start(&config.state_dir) => Some(r?),
         },
     };
-    let url = match (&config.redis.url, &embedded) {
-        (Some(u), _) => u.clone(),
-        (None, Some(e)) => e.url(),
+    let url = match (Master::of(&config.redis), &embedded) {
+        (Some(m), _) => m,
+        (None, Some(e)) => Master::Url(e.url()),
         (None, None) => unreachable!("embedded started above"),
     };
     let Some(mut embedded) = embedded else {
@@ -595,7 +615,7 @@ async fn run_on(
     secrets: Arc<Secrets>,
     opts: RunOptions,
     shutdown: impl Future<Output = ()> + Send,
-    url: &RedisUrl,
+    url: &Master,
 ) -> Result<(), DaemonError> {
     let mut shutdown = std::pin::pin!(shutdown);
     // Taken first: an address this host cannot listen on is said at once,
@@ -629,6 +649,7 @@ async fn run_on(
         redis = %url,
         quota = %quota,
         quota_replicas = config.redis.quota_replicas,
+        queue_replicas = config.redis.queue_replicas,
         jobs = config.jobs.len(),
         concurrency = config.worker.concurrency.get(),
         recover_after_ms = config.worker.recover_after.as_millis() as u64,

@@ -241,7 +241,7 @@ struct RestartOnly {
 /// field of `[redis]` and `[metrics]`, and some of `[worker]` (a field
 /// added to one of them stops the unit test `every_setting_is_placed`
 /// compiling until it is placed, here or as live).
-const RESTART_ONLY: [RestartOnly; 13] = [
+const RESTART_ONLY: [RestartOnly; 16] = [
     RestartOnly::new("[redis] url", |o, n| put(&o.redis.url, &mut n.redis.url)),
     RestartOnly::new("[redis] key_prefix", |o, n| {
         put(&o.redis.key_prefix, &mut n.redis.key_prefix)
@@ -258,6 +258,16 @@ const RESTART_ONLY: [RestartOnly; 13] = [
     RestartOnly::new("[redis] quota_replicas", |o, n| {
         put(&o.redis.quota_replicas, &mut n.redis.quota_replicas)
     }),
+    RestartOnly::new("[redis] sentinels", |o, n| {
+        put(&o.redis.sentinels, &mut n.redis.sentinels)
+    }),
+    RestartOnly::new("[redis] master_name", |o, n| {
+        put(&o.redis.master_name, &mut n.redis.master_name)
+    }),
+    RestartOnly::new("[redis] queue_replicas", |o, n| {
+        put(&o.redis.queue_replicas, &mut n.redis.queue_replicas)
+    })
+    .shown(|c| c.redis.queue_replicas.to_string()),
     RestartOnly::new("[metrics] listen", |o, n| {
         put(&o.metrics.listen, &mut n.metrics.listen)
     }),
@@ -433,8 +443,9 @@ mod tests {
         let new = config(
             dir.path(),
             "state_dir = \"elsewhere\"\n\
-             [redis]\nurl = \"redis://127.0.0.1:2/0\"\nkey_prefix = \"other\"\ntimeout = \"3s\"\n\
+             [redis]\nurl = \"redis://:pw@/1\"\nkey_prefix = \"other\"\ntimeout = \"3s\"\n\
              unsafe_eviction = \"warn\"\nquota_nodes = [\"redis://127.0.0.1:7000\"]\nquota_replicas = 1\n\
+             sentinels = [\"redis://127.0.0.1:26379\"]\nmaster_name = \"mymaster\"\nqueue_replicas = 1\n\
              [metrics]\nlisten = \"127.0.0.1:9999\"\n\
              [worker]\nconcurrency = 9\npoll_interval = \"7s\"\nrecover_after = \"5m\"\nshutdown_timeout = \"2m\"\n\
              [log]\nformat = \"json\"\n",
@@ -469,6 +480,9 @@ mod tests {
             unsafe_eviction: _,
             quota_nodes: _,
             quota_replicas: _,
+            sentinels: _,
+            master_name: _,
+            queue_replicas: _,
         } = c.redis;
         let crate::config::MetricsConfig { listen: _ } = c.metrics;
         let crate::config::WorkerConfig {
@@ -486,7 +500,7 @@ mod tests {
                 .filter(|s| s.name.starts_with(prefix))
                 .count()
         };
-        assert_eq!(sections("[redis] "), 6);
+        assert_eq!(sections("[redis] "), 9);
         assert_eq!(sections("[metrics] "), 1);
         assert_eq!(sections("[worker] "), 4);
     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use apalis::prelude::*;
 use tokio::sync::watch;
-use tracing::{error, warn};
+use tracing::{error, info, warn};
 
 use super::drain::{self, CountStarts, Drain};
 use crate::config::Config;
@@ -50,27 +50,23 @@ pub(super) async fn run(
         // pitfall 14), instead of `run_until`'s plain stop.
         let ctx = WorkerContext::new(&name);
         let drain = Arc::new(Drain::default());
-        let results = drain.clone();
-        let w = WorkerBuilder::new(&ctx)
-            .backend(
-                // Woken by the daemon's feeder, never on a timer (queue::wake).
-                queue
-                    .storage(wake.clone())
-                    .poll_with_strategy(Woken::new(wake.clone())),
-            )
-            .layer(CountStarts(drain.clone()))
-            .concurrency(config.worker.concurrency.get())
-            .data(worker.clone())
-            .on_event(move |ctx, event| results.on_event(ctx, event))
-            .build(handle);
+        let conn = queue.connection();
+        let generation = conn.generation();
+        let run = build(&ctx, &config, &queue, &worker, &wake, &drain);
         let started = tokio::time::Instant::now();
         Health::beat(&health.worker);
-        let mut run = std::pin::pin!(w.run());
+        let mut run = std::pin::pin!(run);
         let stopping = async {
             let _ = stop.wait_for(|s| *s).await;
         };
         let result = tokio::select! {
-            r = run.as_mut() => Some(r),
+            r = run.as_mut() => Some(Some(r)),
+            // A new master may hold an older copy of the queue than the
+            // one this worker saw (what a failover lost): tasks it believes
+            // this worker holds would never come back while this name
+            // keeps beating. Under a new name they come back after
+            // recover_after, as a dead worker's do.
+            () = conn.reconnected(generation) => Some(None),
             _ = stopping => None,
         };
         let Some(result) = result else {
@@ -100,6 +96,11 @@ pub(super) async fn run(
         if *stop.borrow() {
             return Stopped::Drained;
         }
+        let Some(result) = result else {
+            info!(worker = %name, "the queue's Redis connection was made again (a failover, a restart): the worker registers again under a new name, so what the master believes it holds comes back to the queue");
+            incarnation += 1;
+            continue;
+        };
         health.worker.store(0, Ordering::Relaxed);
         match result {
             Err(e) => {
@@ -114,9 +115,37 @@ pub(super) async fn run(
             _ = stop.wait_for(|s| *s) => return Stopped::Drained,
             _ = tokio::time::sleep(backoff) => {}
         }
-        backoff = (backoff * 2).min(Duration::from_secs(30));
+        // At most the connections' own reconnect backoff: a worker that
+        // died on a failover is back within seconds of the new master.
+        backoff = (backoff * 2).min(crate::conn::MAX_BACKOFF);
         incarnation += 1;
     }
+}
+
+/// One incarnation of the apalis worker, named by `ctx`, its task starts
+/// and ends counted in `drain`: its run, to be driven.
+fn build(
+    ctx: &WorkerContext,
+    config: &Config,
+    queue: &Queue,
+    worker: &watch::Receiver<Arc<Worker>>,
+    wake: &Arc<Wake>,
+    drain: &Arc<Drain>,
+) -> impl std::future::Future<Output = Result<(), WorkerError>> {
+    let results = drain.clone();
+    WorkerBuilder::new(ctx)
+        .backend(
+            // Woken by the daemon's feeder, never on a timer (queue::wake).
+            queue
+                .storage(wake.clone())
+                .poll_with_strategy(Woken::new(wake.clone())),
+        )
+        .layer(CountStarts(drain.clone()))
+        .concurrency(config.worker.concurrency.get())
+        .data(worker.clone())
+        .on_event(move |ctx, event| results.on_event(ctx, event))
+        .build(handle)
+        .run()
 }
 
 /// Runs one task on the worker in force when it starts: the task keeps

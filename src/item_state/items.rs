@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeSet, HashSet};
 
-use redis::aio::ConnectionManager;
+use crate::conn::Conn;
 
 use crate::config::Job;
 use crate::keys::KeySpace;
@@ -44,7 +44,7 @@ pub(crate) fn every_item(fanned: Vec<String>, held: BTreeSet<String>) -> Vec<(St
 /// fan-out's (`fanned`), as written or with its pairs in another order;
 /// else itself, when Redis holds state for it; else `None`.
 pub(crate) async fn find(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     keys: &KeySpace,
     job: &Job,
     item: &str,

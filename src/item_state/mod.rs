@@ -21,8 +21,8 @@ pub(crate) mod reset;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use crate::conn::Conn;
 use chrono::{DateTime, SecondsFormat, Utc};
-use redis::aio::ConnectionManager;
 use serde::Serialize;
 
 use crate::fetch::paging::Validators;
@@ -110,7 +110,7 @@ fn item_keys(keys: &KeySpace, job: &str, item: &str) -> [String; 6] {
 /// The state of each of `items` of `job` (`true`: the fan-out gives it
 /// now), in their order.
 pub(crate) async fn read(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     keys: &KeySpace,
     job: &str,
     items: &[(String, bool)],
@@ -132,7 +132,7 @@ pub(crate) async fn read(
 
 /// Whether Redis holds any state for `item` of `job`.
 pub(crate) async fn has_state(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     keys: &KeySpace,
     job: &str,
     item: &str,
@@ -148,7 +148,7 @@ pub(crate) async fn has_state(
 /// ([`KeySpace::items_pattern`]), in steps of [`SCAN_COUNT`] keys; at most
 /// `limit` of them (`true` when there are more).
 pub(crate) async fn held_items(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     keys: &KeySpace,
     job: &str,
     limit: usize,

@@ -8,7 +8,7 @@
 
 use std::sync::LazyLock;
 
-use redis::aio::ConnectionManager;
+use crate::conn::Conn;
 
 use super::SINCE_TTL;
 use crate::conn::Lua;
@@ -70,7 +70,7 @@ impl Reset {
     }
 
     /// Runs the script.
-    pub(crate) async fn invoke(&self, conn: &mut ConnectionManager) -> redis::RedisResult<Reply> {
+    pub(crate) async fn invoke(&self, conn: &mut Conn) -> redis::RedisResult<Reply> {
         let mut call = STATE_RESET.call();
         for key in &self.keys {
             call.key(key);

@@ -16,8 +16,9 @@ use crate::liveness::{STALE_AFTER, fresh};
 use crate::quota::{ProbeError, QuotaConn};
 use tracing::warn;
 
-/// How long each readiness read may wait for Redis.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long each readiness read may wait for Redis: the probe, then the
+/// eviction policy, so `/readyz` answers within a second (SPEC Part 4).
+const PROBE_TIMEOUT: Duration = Duration::from_millis(450);
 
 /// `/readyz`: 200 when Redis answers (and may not evict keys, unless
 /// `unsafe_eviction = "warn"`), the quota windows' Redis Cluster answers
@@ -60,13 +61,14 @@ pub(super) async fn readiness(s: &OpsState) -> (Vec<String>, String) {
 /// without `quota_nodes`), and a warning line for a policy let through.
 async fn queue_problems(s: &OpsState) -> (Option<String>, Option<String>) {
     let mut conn = s.queue.connection();
-    let ping = tokio::time::timeout(
-        PROBE_TIMEOUT,
-        redis::cmd("PING").query_async::<String>(&mut conn),
-    )
-    .await;
-    if !matches!(ping, Ok(Ok(_))) {
-        return (Some("redis unreachable".to_owned()), None);
+    // Not a PING: a demoted master answers that. A connection being made
+    // again (no master since a failover) answers at once.
+    match conn.probe(PROBE_TIMEOUT).await {
+        Ok(()) => {}
+        Err(e @ crate::conn::NotReady::Replica { .. }) => {
+            return (Some(format!("redis: {e}")), None);
+        }
+        Err(e) => return (Some(format!("redis unreachable: {e}")), None),
     }
     // Read every time: a CONFIG SET after start changes the answer.
     let eviction = eviction::check(&mut conn, PROBE_TIMEOUT).await;

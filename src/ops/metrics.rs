@@ -70,6 +70,10 @@ fn describe() {
         "Runs of a credential's secret_command by credential and result: minted (a new token), or failed (the tasks that needed it failed)"
     );
     describe_counter!(
+        "qw_redis_reconnects_total",
+        "Connections to the Redis master this daemon dropped and made again, by reason: lost (closed or failed), timeout, readonly (a write reached a replica), masterdown, loading, demoted (the server says it is a replica)"
+    );
+    describe_counter!(
         "qw_tasks_given_back_total",
         "Tasks of a job this daemon does not have, given back for a daemon that has it (rolling deploys, reloads)"
     );
@@ -158,6 +162,9 @@ fn describe() {
 pub(crate) fn zero_counters(config: &Config) {
     for result in ["applied", "refused"] {
         metrics::counter!("qw_config_reloads_total", "result" => result).increment(0);
+    }
+    for reason in crate::conn::Reason::ALL {
+        metrics::counter!("qw_redis_reconnects_total", "reason" => reason.as_str()).increment(0);
     }
     // A failing command's first failure after a start is one to alert on.
     for cred in config.credentials.values().filter(|c| c.minted()) {

@@ -17,8 +17,8 @@
 
 use std::time::Duration;
 
+use crate::conn::Conn;
 use redis::AsyncCommands;
-use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
 
 use super::scripts::known::Known;
@@ -79,7 +79,7 @@ impl Loaded {
 /// Says that daemon `id` is alive with `config`'s jobs loaded (`prune`:
 /// also forget jobs no daemon has had for [`KEEP`]). Returns Redis time, ms.
 pub(crate) async fn announce(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     keys: &KeySpace,
     id: &str,
     config: &Config,
@@ -94,18 +94,14 @@ pub(crate) async fn announce(
 }
 
 /// Says that daemon `id` stops (a clean shutdown).
-pub(crate) async fn withdraw(
-    conn: &mut ConnectionManager,
-    keys: &KeySpace,
-    id: &str,
-) -> redis::RedisResult<()> {
+pub(crate) async fn withdraw(conn: &mut Conn, keys: &KeySpace, id: &str) -> redis::RedisResult<()> {
     Known::withdraw(keys, id).invoke(conn).await.map(|_| ())
 }
 
 /// Redis time (ms) and when a daemon last had `job` loaded (ms), if one has
 /// within [`KEEP`].
 pub(crate) async fn last_known(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     keys: &KeySpace,
     job: &str,
 ) -> redis::RedisResult<(i64, Option<i64>)> {
@@ -120,7 +116,7 @@ pub(crate) async fn last_known(
 /// Redis time (ms), the daemons alive now with what each loaded, and when
 /// any daemon last had `job` loaded.
 pub async fn live_daemons(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     keys: &KeySpace,
     job: &str,
 ) -> redis::RedisResult<(i64, Vec<(String, Loaded)>, Option<i64>)> {

@@ -38,8 +38,8 @@ pub(crate) mod wake;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::conn::Conn;
 use apalis_redis::RedisStorage;
-use redis::aio::ConnectionManager;
 
 use crate::keys::KeySpace;
 use scripts::enqueue::Enqueue;
@@ -71,6 +71,15 @@ pub const FAN_OUT_CHUNK: usize = 200;
 /// How long a fan-out's enqueuer may be silent (between two chunks) before
 /// another may take the rest over. Each chunk renews it.
 pub const FAN_OUT_LEASE: Duration = Duration::from_secs(10);
+
+/// How long apalis's own calls wait for a master (a failover, a Redis
+/// restart): any error kills its worker (apalis-redis #76), which then
+/// restarts under a new name; a wait does not.
+pub const APALIS_PATIENCE: Duration = Duration::from_secs(60);
+
+/// How long a queue write waits for a replica's acknowledgement (`[redis]
+/// queue_replicas`) before it counts as failed, to be tried again.
+pub const ACK_WAIT: Duration = Duration::from_secs(2);
 
 /// How long a tick's claim, outcome counts and fan-out progress are kept.
 const TICK_TTL: Duration = Duration::from_secs(86_400);
@@ -116,7 +125,7 @@ pub struct Depth {
 /// The queue of one key space.
 #[derive(Clone)]
 pub struct Queue {
-    conn: ConnectionManager,
+    conn: Conn,
     keys: KeySpace,
     apalis: apalis_redis::Config,
 }
@@ -126,7 +135,7 @@ impl Queue {
     /// and are declared dead after three missed beats, so a killed daemon's
     /// tasks are re-queued within about `recover_after` (at most
     /// 3/5 + 1/5 of it, plus a second of timestamp resolution).
-    pub fn new(conn: ConnectionManager, keys: KeySpace, recover_after: Duration) -> Self {
+    pub fn new(conn: Conn, keys: KeySpace, recover_after: Duration) -> Self {
         let heartbeat = (recover_after / 5).max(Duration::from_millis(500));
         let apalis = apalis_redis::Config::default()
             .queue(keys.queue())
@@ -155,12 +164,15 @@ impl Queue {
     /// A storage for a worker that `wake` wakes (its fetches watched:
     /// `wake::Tapped`).
     pub(crate) fn storage(&self, wake: Arc<Wake>) -> RedisStorage<TaskArgs, Tapped> {
-        let conn = Tapped::new(self.conn.clone(), wake, self.apalis.workers_set());
+        // Any error kills an apalis worker (apalis-redis #76): its calls
+        // wait out a failover rather than fail.
+        let conn = self.conn.patient(APALIS_PATIENCE);
+        let conn = Tapped::new(conn, wake, self.apalis.workers_set());
         RedisStorage::new(conn).with_config(self.apalis.clone())
     }
 
     /// The queue's Redis connection (a cheap clone).
-    pub(crate) fn connection(&self) -> ConnectionManager {
+    pub(crate) fn connection(&self) -> Conn {
         self.conn.clone()
     }
 
@@ -251,7 +263,9 @@ impl Queue {
             FAN_OUT_LEASE,
             TICK_TTL,
         );
-        Ok(call.invoke(&mut self.conn.clone()).await?)
+        // The claim rides in the first chunk: with `[redis] queue_replicas`
+        // no chunk counts before a replica has it.
+        Ok(call.invoke(&mut self.conn.acked()).await?)
     }
 
     /// Takes over `job`'s fan-out of `tick` if its enqueuer's lease has run
@@ -264,7 +278,7 @@ impl Queue {
         only: Option<Origin>,
     ) -> Result<TakeOver, QueueError> {
         let call = FanOutTake::new(&self.keys, job, tick, who, FAN_OUT_LEASE, only);
-        Ok(call.invoke(&mut self.conn.clone()).await?)
+        Ok(call.invoke(&mut self.conn.acked()).await?)
     }
 
     /// Fan-outs under way (queued in chunks, not finished): job, tick and

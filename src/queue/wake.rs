@@ -26,7 +26,9 @@ use std::time::Duration;
 
 use apalis::prelude::{PollSnapshot, PollStrategy};
 use futures::task::AtomicWaker;
-use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::aio::ConnectionLike;
+
+use crate::conn::Conn;
 use redis::{Cmd, RedisFuture, Value};
 
 /// Most entries the wake stream keeps (the scripts' `MAXLEN`): a read that
@@ -90,7 +92,7 @@ impl PollStrategy for Woken {
 /// (see the module's doc). Clones share the watch.
 #[derive(Clone)]
 pub(crate) struct Tapped {
-    conn: ConnectionManager,
+    conn: Conn,
     wake: Arc<Wake>,
     /// apalis's workers set: the first key of its fetch script, which is
     /// the only one of its scripts with [`FETCH_KEYS`] keys.
@@ -101,7 +103,7 @@ pub(crate) struct Tapped {
 const FETCH_KEYS: &[u8] = b"7";
 
 impl Tapped {
-    pub(crate) fn new(conn: ConnectionManager, wake: Arc<Wake>, workers: String) -> Self {
+    pub(crate) fn new(conn: Conn, wake: Arc<Wake>, workers: String) -> Self {
         Tapped {
             conn,
             wake,
@@ -178,7 +180,7 @@ impl Future for Fetch<'_> {
 /// The daemon's blocking read of the wake stream, on its own connection
 /// (a blocked read holds its connection).
 pub(crate) struct WakeStream {
-    conn: ConnectionManager,
+    conn: Conn,
     key: String,
     /// The newest entry read (`0-0`: none yet).
     last: String,
@@ -200,7 +202,7 @@ pub(crate) struct Woke {
 impl WakeStream {
     /// A reader of `key` on `conn` (a connection whose response timeout
     /// outlasts the longest block), from the newest entry there now on.
-    pub(crate) async fn open(mut conn: ConnectionManager, key: String) -> redis::RedisResult<Self> {
+    pub(crate) async fn open(mut conn: Conn, key: String) -> redis::RedisResult<Self> {
         let newest: redis::streams::StreamRangeReply = redis::cmd("XREVRANGE")
             .arg(&key)
             .arg("+")
@@ -266,12 +268,8 @@ mod tests {
     #[tokio::test]
     async fn only_apalis_fetch_is_taken_for_a_fetch() {
         // A connection that never connects: is_fetch reads the command only.
-        let client = redis::Client::open("redis://127.0.0.1:1/").expect("url");
-        let conn = ConnectionManager::new_lazy_with_config(
-            client,
-            redis::aio::ConnectionManagerConfig::new(),
-        )
-        .expect("lazy");
+        let master = crate::conn::Master::Url(crate::config::RedisUrl::new("redis://127.0.0.1:1/"));
+        let conn = crate::conn::connect_lazy(&master, Duration::from_secs(1), "test");
         let t = Tapped::new(conn, Arc::default(), "qw:queue:workers".into());
         let seven = [
             "qw:queue:workers",

@@ -1,5 +1,5 @@
 //! Where the quota windows live: the standalone Redis the queue uses (a
-//! `ConnectionManager`), or a Redis Cluster (`[redis] quota_nodes`, through
+//! `Conn`), or a Redis Cluster (`[redis] quota_nodes`, through
 //! redis-rs's async cluster client). [`QuotaConn`] is either, behind the one
 //! `ConnectionLike` the [`super::Limiter`] runs its script on, so spend,
 //! settle, block, peek and sync, the CLI and the metrics do not know which.
@@ -20,15 +20,18 @@ use std::collections::HashMap;
 use std::fmt;
 use std::time::Duration;
 
-use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::aio::ConnectionLike;
+
+use crate::conn::Conn;
 use redis::cluster::{ClusterClient, ClusterClientBuilder, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, RedisResult, Value};
 
-use super::{Limiter, Plan, QuotaError};
+use super::{Limiter, Operation, Plan, QuotaError};
 use crate::config::{Config, RedisUrl};
 use crate::conn::LuaCall;
+use crate::conn::Master;
 use crate::eviction::{self, Eviction};
 
 /// A connection to wherever the windows live. Cloning is cheap and shares
@@ -36,14 +39,14 @@ use crate::eviction::{self, Eviction};
 #[derive(Clone)]
 pub enum QuotaConn {
     /// One Redis (the queue's, or the embedded one): a multiplexed
-    /// connection that reconnects in the background.
-    Standalone(ConnectionManager),
+    /// connection that follows its master.
+    Standalone(Conn),
     /// A Redis Cluster: one multiplexed connection per node, routed by slot.
     Cluster(ClusterConnection),
 }
 
-impl From<ConnectionManager> for QuotaConn {
-    fn from(c: ConnectionManager) -> Self {
+impl From<Conn> for QuotaConn {
+    fn from(c: Conn) -> Self {
         QuotaConn::Standalone(c)
     }
 }
@@ -81,6 +84,34 @@ impl ConnectionLike for QuotaConn {
             QuotaConn::Standalone(c) => c.get_db(),
             QuotaConn::Cluster(c) => c.get_db(),
         }
+    }
+}
+
+/// The spend core's library is loaded on every master a call may reach: one
+/// Redis, or each master of the cluster (a call routes to the one that owns
+/// its credential's slot; after a failover, its new master).
+impl crate::conn::FunctionHost for QuotaConn {
+    async fn holds_library(&mut self, name: &str) -> RedisResult<bool> {
+        let c = match self {
+            QuotaConn::Standalone(c) => return crate::conn::holds_library(c, name).await,
+            QuotaConn::Cluster(c) => c,
+        };
+        let mut list = redis::cmd("FUNCTION");
+        list.arg("LIST").arg("LIBRARYNAME").arg(name);
+        let all = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+        // Without a response policy the client answers node address -> reply.
+        let per_node = match c.route_command(list, all).await? {
+            Value::Map(m) => m.into_iter().map(|(_, v)| v).collect(),
+            other => vec![other],
+        };
+        Ok(per_node
+            .iter()
+            .all(|libs| matches!(libs, Value::Array(l) if !l.is_empty())))
+    }
+
+    async fn load_library(&mut self, source: &str) -> RedisResult<()> {
+        // redis-rs sends FUNCTION LOAD to every master of a cluster.
+        crate::conn::load_library(self, source).await
     }
 }
 
@@ -343,12 +374,13 @@ impl Limiter {
         &self,
         what: Durable,
         plan: &Plan,
-        args: Vec<String>,
+        operation: &Operation<'_>,
     ) -> Result<Vec<i64>, QuotaError> {
         let Some(wait) = self.replica_wait_cmd() else {
-            return self.call(plan, args).await;
+            return self.call(plan, operation).await;
         };
-        let (r, acked) = self.call_then(plan, args, Some(&wait)).await?;
+        let layout = plan.layout(operation);
+        let (r, acked) = (self.call_then(operation.op(), &layout, Some(&wait))).await?;
         // A settle of an id no window holds, or a sync with no drift,
         // wrote nothing a failover could lose.
         let wrote = what == Durable::Block || r.first().is_some_and(|&n| n > 0);
@@ -425,16 +457,16 @@ fn worst(nodes: impl Iterator<Item = (String, Option<String>)>) -> Eviction {
 /// cluster's seed nodes, passwords redacted.
 #[derive(Debug, Clone)]
 pub enum QuotaTarget {
-    /// One Redis.
-    Standalone(RedisUrl),
+    /// One Redis (its master).
+    Standalone(Master),
     /// A Redis Cluster, by its seed nodes.
     Cluster(Vec<RedisUrl>),
 }
 
 impl QuotaTarget {
     /// Where `config`'s windows live; `standalone` is the queue's Redis (the
-    /// configured URL or the embedded one's socket).
-    pub fn of(config: &Config, standalone: RedisUrl) -> Self {
+    /// configured master or the embedded one's socket).
+    pub fn of(config: &Config, standalone: Master) -> Self {
         if config.redis.quota_nodes.is_empty() {
             QuotaTarget::Standalone(standalone)
         } else {
@@ -446,9 +478,9 @@ impl QuotaTarget {
     /// `timeout`; a failed connection is retried `retries` times.
     pub async fn connect(&self, timeout: Duration, retries: usize) -> RedisResult<QuotaConn> {
         match self {
-            QuotaTarget::Standalone(url) => {
-                Ok(crate::conn::connect(url, timeout, retries).await?.into())
-            }
+            QuotaTarget::Standalone(master) => Ok(crate::conn::connect(master, timeout, "windows")
+                .await?
+                .into()),
             QuotaTarget::Cluster(nodes) => {
                 let client = cluster_client(nodes, timeout, retries)?;
                 Ok(client.get_async_connection().await?.into())
@@ -461,8 +493,8 @@ impl QuotaTarget {
     /// caller's policy handles it.
     pub fn connect_lazy(&self, timeout: Duration, retries: usize) -> RedisResult<QuotaConn> {
         match self {
-            QuotaTarget::Standalone(url) => {
-                Ok(crate::conn::connect_lazy(url, timeout, retries)?.into())
+            QuotaTarget::Standalone(master) => {
+                Ok(crate::conn::connect_lazy(master, timeout, "windows").into())
             }
             QuotaTarget::Cluster(nodes) => {
                 let client = cluster_client(nodes, timeout, retries)?;
@@ -482,7 +514,7 @@ impl QuotaTarget {
 impl fmt::Display for QuotaTarget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            QuotaTarget::Standalone(url) => write!(f, "{url}"),
+            QuotaTarget::Standalone(master) => write!(f, "{master}"),
             QuotaTarget::Cluster(nodes) => {
                 let nodes: Vec<String> = nodes.iter().map(ToString::to_string).collect();
                 write!(f, "Redis Cluster [{}]", nodes.join(", "))

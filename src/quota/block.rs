@@ -9,14 +9,14 @@
 //! status page.
 //!
 //! A block is per (credential, resource): a spend checks the block of its
-//! endpoint's resource (`lua/spend.lua`'s first key). A token-wide limit
+//! endpoint's resource (the spend core's first key, `lua/spend/core.lua`). A token-wide limit
 //! (GitHub's secondary rate limits) blocks every resource at once.
 
 use std::fmt;
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use crate::conn::Conn;
 use redis::{AsyncCommands, FromRedisValue};
 use serde::{Deserialize, Serialize};
 
@@ -172,7 +172,7 @@ impl BlockNote {
     /// longer one's note.
     pub(crate) async fn record(
         &self,
-        conn: &mut ConnectionManager,
+        conn: &mut Conn,
         keys: &KeySpace,
         credential: &str,
         resource: Option<&str>,

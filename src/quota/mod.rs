@@ -1,15 +1,17 @@
 //! Quota windows and the spend: weighted units taken atomically from a
-//! credential's shared windows in Redis by `lua/spend.lua`.
+//! credential's shared windows in Redis by the spend core (`lua/spend/`, a
+//! function library on Redis 7, one script by EVALSHA on Redis 6).
 //!
-//! This module knows no HTTP and no queue. Every spend is made ready by
-//! `Limiter::prepare` (its cost checked, its KEYS and ARGV) and decided
-//! by `Limiter::conclude` (the script's reply, counted in the metrics):
-//! the benchmarks call [`Limiter::spend`] (or [`Limiter::spend_reserved`]
-//! with a priority reserve), the CLI's `spend` [`Limiter::spend_for`] (a
-//! tenant), the workers [`Limiter::spend_in_line`] (the windows' waiting
-//! lines), each of which runs both; a task's first page's spend rides in
-//! the item claim's script between the two instead (`worker::lock`, where
-//! `Limiter::rides_along` says it may). A decision is data ([`Decision`]); a
+//! This module knows no HTTP and no queue. Every spend is an [`Operation`]
+//! laid out in one place ([`Plan::layout`]), made ready by
+//! `Limiter::prepare` (its cost checked, its KEYS and ARGV) and decided by
+//! `Limiter::conclude` (the reply, counted in the metrics). The CLI's
+//! `spend`, the workers and the benchmarks call [`Limiter::spend`] (or
+//! [`Limiter::spend_with`] with [`SpendOptions`]: a cost, a job's priority
+//! reserve, a tenant, a waiting line), which runs both; a task's first
+//! page's spend rides in the item claim's call between the two instead
+//! (`worker::lock`, where `Limiter::rides_along` says it may). A decision
+//! is data ([`Decision`]); a
 //! cost that can never fit is an error of its own
 //! ([`QuotaError::CostTooLarge`]), as in governor's `InsufficientCapacity`.
 //! [`Limiter::sync`] records drift when the upstream reports fewer units left
@@ -22,20 +24,23 @@
 
 pub mod backend;
 mod block;
+mod library;
+mod operation;
 pub(crate) mod ring;
+mod shadow;
 pub(crate) mod tz;
 
 use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap};
 use std::num::NonZeroU64;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use indexmap::IndexMap;
 use redis::{RedisResult, RetryMethod, Value};
 
 use crate::config::{Config, LimiterUnavailable, Reserve, Scope, Window, WindowKind};
-use crate::conn::Lua;
+use crate::conn::Functions;
 use crate::keys::KeySpace;
 use backend::Durable;
 pub use backend::{ProbeError, QuotaConn, QuotaTarget};
@@ -43,57 +48,31 @@ pub use backend::{ProbeError, QuotaConn, QuotaTarget};
 pub(crate) use block::BlockNote;
 pub use block::{BlockFor, BlockReason, Blocked, ResourceBlock, STREAK_MEMORY};
 
-/// The spend script's source, as shipped in `lua/spend.lua`.
-pub const SCRIPT: &str = include_str!("../../lua/spend.lua");
+pub(crate) use library::claim as claim_function;
+pub use library::{Op, SCRIPT, library, script};
+pub use operation::{Layout, Operation, SpendOptions};
 
 /// Every script that runs where the windows live (the ACL check of a
 /// `[redis] quota_nodes` cluster asks about the commands they call).
 pub(crate) const SCRIPTS: [&str; 3] = [SCRIPT, block::BLOCK_SOURCE, block::BLOCKS_SOURCE];
 
-/// The spend script's last line: it runs `spend_main` on the call's own
-/// KEYS and ARGV.
-const DISPATCH: &str = "return spend_main(KEYS, ARGV)";
-
-/// The spend script without its last line: Lua that defines
-/// `spend_main(keys, argv)` (KEYS and ARGV laid out as the script's header
-/// says, the reply as it says). A script that must spend in the same call as
-/// work of its own (a queue claim, say) is this followed by its own code,
-/// which calls `spend_main` with its slice of keys and arguments.
-pub fn library() -> &'static str {
-    SCRIPT
-        .trim_end()
-        .strip_suffix(DISPATCH)
-        .expect("lua/spend.lua ends with its dispatch line")
-}
-
-static LOADED: LazyLock<Lua> = LazyLock::new(|| Lua::new(SCRIPT));
-
-/// The spend script, run in one round trip (EVALSHA, EVAL on NOSCRIPT).
-pub fn script() -> &'static Lua {
-    &LOADED
-}
-
-/// Runs the script on `plan`'s keys; with `then`, that command runs right
-/// after it on the same connection and its reply comes back too.
+/// Runs one call (`op`'s function, by `FCALL`, or by `EVALSHA` where `how`
+/// says Redis runs no functions) with `layout`'s KEYS and ARGV; with
+/// `then`, that command runs right after it on the same connection and its
+/// reply comes back too.
 async fn eval(
     conn: &mut QuotaConn,
-    plan: &Plan,
-    args: &[String],
+    how: &Functions,
+    op: Op,
+    layout: &Layout,
     then: Option<&redis::Cmd>,
 ) -> RedisResult<(Value, Option<RedisResult<Value>>)> {
-    let mut call = script().call();
-    call.key(&plan.keys);
-    if plan.with_history(args) {
-        call.key(&plan.rings);
-    }
-    if plan.with_line(args) {
-        call.key(&plan.lines);
-    }
-    call.arg(args);
+    let mut call = op.function().call();
+    call.key(&layout.keys).arg(&layout.args);
     match then {
-        None => Ok((call.invoke(conn).await?, None)),
+        None => Ok((call.invoke(conn, how).await?, None)),
         Some(then) => {
-            let (script, then) = call.invoke_then(conn, then).await?;
+            let (script, then) = call.invoke_then(conn, how, then).await?;
             Ok((script, Some(then)))
         }
     }
@@ -160,6 +139,18 @@ impl Decision {
             other => other,
         }
     }
+}
+
+/// What a spend decided, and which shadow windows would have refused it.
+#[must_use]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Spent {
+    /// What the enforced windows decided.
+    pub decision: Decision,
+    /// The shadow windows (`mode = "shadow"`) that would have refused this
+    /// admitted spend, by their 1-based numbers as [`RejectedBy::Window`]
+    /// numbers them; empty when none would have, or the spend was refused.
+    pub shadow_refused: Vec<usize>,
 }
 
 /// Why and for how long a spend was refused.
@@ -303,7 +294,7 @@ pub struct Plan {
     /// to them in the same call.
     pub rings: Vec<String>,
     /// The windows' waiting lines (every kind but concurrent), in window
-    /// order: a spend that names a ticket ([`Plan::line_args`]) passes
+    /// order: a spend that names a ticket ([`Operation::Spend`]) passes
     /// them after the rings.
     pub lines: Vec<String>,
 }
@@ -327,7 +318,7 @@ impl Plan {
         let windows: Vec<WindowPlan> = windows
             .into_iter()
             .map(|(scope, window)| {
-                let wkeys = ks.window(credential, &scope, &window);
+                let wkeys = window_keys(ks, credential, &scope, &window);
                 keys.extend(wkeys.iter().cloned());
                 let per = window.per.as_millis();
                 let spec = match &window.kind {
@@ -344,6 +335,12 @@ impl Plan {
                         reset.as_millis(),
                         tz::table(*timezone, now)
                     ),
+                };
+                // A shadow window's spec says so (lua/spend/core.lua).
+                let spec = if window.is_shadow() {
+                    format!("shadow:{spec}")
+                } else {
+                    spec
                 };
                 WindowPlan {
                     scope,
@@ -376,7 +373,7 @@ impl Plan {
             .windows
             .iter()
             .map(|w| {
-                let wkeys = ks.window(credential, &w.scope, &w.window);
+                let wkeys = window_keys(ks, credential, &w.scope, &w.window);
                 keys.extend(wkeys.iter().cloned());
                 WindowPlan {
                     keys: wkeys,
@@ -412,77 +409,14 @@ impl Plan {
         }
     }
 
-    /// Whether operation `op` writes the spend history: a spend (its cost)
-    /// and a settle (the change it makes).
-    pub(crate) fn keeps_history(op: &str) -> bool {
-        matches!(op, "spend" | "settle")
-    }
-
-    /// Whether ARGV `args` carries the spend history's arguments (after
-    /// the window specs): then the rings follow the windows' KEYS.
-    fn with_history(&self, args: &[String]) -> bool {
-        args.first().is_some_and(|op| Plan::keeps_history(op))
-            && args.len() > 5 + self.windows.len()
-    }
-
-    /// Whether ARGV `args` names a waiting line's ticket (after the
-    /// history's arguments): then the lines follow the rings' KEYS.
-    fn with_line(&self, args: &[String]) -> bool {
-        args.first().is_some_and(|op| op == "spend") && args.len() > 9 + self.windows.len()
-    }
-
-    /// A spend's ARGV `args` with the waiting line's `ticket` (see
-    /// `lua/spend.lua`, "Waiting line"): a spend refused comes back as
-    /// `ticket` at the moment its retry-after names, and its turn was kept
-    /// for it; `""`, the spend respects the line but will not come back
-    /// (it is not promised a turn). Only with the history's arguments,
-    /// which come before it: a spend without them keeps no line.
-    pub(crate) fn line_args(&self, mut args: Vec<String>, ticket: &str) -> Vec<String> {
-        if args.first().is_some_and(|op| op == "spend") && args.len() == 9 + self.windows.len() {
-            args.push(ticket.to_owned());
-        }
-        args
-    }
-
-    /// KEYS for an operation: the windows' (block, clock, each window's),
-    /// then for a spend or settle the spend history's rings.
-    pub fn keys_for(&self, op: &str) -> Vec<String> {
-        let mut keys = self.keys.clone();
-        if Plan::keeps_history(op) {
-            keys.extend(self.rings.iter().cloned());
-        }
-        keys
-    }
-
-    /// ARGV for an operation: op, id / duration / window, cost, reserve
-    /// percent, n, window specs, and for a spend or settle the spend
-    /// history's (ring count, slot length, slots, TTL); the script header
-    /// documents them.
-    pub fn args(&self, op: &str, arg: &str, cost: &str, reserve: Reserve) -> Vec<String> {
-        let mut args = vec![
-            op.to_owned(),
-            arg.to_owned(),
-            cost.to_owned(),
-            reserve.percent().to_string(),
-            self.windows.len().to_string(),
-        ];
-        args.extend(self.windows.iter().map(|w| w.spec.clone()));
-        if Plan::keeps_history(op) && !self.rings.is_empty() {
-            args.extend([
-                self.rings.len().to_string(),
-                ring::SLOT.as_millis().to_string(),
-                ring::SLOTS.to_string(),
-                ring::RING_TTL.as_millis().to_string(),
-            ]);
-        }
-        args
-    }
-
-    /// The window that admits the fewest units to a spend with `reserve`.
+    /// The enforced window that admits the fewest units to a spend with
+    /// `reserve` (a shadow window refuses nothing, a cost it can never fit
+    /// included).
     pub(crate) fn tightest(&self, reserve: Reserve) -> Option<&Window> {
         self.windows
             .iter()
             .map(|w| &w.window)
+            .filter(|w| !w.is_shadow())
             .min_by_key(|w| w.admits(reserve))
     }
 }
@@ -500,43 +434,38 @@ fn rings(ks: &KeySpace, credential: &str, windows: &[WindowPlan]) -> Vec<String>
     out
 }
 
-/// The waiting lines of `credential`'s `windows`: one per window but
-/// concurrent ones, in window order (the kinds that keep one,
-/// [`KeySpace::line`]).
+/// The waiting lines of `credential`'s `windows`: one per enforced window
+/// but concurrent ones, in window order (the kinds that keep one,
+/// [`KeySpace::line`]; a shadow window makes no spend wait).
 fn lines(ks: &KeySpace, credential: &str, windows: &[WindowPlan]) -> Vec<String> {
     (windows.iter())
+        .filter(|w| !w.window.is_shadow())
         .filter_map(|w| ks.line(credential, &w.scope, &w.window))
         .collect()
 }
 
-/// A spend made ready to run (`Limiter::prepare`).
-pub(crate) struct PreparedSpend<'a> {
-    /// The endpoint's plan (a template tenant's own).
-    pub(crate) ep: Cow<'a, EndpointPlan>,
-    /// The script's ARGV for it.
-    pub(crate) args: Vec<String>,
-    /// Its cost, checked.
-    pub(crate) cost: u64,
+/// A window's keys in the spend core's order: its kind's
+/// ([`KeySpace::window`]), then, for a shadow window, the ring of its
+/// refusals ([`KeySpace::shadow_refusals`]).
+fn window_keys(ks: &KeySpace, credential: &str, scope: &Scope, window: &Window) -> Vec<String> {
+    let mut keys = ks.window(credential, scope, window);
+    if window.is_shadow() {
+        keys.push(ks.shadow_refusals(credential, scope, window));
+    }
+    keys
 }
 
-impl PreparedSpend<'_> {
-    /// The script's KEYS for it: the windows', then the history's rings
-    /// when its ARGV carries the history, then the waiting lines when it
-    /// names a ticket.
-    pub(crate) fn keys(&self) -> impl Iterator<Item = &String> {
-        let plan = &self.ep.plan;
-        let lines = if plan.with_line(&self.args) {
-            &plan.lines[..]
-        } else {
-            &[]
-        };
-        let rings = if plan.with_history(&self.args) {
-            &plan.rings[..]
-        } else {
-            &[]
-        };
-        plan.keys.iter().chain(rings).chain(lines)
-    }
+/// A spend made ready to run (`Limiter::prepare`).
+pub(crate) struct PreparedSpend<'a> {
+    /// Whether the windows' Redis runs the spend core by FCALL (the
+    /// limiter's, for a script of one's own on the same Redis).
+    pub(crate) functions: &'a Functions,
+    /// The endpoint's plan (a template tenant's own).
+    pub(crate) ep: Cow<'a, EndpointPlan>,
+    /// Its KEYS and ARGV.
+    pub(crate) layout: Layout,
+    /// Its cost, checked.
+    pub(crate) cost: u64,
 }
 
 /// Turns a reply that carried a spend's into the spend's own: its values
@@ -772,6 +701,7 @@ impl Quotas {
                     && w.window.kind_name() == window.kind_name()
                     && w.window.per == window.per
                     && w.window.resource == window.resource
+                    && w.window.units == window.units
             })
             .ok_or_else(|| QuotaError::UnknownWindow {
                 credential: credential.to_owned(),
@@ -841,6 +771,9 @@ pub struct WindowUsage {
     /// A concurrent window's leases held now (requests in flight); 0 for
     /// the other kinds.
     pub leases: u64,
+    /// A shadow window's refusals over the last 24 hours (the spend
+    /// history's, [`ring`]); 0 for an enforced window.
+    pub shadow_refusals: u64,
 }
 
 /// Live usage of a credential.
@@ -865,6 +798,9 @@ pub struct CredentialUsage {
 #[derive(Clone)]
 pub struct Limiter {
     conn: QuotaConn,
+    /// Whether that Redis runs the spend core by FCALL (learnt at the first
+    /// call, shared by this limiter's clones).
+    functions: Functions,
     quotas: Arc<Quotas>,
     timeout: Duration,
     /// Replicas that must acknowledge an admitted spend (0: none).
@@ -874,11 +810,12 @@ pub struct Limiter {
 }
 
 impl Limiter {
-    /// A limiter for `quotas` over `conn` (a `ConnectionManager` or a cluster
+    /// A limiter for `quotas` over `conn` (a `Conn` or a cluster
     /// connection); each call waits at most `timeout`.
     pub fn new(conn: impl Into<QuotaConn>, quotas: Arc<Quotas>, timeout: Duration) -> Self {
         Limiter {
             conn: conn.into(),
+            functions: Functions::default(),
             quotas,
             timeout,
             replicas: 0,
@@ -894,15 +831,6 @@ impl Limiter {
     pub fn without_history(mut self) -> Self {
         self.history = false;
         self
-    }
-
-    /// `args` as this limiter sends them: without the history's arguments
-    /// when it keeps none.
-    fn trimmed(&self, plan: &Plan, mut args: Vec<String>) -> Vec<String> {
-        if !self.history {
-            args.truncate(5 + plan.windows.len());
-        }
-        args
     }
 
     /// This limiter, with each admitted spend acknowledged by `replicas`
@@ -937,27 +865,32 @@ impl Limiter {
         &self.conn
     }
 
-    /// Runs the script once; a dropped connection is retried once (the
-    /// connection has reconnected by then): spend and settle are
-    /// idempotent by request id, block and peek by nature.
-    async fn call(&self, plan: &Plan, args: Vec<String>) -> Result<Vec<i64>, QuotaError> {
-        self.call_then(plan, args, None).await.map(|(r, _)| r)
+    /// Runs `operation` on `plan`'s windows once; a dropped connection is
+    /// retried once (the connection has reconnected by then): spend and
+    /// settle are idempotent by request id, block and peek by nature.
+    async fn call(&self, plan: &Plan, operation: &Operation<'_>) -> Result<Vec<i64>, QuotaError> {
+        let layout = plan.layout(operation);
+        self.call_then(operation.op(), &layout, None)
+            .await
+            .map(|(r, _)| r)
     }
 
-    /// [`Limiter::call`], with `then` run right after the script on the same
-    /// connection; its reply (or error) comes back as is.
+    /// One call of `op` with `layout`, with `then` run right after it on
+    /// the same connection; its reply (or error) comes back as is.
     async fn call_then(
         &self,
-        plan: &Plan,
-        args: Vec<String>,
+        op: Op,
+        layout: &Layout,
         then: Option<&redis::Cmd>,
     ) -> Result<(Vec<i64>, Option<RedisResult<Value>>), QuotaError> {
-        let args = self.trimmed(plan, args);
         let mut last = None;
         for _ in 0..2 {
             let mut conn = self.conn.clone();
-            let reply =
-                tokio::time::timeout(self.timeout, eval(&mut conn, plan, &args, then)).await;
+            let reply = tokio::time::timeout(
+                self.timeout,
+                eval(&mut conn, &self.functions, op, layout, then),
+            )
+            .await;
             match reply {
                 Err(_) => return Err(QuotaError::Timeout(self.timeout)),
                 Ok(Ok((v, then))) => return Ok((ints(v)?, then)),
@@ -985,81 +918,61 @@ impl Limiter {
         cost: Option<u64>,
         request_id: &str,
     ) -> Result<Decision, QuotaError> {
-        self.spend_reserved(endpoint, cost, request_id, Reserve::NONE)
+        self.spend_with(endpoint, request_id, SpendOptions::new().cost(cost))
             .await
     }
 
-    /// [`Limiter::spend`] for a spend with a priority reserve: admitted only
-    /// if every window keeps at least `reserve` of its units free after it.
-    /// `remaining` and the retry-after are those of the reduced limit.
-    pub async fn spend_reserved(
+    /// [`Limiter::spend`] as `options` say (a cost, a reserve, a tenant, a
+    /// waiting line, the history).
+    pub async fn spend_with(
         &self,
         endpoint: &str,
-        cost: Option<u64>,
         request_id: &str,
-        reserve: Reserve,
+        options: SpendOptions<'_>,
     ) -> Result<Decision, QuotaError> {
-        self.spend_for(endpoint, None, cost, request_id, reserve)
-            .await
+        (self.spend_shadowed(endpoint, request_id, options).await).map(|s| s.decision)
     }
 
-    /// [`Limiter::spend_reserved`] on one tenant (`tenant`: its value) of
-    /// the endpoint's template credential; `None` for a plain credential.
-    /// The reserve applies to the tenant's own windows.
-    pub async fn spend_for(
+    /// [`Limiter::spend_with`], with the shadow windows that would have
+    /// refused the spend ([`Spent`]).
+    pub async fn spend_shadowed(
         &self,
         endpoint: &str,
-        tenant: Option<&str>,
-        cost: Option<u64>,
         request_id: &str,
-        reserve: Reserve,
-    ) -> Result<Decision, QuotaError> {
-        self.spend_in_line(endpoint, tenant, cost, request_id, reserve, None)
-            .await
-    }
-
-    /// [`Limiter::spend_for`] in the windows' waiting lines (`ticket`, see
-    /// [`Plan::line_args`]; `None`: as if there were none).
-    pub async fn spend_in_line(
-        &self,
-        endpoint: &str,
-        tenant: Option<&str>,
-        cost: Option<u64>,
-        request_id: &str,
-        reserve: Reserve,
-        ticket: Option<&str>,
-    ) -> Result<Decision, QuotaError> {
-        let mut spend = self.prepare(endpoint, tenant, cost, request_id, reserve, ticket)?;
-        let args = std::mem::take(&mut spend.args);
+        options: SpendOptions<'_>,
+    ) -> Result<Spent, QuotaError> {
+        let spend = self.prepare(endpoint, request_id, options)?;
         let started = std::time::Instant::now();
-        let reply = (self.spend_replicated(&spend.ep, args, request_id)).await;
-        self.conclude(&spend, reply, started.elapsed())
+        let reply = (self.spend_replicated(&spend, request_id)).await;
+        self.conclude_spent(&spend, reply, started.elapsed())
     }
 
     /// A spend made ready to run: checked, with its KEYS and ARGV.
-    /// [`Limiter::spend_for`] runs it; a script of one's own may run it in
-    /// its own call instead (after [`library`], through `spend_main`) where
-    /// `Limiter::rides_along` says that is sound, and hand the spend's
+    /// [`Limiter::spend_with`] runs it; the item claim runs it in its own
+    /// call instead (the library's claim, `lua/spend/claim.lua`) where
+    /// `Limiter::rides_along` says that is sound, and hands the spend's
     /// reply to `Limiter::conclude`.
     pub(crate) fn prepare(
         &self,
         endpoint: &str,
-        tenant: Option<&str>,
-        cost: Option<u64>,
         request_id: &str,
-        reserve: Reserve,
-        ticket: Option<&str>,
+        options: SpendOptions<'_>,
     ) -> Result<PreparedSpend<'_>, QuotaError> {
-        let cost = self.quotas.checked_cost(endpoint, cost, reserve)?;
-        let ep = self.quotas.endpoint_for(endpoint, tenant)?;
-        let args = ep
-            .plan
-            .args("spend", request_id, &cost.to_string(), reserve);
-        let mut args = self.trimmed(&ep.plan, args);
-        if let Some(ticket) = ticket {
-            args = ep.plan.line_args(args, ticket);
-        }
-        Ok(PreparedSpend { args, cost, ep })
+        let cost = (self.quotas).checked_cost(endpoint, options.cost, options.reserve)?;
+        let ep = self.quotas.endpoint_for(endpoint, options.tenant)?;
+        let layout = ep.plan.layout(&Operation::Spend {
+            request_id,
+            cost,
+            reserve: options.reserve,
+            ticket: options.ticket,
+            history: options.history.unwrap_or(self.history),
+        });
+        Ok(PreparedSpend {
+            functions: &self.functions,
+            layout,
+            cost,
+            ep,
+        })
     }
 
     /// Whether a spend may run inside a script on the queue's own
@@ -1081,6 +994,18 @@ impl Limiter {
         reply: Result<Vec<i64>, QuotaError>,
         took: Duration,
     ) -> Result<Decision, QuotaError> {
+        self.conclude_spent(spend, reply, took).map(|s| s.decision)
+    }
+
+    /// [`Limiter::conclude`], with the shadow windows that would have
+    /// refused the spend (counted in the metrics and the log as they are
+    /// named: [`shadow::note`]).
+    fn conclude_spent(
+        &self,
+        spend: &PreparedSpend<'_>,
+        reply: Result<Vec<i64>, QuotaError>,
+        took: Duration,
+    ) -> Result<Spent, QuotaError> {
         let (ep, cost) = (&spend.ep, spend.cost);
         let endpoint = ep.endpoint.as_str();
         metrics::histogram!("qw_spend_duration_seconds", "endpoint" => endpoint.to_owned())
@@ -1103,7 +1028,15 @@ impl Limiter {
                 .increment(cost);
         }
         match reply {
-            Ok(r) => decision(&r).map(|d| d.in_flight(&ep.plan)),
+            Ok(r) => {
+                let decision = decision(&r)?.in_flight(&ep.plan);
+                let shadow_refused = shadow::refused(&r, &ep.plan)?;
+                shadow::note(&ep.plan, &shadow_refused);
+                Ok(Spent {
+                    decision,
+                    shadow_refused,
+                })
+            }
             Err(e) if e.is_unavailable() && ep.policy == LimiterUnavailable::FailOpen => {
                 tracing::warn!(
                     endpoint,
@@ -1112,7 +1045,10 @@ impl Limiter {
                     error = %e,
                     "limiter unavailable; endpoint is fail-open, request allowed unrecorded"
                 );
-                Ok(Decision::Unchecked)
+                Ok(Spent {
+                    decision: Decision::Unchecked,
+                    shadow_refused: Vec::new(),
+                })
             }
             Err(e) => Err(e),
         }
@@ -1125,17 +1061,17 @@ impl Limiter {
     /// looked at: a rejection stands whatever the replicas say.
     async fn spend_replicated(
         &self,
-        ep: &EndpointPlan,
-        args: Vec<String>,
+        spend: &PreparedSpend<'_>,
         request_id: &str,
     ) -> Result<Vec<i64>, QuotaError> {
+        let ep = &spend.ep;
         if self.replicas == 0 {
-            return self.call(&ep.plan, args).await;
+            return (self.call_then(Op::Spend, &spend.layout, None).await).map(|(r, _)| r);
         }
         let waited = replica_wait(self.timeout);
         let mut wait = redis::cmd("WAIT");
         wait.arg(self.replicas).arg(waited.as_millis() as u64);
-        let (r, acked) = self.call_then(&ep.plan, args, Some(&wait)).await?;
+        let (r, acked) = (self.call_then(Op::Spend, &spend.layout, Some(&wait))).await?;
         if r.first() != Some(&1) {
             return Ok(r);
         }
@@ -1169,8 +1105,12 @@ impl Limiter {
         }
         // Fail-closed: nothing will be sent, so the units go back. A refund
         // Redis does not take leaves them spent, which admits less, never more.
-        let refund = ep.plan.args("settle", request_id, "0", Reserve::NONE);
-        if let Err(e) = self.call(&ep.plan, refund).await {
+        let refund = Operation::Settle {
+            request_id,
+            actual: 0,
+            history: self.history,
+        };
+        if let Err(e) = self.call(&ep.plan, &refund).await {
             tracing::error!(
                 endpoint = %ep.endpoint,
                 credential = %credential,
@@ -1203,14 +1143,16 @@ impl Limiter {
         actual: u64,
     ) -> Result<usize, QuotaError> {
         let ep = self.quotas.endpoint_for(endpoint, tenant)?;
-        let args = ep
-            .plan
-            .args("settle", request_id, &actual.to_string(), Reserve::NONE);
+        let settle = Operation::Settle {
+            request_id,
+            actual,
+            history: self.history,
+        };
         // A refund lost in a failover admits less, never more: no WAIT.
         let r = if actual == 0 {
-            self.call(&ep.plan, args).await?
+            self.call(&ep.plan, &settle).await?
         } else {
-            self.call_acked(Durable::Settle, &ep.plan, args).await?
+            self.call_acked(Durable::Settle, &ep.plan, &settle).await?
         };
         Ok(r.first().copied().unwrap_or(0).max(0) as usize)
     }
@@ -1220,14 +1162,7 @@ impl Limiter {
     /// A template's tenant is named as `quota` shows it (`ig[account=123]`).
     pub async fn block(&self, credential: &str, for_: Duration) -> Result<Duration, QuotaError> {
         let plan = self.quotas.plan_for(credential)?;
-        let ms = for_.as_millis().max(1).to_string();
-        let r = self
-            .call_acked(
-                Durable::Block,
-                &plan,
-                plan.args("block", &ms, "", Reserve::NONE),
-            )
-            .await?;
+        let r = (self.call_acked(Durable::Block, &plan, &Operation::Block(for_))).await?;
         Ok(Duration::from_millis(
             r.first().copied().unwrap_or(0).max(0) as u64,
         ))
@@ -1238,9 +1173,7 @@ impl Limiter {
     /// A template's tenant is named as `quota` shows it (`ig[account=123]`).
     pub async fn peek(&self, credential: &str) -> Result<CredentialUsage, QuotaError> {
         let plan = self.quotas.plan_for(credential)?;
-        let r = self
-            .call(&plan, plan.args("peek", "", "", Reserve::NONE))
-            .await?;
+        let r = self.call(&plan, &Operation::Peek).await?;
         if r.len() != 1 + 5 * plan.windows.len() {
             return Err(QuotaError::Script(format!(
                 "peek returned {} values",
@@ -1267,8 +1200,10 @@ impl Limiter {
                 frees_in: Duration::from_millis(u(c[2])),
                 drift: u(c[3]),
                 leases: u(c[4]),
+                shadow_refusals: 0,
             })
             .collect();
+        let windows = self.shadow_counts(&plan, windows).await?;
         let blocks = self.read_blocks(&plan).await?;
         let default = blocks.iter().find(|b| b.default);
         Ok(CredentialUsage {
@@ -1307,13 +1242,12 @@ impl Limiter {
                 window: format!("number {window} of {}", plan.windows.len()),
             });
         };
-        let which = match resets_in {
-            // Whole ms, at least 1, below 2^53 (what the script takes).
-            Some(d) => format!("{}:{}", window + 1, d.as_millis().clamp(1, (1 << 53) - 1)),
-            None => (window + 1).to_string(),
+        let sync = Operation::Sync {
+            window,
+            left: upstream_left,
+            resets_in,
         };
-        let args = plan.args("sync", &which, &upstream_left.to_string(), Reserve::NONE);
-        let r = self.call_acked(Durable::Sync, &plan, args).await?;
+        let r = self.call_acked(Durable::Sync, &plan, &sync).await?;
         let drift = r.first().copied().unwrap_or(0).max(0) as u64;
         if drift > 0 {
             metrics::counter!("qw_drift_units_total", "credential" => plan.family.clone())
@@ -1361,8 +1295,7 @@ impl Limiter {
         if plan.windows.is_empty() {
             return Ok(Vec::new());
         }
-        let args = plan.args("undrift", "", "", Reserve::NONE);
-        let r = self.call_acked(Durable::Sync, &plan, args).await?;
+        let r = (self.call_acked(Durable::Sync, &plan, &Operation::Undrift)).await?;
         if r.len() != plan.windows.len() {
             return Err(QuotaError::Script(format!("undrift returned {r:?}")));
         }
@@ -1439,7 +1372,9 @@ fn ints(v: Value) -> Result<Vec<i64>, QuotaError> {
 }
 
 fn decision(r: &[i64]) -> Result<Decision, QuotaError> {
-    let [allowed, remaining, retry_ms, window] = r else {
+    // After the four: the shadow windows that would have refused
+    // ([`shadow::refused`]).
+    let [allowed, remaining, retry_ms, window, ..] = r else {
         return Err(QuotaError::Script(format!("spend returned {r:?}")));
     };
     let remaining = (*remaining).max(0) as u64;
@@ -1461,15 +1396,6 @@ fn decision(r: &[i64]) -> Result<Decision, QuotaError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_library_is_the_script_less_its_dispatch() {
-        assert!(library().trim_end().ends_with("end"));
-        assert_eq!(
-            format!("{}{DISPATCH}", library()).trim_end(),
-            SCRIPT.trim_end()
-        );
-    }
 
     #[test]
     fn decision_maps_the_script_reply() {
@@ -1496,5 +1422,10 @@ mod tests {
             })
         ));
         assert!(decision(&[1, 2]).is_err());
+        assert_eq!(
+            decision(&[1, 7, 0, 0, 2, 3]).unwrap(),
+            Decision::Allowed { remaining: 7 },
+            "shadow refusals follow an admitted spend's four values"
+        );
     }
 }

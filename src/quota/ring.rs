@@ -1,10 +1,12 @@
 //! The spend history's rings: units spent per 5-minute slot over 24 hours,
-//! one ring per window scope, written by `lua/spend.lua` in the spend's own
+//! one ring per window scope, written by `lua/spend/ring.lua` in the spend's own
 //! call (so a spend costs no round trip more for it). The layout is known
 //! here and in the script only; the status page reads rings through
 //! [`decode`].
 
 use std::time::Duration;
+
+use super::QuotaConn;
 
 /// One slot of the spend history.
 pub(crate) const SLOT: Duration = Duration::from_secs(300);
@@ -14,7 +16,7 @@ pub(crate) const SLOTS: usize = 288;
 /// holds only zeros.
 pub(crate) const RING_TTL: Duration = Duration::from_secs(300 * (288 + 1));
 
-/// The ring `raw` (`lua/spend.lua`'s layout) as [`SLOTS`] counts, oldest
+/// The ring `raw` (`lua/spend/ring.lua`'s layout) as [`SLOTS`] counts, oldest
 /// first, ending with `now_slot`'s. Slots the ring has not reached yet, or
 /// has moved past, count 0.
 pub(crate) fn decode(raw: &[u8], now_slot: u64) -> Vec<u64> {
@@ -35,6 +37,36 @@ pub(crate) fn decode(raw: &[u8], now_slot: u64) -> Vec<u64> {
             _ => 0,
         })
         .collect()
+}
+
+/// Reads rings where the windows live (they are written by the spend
+/// core, beside the windows: the queue's Redis or the quota cluster) and
+/// that Redis's clock: the time (ms since the epoch) and each ring's counts
+/// per slot, oldest first, the last slot being the current one. One command
+/// per ring, all in flight at once: on a cluster the rings of different
+/// credentials live on different nodes, which one pipeline cannot reach.
+pub(crate) async fn read(
+    conn: &QuotaConn,
+    rings: &[String],
+) -> redis::RedisResult<(i64, Vec<Vec<u64>>)> {
+    let time = async {
+        let (s, us): (i64, i64) = redis::cmd("TIME").query_async(&mut conn.clone()).await?;
+        Ok::<_, redis::RedisError>(s * 1000 + us / 1000)
+    };
+    let gets = futures::future::try_join_all(rings.iter().map(|r| async move {
+        let raw: Option<Vec<u8>> = redis::cmd("GET")
+            .arg(r)
+            .query_async(&mut conn.clone())
+            .await?;
+        Ok::<_, redis::RedisError>(raw)
+    }));
+    let (now_ms, raws) = futures::future::try_join(time, gets).await?;
+    let now_slot = (now_ms.max(0) as u64) / SLOT.as_millis() as u64;
+    let out = raws
+        .iter()
+        .map(|raw| decode(raw.as_deref().unwrap_or_default(), now_slot))
+        .collect();
+    Ok((now_ms, out))
 }
 
 #[cfg(test)]

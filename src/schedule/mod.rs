@@ -284,7 +284,7 @@ pub(crate) fn exhausted_at<'a>(
 }
 
 /// When the period of a fixed window that holds `t` ends (its next reset),
-/// counted as `lua/spend.lua` counts periods: in local wall-clock time,
+/// counted as `lua/spend/fixed.lua` counts periods: in local wall-clock time,
 /// `reset + n × per`. A reset the clocks skip comes when they skip it.
 pub(crate) fn period_end(window: &Window, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
     use chrono::TimeZone;

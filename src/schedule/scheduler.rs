@@ -26,6 +26,9 @@ use crate::config::{Config, Job};
 use crate::liveness::Health;
 use crate::queue::{Origin, Queue, TakeOver, TickFanOut};
 
+/// Most fan-outs of one job under way at once (`Scheduler::job_loop`).
+const FAN_OUTS_AT_ONCE: usize = 4;
+
 /// How often a daemon looks for fan-outs whose enqueuer died.
 const RESUME_EVERY: Duration = Duration::from_secs(5);
 
@@ -81,6 +84,8 @@ impl Scheduler {
             None => return,
         };
         let mut next = next_fires(&job, Utc::now(), 1).pop();
+        // Fan-outs under way: they end by themselves on `stop`.
+        let mut fanning: std::collections::VecDeque<JoinHandle<()>> = Default::default();
         loop {
             Health::beat(&self.health.scheduler);
             if config.has_changed().unwrap_or(false) {
@@ -108,9 +113,25 @@ impl Scheduler {
             if nap < wait {
                 continue;
             }
-            if !self.fan_out(&job, at.timestamp_millis()).await {
-                return;
+            // Each tick's fan-out on a task of its own: one that waits for
+            // Redis (a failover; with queue_replicas, no replica in sync
+            // yet) retries without making the next ticks late, let alone
+            // skipped. A few at most at once: past that the loop waits for
+            // the oldest, and fires late rather than piling fan-outs up.
+            fanning.retain(|f| !f.is_finished());
+            if fanning.len() >= FAN_OUTS_AT_ONCE
+                && let Some(oldest) = fanning.pop_front()
+            {
+                tokio::select! {
+                    _ = self.stop.wait_for(|s| *s) => return,
+                    _ = oldest => {}
+                }
             }
+            let (mut fan, j) = (self.clone(), job.clone());
+            let tick = at.timestamp_millis();
+            fanning.push_back(tokio::spawn(async move {
+                fan.fan_out(&j, tick).await;
+            }));
             next = next_fires(&job, Utc::now(), 1).pop();
         }
     }

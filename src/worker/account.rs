@@ -653,6 +653,8 @@ mod tests {
                 upstream,
                 resource: resource.map(str::to_owned),
                 every_resource: false,
+                mode: Default::default(),
+                keyed_by_units: false,
             },
             keys: vec![],
             spec: String::new(),

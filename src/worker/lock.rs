@@ -2,14 +2,15 @@
 //! item. Claimed before the first spend (in the same round trip: whether the
 //! task already ended, the item's checkpoint, its newest completed tick, what
 //! its last complete run left for the next one, and the Redis clock; and,
-//! where the windows allow it, the first page's spend: `lua/claim_spend.lua`),
+//! where the windows allow it, the first page's spend: the spend library's
+//! claim, `lua/spend/claim.lua`),
 //! renewed in the background while the task runs, released in the call that
 //! records the task's end (`lua/finish.lua`).
 
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use crate::conn::Conn;
 use tracing::warn;
 
 use super::Checkpoint;
@@ -22,40 +23,13 @@ use crate::queue::TaskArgs;
 use crate::queue::scripts::finish::{ItemEnd, Leaves};
 use crate::quota::{PreparedSpend, QuotaError};
 
-/// `lua/item_lock.lua`: claim, renew, release.
-const ITEM_LOCK_SRC: &str = include_str!("../../lua/item_lock.lua");
-
-static ITEM_LOCK: LazyLock<Lua> = LazyLock::new(|| Lua::new(ITEM_LOCK_SRC));
-
-/// Where spend.lua reads Redis's clock, once per call.
-const SPEND_CLOCK_READ: &str = "local t = call('TIME')";
-
-/// The claim with the first page's spend in the same call: spend.lua's and
-/// item_lock.lua's functions, then `lua/claim_spend.lua`. The spend reads
-/// the claim's clock (`claim_clock`, set by the claim) instead of a TIME
-/// of its own (issue 28: one command per task); spend.lua itself is not
-/// changed for it (used alone, it reads TIME as before).
-static CLAIM_SPEND_SRC: LazyLock<String> = LazyLock::new(|| {
-    let lock = ITEM_LOCK_SRC
-        .trim_end()
-        .strip_suffix("return item_lock_main(KEYS, ARGV)")
-        .expect("lua/item_lock.lua ends with its dispatch line");
-    let spend = crate::quota::library();
-    assert_eq!(
-        spend.matches(SPEND_CLOCK_READ).count(),
-        1,
-        "lua/spend.lua reads Redis TIME once, as `{SPEND_CLOCK_READ}`"
-    );
-    let spend = spend.replacen(
-        SPEND_CLOCK_READ,
-        "local t = claim_clock.now or call('TIME')",
-        1,
-    );
-    let tail = include_str!("../../lua/claim_spend.lua");
-    format!("local claim_clock = {{}}\n{spend}\n{lock}\n{tail}")
+/// `lua/item_lock.lua` run alone: claim, renew, release.
+static ITEM_LOCK: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        include_str!("../../lua/item_lock.lua"),
+        "\nreturn item_lock(KEYS, ARGV)\n"
+    ))
 });
-
-static CLAIM_SPEND: LazyLock<Lua> = LazyLock::new(|| Lua::new(&CLAIM_SPEND_SRC));
 
 /// What claiming the item found.
 pub(super) enum Claim {
@@ -84,7 +58,7 @@ pub(super) struct Found {
     /// The Redis clock at the claim (epoch s): this run's start.
     pub(super) now: i64,
     /// The reply of the first page's spend, when it rode in the claim's
-    /// call: spend.lua's values, or the script's error.
+    /// call: the spend's values, or its error.
     pub(super) spent: Option<Result<Vec<i64>, QuotaError>>,
     /// Why the item's state could not be read (a checkpoint that does not
     /// parse, a foreign writer's or another version's): the task ends
@@ -94,7 +68,7 @@ pub(super) struct Found {
 }
 
 /// The claim's reply as `lua/item_lock.lua`'s header lays it out (followed,
-/// `with_spend`, by `lua/claim_spend.lua`'s spend reply); `state` names the
+/// `with_spend`, by `lua/spend/claim.lua`'s spend reply); `state` names the
 /// keys the item's state was read from (checkpoint, completed tick,
 /// `{since}`, validators). Every shape is matched: anything else is
 /// [`Claim::Unexpected`], as apalis's `deserialize_with_meta` refuses a
@@ -227,46 +201,56 @@ impl ItemLock {
     /// `spend`, the first page's spend too, made only if the claim succeeds.
     pub(super) async fn claim(
         &self,
-        conn: &mut ConnectionManager,
+        conn: &mut Conn,
         keys: &KeySpace,
         job: &Job,
         task: &TaskArgs,
         spend: Option<&PreparedSpend<'_>>,
     ) -> redis::RedisResult<Claim> {
         let item = task.item_key();
-        let mut call = match spend {
-            Some(_) => CLAIM_SPEND.call(),
-            None => ITEM_LOCK.call(),
-        };
         let state = [
             keys.cursor(&job.name, &item),
             keys.item_ran(&job.name, &item),
             keys.since(&job.name, &item),
             keys.validators(&job.name, &item),
         ];
-        call.key(&self.key)
-            .key(keys.task_done(&task.root))
-            .key(&state[0])
-            .key(&state[1])
-            .key(&state[2])
-            .key(&state[3])
-            .arg("claim")
-            .arg(&self.value)
-            .arg(self.ttl.as_millis() as u64);
-        if let Some(spend) = spend {
-            for key in spend.keys() {
-                call.key(key);
+        let lock_keys = [
+            self.key.as_str(),
+            &keys.task_done(&task.root),
+            &state[0],
+            &state[1],
+            &state[2],
+            &state[3],
+        ];
+        let ttl = self.ttl.as_millis() as u64;
+        let reply: Vec<String> = match spend {
+            // The claim with the first page's spend: the spend library's
+            // function (lua/spend/claim.lua), run as the limiter runs it.
+            Some(spend) => {
+                let mut call = crate::quota::claim_function().call();
+                call.key(&lock_keys[..])
+                    .arg("claim")
+                    .arg(&self.value)
+                    .arg(ttl);
+                call.key(&spend.layout.keys).arg(&spend.layout.args);
+                call.invoke(conn, spend.functions).await?
             }
-            call.arg(&spend.args);
-        }
-        let reply: Vec<String> = call.invoke(conn).await?;
+            None => {
+                let mut call = ITEM_LOCK.call();
+                call.key(&lock_keys[..])
+                    .arg("claim")
+                    .arg(&self.value)
+                    .arg(ttl);
+                call.invoke(conn).await?
+            }
+        };
         Ok(read_claim(&reply, spend.is_some(), &state))
     }
 
     /// Renews the lock every third of its TTL until the returned guard is
     /// dropped, so a long request keeps the item and a killed daemon's (or a
     /// panicked task's) lock lapses within its TTL.
-    pub(super) fn keep_renewed(&self, mut conn: ConnectionManager) -> Renewer {
+    pub(super) fn keep_renewed(&self, mut conn: Conn) -> Renewer {
         let (key, value, ttl) = (self.key.clone(), self.value.clone(), self.ttl);
         Renewer::spawn(async move {
             loop {
@@ -298,7 +282,7 @@ impl ItemLock {
 
     /// Frees the item, if it is still ours: when the task could not record
     /// its end (Redis failed), which would have freed it.
-    pub(super) async fn release(&self, conn: &mut ConnectionManager) -> redis::RedisResult<()> {
+    pub(super) async fn release(&self, conn: &mut Conn) -> redis::RedisResult<()> {
         ITEM_LOCK
             .call()
             .key(&self.key)
@@ -333,14 +317,6 @@ mod tests {
             Claim::Held(found) => *found,
             _ => panic!("not held"),
         }
-    }
-
-    /// The composition finds spend.lua's one clock read (a spend.lua that
-    /// reads it otherwise fails here, not on a worker's first claim).
-    #[test]
-    fn the_claim_and_its_spend_read_the_clock_once() {
-        assert!(CLAIM_SPEND_SRC.contains("local t = claim_clock.now or call('TIME')"));
-        assert!(!CLAIM_SPEND_SRC.contains(SPEND_CLOCK_READ));
     }
 
     #[test]

@@ -41,8 +41,8 @@ mod step;
 use std::sync::{Arc, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
+use crate::conn::Conn;
 use redis::AsyncCommands;
-use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
@@ -117,7 +117,7 @@ pub(crate) struct Worker {
     /// For retries and deferrals.
     pub(crate) queue: Queue,
     /// For checkpoints, locks and markers.
-    pub(crate) conn: ConnectionManager,
+    pub(crate) conn: Conn,
     pub(crate) fetcher: Fetcher,
     pub(crate) sinks: Sinks,
     pub(crate) stats: Arc<Stats>,
@@ -156,7 +156,7 @@ pub(crate) struct Lasting {
     /// For retries and deferrals.
     pub(crate) queue: Queue,
     /// For checkpoints, locks and markers.
-    pub(crate) conn: ConnectionManager,
+    pub(crate) conn: Conn,
     pub(crate) stats: Arc<Stats>,
     pub(crate) events: Option<tokio::sync::broadcast::Sender<OutcomeEvent>>,
     pub(crate) local_blocks: Arc<LocalBlocks>,
@@ -462,7 +462,8 @@ impl Worker {
         if let Some(held) = held {
             finish = finish.holding(held);
         }
-        let starved_ticks = finish.invoke(&mut self.conn.clone()).await?;
+        // With `[redis] queue_replicas`, the end counts once a replica has it.
+        let starved_ticks = finish.invoke(&mut self.conn.acked()).await?;
         self.stats.outcome(o.kind);
         metrics::counter!("qw_tasks_total", "qw_job" => task.job.clone(), "outcome" => o.kind.as_str())
             .increment(1);

@@ -465,7 +465,7 @@ impl Worker {
             }
         };
         let mut spent = match admission {
-            Admission::Admitted(spent) => spent,
+            Admission::Admitted(spent) => *spent,
             Admission::Refused(refusal) => return (Answer::Refused(refusal), None),
             Admission::Unavailable(e) => return (Answer::LimiterDown(e), None),
         };
@@ -708,7 +708,7 @@ impl Worker {
         };
         let json = serde_json::to_string(&cp).map_err(TaskError::State)?;
         self.conn
-            .clone()
+            .acked()
             .set_ex::<_, _, ()>(&run.cursor_key, json, CHECKPOINT_TTL.as_secs())
             .await?;
         p.checkpointed = true;

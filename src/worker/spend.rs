@@ -19,7 +19,7 @@ use super::lease::{self, Lease};
 use super::memory::{Flying, resource_key};
 use crate::config::{Endpoint, Job, Secret};
 use crate::queue::TaskArgs;
-use crate::quota::{Decision, PreparedSpend, QuotaError, RejectedBy};
+use crate::quota::{Decision, PreparedSpend, QuotaError, RejectedBy, SpendOptions};
 use crate::stats::Stats;
 
 /// Counts a settle's `change` to a spend of `endpoint` in
@@ -42,7 +42,7 @@ fn spend_id(task: &TaskArgs, page: &str) -> String {
     format!("{}:p{page}:{}", task.id, &nonce[..12])
 }
 
-/// The task's ticket in the windows' waiting lines (`lua/spend.lua`,
+/// The task's ticket in the windows' waiting lines (`lua/spend/line.lua`,
 /// "Waiting line"): its item of its tick, the same for every copy of it,
 /// so the deferred copy comes back as the one that was promised a turn.
 /// Only a job that defers comes back; the others respect the lines
@@ -104,7 +104,8 @@ pub(super) struct Spent {
 #[must_use]
 pub(super) enum Admission {
     /// Admitted (or, `fail-open` with Redis away, let through unrecorded).
-    Admitted(Spent),
+    /// Boxed: it holds a lease with its limiter, the other variants little.
+    Admitted(Box<Spent>),
     /// The quota said no.
     Refused(Refusal),
     /// The limiter could not answer and the endpoint is `fail-closed`.
@@ -138,7 +139,7 @@ pub(super) enum RefusedBy {
 }
 
 /// The first page's spend, made in the item claim's own call
-/// (`lua/claim_spend.lua`): one round trip fewer per task. The task's
+/// (`lua/spend/claim.lua`): one round trip fewer per task. The task's
 /// progress owns it: the first page's spend step takes it instead of
 /// spending, and the task's one exit gives back one no step took
 /// ([`Worker::give_back`]).
@@ -199,15 +200,12 @@ impl Worker {
         }
         let request_id = spend_id(task, "1");
         let ticket = ticket(task, job);
+        let options = SpendOptions::new()
+            .tenant(tenant.as_deref())
+            .reserve(job.reserve)
+            .in_line(&ticket);
         let spend = (self.limiter)
-            .prepare(
-                &endpoint.name,
-                tenant.as_deref(),
-                None,
-                &request_id,
-                job.reserve,
-                Some(&ticket),
-            )
+            .prepare(&endpoint.name, &request_id, options)
             .ok()?;
         Some(Ahead {
             request_id,
@@ -352,14 +350,14 @@ impl Worker {
             Err(e) => return Admission::Unavailable(e),
         };
         let flying = (self.unanswered).fly(&payer.resource_key(), payer.endpoint.cost.get());
-        Admission::Admitted(Spent {
+        Admission::Admitted(Box::new(Spent {
             request_id,
             recorded,
             flying,
             at: Instant::now(),
             tenant: payer.tenant.clone(),
             lease,
-        })
+        }))
     }
 
     /// Spends for page `page` in a call of its own.
@@ -376,15 +374,12 @@ impl Worker {
         // own windows.
         let tenant = payer.tenant.as_deref();
         let ticket = ticket(payer.task, payer.job);
+        let options = SpendOptions::new()
+            .tenant(tenant)
+            .reserve(payer.job.reserve)
+            .in_line(&ticket);
         let decision = (self.limiter)
-            .spend_in_line(
-                &payer.endpoint.name,
-                tenant,
-                None,
-                &request_id,
-                payer.job.reserve,
-                Some(&ticket),
-            )
+            .spend_with(&payer.endpoint.name, &request_id, options)
             .await;
         (request_id, decision)
     }

@@ -300,3 +300,10 @@ fn a_bucket_that_can_never_admit_is_a_config_error() {
         assert!(err.contains(why), "{window}: {err}");
     }
 }
+
+// The same tests with the spend core by EVALSHA (a Redis without functions).
+crate::evalsha_too!(
+    a_bucket_admits_its_burst_then_refills_at_its_rate_with_exact_retry_after,
+    a_bucket_and_a_sliding_window_admit_all_or_nothing,
+    settling_a_bucket_spend_gives_units_back_at_once,
+);

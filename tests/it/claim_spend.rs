@@ -1,6 +1,6 @@
 //! Promise (issue 11 item 5): a task's first page costs no spend round trip
 //! of its own — its spend rides in the call that claims its item
-//! (`lua/claim_spend.lua`) — and every rule of the spend holds unchanged; a
+//! (the spend core's claim, `lua/spend/claim.lua`) — and every rule of the spend holds unchanged; a
 //! spend made at the claim that the task then does not use is given back
 //! before the task's outcome is told.
 
@@ -75,13 +75,15 @@ impl Monitor {
 }
 
 /// The request ids of the spends in a MONITOR log (client calls only, not
-/// the commands scripts run): those that rode in an item claim's call, and
-/// those that were a call of their own. A call NOSCRIPT made the client
-/// repeat appears twice: the ids are a set.
+/// the commands scripts run; by FCALL, or by EVALSHA where Redis runs no
+/// functions): those that rode in an item claim's call, and those that were
+/// a call of their own. A call NOSCRIPT made the client repeat appears
+/// twice: the ids are a set.
 fn spends(log: &str) -> (BTreeSet<String>, BTreeSet<String>) {
     let (mut with_claim, mut alone) = (BTreeSet::new(), BTreeSet::new());
     for line in log.lines() {
-        if !(line.contains(r#" "EVALSHA" "#) || line.contains(r#" "EVAL" "#)) {
+        let called = [r#" "EVALSHA" "#, r#" "EVAL" "#, r#" "FCALL" "#];
+        if !called.iter().any(|c| line.contains(c)) {
             continue;
         }
         let Some(at) = line.find(r#""spend" ""#) else {
@@ -236,3 +238,11 @@ async fn an_unreadable_checkpoint_ends_the_task_failed_and_sends_nothing() {
         "the checkpoint is left as it was"
     );
 }
+
+// The same tests with the spend core by EVALSHA (a Redis without functions).
+crate::evalsha_too!(
+    the_first_pages_spend_rides_in_the_item_claim,
+    a_superseded_task_gives_back_the_spend_its_claim_made,
+    a_spend_that_fails_inside_the_claim_ends_the_task_and_sends_nothing,
+    an_unreadable_checkpoint_ends_the_task_failed_and_sends_nothing,
+);

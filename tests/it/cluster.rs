@@ -17,9 +17,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use quota_worker::config::{Config, Reserve};
+use quota_worker::config::Config;
 use quota_worker::keys::KeySpace;
-use quota_worker::quota::{Decision, Limiter, QuotaError, request_id, script};
+use quota_worker::quota::{
+    Decision, Limiter, QuotaError, SpendOptions, library, request_id, script,
+};
 
 use crate::support::cluster::{self, Cluster};
 use crate::support::http::http_get;
@@ -106,7 +108,7 @@ async fn spends_run_unchanged_on_a_three_master_cluster() {
     // A refused spend in the waiting lines: each sliding window's line
     // (on the credential's node, in its slot) keeps its promise and ticket.
     let d = limiter
-        .spend_in_line("a", None, None, &request_id(), Reserve::NONE, Some("j:1:0"))
+        .spend_with("a", &request_id(), SpendOptions::new().in_line("j:1:0"))
         .await
         .expect("spend in line");
     assert!(!d.is_allowed(), "{d:?}");
@@ -119,8 +121,11 @@ async fn spends_run_unchanged_on_a_three_master_cluster() {
     }
     assert_eq!(admitted("b", 3).await, 3);
 
+    // Both caches flushed: the function library (where the user may run
+    // FUNCTION) and the script cache.
     for node in &cluster.nodes {
         let _: String = node.cmd(&["SCRIPT", "FLUSH"]);
+        let _: Option<String> = node.try_cmd(&["FUNCTION", "FLUSH"]);
     }
     assert_eq!(
         admitted("b", 4).await,
@@ -128,12 +133,23 @@ async fn spends_run_unchanged_on_a_three_master_cluster() {
         "beta's 5-per-hour window, after the flush"
     );
     let owner = &cluster.nodes[master_of(&cluster, "beta")];
-    let exists: Vec<i64> = owner.cmd(&["SCRIPT", "EXISTS", script().sha()]);
-    assert_eq!(
-        exists,
-        vec![1],
-        "the script is cached again on the node that ran it"
-    );
+    if crate::support::redis_server::evalsha_only() {
+        let exists: Vec<i64> = owner.cmd(&["SCRIPT", "EXISTS", script().sha()]);
+        assert_eq!(
+            exists,
+            vec![1],
+            "the script is cached again on the node that ran it"
+        );
+    } else {
+        for node in &cluster.nodes {
+            let libs: redis::Value =
+                node.cmd(&["FUNCTION", "LIST", "LIBRARYNAME", library().name()]);
+            assert!(
+                matches!(&libs, redis::Value::Array(l) if l.len() == 1),
+                "the library is loaded again on every master: {libs:?}"
+            );
+        }
+    }
 }
 
 /// Several `quota-worker spend` processes at once over 24 credentials: each
@@ -936,12 +952,10 @@ async fn template_tenants_spread_over_the_masters_and_each_admits_its_limit() {
         let mut admitted = 0;
         for _ in 0..5 {
             let d = limiter
-                .spend_for(
+                .spend_with(
                     "ig.media",
-                    Some(&tenant),
-                    None,
                     &request_id(),
-                    Default::default(),
+                    SpendOptions::new().tenant(tenant.as_str()),
                 )
                 .await
                 .expect("spend");
@@ -1167,3 +1181,12 @@ async fn settle_sync_and_block_wait_for_a_replica_and_only_log_when_none_answers
         "{text}"
     );
 }
+
+// The same tests with the spend core by EVALSHA (a Redis without functions).
+crate::evalsha_too!(
+    spends_run_unchanged_on_a_three_master_cluster,
+    parallel_spends_from_several_processes_admit_exactly_each_limit,
+    a_killed_master_fails_over_and_spends_resume_without_a_restart,
+    with_wait_a_failover_never_admits_more_than_the_limit,
+    template_tenants_spread_over_the_masters_and_each_admits_its_limit,
+);

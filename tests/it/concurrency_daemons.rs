@@ -394,3 +394,9 @@ fn leases_in_flight_show_in_quota_metrics_and_the_status_page() {
     d.term();
     d.wait_exit(Duration::from_secs(20));
 }
+
+// The same tests with the spend core by EVALSHA (a Redis without functions).
+crate::evalsha_too!(
+    three_daemons_never_have_more_in_flight_than_the_window_allows,
+    a_killed_daemons_leases_lapse_and_the_others_reach_full_concurrency,
+);

@@ -13,7 +13,7 @@
 use std::time::Duration;
 
 use quota_worker::config::Config;
-use quota_worker::quota::{Limiter, RejectedBy, request_id};
+use quota_worker::quota::{Limiter, RejectedBy, SpendOptions, request_id};
 
 use crate::support::keys;
 use crate::support::{
@@ -257,18 +257,12 @@ async fn a_template_tenant_has_leases_of_its_own() {
         .write();
     let limiter = limiter(&server, &cfg).await;
     for tenant in ["1", "2"] {
-        let d = (limiter.spend_for(
-            "media",
-            Some(tenant),
-            None,
-            &request_id(),
-            Default::default(),
-        ))
-        .await
-        .expect("spend");
+        let d = (limiter.spend_with("media", &request_id(), SpendOptions::new().tenant(tenant)))
+            .await
+            .expect("spend");
         assert!(d.is_allowed(), "tenant {tenant}: {d:?}");
     }
-    let r = (limiter.spend_for("media", Some("1"), None, "again", Default::default()))
+    let r = (limiter.spend_with("media", "again", SpendOptions::new().tenant("1")))
         .await
         .expect("spend");
     assert_eq!(support::rejected(r).by, RejectedBy::InFlight(1));
@@ -472,3 +466,16 @@ async fn a_credentials_concurrent_window_caps_every_resource_unless_it_names_one
     assert_eq!(resource(&limiter.peek("gh").await.expect("peek")), "*");
     assert_eq!(resource(&limiter.peek("gs").await.expect("peek")), "search");
 }
+
+// The same tests with the spend core by EVALSHA (a Redis without functions).
+crate::evalsha_too!(
+    leases_are_weighted_all_or_nothing_and_returned_by_any_settle,
+    all_or_nothing_with_the_other_windows_of_the_spend,
+    a_lease_nobody_returns_lapses_at_its_expiry,
+    lapsed_leases_are_dropped_at_most_128_a_call,
+    its_keys_go_when_nothing_is_in_flight_and_expire_when_idle,
+    a_template_tenant_has_leases_of_its_own,
+    the_cli_takes_a_lease_and_settle_returns_it,
+    a_task_that_panics_holding_a_lease_returns_it,
+    a_credentials_concurrent_window_caps_every_resource_unless_it_names_one,
+);

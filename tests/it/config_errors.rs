@@ -224,6 +224,55 @@ const CASES: &[Case] = &[
         field: "redis.quota_replicas",
         says: "must be 0 or 1",
     },
+    // Issue 36: a Redis that fails over.
+    Case {
+        what: "sentinels without the master's name",
+        config: &[(
+            "\n\n[credentials.yt]",
+            "\n[redis]\nsentinels = [\"redis://127.0.0.1:26379\"]\n[credentials.yt]",
+        )],
+        job: &[],
+        file: File::Config,
+        line: 2,
+        field: "redis.master_name",
+        says: "is missing: with [redis] sentinels, name the master they monitor",
+    },
+    Case {
+        what: "a master's name without sentinels",
+        config: &[(
+            "\n\n[credentials.yt]",
+            "\n[redis]\nmaster_name = \"qw\"\n[credentials.yt]",
+        )],
+        job: &[],
+        file: File::Config,
+        line: 3,
+        field: "redis.master_name",
+        says: "[redis] sentinels lists none",
+    },
+    Case {
+        what: "a sentinel on a Unix socket",
+        config: &[(
+            "\n\n[credentials.yt]",
+            "\n[redis]\nmaster_name = \"qw\"\nsentinels = [\"unix:///run/sentinel.sock\"]\n[credentials.yt]",
+        )],
+        job: &[],
+        file: File::Config,
+        line: 4,
+        field: "redis.sentinels[0]",
+        says: "a sentinel is reached over TCP",
+    },
+    Case {
+        what: "two replicas to wait for in the queue",
+        config: &[(
+            "\n\n[credentials.yt]",
+            "\n[redis]\nqueue_replicas = 2\n[credentials.yt]",
+        )],
+        job: &[],
+        file: File::Config,
+        line: 3,
+        field: "redis.queue_replicas",
+        says: "must be 0 or 1",
+    },
     // Issue 12: pagination styles, `{since}`, conditional requests.
     Case {
         what: "an unknown pagination style",
@@ -879,4 +928,37 @@ fn ambiguous_durations_are_config_errors_that_say_what_to_write() {
             support::stderr(&out)
         );
     }
+}
+
+/// Issue 36: with sentinels, `url` names no host (the sentinels say where
+/// the master is); `QUOTA_WORKER_REDIS_URL` with a host names the Redis to
+/// use instead of asking them.
+#[test]
+fn a_url_with_a_host_beside_sentinels_is_an_error_unless_the_variable_names_the_redis() {
+    let config = CONFIG.replace(
+        "\n\n[credentials.yt]",
+        "\n[redis]\nmaster_name = \"qw\"\nsentinels = [\"redis://127.0.0.1:9\"]\nurl = \"redis://:hunter2@10.0.0.1:6379/0\"\n[credentials.yt]",
+    );
+    let cfg = TestConfig::new(&config, &[("trending", JOB)]);
+    let out = cfg.run(&["check"], &[(SECRET_ENV, "k")]);
+    let err = support::stderr(&out);
+    assert_eq!(out.status.code(), Some(78), "{err}");
+    let at = format!("error: {}:5:", cfg.path().display());
+    assert!(
+        err.contains(&at) && err.contains("redis.url: ") && err.contains("names a host"),
+        "{err}"
+    );
+    assert!(!err.contains("hunter2"), "{err}");
+
+    let server = RedisServer::start();
+    let out = cfg.run(
+        &["check"],
+        &[(SECRET_ENV, "k"), ("QUOTA_WORKER_REDIS_URL", &server.url())],
+    );
+    let (text, err) = (support::stdout(&out), support::stderr(&out));
+    assert_eq!(out.status.code(), Some(0), "{text}{err}");
+    assert!(
+        text.contains(&format!("127.0.0.1:{}", server.port())),
+        "checks the variable's Redis: {text}"
+    );
 }

@@ -217,3 +217,10 @@ async fn drift_with_a_reset_ends_then_and_undrift_forgets_every_kind() {
     assert_eq!(limiter.sync("k", 0, 80, None).await.expect("sync"), 9);
     assert_eq!(state(&limiter, "k").await[0], (20, 80, 9));
 }
+
+// The same tests with the spend core by EVALSHA (a Redis without functions).
+crate::evalsha_too!(
+    drift_lowers_what_a_window_admits_and_never_raises_it,
+    drift_expires_with_the_window,
+    drift_with_a_reset_ends_then_and_undrift_forgets_every_kind,
+);

@@ -111,3 +111,10 @@ fn a_rejected_id_is_not_remembered() {
     assert_eq!(usage.windows[0].used, 1, "the 1s window: only 'late'");
     assert_eq!(usage.windows[1].used, 3, "the fixed day: 'fill' and 'late'");
 }
+
+// The same tests with the spend core by EVALSHA (a Redis without functions).
+crate::evalsha_too!(
+    a_repeated_request_id_is_admitted_and_charged_once,
+    racing_repeats_of_one_id_are_charged_once,
+    a_rejected_id_is_not_remembered,
+);

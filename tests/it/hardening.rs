@@ -621,9 +621,13 @@ fn control_characters_in_fan_out_values_are_refused() {
         .expect("runtime");
     rt.block_on(async {
         let url = quota_worker::config::RedisUrl::new(rig.redis.url());
-        let conn = quota_worker::conn::connect(&url, Duration::from_secs(2), 2)
-            .await
-            .expect("connect");
+        let conn = quota_worker::conn::connect(
+            &quota_worker::conn::Master::Url(url.clone()),
+            Duration::from_secs(2),
+            "test",
+        )
+        .await
+        .expect("connect");
         let keys = quota_worker::keys::KeySpace::new("qw");
         let queue = quota_worker::queue::Queue::new(conn, keys, Duration::from_secs(30));
         let task = quota_worker::queue::TaskArgs::first(

@@ -8,7 +8,7 @@ use std::process::{Command, Output};
 
 use crate::support::{self, TestConfig};
 
-const SCRIPT: &str = include_str!("../../lua/spend.lua");
+use quota_worker::quota::SCRIPT;
 
 const CONFIG: &str = r#"
 [credentials.k]
@@ -94,10 +94,13 @@ fn keys_names_a_script_that_exists_for_an_installed_binary() {
     assert_eq!(std::fs::read_to_string(&script).expect("it exists"), SCRIPT);
     let _ = std::fs::remove_file(&script);
 
-    // Or the script itself.
+    // Or the script itself, or the function library.
     let o = run(&bin, &config, &["keys", "--script"], &[]);
     assert_eq!(o.status.code(), Some(0), "{}", support::stderr(&o));
     assert_eq!(support::stdout(&o), SCRIPT);
+    let o = run(&bin, &config, &["keys", "--library"], &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", support::stderr(&o));
+    assert_eq!(support::stdout(&o), quota_worker::quota::library().source());
 }
 
 #[test]

@@ -102,11 +102,20 @@ fn python_and_cli_spend_from_the_same_windows() {
     let spec_path = cfg.join("keys.json");
     std::fs::write(&spec_path, out.stdout).expect("write keys.json");
 
-    // Interleaved: 5 through Python, 5 through the CLI, all admitted.
+    // Interleaved: 5 through Python (the script, then the function the CLI
+    // has loaded by then, in turns), 5 through the CLI, all admitted.
+    let fcall = spec["fcall"]["function"].as_str().expect("fcall");
+    assert_eq!(fcall, quota_worker::quota::Op::Spend.function().name());
     for i in 0..5 {
-        let j = python_spend(&spec_path, &server, &format!("py-{i}"), false);
+        let j = if i % 2 == 0 {
+            python_spend(&spec_path, &server, &format!("py-{i}"), false)
+        } else {
+            python(&spec_path, &server, &format!("py-{i}"), &["--fcall"])
+        };
         assert_eq!(j["reply"][0], 1, "python spend {i}: {j}");
         assert_eq!(j["sha1"], spec["sha1"], "the same script");
+        let via = if i % 2 == 0 { "evalsha" } else { "fcall" };
+        assert_eq!(j["via"], via, "{j}");
         assert_eq!(cli_spend(&cfg, &server), 0, "cli spend {i}");
     }
     // The 11th is refused either way.

@@ -158,3 +158,10 @@ fn the_second_credential_window_is_numbered_two() {
     assert_eq!(used(&cfg, &server, "m"), [0, 50]);
     assert_eq!(logs(&cfg, &server, "m", &[None]), [0]);
 }
+
+// The same tests with the spend core by EVALSHA (a Redis without functions).
+crate::evalsha_too!(
+    rejection_by_the_endpoint_window_records_nothing_in_the_credential_windows,
+    of_several_rejecting_windows_the_one_that_frees_last_is_named,
+    the_second_credential_window_is_numbered_two,
+);

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use quota_worker::config::{Config, Reserve};
 use quota_worker::outcome::OutcomeKind;
-use quota_worker::quota::{Decision, QuotaError, RejectedBy, request_id};
+use quota_worker::quota::{Decision, QuotaError, RejectedBy, SpendOptions, request_id};
 use simulator::SimConfig;
 
 use crate::support::keys;
@@ -51,7 +51,11 @@ async fn a_50_percent_reserve_admits_half_and_plain_spends_take_the_rest() {
 
     for i in 0..5u64 {
         let d = limiter
-            .spend_reserved("e", None, &request_id(), half())
+            .spend_with(
+                "e",
+                &request_id(),
+                SpendOptions::new().cost(None).reserve(half()),
+            )
             .await
             .expect("spend");
         assert_eq!(
@@ -62,7 +66,7 @@ async fn a_50_percent_reserve_admits_half_and_plain_spends_take_the_rest() {
     }
     let r = support::rejected(
         limiter
-            .spend_reserved("e", None, "sixth", half())
+            .spend_with("e", "sixth", SpendOptions::new().cost(None).reserve(half()))
             .await
             .expect("spend"),
     );
@@ -90,7 +94,11 @@ async fn a_50_percent_reserve_admits_half_and_plain_spends_take_the_rest() {
 
     // A cost that cannot fit beside the reserve is refused before Redis.
     let err = limiter
-        .spend_reserved("e", Some(6), "big", half())
+        .spend_with(
+            "e",
+            "big",
+            SpendOptions::new().cost(Some(6)).reserve(half()),
+        )
         .await
         .expect_err("6 never fits 10 less 50%");
     assert!(
@@ -130,7 +138,11 @@ async fn a_reserved_spend_waits_exactly_for_the_reduced_limit() {
         let t0 = server.time_us();
         let r = support::rejected(
             limiter
-                .spend_reserved("short", Some(cost), "r", half())
+                .spend_with(
+                    "short",
+                    "r",
+                    SpendOptions::new().cost(Some(cost)).reserve(half()),
+                )
                 .await
                 .expect("spend"),
         );
@@ -328,3 +340,10 @@ fn check_shows_a_jobs_reserve_and_refuses_one_that_leaves_no_room() {
     let out = cfg.run(&["check"], &[("K", "x"), ("S", "y")]);
     assert_eq!(out.status.code(), Some(0), "{}", support::stderr(&out));
 }
+
+// The same tests with the spend core by EVALSHA (a Redis without functions).
+crate::evalsha_too!(
+    a_50_percent_reserve_admits_half_and_plain_spends_take_the_rest,
+    a_reserved_spend_waits_exactly_for_the_reduced_limit,
+    a_job_with_a_reserve_leaves_it_free,
+);

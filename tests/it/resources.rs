@@ -601,3 +601,11 @@ fn after_the_first_answer_about_a_resource_it_never_answers_over_limit() {
         );
     }
 }
+
+// The same tests with the spend core by EVALSHA (a Redis without functions).
+crate::evalsha_too!(
+    a_search_block_never_stops_a_core_endpoint,
+    drift_from_an_answer_with_a_reset_is_gone_a_second_after_it,
+    unblock_lifts_blocks_and_drift,
+    graphql_spends_settle_to_the_reported_cost,
+);

@@ -129,3 +129,9 @@ async fn retry_after_from_the_cli_matches_the_window() {
         "{text}"
     );
 }
+
+// The same tests with the spend core by EVALSHA (a Redis without functions).
+crate::evalsha_too!(
+    weighted_retry_after_waits_for_enough_units_not_the_oldest_entry,
+    retry_after_from_the_cli_matches_the_window,
+);

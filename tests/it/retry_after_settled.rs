@@ -269,3 +269,10 @@ async fn used_stays_exact_as_settled_entries_expire_after_an_idle_gap() {
     let fill = spend_time_us(&server, &window, "fill").expect("spent");
     assert_waits_until(&server, &limiter, "g", 5, fill + per, "after the gap").await;
 }
+
+// The same tests with the spend core by EVALSHA (a Redis without functions).
+crate::evalsha_too!(
+    cost_100_over_1000_cost_1_entries_waits_for_the_100th,
+    settled_entries_count_what_they_settled_to_in_retry_after_and_used,
+    used_stays_exact_as_settled_entries_expire_after_an_idle_gap,
+);

@@ -1,26 +1,13 @@
 //! Promise: `SCRIPT FLUSH` (or a Redis restart that loses the script cache)
 //! never fails a spend: EVALSHA falls back to EVAL on NOSCRIPT, and the
 //! count stays exact while another client flushes the cache over and over.
-
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+//! (By FCALL the spend core does not use the script cache; its library's
+//! flush is `function_library.rs`'s.)
 
 use quota_worker::config::Config;
-use quota_worker::quota::{Decision, request_id};
 
-use crate::support::{self, ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window};
-
-fn config() -> TestConfig {
-    ConfigBuilder::new()
-        .credential(
-            Credential::env("k", "K")
-                .window(Window::sliding(600, "1h"))
-                .window(Window::fixed(5000, "24h")),
-        )
-        .endpoint(Endpoint::new("one", "k", 1).window(Window::sliding(1000, "10m")))
-        .write()
-}
+use crate::function_library::{config, spend_while_flushing};
+use crate::support::{self, RedisServer};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn spends_survive_script_flush_with_exact_count() {
@@ -28,63 +15,7 @@ async fn spends_survive_script_flush_with_exact_count() {
     let cfg = config();
     let config = Config::load(&cfg.path()).expect("config");
     let limiter = support::limiter(&server, &config).await;
-
-    let stop = Arc::new(AtomicBool::new(false));
-    let flushes = Arc::new(AtomicU64::new(0));
-    let flusher = {
-        let (stop, flushes) = (stop.clone(), flushes.clone());
-        let mut conn = server.conn();
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                let _: () = redis::cmd("SCRIPT")
-                    .arg("FLUSH")
-                    .query(&mut conn)
-                    .expect("SCRIPT FLUSH");
-                flushes.fetch_add(1, Ordering::Relaxed);
-                std::thread::sleep(Duration::from_micros(200));
-            }
-        })
-    };
-
-    let mut tasks = Vec::new();
-    for _ in 0..32 {
-        let l = limiter.clone();
-        tasks.push(tokio::spawn(async move {
-            let (mut allowed, mut errors) = (0u32, Vec::new());
-            for _ in 0..30 {
-                match l.spend("one", None, &request_id()).await {
-                    Ok(Decision::Allowed { .. }) => allowed += 1,
-                    Ok(_) => {}
-                    Err(e) => errors.push(e.to_string()),
-                }
-            }
-            (allowed, errors)
-        }));
-    }
-    let (mut allowed, mut errors) = (0, Vec::new());
-    for t in tasks {
-        let (a, e) = t.await.expect("task");
-        allowed += a;
-        errors.extend(e);
-    }
-    stop.store(true, Ordering::Relaxed);
-    flusher.join().expect("flusher");
-
-    assert!(
-        flushes.load(Ordering::Relaxed) > 50,
-        "the cache was flushed only {} times: the test proves nothing",
-        flushes.load(Ordering::Relaxed)
-    );
-    assert!(
-        errors.is_empty(),
-        "{} of 960 spends failed while the script cache was flushed, e.g. {:?}",
-        errors.len(),
-        errors.first()
-    );
-    assert_eq!(allowed, 600, "960 spends on a 600-unit window");
-    let usage = limiter.peek("k").await.expect("peek");
-    let used: Vec<u64> = usage.windows.iter().map(|w| w.used).collect();
-    assert_eq!(used, [600, 600, 600]);
+    spend_while_flushing(&server, &limiter, &["SCRIPT", "FLUSH"]).await;
 }
 
 #[test]
@@ -99,3 +30,10 @@ fn cli_spend_after_script_flush() {
         assert_eq!(support::json(&out)["allowed"], true);
     }
 }
+
+// The same tests with the spend core by EVALSHA (a Redis without functions),
+// where SCRIPT FLUSH is what it must survive.
+crate::evalsha_too!(
+    spends_survive_script_flush_with_exact_count,
+    cli_spend_after_script_flush,
+);

@@ -311,3 +311,10 @@ async fn numbers_the_script_cannot_hold_exactly_are_refused_and_change_nothing()
     assert!((59_000..=60_000).contains(&ms), "{ms}");
     assert_eq!(server.cmd::<i64>(&["EXISTS", &blocked_key]), 1);
 }
+
+// The same tests with the spend core by EVALSHA (a Redis without functions).
+crate::evalsha_too!(
+    settle_refunds_adjusts_and_ignores_unknown_ids,
+    a_block_stops_every_endpoint_and_is_never_shortened,
+    a_window_that_frees_after_the_block_is_named_instead,
+);

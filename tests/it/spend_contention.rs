@@ -82,3 +82,9 @@ fn four_processes_admit_exactly_the_limit() {
         .sum();
     assert_eq!(total, 500, "4 processes x 150 spends on a 500-unit window");
 }
+
+// The same tests with the spend core by EVALSHA (a Redis without functions).
+crate::evalsha_too!(
+    sixty_four_tasks_admit_exactly_the_limit,
+    four_processes_admit_exactly_the_limit,
+);

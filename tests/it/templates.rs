@@ -295,7 +295,7 @@ fn a_template_a_job_cannot_fill_is_a_config_error_at_its_line() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reserve_is_kept_free_in_each_tenants_own_windows() {
     use quota_worker::config::{Config, Reserve};
-    use quota_worker::quota::{Decision, RejectedBy, request_id};
+    use quota_worker::quota::{Decision, RejectedBy, SpendOptions, request_id};
 
     let server = RedisServer::start();
     let cfg = TestConfig::new(
@@ -316,9 +316,13 @@ cost = 1
     let spend = |tenant: &'static str, reserve: Reserve| {
         let limiter = &limiter;
         async move {
-            (limiter.spend_for("m", Some(tenant), None, &request_id(), reserve))
-                .await
-                .expect("spend")
+            (limiter.spend_with(
+                "m",
+                &request_id(),
+                SpendOptions::new().tenant(tenant).reserve(reserve),
+            ))
+            .await
+            .expect("spend")
         }
     };
     for i in 0..3u64 {

@@ -124,9 +124,13 @@ fn the_tick_keeps_its_earliest_retry_moment() {
         .expect("runtime");
     let retry_at = rt.block_on(async {
         let url = quota_worker::config::RedisUrl::new(redis.url());
-        let mut conn = quota_worker::conn::connect(&url, Duration::from_secs(5), 3)
-            .await
-            .expect("connect");
+        let mut conn = quota_worker::conn::connect(
+            &quota_worker::conn::Master::Url(url.clone()),
+            Duration::from_secs(5),
+            "test",
+        )
+        .await
+        .expect("connect");
         for (task, outcome, retry_ms) in [
             ("t1", "quota_exhausted", "5000"),
             ("t2", "upstream_throttled", "1000"),

@@ -8,9 +8,9 @@
 
 use std::time::Duration;
 
-use quota_worker::config::{Config, Reserve};
+use quota_worker::config::Config;
 use quota_worker::outcome::OutcomeKind;
-use quota_worker::quota::{Decision, Limiter, Rejection, request_id};
+use quota_worker::quota::{Decision, Limiter, Rejection, SpendOptions, request_id};
 
 use crate::support::pipeline::Pipeline;
 use crate::support::world;
@@ -50,16 +50,9 @@ async fn spend(limiter: &Limiter, ticket: &str) -> Decision {
 
 /// [`spend`] on `endpoint`.
 async fn spend_on(limiter: &Limiter, endpoint: &str, ticket: &str) -> Decision {
-    (limiter.spend_in_line(
-        endpoint,
-        None,
-        None,
-        &request_id(),
-        Reserve::NONE,
-        Some(ticket),
-    ))
-    .await
-    .expect("spend")
+    (limiter.spend_with(endpoint, &request_id(), SpendOptions::new().in_line(ticket)))
+        .await
+        .expect("spend")
 }
 
 /// A Redis of its own and a limiter on [`CONFIG`] (keep the first two
@@ -265,3 +258,11 @@ async fn a_deferred_herd_is_refused_at_most_twice_per_task() {
         "{refusals} refusals for {N} tasks: more than 2 per task"
     );
 }
+
+// The same tests with the spend core by EVALSHA (a Redis without functions).
+crate::evalsha_too!(
+    refused_spends_are_promised_turns_in_order_and_a_fresh_spend_waits_behind_them,
+    a_bucket_promises_its_refill_to_the_refused_spends_in_turn,
+    a_fixed_window_promises_each_period_to_as_many_waiters_as_it_fits,
+    a_deferred_herd_is_refused_at_most_twice_per_task,
+);

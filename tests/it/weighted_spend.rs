@@ -102,3 +102,6 @@ fn a_cost_that_can_never_fit_is_a_usage_error_and_touches_nothing() {
     let out = cfg.run_on(&server, &["spend", "search", "--cost", "1", "--json"]);
     assert_eq!(out.status.code(), Some(75));
 }
+
+// The same tests with the spend core by EVALSHA (a Redis without functions).
+crate::evalsha_too!(cost_100_on_950_units_admits_exactly_nine_with_one_entry_each,);

@@ -308,7 +308,10 @@ pub async fn limiter(config: &Config) -> Limiter {
         "the config names no quota_nodes"
     );
     // The standalone URL is not used when quota_nodes are set.
-    let target = QuotaTarget::of(config, RedisUrl::new("redis://127.0.0.1:1/0"));
+    let target = QuotaTarget::of(
+        config,
+        quota_worker::conn::Master::Url(RedisUrl::new("redis://127.0.0.1:1/0")),
+    );
     let conn = target
         .connect(config.redis.timeout, 2)
         .await

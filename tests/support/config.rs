@@ -158,6 +158,12 @@ impl Window {
         self
     }
 
+    /// `mode = "shadow"`: evaluated and recorded, never refusing.
+    pub fn shadow(mut self) -> Self {
+        self.0.set("mode", "shadow");
+        self
+    }
+
     /// `upstream = true`: it mirrors the upstream's own limit.
     pub fn upstream(mut self) -> Self {
         self.0.set("upstream", true);
@@ -641,6 +647,24 @@ impl ConfigBuilder {
     /// `[redis] quota_replicas`.
     pub fn quota_replicas(mut self, n: i64) -> Self {
         self.redis.set("quota_replicas", n);
+        self
+    }
+
+    /// `[redis] sentinels` and `master_name`: the master found through
+    /// sentinels (`url`, if set, then names no host).
+    pub fn sentinels<S: Into<String>>(
+        mut self,
+        urls: impl IntoIterator<Item = S>,
+        master_name: &str,
+    ) -> Self {
+        self.redis.set("sentinels", strings(urls));
+        self.redis.set("master_name", master_name);
+        self
+    }
+
+    /// `[redis] queue_replicas`.
+    pub fn queue_replicas(mut self, n: i64) -> Self {
+        self.redis.set("queue_replicas", n);
         self
     }
 

@@ -7,6 +7,7 @@
 //! | [`rig`] | the one way an end-to-end test runs the product: the real binary as a daemon on its own Redis, `trigger --wait` and a tick's typed outcomes, `quota --json`, `/api/status` |
 //! | [`world`] | the one world the tests describe: the credential, its secret's variable and value, the endpoint, the job, and builders that compose them into a config |
 //! | [`redis_server`] | a private `redis-server` on a free port: stop, kill, hang, restart, a shifted clock |
+//! | [`sentinel`] | a master, its replica and three sentinels (`redis-server --sentinel`): who is master now, `SENTINEL FAILOVER`, wait for a new master, sentinels' logs |
 //! | [`cluster`] | a private Redis Cluster (3 masters, optionally a replica each): which node masters a key, kill, hang, restart, wait for a failover |
 //! | [`hostile`] | an upstream that redirects anywhere, loops, and answers with huge, endless or echoing bodies (the hardening tests) |
 //! | [`upstream`] | the simulated metered API on its own runtime, a blackhole upstream, what the simulator saw |
@@ -20,6 +21,7 @@
 //! | [`notify`] | a `NOTIFY_SOCKET` that records who sent what |
 //! | [`http`] | `/metrics`, `/healthz`, `/readyz` and the status page over plain HTTP (any method, extra headers), and the Prometheus text format |
 //! | [`browser`] | headless Chromium: the DOM after load, a screenshot (fails saying how to install it, unless `QW_SKIP_BROWSER=1`) |
+//! | [`proxy`] | a TCP proxy on loopback that stands in for a managed Redis's moving name: connections made before a switch stay piped to the old server |
 //! | [`procfs`] | `/proc`: children, liveness, environment |
 //! | [`keys`] | key names as `KeySpace` names them (tests never spell `qw:…`), a window's keys from the loaded config |
 //! | [`seed`] | a sliding window's Redis layout (v2): seed entries at chosen times, take the newest back, snapshot, read a spend's time |
@@ -41,9 +43,11 @@ pub mod pipeline;
 pub mod postgres;
 pub mod process;
 pub mod procfs;
+pub mod proxy;
 pub mod redis_server;
 pub mod rig;
 pub mod seed;
+pub mod sentinel;
 pub mod styles;
 pub mod upstream;
 pub mod world;
@@ -63,9 +67,22 @@ pub fn load(cfg: &TestConfig) -> quota_worker::config::Config {
     quota_worker::config::Config::load(&cfg.path()).expect("the test's config loads")
 }
 
-/// The binary under test.
+/// Another copy of the binary to run, set once ([`use_bin`]).
+static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// The binary under test: cargo's build of it, or the copy [`use_bin`] set.
 pub fn bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_quota-worker"))
+    BIN.get()
+        .cloned()
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_quota-worker")))
+}
+
+/// Runs `path` instead of cargo's build from now on: the chaos run copies
+/// the binary first, so a build during its half hour does not change the
+/// daemons it restarts.
+#[allow(dead_code, reason = "the chaos run uses it, the tests do not")]
+pub fn use_bin(path: PathBuf) {
+    let _ = BIN.set(path);
 }
 
 /// stdout parsed as one JSON value (panics with both streams when it is not).

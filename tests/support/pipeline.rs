@@ -145,9 +145,13 @@ impl Pipeline {
         let daemon = InProcess::start(config.clone(), secrets, opts).await;
 
         let url = RedisUrl::new(redis.url());
-        let conn = quota_worker::conn::connect(&url, Duration::from_secs(5), 3)
-            .await
-            .expect("connect");
+        let conn = quota_worker::conn::connect(
+            &quota_worker::conn::Master::Url(url.clone()),
+            Duration::from_secs(5),
+            "test",
+        )
+        .await
+        .expect("connect");
         let limiter = Limiter::new(
             conn.clone(),
             Arc::new(Quotas::new(&config)),

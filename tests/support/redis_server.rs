@@ -4,6 +4,12 @@
 //! `Drop`. It can be stopped, killed, hung (SIGSTOP), restarted on the same
 //! port, and started with its wall clock shifted (a fake clock through
 //! `LD_PRELOAD`). Several of them make a Redis Cluster: [`super::cluster`].
+//!
+//! Under [`by_evalsha`], every server a test starts refuses `FUNCTION` and
+//! `FCALL` to its default user (the user every test connects as), a real
+//! Redis 7 that runs no functions for us, as a Redis 6 or a user without
+//! them would: the spend core then runs as its one script by `EVALSHA`.
+//! [`evalsha_too!`](crate::evalsha_too) runs a module's tests both ways.
 
 use std::collections::BTreeSet;
 use std::net::TcpListener;
@@ -18,6 +24,51 @@ pub struct RedisServer {
     dir: tempfile::TempDir,
     extra: Vec<String>,
     env: Vec<(String, String)>,
+    /// Started under [`by_evalsha`]: refuses FUNCTION and FCALL, again
+    /// after a restart.
+    no_functions: bool,
+}
+
+thread_local! {
+    static NO_FUNCTIONS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `test` with every Redis it starts (on this thread) refusing
+/// `FUNCTION` and `FCALL` to its default user: the spend core runs by
+/// `EVALSHA`, as on a Redis 6.
+pub fn by_evalsha(test: impl FnOnce()) {
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            NO_FUNCTIONS.set(false);
+        }
+    }
+    NO_FUNCTIONS.set(true);
+    let _reset = Reset;
+    test();
+}
+
+/// Whether this test runs under [`by_evalsha`].
+pub fn evalsha_only() -> bool {
+    NO_FUNCTIONS.get()
+}
+
+/// Runs each named test of the calling module a second time under
+/// [`by_evalsha`], in a child module `by_evalsha`: the same test, unchanged,
+/// with the spend core by `EVALSHA` instead of `FCALL`.
+#[macro_export]
+macro_rules! evalsha_too {
+    ($($test:ident),+ $(,)?) => {
+        /// The module's tests again, the spend core by EVALSHA.
+        mod by_evalsha {
+            $(
+                #[test]
+                fn $test() {
+                    $crate::support::redis_server::by_evalsha(super::$test);
+                }
+            )+
+        }
+    };
 }
 
 /// Ports of the servers this process started and has not dropped. A
@@ -84,6 +135,7 @@ impl RedisServer {
             dir: tempfile::tempdir().expect("tempdir"),
             extra: extra.iter().map(|s| s.to_string()).collect(),
             env: Vec::new(),
+            no_functions: evalsha_only(),
         };
         if !s.spawn() {
             panic!(
@@ -126,6 +178,7 @@ impl RedisServer {
             dir,
             extra: extra.iter().map(|s| s.to_string()).collect(),
             env,
+            no_functions: evalsha_only(),
         };
         for _ in 0..5 {
             s.port = free_port();
@@ -167,6 +220,15 @@ impl RedisServer {
         }
         if !up {
             self.kill();
+        } else if self.no_functions {
+            let _: String = self.cmd(&[
+                "ACL",
+                "SETUSER",
+                "default",
+                "-function",
+                "-fcall",
+                "-fcall_ro",
+            ]);
         }
         up
     }
@@ -407,9 +469,9 @@ pub async fn limiter(
     config: &quota_worker::config::Config,
 ) -> quota_worker::quota::Limiter {
     let conn = quota_worker::conn::connect(
-        &quota_worker::config::RedisUrl::new(server.url()),
+        &quota_worker::conn::Master::Url(quota_worker::config::RedisUrl::new(server.url())),
         Duration::from_secs(2),
-        3,
+        "test",
     )
     .await
     .expect("connect");

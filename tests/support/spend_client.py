@@ -1,6 +1,6 @@
 """A second client of lua/spend.lua, written only from `quota-worker keys`.
 
-Usage: spend_client.py KEYS_JSON REDIS_PORT REQUEST_ID [--raw] [--settle COST]
+Usage: spend_client.py KEYS_JSON REDIS_PORT REQUEST_ID [--raw] [--settle COST] [--fcall]
 
 Reads the JSON `keys` printed, loads the script file it names, substitutes
 REQUEST_ID for the literal "{request_id}" (unless --raw), and calls EVALSHA,
@@ -8,7 +8,9 @@ falling back to EVAL on NOSCRIPT, over a minimal RESP client on 127.0.0.1
 (the standard library only). Prints {"reply": [...]} or {"error": "..."}.
 With --settle COST it settles that spend instead, with the keys and args of
 the JSON's "settle" object ({cost} replaced by COST): what returns the lease
-a spend took on an endpoint with a concurrent window.
+a spend took on an endpoint with a concurrent window. With --fcall it calls
+the function `keys` names (FCALL, Redis 7) instead, and the script where the
+function is not loaded; "via" says which ran.
 """
 
 import hashlib
@@ -69,13 +71,25 @@ def main():
     sock = socket.create_connection(("127.0.0.1", port), timeout=5)
     reader = sock.makefile("rb")
     try:
-        try:
-            reply = command(sock, reader, "EVALSHA", sha, len(keys), *keys, *args)
-        except RedisError as e:
-            if not str(e).startswith("NOSCRIPT"):
-                raise
-            reply = command(sock, reader, "EVAL", script, len(keys), *keys, *args)
-        print(json.dumps({"reply": reply, "sha1": sha}))
+        via = "evalsha"
+        if "--fcall" in rest:
+            # The function, as `keys` prints it; where it is not loaded,
+            # the script (the fallback other-languages.md describes).
+            try:
+                fn = call["fcall"]["function"]
+                reply = command(sock, reader, "FCALL", fn, len(keys), *keys, *args)
+                via = "fcall"
+            except RedisError as e:
+                if "Function not found" not in str(e):
+                    raise
+        if via == "evalsha":
+            try:
+                reply = command(sock, reader, "EVALSHA", sha, len(keys), *keys, *args)
+            except RedisError as e:
+                if not str(e).startswith("NOSCRIPT"):
+                    raise
+                reply = command(sock, reader, "EVAL", script, len(keys), *keys, *args)
+        print(json.dumps({"reply": reply, "sha1": sha, "via": via}))
     except RedisError as e:
         print(json.dumps({"error": str(e), "sha1": sha}))
     finally:

@@ -325,7 +325,10 @@ impl Loader<'_> {
     ) {
         // The token's concurrent cap alone meters no resource of its own.
         let of_resource = charged.iter().chain(own).any(|w| !w.every_resource);
-        match charged.iter().chain(own).min_by_key(|w| w.units) {
+        // A shadow window refuses nothing, a cost it can never fit included.
+        let enforced = charged.iter().chain(own).filter(|w| !w.is_shadow());
+        let any = charged.iter().chain(own).next().is_some();
+        match enforced.min_by_key(|w| w.units) {
             _ if resource.is_some() && !of_resource => {
                 let r = cred.resource_name(resource);
                 let msg = format!(
@@ -334,6 +337,7 @@ impl Loader<'_> {
                 );
                 self.error(src, base, msg);
             }
+            None if any => {}
             None => {
                 let msg = format!(
                     "no quota window applies: give credential {:?} or this endpoint `windows`",

@@ -24,7 +24,26 @@ impl Loader<'_> {
             Some(u) if !u.is_empty() => (Some(RedisUrl(u)), true),
             _ => (raw.url.clone().map(RedisUrl), false),
         };
-        if let Some(Err(msg)) = url.as_ref().map(RedisUrl::check) {
+        let mut sentinels = self.sentinels(src, raw);
+        let mut master_name = raw.master_name.clone();
+        // The variable names the Redis to use when it names a host: the
+        // sentinels of the file are not asked (a daemon of a production
+        // config run against a Redis of its own).
+        if from_env
+            && let Some(u) = &url
+            && u.master_settings().is_err()
+            && u.check().is_ok()
+        {
+            sentinels.clear();
+            master_name = None;
+        }
+        // With sentinels the URL names no host: it is checked as such.
+        let checked = match &url {
+            Some(u) if !sentinels.is_empty() => Some(u.master_settings().map(|_| ())),
+            Some(u) => Some(u.check()),
+            None => None,
+        };
+        if let Some(Err(msg)) = checked {
             let env = from_env.then_some(REDIS_URL_ENV);
             self.overridable_error(src, env, &at("redis", "url"), msg);
         }
@@ -46,11 +65,18 @@ impl Loader<'_> {
             d::UNSAFE_EVICTION,
         );
         let quota_nodes = self.quota_nodes(src, raw.quota_nodes.as_deref());
-        let quota_replicas = self.quota_replicas(src, raw.quota_replicas);
-        if quota_replicas > 0 && quota_nodes.is_empty() && url.is_none() {
+        let quota_replicas = self.replicas(src, "quota_replicas", raw.quota_replicas, QUOTA_WAITS);
+        let embedded = url.is_none() && sentinels.is_empty();
+        if quota_replicas > 0 && quota_nodes.is_empty() && embedded {
             let msg = "needs a Redis with a replica, and the embedded Redis has none: \
-                       set quota_nodes (a Redis Cluster) or url (a Redis with a replica), or write 0";
+                       set quota_nodes (a Redis Cluster), url (a Redis with a replica) or sentinels, or write 0";
             self.error(src, &at("redis", "quota_replicas"), msg);
+        }
+        let queue_replicas = self.replicas(src, "queue_replicas", raw.queue_replicas, QUEUE_WAITS);
+        if queue_replicas > 0 && embedded {
+            let msg = "needs a Redis with a replica, and the embedded Redis has none: \
+                       set url (a Redis with a replica) or sentinels, or write 0";
+            self.error(src, &at("redis", "queue_replicas"), msg);
         }
         RedisConfig {
             url,
@@ -59,7 +85,52 @@ impl Loader<'_> {
             unsafe_eviction,
             quota_nodes,
             quota_replicas,
+            sentinels,
+            master_name,
+            queue_replicas,
         }
+    }
+
+    /// `[redis] sentinels` and `master_name`: TCP URLs of sentinels (each
+    /// with its own credentials where it needs them), and the name they
+    /// monitor the master under; one without the other is an error.
+    fn sentinels(&mut self, src: &Source, raw: &RawRedis) -> Vec<RedisUrl> {
+        let field = at("redis", "sentinels");
+        let name_field = at("redis", "master_name");
+        let Some(written) = raw.sentinels.as_deref() else {
+            if raw.master_name.is_some() {
+                let msg = "names a master for sentinels, but [redis] sentinels lists none: \
+                           add sentinels = [\"redis://HOST:26379\", ...], or leave master_name out";
+                self.error(src, &name_field, msg);
+            }
+            return Vec::new();
+        };
+        if written.is_empty() {
+            let msg = "names no sentinel: list them (\"redis://HOST:26379\"), \
+                       or leave sentinels out to reach the master by [redis] url";
+            self.error(src, &field, msg);
+        }
+        match raw.master_name.as_deref() {
+            None => {
+                let msg = "is missing: with [redis] sentinels, name the master they monitor \
+                           (the name in their `sentinel monitor NAME ...` line)";
+                self.error(src, &name_field, msg);
+            }
+            Some(n) if n.is_empty() || n.chars().any(|c| c.is_whitespace() || c.is_control()) => {
+                let msg = "must be the name the sentinels monitor: not empty, no spaces";
+                self.error(src, &name_field, msg);
+            }
+            Some(_) => {}
+        }
+        let mut sentinels = Vec::new();
+        for (i, w) in written.iter().enumerate() {
+            let url = RedisUrl(w.clone());
+            match sentinel_node(&url) {
+                Ok(()) => sentinels.push(url),
+                Err(msg) => self.error(src, &field.join(i), msg),
+            }
+        }
+        sentinels
     }
 
     /// `[redis] quota_nodes`: the seed nodes of the Redis Cluster that holds
@@ -97,8 +168,9 @@ impl Loader<'_> {
         nodes
     }
 
-    /// `[redis] quota_replicas`: 0 or 1.
-    fn quota_replicas(&mut self, src: &Source, raw: Option<i64>) -> u8 {
+    /// `[redis] quota_replicas` or `queue_replicas`: 0 or 1; `what` says
+    /// what 1 means.
+    fn replicas(&mut self, src: &Source, field: &str, raw: Option<i64>, what: &str) -> u8 {
         let Some(n) = raw else {
             return d::QUOTA_REPLICAS;
         };
@@ -106,10 +178,10 @@ impl Loader<'_> {
             Ok(n) if n <= d::MAX_QUOTA_REPLICAS => n,
             _ => {
                 let msg = format!(
-                    "must be 0 or {}, got {n} (1: an admitted spend waits for one replica's acknowledgement before its request is sent)",
+                    "must be 0 or {}, got {n} (1: {what})",
                     d::MAX_QUOTA_REPLICAS
                 );
-                self.error(src, &at("redis", "quota_replicas"), msg);
+                self.error(src, &at("redis", field), msg);
                 d::QUOTA_REPLICAS
             }
         }
@@ -215,6 +287,38 @@ impl Loader<'_> {
             }
         }
     }
+}
+
+/// What `quota_replicas = 1` means, for its error.
+const QUOTA_WAITS: &str =
+    "an admitted spend waits for one replica's acknowledgement before its request is sent";
+
+/// What `queue_replicas = 1` means, for its error.
+const QUEUE_WAITS: &str =
+    "a tick's claim, a task's checkpoint and its end wait for one replica's acknowledgement";
+
+/// Whether `url` can be a sentinel's: a URL redis-rs connects with, over
+/// TCP (sentinels name masters by IP and port), with no database (a
+/// sentinel has none).
+fn sentinel_node(url: &RedisUrl) -> Result<(), String> {
+    use redis::IntoConnectionInfo;
+    url.check()?;
+    let info = url
+        .expose()
+        .into_connection_info()
+        .map_err(|e| format!("invalid Redis URL \"{url}\": {e}"))?;
+    if matches!(info.addr(), redis::ConnectionAddr::Unix(_)) {
+        return Err(format!(
+            "\"{url}\" is a Unix socket; a sentinel is reached over TCP: write redis://HOST:26379"
+        ));
+    }
+    if info.redis_settings().db() != 0 {
+        return Err(format!(
+            "\"{url}\" names database {}; a sentinel has none (leave the /N out; the master's database goes in [redis] url)",
+            info.redis_settings().db()
+        ));
+    }
+    Ok(())
 }
 
 /// Whether `url` can be a seed node of a Redis Cluster: a URL redis-rs

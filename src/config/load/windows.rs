@@ -11,7 +11,9 @@ use super::Loader;
 use crate::config::choice::WindowKindName;
 use crate::config::defaults as d;
 use crate::config::raw::RawWindow;
-use crate::config::{FieldPath, Source, Window, WindowKind, fmt_duration, resource_name_ok};
+use crate::config::{
+    FieldPath, Source, Window, WindowKind, WindowMode, fmt_duration, resource_name_ok,
+};
 
 const DAY: Duration = Duration::from_secs(86_400);
 
@@ -25,8 +27,10 @@ pub(super) struct Resources<'a> {
 }
 
 impl Loader<'_> {
-    /// A window list, in config order; no two of one resource, kind and
-    /// period (they would share their keys).
+    /// A window list, in config order. Windows of one resource, kind and
+    /// period may differ in units only (a shadow window trying another
+    /// number for the same limit): each after the first is keyed by its
+    /// units, whatever its mode, so that a change of `mode` keeps its keys.
     pub(super) fn windows(
         &mut self,
         src: &Source,
@@ -49,16 +53,20 @@ impl Loader<'_> {
             // A credential's list (no endpoint's resource to fall back on).
             w.every_resource =
                 w.is_concurrent() && rw.resource.is_none() && resources.unnamed.is_none();
-            if !seen.insert((w.resource.clone(), w.kind_name(), w.per)) {
+            let limit = (w.resource.clone(), w.kind_name(), w.per);
+            w.keyed_by_units = seen.iter().any(|(l, _)| *l == limit);
+            if !seen.insert((limit, w.units)) {
                 let (kind, per) = (w.kind_name(), fmt_duration(w.per));
                 let of = w.resource.as_deref().unwrap_or(resources.default);
                 let msg = if w.is_concurrent() {
                     format!(
-                        "two concurrent windows of resource {of:?} in one list: keep the one with fewer units"
+                        "two concurrent windows of {} in flight of resource {of:?} in one list: keep one",
+                        w.units
                     )
                 } else {
                     format!(
-                        "two {kind} windows of {per} of resource {of:?} in one list: merge them"
+                        "two {kind} windows of {}/{per} of resource {of:?} in one list: keep one",
+                        w.units
                     )
                 };
                 self.error(src, &at, msg);
@@ -81,7 +89,7 @@ impl Loader<'_> {
         None
     }
 
-    /// One `{ units, per, kind, reset, timezone }`, or a concurrent
+    /// One `{ units, per, kind, reset, timezone, mode }`, or a concurrent
     /// window's `{ kind = "concurrent", units, lease }`.
     fn window(&mut self, src: &Source, at: &FieldPath, rw: &RawWindow) -> Option<Window> {
         let Some(units) = NonZeroU64::new(rw.units) else {
@@ -92,9 +100,19 @@ impl Loader<'_> {
             // Reported, and the window kept, so that nothing else cascades.
             self.error(src, &at.join("units"), d::MAX_COUNT_RULE);
         }
+        let mode = self.pick_or(
+            src,
+            &at.join("mode"),
+            rw.mode.as_deref(),
+            WindowMode::Enforce,
+        );
         let kind = rw.kind.as_deref().unwrap_or(d::WINDOW_KIND);
         let (per, kind) = match self.pick(src, &at.join("kind"), kind)? {
-            WindowKindName::Concurrent => return self.concurrent(src, at, rw, units),
+            WindowKindName::Concurrent => {
+                return self
+                    .concurrent(src, at, rw, units)
+                    .map(|w| Window { mode, ..w });
+            }
             WindowKindName::Sliding => (self.period(src, at, rw)?, self.sliding(src, at, rw)),
             WindowKindName::Fixed => {
                 let per = self.period(src, at, rw)?;
@@ -112,6 +130,8 @@ impl Loader<'_> {
             upstream: rw.upstream.unwrap_or(false),
             resource: None,
             every_resource: false,
+            mode,
+            keyed_by_units: false,
         })
     }
 
@@ -203,6 +223,8 @@ impl Loader<'_> {
             upstream: false,
             resource: None,
             every_resource: false,
+            mode: WindowMode::Enforce,
+            keyed_by_units: false,
         })
     }
 

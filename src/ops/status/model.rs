@@ -6,9 +6,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use crate::conn::Conn;
 use chrono::{DateTime, SecondsFormat, Utc};
 use futures::future::join_all;
-use redis::aio::ConnectionManager;
 use serde::Serialize;
 
 use super::super::{OpsState, bounded, peek_all};
@@ -147,6 +147,14 @@ pub(crate) struct WindowStatus {
     pub(crate) runs_out: RunsOut,
     /// Units spent per 5 minutes over the last 24 hours.
     pub(crate) history: SpendHistory,
+    /// `"shadow"` for a shadow window (`mode = "shadow"`: it never
+    /// refuses); absent for an enforced one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) mode: Option<&'static str>,
+    /// A shadow window's refusals over the last 24 hours: the spends it
+    /// would have refused, admitted; absent for an enforced window.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) shadow_refusals: Option<u64>,
 }
 
 /// Units spent per slot, oldest first; the last slot is the current one
@@ -268,7 +276,7 @@ fn rfc3339_ms(ms: i64) -> String {
 }
 
 /// The drift of a window: units the upstream reported as already used
-/// that the window had not counted (spend.lua's sync; see docs/spend.md).
+/// that the window had not counted (the spend core's sync; see docs/spend.md).
 fn drift(w: &WindowUsage) -> Option<u64> {
     Some(w.drift)
 }
@@ -293,7 +301,7 @@ type JobRead = Option<(Vec<TickRecord>, Option<LastError>)>;
 /// Each job's last ticks and error, and its starved items, as read (each
 /// `None` when it could not be read within the budget).
 async fn read_jobs(
-    conn: &ConnectionManager,
+    conn: &Conn,
     keys: &KeySpace,
     jobs: &[&Job],
 ) -> Vec<(JobRead, Option<StarvedItems>)> {
@@ -577,6 +585,8 @@ fn window(w: &WindowUsage, ring: Vec<u64>, now_ms: i64) -> WindowStatus {
             from: rfc3339_ms(first_slot * slot_ms),
             units: ring,
         },
+        mode: w.window.is_shadow().then_some("shadow"),
+        shadow_refusals: w.window.is_shadow().then_some(w.shadow_refusals),
     }
 }
 

@@ -33,6 +33,7 @@ h3{font-size:1rem;margin:1rem 0 .3rem}
 table{border-collapse:collapse;width:100%} th,td{text-align:left;padding:.3rem .5rem;border-bottom:1px solid #eaeef2;vertical-align:top}
 th{font-weight:600;background:#f6f8fa} .num{text-align:right;font-variant-numeric:tabular-nums}
 .muted{color:#57606a} .bad{color:#b42318;font-weight:600} .ok{color:#1a7f37}
+.shadow{font-size:.8em;padding:0 .3em;border:1px dashed #8250df;border-radius:3px;color:#8250df} .shadow-refusals{color:#8250df}
 .bar{width:10rem;height:.8rem} .bar .track{fill:#eaeef2} .bar .fill{fill:#0969da} .bar .full{fill:#b42318}
 .chart{width:100%;max-width:36rem;height:3rem;display:block} .chart rect{fill:#0969da} .chart .axis{stroke:#d0d7de}
 .legend{display:flex;justify-content:space-between;max-width:36rem;font-size:.75rem;color:#57606a}
@@ -201,7 +202,15 @@ fn window(w: &WindowStatus, named: bool) -> Markup {
     html! {
         tr class="window" data-scope=(w.scope) data-window=(w.window) data-resource=[named.then_some(&w.resource)] {
             td {
-                (w.window) br;
+                (w.window)
+                @if w.mode.is_some() { " " span class="shadow" title="mode = \"shadow\": counted, never enforced" { "shadow" } }
+                br;
+                @if let Some(n) = w.shadow_refusals {
+                    span class="shadow-refusals" {
+                        "would have refused " (n) @if n == 1 { " spend" } @else { " spends" } " in 24 h"
+                    }
+                    br;
+                }
                 span class="muted" {
                     (w.scope)
                     @if named && w.resource == crate::quota::EVERY_RESOURCE { ", every resource" }

@@ -1,6 +1,6 @@
 //! What the status page reads from Redis that the windows and the queue
 //! do not keep by themselves, read-only: the spend history's rings (written
-//! by `lua/spend.lua`, layout in `quota::ring`), each job's tick record and
+//! by the spend core (`lua/spend/ring.lua`, layout in `quota::ring`), each job's tick record and
 //! last error (written by `lua/finish.lua`, layout in
 //! `queue::scripts::finish`) and why a credential is blocked (written by the
 //! worker that blocked it, `quota::BlockNote`). Each layout lives with its
@@ -8,51 +8,25 @@
 
 use std::collections::BTreeMap;
 
+use crate::conn::Conn;
 use redis::AsyncCommands;
-use redis::aio::ConnectionManager;
 
 use crate::keys::KeySpace;
 use crate::queue::scripts::finish::{LastError, TICKS_KEPT, TickRecord};
-use crate::quota::{BlockNote, QuotaConn, ring};
+use crate::quota::BlockNote;
 
 /// A job's starved items (`lua/finish.lua` writes them, fair rotation
 /// reads them too: `schedule::fairness`).
 pub(crate) use crate::schedule::starved_items;
 
-/// Reads rings where the windows live (they are written by the spend
-/// script, beside the windows: the queue's Redis or the quota cluster) and
-/// that Redis's clock: the time (ms since the epoch) and each ring's units
-/// per slot, oldest first, the last slot being the current one. One command
-/// per ring, all in flight at once: on a cluster the rings of different
-/// credentials live on different nodes, which one pipeline cannot reach.
-pub(crate) async fn read_rings(
-    conn: &QuotaConn,
-    rings: &[String],
-) -> redis::RedisResult<(i64, Vec<Vec<u64>>)> {
-    let time = async {
-        let (s, us): (i64, i64) = redis::cmd("TIME").query_async(&mut conn.clone()).await?;
-        Ok::<_, redis::RedisError>(s * 1000 + us / 1000)
-    };
-    let gets = futures::future::try_join_all(rings.iter().map(|r| async move {
-        let raw: Option<Vec<u8>> = redis::cmd("GET")
-            .arg(r)
-            .query_async(&mut conn.clone())
-            .await?;
-        Ok::<_, redis::RedisError>(raw)
-    }));
-    let (now_ms, raws) = futures::future::try_join(time, gets).await?;
-    let now_slot = (now_ms.max(0) as u64) / ring::SLOT.as_millis() as u64;
-    let out = raws
-        .iter()
-        .map(|raw| ring::decode(raw.as_deref().unwrap_or_default(), now_slot))
-        .collect();
-    Ok((now_ms, out))
-}
+/// Reads rings where the windows live, and that Redis's clock
+/// ([`ring::read`]).
+pub(crate) use crate::quota::ring::read as read_rings;
 
 /// Why each of `blocks` (a credential and one of its resources, `None`
 /// the default one) is blocked (`None`: not recorded, or not blocked).
 pub(crate) async fn read_block_notes(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     keys: &KeySpace,
     blocks: &[(String, Option<String>)],
 ) -> redis::RedisResult<Vec<Option<BlockNote>>> {
@@ -71,7 +45,7 @@ pub(crate) async fn read_block_notes(
 
 /// A job's newest ticks (newest first) and its last error.
 pub(crate) async fn read_job(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     keys: &KeySpace,
     job: &str,
 ) -> redis::RedisResult<(Vec<TickRecord>, Option<LastError>)> {

@@ -4,7 +4,7 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use crate::conn::Conn;
 
 use crate::conn::Lua;
 use crate::keys::KeySpace;
@@ -45,7 +45,7 @@ impl Enqueue {
 
     /// Runs the script: how many tasks were added (an id already waiting
     /// is kept as it is).
-    pub(crate) async fn invoke(&self, conn: &mut ConnectionManager) -> redis::RedisResult<usize> {
+    pub(crate) async fn invoke(&self, conn: &mut Conn) -> redis::RedisResult<usize> {
         let mut call = ENQUEUE.call();
         for key in &self.keys {
             call.key(key);

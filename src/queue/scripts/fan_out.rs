@@ -4,14 +4,20 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use crate::conn::Conn;
 
 use crate::conn::Lua;
 use crate::keys::KeySpace;
 use crate::queue::task::TickFanOut;
 
-static FAN_OUT: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(include_str!("../../../lua/fan_out.lua")));
+/// `lua/fan_out.lua`, after `lua/apalis_push.lua` (apalis's task layout,
+/// written in one place for it and `lua/feed.lua`).
+static FAN_OUT: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        include_str!("../../../lua/apalis_push.lua"),
+        include_str!("../../../lua/fan_out.lua")
+    ))
+});
 
 /// A fan-out's member in the `fanning` zset: `<job>:<tick_ms>`.
 pub(crate) fn fanning_member(job: &str, tick: i64) -> String {
@@ -115,7 +121,7 @@ impl<'a> FanOut<'a> {
     }
 
     /// Runs the script.
-    pub(crate) async fn invoke(&self, conn: &mut ConnectionManager) -> redis::RedisResult<Chunk> {
+    pub(crate) async fn invoke(&self, conn: &mut Conn) -> redis::RedisResult<Chunk> {
         let mut call = FAN_OUT.call();
         for key in &self.keys {
             call.key(key);

@@ -4,7 +4,7 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use crate::conn::Conn;
 
 use super::fan_out::fanning_member;
 use crate::conn::Lua;
@@ -72,10 +72,7 @@ impl<'a> FanOutTake<'a> {
     }
 
     /// Runs the script.
-    pub(crate) async fn invoke(
-        &self,
-        conn: &mut ConnectionManager,
-    ) -> redis::RedisResult<TakeOver> {
+    pub(crate) async fn invoke(&self, conn: &mut Conn) -> redis::RedisResult<TakeOver> {
         let (status, next, name): (i64, i64, String) = FAN_OUT_TAKE
             .call()
             .key(&self.keys[0])

@@ -3,12 +3,19 @@
 
 use std::sync::LazyLock;
 
-use redis::aio::ConnectionManager;
+use crate::conn::Conn;
 
 use crate::conn::Lua;
 use crate::keys::KeySpace;
 
-static FEED: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../../../lua/feed.lua")));
+/// `lua/feed.lua`, after `lua/apalis_push.lua` (apalis's task layout,
+/// written in one place for it and `lua/fan_out.lua`).
+static FEED: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        include_str!("../../../lua/apalis_push.lua"),
+        include_str!("../../../lua/feed.lua")
+    ))
+});
 
 /// `lua/feed.lua`'s arguments.
 pub(crate) struct Feed {
@@ -61,7 +68,7 @@ impl Feed {
     }
 
     /// Runs the script.
-    pub(crate) async fn invoke(&self, conn: &mut ConnectionManager) -> redis::RedisResult<Fed> {
+    pub(crate) async fn invoke(&self, conn: &mut Conn) -> redis::RedisResult<Fed> {
         let mut call = FEED.call();
         for key in &self.keys {
             call.key(key);

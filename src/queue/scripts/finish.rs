@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use crate::conn::Conn;
 use serde::{Deserialize, Serialize};
 
 use crate::conn::Lua;
@@ -269,10 +269,7 @@ impl Finish {
 
     /// Runs the script: the item's starved ticks in a row (`None`: no
     /// fairness for this task).
-    pub(crate) async fn invoke(
-        &self,
-        conn: &mut ConnectionManager,
-    ) -> redis::RedisResult<Option<u64>> {
+    pub(crate) async fn invoke(&self, conn: &mut Conn) -> redis::RedisResult<Option<u64>> {
         let mut call = FINISH.call();
         for key in &self.keys {
             call.key(key);

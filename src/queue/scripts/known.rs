@@ -4,7 +4,7 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use crate::conn::Conn;
 
 use crate::conn::Lua;
 use crate::keys::KeySpace;
@@ -67,7 +67,7 @@ impl<'a> Known<'a> {
     }
 
     /// Runs the script: Redis time, ms.
-    pub(crate) async fn invoke(&self, conn: &mut ConnectionManager) -> redis::RedisResult<i64> {
+    pub(crate) async fn invoke(&self, conn: &mut Conn) -> redis::RedisResult<i64> {
         let mut call = KNOWN.call();
         call.key(&self.keys[0]).key(&self.keys[1]);
         call.arg(self.id)

@@ -4,7 +4,7 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use crate::conn::Conn;
 
 use crate::conn::Lua;
 use crate::keys::KeySpace;
@@ -75,10 +75,7 @@ impl Rotate {
     }
 
     /// Runs the script.
-    pub(crate) async fn invoke(
-        &self,
-        conn: &mut ConnectionManager,
-    ) -> redis::RedisResult<Rotation> {
+    pub(crate) async fn invoke(&self, conn: &mut Conn) -> redis::RedisResult<Rotation> {
         let (offset, turn): (u64, u64) = ROTATE
             .call()
             .key(&self.keys[0])

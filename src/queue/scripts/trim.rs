@@ -3,7 +3,7 @@
 
 use std::sync::LazyLock;
 
-use redis::aio::ConnectionManager;
+use crate::conn::Conn;
 
 use crate::conn::Lua;
 use crate::keys::KeySpace;
@@ -51,10 +51,7 @@ impl Trim {
 
     /// Runs the script: tasks dropped, and whether every scan wrapped
     /// around (a full pass is done).
-    pub(crate) async fn invoke(
-        &self,
-        conn: &mut ConnectionManager,
-    ) -> redis::RedisResult<(usize, bool)> {
+    pub(crate) async fn invoke(&self, conn: &mut Conn) -> redis::RedisResult<(usize, bool)> {
         let mut call = TRIM.call();
         for key in &self.keys {
             call.key(key);
