@@ -90,7 +90,13 @@ pub(super) struct Spent {
     pub(super) recorded: bool,
     /// Its units, counted as unanswered until the page's step ends.
     pub(super) flying: Flying,
-    /// When it was admitted, just before its request left.
+    /// When its spend was asked for, at or before its admission in Redis
+    /// (the claim's call, for a first spend): a throttle streak this daemon
+    /// saw begin after it is one its answer cannot end (`memory::Remembered::
+    /// streak_ends`). Not when its request left: a first spend's request
+    /// leaves after the claim, and under load a throttle answered in
+    /// between made its success end a streak it was admitted before (the
+    /// next throttle then blocked 60 s, not 120 s).
     pub(super) at: Instant,
     /// The tenant it was spent on (template credentials), settled there.
     pub(super) tenant: Option<String>,
@@ -154,6 +160,11 @@ pub(super) struct FirstSpend {
     /// run uses it rather than reading the file again).
     secret: Option<Secret>,
     decision: Result<Decision, QuotaError>,
+    /// When the claim's call that made it began: the spend was admitted no
+    /// earlier. Its request may leave much later (the page step takes it
+    /// after the claim), but a throttle this daemon saw in between says
+    /// nothing its answer could end ([`Spent::at`]).
+    asked: Instant,
 }
 
 impl FirstSpend {
@@ -242,6 +253,9 @@ impl Worker {
             lease,
             secret: ahead.secret,
             decision,
+            asked: Instant::now()
+                .checked_sub(took)
+                .unwrap_or_else(Instant::now),
         }
     }
 
@@ -304,9 +318,10 @@ impl Worker {
         page: u32,
         first: Option<FirstSpend>,
     ) -> Admission {
-        let (request_id, decision, lease) = match first {
-            Some(first) => (first.request_id, first.decision, first.lease),
+        let (request_id, decision, lease, asked) = match first {
+            Some(first) => (first.request_id, first.decision, first.lease, first.asked),
             None => {
+                let asked = Instant::now();
                 let (id, decision) = self.spend_now(payer, page).await;
                 let cost = payer.endpoint.cost.get();
                 let lease = match decision {
@@ -316,7 +331,7 @@ impl Worker {
                     }
                     _ => None,
                 };
-                (id, decision, lease)
+                (id, decision, lease, asked)
             }
         };
         let recorded = match decision {
@@ -354,7 +369,7 @@ impl Worker {
             request_id,
             recorded,
             flying,
-            at: Instant::now(),
+            at: asked,
             tenant: payer.tenant.clone(),
             lease,
         }))
