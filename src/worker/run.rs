@@ -373,7 +373,7 @@ impl Worker {
             return Ok(Stepped::Reminted(secret));
         }
         loop {
-            let action = decide(answer, p, &run.rules);
+            let action = decide(answer, &p.cursor, &run.rules);
             match self.act(run, p, spent.as_mut(), action, now).await? {
                 Acted::Answered(next) => answer = next,
                 Acted::Continue => return Ok(Stepped::Next),
@@ -438,7 +438,7 @@ impl Worker {
         p: &mut Progress,
         now: DateTime<Utc>,
     ) -> (Answer, Option<Spent>) {
-        if p.cursor.page > run.rules.last_page(p) {
+        if p.cursor.page > run.rules.last_page(&p.cursor) {
             return (Answer::PastLastPage, None);
         }
         let request = match p.redirect.take() {

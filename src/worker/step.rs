@@ -109,8 +109,8 @@ pub(super) struct Rules<'a> {
 impl Rules<'_> {
     /// The last page this run may fetch: `max_pages` from the page it
     /// started at.
-    pub(super) fn last_page(&self, p: &Progress) -> u32 {
-        p.cursor.last_page(self.job.max_pages())
+    pub(super) fn last_page(&self, at: &Cursor) -> u32 {
+        at.last_page(self.job.max_pages())
     }
 }
 
@@ -226,12 +226,12 @@ impl End {
     }
 }
 
-/// What `answer` leads to, for a run at `p` under `rules`.
-pub(super) fn decide(answer: Answer, p: &Progress, rules: &Rules<'_>) -> Action {
+/// What `answer` leads to, for a run at `at` under `rules`.
+pub(super) fn decide(answer: Answer, at: &Cursor, rules: &Rules<'_>) -> Action {
     match answer {
         Answer::PastLastPage => complete("max_pages reached"),
         Answer::Unbuildable(why) => fail(None, format!("request not sent: {why}")),
-        Answer::SinkNotReady(e) => stuck(p, &e),
+        Answer::SinkNotReady(e) => stuck(at, &e),
         Answer::Refused(r) => Action::End(End::Wait {
             kind: OutcomeKind::QuotaExhausted,
             wait: r.wait,
@@ -244,7 +244,7 @@ pub(super) fn decide(answer: Answer, p: &Progress, rules: &Rules<'_>) -> Action 
             why: format!("limiter unavailable ({e}); endpoint is fail-closed, nothing sent"),
         }),
         Answer::Replied { reply, blocked } => replied(reply, blocked, rules),
-        Answer::Written { written, next } => written_(written, next, p, rules),
+        Answer::Written { written, next } => written_(written, next, at, rules),
     }
 }
 
@@ -366,7 +366,7 @@ fn throttled(status: u16, blocked: Option<Applied>, rules: &Rules<'_>) -> Action
 fn written_(
     written: Result<Written, SinkError>,
     next: Next,
-    p: &Progress,
+    at: &Cursor,
     rules: &Rules<'_>,
 ) -> Action {
     let written = match written {
@@ -387,7 +387,7 @@ fn written_(
         Err(e) if e.fails_the_task() => return fail(Some(200), e.task_reason()),
         // Neither written nor spooled: fetching it again now would only
         // spend again, so the run waits for an operator.
-        Err(e) => return stuck(p, &e),
+        Err(e) => return stuck(at, &e),
     };
     let pagination = rules.job.pagination.as_ref();
     let token = match onward(pagination.map(|p| &p.style), next, written.on_page) {
@@ -395,19 +395,19 @@ fn written_(
         Ok(Onward::Last) => return complete("all pages fetched"),
         Err(why) => return fail(Some(200), format!("bad response: {why}")),
     };
-    if token.is_some() && token == p.cursor.token {
+    if token.is_some() && token == at.token {
         // The same page again, for ever: each one spent.
         let why = "cursor repeated: the upstream pointed at the page it just answered";
         return fail(Some(200), why.into());
     }
-    if p.cursor.page < rules.last_page(p) {
+    if at.page < rules.last_page(at) {
         return Action::Next { token };
     }
     if pagination.is_some_and(|p| p.continues) {
         // This run is done; the item's next one goes on from here.
         let why = format!(
             "max_pages reached; the item's next run goes on at page {}",
-            p.cursor.page + 1
+            at.page + 1
         );
         return Action::End(End::HandOn { token, why });
     }
@@ -437,15 +437,15 @@ fn fail(status: Option<u16>, why: String) -> Action {
 /// The sink can take no page (not even into the spool): `failed` with the
 /// checkpoint kept at this page, so it is fetched again only once the sink
 /// or the spool can be written, never retried before.
-fn stuck(p: &Progress, e: &SinkError) -> Action {
+fn stuck(at: &Cursor, e: &SinkError) -> Action {
     let why = match e {
         // A page refused for good holds the item: the error says until when.
         SinkError::Held { .. } => {
-            format!("sink: {e}; then the item resumes at page {}", p.cursor.page)
+            format!("sink: {e}; then the item resumes at page {}", at.page)
         }
         _ => format!(
             "sink: {e}; nothing more is fetched for this job here until its sink or spool can be written, then the item resumes at page {}",
-            p.cursor.page
+            at.page
         ),
     };
     Action::End(End::Fail {
@@ -548,15 +548,11 @@ records = "/items"
         }
     }
 
-    fn at(page: u32, token: Option<&str>) -> Progress {
-        let cursor = Cursor {
+    fn at(page: u32, token: Option<&str>) -> Cursor {
+        Cursor {
             page,
             token: token.map(|t| Stored::new(t.to_owned())),
             first: 1,
-        };
-        Progress {
-            cursor,
-            ..Progress::new(None)
         }
     }
 
