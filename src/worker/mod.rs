@@ -18,10 +18,11 @@
 //!
 //! - this file: a task's frame — claim the item, run, record the outcome;
 //! - `run`: the run over the item's pages, one step at a time: gather what
-//!   happened, decide, carry it out;
-//! - `step`: a step as data — where the run is (`Progress`, which owns the
-//!   claim's first spend), what happened (`Answer`), what it leads to
-//!   (`Action`) — and the pure `decide`, unit-tested for every answer;
+//!   happened, decide, carry it out; its progress (where it is, what it
+//!   did, the claim's first spend, what it leaves) is its own;
+//! - `step`: a step as data — what happened (`Answer`), what it leads to
+//!   (`Action`) — and the pure `decide(answer, &cursor, &rules)`,
+//!   unit-tested for every answer;
 //! - `spend`: the task's side of the quota, as data — spend, settle,
 //!   refund, block — never ending the task itself;
 //! - `lease`: a request's lease in its concurrent windows, returned by its

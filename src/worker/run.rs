@@ -18,13 +18,13 @@ use tracing::{info, warn};
 
 use super::lock::Found;
 use super::spend::{Admission, FirstSpend, Payer, Spent};
-use super::step::{Action, Answer, End, Progress, Rules, decide};
+use super::step::{Action, Answer, End, Rules, decide};
 use super::{CHECKPOINT_TTL, Checkpoint, Held, ITEM_STATE_TTL, TaskError, Worker};
 use crate::config::{Job, Secret};
 use crate::fetch::paging::{Cursor, Stored, Validators};
 use crate::fetch::{Answered, BuildError, Fetcher, PageAt, Placeholders, Reply, Request};
 use crate::outcome::{Outcome, OutcomeKind};
-use crate::queue::scripts::finish::LastRun;
+use crate::queue::scripts::finish::{LastRun, Leaves};
 use crate::queue::{Origin, TaskArgs};
 use crate::sink::PageRef;
 use crate::stats::Stats;
@@ -61,6 +61,74 @@ impl Run<'_> {
 
     fn job(&self) -> &Job {
         self.payer.job
+    }
+}
+
+/// Where a run is, and what it has done so far: the run's alone. Only
+/// its cursor is lent to [`decide`], by shared reference; the rest is
+/// what this module's carrying out of actions writes.
+struct Progress {
+    /// The first page's spend, made in the item claim's call, until the
+    /// first spend step takes it; the task's one exit gives back one no
+    /// step took (`run::Worker::run_held`).
+    first_spend: Option<FirstSpend>,
+    /// Where the run is in its pages (`Checkpoint::cursor`).
+    cursor: Cursor,
+    /// The run's `{since}` and its start, epoch s (`Checkpoint`).
+    since: i64,
+    started: i64,
+    /// The tick that began the run (`Checkpoint::run`): with the page
+    /// number, the page's id in a postgres sink.
+    run_tick: i64,
+    /// Page 1's validators (`Checkpoint::validators`), stored for the
+    /// item's next run when this one is complete.
+    validators: Option<Validators>,
+    /// A same-origin redirect the upstream answered this page with: the
+    /// page's next request, spent like any other (`fetch::MAX_REDIRECTS`).
+    redirect: Option<Box<Request>>,
+    pages: u32,
+    records: u64,
+    units: u64,
+    /// The item's cursor key may hold a checkpoint (the claim found one, or
+    /// this run saved one): a complete run deletes it, a run that never
+    /// had one skips the command.
+    checkpointed: bool,
+    /// What the run's end leaves of the item, written with its outcome.
+    leaves: Leaves,
+}
+
+impl Progress {
+    /// A run that has done nothing yet, holding the claim's first spend.
+    fn new(first_spend: Option<FirstSpend>) -> Self {
+        Progress {
+            first_spend,
+            cursor: Cursor::start(),
+            since: 0,
+            started: 0,
+            run_tick: 0,
+            validators: None,
+            redirect: None,
+            pages: 0,
+            records: 0,
+            units: 0,
+            checkpointed: false,
+            leaves: Leaves::default(),
+        }
+    }
+
+    /// An outcome that reports what the run did.
+    fn outcome(&self, kind: OutcomeKind, detail: impl Into<String>) -> Outcome {
+        Outcome {
+            pages: self.pages,
+            records: self.records,
+            units: self.units,
+            ..Outcome::new(kind, self.cursor.page, detail)
+        }
+    }
+
+    /// Counts `change` units more (a spend, a settle) or fewer (a refund).
+    fn add_units(&mut self, change: i64) {
+        self.units = self.units.saturating_add_signed(change);
     }
 }
 

@@ -1,8 +1,9 @@
-//! One page step as data: where the run is ([`Progress`]), what came back
-//! ([`Answer`]: the spend's refusal, the upstream's reply, the sink's
-//! answer, ...) and what it leads to ([`Action`]), chosen by [`decide`], a
-//! pure function: no Redis, no HTTP, no clock. `run` gathers the answer
-//! and carries the action out.
+//! One page step as data: what came back ([`Answer`]: the spend's
+//! refusal, the upstream's reply, the sink's answer, ...) and what it leads
+//! to ([`Action`]), chosen by [`decide`], a pure function of the answer,
+//! where the run is (its `Cursor`, read only) and the job's [`Rules`]: no
+//! Redis, no HTTP, no clock, no state of its own. `run` keeps the run's
+//! progress, gathers the answer and carries the action out.
 //!
 //! A new kind of answer is one more [`Answer`] (or `fetch::Reply`) variant
 //! and one more arm in [`decide`], with its unit test below.
@@ -12,13 +13,12 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::account::Applied;
-use super::spend::{FirstSpend, Refusal, RefusedBy};
+use super::spend::{Refusal, RefusedBy};
 use crate::config::{Job, fmt_duration};
 use crate::decode::Altered;
 use crate::fetch::paging::{Cursor, Next, Onward, Stored, Validators, onward};
 use crate::fetch::{Reply, Request};
-use crate::outcome::{Outcome, OutcomeKind};
-use crate::queue::scripts::finish::Leaves;
+use crate::outcome::OutcomeKind;
 use crate::quota::QuotaError;
 use crate::sink::{SinkError, Written};
 
@@ -26,74 +26,8 @@ use crate::sink::{SinkError, Written};
 /// before it comes back; not a failure.
 const LIMITER_DOWN_WAIT: Duration = Duration::from_secs(5);
 
-/// Where a run is, and what it has done so far.
-pub(super) struct Progress {
-    /// The first page's spend, made in the item claim's call, until the
-    /// first spend step takes it; the task's one exit gives back one no
-    /// step took (`run::Worker::run_held`).
-    pub(super) first_spend: Option<FirstSpend>,
-    /// Where the run is in its pages (`Checkpoint::cursor`).
-    pub(super) cursor: Cursor,
-    /// The run's `{since}` and its start, epoch s (`Checkpoint`).
-    pub(super) since: i64,
-    pub(super) started: i64,
-    /// The tick that began the run (`Checkpoint::run`): with the page
-    /// number, the page's id in a postgres sink.
-    pub(super) run_tick: i64,
-    /// Page 1's validators (`Checkpoint::validators`), stored for the
-    /// item's next run when this one is complete.
-    pub(super) validators: Option<Validators>,
-    /// A same-origin redirect the upstream answered this page with: the
-    /// page's next request, spent like any other (`fetch::MAX_REDIRECTS`).
-    pub(super) redirect: Option<Box<Request>>,
-    pub(super) pages: u32,
-    pub(super) records: u64,
-    pub(super) units: u64,
-    /// The item's cursor key may hold a checkpoint (the claim found one, or
-    /// this run saved one): a complete run deletes it, a run that never
-    /// had one skips the command.
-    pub(super) checkpointed: bool,
-    /// What the run's end leaves of the item, written with its outcome.
-    pub(super) leaves: Leaves,
-}
-
-impl Progress {
-    /// A run that has done nothing yet, holding the claim's first spend.
-    pub(super) fn new(first_spend: Option<FirstSpend>) -> Self {
-        Progress {
-            first_spend,
-            cursor: Cursor::start(),
-            since: 0,
-            started: 0,
-            run_tick: 0,
-            validators: None,
-            redirect: None,
-            pages: 0,
-            records: 0,
-            units: 0,
-            checkpointed: false,
-            leaves: Leaves::default(),
-        }
-    }
-
-    /// An outcome that reports what the run did.
-    pub(super) fn outcome(&self, kind: OutcomeKind, detail: impl Into<String>) -> Outcome {
-        Outcome {
-            pages: self.pages,
-            records: self.records,
-            units: self.units,
-            ..Outcome::new(kind, self.cursor.page, detail)
-        }
-    }
-
-    /// Counts `change` units more (a spend, a settle) or fewer (a refund).
-    pub(super) fn add_units(&mut self, change: i64) {
-        self.units = self.units.saturating_add_signed(change);
-    }
-}
-
-/// What [`decide`] reads besides the answer and the progress: the job's
-/// rules for this run.
+/// What [`decide`] reads besides the answer and where the run is: the
+/// job's rules for this run.
 pub(super) struct Rules<'a> {
     pub(super) job: &'a Job,
     /// The endpoint's `throttle_block`: how long a refusal that came with
