@@ -16,6 +16,7 @@ use chrono::{DateTime, Utc};
 use redis::AsyncCommands;
 use tracing::{info, warn};
 
+use super::claim::{Claimed, payer};
 use super::lock::Found;
 use super::spend::{Admission, FirstSpend, Payer, Spent};
 use super::step::{Action, Answer, End, Rules, decide};
@@ -199,14 +200,20 @@ impl Worker {
         &self,
         task: &TaskArgs,
         job: &Job,
-        found: Found,
-        first_spend: Option<FirstSpend>,
-        minted: Option<Result<Secret, String>>,
+        claimed: Claimed<'_>,
         held: Held<'_>,
     ) -> Result<Outcome, TaskError> {
+        let Claimed {
+            found,
+            first_spend,
+            payer,
+            minted,
+        } = claimed;
         let mut p = Progress::new(first_spend);
         let claimed = (found.now, std::time::Instant::now());
-        let ended = self.run_pages(task, job, found, &mut p, minted).await;
+        let ended = self
+            .run_pages(task, job, found, payer, &mut p, minted)
+            .await;
         if let Some(unused) = p.first_spend.take() {
             self.give_back(unused).await;
         }
@@ -225,12 +232,13 @@ impl Worker {
         Ok(outcome)
     }
 
-    /// The run: where it starts, whose quota it spends, its pages.
+    /// The run: where it starts, whose quota it spends (`payer`), its pages.
     async fn run_pages(
         &self,
         task: &TaskArgs,
         job: &Job,
         found: Found,
+        payer: Result<Payer<'_>, String>,
         p: &mut Progress,
         minted: Option<Result<Secret, String>>,
     ) -> Result<Outcome, TaskError> {
@@ -247,7 +255,8 @@ impl Worker {
             Ok(start) => start,
             Err(why) => return Ok(Outcome::new(OutcomeKind::Superseded, 0, why)),
         };
-        let mut run = match self.open(task, job, found.validators, p, minted) {
+        let opened = payer.and_then(|payer| self.open(payer, found.validators, p, minted));
+        let mut run = match opened {
             Ok(run) => run,
             // This item only: its checkpoint stays, so the run resumes
             // once its token file is there (its command prints one).
@@ -291,36 +300,29 @@ impl Worker {
         Ok(outcome)
     }
 
-    /// What the run shares: whose quota it spends (a template credential's
-    /// tenant, with the tenant's own secret), the job's rules, its keys.
-    /// `Err`: the tenant's secret cannot be read.
+    /// What the run shares: whose quota it spends (`payer`: a template
+    /// credential's tenant, with the tenant's own secret), the job's rules,
+    /// its keys. `Err`: the tenant's secret cannot be read.
     fn open<'a>(
         &'a self,
-        task: &'a TaskArgs,
-        job: &'a Job,
+        payer: Payer<'a>,
         validators: Option<Validators>,
         p: &Progress,
         minted: Option<Result<Secret, String>>,
     ) -> Result<Run<'a>, String> {
-        let endpoint = &self.config.endpoints[&job.endpoint];
         // Read once per task: the claim's spend read a tenant's already.
         let read = (p.first_spend.as_ref()).and_then(|f| f.tenant_secret().cloned());
-        let (credential, tenant, secret, fetcher) = self.credential_for(task, job, minted, read)?;
+        let (secret, fetcher) = self.credential_for(&payer, minted, read)?;
+        let (task, job, endpoint) = (payer.task, payer.job, payer.endpoint);
         let item = task.item_key();
         Ok(Run {
-            payer: Payer {
-                task,
-                job,
-                endpoint,
-                credential,
-                tenant,
-            },
             rules: Rules {
                 job,
                 throttle_block: endpoint.throttle_block,
                 validators: validators.filter(|_| endpoint.conditional),
                 failures: task.failures,
             },
+            payer,
             secret,
             fetcher,
             reminted: false,
@@ -331,46 +333,35 @@ impl Worker {
         })
     }
 
-    /// Whose quota `task`'s requests spend under this worker's config (a
-    /// template credential's tenant, or the credential), the tenant's value,
-    /// the secret they are sent with and the fetcher that scrubs it.
-    /// `minted`: the token a command minted for it; `read`: a tenant's
-    /// secret already read. `Err`: no secret can be had.
+    /// The secret the payer's requests are sent with under this worker's
+    /// config, and the fetcher that scrubs it. `minted`: the token a
+    /// command minted for it; `read`: a tenant's secret already read.
+    /// `Err`: no secret can be had.
     fn credential_for(
         &self,
-        task: &TaskArgs,
-        job: &Job,
+        payer: &Payer<'_>,
         minted: Option<Result<Secret, String>>,
         read: Option<Secret>,
-    ) -> Result<(String, Option<String>, Secret, Fetcher), String> {
-        let endpoint = self
-            .config
-            .endpoints
-            .get(&job.endpoint)
-            .ok_or_else(|| format!("endpoint {} is not configured", job.endpoint))?;
-        let cred = &self.config.credentials[&endpoint.credential];
-        Ok(match (minted, &cred.template) {
+    ) -> Result<(Secret, Fetcher), String> {
+        let cred = payer.cred;
+        Ok(match (minted, payer.tenant.as_deref()) {
             (Some(Err(why)), _) => return Err(why),
-            (Some(Ok(secret)), template) => {
-                let value = template.as_ref().map(|ph| task.value_of(ph).to_owned());
-                let name = (value.as_deref()).and_then(|v| cred.tenant(v));
+            (Some(Ok(secret)), _) => {
                 let fetcher = self.fetcher.with_secret(&secret);
-                let name = name.unwrap_or_else(|| cred.name.clone());
-                (name, value, secret, fetcher)
+                (secret, fetcher)
             }
             (None, None) => {
                 let secret = self.secrets.get(&cred.name).cloned();
                 let secret = secret.unwrap_or_else(|| Secret::new(""));
-                (cred.name.clone(), None, secret, self.fetcher.clone())
+                (secret, self.fetcher.clone())
             }
-            (None, Some(placeholder)) => {
+            (None, Some(value)) => {
                 // Config validation makes every item of the job fill it.
-                let value = task.value_of(placeholder);
-                let name = cred.tenant(value).unwrap_or_default();
                 let secret = read.map_or_else(|| cred.tenant_secret(value), Ok);
+                let name = &payer.credential;
                 let secret = secret.map_err(|e| format!("no secret for {name}: {e}"))?;
                 let fetcher = self.fetcher.with_secret(&secret);
-                (name, Some(value.to_owned()), secret, fetcher)
+                (secret, fetcher)
             }
         })
     }
@@ -389,12 +380,12 @@ impl Worker {
             return Ok(());
         }
         let (task, job) = (run.task(), run.job());
-        if !newest.config.endpoints.contains_key(&job.endpoint) {
-            // Its endpoint left the config: the run ends as it began.
+        // Its endpoint left the config: the run ends as it began.
+        let Ok(payer) = payer(&newest.config, task, job) else {
             return Ok(());
-        }
-        let minted = newest.mint(task, job).await;
-        let (_, _, secret, fetcher) = newest.credential_for(task, job, minted, None)?;
+        };
+        let minted = newest.mint(&payer).await;
+        let (secret, fetcher) = newest.credential_for(&payer, minted, None)?;
         info!(task = %task.id, job = %job.name,
               "a reload since this task began: its next pages spend and are sent under the new config's windows, costs and secret");
         run.secret = secret;
@@ -410,24 +401,11 @@ impl Worker {
         let Some(live) = run.live.as_deref() else {
             return (self, run.payer.clone());
         };
-        let job = run.job();
-        let endpoint = live.config.endpoints.get(&job.endpoint);
-        let Some(endpoint) = endpoint else {
-            return (self, run.payer.clone());
-        };
-        let cred = &live.config.credentials[&endpoint.credential];
-        let tenant = (cred.template.as_ref()).map(|ph| run.task().value_of(ph).to_owned());
-        let credential = (tenant.as_deref())
-            .and_then(|v| cred.tenant(v))
-            .unwrap_or_else(|| cred.name.clone());
-        let payer = Payer {
-            task: run.task(),
-            job,
-            endpoint,
-            credential,
-            tenant,
-        };
-        (live, payer)
+        match payer(&live.config, run.task(), run.job()) {
+            Ok(payer) => (live, payer),
+            // Its endpoint left the config: the run spends as it began.
+            Err(_) => (self, run.payer.clone()),
+        }
     }
 
     /// One page (or one hop of a page's redirect): what happened, what it
@@ -436,8 +414,8 @@ impl Worker {
     async fn step(&self, run: &Run<'_>, p: &mut Progress) -> Result<Stepped, TaskError> {
         let now = Utc::now();
         let (mut answer, mut spent) = self.attempt(run, p, now).await;
-        let (spender, _) = self.spender(run);
-        if let Some(secret) = spender.remint(run, &answer).await {
+        let (spender, payer) = self.spender(run);
+        if let Some(secret) = spender.remint(run, &payer, &answer).await {
             return Ok(Stepped::Reminted(secret));
         }
         loop {
@@ -458,7 +436,7 @@ impl Worker {
     /// long), and failing the task would leave its item to the next tick
     /// though a good token is at hand. The 401's units stay spent (it was
     /// sent and answered); the retry is a new request with its own spend.
-    async fn remint(&self, run: &Run<'_>, answer: &Answer) -> Option<Secret> {
+    async fn remint(&self, run: &Run<'_>, payer: &Payer<'_>, answer: &Answer) -> Option<Secret> {
         let Answer::Replied {
             reply: Reply::ClientError { status: 401, .. },
             ..
@@ -469,11 +447,9 @@ impl Worker {
         if run.reminted {
             return None;
         }
-        // This worker's config (the newest, since a reload: `spender`).
-        let endpoint = self.config.endpoints.get(&run.job().endpoint)?;
-        let cred = &self.config.credentials[&endpoint.credential];
-        let value = (cred.template.as_ref()).map(|ph| run.task().value_of(ph));
-        let (key, argv, ttl) = cred.command(value)?;
+        // The payer under this worker's config (the newest, since a
+        // reload: `spender`).
+        let (key, argv, ttl) = payer.cred.command(payer.tenant.as_deref())?;
         self.minter.refused(&key, &run.secret).await;
         match self
             .minter
