@@ -42,10 +42,16 @@
 //!    style, the checkpoint's cursor, when the pages end), `fetch::answer`
 //!    (`Reply`: a page, throttled, a 5xx, ..., read within bounds and
 //!    scrubbed).
-//! 5. [`sink`]: where records go: JSON lines files (whole-page appends,
-//!    safe across processes), SQLite with an FTS5 index that serves search,
-//!    or a PostgreSQL table (each page exactly once, a `tsvector` for
-//!    search); [`pg`]: connecting to PostgreSQL (password file, TLS, pools).
+//! 5. [`sink`]: where records go, a file per kind behind one interface
+//!    (`sink::Sinks`: write a page, ready before spending for one):
+//!    `sink::jsonl` JSON lines files (whole-page appends, safe across
+//!    processes), `sink::sqlite` SQLite with an FTS5 index that serves
+//!    search, `sink::postgres` a PostgreSQL table (each page exactly once,
+//!    a `tsvector` for search; split into writing, `schema` and `search`);
+//!    beside them `sink::path` (paths rendered, directories probed),
+//!    `sink::record` (what every kind makes of a page), `sink::error`
+//!    (what each error means for the page), the spool and the pages kept;
+//!    [`pg`]: connecting to PostgreSQL (password file, TLS, pools).
 //! 6. [`outcome`]: **where an outcome is defined** — `done`,
 //!    `quota_exhausted`, … and what each carries (retry-after, pages,
 //!    units).

@@ -46,7 +46,8 @@ use indexmap::IndexMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{PageRef, SinkError, Sinks, blocking, lock, room_for, sanitize};
+use super::jsonl::room_for;
+use super::{PageRef, SinkError, Sinks, blocking, lock, sanitize};
 use crate::config::Item;
 use crate::config::Job;
 

@@ -17,8 +17,9 @@ use std::time::{Duration, Instant};
 use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionBehavior, params};
 use serde_json::Value;
 
-use super::{SinkError, lock};
-use crate::config::Item;
+use super::record::{Hit, item_column, keyed_rows, search_text, sorted_json, warn_missing_keys};
+use super::{SinkError, blocking, lock};
+use crate::config::{Item, Job};
 
 /// How long a SQLite write waits for another connection's transaction
 /// before the page is spooled instead (see `spool`).
@@ -56,65 +57,39 @@ pub(super) struct Row {
     pub(super) search_text: String,
 }
 
-/// The `item` column: the fan-out item as a JSON object with its keys
-/// sorted, so the same item is the same text whatever order its keys were
-/// configured in (the `UNIQUE (item, record_key)` constraint compares it).
-pub(super) fn item_column(item: &Item) -> String {
-    let mut pairs: Vec<(&String, &String)> = item.iter().map(|(k, v)| (k, v)).collect();
-    pairs.sort();
-    let map: serde_json::Map<String, Value> = pairs
-        .into_iter()
-        .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+/// Upserts `records` of `job`'s `item`, fetched at `fetched_at` (its
+/// fixed-width text: text order is time order, which the upsert relies on),
+/// into the database at `path` through `pool`'s connection to it; how many
+/// were stored (fewer when the database holds a newer copy of some).
+pub(super) async fn write(
+    pool: Arc<Pool>,
+    path: PathBuf,
+    job: &Job,
+    item: &Item,
+    fetched_at: String,
+    records: &[Value],
+) -> Result<usize, SinkError> {
+    let spec = TableSpec {
+        job: job.name.clone(),
+        search: job.sink.search.clone(),
+    };
+    let item = item_column(item);
+    let (keyed, missing_keys) = keyed_rows(job, records.iter())?;
+    warn_missing_keys(job, missing_keys);
+    let rows: Vec<Row> = (keyed.into_iter().zip(records))
+        .map(|((key, record_text), record)| Row {
+            key,
+            record: record_text,
+            search_text: search_text(record, &job.sink.search),
+        })
         .collect();
-    sorted_json(&Value::Object(map))
-}
-
-/// A JSON object's text with its keys sorted, whatever map type serde_json
-/// was built with.
-fn sorted_json(v: &Value) -> String {
-    match v {
-        Value::Object(m) => {
-            let mut keys: Vec<&String> = m.keys().collect();
-            keys.sort();
-            let parts: Vec<String> = keys
-                .into_iter()
-                .map(|k| format!("{}:{}", Value::String(k.clone()), sorted_json(&m[k])))
-                .collect();
-            format!("{{{}}}", parts.join(","))
-        }
-        other => other.to_string(),
-    }
-}
-
-/// A record's unique id at `pointer`: a string as is, anything else as its
-/// JSON text; `None` when absent or null.
-pub(super) fn key_of(record: &Value, pointer: &str) -> Option<String> {
-    match record.pointer(pointer)? {
-        Value::Null => None,
-        Value::String(s) => Some(s.clone()),
-        other => Some(other.to_string()),
-    }
-}
-
-/// The text the full-text index sees: every string at each of `fields`
-/// (strings inside arrays and objects there too, e.g. a tags list), one per
-/// line.
-pub(super) fn search_text(record: &Value, fields: &[String]) -> String {
-    fn collect<'a>(v: &'a Value, out: &mut Vec<&'a str>) {
-        match v {
-            Value::String(s) => out.push(s),
-            Value::Array(a) => a.iter().for_each(|v| collect(v, out)),
-            Value::Object(o) => o.values().for_each(|v| collect(v, out)),
-            _ => {}
-        }
-    }
-    let mut parts = Vec::new();
-    for field in fields {
-        if let Some(v) = record.pointer(field) {
-            collect(v, &mut parts);
-        }
-    }
-    parts.join("\n")
+    blocking(move || {
+        let db = pool.get(&path)?;
+        let mut db = lock(&db);
+        db.write(&spec, &item, &fetched_at, &rows)
+            .map_err(|source| SinkError::Sqlite { path, source })
+    })
+    .await
 }
 
 /// An SQL identifier, quoted.
@@ -428,23 +403,6 @@ fn migrate_key_per_job(tx: &rusqlite::Transaction<'_>, spec: &TableSpec) -> rusq
     Ok(true)
 }
 
-/// One match of [`find`].
-#[derive(Debug, Clone, PartialEq)]
-pub struct Hit {
-    /// The record's item (its fan-out values), as stored.
-    pub item: Value,
-    /// The record's key (`sink.key`), if it has one.
-    pub key: Option<String>,
-    /// When it was fetched (RFC 3339, UTC).
-    pub fetched_at: String,
-    /// The matching part of its indexed text, matches in `[...]`.
-    pub snippet: String,
-    /// The record itself.
-    pub record: Value,
-    /// FTS5's `bm25` rank: lower is better.
-    pub rank: f64,
-}
-
 /// Full-text search over the records `job_name` stored in the SQLite sink
 /// `db_path`: the best `limit` matches, best first (FTS5 `bm25` rank).
 /// Serves user search locally, so it never spends quota.
@@ -528,13 +486,6 @@ pub fn find(
     Ok(out)
 }
 
-/// Whether SQLite refused to open a database because its path is a
-/// symbolic link (`SQLITE_OPEN_NOFOLLOW`).
-pub(super) fn is_symlink_refusal(e: &rusqlite::Error) -> bool {
-    matches!(e, rusqlite::Error::SqliteFailure(f, _)
-        if f.extended_code == rusqlite::ffi::SQLITE_CANTOPEN_SYMLINK)
-}
-
 /// `db_path` opened to read: read-write without CREATE plus `query_only`,
 /// as a WAL database opened strictly read-only cannot always set up its
 /// shared memory. (A file the user may not write is opened read-only by
@@ -572,53 +523,6 @@ fn fts_query(query: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn search_text_takes_strings_under_each_field() {
-        let r = json!({"snippet": {"title": "Cats", "tags": ["funny", "pets"], "views": 3},
-                       "description": "not indexed"});
-        assert_eq!(
-            search_text(
-                &r,
-                &[
-                    "/snippet/title".into(),
-                    "/snippet/tags".into(),
-                    "/none".into()
-                ]
-            ),
-            "Cats\nfunny\npets"
-        );
-    }
-
-    #[test]
-    fn keys_are_strings_or_json_text() {
-        assert_eq!(key_of(&json!({"id": "a"}), "/id").as_deref(), Some("a"));
-        assert_eq!(key_of(&json!({"id": 7}), "/id").as_deref(), Some("7"));
-        assert_eq!(
-            key_of(&json!({"id": {"videoId": "v"}}), "/id").as_deref(),
-            Some(r#"{"videoId":"v"}"#)
-        );
-        assert_eq!(key_of(&json!({"id": null}), "/id"), None);
-        assert_eq!(key_of(&json!({}), "/id"), None);
-    }
-
-    #[test]
-    fn the_item_column_sorts_its_keys() {
-        let item = |p: &[(&str, &str)]| -> Item {
-            p.iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect()
-        };
-        let a = item_column(&item(&[("repo", "a/b"), ("org", "x")]));
-        assert_eq!(a, r#"{"org":"x","repo":"a/b"}"#);
-        assert_eq!(a, item_column(&item(&[("org", "x"), ("repo", "a/b")])));
-        assert_eq!(item_column(&item(&[])), "{}");
-        assert_eq!(
-            sorted_json(&json!({"b": 1, "a": {"d": 2, "c": "\""}})),
-            r#"{"a":{"c":"\"","d":2},"b":1}"#
-        );
-    }
 
     #[test]
     fn user_input_is_always_a_valid_fts_query() {

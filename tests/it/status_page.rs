@@ -37,6 +37,8 @@ const XSS: &str = "<script>alert(1)</script>";
 const REGIONS: [&str; 4] = ["US", "GB", "DE", "FR"];
 const PAGES: u32 = 5;
 const MAIN_UNITS: u64 = 40;
+/// `main`'s shadow window: 15 an hour, tried beside the enforced 40.
+const SHADOW_UNITS: u64 = 15;
 
 /// `fan_out_from = { csv = path }`.
 fn csv_source(path: &str) -> toml::Value {
@@ -79,7 +81,10 @@ impl Rig {
             .credential(
                 Credential::env("main", "QW_TEST_MAIN")
                     .secret(MAIN_SECRET)
-                    .window(Window::sliding(MAIN_UNITS, "1h")),
+                    .window(Window::sliding(MAIN_UNITS, "1h"))
+                    // A tighter limit tried in shadow (issue 35): of
+                    // trending's 20 spends it would have refused 5.
+                    .window(Window::sliding(SHADOW_UNITS, "1h").shadow()),
             )
             .credential(
                 Credential::env("limited", "QW_TEST_LIMITED")
@@ -204,6 +209,14 @@ fn the_status_page_shows_windows_blocks_and_jobs_in_a_real_browser() {
         (&20.into(), &10.into()),
         "{own:#}"
     );
+    let shadow = (credential(&status, "main")["windows"].as_array())
+        .and_then(|ws| ws.iter().find(|w| w["mode"] == "shadow"))
+        .unwrap_or_else(|| panic!("no shadow window of main: {status:#}"));
+    assert_eq!(
+        (&shadow["used"], &shadow["shadow_refusals"]),
+        (&SHADOW_UNITS.into(), &5.into()),
+        "it holds what it admits and counts the 5 it would have refused: {shadow:#}"
+    );
     // 20 an hour against the 1-hour window's 20 left: not at this rate
     // (units leave as fast); the projection is stated either way.
     assert!(main["runs_out"]["state"].is_string(), "{main:#}");
@@ -250,6 +263,11 @@ fn the_status_page_shows_windows_blocks_and_jobs_in_a_real_browser() {
     assert_eq!(
         page.header("content-type"),
         Some("text/html; charset=utf-8")
+    );
+    assert!(
+        page.body.contains("would have refused 5 spends in 24 h"),
+        "the shadow window's refusals are not on the page:\n{}",
+        page.body
     );
     let csp = page.header("content-security-policy").unwrap_or_default();
     assert!(csp.contains("default-src 'none'"), "CSP: {csp}");
