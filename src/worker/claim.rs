@@ -6,7 +6,7 @@
 //! Whose quota is the endpoint → credential → tenant lookup ([`payer`]),
 //! made once per task here and passed on to the mint, the first spend,
 //! the run's secret and every spend after; once more under a reload's
-//! config when the run follows it (`run::Worker::follow_reload`).
+//! config when the run follows it (`run::credential`).
 
 use std::time::Instant;
 

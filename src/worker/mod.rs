@@ -22,7 +22,9 @@
 //!   the payer (endpoint → credential → tenant, looked up once per task);
 //! - `run`: the run over the item's pages, one step at a time: gather what
 //!   happened, decide, carry it out; its progress (where it is, what it
-//!   did, the claim's first spend, what it leaves) is its own;
+//!   did, the claim's first spend, what it leaves) is its own; its child
+//!   `run::credential`: the run's secret and payer, and what changes them
+//!   mid-run (a reload, a 401's re-mint);
 //! - `step`: a step as data — what happened (`Answer`), what it leads to
 //!   (`Action`) — and the pure `decide(answer, &cursor, &rules)`,
 //!   unit-tested for every answer;
@@ -148,7 +150,7 @@ pub(crate) struct Worker {
     /// The worker of the newest config, shared by every worker of this
     /// daemon across reloads ([`Worker::publish`]): a task in flight spends
     /// and sends with its windows, costs and secrets from its next page on
-    /// (SPEC Part 4, "Reload and tasks in flight"; `run::follow_reload`).
+    /// (SPEC Part 4, "Reload and tasks in flight"; `run::credential`).
     pub(crate) newest: Arc<RwLock<Weak<Worker>>>,
 }
 
