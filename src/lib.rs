@@ -29,9 +29,11 @@
 //!    it, our janitor behind it, the workarounds for apalis's pitfalls;
 //!    `queue::scripts`: one file per Lua script, its KEYS and ARGV typed.
 //! 3. `worker`: one task — claim its item, run its pages, record how it
-//!    ended. `worker::run`: the run, step by step; `worker::step`: **where
-//!    an answer becomes an action** (the pure `decide`, unit-tested for
-//!    every kind of answer); `worker::spend`: the spend before a request;
+//!    ended. `worker::claim`: the claim, and whose quota the run spends
+//!    (looked up once per task); `worker::run`: the run, step by step, and
+//!    its private progress; `worker::step`: **where an answer becomes an
+//!    action** (the pure `decide`, unit-tested for every kind of answer);
+//!    `worker::spend`: the spend before a request;
 //!    `worker::account`: **what an answer does to the quota**, as data (the
 //!    pure `plan`, unit-tested per accounting adapter).
 //! 4. `fetch`: the upstream request and what its answer means —

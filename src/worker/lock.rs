@@ -31,14 +31,16 @@ static ITEM_LOCK: LazyLock<Lua> = LazyLock::new(|| {
     ))
 });
 
-/// What claiming the item found.
-pub(super) enum Claim {
+/// What claiming the item found (`H`: what a held claim gives, here what
+/// it found of the item's state; `claim::Worker::claim` adds the run's
+/// share).
+pub(super) enum Claim<H = Box<Found>> {
     /// The task (or the step it stands for) already ended.
     AlreadyDone,
     /// Another task holds the item (or a dead one's lock has yet to expire).
     Busy,
     /// Ours, and what the item's state in Redis is.
-    Held(Box<Found>),
+    Held(H),
     /// A reply that is none of these (a script that is not the one this
     /// daemon ships, say): a protocol error. The task ends `failed` with
     /// it rather than being taken for busy and retried every 2 s for ever.

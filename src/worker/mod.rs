@@ -17,11 +17,17 @@
 //! on a conditional endpoint (`keys::validators`).
 //!
 //! - this file: a task's frame — claim the item, run, record the outcome;
+//! - `claim`: the claim and what the run takes from it — what it found,
+//!   the first page's spend that rode in its call, the minted token, and
+//!   the payer (endpoint → credential → tenant, looked up once per task);
 //! - `run`: the run over the item's pages, one step at a time: gather what
-//!   happened, decide, carry it out;
-//! - `step`: a step as data — where the run is (`Progress`, which owns the
-//!   claim's first spend), what happened (`Answer`), what it leads to
-//!   (`Action`) — and the pure `decide`, unit-tested for every answer;
+//!   happened, decide, carry it out; its progress (where it is, what it
+//!   did, the claim's first spend, what it leaves) is its own; its child
+//!   `run::credential`: the run's secret and payer, and what changes them
+//!   mid-run (a reload, a 401's re-mint);
+//! - `step`: a step as data — what happened (`Answer`), what it leads to
+//!   (`Action`) — and the pure `decide(answer, &cursor, &rules)`,
+//!   unit-tested for every answer;
 //! - `spend`: the task's side of the quota, as data — spend, settle,
 //!   refund, block — never ending the task itself;
 //! - `lease`: a request's lease in its concurrent windows, returned by its
@@ -30,6 +36,7 @@
 //!   effects however it ends, a panic included.
 
 mod account;
+mod claim;
 mod guards;
 mod lease;
 mod lock;
@@ -46,7 +53,7 @@ use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
-use crate::config::{Config, Job, Secret, Secrets};
+use crate::config::{Config, Job, Secrets};
 use crate::fetch::Fetcher;
 use crate::fetch::paging::{Cursor, Validators};
 use crate::keys::KeySpace;
@@ -143,7 +150,7 @@ pub(crate) struct Worker {
     /// The worker of the newest config, shared by every worker of this
     /// daemon across reloads ([`Worker::publish`]): a task in flight spends
     /// and sends with its windows, costs and secrets from its next page on
-    /// (SPEC Part 4, "Reload and tasks in flight"; `run::follow_reload`).
+    /// (SPEC Part 4, "Reload and tasks in flight"; `run::credential`).
     pub(crate) newest: Arc<RwLock<Weak<Worker>>>,
 }
 
@@ -315,26 +322,9 @@ impl Worker {
         let Some(job) = self.config.jobs.get(&task.job) else {
             return self.job_unknown(task).await;
         };
-        let mut conn = self.conn.clone();
         let lock = ItemLock::new(self.keys(), job, task, self.lock_ttl());
-        // A token a command mints comes first: when there is none, the
-        // task fails before anything is spent.
-        let minted = self.mint(task, job).await;
-        // The first page's spend rides in the claim's call where it may.
-        let ahead = match &minted {
-            Some(Err(_)) => None,
-            _ => self.spend_ahead(task, job),
-        };
-        let started = std::time::Instant::now();
-        let claim = lock.claim(
-            &mut conn,
-            self.keys(),
-            job,
-            task,
-            ahead.as_ref().map(|a| &a.spend),
-        );
-        let mut found = match claim.await? {
-            Claim::Held(found) => found,
+        let claimed = match self.claim(task, job, &lock).await? {
+            Claim::Held(claimed) => claimed,
             Claim::AlreadyDone => return Ok(Ran::Skipped(Skip::AlreadyDone)),
             Claim::Busy => {
                 // Come back shortly, as the same step.
@@ -344,21 +334,13 @@ impl Worker {
                 Stats::add(&self.stats.requeued, 1);
                 return Ok(Ran::Skipped(Skip::Busy));
             }
+            // Its spend, if it made one, was given back (`claim`).
             Claim::Unexpected(why) => {
-                // Whether the claim (and its spend) happened is unknown:
-                // both are undone if they did, and the task ends.
-                if let Some(ahead) = ahead {
-                    self.refund_unknown(ahead).await;
-                }
                 let outcome = Outcome::new(OutcomeKind::Failed, 0, why);
                 let held = lock.end(Leaves::default());
                 self.finish(task, Some(job), &outcome, Some(held)).await?;
                 return Ok(Ran::Ended(outcome));
             }
-        };
-        let first = match (ahead, found.spent.take()) {
-            (Some(ahead), Some(reply)) => Some(self.first_spend(ahead, reply, started.elapsed())),
-            _ => None,
         };
         let result = {
             // Undone when they are dropped, however the run ends (guards.rs);
@@ -370,34 +352,18 @@ impl Worker {
                 lock: &lock,
                 renewer,
             };
-            self.run_held(task, job, *found, first, minted, held).await
+            self.run_held(task, job, *claimed, held).await
         };
         match result {
             Ok(outcome) => Ok(Ran::Ended(outcome)),
             Err(e) => {
                 // The end's call (which frees the item) may not have run.
-                if let Err(unlock) = lock.release(&mut conn).await {
+                if let Err(unlock) = lock.release(&mut self.conn.clone()).await {
                     warn!(task = %task.id, error = %unlock, "could not free the item lock; it lapses within its TTL");
                 }
                 Err(e)
             }
         }
-    }
-
-    /// The token for the task's credential (its tenant) when a command
-    /// mints it: kept, or minted now (`crate::mint`); `Err`: why the task
-    /// has none. `None` when its secret is not minted.
-    async fn mint(&self, task: &TaskArgs, job: &Job) -> Option<Result<Secret, String>> {
-        let endpoint = self.config.endpoints.get(&job.endpoint)?;
-        let cred = self.config.credentials.get(&endpoint.credential)?;
-        let value = (cred.template.as_ref()).map(|placeholder| task.value_of(placeholder));
-        let (key, argv, ttl) = cred.command(value)?;
-        if let Some(why) = value.and_then(|v| cred.command_refusal(v)) {
-            return Some(Err(format!("credential command failed: {why}")));
-        }
-        let known = self.fetcher.secrets();
-        let token = self.minter.token(&key, &argv, ttl, known).await;
-        Some(token.map_err(|e| e.to_string()))
     }
 
     /// A task of a job this daemon's config does not have: a rolling deploy

@@ -14,20 +14,22 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use redis::AsyncCommands;
-use tracing::{info, warn};
 
+use super::claim::Claimed;
 use super::lock::Found;
 use super::spend::{Admission, FirstSpend, Payer, Spent};
-use super::step::{Action, Answer, End, Progress, Rules, decide};
+use super::step::{Action, Answer, End, Rules, decide};
 use super::{CHECKPOINT_TTL, Checkpoint, Held, ITEM_STATE_TTL, TaskError, Worker};
 use crate::config::{Job, Secret};
 use crate::fetch::paging::{Cursor, Stored, Validators};
-use crate::fetch::{Answered, BuildError, Fetcher, PageAt, Placeholders, Reply, Request};
+use crate::fetch::{Answered, BuildError, Fetcher, PageAt, Placeholders, Request};
 use crate::outcome::{Outcome, OutcomeKind};
-use crate::queue::scripts::finish::LastRun;
+use crate::queue::scripts::finish::{LastRun, Leaves};
 use crate::queue::{Origin, TaskArgs};
 use crate::sink::PageRef;
 use crate::stats::Stats;
+
+mod credential;
 
 /// What every page of one task's run shares.
 pub(super) struct Run<'a> {
@@ -49,8 +51,8 @@ pub(super) struct Run<'a> {
     validators_key: String,
     /// The worker of a config reloaded since the run began, if any: the
     /// run spends from its windows at its costs and sends with its secret
-    /// (`follow_reload`); the job (request, pagination, sink) stays the
-    /// run's own.
+    /// (`credential::follow_reload`); the job (request, pagination, sink)
+    /// stays the run's own.
     live: Option<Arc<Worker>>,
 }
 
@@ -61,6 +63,74 @@ impl Run<'_> {
 
     fn job(&self) -> &Job {
         self.payer.job
+    }
+}
+
+/// Where a run is, and what it has done so far: the run's alone. Only
+/// its cursor is lent to [`decide`], by shared reference; the rest is
+/// what this module's carrying out of actions writes.
+struct Progress {
+    /// The first page's spend, made in the item claim's call, until the
+    /// first spend step takes it; the task's one exit gives back one no
+    /// step took (`run::Worker::run_held`).
+    first_spend: Option<FirstSpend>,
+    /// Where the run is in its pages (`Checkpoint::cursor`).
+    cursor: Cursor,
+    /// The run's `{since}` and its start, epoch s (`Checkpoint`).
+    since: i64,
+    started: i64,
+    /// The tick that began the run (`Checkpoint::run`): with the page
+    /// number, the page's id in a postgres sink.
+    run_tick: i64,
+    /// Page 1's validators (`Checkpoint::validators`), stored for the
+    /// item's next run when this one is complete.
+    validators: Option<Validators>,
+    /// A same-origin redirect the upstream answered this page with: the
+    /// page's next request, spent like any other (`fetch::MAX_REDIRECTS`).
+    redirect: Option<Box<Request>>,
+    pages: u32,
+    records: u64,
+    units: u64,
+    /// The item's cursor key may hold a checkpoint (the claim found one, or
+    /// this run saved one): a complete run deletes it, a run that never
+    /// had one skips the command.
+    checkpointed: bool,
+    /// What the run's end leaves of the item, written with its outcome.
+    leaves: Leaves,
+}
+
+impl Progress {
+    /// A run that has done nothing yet, holding the claim's first spend.
+    fn new(first_spend: Option<FirstSpend>) -> Self {
+        Progress {
+            first_spend,
+            cursor: Cursor::start(),
+            since: 0,
+            started: 0,
+            run_tick: 0,
+            validators: None,
+            redirect: None,
+            pages: 0,
+            records: 0,
+            units: 0,
+            checkpointed: false,
+            leaves: Leaves::default(),
+        }
+    }
+
+    /// An outcome that reports what the run did.
+    fn outcome(&self, kind: OutcomeKind, detail: impl Into<String>) -> Outcome {
+        Outcome {
+            pages: self.pages,
+            records: self.records,
+            units: self.units,
+            ..Outcome::new(kind, self.cursor.page, detail)
+        }
+    }
+
+    /// Counts `change` units more (a spend, a settle) or fewer (a refund).
+    fn add_units(&mut self, change: i64) {
+        self.units = self.units.saturating_add_signed(change);
     }
 }
 
@@ -131,14 +201,20 @@ impl Worker {
         &self,
         task: &TaskArgs,
         job: &Job,
-        found: Found,
-        first_spend: Option<FirstSpend>,
-        minted: Option<Result<Secret, String>>,
+        claimed: Claimed<'_>,
         held: Held<'_>,
     ) -> Result<Outcome, TaskError> {
+        let Claimed {
+            found,
+            first_spend,
+            payer,
+            minted,
+        } = claimed;
         let mut p = Progress::new(first_spend);
         let claimed = (found.now, std::time::Instant::now());
-        let ended = self.run_pages(task, job, found, &mut p, minted).await;
+        let ended = self
+            .run_pages(task, job, found, payer, &mut p, minted)
+            .await;
         if let Some(unused) = p.first_spend.take() {
             self.give_back(unused).await;
         }
@@ -157,12 +233,13 @@ impl Worker {
         Ok(outcome)
     }
 
-    /// The run: where it starts, whose quota it spends, its pages.
+    /// The run: where it starts, whose quota it spends (`payer`), its pages.
     async fn run_pages(
         &self,
         task: &TaskArgs,
         job: &Job,
         found: Found,
+        payer: Result<Payer<'_>, String>,
         p: &mut Progress,
         minted: Option<Result<Secret, String>>,
     ) -> Result<Outcome, TaskError> {
@@ -179,7 +256,8 @@ impl Worker {
             Ok(start) => start,
             Err(why) => return Ok(Outcome::new(OutcomeKind::Superseded, 0, why)),
         };
-        let mut run = match self.open(task, job, found.validators, p, minted) {
+        let opened = payer.and_then(|payer| self.open(payer, found.validators, p, minted));
+        let mut run = match opened {
             Ok(run) => run,
             // This item only: its checkpoint stays, so the run resumes
             // once its token file is there (its command prints one).
@@ -223,36 +301,29 @@ impl Worker {
         Ok(outcome)
     }
 
-    /// What the run shares: whose quota it spends (a template credential's
-    /// tenant, with the tenant's own secret), the job's rules, its keys.
-    /// `Err`: the tenant's secret cannot be read.
+    /// What the run shares: whose quota it spends (`payer`: a template
+    /// credential's tenant, with the tenant's own secret), the job's rules,
+    /// its keys. `Err`: the tenant's secret cannot be read.
     fn open<'a>(
         &'a self,
-        task: &'a TaskArgs,
-        job: &'a Job,
+        payer: Payer<'a>,
         validators: Option<Validators>,
         p: &Progress,
         minted: Option<Result<Secret, String>>,
     ) -> Result<Run<'a>, String> {
-        let endpoint = &self.config.endpoints[&job.endpoint];
         // Read once per task: the claim's spend read a tenant's already.
         let read = (p.first_spend.as_ref()).and_then(|f| f.tenant_secret().cloned());
-        let (credential, tenant, secret, fetcher) = self.credential_for(task, job, minted, read)?;
+        let (secret, fetcher) = self.credential_for(&payer, minted, read)?;
+        let (task, job, endpoint) = (payer.task, payer.job, payer.endpoint);
         let item = task.item_key();
         Ok(Run {
-            payer: Payer {
-                task,
-                job,
-                endpoint,
-                credential,
-                tenant,
-            },
             rules: Rules {
                 job,
                 throttle_block: endpoint.throttle_block,
                 validators: validators.filter(|_| endpoint.conditional),
                 failures: task.failures,
             },
+            payer,
             secret,
             fetcher,
             reminted: false,
@@ -263,166 +334,22 @@ impl Worker {
         })
     }
 
-    /// Whose quota `task`'s requests spend under this worker's config (a
-    /// template credential's tenant, or the credential), the tenant's value,
-    /// the secret they are sent with and the fetcher that scrubs it.
-    /// `minted`: the token a command minted for it; `read`: a tenant's
-    /// secret already read. `Err`: no secret can be had.
-    fn credential_for(
-        &self,
-        task: &TaskArgs,
-        job: &Job,
-        minted: Option<Result<Secret, String>>,
-        read: Option<Secret>,
-    ) -> Result<(String, Option<String>, Secret, Fetcher), String> {
-        let endpoint = self
-            .config
-            .endpoints
-            .get(&job.endpoint)
-            .ok_or_else(|| format!("endpoint {} is not configured", job.endpoint))?;
-        let cred = &self.config.credentials[&endpoint.credential];
-        Ok(match (minted, &cred.template) {
-            (Some(Err(why)), _) => return Err(why),
-            (Some(Ok(secret)), template) => {
-                let value = template.as_ref().map(|ph| task.value_of(ph).to_owned());
-                let name = (value.as_deref()).and_then(|v| cred.tenant(v));
-                let fetcher = self.fetcher.with_secret(&secret);
-                let name = name.unwrap_or_else(|| cred.name.clone());
-                (name, value, secret, fetcher)
-            }
-            (None, None) => {
-                let secret = self.secrets.get(&cred.name).cloned();
-                let secret = secret.unwrap_or_else(|| Secret::new(""));
-                (cred.name.clone(), None, secret, self.fetcher.clone())
-            }
-            (None, Some(placeholder)) => {
-                // Config validation makes every item of the job fill it.
-                let value = task.value_of(placeholder);
-                let name = cred.tenant(value).unwrap_or_default();
-                let secret = read.map_or_else(|| cred.tenant_secret(value), Ok);
-                let secret = secret.map_err(|e| format!("no secret for {name}: {e}"))?;
-                let fetcher = self.fetcher.with_secret(&secret);
-                (name, Some(value.to_owned()), secret, fetcher)
-            }
-        })
-    }
-
-    /// A reload since the run began (or since its last page): from its
-    /// next page on, the run spends from the newest config's windows at its
-    /// costs and sends with its secret (SPEC Part 4: an emergency cut of a
-    /// window cannot wait for the pages of every task in flight, nor a
-    /// rotated secret); its job's request, pagination and sink stay as the
-    /// run began. `Err`: the newest config gives it no secret.
-    async fn follow_reload(&self, run: &mut Run<'_>) -> Result<(), String> {
-        let Some(newest) = self.newer() else {
-            return Ok(());
-        };
-        if run.live.as_ref().is_some_and(|l| Arc::ptr_eq(l, &newest)) {
-            return Ok(());
-        }
-        let (task, job) = (run.task(), run.job());
-        if !newest.config.endpoints.contains_key(&job.endpoint) {
-            // Its endpoint left the config: the run ends as it began.
-            return Ok(());
-        }
-        let minted = newest.mint(task, job).await;
-        let (_, _, secret, fetcher) = newest.credential_for(task, job, minted, None)?;
-        info!(task = %task.id, job = %job.name,
-              "a reload since this task began: its next pages spend and are sent under the new config's windows, costs and secret");
-        run.secret = secret;
-        run.fetcher = fetcher;
-        run.live = Some(newest);
-        Ok(())
-    }
-
-    /// The worker whose windows and costs the run's next spend takes (the
-    /// newest config's since a reload: [`Worker::follow_reload`]), and the
-    /// run's payer under it.
-    fn spender<'r>(&'r self, run: &'r Run<'r>) -> (&'r Worker, Payer<'r>) {
-        let Some(live) = run.live.as_deref() else {
-            return (self, run.payer.clone());
-        };
-        let job = run.job();
-        let endpoint = live.config.endpoints.get(&job.endpoint);
-        let Some(endpoint) = endpoint else {
-            return (self, run.payer.clone());
-        };
-        let cred = &live.config.credentials[&endpoint.credential];
-        let tenant = (cred.template.as_ref()).map(|ph| run.task().value_of(ph).to_owned());
-        let credential = (tenant.as_deref())
-            .and_then(|v| cred.tenant(v))
-            .unwrap_or_else(|| cred.name.clone());
-        let payer = Payer {
-            task: run.task(),
-            job,
-            endpoint,
-            credential,
-            tenant,
-        };
-        (live, payer)
-    }
-
     /// One page (or one hop of a page's redirect): what happened, what it
     /// leads to, and that carried out. A fetched page is written before the
     /// rest is decided: the sink's answer is part of what happened.
     async fn step(&self, run: &Run<'_>, p: &mut Progress) -> Result<Stepped, TaskError> {
         let now = Utc::now();
         let (mut answer, mut spent) = self.attempt(run, p, now).await;
-        let (spender, _) = self.spender(run);
-        if let Some(secret) = spender.remint(run, &answer).await {
+        let (spender, payer) = self.spender(run);
+        if let Some(secret) = spender.remint(run, &payer, &answer).await {
             return Ok(Stepped::Reminted(secret));
         }
         loop {
-            let action = decide(answer, p, &run.rules);
+            let action = decide(answer, &p.cursor, &run.rules);
             match self.act(run, p, spent.as_mut(), action, now).await? {
                 Acted::Answered(next) => answer = next,
                 Acted::Continue => return Ok(Stepped::Next),
                 Acted::End(outcome) => return Ok(Stepped::End(outcome)),
-            }
-        }
-    }
-
-    /// After a 401 on a credential whose command mints its token, once per
-    /// run: the command runs again (at most once a minute per credential,
-    /// `crate::mint`), and a new token sends the page again rather than
-    /// failing the task. Why retry: the 401 most likely means the token
-    /// expired before its `secret_ttl` (revoked, rotated, a TTL set too
-    /// long), and failing the task would leave its item to the next tick
-    /// though a good token is at hand. The 401's units stay spent (it was
-    /// sent and answered); the retry is a new request with its own spend.
-    async fn remint(&self, run: &Run<'_>, answer: &Answer) -> Option<Secret> {
-        let Answer::Replied {
-            reply: Reply::ClientError { status: 401, .. },
-            ..
-        } = answer
-        else {
-            return None;
-        };
-        if run.reminted {
-            return None;
-        }
-        // This worker's config (the newest, since a reload: `spender`).
-        let endpoint = self.config.endpoints.get(&run.job().endpoint)?;
-        let cred = &self.config.credentials[&endpoint.credential];
-        let value = (cred.template.as_ref()).map(|ph| run.task().value_of(ph));
-        let (key, argv, ttl) = cred.command(value)?;
-        self.minter.refused(&key, &run.secret).await;
-        match self
-            .minter
-            .token(&key, &argv, ttl, self.fetcher.secrets())
-            .await
-        {
-            Ok(new) if new != run.secret => {
-                info!(task = %run.task().id, credential = %key,
-                      "upstream answered 401: the credential command minted a new token; the page is sent again with it");
-                Some(new)
-            }
-            // Re-minted after a 401 less than a minute ago: this 401 stands.
-            Ok(_) => None,
-            Err(e) => {
-                warn!(task = %run.task().id, credential = %key, error = %e,
-                      "upstream answered 401 and no new token could be minted");
-                None
             }
         }
     }
@@ -438,7 +365,7 @@ impl Worker {
         p: &mut Progress,
         now: DateTime<Utc>,
     ) -> (Answer, Option<Spent>) {
-        if p.cursor.page > run.rules.last_page(p) {
+        if p.cursor.page > run.rules.last_page(&p.cursor) {
             return (Answer::PastLastPage, None);
         }
         let request = match p.redirect.take() {

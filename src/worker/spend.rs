@@ -17,7 +17,7 @@ use tracing::error;
 use super::Worker;
 use super::lease::{self, Lease};
 use super::memory::{Flying, resource_key};
-use crate::config::{Endpoint, Job, Secret};
+use crate::config::{Credential, Endpoint, Job, Secret};
 use crate::queue::TaskArgs;
 use crate::quota::{Decision, PreparedSpend, QuotaError, RejectedBy, SpendOptions};
 use crate::stats::Stats;
@@ -60,12 +60,15 @@ fn ticket(task: &TaskArgs, job: &Job) -> String {
 pub(super) const MAX_SETTLE: u64 = (1 << 53) - 1;
 
 /// Whose windows a run's requests spend from: the task, its job and
-/// endpoint, and the credential as `quota` names it.
+/// endpoint, the endpoint's credential, and the credential as `quota`
+/// names it. Looked up once per task (`claim::payer`).
 #[derive(Clone)]
 pub(super) struct Payer<'a> {
     pub(super) task: &'a TaskArgs,
     pub(super) job: &'a Job,
     pub(super) endpoint: &'a Endpoint,
+    /// The endpoint's credential as configured (its secret, its template).
+    pub(super) cred: &'a Credential,
     /// The credential spent: the endpoint's, or for a template credential
     /// this item's tenant (`ig[account=123]`).
     pub(super) credential: String,
@@ -188,39 +191,37 @@ impl Worker {
     /// no replica to wait for ([`crate::quota::Limiter::rides_along`]), and
     /// this daemon does not hold the credential blocked itself. `None`: the
     /// first page spends in its own call, as every later page does.
-    pub(super) fn spend_ahead(&self, task: &TaskArgs, job: &Job) -> Option<Ahead<'_>> {
+    pub(super) fn spend_ahead(&self, payer: &Payer<'_>) -> Option<Ahead<'_>> {
         if self.skip_spend || !self.limiter.rides_along() {
             return None;
         }
-        let endpoint = self.config.endpoints.get(&job.endpoint)?;
-        let cred = self.config.credentials.get(&endpoint.credential)?;
-        let tenant =
-            (cred.template.as_ref()).map(|placeholder| task.value_of(placeholder).to_owned());
-        let (credential, secret) = match &tenant {
+        let (cred, job) = (payer.cred, payer.job);
+        let secret = match &payer.tenant {
             // A tenant whose token cannot be read fails its item before
             // any page: nothing is spent on it, not even for a moment (it
             // would show in `quota` as a tenant that spent).
             // A minted token is the task's already (`Worker::mint`).
-            Some(value) if cred.minted() => (cred.tenant(value)?, None),
-            Some(value) => (cred.tenant(value)?, Some(cred.tenant_secret(value).ok()?)),
-            None => (cred.name.clone(), None),
+            Some(value) if !cred.minted() => Some(cred.tenant_secret(value).ok()?),
+            _ => None,
         };
-        let key = resource_key(&credential, endpoint.resource.as_deref());
-        if self.local_blocks.left(&key, Instant::now()).is_some() {
+        if (self.local_blocks)
+            .left(&payer.resource_key(), Instant::now())
+            .is_some()
+        {
             return None;
         }
-        let request_id = spend_id(task, "1");
-        let ticket = ticket(task, job);
+        let request_id = spend_id(payer.task, "1");
+        let ticket = ticket(payer.task, job);
         let options = SpendOptions::new()
-            .tenant(tenant.as_deref())
+            .tenant(payer.tenant.as_deref())
             .reserve(job.reserve)
             .in_line(&ticket);
         let spend = (self.limiter)
-            .prepare(&endpoint.name, &request_id, options)
+            .prepare(&payer.endpoint.name, &request_id, options)
             .ok()?;
         Some(Ahead {
             request_id,
-            tenant,
+            tenant: payer.tenant.clone(),
             secret,
             spend,
         })

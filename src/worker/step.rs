@@ -1,8 +1,9 @@
-//! One page step as data: where the run is ([`Progress`]), what came back
-//! ([`Answer`]: the spend's refusal, the upstream's reply, the sink's
-//! answer, ...) and what it leads to ([`Action`]), chosen by [`decide`], a
-//! pure function: no Redis, no HTTP, no clock. `run` gathers the answer
-//! and carries the action out.
+//! One page step as data: what came back ([`Answer`]: the spend's
+//! refusal, the upstream's reply, the sink's answer, ...) and what it leads
+//! to ([`Action`]), chosen by [`decide`], a pure function of the answer,
+//! where the run is (its `Cursor`, read only) and the job's [`Rules`]: no
+//! Redis, no HTTP, no clock, no state of its own. `run` keeps the run's
+//! progress, gathers the answer and carries the action out.
 //!
 //! A new kind of answer is one more [`Answer`] (or `fetch::Reply`) variant
 //! and one more arm in [`decide`], with its unit test below.
@@ -12,13 +13,12 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::account::Applied;
-use super::spend::{FirstSpend, Refusal, RefusedBy};
+use super::spend::{Refusal, RefusedBy};
 use crate::config::{Job, fmt_duration};
 use crate::decode::Altered;
 use crate::fetch::paging::{Cursor, Next, Onward, Stored, Validators, onward};
 use crate::fetch::{Reply, Request};
-use crate::outcome::{Outcome, OutcomeKind};
-use crate::queue::scripts::finish::Leaves;
+use crate::outcome::OutcomeKind;
 use crate::quota::QuotaError;
 use crate::sink::{SinkError, Written};
 
@@ -26,74 +26,8 @@ use crate::sink::{SinkError, Written};
 /// before it comes back; not a failure.
 const LIMITER_DOWN_WAIT: Duration = Duration::from_secs(5);
 
-/// Where a run is, and what it has done so far.
-pub(super) struct Progress {
-    /// The first page's spend, made in the item claim's call, until the
-    /// first spend step takes it; the task's one exit gives back one no
-    /// step took (`run::Worker::run_held`).
-    pub(super) first_spend: Option<FirstSpend>,
-    /// Where the run is in its pages (`Checkpoint::cursor`).
-    pub(super) cursor: Cursor,
-    /// The run's `{since}` and its start, epoch s (`Checkpoint`).
-    pub(super) since: i64,
-    pub(super) started: i64,
-    /// The tick that began the run (`Checkpoint::run`): with the page
-    /// number, the page's id in a postgres sink.
-    pub(super) run_tick: i64,
-    /// Page 1's validators (`Checkpoint::validators`), stored for the
-    /// item's next run when this one is complete.
-    pub(super) validators: Option<Validators>,
-    /// A same-origin redirect the upstream answered this page with: the
-    /// page's next request, spent like any other (`fetch::MAX_REDIRECTS`).
-    pub(super) redirect: Option<Box<Request>>,
-    pub(super) pages: u32,
-    pub(super) records: u64,
-    pub(super) units: u64,
-    /// The item's cursor key may hold a checkpoint (the claim found one, or
-    /// this run saved one): a complete run deletes it, a run that never
-    /// had one skips the command.
-    pub(super) checkpointed: bool,
-    /// What the run's end leaves of the item, written with its outcome.
-    pub(super) leaves: Leaves,
-}
-
-impl Progress {
-    /// A run that has done nothing yet, holding the claim's first spend.
-    pub(super) fn new(first_spend: Option<FirstSpend>) -> Self {
-        Progress {
-            first_spend,
-            cursor: Cursor::start(),
-            since: 0,
-            started: 0,
-            run_tick: 0,
-            validators: None,
-            redirect: None,
-            pages: 0,
-            records: 0,
-            units: 0,
-            checkpointed: false,
-            leaves: Leaves::default(),
-        }
-    }
-
-    /// An outcome that reports what the run did.
-    pub(super) fn outcome(&self, kind: OutcomeKind, detail: impl Into<String>) -> Outcome {
-        Outcome {
-            pages: self.pages,
-            records: self.records,
-            units: self.units,
-            ..Outcome::new(kind, self.cursor.page, detail)
-        }
-    }
-
-    /// Counts `change` units more (a spend, a settle) or fewer (a refund).
-    pub(super) fn add_units(&mut self, change: i64) {
-        self.units = self.units.saturating_add_signed(change);
-    }
-}
-
-/// What [`decide`] reads besides the answer and the progress: the job's
-/// rules for this run.
+/// What [`decide`] reads besides the answer and where the run is: the
+/// job's rules for this run.
 pub(super) struct Rules<'a> {
     pub(super) job: &'a Job,
     /// The endpoint's `throttle_block`: how long a refusal that came with
@@ -109,8 +43,8 @@ pub(super) struct Rules<'a> {
 impl Rules<'_> {
     /// The last page this run may fetch: `max_pages` from the page it
     /// started at.
-    pub(super) fn last_page(&self, p: &Progress) -> u32 {
-        p.cursor.last_page(self.job.max_pages())
+    pub(super) fn last_page(&self, at: &Cursor) -> u32 {
+        at.last_page(self.job.max_pages())
     }
 }
 
@@ -226,12 +160,12 @@ impl End {
     }
 }
 
-/// What `answer` leads to, for a run at `p` under `rules`.
-pub(super) fn decide(answer: Answer, p: &Progress, rules: &Rules<'_>) -> Action {
+/// What `answer` leads to, for a run at `at` under `rules`.
+pub(super) fn decide(answer: Answer, at: &Cursor, rules: &Rules<'_>) -> Action {
     match answer {
         Answer::PastLastPage => complete("max_pages reached"),
         Answer::Unbuildable(why) => fail(None, format!("request not sent: {why}")),
-        Answer::SinkNotReady(e) => stuck(p, &e),
+        Answer::SinkNotReady(e) => stuck(at, &e),
         Answer::Refused(r) => Action::End(End::Wait {
             kind: OutcomeKind::QuotaExhausted,
             wait: r.wait,
@@ -244,7 +178,7 @@ pub(super) fn decide(answer: Answer, p: &Progress, rules: &Rules<'_>) -> Action 
             why: format!("limiter unavailable ({e}); endpoint is fail-closed, nothing sent"),
         }),
         Answer::Replied { reply, blocked } => replied(reply, blocked, rules),
-        Answer::Written { written, next } => written_(written, next, p, rules),
+        Answer::Written { written, next } => written_(written, next, at, rules),
     }
 }
 
@@ -366,7 +300,7 @@ fn throttled(status: u16, blocked: Option<Applied>, rules: &Rules<'_>) -> Action
 fn written_(
     written: Result<Written, SinkError>,
     next: Next,
-    p: &Progress,
+    at: &Cursor,
     rules: &Rules<'_>,
 ) -> Action {
     let written = match written {
@@ -387,7 +321,7 @@ fn written_(
         Err(e) if e.fails_the_task() => return fail(Some(200), e.task_reason()),
         // Neither written nor spooled: fetching it again now would only
         // spend again, so the run waits for an operator.
-        Err(e) => return stuck(p, &e),
+        Err(e) => return stuck(at, &e),
     };
     let pagination = rules.job.pagination.as_ref();
     let token = match onward(pagination.map(|p| &p.style), next, written.on_page) {
@@ -395,19 +329,19 @@ fn written_(
         Ok(Onward::Last) => return complete("all pages fetched"),
         Err(why) => return fail(Some(200), format!("bad response: {why}")),
     };
-    if token.is_some() && token == p.cursor.token {
+    if token.is_some() && token == at.token {
         // The same page again, for ever: each one spent.
         let why = "cursor repeated: the upstream pointed at the page it just answered";
         return fail(Some(200), why.into());
     }
-    if p.cursor.page < rules.last_page(p) {
+    if at.page < rules.last_page(at) {
         return Action::Next { token };
     }
     if pagination.is_some_and(|p| p.continues) {
         // This run is done; the item's next one goes on from here.
         let why = format!(
             "max_pages reached; the item's next run goes on at page {}",
-            p.cursor.page + 1
+            at.page + 1
         );
         return Action::End(End::HandOn { token, why });
     }
@@ -437,15 +371,15 @@ fn fail(status: Option<u16>, why: String) -> Action {
 /// The sink can take no page (not even into the spool): `failed` with the
 /// checkpoint kept at this page, so it is fetched again only once the sink
 /// or the spool can be written, never retried before.
-fn stuck(p: &Progress, e: &SinkError) -> Action {
+fn stuck(at: &Cursor, e: &SinkError) -> Action {
     let why = match e {
         // A page refused for good holds the item: the error says until when.
         SinkError::Held { .. } => {
-            format!("sink: {e}; then the item resumes at page {}", p.cursor.page)
+            format!("sink: {e}; then the item resumes at page {}", at.page)
         }
         _ => format!(
             "sink: {e}; nothing more is fetched for this job here until its sink or spool can be written, then the item resumes at page {}",
-            p.cursor.page
+            at.page
         ),
     };
     Action::End(End::Fail {
@@ -548,15 +482,11 @@ records = "/items"
         }
     }
 
-    fn at(page: u32, token: Option<&str>) -> Progress {
-        let cursor = Cursor {
+    fn at(page: u32, token: Option<&str>) -> Cursor {
+        Cursor {
             page,
             token: token.map(|t| Stored::new(t.to_owned())),
             first: 1,
-        };
-        Progress {
-            cursor,
-            ..Progress::new(None)
         }
     }
 
