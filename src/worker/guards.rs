@@ -8,7 +8,8 @@
 //! and the shutdown report read, comes back down.
 
 use std::future::Future;
-use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 
 use tokio_util::task::AbortOnDropHandle;
 
@@ -37,14 +38,32 @@ impl Drop for InFlight<'_> {
 #[must_use = "dropping it stops the renewal at once"]
 pub(crate) struct Renewer {
     _task: AbortOnDropHandle<()>,
+    /// Set by the loop when what it renews is gone (the item lock lapsed
+    /// and may be another task's now).
+    lost: Arc<AtomicBool>,
 }
 
 impl Renewer {
     /// Runs `renew` on the runtime until this is dropped.
+    #[cfg(test)]
     pub(crate) fn spawn(renew: impl Future<Output = ()> + Send + 'static) -> Self {
+        Self::watching(Arc::default(), renew)
+    }
+
+    /// Runs `renew`, which sets `lost` when what it renews is gone.
+    pub(crate) fn watching(
+        lost: Arc<AtomicBool>,
+        renew: impl Future<Output = ()> + Send + 'static,
+    ) -> Self {
         Renewer {
             _task: AbortOnDropHandle::new(tokio::spawn(renew)),
+            lost,
         }
+    }
+
+    /// Set once the loop finds what it renews gone.
+    pub(crate) fn lost_flag(&self) -> Arc<AtomicBool> {
+        self.lost.clone()
     }
 }
 

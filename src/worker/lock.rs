@@ -7,7 +7,8 @@
 //! renewed in the background while the task runs, released in the call that
 //! records the task's end (`lua/finish.lua`).
 
-use std::sync::LazyLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use crate::conn::Conn;
@@ -254,7 +255,9 @@ impl ItemLock {
     /// panicked task's) lock lapses within its TTL.
     pub(super) fn keep_renewed(&self, mut conn: Conn) -> Renewer {
         let (key, value, ttl) = (self.key.clone(), self.value.clone(), self.ttl);
-        Renewer::spawn(async move {
+        let lost = Arc::new(AtomicBool::new(false));
+        let lapsed = lost.clone();
+        Renewer::watching(lost, async move {
             loop {
                 tokio::time::sleep(ttl / 3).await;
                 let renewed = ITEM_LOCK
@@ -266,7 +269,11 @@ impl ItemLock {
                     .invoke::<i64>(&mut conn)
                     .await;
                 if let Ok(0) = renewed {
-                    warn!(lock = %key, "lost the item lock (expired under a stalled Redis?)");
+                    // The run stops at its next page (`run::Worker::run_pages`):
+                    // the item may be another task's now.
+                    warn!(lock = %key, "lost the item lock (expired under a stalled Redis?); the task stops at its next page");
+                    lapsed.store(true, Ordering::Release);
+                    return;
                 }
             }
         })

@@ -11,6 +11,7 @@
 //! checkpoint for the item's next run instead.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use chrono::{DateTime, Utc};
 use redis::AsyncCommands;
@@ -97,6 +98,9 @@ struct Progress {
     checkpointed: bool,
     /// What the run's end leaves of the item, written with its outcome.
     leaves: Leaves,
+    /// Set when the item lock's renewal found the lock gone (`lock.rs`):
+    /// the run stops before its next page.
+    lock_lost: Arc<AtomicBool>,
 }
 
 impl Progress {
@@ -115,6 +119,7 @@ impl Progress {
             units: 0,
             checkpointed: false,
             leaves: Leaves::default(),
+            lock_lost: Arc::default(),
         }
     }
 
@@ -212,6 +217,7 @@ impl Worker {
         } = claimed;
         let mut p = Progress::new(first_spend);
         let claimed = (found.now, std::time::Instant::now());
+        p.lock_lost = held.renewer.lost_flag();
         let ended = self
             .run_pages(task, job, found, payer, &mut p, minted)
             .await;
@@ -271,6 +277,13 @@ impl Worker {
         p.run_tick = start.run.unwrap_or(start.tick);
         p.validators = start.validators;
         let outcome = loop {
+            if p.lock_lost.load(Ordering::Acquire) {
+                // Redis stalled past the lock's TTL: the item may be another
+                // task's now, which goes on from the checkpoint. Nothing more
+                // is sent or written here, and the item is left as it is.
+                let why = "lost the item lock (Redis stalled past its TTL): this task stops here, and the item's task that holds it now (or its next) goes on from the checkpoint".to_owned();
+                break Outcome::new(OutcomeKind::Superseded, p.cursor.page, why);
+            }
             if let Err(why) = self.follow_reload(&mut run).await {
                 // The newest config gives this run no secret: it stops
                 // here, resumable at this page.
