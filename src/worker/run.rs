@@ -105,7 +105,7 @@ struct Progress {
 
 impl Progress {
     /// A run that has done nothing yet, holding the claim's first spend.
-    fn new(first_spend: Option<FirstSpend>) -> Self {
+    fn new(first_spend: Option<FirstSpend>, lock_lost: Arc<AtomicBool>) -> Self {
         Progress {
             first_spend,
             cursor: Cursor::start(),
@@ -119,7 +119,7 @@ impl Progress {
             units: 0,
             checkpointed: false,
             leaves: Leaves::default(),
-            lock_lost: Arc::default(),
+            lock_lost,
         }
     }
 
@@ -215,9 +215,8 @@ impl Worker {
             payer,
             minted,
         } = claimed;
-        let mut p = Progress::new(first_spend);
+        let mut p = Progress::new(first_spend, held.renewer.lost_flag());
         let claimed = (found.now, std::time::Instant::now());
-        p.lock_lost = held.renewer.lost_flag();
         let ended = self
             .run_pages(task, job, found, payer, &mut p, minted)
             .await;
