@@ -13,7 +13,7 @@ end
 -- (every count here is below 2^53: a larger one would be rounded), or nil.
 local function bad_count(c, what, least)
   local n = c.cost
-  if n == nil or n < least or n >= MAXPOS or n ~= floor(n) then
+  if n == nil or n < least or n >= MAXPOS or n % 1 ~= 0 then
     return what .. ' must be a whole number from ' .. least .. ' to 2^53 - 1 (got ' .. tostring(c.ARGV[3]) .. ')'
   end
 end
@@ -113,7 +113,7 @@ end
 -- are taken back. A shadow window that would refuse it (`over`) records
 -- nothing, and the spend is its shadow refusal (c.nover of them).
 local function admit(c, remaining)
-  local ws, n = c.ws, c.nwin
+  local ws, n, cost = c.ws, c.nwin, c.cost
   for i = 1, n do
     local w = ws[i]
     if not w.over and not w.K.record(w, c) then
@@ -131,7 +131,7 @@ local function admit(c, remaining)
   for i = 1, n do
     local w = ws[i]
     if not w.shadow then
-      local left = w.lim - w.used - c.cost
+      local left = w.lim - w.used - cost
       if remaining == nil or left < remaining then
         remaining = left
       end
@@ -148,9 +148,17 @@ local function admit(c, remaining)
       end
     end
   end
-  save(c)
-  Ring.add(c, c.cost)
-  local out = { 1, max(remaining or 0, 0), 0, 0 }
+  for i = 1, n do
+    local w = ws[i]
+    w.K.save(w, c)
+  end
+  if c.nring > 0 then
+    Ring.add(c, cost)
+  end
+  if not remaining or remaining < 0 then
+    remaining = 0
+  end
+  local out = { 1, remaining, 0, 0 }
   if c.nover > 0 then
     for i = 1, n do
       local w = ws[i]
@@ -170,17 +178,18 @@ function Ops.spend(KEYS, ARGV, t)
   if why then
     return fail(why)
   end
-  local cost, ws = c.cost, c.ws
-  for i = 1, c.nwin do
-    if cost > ws[i].lim and not ws[i].shadow then
-      return fail('cost ' .. cost .. ' can never fit window ' .. i .. ' (' .. ws[i].lim .. ' units with the reserve)')
+  local cost, ws, n = c.cost, c.ws, c.nwin
+  for i = 1, n do
+    local w = ws[i]
+    if cost > w.lim and not w.shadow then
+      return fail('cost ' .. cost .. ' can never fit window ' .. i .. ' (' .. w.lim .. ' units with the reserve)')
     end
   end
   clock(c, t)
-  bring(c)
   local rejected, remaining, nover = c.blocked > c.now, nil, 0
-  for i = 1, c.nwin do
+  for i = 1, n do
     local w = ws[i]
+    w.K.load(w, c)
     local left = w.lim - w.used
     if not w.shadow then
       if remaining == nil or left < remaining then
@@ -191,17 +200,20 @@ function Ops.spend(KEYS, ARGV, t)
       end
     else
       -- What it would refuse, it counts and does not record (admit).
-      w.over = cost > left
-      if w.over then
+      local over = cost > left
+      w.over = over
+      if over then
         nover = nover + 1
       end
     end
   end
   c.nover = nover
-  remaining = max(remaining or 0, 0)
+  if not remaining or remaining < 0 then
+    remaining = 0
+  end
   if c.ticket then
     -- Each window's line, brought to now, and this spend's turn in it.
-    for i = 1, c.nwin do
+    for i = 1, n do
       local w = ws[i]
       if w.line then
         c.lined = true
