@@ -318,12 +318,18 @@ end
 
 -- ------------------------------------------------------------ the call
 
--- One call's arguments and what every window shares, kept between calls:
---   op, id, cost, reserve, nwin, ws (the windows), KEYS, ARGV
---   metas (MGET's keys: block, clock, then sliding, bucket and concurrent
---   windows' counters), nm; got (MGET's reply), now, seen, blocked
---   k: the first ring's key; nring; ticket, lined (a spend in its lines)
-local C = { ws = {}, metas = {} }
+-- One call's arguments and what every window shares, kept between calls
+-- (every field in the constructor: the one script makes it anew on every
+-- call, and a table that grows field by field is allocated at each doubling):
+--   op, id, cost, nwin, ws (the windows), KEYS, ARGV; metas (MGET's keys:
+--   block, clock, then sliding, bucket and concurrent windows' counters),
+--   nm; got (MGET's reply), now, seen, blocked; k: the first ring's key;
+--   nring and the rings' settings; ticket, lined (a spend in its lines)
+local C = {
+  ws = {}, metas = {}, op = false, id = false, cost = false, nwin = 0, KEYS = false, ARGV = false,
+  nm = 0, k = 0, got = false, now = 0, seen = 0, blocked = 0, nover = 0, nring = 0,
+  ticket = false, lined = false, slot_ms = 0, nslot = 0, ring_ttl = 0,
+}
 
 -- Parses ARGV (laid out as the header says) for operation `op`: the call
 -- `C`, or nil and why. Reads nothing from Redis.
@@ -399,22 +405,4 @@ local function clock(c, t)
     now = seen
   end
   c.now, c.seen, c.got, c.blocked = now, seen, got, got[1] and tonumber(got[1]) or 0
-end
-
--- Brings every window to c.now (expired entries and leases leave).
-local function bring(c)
-  local ws = c.ws
-  for i = 1, c.nwin do
-    local w = ws[i]
-    w.K.load(w, c)
-  end
-end
-
--- Writes back every window's changed state.
-local function save(c)
-  local ws = c.ws
-  for i = 1, c.nwin do
-    local w = ws[i]
-    w.K.save(w, c)
-  end
 end

@@ -2,6 +2,24 @@
 -- header has their KEYS, ARGV and replies). Each checks its arguments
 -- before it reads or writes anything, so a refused call changes nothing.
 
+-- Brings every window to c.now (expired entries and leases leave).
+local function bring(c)
+  local ws = c.ws
+  for i = 1, c.nwin do
+    local w = ws[i]
+    w.K.load(w, c)
+  end
+end
+
+-- Writes back every window's changed state.
+local function save(c)
+  local ws = c.ws
+  for i = 1, c.nwin do
+    local w = ws[i]
+    w.K.save(w, c)
+  end
+end
+
 -- Why request id `id` cannot be spent or settled, or nil.
 local function bad_id(id)
   if id == nil or id == '' or byte(id, 1) == 35 or id == '{request_id}' then  -- 35: '#'
@@ -174,7 +192,9 @@ end
 -- `t`: a TIME reply the caller read (the claim's), or nil.
 function Ops.spend(KEYS, ARGV, t)
   local c, why = parse(KEYS, ARGV, 'spend')
-  why = why or Ring.parse(c) or bad_id(c.id) or bad_count(c, 'spend cost', 1)
+  -- (the history's arguments, if any: none, and the one script need not
+  -- define Ring's functions)
+  why = why or (ARGV[6 + c.nwin] ~= nil and Ring.parse(c)) or bad_id(c.id) or bad_count(c, 'spend cost', 1)
   if why then
     return fail(why)
   end
@@ -239,7 +259,7 @@ end
 -- lease's.
 function Ops.settle(KEYS, ARGV)
   local c, why = parse(KEYS, ARGV, 'settle')
-  why = why or Ring.parse(c) or bad_id(c.id) or bad_count(c, 'settle cost', 0)
+  why = why or (ARGV[6 + c.nwin] ~= nil and Ring.parse(c)) or bad_id(c.id) or bad_count(c, 'settle cost', 0)
   if why then
     return fail(why)
   end

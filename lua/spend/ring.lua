@@ -13,10 +13,6 @@
 function Ring.parse(c)
   local ARGV, KEYS, n = c.ARGV, c.KEYS, c.nwin
   local s = ARGV[6 + n]
-  if s == nil then
-    -- Neither rings nor a line (a ticket comes after the rings' arguments).
-    return
-  end
   local nring = NUMS[s] or num(s) or 0
   local nline, lk = 0, c.k + nring
   if c.op == 'spend' and ARGV[10 + n] ~= nil then
