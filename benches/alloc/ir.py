@@ -5,9 +5,12 @@ valgrind's callgrind: the same number on a loaded machine as on a quiet one
 Lua can be judged in one run of a minute where timing needs many rounds.
 
 A redis-server runs under callgrind with instrumentation off; for each call
-measured, 200 calls warm its keys, then instrumentation is switched on for
-300 more (sent as one pipeline) and the instructions counted (the server's
-whole work: reading the command, the call, the reply) are divided by 300.
+measured, 1,000 calls bring its keys past their first growth (a hash or a
+sorted set that leaves its listpack, dictionaries that double and rehash:
+a few hundred calls on new keys cost up to twice the later ones), then
+instrumentation is switched on for 300 more (sent as one pipeline) and the
+instructions counted (the server's whole work: reading the command, the
+call, the reply) are divided by 300.
 
 Calls: the spend core by FCALL (`keys --library`) in each cell; the same
 files as one script by EVALSHA (`keys --script`, what Redis 6 runs) and
@@ -16,8 +19,13 @@ spend_before_33.lua) in the cells where the issue compares them; the peers
 of benches/baseline/ (their admit cells); and an empty function with the
 admit cell's KEYS and ARGV, the price of any FCALL of that shape.
 
-Usage: benches/alloc/ir.py BINARY [--n 300]   (needs valgrind and redis-py:
-benches/peers/run --install)
+With --before DIR (lua/spend/ of an earlier commit, e.g. `git archive
+COMMIT lua/spend lua/item_lock.lua | tar -x -C target/before`), that
+version's library and one script are assembled as src/quota/library.rs
+assembles them and measured beside this one, in the same run.
+
+Usage: benches/alloc/ir.py BINARY [--n 300] [--before DIR]   (needs valgrind
+and redis-py: benches/peers/run --install)
 """
 
 import argparse
@@ -70,6 +78,30 @@ CELLS = {
 }
 SCRIPT_CELLS = ["admit, cost 1", "two windows (1 h + 2 h), admit cost 1", "concurrent (a lease), admit cost 1",
                 "admit cost 1, history kept"]
+
+
+MODULES = [("Log", ["log.lua", "adjust.lua"]), ("Sliding", ["sliding.lua"]), ("Bucket", ["bucket.lua"]),
+           ("Fixed", ["fixed.lua"]), ("Concurrent", ["concurrent.lua"]), ("Line", ["line.lua"]),
+           ("Ring", ["ring.lua"]), ("Ops", ["ops.lua"])]
+
+
+def assemble(d):
+    """lua/spend/ at `d` (its lua/item_lock.lua beside it) as src/quota/library.rs
+    assembles it: (library, one script). Since issue 33's second commit the
+    one script's modules are branches of `fill`; before, loaders of `lazy`."""
+    f = lambda n: open(os.path.join(d, n)).read()
+    core = f("core.lua")
+    lib = core + "".join("do\n" + "".join(f(x) for x in m) + "end\n" for _, m in MODULES)
+    lib += "do\n" + open(os.path.join(d, "..", "item_lock.lua")).read() + f("claim.lua") + "end\n" + f("functions.lua")
+    name = "qwb_" + str(abs(hash(lib)) % 10**10)
+    lib = f"#!lua name={name}\nlocal LIBRARY = '{name}'\n{lib}"
+    if "local function lazy(t, load)" in core:
+        script = core + "local function modules()\n" + "".join(
+            f"lazy({t}, function()\n" + "".join(f(x) for x in m) + "end)\n" for t, m in MODULES) + "end\nmodules()\n"
+    else:
+        script = core + "fill = function(T)\nif T == nil then\n" + "".join(
+            f"elseif T == {t} then\n" + "".join(f(x) for x in m) for t, m in MODULES) + "end\nend\nlazy()\n"
+    return lib, name + "_spend", script + f("script.lua")
 
 
 def free_port():
@@ -133,6 +165,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("binary")
     ap.add_argument("--n", type=int, default=300)
+    ap.add_argument("--before", help="lua/spend/ of an earlier commit, measured beside")
     a = ap.parse_args()
     work = tempfile.mkdtemp(prefix="qw-ir-", dir=os.path.join(ROOT, "target"))
     with open(os.path.join(work, "secret"), "w") as f:
@@ -151,6 +184,10 @@ def main():
         r.execute_command("FUNCTION", "LOAD", "REPLACE", EMPTY)
         r.execute_command("FUNCTION", "LOAD", "REPLACE", library)
         sha = {"script": r.script_load(script), "before": r.script_load(open(BEFORE).read())}
+        if a.before:
+            blib, bfunction, bscript = assemble(a.before)
+            r.execute_command("FUNCTION", "LOAD", "REPLACE", blib)
+            sha["bscript"] = r.script_load(bscript)
         sha.update({k: r.script_load(open(os.path.join(BASE, k + ".lua")).read())
                     for k in ["naive_log", "moving_window_list", "two_zset_dual", "layout_floor"]})
 
@@ -160,13 +197,16 @@ def main():
 
         def ours(how, cell):
             keys, rest, cost = CELLS[cell]
-            head = ["FCALL", function] if how == "fcall" else ["EVALSHA", sha[how]]
+            if how == "bfcall":
+                keys = [k.replace("ir:", "irb:") for k in keys]
+            head = {"fcall": ["FCALL", function], "bfcall": ["FCALL", bfunction if a.before else ""]}.get(
+                how, ["EVALSHA", sha.get(how)])
             return lambda: head + [len(keys)] + keys + ["spend", ids(), str(cost)] + rest
 
         def measure(make):
-            for _ in range(200 // 50):
+            for _ in range(10):
                 p = r.pipeline(transaction=False)
-                for _ in range(50):
+                for _ in range(100):
                     p.execute_command(*make())
                 p.execute()
             return cg.per_call([make() for _ in range(n)])
@@ -176,16 +216,20 @@ def main():
         full_keys, full_rest, _ = CELLS["refuse, cost 1 (10,000 entries of 1)"]
         for i in range(10_000):
             p.execute_command("FCALL", function, len(full_keys), *full_keys, "spend", f"fill{i}", "1", *full_rest)
+            if a.before:
+                p.execute_command("FCALL", bfunction, len(full_keys), *[k.replace("ir:", "irb:") for k in full_keys],
+                                  "spend", f"fill{i}", "1", *full_rest)
         p.execute()
         keys, rest, _ = CELLS["admit, cost 1"]
         empty = measure(lambda: ["FCALL", "ir_empty", len(keys)] + keys + ["spend", ids(), "1"] + rest)
         rows = []
         for cell in CELLS:
-            row = [cell, measure(ours("fcall", cell))]
+            row = [cell, measure(ours("fcall", cell)), measure(ours("bfcall", cell)) if a.before else None]
             if cell in SCRIPT_CELLS:
-                row += [measure(ours("script", cell)), measure(ours("before", cell))]
+                row += [measure(ours("script", cell)), measure(ours("bscript", cell)) if a.before else None,
+                        measure(ours("before", cell))]
             else:
-                row += [None, None]
+                row += [None, None, None]
             rows.append(row)
         peers = [
             ("layout floor, admit cost 1", lambda: ["EVALSHA", sha["layout_floor"], 5, "irf:{a}:block", "irf:{a}:clock",
@@ -203,13 +247,15 @@ def main():
         cg.stop()
     k = lambda v: "" if v is None else f"{v / 1000:,.1f}k"
     print(f"Instructions per call (callgrind), Redis {version}, "
-          f"library `{function.rsplit('_', 1)[0]}`, {n} calls per cell after 200; an empty FCALL of the admit's "
+          f"library `{function.rsplit('_', 1)[0]}`, {n} calls per cell after 1,000; an empty FCALL of the admit's "
           f"shape: {k(empty)}\n")
-    print("| cell | FCALL | one script (EVALSHA) | spend.lua before issue 33 | one script ÷ before |")
-    print("|---|---:|---:|---:|---:|")
-    for cell, f, s, b in rows:
+    was = f" (`{a.before}`)" if a.before else ""
+    print(f"| cell | FCALL | FCALL, earlier{was} | one script (EVALSHA) | one script, earlier | "
+          "spend.lua before issue 33 | one script ÷ spend.lua before |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for cell, f, bf, s, bs, b in rows:
         ratio = f"{s / b:.2f}×" if s and b else ""
-        print(f"| {cell} | {k(f)} | {k(s)} | {k(b)} | {ratio} |")
+        print(f"| {cell} | {k(f)} | {k(bf)} | {k(s)} | {k(bs)} | {k(b)} | {ratio} |")
     print("\n| peer | instructions per call |\n|---|---:|")
     for name, v in peer_rows:
         print(f"| {name} | {k(v)} |")
