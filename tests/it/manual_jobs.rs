@@ -1,6 +1,7 @@
 //! Promise: a job with `schedule = "manual"` never fires by itself, while
 //! the daemon's other jobs tick; `trigger` runs it like any job; `check`
-//! prints "manual" for its next fire times.
+//! prints "manual" for its next fire times. A job whose schedule fires no
+//! more (its dates are past) is said so once, not every second.
 
 use std::time::Duration;
 
@@ -43,6 +44,10 @@ fn a_manual_job_never_fires_by_itself_and_trigger_runs_it() {
             world::videos_job("backfill", world::ENDPOINT, &base, &["GB", "DE"], 1)
                 .schedule("manual"),
         )
+        .job(
+            world::videos_job("bygone", world::ENDPOINT, &base, &["FR"], 1)
+                .schedule("0 0 0 1 1 * 2020"),
+        )
         .write();
 
     let (code, out, err) = run_cli(
@@ -76,6 +81,14 @@ fn a_manual_job_never_fires_by_itself_and_trigger_runs_it() {
         0,
         "the manual job fired by itself"
     );
+    // Three seconds of ticks: the scheduler's loop went round at least
+    // three times, and said that `bygone` fires no more only once.
+    let said = d.messages(
+        "schedule has no future fire time: the job fires no more until the config changes",
+    );
+    let said: Vec<_> = (said.iter()).filter(|e| e["job"] == "bygone").collect();
+    assert_eq!(said.len(), 1, "said once: {said:?}\n{}", d.log());
+    assert_eq!(ticks_of(&redis, "bygone"), 0, "a bygone schedule fired");
     assert!(
         !d.outcomes().iter().any(|o| o["job"] == "backfill"),
         "{}",
