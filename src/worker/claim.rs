@@ -87,7 +87,7 @@ impl Worker {
         };
         let started = Instant::now();
         let spend = ahead.as_ref().map(|a| &a.spend);
-        let mut conn = self.conn.clone();
+        let mut conn = self.lasting.conn.clone();
         let claim = lock.claim(&mut conn, self.keys(), job, task, spend);
         let mut found = match claim.await? {
             Claim::Held(found) => found,
@@ -124,7 +124,7 @@ impl Worker {
             return Some(Err(format!("credential command failed: {why}")));
         }
         let known = self.fetcher.secrets();
-        let token = self.minter.token(&key, &argv, ttl, known).await;
+        let token = self.lasting.minter.token(&key, &argv, ttl, known).await;
         Some(token.map_err(|e| e.to_string()))
     }
 }

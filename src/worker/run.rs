@@ -410,7 +410,7 @@ impl Worker {
         };
         let cost = payer.endpoint.cost.get();
         p.units += cost;
-        Stats::add(&self.stats.units, cost);
+        Stats::add(&self.lasting.stats.units, cost);
         self.test_panic();
 
         let endpoint = payer.endpoint;
@@ -425,7 +425,7 @@ impl Worker {
     /// count is above 0, counting it down.
     fn test_panic(&self) {
         use std::sync::atomic::Ordering;
-        let Some(left) = &self.panic_after_spend else {
+        let Some(left) = &self.lasting.panic_after_spend else {
             return;
         };
         if left
@@ -486,9 +486,9 @@ impl Worker {
                 if let Ok(w) = &written {
                     altered.count(&run.job().name);
                     p.records += w.stored as u64;
-                    Stats::add(&self.stats.records, w.stored as u64);
+                    Stats::add(&self.lasting.stats.records, w.stored as u64);
                     p.pages += 1;
-                    Stats::add(&self.stats.pages, 1);
+                    Stats::add(&self.lasting.stats.pages, 1);
                 }
                 Ok(Acted::Answered(Answer::Written { written, next }))
             }
@@ -541,7 +541,11 @@ impl Worker {
                 if keep_checkpoint {
                     self.save(run, p).await?;
                 } else {
-                    self.conn.clone().del::<_, ()>(&run.cursor_key).await?;
+                    self.lasting
+                        .conn
+                        .clone()
+                        .del::<_, ()>(&run.cursor_key)
+                        .await?;
                 }
                 (p.outcome(OutcomeKind::Failed, why), status, None)
             }
@@ -576,7 +580,7 @@ impl Worker {
         };
         o.status = status;
         if let Some((origin, wait)) = again {
-            (self.queue)
+            (self.lasting.queue)
                 .enqueue(&[(run.task().again(origin), wait)])
                 .await?;
             o.requeued_in = Some(wait);
@@ -646,7 +650,8 @@ impl Worker {
             run: Some(p.run_tick),
         };
         let json = serde_json::to_string(&cp).map_err(TaskError::State)?;
-        self.conn
+        self.lasting
+            .conn
             .acked()
             .set_ex::<_, _, ()>(&run.cursor_key, json, CHECKPOINT_TTL.as_secs())
             .await?;
