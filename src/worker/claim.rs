@@ -21,7 +21,7 @@ pub(super) struct Claimed<'a> {
     /// What the claim found of the item's state.
     pub(super) found: Found,
     /// The first page's spend, made in the claim's call, until the run's
-    /// first spend step takes it (the run's one exit gives back one no
+    /// first spend step takes it (the run's one exit refunds one no
     /// step took).
     pub(super) first_spend: Option<FirstSpend>,
     /// Whose quota the run spends; `Err`: why it spends none (its endpoint
@@ -69,7 +69,7 @@ impl Worker {
     /// page's spend where it may ride along. A token a command mints comes
     /// first: when there is none, nothing is spent and the run fails the
     /// task. A claim whose reply cannot be read ([`Claim::Unexpected`])
-    /// gives back the spend it may have made before it is returned.
+    /// refunds the spend it may have made before it is returned.
     pub(super) async fn claim<'a>(
         &'a self,
         task: &'a TaskArgs,

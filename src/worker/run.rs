@@ -72,7 +72,7 @@ impl Run<'_> {
 /// what this module's carrying out of actions writes.
 struct Progress {
     /// The first page's spend, made in the item claim's call, until the
-    /// first spend step takes it; the task's one exit gives back one no
+    /// first spend step takes it; the task's one exit refunds one no
     /// step took (`run::Worker::run_held`).
     first_spend: Option<FirstSpend>,
     /// Where the run is in its pages (`Checkpoint::cursor`).
@@ -221,7 +221,7 @@ impl Worker {
             .run_pages(task, job, found, payer, &mut p, minted)
             .await;
         if let Some(unused) = p.first_spend.take() {
-            self.give_back(unused).await;
+            self.refund_unsent(unused).await;
         }
         let outcome = ended?;
         let ran = claimed.1.elapsed().as_secs() as i64;

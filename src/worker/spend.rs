@@ -150,8 +150,8 @@ pub(super) enum RefusedBy {
 /// The first page's spend, made in the item claim's own call
 /// (`lua/spend/claim.lua`): one round trip fewer per task. The task's
 /// progress owns it: the first page's spend step takes it instead of
-/// spending, and the task's one exit gives back one no step took
-/// ([`Worker::give_back`]).
+/// spending, and the task's one exit refunds one no step took
+/// ([`Worker::refund_unsent`]).
 pub(super) struct FirstSpend {
     request_id: String,
     endpoint: String,
@@ -260,8 +260,8 @@ impl Worker {
         }
     }
 
-    /// Gives back a first spend no page step took: nothing was sent for it.
-    pub(super) async fn give_back(&self, mut first: FirstSpend) {
+    /// Refunds a first spend no page step took: nothing was sent for it.
+    pub(super) async fn refund_unsent(&self, mut first: FirstSpend) {
         if !matches!(first.decision, Ok(Decision::Allowed { .. })) {
             return;
         }
