@@ -14,11 +14,14 @@
 --   4  <prefix>:ran:<job>:<item>         newest tick whose run completed the item
 --   5  <prefix>:since:<job>:<item>       start of the last complete run (epoch s)
 --   6  <prefix>:validators:<job>:<item>  ETag / Last-Modified of its page 1 (JSON)
+--   save, forget only:
+--   2  <prefix>:cursor:<job>:<item>      the pagination checkpoint (JSON)
 --
 -- ARGV
---   1  op: "claim" | "renew" | "release"
+--   1  op: "claim" | "renew" | "release" | "save" | "forget"
 --   2  the holder's value
---   3  claim, renew: lock TTL, ms
+--   3  claim, renew: lock TTL, ms; save: the checkpoint (JSON)
+--   4  save: the checkpoint's TTL, s
 --
 -- Returns
 --   claim:   {0} the task already ended; {1} another task holds the item;
@@ -26,6 +29,12 @@
 --             validators or "", Redis time in s} claimed
 --   renew:   1 if still held (and extended), 0 if lost
 --   release: 1 if released, 0 if it was no longer ours
+--   save:    1 if saved, 0 if the item is no longer ours (nothing written:
+--            a task whose lock lapsed under a stalled Redis must not move
+--            back, or bring back, the checkpoint of the task that holds the
+--            item now)
+--   forget:  1 if the checkpoint was deleted, 0 if the item is no longer
+--            ours (nothing deleted, for the same reason)
 
 -- This file defines item_lock(KEYS, ARGV), which returns the reply (and,
 -- for a claim that took the item, the TIME reply it read). The script that
@@ -59,6 +68,14 @@ local function item_lock(KEYS, ARGV)
   end
   if op == 'release' then
     return redis.call('DEL', KEYS[1])
+  end
+  if op == 'save' then
+    redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[4])
+    return 1
+  end
+  if op == 'forget' then
+    redis.call('DEL', KEYS[2])
+    return 1
   end
   return redis.error_reply('ERR quota-worker: unknown op ' .. tostring(op))
 end

@@ -289,6 +289,50 @@ impl ItemLock {
         }
     }
 
+    /// Saves the item's checkpoint `json` at `cursor_key` for `ttl`, if the
+    /// item is still ours, in one call (a fence: a task whose lock lapsed
+    /// under a stalled Redis cannot overwrite, or bring back after a
+    /// complete run dropped it, the checkpoint of the task that holds the
+    /// item now). `false`: not ours, nothing written.
+    pub(super) async fn save(
+        &self,
+        conn: &mut Conn,
+        cursor_key: &str,
+        json: &str,
+        ttl: Duration,
+    ) -> redis::RedisResult<bool> {
+        let saved: i64 = ITEM_LOCK
+            .call()
+            .key(&self.key)
+            .key(cursor_key)
+            .arg("save")
+            .arg(&self.value)
+            .arg(json)
+            .arg(ttl.as_secs())
+            .invoke(conn)
+            .await?;
+        Ok(saved == 1)
+    }
+
+    /// Deletes the item's checkpoint at `cursor_key`, if the item is still
+    /// ours (as [`ItemLock::save`]): the item's next run starts over.
+    /// `false`: not ours, nothing deleted.
+    pub(super) async fn forget(
+        &self,
+        conn: &mut Conn,
+        cursor_key: &str,
+    ) -> redis::RedisResult<bool> {
+        let forgot: i64 = ITEM_LOCK
+            .call()
+            .key(&self.key)
+            .key(cursor_key)
+            .arg("forget")
+            .arg(&self.value)
+            .invoke(conn)
+            .await?;
+        Ok(forgot == 1)
+    }
+
     /// Frees the item, if it is still ours: when the task could not record
     /// its end (Redis failed), which would have freed it.
     pub(super) async fn release(&self, conn: &mut Conn) -> redis::RedisResult<()> {

@@ -14,10 +14,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use chrono::{DateTime, Utc};
-use redis::AsyncCommands;
+use tracing::warn;
 
 use super::claim::Claimed;
-use super::lock::Found;
+use super::lock::ItemLock;
 use super::spend::{Admission, FirstSpend, Payer, Spent};
 use super::step::{Action, Answer, End, Rules, decide};
 use super::{CHECKPOINT_TTL, Checkpoint, Held, ITEM_STATE_TTL, TaskError, Worker};
@@ -36,6 +36,8 @@ mod credential;
 pub(super) struct Run<'a> {
     /// Whose windows its requests spend from.
     payer: Payer<'a>,
+    /// The item's lock: a checkpoint is saved only while it holds.
+    lock: &'a ItemLock,
     /// What `decide` reads of the job.
     rules: Rules<'a>,
     secret: Secret,
@@ -209,23 +211,16 @@ impl Worker {
         claimed: Claimed<'_>,
         held: Held<'_>,
     ) -> Result<Outcome, TaskError> {
-        let Claimed {
-            found,
-            first_spend,
-            payer,
-            minted,
-        } = claimed;
-        let mut p = Progress::new(first_spend, held.renewer.lost_flag());
-        let claimed = (found.now, std::time::Instant::now());
-        let ended = self
-            .run_pages(task, job, found, payer, &mut p, minted)
-            .await;
+        let mut claimed = claimed;
+        let mut p = Progress::new(claimed.first_spend.take(), held.renewer.lost_flag());
+        let began = (claimed.found.now, std::time::Instant::now());
+        let ended = self.run_pages(task, job, claimed, held.lock, &mut p).await;
         if let Some(unused) = p.first_spend.take() {
             self.refund_unsent(unused).await;
         }
         let outcome = ended?;
-        let ran = claimed.1.elapsed().as_secs() as i64;
-        let ended_at = claimed.0.saturating_add(ran);
+        let ran = began.1.elapsed().as_secs() as i64;
+        let ended_at = began.0.saturating_add(ran);
         if let Some(last) = LastRun::of(task, &outcome, ended_at) {
             let json = serde_json::to_string(&last).map_err(TaskError::State)?;
             let key = self.keys().item_last(&job.name, &task.item_key());
@@ -243,11 +238,16 @@ impl Worker {
         &self,
         task: &TaskArgs,
         job: &Job,
-        found: Found,
-        payer: Result<Payer<'_>, String>,
+        claimed: Claimed<'_>,
+        lock: &ItemLock,
         p: &mut Progress,
-        minted: Option<Result<Secret, String>>,
     ) -> Result<Outcome, TaskError> {
+        let Claimed {
+            found,
+            payer,
+            minted,
+            ..
+        } = claimed;
         if let Some(why) = found.unreadable {
             // The item's state stays as it is, for an operator to look at
             // (or for the daemon version that wrote it); nothing is sent.
@@ -261,7 +261,7 @@ impl Worker {
             Ok(start) => start,
             Err(why) => return Ok(Outcome::new(OutcomeKind::Superseded, 0, why)),
         };
-        let opened = payer.and_then(|payer| self.open(payer, found.validators, p, minted));
+        let opened = payer.and_then(|payer| self.open(payer, lock, found.validators, p, minted));
         let mut run = match opened {
             Ok(run) => run,
             // This item only: its checkpoint stays, so the run resumes
@@ -280,8 +280,7 @@ impl Worker {
                 // Redis stalled past the lock's TTL: the item may be another
                 // task's now, which goes on from the checkpoint. Nothing more
                 // is sent or written here, and the item is left as it is.
-                let why = "lost the item lock (Redis stalled past its TTL): this task stops here, and the item's task that holds it now (or its next) goes on from the checkpoint".to_owned();
-                break Outcome::new(OutcomeKind::Superseded, p.cursor.page, why);
+                break superseded(p);
             }
             if let Err(why) = self.follow_reload(&mut run).await {
                 // The newest config gives this run no secret: it stops
@@ -319,6 +318,7 @@ impl Worker {
     fn open<'a>(
         &'a self,
         payer: Payer<'a>,
+        lock: &'a ItemLock,
         validators: Option<Validators>,
         p: &Progress,
         minted: Option<Result<Secret, String>>,
@@ -336,6 +336,7 @@ impl Worker {
                 failures: task.failures,
             },
             payer,
+            lock,
             secret,
             fetcher,
             reminted: false,
@@ -494,6 +495,7 @@ impl Worker {
             }
             Action::Next { token } => {
                 p.cursor.advance(token);
+                // Refused: the loop's next turn ends the task superseded.
                 self.save(run, p).await?;
                 Ok(Acted::Continue)
             }
@@ -523,6 +525,8 @@ impl Worker {
             let change = spender.refund(payer.endpoint, spent).await;
             p.add_units(change);
         }
+        // Whether its checkpoint was saved, where it saves one.
+        let mut kept = true;
         // The outcome, the HTTP status that decided it, and the copy to
         // queue (why, and when it runs).
         let (mut o, status, again) = match end {
@@ -531,22 +535,23 @@ impl Worker {
                 status,
                 not_modified,
             } => (self.complete(run, p, why, not_modified)?, status, None),
-            End::HandOn { token, why } => (self.hand_on(run, p, token, why).await?, None, None),
+            End::HandOn { token, why } => {
+                let o = p.outcome(OutcomeKind::Done, why);
+                kept = self.hand_on(run, p, token).await?;
+                (o, None, None)
+            }
             End::Fail {
                 status,
                 why,
                 keep_checkpoint,
                 ..
             } => {
-                if keep_checkpoint {
-                    self.save(run, p).await?;
+                kept = if keep_checkpoint {
+                    self.save(run, p).await?
                 } else {
-                    self.lasting
-                        .conn
-                        .clone()
-                        .del::<_, ()>(&run.cursor_key)
-                        .await?;
-                }
+                    let mut conn = self.lasting.conn.clone();
+                    (run.lock).forget(&mut conn, &run.cursor_key).await?
+                };
                 (p.outcome(OutcomeKind::Failed, why), status, None)
             }
             End::Wait {
@@ -556,7 +561,7 @@ impl Worker {
                 why,
                 momentary,
             } => {
-                self.save(run, p).await?;
+                kept &= self.save(run, p).await?;
                 let mut o = p.outcome(kind, why);
                 o.retry_after = Some(wait);
                 let again = momentary || run.job().defers();
@@ -568,16 +573,21 @@ impl Worker {
                 again_in,
                 ..
             } => {
-                self.save(run, p).await?;
+                kept &= self.save(run, p).await?;
                 let o = p.outcome(OutcomeKind::Retrying, why);
                 (o, status, Some((Origin::Retry, again_in)))
             }
             End::Later { wait, why } => {
-                self.save(run, p).await?;
+                kept &= self.save(run, p).await?;
                 let o = p.outcome(OutcomeKind::Retrying, why);
                 (o, None, Some((Origin::Defer, wait)))
             }
         };
+        if !kept {
+            // Its checkpoint was refused: the item's task now goes on from
+            // its own. Nothing is queued again for this one.
+            return Ok(superseded(p));
+        }
         o.status = status;
         if let Some((origin, wait)) = again {
             (self.lasting.queue)
@@ -589,18 +599,16 @@ impl Worker {
     }
 
     /// `done` for this run at `max_pages`: the item's next run goes on at
-    /// the next page (`token`), from the checkpoint saved here.
+    /// the next page (`token`), from the checkpoint saved here (`false`:
+    /// refused, see [`Worker::save`]).
     async fn hand_on(
         &self,
         run: &Run<'_>,
         p: &mut Progress,
         token: Option<Stored>,
-        why: String,
-    ) -> Result<Outcome, TaskError> {
-        let o = p.outcome(OutcomeKind::Done, why);
+    ) -> Result<bool, TaskError> {
         p.cursor.hand_on(token);
-        self.save(run, p).await?;
-        Ok(o)
+        self.save(run, p).await
     }
 
     /// The run is complete: its checkpoint goes, and what the item's next
@@ -640,7 +648,10 @@ impl Worker {
     }
 
     /// Checkpoints the run: the next run of the item resumes at its cursor.
-    async fn save(&self, run: &Run<'_>, p: &mut Progress) -> Result<(), TaskError> {
+    /// Only while the item is this task's ([`ItemLock::save`]): one whose
+    /// lock lapsed under a stalled Redis writes nothing, and stops as
+    /// `superseded` (the loop's next turn, or [`Worker::end`]): `false`.
+    async fn save(&self, run: &Run<'_>, p: &mut Progress) -> Result<bool, TaskError> {
         let cp = Checkpoint {
             tick: run.task().tick,
             cursor: p.cursor.clone(),
@@ -650,14 +661,26 @@ impl Worker {
             run: Some(p.run_tick),
         };
         let json = serde_json::to_string(&cp).map_err(TaskError::State)?;
-        self.lasting
-            .conn
-            .acked()
-            .set_ex::<_, _, ()>(&run.cursor_key, json, CHECKPOINT_TTL.as_secs())
-            .await?;
-        p.checkpointed = true;
-        Ok(())
+        let mut conn = self.lasting.conn.acked();
+        if (run.lock)
+            .save(&mut conn, &run.cursor_key, &json, CHECKPOINT_TTL)
+            .await?
+        {
+            p.checkpointed = true;
+            Ok(true)
+        } else {
+            warn!(lock = %run.cursor_key, "the item is another task's now (its lock lapsed under a stalled Redis): the checkpoint is not saved, and this task stops here");
+            p.lock_lost.store(true, Ordering::Release);
+            Ok(false)
+        }
     }
+}
+
+/// The outcome of a task whose item lock lapsed (Redis stalled past its
+/// TTL): what it did until it saw so.
+fn superseded(p: &Progress) -> Outcome {
+    let why = "lost the item lock (Redis stalled past its TTL): this task stops here, and the item's task that holds it now (or its next) goes on from the checkpoint";
+    p.outcome(OutcomeKind::Superseded, why.to_owned())
 }
 
 #[cfg(test)]
