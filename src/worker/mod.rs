@@ -199,6 +199,12 @@ pub(crate) enum Skip {
     /// This daemon does not know the job; the task was queued again for
     /// one that does.
     GivenBack,
+    /// Another delivery of this same task took the item while this one ran
+    /// (the queue handed the task out again, and the write of this one's
+    /// lock was lost: a failover promoted a replica it had not reached).
+    /// This one stepped aside at a page boundary, writing no more of the
+    /// item's state; the other records the task's end.
+    SteppedAside,
 }
 
 /// What running a task amounted to.
@@ -323,7 +329,7 @@ impl Worker {
             self.run_held(task, job, *claimed, held).await
         };
         match result {
-            Ok(outcome) => Ok(Ran::Ended(outcome)),
+            Ok(ran) => Ok(ran),
             Err(e) => {
                 // The end's call (which frees the item) may not have run.
                 if let Err(unlock) = lock.release(&mut self.lasting.conn.clone()).await {

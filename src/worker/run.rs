@@ -20,7 +20,7 @@ use super::claim::Claimed;
 use super::lock::ItemLock;
 use super::spend::{Admission, FirstSpend, Payer, Spent};
 use super::step::{Action, Answer, End, Rules, decide};
-use super::{CHECKPOINT_TTL, Checkpoint, Held, ITEM_STATE_TTL, TaskError, Worker};
+use super::{CHECKPOINT_TTL, Checkpoint, Held, ITEM_STATE_TTL, Ran, Skip, TaskError, Worker};
 use crate::config::{Job, Secret};
 use crate::fetch::paging::{Cursor, Stored, Validators};
 use crate::fetch::{Answered, BuildError, Fetcher, PageAt, Placeholders, Request};
@@ -210,7 +210,7 @@ impl Worker {
         job: &Job,
         claimed: Claimed<'_>,
         held: Held<'_>,
-    ) -> Result<Outcome, TaskError> {
+    ) -> Result<Ran, TaskError> {
         let mut claimed = claimed;
         let mut p = Progress::new(claimed.first_spend.take(), held.renewer.lost_flag());
         let began = (claimed.found.now, std::time::Instant::now());
@@ -219,6 +219,22 @@ impl Worker {
             self.refund_unsent(unused).await;
         }
         let outcome = ended?;
+        if outcome.kind == OutcomeKind::Superseded && p.lock_lost.load(Ordering::Acquire) {
+            let mut conn = self.lasting.conn.clone();
+            let holder = held.lock.holder(&mut conn).await?;
+            if holder.is_some_and(|h| h.task == task.id) {
+                drop(held.renewer);
+                warn!(
+                    job = %job.name,
+                    item = %task.item_key(),
+                    task = %task.id,
+                    pages = p.pages,
+                    units = p.units,
+                    "another delivery of this task holds the item (the queue handed it out again, and this one's lock was lost in a failover): this one steps aside, and the other records the task's end"
+                );
+                return Ok(Ran::Skipped(Skip::SteppedAside));
+            }
+        }
         let ran = began.1.elapsed().as_secs() as i64;
         let ended_at = began.0.saturating_add(ran);
         if let Some(last) = LastRun::of(task, &outcome, ended_at) {
@@ -230,7 +246,7 @@ impl Worker {
         drop(held.renewer);
         let end = held.lock.end(std::mem::take(&mut p.leaves));
         self.finish(task, Some(job), &outcome, Some(end)).await?;
-        Ok(outcome)
+        Ok(Ran::Ended(outcome))
     }
 
     /// The run: where it starts, whose quota it spends (`payer`), its pages.
@@ -669,7 +685,7 @@ impl Worker {
             p.checkpointed = true;
             Ok(true)
         } else {
-            warn!(lock = %run.cursor_key, "the item is another task's now (its lock lapsed under a stalled Redis): the checkpoint is not saved, and this task stops here");
+            warn!(checkpoint = %run.cursor_key, "another task holds the item now (this task's lock lapsed while Redis stalled, and the item was claimed again): the checkpoint is not saved, and this task stops here");
             p.lock_lost.store(true, Ordering::Release);
             Ok(false)
         }
@@ -679,7 +695,7 @@ impl Worker {
 /// The outcome of a task whose item lock lapsed (Redis stalled past its
 /// TTL): what it did until it saw so.
 fn superseded(p: &Progress) -> Outcome {
-    let why = "lost the item lock (Redis stalled past its TTL): this task stops here, and the item's task that holds it now (or its next) goes on from the checkpoint";
+    let why = "another task holds the item now (this task's lock lapsed while Redis stalled past its TTL, and the item was claimed again): this task stops here, and that task goes on from its checkpoint";
     p.outcome(OutcomeKind::Superseded, why.to_owned())
 }
 
