@@ -1,19 +1,24 @@
 //! The one way an end-to-end test runs the product: the real binary as a
 //! daemon on its own `redis-server`, with a config the test built
 //! ([`ConfigBuilder`]); ticks by `trigger JOB --wait` ([`Rig::trigger`],
-//! [`Rig::tick`]); what it did as typed outcome lines ([`Outcome`]), `quota
-//! --json` ([`Rig::quota`], [`Rig::used`]) and `/api/status`
-//! ([`Rig::status`]). The upstream is the test's (the simulator, a
-//! [`super::hostile::Hostile`], canned answers): the rig needs only its
-//! base URL in the config.
+//! [`Rig::tick`]), or queued by `trigger JOB` ([`Rig::queue`]) and waited
+//! for in Redis ([`Rig::wait_ticks`]); what it did as typed outcome lines
+//! ([`Outcome`]), `quota --json` ([`Rig::quota`], [`Rig::used`]) and
+//! `/api/status` ([`Rig::status`]). More daemons on the same Redis and
+//! config come from [`Rig::another`]; a daemon that must not be waited for
+//! (Redis not there yet) from [`Rig::spawn`]. The upstream is the test's
+//! (the simulator, a [`super::hostile::Hostile`], canned answers): the rig
+//! needs only its base URL in the config.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::time::Duration;
 
 use serde_json::Value;
 
-use super::daemon::TERMINAL;
+use super::daemon::{TERMINAL, tick_claims, wait_ticks_ended};
 use super::http::{http_get, wait_http};
+use super::keys::keys;
 use super::process::{Proc, run_cli};
 use super::{RedisServer, TestConfig, wait_until};
 
@@ -46,6 +51,15 @@ impl Triggered {
     /// The summary line it ends with.
     pub fn summary(&self) -> &str {
         self.stdout.lines().last().unwrap_or_default()
+    }
+
+    /// The tick it queued (`... (tick T)` in its first line).
+    pub fn tick(&self) -> i64 {
+        let at = (self.stdout.find("(tick "))
+            .unwrap_or_else(|| panic!("no tick in what trigger said: {self:#?}"));
+        let rest = &self.stdout[at + "(tick ".len()..];
+        let end = rest.find(')').expect("(tick T)");
+        rest[..end].parse().expect("a tick's time in ms")
     }
 }
 
@@ -106,6 +120,11 @@ impl fmt::Display for Outcome {
 }
 
 impl Rig {
+    /// Starts the daemon on a Redis of its own with `cfg`.
+    pub fn new(cfg: TestConfig) -> Rig {
+        Self::start(RedisServer::start(), cfg, &[])
+    }
+
     /// Starts the daemon on `redis` with `cfg` (its `[redis] url` may name
     /// another server: the daemon is pointed at `redis`), `env` added to
     /// its environment, and waits until it says it runs (and, when `cfg`
@@ -127,6 +146,26 @@ impl Rig {
             daemon,
             port,
         }
+    }
+
+    /// A daemon started on `redis` with `cfg` and `env`, not waited for (it
+    /// may wait for a Redis that is not there yet): the test waits for
+    /// what it needs ([`Proc::wait_running`], a log line).
+    pub fn spawn(redis: &RedisServer, cfg: &TestConfig, label: &str, env: &[(&str, &str)]) -> Proc {
+        Proc::daemon(label, cfg, Some(&redis.url()), env)
+    }
+
+    /// Another daemon on this rig's Redis and config, started (the test
+    /// waits for what it needs).
+    pub fn spawn_another(&self, label: &str) -> Proc {
+        Self::spawn(&self.redis, &self.cfg, label, &[])
+    }
+
+    /// Another daemon on this rig's Redis and config, running.
+    pub fn another(&self, label: &str) -> Proc {
+        let mut d = self.spawn_another(label);
+        d.wait_running(Duration::from_secs(30));
+        d
     }
 
     /// The port of the config's `[metrics] listen`, if it opens one.
@@ -165,6 +204,50 @@ impl Rig {
         t
     }
 
+    /// `trigger JOB` (without `--wait`), which must queue a tick: the
+    /// tick's time (ms), its key in Redis.
+    pub fn queue(&self, job: &str) -> i64 {
+        let (code, stdout, stderr) = self.cli(&["trigger", job]);
+        let t = Triggered {
+            code,
+            stdout,
+            stderr,
+        };
+        assert_eq!(t.code, Some(0), "trigger {job}: {t:#?}");
+        let tick = t.tick();
+        let claim = keys().tick_claim(job, tick);
+        let claimed: bool = self.redis.cmd(&["EXISTS", &claim]);
+        assert!(
+            claimed,
+            "trigger {job} queued tick {tick} unclaimed: {t:#?}"
+        );
+        tick
+    }
+
+    /// A connection to the rig's Redis.
+    pub fn conn(&self) -> redis::Connection {
+        self.redis.conn()
+    }
+
+    /// The claimed ticks of the world's job: tick ms → who claimed it.
+    pub fn claims(&self) -> HashMap<i64, String> {
+        tick_claims(&mut self.conn())
+    }
+
+    /// Waits up to `timeout` until each of `ticks` of the world's job has
+    /// `items` tasks ended (in Redis's tick records), and asserts it did:
+    /// their outcome counts.
+    pub fn wait_ticks(
+        &self,
+        ticks: &[i64],
+        items: i64,
+        timeout: Duration,
+    ) -> HashMap<i64, HashMap<String, i64>> {
+        let (ok, all) = wait_ticks_ended(&mut self.conn(), ticks, items, timeout);
+        assert!(ok, "not every task of ticks {ticks:?} ended: {all:?}");
+        all
+    }
+
     /// `trigger JOB --wait`, which must exit `code`.
     pub fn trigger_expect(&self, job: &str, code: i32) -> Triggered {
         let t = self.trigger(job);
@@ -185,9 +268,7 @@ impl Rig {
 
     /// Every outcome line the daemon logged so far.
     pub fn outcomes(&self) -> Vec<Outcome> {
-        (self.daemon.outcomes().into_iter())
-            .filter_map(Outcome::of)
-            .collect()
+        outcomes(&self.daemon)
     }
 
     /// The terminal outcomes of `job` so far.
@@ -231,4 +312,11 @@ impl Rig {
         assert_eq!(code, 200, "{body}");
         serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"))
     }
+}
+
+/// Every outcome line `daemon` logged so far (a daemon of [`Rig::another`]).
+pub fn outcomes(daemon: &Proc) -> Vec<Outcome> {
+    (daemon.outcomes().into_iter())
+        .filter_map(Outcome::of)
+        .collect()
 }
