@@ -214,22 +214,27 @@ fn daemon_restarted_at_once_after_sigkill_gets_a_working_embedded_redis() {
     let cfg = world::config(world::job("http://127.0.0.1:9"))
         .state_dir("state")
         .write();
-    let (mut d, _) = start("embedded-0", &cfg);
+    let (mut d, mut redis_pid) = start("embedded-0", &cfg);
     for round in 1..=5u64 {
         spend(&cfg, 1);
         d.kill();
         // No pause: the next one starts while the old redis-server exits.
         let mut next = Proc::daemon(&format!("embedded-{round}"), &cfg, None, &[]);
         next.wait_running(Duration::from_secs(20));
+        let Some(own) = child_pid(next.pid(), "redis-server") else {
+            panic!(
+                "round {round}: the new daemon did not start its own redis-server (adopted the dying one?)"
+            )
+        };
+        // Once the old redis-server is gone, the Redis the new daemon runs
+        // on works and holds every unit spent so far.
         assert!(
-            child_pid(next.pid(), "redis-server").is_some(),
-            "round {round}: the new daemon did not start its own redis-server (adopted the dying one?)"
+            support::wait_until(Duration::from_secs(20), || !alive(redis_pid)),
+            "round {round}: the old redis-server {redis_pid} outlived its daemon"
         );
-        // The Redis it runs on works and holds every unit spent so far.
-        std::thread::sleep(Duration::from_millis(300));
         assert_eq!(used(&cfg), round, "round {round}");
         assert!(next.running(), "round {round}: {}", next.log());
-        d = next;
+        (d, redis_pid) = (next, own);
     }
     d.term();
     assert_eq!(
@@ -319,7 +324,8 @@ fn embedded_redis_killed_under_the_daemon_is_started_again() {
         .write();
     let (mut d, redis_pid) = start("embedded", &cfg);
     spend(&cfg, 2);
-    // Let the AOF (appendfsync everysec) reach the disk before the "crash".
+    // About time: the AOF (appendfsync everysec) reaches the disk within
+    // a second or so; the "crash" comes after.
     std::thread::sleep(Duration::from_millis(1_500));
     // SAFETY: kill(2) on the redis-server the daemon under test started; the
     // test plays the OOM killer.

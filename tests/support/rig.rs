@@ -127,25 +127,34 @@ impl Rig {
 
     /// Starts the daemon on `redis` with `cfg` (its `[redis] url` may name
     /// another server: the daemon is pointed at `redis`), `env` added to
-    /// its environment, and waits until it says it runs (and, when `cfg`
-    /// opens a listener, until it answers).
+    /// its environment, and waits until it says it runs (and, when `cfg` or
+    /// `env`'s `QUOTA_WORKER_METRICS_LISTEN` opens a listener, until it
+    /// answers).
     pub fn start(redis: RedisServer, cfg: TestConfig, env: &[(&str, &str)]) -> Rig {
-        let mut daemon = Proc::daemon("daemon", &cfg, Some(&redis.url()), env);
-        daemon.wait_running(Duration::from_secs(30));
-        let port = Self::listening(&cfg);
-        if let Some(port) = port {
-            assert!(
-                wait_http(port, Duration::from_secs(10)),
-                "the daemon's listener on {port} did not answer; log:\n{}",
-                daemon.log()
-            );
-        }
+        let mut daemon = Self::spawn(&redis, &cfg, "daemon", env);
+        let port = Self::running(&mut daemon, &cfg, env);
         Rig {
             redis,
             cfg,
             daemon,
             port,
         }
+    }
+
+    /// Waits until `daemon` says it runs and its listener (if `cfg` or
+    /// `env` opens one) answers: the listener's port.
+    fn running(daemon: &mut Proc, cfg: &TestConfig, env: &[(&str, &str)]) -> Option<u16> {
+        daemon.wait_running(Duration::from_secs(30));
+        let port = Self::listening(cfg, env);
+        if let Some(port) = port {
+            assert!(
+                wait_http(port, Duration::from_secs(10)),
+                "{}'s listener on {port} did not answer; log:\n{}",
+                daemon.label,
+                daemon.log()
+            );
+        }
+        port
     }
 
     /// A daemon started on `redis` with `cfg` and `env`, not waited for (it
@@ -163,16 +172,32 @@ impl Rig {
 
     /// Another daemon on this rig's Redis and config, running.
     pub fn another(&self, label: &str) -> Proc {
-        let mut d = self.spawn_another(label);
-        d.wait_running(Duration::from_secs(30));
+        self.another_with(label, &[])
+    }
+
+    /// Another daemon on this rig's Redis and config with `env` added
+    /// (its own `QUOTA_WORKER_METRICS_LISTEN`), running (and answering on
+    /// that listener).
+    pub fn another_with(&self, label: &str, env: &[(&str, &str)]) -> Proc {
+        let mut d = Self::spawn(&self.redis, &self.cfg, label, env);
+        Self::running(&mut d, &self.cfg, env);
         d
     }
 
-    /// The port of the config's `[metrics] listen`, if it opens one.
-    fn listening(cfg: &TestConfig) -> Option<u16> {
-        let text = std::fs::read_to_string(cfg.join("config.toml")).ok()?;
-        let doc: toml::Value = toml::from_str(&text).ok()?;
-        let listen = doc.get("metrics")?.get("listen")?.as_str()?;
+    /// The port `env`'s `QUOTA_WORKER_METRICS_LISTEN`, else the config's
+    /// `[metrics] listen`, opens, if any.
+    fn listening(cfg: &TestConfig, env: &[(&str, &str)]) -> Option<u16> {
+        let listen = match env
+            .iter()
+            .find(|(k, _)| *k == "QUOTA_WORKER_METRICS_LISTEN")
+        {
+            Some((_, v)) => v.to_string(),
+            None => {
+                let text = std::fs::read_to_string(cfg.join("config.toml")).ok()?;
+                let doc: toml::Value = toml::from_str(&text).ok()?;
+                doc.get("metrics")?.get("listen")?.as_str()?.to_owned()
+            }
+        };
         listen.rsplit_once(':')?.1.parse().ok()
     }
 
