@@ -11,14 +11,13 @@ use std::time::{Duration, Instant};
 use quota_worker::outcome::OutcomeKind;
 use quota_worker::queue::FEED_CAP;
 
-use crate::support::daemon::{tick_claims, wait_ticks_ended};
+use crate::support::daemon::wait_ticks_ended;
 use crate::support::machine;
 use crate::support::pipeline::{Pipeline, kinds};
-use crate::support::process::{Proc, run_cli};
-use crate::support::redis_server::redis_conn;
+use crate::support::rig::Rig;
 use crate::support::upstream::Upstream;
 use crate::support::world;
-use crate::support::{ConfigBuilder, Job, RedisServer, Sink, Worker};
+use crate::support::{ConfigBuilder, Job, Sink, Worker, wait_every, wait_until};
 
 /// The job `name` over `regions`, one page of one record each, all into one
 /// file; a window with room for everything.
@@ -116,7 +115,8 @@ async fn apalis_pitfall_4_ten_thousand_item_fan_out_drains() {
             let mut conn = redis::Client::open(url)
                 .and_then(|c| c.get_connection())
                 .expect("sampler connection");
-            while !done.load(Ordering::Relaxed) {
+            // A sample every 10 ms until the drain is over.
+            wait_every(Duration::from_secs(3600), Duration::from_millis(10), || {
                 let (sched, active): (u64, u64) = redis::pipe()
                     .zcard(&scheduled_key)
                     .llen(&active_key)
@@ -125,8 +125,8 @@ async fn apalis_pitfall_4_ten_thousand_item_fan_out_drains() {
                 max_sched.fetch_max(sched, Ordering::Relaxed);
                 max_apalis.fetch_max(sched + active, Ordering::Relaxed);
                 samples.fetch_add(1, Ordering::Relaxed);
-                std::thread::sleep(Duration::from_millis(10));
-            }
+                done.load(Ordering::Relaxed)
+            });
         })
     };
 
@@ -214,23 +214,20 @@ async fn apalis_pitfall_4_ten_thousand_item_fan_out_drains() {
 #[test]
 fn two_idle_daemons_wait_on_redis_instead_of_polling_it() {
     let _machine = machine::timing();
-    let redis = RedisServer::start();
     let upstream = Upstream::start(1, 1);
     let cfg = world::config(world::job(&upstream.base_url()).pages(1))
         .worker(Worker::default().concurrency(8))
         .write();
-    let mut daemons: Vec<Proc> = ["idle-a", "idle-b"]
-        .iter()
-        .map(|l| Proc::daemon(l, &cfg, Some(&redis.url()), &[]))
-        .collect();
-    for d in &mut daemons {
-        d.wait_running(Duration::from_secs(10));
-    }
-    // Past the start: the first announcements, registrations and rounds.
+    let mut rig = Rig::new(cfg);
+    let mut b = rig.another("idle-b");
+    let redis = &rig.redis;
+    // About time: past the start (the first announcements, registrations
+    // and rounds), a settling period before idling is measured.
     std::thread::sleep(Duration::from_secs(3));
 
     let _: String = redis.cmd(&["CONFIG", "RESETSTAT"]);
     let idled = Instant::now();
+    // About time: the commands of 10 s of idling are counted.
     std::thread::sleep(Duration::from_secs(10));
     let (commands, stats) = redis.command_calls();
     let per_daemon_s = commands as f64 / 2.0 / idled.elapsed().as_secs_f64();
@@ -249,19 +246,9 @@ fn two_idle_daemons_wait_on_redis_instead_of_polling_it() {
     );
 
     // A task queued now starts at once: the daemons were waiting, not asleep.
-    let mut conn = redis_conn(&redis.url());
+    let mut conn = redis.conn();
     let t0 = Instant::now();
-    let (code, out, err) = run_cli(
-        &cfg,
-        Some(&redis.url()),
-        &["trigger", world::JOB],
-        Duration::from_secs(20),
-    );
-    assert_eq!(code, Some(0), "trigger: {out}\n{err}");
-    let tick = tick_claims(&mut conn)
-        .into_keys()
-        .max()
-        .expect("the tick's claim");
+    let tick = rig.queue(world::JOB);
     let regions = world::REGIONS.len() as i64;
     let (ok, outcomes) = wait_ticks_ended(&mut conn, &[tick], regions, Duration::from_secs(20));
     assert!(ok, "the tick's tasks did not end: {outcomes:?}");
@@ -279,9 +266,13 @@ fn two_idle_daemons_wait_on_redis_instead_of_polling_it() {
         "tasks queued to idle daemons took {picked:?} to end"
     );
 
-    // Idle again, then SIGTERM: each exits 0 without waiting out its read.
-    std::thread::sleep(Duration::from_secs(1));
-    for d in &mut daemons {
+    // Idle again (each daemon's feeder blocked on the wake stream), then
+    // SIGTERM: each exits 0 without waiting out its read.
+    assert!(
+        wait_until(Duration::from_secs(10), || redis.blocked_clients() >= 2),
+        "the idle daemons are not both blocked on Redis"
+    );
+    for d in [&mut rig.daemon, &mut b] {
         let t0 = Instant::now();
         d.term();
         let status = d.wait_exit(Duration::from_secs(10));
