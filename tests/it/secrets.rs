@@ -14,6 +14,7 @@ use std::time::Duration;
 use simulator::{Fault, SimConfig};
 
 use crate::support::http::{self, wait_http};
+use crate::support::keys::keys;
 use crate::support::process::{Proc, command};
 use crate::support::upstream::Upstream;
 use crate::support::world;
@@ -260,7 +261,14 @@ fn never_leaks(format: &str) {
         if has(&log, "done") && has(&log, "quota_exhausted") {
             break;
         }
-        std::thread::sleep(Duration::from_millis(1200));
+        // The next tick once the credential's block (a 429's, 1 s), if
+        // any, has ended.
+        let blocked = keys().blocked(world::CREDENTIAL);
+        let unblocked = support::wait_until(Duration::from_secs(10), || {
+            let end: Option<i64> = redis.cmd(&["GET", &blocked]);
+            end.is_none_or(|end| end <= redis.time_us())
+        });
+        assert!(unblocked, "the credential's block did not end");
     }
     // The whole window's worth cannot fit any more: rejected, with its retry-after.
     let rejected = cli(

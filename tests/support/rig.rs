@@ -141,6 +141,31 @@ impl Rig {
         }
     }
 
+    /// Starts `n` daemons at once on `redis` with `cfg` (`daemon`,
+    /// `daemon-1`, ...) and waits until each runs: the rig (the first) and
+    /// the others.
+    pub fn start_n(redis: RedisServer, cfg: TestConfig, n: usize) -> (Rig, Vec<Proc>) {
+        let mut all: Vec<Proc> = (0..n)
+            .map(|i| match i {
+                0 => Self::spawn(&redis, &cfg, "daemon", &[]),
+                i => Self::spawn(&redis, &cfg, &format!("daemon-{i}"), &[]),
+            })
+            .collect();
+        let port = (all.iter_mut())
+            .map(|d| Self::running(d, &cfg, &[]))
+            .last()
+            .flatten();
+        let others = all.split_off(1);
+        let daemon = all.pop().expect("n >= 1");
+        let rig = Rig {
+            redis,
+            cfg,
+            daemon,
+            port,
+        };
+        (rig, others)
+    }
+
     /// Waits until `daemon` says it runs and its listener (if `cfg` or
     /// `env` opens one) answers: the listener's port.
     fn running(daemon: &mut Proc, cfg: &TestConfig, env: &[(&str, &str)]) -> Option<u16> {
