@@ -33,7 +33,7 @@ fn three_daemons_fan_each_tick_out_once_and_fetch_each_page_once() {
             )
             .worker(Worker::default().concurrency(8).recover_after("6s"))
             .write();
-            let (rig, others) = Rig::start_n(RedisServer::start(), cfg, 3);
+            let (rig, others) = Rig::start_n(RedisServer::start(), cfg, 3, &[]);
             (rig, others, upstream)
         });
     let daemons: Vec<&Proc> = std::iter::once(&rig.daemon).chain(&others).collect();

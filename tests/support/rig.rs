@@ -141,18 +141,23 @@ impl Rig {
         }
     }
 
-    /// Starts `n` daemons at once on `redis` with `cfg` (`daemon`,
-    /// `daemon-1`, ...) and waits until each runs: the rig (the first) and
-    /// the others.
-    pub fn start_n(redis: RedisServer, cfg: TestConfig, n: usize) -> (Rig, Vec<Proc>) {
+    /// Starts `n` daemons at once on `redis` with `cfg` and `env`
+    /// (`daemon`, `daemon-1`, ...) and waits until each runs: the rig (the
+    /// first) and the others.
+    pub fn start_n(
+        redis: RedisServer,
+        cfg: TestConfig,
+        n: usize,
+        env: &[(&str, &str)],
+    ) -> (Rig, Vec<Proc>) {
         let mut all: Vec<Proc> = (0..n)
             .map(|i| match i {
-                0 => Self::spawn(&redis, &cfg, "daemon", &[]),
-                i => Self::spawn(&redis, &cfg, &format!("daemon-{i}"), &[]),
+                0 => Self::spawn(&redis, &cfg, "daemon", env),
+                i => Self::spawn(&redis, &cfg, &format!("daemon-{i}"), env),
             })
             .collect();
         let port = (all.iter_mut())
-            .map(|d| Self::running(d, &cfg, &[]))
+            .map(|d| Self::running(d, &cfg, env))
             .last()
             .flatten();
         let others = all.split_off(1);
