@@ -16,6 +16,7 @@ use crate::support::daemon;
 use crate::support::keys;
 use crate::support::machine;
 use crate::support::process::{Proc, run_cli};
+use crate::support::rig::Rig;
 use crate::support::upstream::Upstream;
 use crate::support::world::{self, REGIONS, SECRET};
 use crate::support::{
@@ -115,12 +116,11 @@ fn three_daemons_never_have_more_in_flight_than_the_window_allows() {
     let redis = RedisServer::start();
     let upstream = upstream(Duration::from_millis(300));
     let cfg = config(&upstream.base_url(), None);
-    let mut daemons: Vec<Proc> = (0..3)
-        .map(|i| Proc::daemon(&format!("daemon-{i}"), &cfg, Some(&redis.url()), &[]))
-        .collect();
-    for d in &mut daemons {
-        d.wait_running(Duration::from_secs(20));
-    }
+    let (rig, others) = Rig::start_n(redis, cfg, 3, &[]);
+    let Rig {
+        redis, cfg, daemon, ..
+    } = rig;
+    let mut daemons: Vec<Proc> = std::iter::once(daemon).chain(others).collect();
     // The daemons' own traffic while idle, to tell it from the tasks'.
     let (idle_from, idle_at) = (redis.command_calls().0, Instant::now());
     std::thread::sleep(Duration::from_secs(2));
@@ -248,15 +248,8 @@ fn a_killed_daemons_leases_lapse_and_the_others_reach_full_concurrency() {
     // Answers take 1 s; a lease lasts 3 s unreturned.
     let upstream = upstream(Duration::from_secs(1));
     let cfg = config(&upstream.base_url(), Some("3s"));
-    let mut first = Proc::daemon("doomed", &cfg, Some(&redis.url()), &[]);
-    first.wait_running(Duration::from_secs(20));
-    let (code, out, err) = run_cli(
-        &cfg,
-        Some(&redis.url()),
-        &["trigger", "trending"],
-        Duration::from_secs(30),
-    );
-    assert_eq!(code, Some(0), "{out}{err}");
+    let mut rig = Rig::start(redis, cfg, &[]);
+    rig.queue("trending");
 
     // Killed with the window full of its requests.
     let full =
@@ -266,29 +259,21 @@ fn a_killed_daemons_leases_lapse_and_the_others_reach_full_concurrency() {
         "the first daemon never had {CAP} in flight: {:?}",
         upstream.in_flight()
     );
-    first.kill();
+    rig.daemon.kill();
     let killed = Utc::now();
-    let q = cfg.run(
-        &["quota", world::CREDENTIAL, "--json"],
-        &[("QUOTA_WORKER_REDIS_URL", &redis.url())],
-    );
-    let leases = crate::support::json(&q)["credentials"][0]["windows"][1]["leases"].as_u64();
+    let leases = rig.quota(world::CREDENTIAL)["windows"][1]["leases"].as_u64();
     assert_eq!(leases, Some(CAP), "it died holding its leases");
 
-    let mut others: Vec<Proc> = (0..2)
-        .map(|i| Proc::daemon(&format!("daemon-{i}"), &cfg, Some(&redis.url()), &[]))
-        .collect();
-    for d in &mut others {
-        d.wait_running(Duration::from_secs(20));
-    }
+    let mut others = rig.others(&["daemon-1", "daemon-2"]);
+    let redis = &rig.redis;
     // The survivors finish the tick (the dead daemon's tasks recovered).
     let done = crate::support::wait_until(Duration::from_secs(90), || {
-        outcomes(&redis, "trending").get("done") == Some(&(REGIONS.len() as i64))
+        outcomes(redis, "trending").get("done") == Some(&(REGIONS.len() as i64))
     });
     assert!(
         done,
         "the tick did not end: {:?}",
-        outcomes(&redis, "trending")
+        outcomes(redis, "trending")
     );
 
     let stats = upstream.stats();

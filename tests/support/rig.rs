@@ -200,6 +200,18 @@ impl Rig {
         Self::spawn(&self.redis, &self.cfg, label, &[])
     }
 
+    /// More daemons on this rig's Redis and config, one per label, started
+    /// at once and then waited for.
+    pub fn others(&self, labels: &[&str]) -> Vec<Proc> {
+        let mut all: Vec<Proc> = (labels.iter())
+            .map(|l| Self::spawn(&self.redis, &self.cfg, l, &[]))
+            .collect();
+        for d in &mut all {
+            Self::running(d, &self.cfg, &[]);
+        }
+        all
+    }
+
     /// Another daemon on this rig's Redis and config, running.
     pub fn another(&self, label: &str) -> Proc {
         self.another_with(label, &[])
