@@ -141,6 +141,34 @@ impl Rig {
         }
     }
 
+    /// Starts the daemon as `quota-worker ARGS` (`args` ends in `run`: a
+    /// log format of the test's, `--log-format text`, none) on `redis` with
+    /// `cfg` and `env`, and waits until it says it runs, in whichever
+    /// format.
+    pub fn start_args(
+        redis: RedisServer,
+        cfg: TestConfig,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Rig {
+        let daemon = Proc::sim_cli("daemon", &cfg, Some(&redis.url()), args, env);
+        assert!(
+            daemon.wait_log("quota-worker running", Duration::from_secs(30)),
+            "the daemon did not start; log:\n{}",
+            daemon.log()
+        );
+        let port = Self::listening(&cfg, env);
+        if let Some(port) = port {
+            assert!(wait_http(port, Duration::from_secs(10)), "{}", daemon.log());
+        }
+        Rig {
+            redis,
+            cfg,
+            daemon,
+            port,
+        }
+    }
+
     /// Starts `n` daemons at once on `redis` with `cfg` and `env`
     /// (`daemon`, `daemon-1`, ...) and waits until each runs: the rig (the
     /// first) and the others.
