@@ -12,6 +12,7 @@ use crate::support::machine;
 use crate::support::notify::NotifySocket;
 use crate::support::process::Proc;
 use crate::support::procfs::{children_named, environ};
+use crate::support::rig::Rig;
 use crate::support::world::{self, CREDENTIAL, ENDPOINT};
 use crate::support::{RedisServer, TestConfig, Window, Worker};
 
@@ -32,12 +33,25 @@ fn config(redis: Option<&str>, state_dir: &str) -> TestConfig {
     config.write()
 }
 
-fn daemon(cfg: &TestConfig, notify: &NotifySocket, extra: &[(&str, &str)]) -> Proc {
-    let path = notify.path();
-    let mut env = vec![
+/// What systemd gives a unit with `Type=notify` and `WatchdogSec`, the
+/// socket at `path`.
+fn systemd(path: &std::path::Path) -> [(&str, &str); 2] {
+    [
         ("NOTIFY_SOCKET", path.to_str().expect("utf-8 path")),
         ("WATCHDOG_USEC", WATCHDOG_USEC),
-    ];
+    ]
+}
+
+/// The daemon on `redis`, run as systemd would.
+fn daemon(redis: RedisServer, cfg: TestConfig, notify: &NotifySocket) -> Rig {
+    Rig::start(redis, cfg, &systemd(&notify.path()))
+}
+
+/// The daemon on its embedded Redis, run as systemd would, with `extra`
+/// in its environment.
+fn embedded_daemon(cfg: &TestConfig, notify: &NotifySocket, extra: &[(&str, &str)]) -> Proc {
+    let path = notify.path();
+    let mut env = systemd(&path).to_vec();
     env.extend_from_slice(extra);
     Proc::start("daemon", cfg, &["run"], &env)
 }
@@ -64,7 +78,13 @@ fn ready_then_watchdog_then_stopping_in_order_with_status_lines() {
     let cfg = config(Some(&redis.url()), &state.path().display().to_string());
     let notify = NotifySocket::bind();
     let started = Instant::now();
-    let mut d = daemon(&cfg, &notify, &[]);
+    let mut rig = daemon(redis, cfg, &notify);
+    let Rig {
+        redis,
+        cfg,
+        daemon: d,
+        ..
+    } = &mut rig;
 
     let ready = notify
         .wait_for("READY=1", 1, Duration::from_secs(20))
@@ -87,7 +107,7 @@ fn ready_then_watchdog_then_stopping_in_order_with_status_lines() {
 
     // The STATUS line reads the shared windows live: a spend from the CLI
     // shows up in the next one (they are refreshed every 5 s).
-    let spent = cfg.run_on(&redis, &["spend", ENDPOINT, "--cost", "412"]);
+    let spent = cfg.run_on(redis, &["spend", ENDPOINT, "--cost", "412"]);
     assert_eq!(spent.status.code(), Some(0), "{spent:?}");
     assert!(
         notify
@@ -229,7 +249,7 @@ fn embedded_redis_does_not_inherit_notify_socket() {
     .expect("PATH");
     let notify = NotifySocket::bind();
     let started = Instant::now();
-    let mut d = daemon(
+    let mut d = embedded_daemon(
         &cfg,
         &notify,
         &[("PATH", path.to_str().expect("utf-8 PATH"))],
@@ -308,7 +328,8 @@ fn a_reload_says_reloading_with_monotonic_usec_then_ready_applied_or_refused() {
     let cfg = config(Some(&redis.url()), &state.path().display().to_string());
     let notify = NotifySocket::bind();
     let started = Instant::now();
-    let mut d = daemon(&cfg, &notify, &[]);
+    let mut rig = daemon(redis, cfg, &notify);
+    let Rig { cfg, daemon: d, .. } = &mut rig;
     assert!(
         notify
             .wait_for("READY=1", 1, Duration::from_secs(20))
