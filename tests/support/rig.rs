@@ -254,6 +254,21 @@ impl Rig {
         d
     }
 
+    /// Stops the daemon (SIGTERM; it must exit) if it still runs, and
+    /// starts it again on the same Redis with `cfg`, as an operator does
+    /// with a new config; waits until it runs.
+    pub fn restart_with(&mut self, cfg: TestConfig) {
+        self.daemon.term();
+        assert!(
+            self.daemon.wait_exit(Duration::from_secs(30)).is_some(),
+            "the daemon did not stop; log:\n{}",
+            self.daemon.log()
+        );
+        self.cfg = cfg;
+        self.daemon = Self::spawn(&self.redis, &self.cfg, "daemon", &[]);
+        self.port = Self::running(&mut self.daemon, &self.cfg, &[]);
+    }
+
     /// The port `env`'s `QUOTA_WORKER_METRICS_LISTEN`, else the config's
     /// `[metrics] listen`, opens, if any.
     fn listening(cfg: &TestConfig, env: &[(&str, &str)]) -> Option<u16> {
@@ -284,19 +299,7 @@ impl Rig {
 
     /// `trigger JOB --wait`, as it ended (it must end).
     pub fn trigger(&self, job: &str) -> Triggered {
-        let (code, stdout, stderr) = run_cli(
-            &self.cfg,
-            Some(&self.redis.url()),
-            &["trigger", job, "--wait"],
-            TRIGGER,
-        );
-        let t = Triggered {
-            code,
-            stdout,
-            stderr,
-        };
-        assert!(t.code.is_some(), "trigger {job} --wait hung: {t:#?}");
-        t
+        trigger(&self.redis, &self.cfg, job)
     }
 
     /// `trigger JOB` (without `--wait`), which must queue a tick: the
@@ -414,4 +417,22 @@ pub fn outcomes(daemon: &Proc) -> Vec<Outcome> {
     (daemon.outcomes().into_iter())
         .filter_map(Outcome::of)
         .collect()
+}
+
+/// `trigger JOB --wait` on `redis` with `cfg`, as it ended (it must end):
+/// [`Rig::trigger`] for a test whose daemons are its own.
+pub fn trigger(redis: &RedisServer, cfg: &TestConfig, job: &str) -> Triggered {
+    let (code, stdout, stderr) = run_cli(
+        cfg,
+        Some(&redis.url()),
+        &["trigger", job, "--wait"],
+        TRIGGER,
+    );
+    let t = Triggered {
+        code,
+        stdout,
+        stderr,
+    };
+    assert!(t.code.is_some(), "trigger {job} --wait hung: {t:#?}");
+    t
 }
