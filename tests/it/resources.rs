@@ -18,7 +18,6 @@ use serde_json::Value;
 use simulator::{Fault, SimAccounting, SimConfig, SimStyle};
 
 use crate::accounting::Rig;
-use crate::support::process::Proc;
 use crate::support::world::{self, KEY_ENV, SECRET};
 use crate::support::{ConfigBuilder, Credential, Endpoint, Job, Request, Sink, Window};
 
@@ -475,8 +474,7 @@ fn graphql_spends_settle_to_the_reported_cost() {
     assert!(rig.daemon.wait_exit(Duration::from_secs(20)).is_some());
     let cfg = graphql_config(&rig.upstream.base_url(), &["d", "e", "f"], false);
     rig.cfg.rewrite(&cfg);
-    let mut daemon = Proc::daemon("daemon2", &rig.cfg, Some(&rig.redis.url()), &[]);
-    daemon.wait_running(Duration::from_secs(20));
+    let daemon = rig.another("daemon2");
     let (code, summary) = rig.trigger_job("graph");
     assert_eq!(code, Some(0), "{summary}");
     let w = window(&rig.quota_of(CRED), "graphql");

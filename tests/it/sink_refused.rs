@@ -880,9 +880,7 @@ fn issue_37_2_a_link_where_the_file_goes_is_refused_for_good_held_across_a_resta
     // Across a restart too: the hold is in the kept files.
     rig.rig.daemon.term();
     assert!(rig.rig.daemon.wait_exit(Duration::from_secs(30)).is_some());
-    rig.rig.daemon =
-        crate::support::process::Proc::daemon("daemon-2", &rig.cfg, Some(&rig.redis.url()), &[]);
-    rig.rig.daemon.wait_running(Duration::from_secs(30));
+    rig.rig.daemon = rig.another("daemon-2");
     let ended = tick_of(&rig, 2);
     let a = CannedRig::outcome(&ended, "a");
     assert!(message(a).starts_with("sink: held: "), "{a}");

@@ -245,6 +245,14 @@ impl Rig {
         self.another_with(label, &[])
     }
 
+    /// Another daemon on this rig's Redis with a config of its own (the
+    /// other version in a rolling deploy), running.
+    pub fn another_on(&self, label: &str, cfg: &TestConfig) -> Proc {
+        let mut d = Self::spawn(&self.redis, cfg, label, &[]);
+        Self::running(&mut d, cfg, &[]);
+        d
+    }
+
     /// Another daemon on this rig's Redis and config with `env` added
     /// (its own `QUOTA_WORKER_METRICS_LISTEN`), running (and answering on
     /// that listener).
