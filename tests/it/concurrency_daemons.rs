@@ -15,7 +15,7 @@ use simulator::{CHANNELS, Logged, SimConfig, VIDEOS};
 use crate::support::daemon;
 use crate::support::keys;
 use crate::support::machine;
-use crate::support::process::{Proc, run_cli};
+use crate::support::process::Proc;
 use crate::support::rig::Rig;
 use crate::support::upstream::Upstream;
 use crate::support::world::{self, REGIONS, SECRET};
@@ -318,20 +318,14 @@ fn leases_in_flight_show_in_quota_metrics_and_the_status_page() {
     let cfg = config(&upstream.base_url(), None);
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
-    let mut d = Proc::daemon(
-        "daemon",
-        &cfg,
-        Some(&redis.url()),
-        &[("QUOTA_WORKER_METRICS_LISTEN", listen.as_str())],
-    );
-    d.wait_running(Duration::from_secs(20));
-    let (code, out, err) = run_cli(
-        &cfg,
-        Some(&redis.url()),
-        &["trigger", "chans"],
-        Duration::from_secs(30),
-    );
-    assert_eq!(code, Some(0), "{out}{err}");
+    let mut rig = Rig::start(redis, cfg, &[("QUOTA_WORKER_METRICS_LISTEN", &listen)]);
+    rig.queue("chans");
+    let Rig {
+        cfg,
+        redis,
+        daemon: d,
+        ..
+    } = &mut rig;
     // Two channels requests (2 units each) fill the window of 4.
     let full =
         crate::support::wait_until(Duration::from_secs(20), || upstream.in_flight() == (2, CAP));
