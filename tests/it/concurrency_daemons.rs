@@ -98,6 +98,16 @@ fn peak(requests: &[&Logged]) -> (u64, Option<DateTime<Utc>>) {
     (best as u64, at)
 }
 
+/// The credential's concurrent window (its second), as `quota --json`
+/// shows it.
+fn concurrent_window(cfg: &TestConfig, redis: &RedisServer) -> serde_json::Value {
+    let q = cfg.run(
+        &["quota", world::CREDENTIAL, "--json"],
+        &[("QUOTA_WORKER_REDIS_URL", &redis.url())],
+    );
+    crate::support::json(&q)["credentials"][0]["windows"][1].clone()
+}
+
 /// Every tick outcome hash of `job` in Redis, summed per field.
 fn outcomes(redis: &RedisServer, job: &str) -> HashMap<String, i64> {
     let mut sum = HashMap::new();
@@ -117,9 +127,7 @@ fn three_daemons_never_have_more_in_flight_than_the_window_allows() {
     let upstream = upstream(Duration::from_millis(300));
     let cfg = config(&upstream.base_url(), None);
     let (rig, others) = Rig::start_n(redis, cfg, 3, &[]);
-    let Rig {
-        redis, cfg, daemon, ..
-    } = rig;
+    let (redis, cfg, daemon) = (rig.redis, rig.cfg, rig.daemon);
     let mut daemons: Vec<Proc> = std::iter::once(daemon).chain(others).collect();
     // The daemons' own traffic while idle, to tell it from the tasks'.
     let (idle_from, idle_at) = (redis.command_calls().0, Instant::now());
@@ -146,11 +154,7 @@ fn three_daemons_never_have_more_in_flight_than_the_window_allows() {
     let spent_commands = redis.command_calls().0 - before;
     // Every request's lease was returned by its settle (a lease left to
     // lapse would still be held: it lasts 15 s).
-    let q = cfg.run(
-        &["quota", world::CREDENTIAL, "--json"],
-        &[("QUOTA_WORKER_REDIS_URL", &redis.url())],
-    );
-    let w = &crate::support::json(&q)["credentials"][0]["windows"][1];
+    let w = concurrent_window(&cfg, &redis);
     assert_eq!(
         (w["used"].as_u64(), w["leases"].as_u64()),
         (Some(0), Some(0)),
@@ -320,22 +324,13 @@ fn leases_in_flight_show_in_quota_metrics_and_the_status_page() {
     let listen = format!("127.0.0.1:{port}");
     let mut rig = Rig::start(redis, cfg, &[("QUOTA_WORKER_METRICS_LISTEN", &listen)]);
     rig.queue("chans");
-    let Rig {
-        cfg,
-        redis,
-        daemon: d,
-        ..
-    } = &mut rig;
+    let (cfg, redis, d) = (&mut rig.cfg, &mut rig.redis, &mut rig.daemon);
     // Two channels requests (2 units each) fill the window of 4.
     let full =
         crate::support::wait_until(Duration::from_secs(20), || upstream.in_flight() == (2, CAP));
     assert!(full, "{:?}", upstream.in_flight());
 
-    let q = cfg.run(
-        &["quota", world::CREDENTIAL, "--json"],
-        &[("QUOTA_WORKER_REDIS_URL", &redis.url())],
-    );
-    let w = &crate::support::json(&q)["credentials"][0]["windows"][1];
+    let w = concurrent_window(cfg, redis);
     assert_eq!(
         (w["used"].as_u64(), w["leases"].as_u64()),
         (Some(CAP), Some(2)),

@@ -48,6 +48,15 @@ fn assert_unreachable(cfg: &support::TestConfig) {
     assert_eq!(code, Some(69), "quota with no daemon: {out}\n{err}");
 }
 
+/// The world's job paging `upstream`, eight worker slots, the state (and
+/// the embedded Redis's socket and files) in `state/`.
+fn config(upstream: &Upstream) -> support::TestConfig {
+    world::config(world::job(&upstream.base_url()).pages(PAGES))
+        .state_dir("state")
+        .worker(Worker::default().concurrency(8))
+        .write()
+}
+
 fn start(label: &str, cfg: &support::TestConfig) -> (Proc, u32) {
     let mut d = Proc::daemon(label, cfg, None, &[]);
     d.wait_running(Duration::from_secs(20));
@@ -62,10 +71,7 @@ fn start(label: &str, cfg: &support::TestConfig) -> (Proc, u32) {
 #[test]
 fn embedded_redis_keeps_quota_state_across_daemon_restarts_and_never_outlives_the_daemon() {
     let upstream = Upstream::start(PAGES, 2);
-    let cfg = world::config(world::job(&upstream.base_url()).pages(PAGES))
-        .state_dir("state")
-        .worker(Worker::default().concurrency(8))
-        .write();
+    let cfg = config(&upstream);
 
     let (mut d, redis_pid) = start("embedded-1", &cfg);
     assert!(alive(redis_pid));
@@ -318,10 +324,7 @@ fn a_left_over_embedded_redis_is_replaced_not_adopted_and_its_state_kept() {
 #[test]
 fn embedded_redis_killed_under_the_daemon_is_started_again() {
     let upstream = Upstream::start(PAGES, 2);
-    let cfg = world::config(world::job(&upstream.base_url()).pages(PAGES))
-        .state_dir("state")
-        .worker(Worker::default().concurrency(8))
-        .write();
+    let cfg = config(&upstream);
     let (mut d, redis_pid) = start("embedded", &cfg);
     spend(&cfg, 2);
     // About time: the AOF (appendfsync everysec) reaches the disk within

@@ -216,8 +216,7 @@ async fn rows_differing_in_one_column_are_different_items() {
         ])
     })
     .await;
-    let tick = p.trigger("rows").await;
-    let evs = p.wait_tick("rows", tick, 4, Duration::from_secs(30)).await;
+    let evs = p.tick("rows", 4, Duration::from_secs(30)).await;
     assert_eq!(evs.len(), 4, "{:?}", kinds(&evs));
     assert!(
         evs.iter().all(|s| s.kind() == OutcomeKind::Done),

@@ -19,14 +19,24 @@ fn config() -> TestConfig {
         .write()
 }
 
-/// The daemon on a Redis of its own, listening on a free port.
-fn start() -> Rig {
+/// The daemon on a Redis of its own, listening on a free port, once
+/// `/readyz` says it is ready; and that port.
+fn start() -> (Rig, u16) {
     let listen = format!("127.0.0.1:{}", free_port());
-    Rig::start(
+    let rig = Rig::start(
         RedisServer::start(),
         config(),
         &[("QUOTA_WORKER_METRICS_LISTEN", &listen)],
-    )
+    );
+    let port = rig.listener();
+    assert!(http::wait_http(port, Duration::from_secs(20)));
+    assert!(
+        wait_until(Duration::from_secs(10), || status(port, "/readyz")
+            == Some(200)),
+        "ready after start: {:?}",
+        http_get(port, "/readyz")
+    );
+    (rig, port)
 }
 
 /// `GET path`, and how long it took.
@@ -43,18 +53,8 @@ fn status(port: u16, path: &str) -> Option<u16> {
 #[test]
 fn readyz_follows_redis_and_healthz_stays_up() {
     let _machine = machine::timing();
-    let mut rig = start();
-    let port = rig.listener();
-    let Rig {
-        redis, daemon: d, ..
-    } = &mut rig;
-    assert!(http::wait_http(port, Duration::from_secs(20)));
-    assert!(
-        wait_until(Duration::from_secs(10), || status(port, "/readyz")
-            == Some(200)),
-        "ready after start: {:?}",
-        http_get(port, "/readyz")
-    );
+    let (mut rig, port) = start();
+    let (redis, d) = (&mut rig.redis, &mut rig.daemon);
     assert_eq!(http_get(port, "/healthz"), Some((200, "ok\n".into())));
 
     // Redis goes away.
@@ -129,15 +129,8 @@ fn readyz_follows_redis_and_healthz_stays_up() {
 #[test]
 fn metrics_scrape_stays_within_the_scrape_timeout_while_redis_hangs() {
     let _machine = machine::timing();
-    let mut rig = start();
-    let port = rig.listener();
-    let Rig {
-        redis, daemon: d, ..
-    } = &mut rig;
-    assert!(http::wait_http(port, Duration::from_secs(20)));
-    assert!(wait_until(Duration::from_secs(10), || status(
-        port, "/readyz"
-    ) == Some(200)));
+    let (mut rig, port) = start();
+    let (redis, d) = (&mut rig.redis, &mut rig.daemon);
     let before = http::scrape(port);
     assert!(!before.select("qw_window_used_units", &[]).is_empty());
     assert_eq!(before.one("qw_redis_up", &[]), 1.0);

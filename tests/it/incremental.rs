@@ -212,8 +212,7 @@ async fn quota_reasons_match_an_error_message() {
             },
             1,
         );
-        let tick = p.trigger("issues").await;
-        let evs = p.wait_tick("issues", tick, 1, WAIT).await;
+        let evs = p.tick("issues", 1, WAIT).await;
         let o = &evs[0].ev.outcome;
         let blocked = p.peek(world::CREDENTIAL).await.blocked_for;
         if throttled {

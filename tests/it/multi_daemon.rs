@@ -11,8 +11,8 @@ use crate::support::machine;
 use crate::support::process::Proc;
 use crate::support::rig::Rig;
 use crate::support::upstream::{Upstream, page_counts};
-use crate::support::world::{self, JOB, REGIONS};
-use crate::support::{RedisServer, Worker, holds_for, wait_until};
+use crate::support::world::{JOB, REGIONS};
+use crate::support::{RedisServer, holds_for, wait_until};
 
 const PAGES: u32 = 3;
 const ITEMS_PER_PAGE: u32 = 2;
@@ -26,13 +26,7 @@ fn three_daemons_fan_each_tick_out_once_and_fetch_each_page_once() {
     let ((rig, others, upstream), ticks) =
         daemon::start_before_first_tick(TICKS, 2, Duration::from_secs(4), |schedule| {
             let upstream = Upstream::start(PAGES, ITEMS_PER_PAGE);
-            let cfg = world::config(
-                world::job(&upstream.base_url())
-                    .pages(PAGES)
-                    .schedule(&schedule),
-            )
-            .worker(Worker::default().concurrency(8).recover_after("6s"))
-            .write();
+            let cfg = daemon::on_ticks(&upstream.base_url(), PAGES, &schedule);
             let (rig, others) = Rig::start_n(RedisServer::start(), cfg, 3, &[]);
             (rig, others, upstream)
         });
@@ -154,7 +148,7 @@ fn three_daemons_fan_each_tick_out_once_and_fetch_each_page_once() {
     assert!(by_id.values().all(|n| *n == TICKS as usize), "{by_id:?}");
 
     // All three are still up, and stop cleanly.
-    let Rig { daemon, .. } = rig;
+    let daemon = rig.daemon;
     let mut daemons: Vec<Proc> = std::iter::once(daemon).chain(others).collect();
     for d in &mut daemons {
         assert!(d.running(), "{} died", d.label);

@@ -42,8 +42,11 @@ fn systemd(path: &std::path::Path) -> [(&str, &str); 2] {
     ]
 }
 
-/// The daemon on `redis`, run as systemd would.
-fn daemon(redis: RedisServer, cfg: TestConfig, notify: &NotifySocket) -> Rig {
+/// The daemon on a Redis of its own (its state in `state`), run as
+/// systemd would, notifying `notify`.
+fn daemon(state: &std::path::Path, notify: &NotifySocket) -> Rig {
+    let redis = RedisServer::start();
+    let cfg = config(Some(&redis.url()), &state.display().to_string());
     Rig::start(redis, cfg, &systemd(&notify.path()))
 }
 
@@ -73,18 +76,11 @@ fn is_status_line(s: &str) -> bool {
 #[test]
 fn ready_then_watchdog_then_stopping_in_order_with_status_lines() {
     let _machine = machine::timing();
-    let redis = RedisServer::start();
     let state = tempfile::tempdir().expect("tempdir");
-    let cfg = config(Some(&redis.url()), &state.path().display().to_string());
     let notify = NotifySocket::bind();
     let started = Instant::now();
-    let mut rig = daemon(redis, cfg, &notify);
-    let Rig {
-        redis,
-        cfg,
-        daemon: d,
-        ..
-    } = &mut rig;
+    let mut rig = daemon(state.path(), &notify);
+    let (redis, cfg, d) = (&mut rig.redis, &mut rig.cfg, &mut rig.daemon);
 
     let ready = notify
         .wait_for("READY=1", 1, Duration::from_secs(20))
@@ -323,13 +319,11 @@ fn embedded_redis_does_not_inherit_notify_socket() {
 /// or refused, so `systemctl reload` never hangs on a bad file.
 #[test]
 fn a_reload_says_reloading_with_monotonic_usec_then_ready_applied_or_refused() {
-    let redis = RedisServer::start();
     let state = tempfile::tempdir().expect("tempdir");
-    let cfg = config(Some(&redis.url()), &state.path().display().to_string());
     let notify = NotifySocket::bind();
     let started = Instant::now();
-    let mut rig = daemon(redis, cfg, &notify);
-    let Rig { cfg, daemon: d, .. } = &mut rig;
+    let mut rig = daemon(state.path(), &notify);
+    let (cfg, d) = (&mut rig.cfg, &mut rig.daemon);
     assert!(
         notify
             .wait_for("READY=1", 1, Duration::from_secs(20))

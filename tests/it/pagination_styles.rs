@@ -49,8 +49,7 @@ async fn every_style_fetches_every_page_exactly_once_per_run() {
         };
         for run in 1..=2 {
             let from = p.sim_stats().requests.len();
-            let tick = p.trigger("crawl").await;
-            let evs = p.wait_tick("crawl", tick, 2, WAIT).await;
+            let evs = p.tick("crawl", 2, WAIT).await;
             assert!(
                 evs.iter().all(|s| s.kind() == OutcomeKind::Done),
                 "{} run {run}: {:?}\n{evs:#?}",
@@ -86,8 +85,7 @@ async fn a_numeric_cursor_pages_on() {
         vec![job("crawl", &NUMERIC, base, &["a"], &[], 10)]
     })
     .await;
-    let tick = p.trigger("crawl").await;
-    let evs = p.wait_tick("crawl", tick, 1, WAIT).await;
+    let evs = p.tick("crawl", 1, WAIT).await;
     assert_eq!(evs[0].kind(), OutcomeKind::Done, "{evs:?}");
     assert_eq!(evs[0].ev.outcome.pages, 4);
     let sent: Vec<Option<String>> = p
@@ -125,8 +123,7 @@ async fn a_next_page_on_another_origin_is_never_requested() {
             config(world::SECRET, world::wide(), |e| e, [j])
         })
         .await;
-        let tick = p.trigger("crawl").await;
-        let evs = p.wait_tick("crawl", tick, 2, WAIT).await;
+        let evs = p.tick("crawl", 2, WAIT).await;
         assert_eq!(evs.len(), 2, "{evs:?}");
         for s in &evs {
             let o = &s.ev.outcome;
@@ -173,8 +170,7 @@ async fn continue_crawls_max_pages_deeper_each_run() {
         };
         for (run, pages) in expect.iter().enumerate() {
             let from = p.sim_stats().requests.len();
-            let tick = p.trigger("crawl").await;
-            let evs = p.wait_tick("crawl", tick, 1, WAIT).await;
+            let evs = p.tick("crawl", 1, WAIT).await;
             assert_eq!(evs[0].kind(), OutcomeKind::Done, "{}: {evs:?}", style.name);
             let got: Vec<u32> = p.sim_stats().requests[from..]
                 .iter()

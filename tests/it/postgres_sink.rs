@@ -251,11 +251,7 @@ fn kill_between_write_and_checkpoint(page: u32, recover_after: &str) -> KilledMi
     let mut rig = Rig::start(redis, one_region(&upstream, sink(&pg), recover_after), &[]);
     upstream.inject(Fault::Delay(Duration::from_secs(2)), 1);
     rig.queue(JOB);
-    let Rig {
-        redis,
-        daemon: first,
-        ..
-    } = &mut rig;
+    let (redis, first) = (&mut rig.redis, &mut rig.daemon);
     for held in 1..=page {
         assert!(
             wait_until(Duration::from_secs(20), || upstream.injected()
@@ -534,12 +530,7 @@ fn the_password_is_in_no_output_log_metric_or_redis_key() {
     let (code, out) = trigger(&rig);
     assert_eq!(code, Some(0), "{out}");
     seen.push(out);
-    let Rig {
-        redis,
-        cfg,
-        daemon: d,
-        ..
-    } = &mut rig;
+    let (redis, cfg, d) = (&mut rig.redis, &mut rig.cfg, &mut rig.daemon);
     every_record_once(&pg, JOB, &["US"]);
     let (_, metrics) = http_get(port, "/metrics").expect("/metrics");
     assert!(metrics.contains("qw_"), "{metrics}");

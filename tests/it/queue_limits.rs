@@ -17,21 +17,7 @@ use crate::support::pipeline::{Pipeline, kinds};
 use crate::support::rig::Rig;
 use crate::support::upstream::Upstream;
 use crate::support::world;
-use crate::support::{ConfigBuilder, Job, Sink, Worker, wait_every, wait_until};
-
-/// The job `name` over `regions`, one page of one record each, all into one
-/// file; a window with room for everything.
-fn config(sim: &str, worker: Worker, name: &str, regions: Vec<String>) -> ConfigBuilder {
-    ConfigBuilder::new()
-        .worker(worker)
-        .credential(world::credential(world::wide()))
-        .endpoint(world::endpoint())
-        .job(
-            Job::videos(name, world::ENDPOINT, sim)
-                .fan_out("region", regions)
-                .sink(Sink::jsonl("data/{job}.jsonl").records("/items")),
-        )
-}
+use crate::support::{Worker, wait_every, wait_until};
 
 /// apalis pitfall 1 (idle pickup latency): a plain apalis-redis storage is
 /// woken only by its heartbeat, so a task pushed to an idle worker waited
@@ -42,7 +28,7 @@ async fn apalis_pitfall_1_idle_pickup_latency() {
     let _machine = machine::timing();
     // The defaults: no poll_interval, recover_after (heartbeats) set.
     let mut p = Pipeline::start(world::sim(1, 1), |sim| {
-        config(
+        world::fan_out(
             sim,
             Worker::default().concurrency(2),
             "one",
@@ -53,8 +39,7 @@ async fn apalis_pitfall_1_idle_pickup_latency() {
     for idle in [Duration::from_secs(6), Duration::from_secs(4)] {
         tokio::time::sleep(idle).await;
         let t0 = Instant::now();
-        let tick = p.trigger("one").await;
-        let evs = p.wait_tick("one", tick, 1, Duration::from_secs(40)).await;
+        let evs = p.tick("one", 1, Duration::from_secs(40)).await;
         let took = evs.first().map(|s| s.at - t0);
         println!("idle {idle:?}, then a task ended {took:?} after it was queued");
         assert_eq!(
@@ -82,7 +67,7 @@ async fn apalis_pitfall_4_ten_thousand_item_fan_out_drains() {
     const N: usize = 10_000;
     let regions: Vec<String> = (0..N).map(|i| format!("r{i:05}")).collect();
     let mut p = Pipeline::start(world::sim(1, 1), |sim| {
-        config(
+        world::fan_out(
             sim,
             Worker::default()
                 .concurrency(32)
@@ -299,22 +284,13 @@ async fn a_one_page_task_costs_at_most_35_redis_commands() {
     const N: usize = 500;
     let regions: Vec<String> = (0..N).map(|i| format!("r{i:04}")).collect();
     let mut p = Pipeline::start(world::sim(1, 1), |base| {
-        ConfigBuilder::new()
-            .worker(Worker::default().concurrency(8))
-            .credential(world::credential(world::wide()))
-            .endpoint(world::endpoint())
-            .job(
-                Job::videos("big", world::ENDPOINT, base)
-                    .fan_out("region", regions)
-                    .sink(Sink::jsonl("data/{job}.jsonl").records("/items")),
-            )
+        world::fan_out(base, Worker::default().concurrency(8), "big", regions)
     })
     .await;
     // Past the start: the first announcements, registrations and rounds.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let _: String = p.redis.cmd(&["CONFIG", "RESETSTAT"]);
-    let tick = p.trigger("big").await;
-    let seen = p.wait_tick("big", tick, N, Duration::from_secs(120)).await;
+    let seen = p.tick("big", N, Duration::from_secs(120)).await;
     let (commands, stats) = p.redis.command_calls();
     assert_eq!(seen.len(), N, "{:?}", kinds(&seen));
     assert!(seen.iter().all(|s| s.kind() == OutcomeKind::Done));

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use simulator::Fault;
 
-use crate::support::daemon::{self, ended, sink_records, tick_outcomes, workers};
+use crate::support::daemon::{self, assert_sink_once, ended, sink_records, tick_outcomes, workers};
 use crate::support::keys::apalis;
 use crate::support::machine;
 use crate::support::rig::{Rig, outcomes};
@@ -99,13 +99,7 @@ fn kill_mid_tick(worker: Worker) -> Recovery {
         stats.duplicate_pages()
     );
     assert_eq!(stats.charges.len(), REGIONS.len() * PAGES as usize);
-    let records = sink_records(&rig.cfg);
-    let distinct: HashSet<_> = records.iter().collect();
-    assert_eq!(
-        records.len(),
-        REGIONS.len() * (PAGES * ITEMS_PER_PAGE) as usize
-    );
-    assert_eq!(distinct.len(), records.len());
+    assert_sink_once(&rig.cfg, REGIONS.len() * (PAGES * ITEMS_PER_PAGE) as usize);
 
     b.term();
     assert_eq!(
@@ -173,13 +167,7 @@ fn survive(label: &str, redis_args: &[&str], incident: impl FnOnce(&mut RedisSer
     let ((mut rig, upstream), ticks) =
         daemon::start_before_first_tick(TICKS, 2, Duration::from_secs(4), |schedule| {
             let upstream = Upstream::start(PAGES, ITEMS_PER_PAGE);
-            let cfg = world::config(
-                world::job(&upstream.base_url())
-                    .pages(PAGES)
-                    .schedule(&schedule),
-            )
-            .worker(Worker::default().concurrency(8).recover_after("6s"))
-            .write();
+            let cfg = daemon::on_ticks(&upstream.base_url(), PAGES, &schedule);
             (
                 Rig::start(RedisServer::start_with(redis_args), cfg, &[]),
                 upstream,

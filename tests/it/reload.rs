@@ -68,12 +68,7 @@ fn a_reload_adds_a_job_and_changes_a_window_without_a_restart_or_losing_a_task_i
     let slow = job("slow", &upstream, &["US"]);
     let cfg = builder(1000, port, 4, vec![slow.clone()]).write();
     let mut rig = Rig::start(redis, cfg, &[]);
-    let Rig {
-        cfg,
-        redis,
-        daemon: d,
-        ..
-    } = &mut rig;
+    let (cfg, redis, d) = (&mut rig.cfg, &mut rig.redis, &mut rig.daemon);
     assert!(wait_http(port, Duration::from_secs(10)));
     assert_eq!(reloads(port, "applied"), 0.0);
 
@@ -172,12 +167,7 @@ fn an_invalid_reload_keeps_the_old_config_and_counts_the_refusal() {
     let v1 = builder(1000, port, 2, vec![every.clone()]);
     let cfg = v1.clone().write();
     let mut rig = Rig::start(redis, cfg, &[]);
-    let Rig {
-        cfg,
-        redis,
-        daemon: d,
-        ..
-    } = &mut rig;
+    let (cfg, redis, d) = (&mut rig.cfg, &mut rig.redis, &mut rig.daemon);
     assert!(wait_http(port, Duration::from_secs(10)));
 
     // A job file with a bad schedule, written as an operator would.
@@ -246,12 +236,7 @@ fn settings_that_need_a_restart_are_named_and_not_applied() {
     let every = job("every", &upstream, &["US"]);
     let cfg = builder(1000, port, 2, vec![every.clone()]).write();
     let mut rig = Rig::start(redis, cfg, &[]);
-    let Rig {
-        cfg,
-        redis,
-        daemon: d,
-        ..
-    } = &mut rig;
+    let (cfg, redis, d) = (&mut rig.cfg, &mut rig.redis, &mut rig.daemon);
     assert!(wait_http(port, Duration::from_secs(20)));
 
     let other_port = free_port();
@@ -304,12 +289,7 @@ fn trigger_says_when_the_running_daemon_needs_a_reload_and_its_tasks_wait_for_it
     let first = job("first", &upstream, &["US"]);
     let cfg = builder(1000, port, 2, vec![first.clone()]).write();
     let mut rig = Rig::start(redis, cfg, &[]);
-    let Rig {
-        cfg,
-        redis,
-        daemon: d,
-        ..
-    } = &mut rig;
+    let (cfg, redis, d) = (&mut rig.cfg, &mut rig.redis, &mut rig.daemon);
     assert!(wait_http(port, Duration::from_secs(20)));
     // The daemon has said what it loaded.
     assert!(d.wait_log("quota-worker running", Duration::from_secs(10)));
@@ -415,12 +395,7 @@ fn issue_37_4_a_reload_reaches_tasks_in_flight_at_their_next_spend_and_request()
     std::fs::create_dir_all(cfg.join("secrets")).expect("mkdir secrets");
     std::fs::write(cfg.join("secrets/sim"), "old-key\n").expect("secret");
     let mut rig = Rig::start(redis, cfg, &[]);
-    let Rig {
-        cfg,
-        redis,
-        daemon: d,
-        ..
-    } = &mut rig;
+    let (cfg, redis, d) = (&mut rig.cfg, &mut rig.redis, &mut rig.daemon);
     let trigger = |cfg: &TestConfig| {
         let (code, _, err) = run_cli(
             cfg,

@@ -194,9 +194,7 @@ fn never_leaks(format: &str) {
     let mut seen = Seen::default();
 
     let mut rig = Rig::start_args(redis, cfg, &["--log-format", format, "run"], &env);
-    let Rig {
-        cfg, redis, daemon, ..
-    } = &mut rig;
+    let (cfg, redis, daemon) = (&mut rig.cfg, &mut rig.redis, &mut rig.daemon);
     assert!(wait_http(port, Duration::from_secs(20)));
 
     assert_eq!(cli(&mut seen, cfg, format, &env, &["check"]), Some(0));

@@ -225,12 +225,7 @@ fn a_tick_of_30_spends_30_and_every_report_counts_20_shadow_refusals_then_sighup
     let port = free_port();
     let cfg = daemon_config(&upstream, port, true).write();
     let mut rig = Rig::start(redis, cfg, &[]);
-    let Rig {
-        cfg,
-        redis,
-        daemon: d,
-        ..
-    } = &mut rig;
+    let (cfg, redis, d) = (&mut rig.cfg, &mut rig.redis, &mut rig.daemon);
     assert!(wait_http(port, Duration::from_secs(10)));
 
     let cli = |cfg: &TestConfig, args: &[&str]| {

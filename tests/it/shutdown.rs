@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use simulator::Fault;
 
-use crate::support::daemon::{queue_state, sink_records, tick_outcomes, workers};
+use crate::support::daemon::{assert_sink_once, queue_state, sink_records, tick_outcomes, workers};
 use crate::support::machine;
 use crate::support::process::Proc;
 use crate::support::rig::{Rig, outcomes};
@@ -131,13 +131,7 @@ fn sigterm_lets_running_tasks_finish_leaves_the_rest_queued_and_exits_0() {
     let stats = upstream.stats();
     assert_eq!(stats.charges.len(), REGIONS.len() * PAGES as usize - 2);
     // Every page of every region in the sink, once.
-    let records = sink_records(&rig.cfg);
-    let distinct: HashSet<_> = records.iter().collect();
-    assert_eq!(
-        records.len(),
-        REGIONS.len() * (PAGES * ITEMS_PER_PAGE) as usize
-    );
-    assert_eq!(distinct.len(), records.len());
+    assert_sink_once(&rig.cfg, REGIONS.len() * (PAGES * ITEMS_PER_PAGE) as usize);
     assert!(
         stats.duplicate_pages().is_empty(),
         "{:?}",
@@ -311,9 +305,7 @@ fn sigterm_with_redis_unreachable(label: &str, break_redis: impl FnOnce(&mut Red
         "{label}: no tick fanned out: {}",
         rig.daemon.log()
     );
-    let Rig {
-        redis, daemon: d, ..
-    } = &mut rig;
+    let (redis, d) = (&mut rig.redis, &mut rig.daemon);
     break_redis(redis);
     // About time: long enough for every loop to be stuck on Redis (a tick
     // falls due every second); a hung Redis says nothing to wait for.
