@@ -63,6 +63,19 @@ pub(crate) fn paged(j: Job, style: &[(&str, &str)], pages: u32) -> Job {
     j
 }
 
+/// GitHub as the simulator plays it: `pages` pages a query of 2 items,
+/// paged by `Link`, its `x-ratelimit-*` headers (the key, resources and
+/// costs are the test's).
+pub(crate) fn github(pages: u32) -> SimConfig {
+    SimConfig {
+        pages_per_query: pages,
+        items_per_page: 2,
+        style: simulator::SimStyle::Link,
+        accounting: simulator::SimAccounting::Github,
+        ..SimConfig::default()
+    }
+}
+
 /// One config: two quick worker slots, the world's credential with
 /// `window`, its endpoint as `endpoint` makes it (cost `cost`), and `job`.
 pub(crate) fn config(

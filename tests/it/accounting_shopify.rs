@@ -105,6 +105,7 @@ fn throttled_blocks_for_the_refill_and_the_next_query_is_admitted() {
         "{q}"
     );
 
+    // About time: past the block Shopify's answer asked for.
     std::thread::sleep(blocked + Duration::from_millis(100));
     let (code, summary) = rig.trigger();
     assert_eq!(code, Some(0), "{summary}");

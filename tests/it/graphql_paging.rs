@@ -274,7 +274,11 @@ fn a_graphql_run_stopped_at_page_3_resumes_there_with_its_cursor() {
         assert_eq!(first.variables()["after"], want_after, "run {}", run_no + 1);
         runs.push(sent);
         // The window frees 2 s after its spends.
-        std::thread::sleep(Duration::from_millis(2100));
+        let free =
+            crate::support::wait_every(Duration::from_secs(10), Duration::from_millis(100), || {
+                rig.used(crate::support::world::CREDENTIAL) == 0
+            });
+        assert!(free, "run {}: the window did not free", run_no + 1);
     }
     let since: Vec<Value> = runs
         .iter()

@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use crate::support::config::ConfigBuilder;
 use crate::support::keys::{any_tick, keys};
-use crate::support::process::{Proc, run_cli};
+use crate::support::process::run_cli;
 use crate::support::redis_server::redis_conn;
+use crate::support::rig::Rig;
 use crate::support::upstream::Upstream;
 use crate::support::world;
 use crate::support::{RedisServer, wait_until};
@@ -66,8 +67,8 @@ fn a_manual_job_never_fires_by_itself_and_trigger_runs_it() {
         "{out}"
     );
 
-    let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
-    d.wait_running(Duration::from_secs(20));
+    let rig = Rig::start(redis, cfg, &[]);
+    let (redis, d) = (&rig.redis, &rig.daemon);
     // Three ticks of the cron job: the scheduler runs and fires.
     let ticked = wait_until(Duration::from_secs(60), || {
         (d.outcomes().iter())
@@ -77,7 +78,7 @@ fn a_manual_job_never_fires_by_itself_and_trigger_runs_it() {
     });
     assert!(ticked, "the cron job did not tick:\n{}", d.log());
     assert_eq!(
-        ticks_of(&redis, "backfill"),
+        ticks_of(redis, "backfill"),
         0,
         "the manual job fired by itself"
     );
@@ -88,20 +89,14 @@ fn a_manual_job_never_fires_by_itself_and_trigger_runs_it() {
     );
     let said: Vec<_> = (said.iter()).filter(|e| e["job"] == "bygone").collect();
     assert_eq!(said.len(), 1, "said once: {said:?}\n{}", d.log());
-    assert_eq!(ticks_of(&redis, "bygone"), 0, "a bygone schedule fired");
+    assert_eq!(ticks_of(redis, "bygone"), 0, "a bygone schedule fired");
     assert!(
         !d.outcomes().iter().any(|o| o["job"] == "backfill"),
         "{}",
         d.log()
     );
 
-    let (code, out, err) = run_cli(
-        &cfg,
-        Some(&redis.url()),
-        &["trigger", "backfill", "--wait"],
-        Duration::from_secs(60),
-    );
-    assert_eq!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}");
+    let out = rig.trigger_expect("backfill", 0).stdout;
     assert!(out.contains("2 task(s) ended: 2 done"), "{out}");
-    assert_eq!(ticks_of(&redis, "backfill"), 1);
+    assert_eq!(ticks_of(redis, "backfill"), 1);
 }

@@ -18,7 +18,6 @@ use serde_json::Value;
 use simulator::{Fault, SimAccounting, SimConfig, SimStyle};
 
 use crate::accounting::Rig;
-use crate::support::process::Proc;
 use crate::support::world::{self, KEY_ENV, SECRET};
 use crate::support::{ConfigBuilder, Credential, Endpoint, Job, Request, Sink, Window};
 
@@ -33,19 +32,13 @@ const GRAPHQL: &str = "/graphql";
 /// first request after a reset; repositories page by `Link` (`pages` of 2);
 /// a query costs 3 points.
 fn github(core: u64, search: u64, points: u64, pages: u32) -> SimConfig {
-    SimConfig {
-        pages_per_query: pages,
-        items_per_page: 2,
-        style: SimStyle::Link,
-        accounting: SimAccounting::Github,
-        ..SimConfig::default()
-    }
-    .cost(REPOS, 1)
-    .cost(SEARCH, 1)
-    .cost(GRAPHQL, 3)
-    .resource("search", search, Duration::from_secs(60), &[SEARCH])
-    .resource("graphql", points, Duration::from_secs(3600), &[GRAPHQL])
-    .key(SECRET, core, Duration::from_secs(3600))
+    crate::accounting::github(pages)
+        .cost(REPOS, 1)
+        .cost(SEARCH, 1)
+        .cost(GRAPHQL, 3)
+        .resource("search", search, Duration::from_secs(60), &[SEARCH])
+        .resource("graphql", points, Duration::from_secs(3600), &[GRAPHQL])
+        .key(SECRET, core, Duration::from_secs(3600))
 }
 
 /// GitHub's token: `Authorization: Bearer {secret}`.
@@ -443,16 +436,18 @@ fn a_429_loop_is_bounded_by_the_doubling() {
     );
 }
 
+/// The rig on a GitHub with room for everything (5,000 requests and
+/// points an hour, 30 searches a minute), `pages` pages a query.
+fn roomy(pages: u32, config: impl FnOnce(&str) -> ConfigBuilder) -> Rig {
+    Rig::start(github(5000, 30, 5000, pages), |_| {}, config)
+}
+
 /// GitHub GraphQL: the spend is settled to the query's points
 /// (`data.rateLimit.cost`, else the change of `x-ratelimit-used` since the
 /// token's last answer); errors without data are `failed`.
 #[test]
 fn graphql_spends_settle_to_the_reported_cost() {
-    let rig = Rig::start(
-        github(5000, 30, 5000, 1),
-        |_| {},
-        |base| graphql_config(base, &["a", "b", "c"], true),
-    );
+    let rig = roomy(1, |base| graphql_config(base, &["a", "b", "c"], true));
     let (code, summary) = rig.trigger_job("graph");
     assert_eq!(code, Some(0), "{summary}");
     let units: Vec<_> = (rig.daemon.outcomes().iter())
@@ -475,8 +470,7 @@ fn graphql_spends_settle_to_the_reported_cost() {
     assert!(rig.daemon.wait_exit(Duration::from_secs(20)).is_some());
     let cfg = graphql_config(&rig.upstream.base_url(), &["d", "e", "f"], false);
     rig.cfg.rewrite(&cfg);
-    let mut daemon = Proc::daemon("daemon2", &rig.cfg, Some(&rig.redis.url()), &[]);
-    daemon.wait_running(Duration::from_secs(20));
+    let daemon = rig.another("daemon2");
     let (code, summary) = rig.trigger_job("graph");
     assert_eq!(code, Some(0), "{summary}");
     let w = window(&rig.quota_of(CRED), "graphql");
@@ -514,11 +508,7 @@ fn graphql_spends_settle_to_the_reported_cost() {
 /// ended the run `done` and moved `{since}` a day.
 #[test]
 fn a_304_without_a_conditional_request_fails_and_moves_nothing() {
-    let rig = Rig::start(
-        github(5000, 30, 5000, 3),
-        |_| {},
-        |base| config(base, &["a"], &["q"]),
-    );
+    let rig = roomy(3, |base| config(base, &["a"], &["q"]));
     rig.upstream.inject(Fault::NotModified, 1);
     let (code, summary) = rig.trigger_job("repos");
     assert_eq!(code, Some(1), "{summary}");

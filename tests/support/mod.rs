@@ -125,3 +125,16 @@ pub fn wait_every(timeout: Duration, every: Duration, mut cond: impl FnMut() -> 
     }
     cond()
 }
+
+/// Watches `cond` for `period` (every 20 ms): true if it held at every
+/// look, the last one at the end of the period. The quiet period after
+/// everything ended, in which what must not happen (a task run twice, a
+/// request more) would show: a test that watches one says so.
+pub fn holds_for(period: Duration, cond: impl FnMut() -> bool) -> bool {
+    holds_every(period, Duration::from_millis(20), cond)
+}
+
+/// [`holds_for`], looking every `every`.
+pub fn holds_every(period: Duration, every: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    !wait_every(period, every, || !cond())
+}
