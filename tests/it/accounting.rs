@@ -108,6 +108,11 @@ impl Rig {
         Rig { upstream, rig }
     }
 
+    /// [`Rig::start`] with nothing done to the simulator first.
+    pub(crate) fn on(sim: SimConfig, config: impl FnOnce(&str) -> ConfigBuilder) -> Rig {
+        Self::start(sim, |_| {}, config)
+    }
+
     /// `trigger JOB --wait`: the exit code and the summary line.
     pub(crate) fn trigger(&self) -> (Option<i32>, String) {
         self.trigger_job(JOB)
@@ -206,18 +211,14 @@ fn retry_after_is_read_in_every_form_and_bounded() {
         ..SimConfig::default()
     }
     .key(SECRET, 1_000_000, Duration::from_secs(3600));
-    let rig = Rig::start(
-        sim,
-        |_| {},
-        |base| {
-            config(
-                Window::sliding(1000, "1h"),
-                1,
-                |e| e.throttle_block("7s").set("max_block", "30s"),
-                job(base, &["US"]),
-            )
-        },
-    );
+    let rig = Rig::on(sim, |base| {
+        config(
+            Window::sliding(1000, "1h"),
+            1,
+            |e| e.throttle_block("7s").set("max_block", "30s"),
+            job(base, &["US"]),
+        )
+    });
     let date = httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(5));
     // (Retry-After as sent, the block it must make: at least, at most)
     let cases: [(&str, Duration, Duration); 5] = [

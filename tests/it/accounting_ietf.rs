@@ -22,18 +22,14 @@ fn r0_blocks_for_t_seconds_and_the_upstream_never_answers_429() {
         ..SimConfig::default()
     }
     .key(SECRET, 4, Duration::from_secs(4));
-    let rig = Rig::start(
-        sim,
-        |_| {},
-        |base| {
-            config(
-                Window::sliding(100, "4s").upstream(),
-                1,
-                |e| e.set("accounting", "ietf"),
-                job(base, &["US"]).pages(6),
-            )
-        },
-    );
+    let rig = Rig::on(sim, |base| {
+        config(
+            Window::sliding(100, "4s").upstream(),
+            1,
+            |e| e.set("accounting", "ietf"),
+            job(base, &["US"]).pages(6),
+        )
+    });
     let (code, summary) = rig.trigger();
     assert_eq!(code, Some(75), "{summary}");
     let (blocked, why) = rig.blocked();
@@ -96,21 +92,17 @@ fn every_listed_limit_is_mirrored_and_the_one_at_zero_blocks() {
     }
     .limit("burst", 3, Duration::from_secs(2))
     .key(SECRET, 20, Duration::from_secs(30));
-    let rig = Rig::start(
-        sim,
-        |_| {},
-        |base| {
-            config(
-                Window::sliding(1000, "1h").upstream(),
-                1,
-                |e| {
-                    e.set("accounting", "ietf")
-                        .window(Window::sliding(100, "10s").upstream().resource("burst"))
-                },
-                job(base, &["US"]).pages(8),
-            )
-        },
-    );
+    let rig = Rig::on(sim, |base| {
+        config(
+            Window::sliding(1000, "1h").upstream(),
+            1,
+            |e| {
+                e.set("accounting", "ietf")
+                    .window(Window::sliding(100, "10s").upstream().resource("burst"))
+            },
+            job(base, &["US"]).pages(8),
+        )
+    });
     let mut pages = 0;
     for _ in 0..6 {
         let (code, summary) = rig.trigger();

@@ -42,6 +42,18 @@ fn spend(cfg: &support::TestConfig, cost: u64) {
     assert_eq!(v["allowed"], true, "{v}");
 }
 
+/// `trigger JOB --wait` on the embedded Redis: every task ends done.
+fn trigger_all_done(cfg: &support::TestConfig) {
+    let (code, out, err) = run_cli(
+        cfg,
+        None,
+        &["trigger", JOB, "--wait"],
+        Duration::from_secs(30),
+    );
+    assert_eq!(code, Some(0), "trigger --wait: {out}\n{err}");
+    assert!(out.contains("8 task(s) ended: 8 done"), "{out}");
+}
+
 /// `quota` fails with 69 when nothing answers on the socket.
 fn assert_unreachable(cfg: &support::TestConfig) {
     let (code, out, err) = run_cli(cfg, None, &["quota", "--json"], Duration::from_secs(30));
@@ -94,14 +106,7 @@ fn embedded_redis_keeps_quota_state_across_daemon_restarts_and_never_outlives_th
     }
     drop(conn);
     // The daemon works on it (trigger reaches it over the socket too) ...
-    let (code, out, err) = run_cli(
-        &cfg,
-        None,
-        &["trigger", JOB, "--wait"],
-        Duration::from_secs(30),
-    );
-    assert_eq!(code, Some(0), "trigger --wait: {out}\n{err}");
-    assert!(out.contains("8 task(s) ended: 8 done"), "{out}");
+    trigger_all_done(&cfg);
     // ... and so does `spend`.
     spend(&cfg, 5);
     spend(&cfg, 7);
@@ -347,14 +352,7 @@ fn embedded_redis_killed_under_the_daemon_is_started_again() {
     let new_pid = child_pid(d.pid(), "redis-server").expect("a new redis-server child");
     assert_ne!(new_pid, redis_pid);
     assert_eq!(used(&cfg), 2, "the state on disk");
-    let (code, out, err) = run_cli(
-        &cfg,
-        None,
-        &["trigger", JOB, "--wait"],
-        Duration::from_secs(30),
-    );
-    assert_eq!(code, Some(0), "trigger --wait: {out}\n{err}");
-    assert!(out.contains("8 task(s) ended: 8 done"), "{out}");
+    trigger_all_done(&cfg);
     d.kill();
     assert!(
         support::wait_until(Duration::from_secs(10), || !alive(new_pid)),

@@ -89,15 +89,11 @@ fn issues(name: &str, base: &str, repos: &[&str], more: bool) -> Job {
 /// The daemon (the real binary) on the simulator `sim`, the world's
 /// credential with `window`, cost 1, and `jobs`.
 fn rig(sim: SimConfig, window: Window, jobs: impl FnOnce(&str) -> Vec<Job>) -> Rig {
-    Rig::start(
-        sim,
-        |_| {},
-        |base| {
-            let mut jobs = jobs(base).into_iter();
-            let first = jobs.next().expect("a job");
-            jobs.fold(config(window, 1, |e| e, first), |b, j| b.job(j))
-        },
-    )
+    Rig::on(sim, |base| {
+        let mut jobs = jobs(base).into_iter();
+        let first = jobs.next().expect("a job");
+        jobs.fold(config(window, 1, |e| e, first), |b, j| b.job(j))
+    })
 }
 
 /// `trigger JOB --wait`, and the outcome lines of `job` the daemon logged

@@ -47,11 +47,19 @@ fn three_daemons_fan_each_tick_out_once_and_fetch_each_page_once() {
         .collect();
     // A quiet period, in which a tick claimed again or a task run twice
     // would show.
-    holds_for(Duration::from_secs(1), || {
+    let quiet = holds_for(Duration::from_secs(1), || {
         let claims = tick_claims(&mut conn);
         claims.len() == ticks.len()
             && (ticks.iter()).all(|t| daemon::tick_outcomes(&mut conn, *t) == expected)
     });
+    assert!(
+        quiet,
+        "after every tick ended: claims {:?}, outcomes {:?}",
+        tick_claims(&mut conn),
+        (ticks.iter())
+            .map(|t| daemon::tick_outcomes(&mut conn, *t))
+            .collect::<Vec<_>>()
+    );
 
     // Each tick fanned out exactly once: one claim per tick, nothing else.
     let claims = tick_claims(&mut conn);

@@ -211,12 +211,13 @@ fn survive(label: &str, redis_args: &[&str], incident: impl FnOnce(&mut RedisSer
     assert!(ok, "{label}: tasks lost: {all:?}");
     // A quiet period, in which a tick claimed again would show.
     let mut claimed: Vec<i64> = Vec::new();
-    holds_for(Duration::from_secs(2), || {
+    let quiet = holds_for(Duration::from_secs(2), || {
         claimed = rig.claims().into_keys().collect();
         claimed.sort();
         claimed == ticks
     });
     assert_eq!(claimed, ticks, "{label}: ticks claimed");
+    assert!(quiet, "{label}: a tick claimed again");
     // A task caught by the incident either finished its item (`done`) or,
     // redelivered after a newer tick already completed the item, ended as
     // `superseded` rather than fetch older data again.

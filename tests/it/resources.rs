@@ -168,14 +168,10 @@ fn a_search_block_never_stops_a_core_endpoint() {
     // search: 4 a minute; the job wants 6. One task at a time, so every
     // answer's count holds every request sent before it (see the promise
     // test below for several in flight).
-    let rig = Rig::start(
-        github(5000, 4, 5000, 2),
-        |_| {},
-        |base| {
-            config(base, &["a", "b"], &["q1", "q2", "q3", "q4", "q5", "q6"])
-                .worker(world::quick_worker(1))
-        },
-    );
+    let rig = Rig::on(github(5000, 4, 5000, 2), |base| {
+        config(base, &["a", "b"], &["q1", "q2", "q3", "q4", "q5", "q6"])
+            .worker(world::quick_worker(1))
+    });
     let (code, summary) = rig.trigger_job("search");
     assert_eq!(code, Some(75), "{summary}");
     assert!(summary.contains("4 done, 2 quota_exhausted"), "{summary}");
@@ -439,7 +435,7 @@ fn a_429_loop_is_bounded_by_the_doubling() {
 /// The rig on a GitHub with room for everything (5,000 requests and
 /// points an hour, 30 searches a minute), `pages` pages a query.
 fn roomy(pages: u32, config: impl FnOnce(&str) -> ConfigBuilder) -> Rig {
-    Rig::start(github(5000, 30, 5000, pages), |_| {}, config)
+    Rig::on(github(5000, 30, 5000, pages), config)
 }
 
 /// GitHub GraphQL: the spend is settled to the query's points
@@ -536,17 +532,13 @@ fn a_304_without_a_conditional_request_fails_and_moves_nothing() {
 fn after_the_first_answer_about_a_resource_it_never_answers_over_limit() {
     let _machine = crate::support::machine::timing();
     // core 30 an hour, search 6 a minute; the other program takes 12 and 3.
-    let rig = Rig::start(
-        github(30, 6, 5000, 4),
-        |_| {},
-        |base| {
-            config(
-                base,
-                &["a", "b", "c", "d", "e", "f"],
-                &["q1", "q2", "q3", "q4", "q5", "q6"],
-            )
-        },
-    );
+    let rig = Rig::on(github(30, 6, 5000, 4), |base| {
+        config(
+            base,
+            &["a", "b", "c", "d", "e", "f"],
+            &["q1", "q2", "q3", "q4", "q5", "q6"],
+        )
+    });
     let other = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/other_client.py");
     let base = rig.upstream.base_url();
     for (path, n) in [(REPOS, "12"), (SEARCH, "3")] {

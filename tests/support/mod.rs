@@ -4,7 +4,7 @@
 //!
 //! | module | what |
 //! |---|---|
-//! | [`rig`] | the one way an end-to-end test runs the product: the real binary as a daemon on its own Redis, `trigger --wait` and a tick's typed outcomes, `quota --json`, `/api/status` |
+//! | [`rig`] | the one way an end-to-end test runs the product: the real binary as daemons on their own Redis (more of them, another config, a restart), `trigger --wait` and a tick's typed outcomes, `trigger` and the tick it claimed, `quota --json`, `/api/status` |
 //! | [`world`] | the one world the tests describe: the credential, its secret's variable and value, the endpoint, the job, and builders that compose them into a config |
 //! | [`redis_server`] | a private `redis-server` on a free port: stop, kill, hang, restart, a shifted clock |
 //! | [`sentinel`] | a master, its replica and three sentinels (`redis-server --sentinel`): who is master now, `SENTINEL FAILOVER`, wait for a new master, sentinels' logs |
