@@ -154,8 +154,8 @@ function Concurrent.save(w, c)
   if w.used <= 0 or w.expires <= now then
     call('DEL', w.meta)
   elseif w.ttl or not w.raw then
-    call('SET', w.meta, spack(MP3, F64, w.used, F64, w.low, F64, w.expires), 'PX', ceil((w.expires - now) / 1000))
+    call('SET', w.meta, packmp(w.used, w.low, w.expires), 'PX', ceil((w.expires - now) / 1000))
   else
-    call('SET', w.meta, spack(MP3, F64, w.used, F64, w.low, F64, w.expires), 'KEEPTTL')
+    call('SET', w.meta, packmp(w.used, w.low, w.expires), 'KEEPTTL')
   end
 end

@@ -138,29 +138,23 @@
 -- and a spend decides over every window in one place (ops.lua), so a
 -- window's mode (enforce, or a shadow that only records) is one test there.
 --
--- Performance notes. A function library runs this text once, at FUNCTION
--- LOAD: helpers are defined once, window specs are parsed once (PROTOS),
--- and the tables a call fills (one per window, one for the call) are kept
--- for the next call and reset field by field rather than allocated again
--- (an allocation is paid again in garbage collection; see BENCHMARKS.md
--- §9). Numbers that go to redis.call on every spend are formatted as
--- integers here (redis.call prints a number with "%.17g", slower). Redis
--- 7.0 gives a library's top level no standard library (not even `math`),
--- so the names below are bound at a call's start (bind).
+-- Performance (BENCHMARKS.md, "Issue 33"). A function library runs this
+-- text once, at FUNCTION LOAD: helpers are defined once, window specs are
+-- parsed once (PROTOS), the tables a call fills are kept for the next call.
+-- Redis 7.0 gives a library's top level no standard library (not even
+-- `math`), so the names below are bound at a call's start (bind).
 
 local call, error_reply
 local floor, ceil, max, min
 local tonumber, tostring, format, match, find, byte, pairs
-local spack, unpackmp, unpack
-local MP3, MP15, MP18, MP23
+local packmp, unpackmp, unpack
 
 local function bind()
   call, error_reply = redis.call, redis.error_reply
   floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
   tonumber, tostring = _G.tonumber, _G.tostring
   format, match, find, byte, pairs = string.format, string.match, string.find, string.byte, _G.pairs
-  spack, unpackmp, unpack = struct.pack, cmsgpack.unpack, _G.unpack
-  MP3, MP15, MP18, MP23 = '>' .. ('Bd'):rep(3), '>' .. ('Bd'):rep(15), '>' .. ('Bd'):rep(18), '>' .. ('Bd'):rep(23)
+  packmp, unpackmp, unpack = cmsgpack.pack, cmsgpack.unpack, _G.unpack
 end
 
 local CLEAN = 1024      -- expired log members dropped per call at most
@@ -178,29 +172,28 @@ local KINDS = { sliding = Sliding, bucket = Bucket, fixed = Fixed, concurrent = 
 -- and the one script dispatches to.
 local Ops = {}
 
--- The one-script form runs its whole text on every call: there each file
--- after this one fills its table (Log, a kind, Line, Ring, Ops) when the
--- call first reads from it (src/quota/library.rs), so a call defines only
--- the functions it runs; the library defines them all once, at load.
-local LOADERS, LAZY = {}, nil
-local function lazy(t, load)
-  LAZY = LAZY or {
-    __index = function(table, name)
-      setmetatable(table, nil)
-      LOADERS[table]()
-      return rawget(table, name)
+-- The one script runs its whole text on every call: there each file after
+-- this one fills its table (Log, a kind, Line, Ring, Ops) when a call first
+-- reads from it, so a call defines only the functions of the files it uses.
+-- `fill` (src/quota/library.rs) holds every file: one closure a call.
+local fill
+local function lazy()
+  local meta = {
+    __index = function(t, name)
+      setmetatable(t, nil)
+      fill(t)
+      return rawget(t, name)
     end,
   }
-  LOADERS[t] = load
-  setmetatable(t, LAZY)
+  setmetatable(Log, meta)
+  setmetatable(Sliding, meta)
+  setmetatable(Bucket, meta)
+  setmetatable(Fixed, meta)
+  setmetatable(Concurrent, meta)
+  setmetatable(Line, meta)
+  setmetatable(Ring, meta)
+  setmetatable(Ops, meta)
 end
-
--- Counters are msgpack (read with cmsgpack.unpack, which every version
--- of this script has used), written as float64 values: a 0xcb byte and the
--- number as a big-endian double (exact below 2^53), so that one
--- struct.pack(MPn, F64, v1, F64, v2, ...) makes the string where
--- cmsgpack.pack makes one string per value and joins them.
-local F64 = 203  -- 0xcb
 
 -- An error reply, as every operation refuses its arguments.
 local function fail(message)
@@ -209,7 +202,7 @@ end
 
 -- Numbers of ARGV by their text: the same few (reserves, window counts,
 -- costs, the history's settings) come with every call, and tonumber
--- (strtod) is one of the dearer things a call does. At most 256 kept.
+-- (strtod) is dear. At most 256 kept; callers look NUMS up first.
 local NUMS, NNUMS = {}, 0
 
 local function num(s)
@@ -263,11 +256,10 @@ local function proto(spec, i)
   return p
 end
 
--- Window i of a call, of proto p: its table kept from an earlier call (or a
--- new one, with p's fields), reset with what every call sets anew: the
--- kind's open() takes its keys, its load() sets its state (used, drift,
--- rd, rdt), and a spend in a waiting line resets the line's fields
--- (Ring.parse); the rest is reset here.
+-- Window i of a call, of proto p, when p.pool[i] is missing or kept for
+-- another reserve (parse): its table, with the units it may take. What a
+-- call sets anew is set by parse, the kind's open() (keys) and load()
+-- (state), and Ring.parse (a waiting line's fields).
 local function window(p, i, reserve)
   local w = p.pool[i]
   if not w then
@@ -301,7 +293,6 @@ local function window(p, i, reserve)
     w.lim = units - (floor(units / 100) * reserve + ceil(units % 100 * reserve / 100))
     w.reserve = reserve
   end
-  w.dirty, w.ttl, w.xr, w.line = false, false, 0, false
   return w
 end
 
@@ -327,12 +318,18 @@ end
 
 -- ------------------------------------------------------------ the call
 
--- One call's arguments and what every window shares, kept between calls:
---   op, id, cost, reserve, nwin, ws (the windows), KEYS, ARGV
---   metas (MGET's keys: block, clock, then sliding, bucket and concurrent
---   windows' counters), nm; got (MGET's reply), now, seen, blocked
---   k: the first ring's key; nring; ticket, lined (a spend in its lines)
-local C = { ws = {}, metas = {} }
+-- One call's arguments and what every window shares, kept between calls
+-- (every field in the constructor: the one script makes it anew on every
+-- call, and a table that grows field by field is allocated at each doubling):
+--   op, id, cost, nwin, ws (the windows), KEYS, ARGV; metas (MGET's keys:
+--   block, clock, then sliding, bucket and concurrent windows' counters),
+--   nm; got (MGET's reply), now, seen, blocked; k: the first ring's key;
+--   nring and the rings' settings; ticket, lined (a spend in its lines)
+local C = {
+  ws = {}, metas = {}, op = false, id = false, cost = false, nwin = 0, KEYS = false, ARGV = false,
+  nm = 0, k = 0, got = false, now = 0, seen = 0, blocked = 0, nover = 0, nring = 0,
+  ticket = false, lined = false, slot_ms = 0, nslot = 0, ring_ttl = 0,
+}
 
 -- Parses ARGV (laid out as the header says) for operation `op`: the call
 -- `C`, or nil and why. Reads nothing from Redis.
@@ -344,29 +341,42 @@ local function parse(KEYS, ARGV, op)
   if ARGV[1] ~= op then
     return nil, 'the function for ' .. op .. ' was called with op ' .. tostring(ARGV[1])
   end
-  local reserve = num(ARGV[4]) or 0
-  if reserve < 0 or reserve > 99 or reserve ~= floor(reserve) then
-    return nil, 'reserve must be a whole percent from 0 to 99 (got ' .. tostring(ARGV[4]) .. ')'
+  local s = ARGV[4]
+  local reserve = NUMS[s] or num(s) or 0
+  if reserve < 0 or reserve > 99 or reserve % 1 ~= 0 then  -- (% 1: no call of floor)
+    return nil, 'reserve must be a whole percent from 0 to 99 (got ' .. tostring(s) .. ')'
   end
-  local nwin = num(ARGV[5]) or 0
+  s = ARGV[5]
+  local nwin = NUMS[s] or num(s) or 0
+  s = ARGV[3]
   c.op, c.nwin, c.KEYS, c.ARGV = op, nwin, KEYS, ARGV
-  c.id, c.cost, c.ticket, c.lined, c.nring = ARGV[2], num(ARGV[3]), nil, false, 0
+  c.id, c.cost, c.ticket, c.lined, c.nring = ARGV[2], NUMS[s] or num(s), nil, false, 0
   local ws, metas = c.ws, c.metas
   metas[1], metas[2] = KEYS[1], KEYS[2]
   local nm, k = 2, 3
   for i = 1, nwin do
-    local p, why = proto(ARGV[5 + i], i)
+    local spec = ARGV[5 + i]
+    local p = PROTOS[spec]
     if not p then
-      return nil, why
+      local why
+      p, why = proto(spec, i)
+      if not p then
+        return nil, why
+      end
     end
-    local w = window(p, i, reserve)
+    local w = p.pool[i]
+    if not w or w.reserve ~= reserve then
+      w = window(p, i, reserve)
+    end
+    w.dirty, w.ttl, w.xr, w.line = false, false, 0, false
     k = k + p.K.open(w, KEYS, k)
     if p.shadow then
       w.sring, k = KEYS[k], k + 1
     end
-    if w.meta then
+    local meta = w.meta
+    if meta then
       nm = nm + 1
-      metas[nm], w.mi = w.meta, nm
+      metas[nm], w.mi = meta, nm
     end
     ws[i] = w
   end
@@ -374,11 +384,19 @@ local function parse(KEYS, ARGV, op)
   return c
 end
 
+-- The seconds of the last TIME reply read, and them in µs: the clock's
+-- seconds change once a second, and tonumber is dear (see NUMS).
+local SEC, SECUS = nil, 0
+
 -- Reads the clock (`t`: a TIME reply already read, or nil), the block and
 -- every window's counters (one MGET): c.now, c.seen, c.got, c.blocked.
 local function clock(c, t)
   t = t or call('TIME')
-  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local sec = t[1]
+  if sec ~= SEC then
+    SEC, SECUS = sec, tonumber(sec) * 1000000
+  end
+  local now = SECUS + tonumber(t[2])
   local got = call('MGET', unpack(c.metas, 1, c.nm))
   -- Never earlier than the start of any period a fixed window of this
   -- credential counts (fixed.lua, "open").
@@ -387,22 +405,4 @@ local function clock(c, t)
     now = seen
   end
   c.now, c.seen, c.got, c.blocked = now, seen, got, got[1] and tonumber(got[1]) or 0
-end
-
--- Brings every window to c.now (expired entries and leases leave).
-local function bring(c)
-  local ws = c.ws
-  for i = 1, c.nwin do
-    local w = ws[i]
-    w.K.load(w, c)
-  end
-end
-
--- Writes back every window's changed state.
-local function save(c)
-  local ws = c.ws
-  for i = 1, c.nwin do
-    local w = ws[i]
-    w.K.save(w, c)
-  end
 end

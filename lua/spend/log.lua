@@ -31,8 +31,8 @@
 -- rdt), the drift total forgotten (fd), and the waiting line's qt, qb, qf,
 -- qe, q0 (line.lua). Counters written before reset-bound drift existed end
 -- at D, and before the waiting line at fd; trailing zeros are not written
--- (a reader takes what is missing for 0). Each is written as a msgpack
--- float64 (exact below 2^53) by one struct.pack (see core.lua, MP15).
+-- (a reader takes what is missing for 0). All are written by one
+-- cmsgpack.pack (see core.lua).
 
 -- Takes a sliding or bucket window's four keys.
 function Log.open(w, KEYS, k)
@@ -40,15 +40,44 @@ function Log.open(w, KEYS, k)
   return 4
 end
 
+-- A stream entry: its position, time (µs) and the drift total at it.
+local function entry(row)
+  local c, tt = match(row[1], '^(%d+)%-(%d+)$')
+  return tonumber(c), tonumber(tt), tonumber(row[2][2])
+end
+
+-- Reads `count` entries from position `from` on: the last one spent at or
+-- before `cutoff` (its position and drift total; bC, bD when none), how
+-- many were, and the time of the first one after (nil: none read).
+local function scan(w, from, count, cutoff, bC, bD)
+  local rows = call('XRANGE', w.ts, format('%d', from), '+', 'COUNT', count)
+  for j = 1, #rows do
+    local row = rows[j]
+    local c, tt = match(row[1], '^(%d+)%-(%d+)$')
+    tt = tonumber(tt)
+    if tt > cutoff then
+      return bC, bD, j - 1, tt
+    end
+    bC, bD = tonumber(c), tonumber(row[2][2])
+  end
+  return bC, bD, #rows, nil
+end
+
+-- The adjustment record of rank `rank`: its entry's position and the
+-- running adjustment total at it.
+local function adj_at(w, rank)
+  local r = call('ZRANGE', w.adj, rank, rank)[1]
+  if r then
+    local c, h = match(r, '^(%d+):(%-?%d+):')
+    return tonumber(c), tonumber(h)
+  end
+end
+
 -- Moves the base past every entry spent at or before now - hold, without
--- reading them: a few expired cost one XRANGE; after an idle gap the last
+-- reading them: a few expired cost an XRANGE; after an idle gap the last
 -- expired entry is found by bisecting positions.
 local function evict(w, now)
   local cutoff = now - w.hold
-  local function entry(row)
-    local c, tt = match(row[1], '^(%d+)%-(%d+)$')
-    return tonumber(c), tonumber(tt), tonumber(row[2][2])
-  end
   w.dirty = true
   if w.oldest ~= 0 and w.last <= cutoff then
     -- All expired (an idle gap): dropped in one step, however big;
@@ -62,16 +91,16 @@ local function evict(w, now)
     return
   end
   if w.oldest ~= 0 and w.oldest <= cutoff then
-    local rows = call('XRANGE', w.ts, w.B + 1, '+', 'COUNT', SCAN)
-    local bC, bD, n = w.B, w.dbase, 0
-    local fT
-    for j = 1, #rows do
-      local c, tt, d = entry(rows[j])
-      if tt > cutoff then
-        fT = tt
-        break
-      end
-      bC, bD, n = c, d, j
+    -- Under steady traffic about one entry expires between two spends:
+    -- two are read first. An XRANGE walks its stream node from the node's
+    -- start to the first entry it returns, and each entry returned is a
+    -- few Lua tables: reading SCAN at once cost a busy window 3x an admit
+    -- (BENCHMARKS.md, "Issue 33").
+    local bC, bD, n, fT = scan(w, w.B + 1, 2, cutoff, w.B, w.dbase)
+    if not fT and n == 2 then
+      local m
+      bC, bD, m, fT = scan(w, bC + 1, SCAN, cutoff, bC, bD)
+      n = n + m
     end
     if not fT then
       -- More than SCAN expired. Invariant: the first entry at or after
@@ -81,7 +110,7 @@ local function evict(w, now)
       fT = w.last
       while hi - lo > 1 do
         local mid = floor((lo + hi) / 2)
-        local row = call('XRANGE', w.ts, mid, '+', 'COUNT', 1)[1]
+        local row = call('XRANGE', w.ts, format('%d', mid), '+', 'COUNT', 1)[1]
         if not row then
           break
         end
@@ -100,21 +129,14 @@ local function evict(w, now)
       -- Adjustment records at or below base leave `adj`; hbase becomes the
       -- running total at the last of them. They are in position order: a
       -- bisection by rank finds the last one.
-      local function rec(rank)
-        local r = call('ZRANGE', w.adj, rank, rank)[1]
-        if r then
-          local c, h = match(r, '^(%d+):(%-?%d+):')
-          return tonumber(c), tonumber(h)
-        end
-      end
-      local c, h = rec(0)
+      local c, h = adj_at(w, 0)
       if not c then
         w.nadj, w.neg = 0, 0
       elseif c <= w.B then
         local lo, hi, hlast = 0, w.nadj, h
         while hi - lo > 1 do
           local mid = floor((lo + hi) / 2)
-          c, h = rec(mid)
+          c, h = adj_at(w, mid)
           if c and c <= w.B then
             lo, hlast = mid, h
           else
@@ -148,17 +170,16 @@ function Log.load(w, c)
   local raw = c.got[w.mi]
   w.raw = raw or false
   if raw then
-    w.total, w.B, w.hbase, w.htot, w.oldest, w.last, w.expires, w.nadj,
-      w.stale, w.dtot, w.dbase, w.neg, w.L, w.lt, w.D, w.rd, w.rdt, w.fd,
-      w.qt, w.qb, w.qf, w.qe, w.q0 = unpackmp(raw)
-    if not w.fd then
-      w.rd, w.rdt, w.fd = 0, 0, 0
-    end
-    if not w.q0 then
-      w.qt, w.qb, w.qf, w.qe, w.q0 = 0, 0, 0, 0, 0
-    end
+    -- Counters from before reset-bound drift end at D, from before the
+    -- waiting line at fd: what is missing is 0.
+    local total, B, hbase, htot, oldest, last, expires, nadj, stale, dtot, dbase, neg, L, lt, D,
+      rd, rdt, fd, qt, qb, qf, qe, q0 = unpackmp(raw)
+    w.total, w.B, w.hbase, w.htot, w.oldest, w.last, w.expires, w.nadj, w.stale, w.dtot, w.dbase,
+      w.neg, w.L, w.lt, w.D, w.rd, w.rdt, w.fd, w.qt, w.qb, w.qf, w.qe, w.q0 =
+      total, B, hbase, htot, oldest, last, expires, nadj, stale, dtot, dbase, neg, L, lt, D,
+      rd or 0, rdt or 0, fd or 0, qt or 0, qb or 0, qf or 0, qe or 0, q0 or 0
     local now = c.now
-    if (w.oldest ~= 0 and w.oldest <= now - w.hold) or w.stale >= STALE then
+    if (oldest ~= 0 and oldest <= now - w.hold) or stale >= STALE then
       evict(w, now)
     end
     return
@@ -181,7 +202,7 @@ end
 
 -- Records c.id at its position to be; false when it holds it already.
 function Log.record(w, c)
-  local C = w.total + c.cost
+  local C = format('%d', w.total + c.cost)
   if call('ZADD', w.log, 'NX', C, c.id) == 1 then
     return true
   end
@@ -200,23 +221,32 @@ end
 -- Appends `units` to the stream at max(now, newest), `drift` of them
 -- drift. False when the window's positions ran out (2^53 units).
 function Log.append(w, c, units, drift)
-  local now = c.now
-  local at = max(now, w.last)
+  local now, at = c.now, w.last
+  if now > at then
+    at = now
+  end
   local C = w.total + units
   if C >= MAXPOS then
     return false
   end
-  w.dtot = w.dtot + drift
-  call('XADD', w.ts, format('%d-%d', C, at), 'd', w.dtot)
+  local d = w.dtot
+  if drift ~= 0 then
+    d = d + drift
+    w.dtot = d
+  end
+  -- The drift total as text: "0" on almost every spend (a number would be
+  -- formatted by Redis with "%.17g" on every call).
+  call('XADD', w.ts, format('%d-%d', C, at), 'd', d == 0 and '0' or format('%d', d))
   w.total, w.last, w.dirty = C, at, true
   if w.oldest == 0 then
     w.oldest = at
   end
-  if w.expires < at + w.hold then
+  local hold = w.hold
+  if w.expires < at + hold then
     -- The keys must outlive this entry by a window. Their TTL is set with
     -- some slack (a quarter window, 1 s to 1 h), so most spends skip the
     -- PEXPIREs; idle keys linger at most that much longer.
-    w.expires = at + w.hold + min(max(floor(w.hold / 4), 1000000), 3600000000)
+    w.expires = at + hold + min(max(floor(hold / 4), 1000000), 3600000000)
     w.ttl = true
     local ttl = ceil((w.expires - now) / 1000)
     call('PEXPIRE', w.log, ttl)
@@ -243,7 +273,7 @@ function Log.frees(w, c, target)
     end
   end
   local eC, eT = MAXPOS, nil
-  local row = call('XRANGE', w.ts, T + H, '+', 'COUNT', 1)[1]
+  local row = call('XRANGE', w.ts, format('%d', T + H), '+', 'COUNT', 1)[1]
   if row then
     local cc, tt = match(row[1], '^(%d+)%-(%d+)$')
     eC, eT = tonumber(cc), tonumber(tt)
@@ -274,39 +304,36 @@ function Log.save(w, c)
   end
   local now = c.now
   local until_, moved = w.expires, w.ttl
-  if w.L > 0 then
+  local L, rd, qe = w.L, w.rd, w.qe
+  if L > 0 then
     -- Until the level has drained (1 s slack): usually well before
     -- `expires` (a bucket's keys outlive each entry by at least 60 s).
-    local drained = w.lt + ceil(w.L / w.units) * w.q + 1000000
+    local drained = w.lt + ceil(L / w.units) * w.q + 1000000
     if drained > until_ then
       until_, moved = drained, true
     end
   end
-  if w.rd > 0 and w.rdt > until_ then
+  if rd > 0 and w.rdt > until_ then
     until_, moved = w.rdt, true
   end
-  if w.qe > until_ then
-    until_, moved = w.qe, true
+  if qe > until_ then
+    until_, moved = qe, true
   end
-  if until_ <= now or (w.oldest == 0 and w.nadj == 0 and w.L <= 0 and w.rd <= 0 and w.qe <= now) then
+  if until_ <= now or (w.oldest == 0 and w.nadj == 0 and L <= 0 and rd <= 0 and qe <= now) then
     -- Nothing live: the next spend starts from position 0.
     call('DEL', w.meta)
     return
   end
   local packed
-  if w.qt ~= 0 or w.qb ~= 0 or w.qf ~= 0 or w.qe ~= 0 or w.q0 ~= 0 then
-    packed = spack(MP23, F64, w.total, F64, w.B, F64, w.hbase, F64, w.htot, F64, w.oldest,
-      F64, w.last, F64, w.expires, F64, w.nadj, F64, w.stale, F64, w.dtot, F64, w.dbase,
-      F64, w.neg, F64, w.L, F64, w.lt, F64, w.D, F64, w.rd, F64, w.rdt, F64, w.fd,
-      F64, w.qt, F64, w.qb, F64, w.qf, F64, w.qe, F64, w.q0)
-  elseif w.rd ~= 0 or w.rdt ~= 0 or w.fd ~= 0 then
-    packed = spack(MP18, F64, w.total, F64, w.B, F64, w.hbase, F64, w.htot, F64, w.oldest,
-      F64, w.last, F64, w.expires, F64, w.nadj, F64, w.stale, F64, w.dtot, F64, w.dbase,
-      F64, w.neg, F64, w.L, F64, w.lt, F64, w.D, F64, w.rd, F64, w.rdt, F64, w.fd)
+  if qe ~= 0 or w.qt ~= 0 or w.qb ~= 0 or w.qf ~= 0 or w.q0 ~= 0 then
+    packed = packmp(w.total, w.B, w.hbase, w.htot, w.oldest, w.last, w.expires, w.nadj, w.stale,
+      w.dtot, w.dbase, w.neg, L, w.lt, w.D, rd, w.rdt, w.fd, w.qt, w.qb, w.qf, qe, w.q0)
+  elseif rd ~= 0 or w.rdt ~= 0 or w.fd ~= 0 then
+    packed = packmp(w.total, w.B, w.hbase, w.htot, w.oldest, w.last, w.expires, w.nadj, w.stale,
+      w.dtot, w.dbase, w.neg, L, w.lt, w.D, rd, w.rdt, w.fd)
   else
-    packed = spack(MP15, F64, w.total, F64, w.B, F64, w.hbase, F64, w.htot, F64, w.oldest,
-      F64, w.last, F64, w.expires, F64, w.nadj, F64, w.stale, F64, w.dtot, F64, w.dbase,
-      F64, w.neg, F64, w.L, F64, w.lt, F64, w.D)
+    packed = packmp(w.total, w.B, w.hbase, w.htot, w.oldest, w.last, w.expires, w.nadj, w.stale,
+      w.dtot, w.dbase, w.neg, L, w.lt, w.D)
   end
   if moved or not w.raw then
     call('SET', w.meta, packed, 'PX', ceil((until_ - now) / 1000))
@@ -316,4 +343,3 @@ function Log.save(w, c)
     call('SET', w.meta, packed, 'KEEPTTL')
   end
 end
-

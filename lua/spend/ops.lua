@@ -2,6 +2,24 @@
 -- header has their KEYS, ARGV and replies). Each checks its arguments
 -- before it reads or writes anything, so a refused call changes nothing.
 
+-- Brings every window to c.now (expired entries and leases leave).
+local function bring(c)
+  local ws = c.ws
+  for i = 1, c.nwin do
+    local w = ws[i]
+    w.K.load(w, c)
+  end
+end
+
+-- Writes back every window's changed state.
+local function save(c)
+  local ws = c.ws
+  for i = 1, c.nwin do
+    local w = ws[i]
+    w.K.save(w, c)
+  end
+end
+
 -- Why request id `id` cannot be spent or settled, or nil.
 local function bad_id(id)
   if id == nil or id == '' or byte(id, 1) == 35 or id == '{request_id}' then  -- 35: '#'
@@ -13,7 +31,7 @@ end
 -- (every count here is below 2^53: a larger one would be rounded), or nil.
 local function bad_count(c, what, least)
   local n = c.cost
-  if n == nil or n < least or n >= MAXPOS or n ~= floor(n) then
+  if n == nil or n < least or n >= MAXPOS or n % 1 ~= 0 then
     return what .. ' must be a whole number from ' .. least .. ' to 2^53 - 1 (got ' .. tostring(c.ARGV[3]) .. ')'
   end
 end
@@ -113,7 +131,7 @@ end
 -- are taken back. A shadow window that would refuse it (`over`) records
 -- nothing, and the spend is its shadow refusal (c.nover of them).
 local function admit(c, remaining)
-  local ws, n = c.ws, c.nwin
+  local ws, n, cost = c.ws, c.nwin, c.cost
   for i = 1, n do
     local w = ws[i]
     if not w.over and not w.K.record(w, c) then
@@ -131,7 +149,7 @@ local function admit(c, remaining)
   for i = 1, n do
     local w = ws[i]
     if not w.shadow then
-      local left = w.lim - w.used - c.cost
+      local left = w.lim - w.used - cost
       if remaining == nil or left < remaining then
         remaining = left
       end
@@ -148,9 +166,17 @@ local function admit(c, remaining)
       end
     end
   end
-  save(c)
-  Ring.add(c, c.cost)
-  local out = { 1, max(remaining or 0, 0), 0, 0 }
+  for i = 1, n do
+    local w = ws[i]
+    w.K.save(w, c)
+  end
+  if c.nring > 0 then
+    Ring.add(c, cost)
+  end
+  if not remaining or remaining < 0 then
+    remaining = 0
+  end
+  local out = { 1, remaining, 0, 0 }
   if c.nover > 0 then
     for i = 1, n do
       local w = ws[i]
@@ -166,21 +192,24 @@ end
 -- `t`: a TIME reply the caller read (the claim's), or nil.
 function Ops.spend(KEYS, ARGV, t)
   local c, why = parse(KEYS, ARGV, 'spend')
-  why = why or Ring.parse(c) or bad_id(c.id) or bad_count(c, 'spend cost', 1)
+  -- (the history's arguments, if any: none, and the one script need not
+  -- define Ring's functions)
+  why = why or (ARGV[6 + c.nwin] ~= nil and Ring.parse(c)) or bad_id(c.id) or bad_count(c, 'spend cost', 1)
   if why then
     return fail(why)
   end
-  local cost, ws = c.cost, c.ws
-  for i = 1, c.nwin do
-    if cost > ws[i].lim and not ws[i].shadow then
-      return fail('cost ' .. cost .. ' can never fit window ' .. i .. ' (' .. ws[i].lim .. ' units with the reserve)')
+  local cost, ws, n = c.cost, c.ws, c.nwin
+  for i = 1, n do
+    local w = ws[i]
+    if cost > w.lim and not w.shadow then
+      return fail('cost ' .. cost .. ' can never fit window ' .. i .. ' (' .. w.lim .. ' units with the reserve)')
     end
   end
   clock(c, t)
-  bring(c)
   local rejected, remaining, nover = c.blocked > c.now, nil, 0
-  for i = 1, c.nwin do
+  for i = 1, n do
     local w = ws[i]
+    w.K.load(w, c)
     local left = w.lim - w.used
     if not w.shadow then
       if remaining == nil or left < remaining then
@@ -191,17 +220,20 @@ function Ops.spend(KEYS, ARGV, t)
       end
     else
       -- What it would refuse, it counts and does not record (admit).
-      w.over = cost > left
-      if w.over then
+      local over = cost > left
+      w.over = over
+      if over then
         nover = nover + 1
       end
     end
   end
   c.nover = nover
-  remaining = max(remaining or 0, 0)
+  if not remaining or remaining < 0 then
+    remaining = 0
+  end
   if c.ticket then
     -- Each window's line, brought to now, and this spend's turn in it.
-    for i = 1, c.nwin do
+    for i = 1, n do
       local w = ws[i]
       if w.line then
         c.lined = true
@@ -227,7 +259,7 @@ end
 -- lease's.
 function Ops.settle(KEYS, ARGV)
   local c, why = parse(KEYS, ARGV, 'settle')
-  why = why or Ring.parse(c) or bad_id(c.id) or bad_count(c, 'settle cost', 0)
+  why = why or (ARGV[6 + c.nwin] ~= nil and Ring.parse(c)) or bad_id(c.id) or bad_count(c, 'settle cost', 0)
   if why then
     return fail(why)
   end

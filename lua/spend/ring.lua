@@ -12,7 +12,8 @@
 -- after the rings' keys. Returns why not.
 function Ring.parse(c)
   local ARGV, KEYS, n = c.ARGV, c.KEYS, c.nwin
-  local nring = num(ARGV[6 + n]) or 0
+  local s = ARGV[6 + n]
+  local nring = NUMS[s] or num(s) or 0
   local nline, lk = 0, c.k + nring
   if c.op == 'spend' and ARGV[10 + n] ~= nil then
     c.ticket = ARGV[10 + n]

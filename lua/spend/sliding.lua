@@ -12,10 +12,13 @@ function Sliding.load(w, c)
   Log.load(w, c)
   -- Drift forgiven (undrift) counts no more while its entries live: the
   -- drift recorded between base and the mark.
-  local forgiven = max(w.fd - w.dbase, 0)
-  w.sused = (w.total - w.B) - (w.htot - w.hbase)
-  w.used = w.sused - forgiven
-  w.drift = w.dtot - w.dbase - forgiven
+  local dbase = w.dbase
+  local forgiven = w.fd - dbase
+  if forgiven < 0 then
+    forgiven = 0
+  end
+  local sused = (w.total - w.B) - (w.htot - w.hbase)
+  w.sused, w.used, w.drift = sused, sused - forgiven, w.dtot - dbase - forgiven
   if w.rd ~= 0 then
     count_reset_drift(w, c.now, true)
   end

@@ -22,25 +22,25 @@ use crate::conn::{Function, Library, Lua};
 /// (`Log`, a window kind, `Line`, `Ring`, `Ops`). `eager`: defined in a
 /// block of their own when the text runs (what a file keeps to itself goes
 /// out of scope at its end) — the library, which runs its text once, at
-/// `FUNCTION LOAD`. `lazy`: defined when a call first reads from the table
-/// (`lazy` in core.lua) — the one script, which runs its whole text on
-/// every call: defining every function of every module there cost more
-/// than the spend itself (15 KB allocated a call; BENCHMARKS.md §9).
+/// `FUNCTION LOAD`. `lazy`: a branch of `fill`, run when a call first reads
+/// from the table (`lazy` in core.lua) — the one script, which runs its
+/// whole text on every call: defining every function of every module there
+/// cost more than the spend itself (BENCHMARKS.md, "Issue 33").
 macro_rules! module {
     (eager, $table:literal, $($file:literal),+) => {
         concat!("do\n", $(include_str!($file)),+, "end\n")
     };
     (lazy, $table:literal, $($file:literal),+) => {
-        concat!("lazy(", $table, ", function()\n", $(include_str!($file)),+, "end)\n")
+        concat!("elseif T == ", $table, " then\n", $(include_str!($file)),+)
     };
 }
 
 /// The operations' text: the contract and shared names, the id log, the
 /// window kinds, the waiting line, the history, the operations. In the
-/// one-script form the lazy modules are set up inside one function: a
-/// function defined at the top level finds each of its upvalues by walking
-/// the list of the top level's open upvalues (Lua 5.1), one defined inside
-/// another copies them from it.
+/// one-script form the modules are the branches of one function, `fill`
+/// (one closure a call, whose own closures copy their upvalues from it
+/// rather than each walking the list of the top level's open upvalues, as
+/// Lua 5.1 makes a closure defined at the top level do).
 macro_rules! operations {
     (eager) => {
         concat!(include_str!("../../lua/spend/core.lua"), modules!(eager))
@@ -48,9 +48,9 @@ macro_rules! operations {
     (lazy) => {
         concat!(
             include_str!("../../lua/spend/core.lua"),
-            "local function modules()\n",
+            "fill = function(T)\nif T == nil then\n",
             modules!(lazy),
-            "end\nmodules()\n"
+            "end\nend\nlazy()\n"
         )
     };
 }
