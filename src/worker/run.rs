@@ -562,12 +562,7 @@ impl Worker {
                 keep_checkpoint,
                 ..
             } => {
-                kept = if keep_checkpoint {
-                    self.save(run, p).await?
-                } else {
-                    let mut conn = self.lasting.conn.clone();
-                    (run.lock).forget(&mut conn, &run.cursor_key).await?
-                };
+                kept = self.keep_or_forget(run, p, keep_checkpoint).await?;
                 (p.outcome(OutcomeKind::Failed, why), status, None)
             }
             End::Wait {
@@ -600,8 +595,7 @@ impl Worker {
             }
         };
         if !kept {
-            // Its checkpoint was refused: the item's task now goes on from
-            // its own. Nothing is queued again for this one.
+            // Another task holds the item; nothing is queued again for this.
             return Ok(superseded(p));
         }
         o.status = status;
@@ -612,6 +606,22 @@ impl Worker {
             o.requeued_in = Some(wait);
         }
         Ok(o)
+    }
+
+    /// A failed run's checkpoint: kept (the run resumes there), or
+    /// deleted (its next run starts over); `false`: another task holds the
+    /// item, nothing written.
+    async fn keep_or_forget(
+        &self,
+        run: &Run<'_>,
+        p: &mut Progress,
+        keep: bool,
+    ) -> Result<bool, TaskError> {
+        if keep {
+            return self.save(run, p).await;
+        }
+        let mut conn = self.lasting.conn.clone();
+        Ok((run.lock).forget(&mut conn, &run.cursor_key).await?)
     }
 
     /// `done` for this run at `max_pages`: the item's next run goes on at
