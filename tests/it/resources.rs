@@ -405,6 +405,7 @@ fn a_429_loop_is_bounded_by_the_doubling() {
     );
     let (code, out, err) = rig.cli(&["trigger", "loop"]);
     assert_eq!(code, Some(0), "{out}{err}");
+    // About time: the 429 loop is watched for 7 s.
     std::thread::sleep(Duration::from_secs(7));
     let seen = rig.upstream.stats().requests.len();
     println!("429 + Retry-After: 0 for 7 s: the upstream saw {seen} requests");
