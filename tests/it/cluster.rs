@@ -1117,6 +1117,7 @@ async fn settle_sync_and_block_wait_for_a_replica_and_only_log_when_none_answers
         unsafe { libc::kill(pid, libc::SIGSTOP) };
         let flag = resumed.clone();
         let resumer = std::thread::spawn(move || {
+            // About time: how long the replica hangs.
             std::thread::sleep(Duration::from_millis(300));
             flag.store(true, Ordering::SeqCst);
             // SAFETY: as above.

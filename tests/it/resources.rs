@@ -15,7 +15,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
-use simulator::{Fault, SimAccounting, SimConfig, SimStyle};
+use simulator::{Fault, SimConfig};
 
 use crate::accounting::Rig;
 use crate::support::world::{self, KEY_ENV, SECRET};
@@ -257,15 +257,9 @@ fn a_search_block_never_stops_a_core_endpoint() {
 fn drift_from_an_answer_with_a_reset_is_gone_a_second_after_it() {
     let _machine = crate::support::machine::timing();
     // core: 20 requests per 4 s from the first; another program takes 15.
-    let sim = SimConfig {
-        pages_per_query: 10,
-        items_per_page: 2,
-        style: SimStyle::Link,
-        accounting: SimAccounting::Github,
-        ..SimConfig::default()
-    }
-    .cost(REPOS, 1)
-    .key(SECRET, 20, Duration::from_secs(4));
+    let sim = crate::accounting::github(10)
+        .cost(REPOS, 1)
+        .key(SECRET, 20, Duration::from_secs(4));
     let rig = Rig::start(
         sim,
         |up| assert_eq!(up.burn(SECRET, 15), 15),
@@ -317,17 +311,11 @@ fn drift_from_an_answer_with_a_reset_is_gone_a_second_after_it() {
 /// unknown credential or resource is 64.
 #[test]
 fn unblock_lifts_blocks_and_drift() {
-    let sim = SimConfig {
-        pages_per_query: 10,
-        items_per_page: 2,
-        style: SimStyle::Link,
-        accounting: SimAccounting::Github,
-        ..SimConfig::default()
-    }
-    .cost(REPOS, 1)
-    .cost(SEARCH, 1)
-    .resource("search", 1, Duration::from_secs(600), &[SEARCH])
-    .key(SECRET, 10, Duration::from_secs(3600));
+    let sim = crate::accounting::github(10)
+        .cost(REPOS, 1)
+        .cost(SEARCH, 1)
+        .resource("search", 1, Duration::from_secs(600), &[SEARCH])
+        .key(SECRET, 10, Duration::from_secs(3600));
     let rig = Rig::start(
         sim,
         |up| assert_eq!(up.burn(SECRET, 6), 6),
@@ -405,6 +393,7 @@ fn a_429_loop_is_bounded_by_the_doubling() {
     );
     let (code, out, err) = rig.cli(&["trigger", "loop"]);
     assert_eq!(code, Some(0), "{out}{err}");
+    // About time: the 429 loop is watched for 7 s.
     std::thread::sleep(Duration::from_secs(7));
     let seen = rig.upstream.stats().requests.len();
     println!("429 + Retry-After: 0 for 7 s: the upstream saw {seen} requests");
