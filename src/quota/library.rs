@@ -103,15 +103,31 @@ pub(crate) const CLAIM_SCRIPT: &str = concat!(
 );
 
 static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
-    Library::new(
-        "qw",
-        concat!(
-            operations!(eager),
-            claim!(),
-            include_str!("../../lua/spend/functions.lua")
-        ),
-    )
+    let body = concat!(
+        operations!(eager),
+        claim!(),
+        include_str!("../../lua/spend/functions.lua")
+    );
+    match test_version() {
+        Some(v) => Library::new("qw", &format!("{body}-- test version {v}\n")),
+        None => Library::new("qw", body),
+    }
 });
+
+/// A test-only knob: a daemon started with `QUOTA_WORKER_TEST_LIBRARY=<v>`
+/// adds `-- test version <v>` to its library's text, so that its version
+/// name differs and it loads and calls a library of its own beside the
+/// others' — two versions side by side, as during a rolling deploy, from one
+/// binary (`tests/it/function_library.rs`). Letters, digits, `-` and `_`,
+/// at most 32; anything else is ignored. Not for production: the code is the
+/// same, only the name differs.
+const TEST_VERSION: &str = "QUOTA_WORKER_TEST_LIBRARY";
+
+fn test_version() -> Option<String> {
+    let v = std::env::var(TEST_VERSION).ok()?;
+    let ok = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
+    (!v.is_empty() && v.len() <= 32 && v.chars().all(ok)).then_some(v)
+}
 
 static SCRIPT_LUA: LazyLock<Lua> = LazyLock::new(|| Lua::new(SCRIPT));
 static CLAIM_LUA: LazyLock<Lua> = LazyLock::new(|| Lua::new(CLAIM_SCRIPT));

@@ -6,7 +6,8 @@
 //! the same files, just as exactly, and `check` tells it what to grant; and
 //! during a rolling deploy an old version (the script as it was before the
 //! library, by `EVALSHA`) and the new one, or two library versions loaded
-//! side by side, spend from the same windows, both exactly.
+//! side by side, spend from the same windows, both exactly — call by call,
+//! and as two daemon processes fetching one job's pages under one window.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -401,4 +402,127 @@ async fn two_library_versions_load_side_by_side_and_spend_from_the_same_windows(
         .query(&mut server.conn())
         .expect("function list");
     assert_eq!(libs.len(), 2, "both versions loaded: {libs:?}");
+}
+
+/// The window a daemon-level rolling deploy shares: fewer units than the
+/// job's pages (8 regions x 3 pages), so that the window, not the job,
+/// decides how many pages are fetched.
+const DEPLOY_UNITS: usize = 20;
+
+/// Rolling deploy, two daemons (issue 33, "Done when"): two processes of
+/// this binary on one Redis run the same job on one credential, the second
+/// with its library under another version name (the test-only
+/// `QUOTA_WORKER_TEST_LIBRARY`, src/quota/library.rs). Each daemon loads
+/// and calls its own library (both are loaded, and `SLOWLOG` shows calls of
+/// each one's functions), and together they fetch exactly the window's
+/// units: the upstream is charged `DEPLOY_UNITS` times, never more, and the
+/// window counts exactly that. What this proves: two library versions
+/// loaded side by side, each daemon calling only its own, read and write the
+/// same windows and count each other's spends exactly, under real
+/// concurrency (claims with their first spend, spends, refusals). The code
+/// of both is this release's; that an older release's code reads and writes
+/// the same windows exactly is `an_old_and_a_new_version_spend_...` above
+/// (call by call, the script as it shipped before the library).
+#[test]
+fn two_daemons_on_two_library_versions_fetch_exactly_what_one_window_allows() {
+    use crate::support::process::{Proc, run_cli};
+    use crate::support::upstream::Upstream;
+    use crate::support::{wait_until, world};
+
+    let server = RedisServer::start();
+    // Every command into the slow log, with its arguments: which library's
+    // functions each daemon called.
+    let _: () = server.cmd(&["CONFIG", "SET", "slowlog-log-slower-than", "0"]);
+    let _: () = server.cmd(&["CONFIG", "SET", "slowlog-max-len", "100000"]);
+    // Answers take 100 ms: both daemons have tasks in flight at once.
+    let upstream = Upstream::with(world::sim(3, 2).hold(Duration::from_millis(100)));
+    let cfg = ConfigBuilder::new()
+        .worker(world::quick_worker(2))
+        .credential(world::credential(Window::sliding(
+            DEPLOY_UNITS as u64,
+            "1h",
+        )))
+        .endpoint(world::endpoint())
+        .job(world::job(&upstream.base_url()))
+        .write();
+    let mut old = Proc::daemon("old", &cfg, Some(&server.url()), &[]);
+    let mut new = Proc::daemon(
+        "new",
+        &cfg,
+        Some(&server.url()),
+        &[("QUOTA_WORKER_TEST_LIBRARY", "next")],
+    );
+    old.wait_running(Duration::from_secs(20));
+    new.wait_running(Duration::from_secs(20));
+
+    let (code, out, err) = run_cli(
+        &cfg,
+        Some(&server.url()),
+        &["trigger", world::JOB],
+        Duration::from_secs(30),
+    );
+    assert_eq!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}");
+    assert!(
+        wait_until(Duration::from_secs(60), || upstream.fetched()
+            >= DEPLOY_UNITS),
+        "{} pages fetched\nold:\n{}\nnew:\n{}",
+        upstream.fetched(),
+        old.log(),
+        new.log()
+    );
+    // Long enough for a spend either version admitted in excess to show.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        upstream.fetched(),
+        DEPLOY_UNITS,
+        "the window's units, no more"
+    );
+
+    // Both versions loaded, each called by its daemon.
+    let names: Vec<String> = (redis::cmd("FUNCTION").arg("LIST"))
+        .query::<Vec<redis::Value>>(&mut server.conn())
+        .expect("function list")
+        .iter()
+        .filter_map(|lib| match lib {
+            redis::Value::Array(fields) => fields.chunks(2).find_map(|kv| match kv {
+                [redis::Value::BulkString(k), redis::Value::BulkString(v)]
+                    if k.as_slice() == b"library_name" =>
+                {
+                    String::from_utf8(v.clone()).ok()
+                }
+                _ => None,
+            }),
+            _ => None,
+        })
+        .filter(|n| n.starts_with("qw_"))
+        .collect();
+    assert_eq!(names.len(), 2, "two versions loaded: {names:?}");
+    assert!(names.contains(&library().name().to_owned()), "{names:?}");
+    let slow: Vec<redis::Value> = server.cmd(&["SLOWLOG", "GET", "100000"]);
+    let called = |lib: &str| {
+        slow.iter()
+            .filter(|e| {
+                let redis::Value::Array(e) = e else {
+                    return false;
+                };
+                let Some(redis::Value::Array(args)) = e.get(3) else {
+                    return false;
+                };
+                matches!(
+                    (args.first(), args.get(1)),
+                    (Some(redis::Value::BulkString(c)), Some(redis::Value::BulkString(f)))
+                        if c.eq_ignore_ascii_case(b"fcall") && f.starts_with(format!("{lib}_").as_bytes())
+                )
+            })
+            .count()
+    };
+    for name in &names {
+        assert!(called(name) > 0, "no FCALL of {name}'s functions");
+    }
+
+    // The window counts exactly what was fetched.
+    let out = cfg.run_on(&server, &["quota", world::CREDENTIAL, "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", support::stderr(&out));
+    let w = &support::json(&out)["credentials"][0]["windows"][0];
+    assert_eq!(w["used"].as_u64(), Some(DEPLOY_UNITS as u64), "{w}");
 }
