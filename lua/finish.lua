@@ -36,7 +36,8 @@
 --                                                if ARGV[16] still holds it
 --   8.. (with 7) the item's state the run's end leaves: the first ARGV[17]
 --       keys are set (<prefix>:since:, :validators:, :ran:), the rest
---       deleted (<prefix>:cursor:, a :validators: the run had none for)
+--       deleted (<prefix>:cursor:, a :validators: the run had none for);
+--       untouched when another task holds KEYS[7]
 --
 -- ARGV
 --   1  the outcome ("done", "quota_exhausted", ...), stored in KEYS[1]
@@ -73,17 +74,24 @@ redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
 -- leaves the item's state as the run's last checkpoint left it and its
 -- lock to lapse within its TTL; after it, the task is done and its item
 -- free at once: nothing in between.
+--
+-- A lock that lapsed (a stalled Redis) and was claimed by another task
+-- stays that task's, and so does the item's state: this task's end leaves
+-- nothing of it (it would delete the new holder's checkpoint, or set its
+-- {since}). A lock that lapsed and nobody took leaves the state written:
+-- nobody else is running the item.
 if KEYS[7] then
-  local n = tonumber(ARGV[17])
-  for i = 1, n do
-    redis.call('SET', KEYS[7 + i], ARGV[16 + 2 * i], 'EX', ARGV[17 + 2 * i])
+  local holder = redis.call('GET', KEYS[7])
+  if holder == ARGV[16] or not holder then
+    local n = tonumber(ARGV[17])
+    for i = 1, n do
+      redis.call('SET', KEYS[7 + i], ARGV[16 + 2 * i], 'EX', ARGV[17 + 2 * i])
+    end
+    if #KEYS >= 8 + n then
+      redis.call('DEL', unpack(KEYS, 8 + n))
+    end
   end
-  if #KEYS >= 8 + n then
-    redis.call('DEL', unpack(KEYS, 8 + n))
-  end
-  -- Only the holder frees it: a lock that lapsed (a stalled Redis) and was
-  -- claimed by another task stays that task's.
-  if redis.call('GET', KEYS[7]) == ARGV[16] then
+  if holder == ARGV[16] then
     redis.call('DEL', KEYS[7])
   end
 end

@@ -36,7 +36,6 @@ use crate::Ctx;
 use crate::common::{self, Plan, TIMEOUT, drive, median};
 use crate::growth::{HUGE, NAIVE, PER_MS, PER_US, fill_ours, naive_key, ours_keys, quotas};
 use crate::report::Section;
-use crate::support::TestConfig;
 
 static FLOOR: std::sync::LazyLock<Lua> =
     std::sync::LazyLock::new(|| Lua::new(include_str!("../baseline/layout_floor.lua")));
@@ -328,7 +327,7 @@ pub async fn run(ctx: &Ctx) -> Section {
         "the refusals' window is full"
     );
 
-    let bucket_cfg = TestConfig::new(crate::bucket::CONFIG, &[]);
+    let bucket_cfg = crate::bucket::config();
     let bucket = Limiter::new(
         conn.clone(),
         std::sync::Arc::new(Quotas::new(
@@ -337,7 +336,7 @@ pub async fn run(ctx: &Ctx) -> Section {
         TIMEOUT,
     )
     .without_history();
-    let concurrent_cfg = TestConfig::new(crate::concurrent::CONFIG, &[]);
+    let concurrent_cfg = crate::concurrent::config();
     let concurrent = Limiter::new(
         conn.clone(),
         std::sync::Arc::new(Quotas::new(

@@ -11,29 +11,13 @@ use serde_json::json;
 use crate::Ctx;
 use crate::common::{self, Plan, VersusSliding};
 use crate::report::Section;
+use crate::support::{TestConfig, Window};
 
 /// A bucket no benchmark fills (a billion units a second) and a sliding hour
 /// of a trillion (the anatomy section spends from the bucket too).
-pub const CONFIG: &str = r#"
-[redis]
-key_prefix = "qwbk"
-
-[credentials.bk]
-secret_env = "BENCH_UNUSED"
-windows = [{ kind = "bucket", units = 1000000000, per = "1s" }]
-
-[credentials.sl]
-secret_env = "BENCH_UNUSED"
-windows = [{ units = 1000000000000, per = "1h" }]
-
-[endpoints.bk]
-credential = "bk"
-cost = 1
-
-[endpoints.sl]
-credential = "sl"
-cost = 1
-"#;
+pub fn config() -> TestConfig {
+    common::versus_sliding("qwbk", "bk", Window::bucket(1_000_000_000, "1s"))
+}
 
 pub async fn run(ctx: &Ctx) -> Section {
     let plan = Plan::quick_or(
@@ -44,7 +28,7 @@ pub async fn run(ctx: &Ctx) -> Section {
             round: Duration::from_millis(600),
         },
     );
-    let (limiter, mut conn) = common::limiter_on(&ctx.redis, CONFIG).await;
+    let (limiter, mut conn) = common::limiter_on(&ctx.redis, &config()).await;
     let mut table = VersusSliding::new(
         "bucket",
         "bucket window spends/s",

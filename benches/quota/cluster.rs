@@ -20,7 +20,9 @@ use crate::Ctx;
 use crate::common::{self, Plan, TIMEOUT, drive, median, percentiles, thousands};
 use crate::report::{Section, Target};
 use crate::support::cluster::{self, Cluster};
-use crate::support::{RedisServer, TestConfig, wait_until};
+use crate::support::{
+    ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window, wait_until,
+};
 
 /// Credentials the spends spread over, round robin.
 const CREDENTIALS: usize = 100;
@@ -28,21 +30,20 @@ const CREDENTIALS: usize = 100;
 /// 100 credentials with a window no run fills, an endpoint each; on the
 /// cluster of `nodes` when there are any.
 fn config(nodes: &[String], replicas: u8) -> TestConfig {
-    let mut text = String::from("[redis]\nkey_prefix = \"qwcl\"\ntimeout = \"10s\"\n");
+    let mut b = ConfigBuilder::new().key_prefix("qwcl").redis_timeout("10s");
     if !nodes.is_empty() {
-        let nodes: Vec<String> = nodes.iter().map(|n| format!("{n:?}")).collect();
-        text += &format!(
-            "quota_nodes = [{}]\nquota_replicas = {replicas}\n",
-            nodes.join(", ")
-        );
+        b = b.quota_nodes(nodes).quota_replicas(i64::from(replicas));
     }
     for i in 0..CREDENTIALS {
-        text += &format!(
-            "\n[credentials.c{i:03}]\nsecret_env = \"BENCH_UNUSED\"\nwindows = [{{ units = 1000000000000, per = \"1h\" }}]\n\
-             [endpoints.c{i:03}]\ncredential = \"c{i:03}\"\ncost = 1\n"
-        );
+        let name = format!("c{i:03}");
+        b = b
+            .credential(
+                Credential::env(&name, "BENCH_UNUSED")
+                    .window(Window::sliding(1_000_000_000_000, "1h")),
+            )
+            .endpoint(Endpoint::new(&name, &name, 1));
     }
-    TestConfig::new(&text, &[])
+    b.write()
 }
 
 /// Where the spends go, and the masters that run them.

@@ -8,7 +8,7 @@ use quota_worker::config::RedisUrl;
 use quota_worker::conn::Conn;
 use serde::Serialize;
 
-use crate::support::RedisServer;
+use crate::support::{ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window};
 
 pub const TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -276,15 +276,29 @@ impl Rounds {
     }
 }
 
-/// A limiter on the windows of `config` (TOML) over one connection to
-/// `server`, emptied first and without history, as the sections that
-/// compare one window kind with a sliding spend measure it; and the
-/// connection, to empty it again after.
+/// The config of a section that compares one window kind with a sliding
+/// spend: the credential and endpoint `name` with `window`, and `sl` with
+/// a sliding hour of a trillion units (neither fills), each endpoint cost
+/// 1, keys under `prefix`.
+pub fn versus_sliding(prefix: &str, name: &str, window: Window) -> TestConfig {
+    let unused = |name: &str| Credential::env(name, "BENCH_UNUSED");
+    ConfigBuilder::new()
+        .key_prefix(prefix)
+        .credential(unused(name).window(window))
+        .credential(unused("sl").window(Window::sliding(1_000_000_000_000, "1h")))
+        .endpoint(Endpoint::new(name, name, 1))
+        .endpoint(Endpoint::new("sl", "sl", 1))
+        .write()
+}
+
+/// A limiter on the windows of `cfg` over one connection to `server`,
+/// emptied first and without history, as the sections that compare one
+/// window kind with a sliding spend measure it; and the connection, to
+/// empty it again after.
 pub async fn limiter_on(
     server: &RedisServer,
-    config: &str,
+    cfg: &TestConfig,
 ) -> (quota_worker::quota::Limiter, Conn) {
-    let cfg = crate::support::TestConfig::new(config, &[]);
     let config = quota_worker::config::Config::load(&cfg.path()).expect("the section's config");
     let mut conn = connect(server).await;
     flushall(&mut conn).await;

@@ -15,29 +15,14 @@ use serde_json::json;
 use crate::Ctx;
 use crate::common::{self, Plan, VersusSliding};
 use crate::report::Section;
+use crate::support::{TestConfig, Window};
 
 /// A concurrent window no benchmark fills (a trillion units in flight,
 /// leases of an hour) and a sliding hour of a trillion.
-pub const CONFIG: &str = r#"
-[redis]
-key_prefix = "qwcc"
-
-[credentials.cc]
-secret_env = "BENCH_UNUSED"
-windows = [{ kind = "concurrent", units = 1000000000000, lease = "1h" }]
-
-[credentials.sl]
-secret_env = "BENCH_UNUSED"
-windows = [{ units = 1000000000000, per = "1h" }]
-
-[endpoints.cc]
-credential = "cc"
-cost = 1
-
-[endpoints.sl]
-credential = "sl"
-cost = 1
-"#;
+pub fn config() -> TestConfig {
+    let window = Window::concurrent(1_000_000_000_000).lease("1h");
+    common::versus_sliding("qwcc", "cc", window)
+}
 
 /// The concurrent endpoint and the sliding one, in the order the tables
 /// compare them.
@@ -75,7 +60,7 @@ pub async fn run(ctx: &Ctx) -> Section {
             round: Duration::from_millis(600),
         },
     );
-    let (limiter, mut conn) = common::limiter_on(&ctx.redis, CONFIG).await;
+    let (limiter, mut conn) = common::limiter_on(&ctx.redis, &config()).await;
     let held = if ctx.quick { 100 } else { HELD };
     {
         let limiter = limiter.clone();

@@ -37,8 +37,10 @@ use tokio::sync::{broadcast, oneshot};
 use crate::Ctx;
 use crate::common::{connect, flushall, info_field, median, min_max, reset_stats, thousands};
 use crate::report::{Section, Target};
-use crate::support::RedisServer;
 use crate::support::in_process::InProcess;
+use crate::support::{
+    ConfigBuilder, Credential, Endpoint, Job, RedisServer, Request, Sink, Window, Worker,
+};
 
 const CONCURRENCY: [usize; 2] = [8, 32];
 /// The endpoint's cost: weighted, so a lost or doubled unit would show.
@@ -89,16 +91,18 @@ pub(crate) enum Store {
 }
 
 impl Store {
-    /// The job's `[sink]` table.
-    fn sink_toml(&self, table: &str) -> String {
+    /// The job's sink.
+    fn sink(&self, table: &str) -> Sink {
         match self {
-            Store::Jsonl => "kind = \"jsonl\"\npath = \"data/{job}.jsonl\"\nrecords = \"/items\"\n".into(),
-            Store::Sqlite => {
-                "kind = \"sqlite\"\npath = \"data/{job}.sqlite\"\nrecords = \"/items\"\nkey = \"/id\"\n".into()
-            }
-            Store::Postgres { url, .. } => format!(
-                "kind = \"postgres\"\nurl = \"{url}\"\npassword_file = \"pg-password\"\ntable = \"{table}\"\nrecords = \"/items\"\nkey = \"/id\"\n"
-            ),
+            Store::Jsonl => Sink::jsonl("data/{job}.jsonl").records("/items"),
+            Store::Sqlite => Sink::sqlite("data/{job}.sqlite")
+                .records("/items")
+                .key("/id"),
+            Store::Postgres { url, .. } => Sink::postgres(url)
+                .password_file("pg-password")
+                .table(table)
+                .records("/items")
+                .key("/id"),
         }
     }
 
@@ -520,51 +524,43 @@ fn spend_commands(runs: &[Run]) -> BTreeMap<String, f64> {
         .collect()
 }
 
-fn config_text(redis_url: &str, concurrency: usize) -> String {
-    format!(
-        r#"
-jobs = "jobs/*.toml"
-
-[redis]
-url = "{redis_url}"
-
-[worker]
-concurrency = {concurrency}
-poll_interval = "{POLL}"
-shutdown_timeout = "10s"
-
-[metrics]
-listen = "off"
-
-[credentials.{CREDENTIAL}]
-secret_env = "QW_BENCH_KEY"
-windows = [{{ units = 1000000000000, per = "1h" }}]
-
-[endpoints."youtube.videos.list"]
-credential = "{CREDENTIAL}"
-cost = {COST}
-"#
-    )
-}
-
-fn job_text(sim_url: &str, n: usize, sink: &str) -> String {
-    let regions: Vec<String> = (0..n).map(|i| format!("\"r{i:05}\"")).collect();
-    format!(
-        r#"
-[{JOB}]
-# Never fires by itself: the bench fans the tick out.
-schedule = "0 0 0 1 1 * 2099"
-endpoint = "youtube.videos.list"
-fan_out = {{ region = [{regions}] }}
-
-[{JOB}.request]
-url = "{sim_url}/youtube/v3/videos"
-query = {{ chart = "mostPopular", regionCode = "{{region}}", maxResults = "1", key = "{{secret}}" }}
-
-[{JOB}.sink]
-{sink}"#,
-        regions = regions.join(", ")
-    )
+/// The pipeline's config: `concurrency` worker slots polling every
+/// [`POLL`], a window no run fills, and the job [`JOB`] fanning the
+/// simulator at `sim_url` out over `n` regions into `sink`, never fired by
+/// itself (the bench fans the tick out).
+fn config(
+    redis_url: &str,
+    concurrency: usize,
+    sim_url: &str,
+    n: usize,
+    sink: Sink,
+) -> ConfigBuilder {
+    let regions = (0..n).map(|i| format!("r{i:05}"));
+    let request = Request::get(&format!("{sim_url}/youtube/v3/videos")).query(&[
+        ("chart", "mostPopular"),
+        ("regionCode", "{region}"),
+        ("maxResults", "1"),
+        ("key", "{secret}"),
+    ]);
+    ConfigBuilder::new()
+        .redis_url(redis_url)
+        .worker(
+            Worker::default()
+                .concurrency(concurrency as u32)
+                .poll_interval(POLL)
+                .shutdown_timeout("10s"),
+        )
+        .credential(
+            Credential::env(CREDENTIAL, "QW_BENCH_KEY")
+                .window(Window::sliding(1_000_000_000_000, "1h")),
+        )
+        .endpoint(Endpoint::new("youtube.videos.list", CREDENTIAL, COST))
+        .job(
+            Job::new(JOB, "youtube.videos.list")
+                .fan_out("region", regions)
+                .request(request)
+                .sink(sink),
+        )
 }
 
 /// One pipeline run of `n` tasks into `store` (its files under `sink`);
@@ -595,18 +591,9 @@ pub(crate) async fn run_once(
     )
     .await
     .expect("start the simulator");
-    let dir = tempfile::tempdir_in(&sink.base).expect("tempdir");
-    std::fs::create_dir_all(dir.path().join("jobs")).expect("mkdir jobs");
-    std::fs::write(
-        dir.path().join("config.toml"),
-        config_text(&redis.url(), concurrency),
-    )
-    .expect("write config");
-    std::fs::write(
-        dir.path().join("jobs/e2e.toml"),
-        job_text(&sim.base_url(), n, &store.sink_toml(&table)),
-    )
-    .expect("write job");
+    let sink_of = store.sink(&table);
+    let cfg = config(&redis.url(), concurrency, &sim.base_url(), n, sink_of).write_in(&sink.base);
+    let dir = &cfg.dir;
     if let Store::Postgres { password, .. } = store {
         std::fs::write(dir.path().join("pg-password"), password).expect("write the password");
     }

@@ -41,8 +41,8 @@ use tokio::sync::watch;
 use crate::Ctx;
 use crate::common::{self, thousands};
 use crate::report::{Section, Target};
-use crate::support::TestConfig;
 use crate::support::seed::{snapshot_cmd, snapshot_entries};
+use crate::support::{ConfigBuilder, Credential, Endpoint, TestConfig, Window};
 
 const CALLERS: usize = 64;
 
@@ -129,19 +129,20 @@ impl Rng {
     }
 }
 
-fn config_text(p: &Phase) -> String {
-    let kind = if p.bucket { "kind = \"bucket\", " } else { "" };
-    let windows: Vec<String> = p
-        .windows
-        .iter()
-        .map(|(u, ms)| format!("{{ {kind}units = {u}, per = \"{ms}ms\" }}"))
-        .collect();
-    format!(
-        "[redis]\nkey_prefix = \"qwx\"\n\n\
-         [credentials.ex]\nsecret_env = \"BENCH_UNUSED\"\nwindows = [{}]\n\n\
-         [endpoints.ex]\ncredential = \"ex\"\ncost = 1\n",
-        windows.join(", ")
-    )
+fn config(p: &Phase) -> TestConfig {
+    let mut credential = Credential::env("ex", "BENCH_UNUSED");
+    for (units, ms) in &p.windows {
+        let per = format!("{ms}ms");
+        credential = credential.window(match p.bucket {
+            true => Window::bucket(*units, &per),
+            false => Window::sliding(*units, &per),
+        });
+    }
+    ConfigBuilder::new()
+        .key_prefix("qwx")
+        .credential(credential)
+        .endpoint(Endpoint::new("ex", "ex", 1))
+        .write()
 }
 
 pub async fn run(ctx: &Ctx) -> Section {
@@ -325,7 +326,7 @@ pub async fn run(ctx: &Ctx) -> Section {
 }
 
 async fn phase(ctx: &Ctx, p: &Phase) -> PhaseResult {
-    let cfg = TestConfig::new(&config_text(p), &[]);
+    let cfg = config(p);
     let config = Config::load(&cfg.path()).expect("exactness config");
     let quotas = Arc::new(Quotas::new(&config));
     let conn = common::connect(&ctx.redis).await;

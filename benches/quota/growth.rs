@@ -18,7 +18,7 @@ use serde_json::json;
 use crate::Ctx;
 use crate::common::{self, Lat, TIMEOUT, histogram, lat, thousands};
 use crate::report::{Section, Target};
-use crate::support::TestConfig;
+use crate::support::{ConfigBuilder, Credential, Endpoint, Window};
 
 // ------------------------------------------------------------ shared helpers
 
@@ -41,15 +41,13 @@ const FILL_PIPE: usize = 40;
 /// A bench config: one credential per `(name, units)` with one sliding 1h
 /// window, and an endpoint of the same name (cost 1) on it.
 pub fn quotas(credentials: &[(&str, u64)]) -> Arc<Quotas> {
-    let mut text = format!("[redis]\nkey_prefix = \"{PREFIX}\"\n\n");
+    let mut b = ConfigBuilder::new().key_prefix(PREFIX);
     for (name, units) in credentials {
-        text.push_str(&format!(
-            "[credentials.{name}]\nsecret_env = \"BENCH_UNUSED\"\n\
-             windows = [{{ units = {units}, per = \"1h\" }}]\n\n\
-             [endpoints.{name}]\ncredential = \"{name}\"\ncost = 1\n\n"
-        ));
+        b = b
+            .credential(Credential::env(name, "BENCH_UNUSED").window(Window::sliding(*units, "1h")))
+            .endpoint(Endpoint::new(name, name, 1));
     }
-    let cfg = TestConfig::new(&text, &[]);
+    let cfg = b.write();
     let config = Config::load(&cfg.path()).expect("bench config");
     Arc::new(Quotas::new(&config))
 }

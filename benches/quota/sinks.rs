@@ -17,7 +17,6 @@
 //! Every run is checked: the sink holds every record once (rows = records
 //! written, none spooled), else the run fails the benchmark.
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -31,8 +30,11 @@ use crate::Ctx;
 use crate::common::{connect, flushall, median, min_max, thousands};
 use crate::e2e::{self, Store, pg_query};
 use crate::report::{Section, Target};
-use crate::support::RedisServer;
 use crate::support::postgres::Postgres;
+use crate::support::{
+    ConfigBuilder, Credential, Endpoint, Job, RedisServer, Request, Sink, TestConfig, Window,
+    Worker,
+};
 
 const ROLE: &str = "bench";
 const PASSWORD: &str = "bench-pg-password";
@@ -277,38 +279,33 @@ fn page(writer: usize, page: usize) -> Value {
     json!({"items": (0..PER_PAGE).map(|i| record(writer, page, i)).collect::<Vec<_>>()})
 }
 
-/// A config dir with one job writing to `kind` in `mode`.
-fn write_config(dir: &Path, url: &str, kind: Kind, mode: Mode, writers: usize, table: &str) {
-    let indexed = match mode {
-        Mode::Keyed => "key = \"/id\"\nsearch = [\"/snippet/title\", \"/snippet/tags\"]\n",
-        Mode::Append => "",
-    };
+/// A config dir with one job writing to `kind` in `mode` (its password
+/// file in it, for postgres), `writers` worker slots.
+fn config(url: &str, kind: Kind, mode: Mode, writers: usize, table: &str) -> TestConfig {
     let sink = match kind {
-        Kind::Sqlite => "kind = \"sqlite\"\npath = \"data/{job}.sqlite\"\n".to_owned(),
-        Kind::Postgres => format!(
-            "kind = \"postgres\"\nurl = \"{url}\"\npassword_file = \"pg-password\"\ntable = \"{table}\"\n"
-        ),
+        Kind::Sqlite => Sink::sqlite("data/{job}.sqlite"),
+        Kind::Postgres => Sink::postgres(url)
+            .password_file("pg-password")
+            .table(table),
+    }
+    .records("/items");
+    let sink = match mode {
+        Mode::Keyed => sink.key("/id").search(&["/snippet/title", "/snippet/tags"]),
+        Mode::Append => sink,
     };
-    std::fs::write(dir.join("pg-password"), PASSWORD).expect("password");
-    std::fs::create_dir_all(dir.join("jobs")).expect("mkdir jobs");
-    std::fs::write(
-        dir.join("config.toml"),
-        format!(
-            "jobs = \"jobs/*.toml\"\nstate_dir = \"state\"\n[worker]\nconcurrency = {writers}\n\
-             [credentials.c]\nsecret_env = \"QW_BENCH_KEY\"\nwindows = [{{ units = 1000, per = \"1h\" }}]\n\
-             [endpoints.e]\ncredential = \"c\"\ncost = 1\n"
-        ),
-    )
-    .expect("config");
-    std::fs::write(
-        dir.join("jobs/w.toml"),
-        format!(
-            "[videos]\nschedule = \"0 0 0 1 1 * 2099\"\nendpoint = \"e\"\n\
-             [videos.request]\nurl = \"http://127.0.0.1:9/\"\n\
-             [videos.sink]\n{sink}records = \"/items\"\n{indexed}"
-        ),
-    )
-    .expect("job");
+    let cfg = ConfigBuilder::new()
+        .state_dir("state")
+        .worker(Worker::default().concurrency(writers as u32))
+        .credential(Credential::env("c", "QW_BENCH_KEY").window(Window::sliding(1000, "1h")))
+        .endpoint(Endpoint::new("e", "c", 1))
+        .job(
+            Job::new("videos", "e")
+                .request(Request::get("http://127.0.0.1:9/"))
+                .sink(sink),
+        )
+        .write();
+    std::fs::write(cfg.join("pg-password"), PASSWORD).expect("password");
+    cfg
 }
 
 /// Writes `pages` pages per writer, timed, after one untimed page each.
@@ -320,10 +317,10 @@ async fn write_run(
     writers: usize,
     pages: usize,
 ) -> WriteRun {
-    let dir = tempfile::tempdir().expect("tempdir");
     let table = format!("w_{}", uuid::Uuid::new_v4().simple());
-    write_config(dir.path(), url, kind, mode, writers, &table);
-    let config = Config::load_with_env(&dir.path().join("config.toml"), &|_| None)
+    let cfg = config(url, kind, mode, writers, &table);
+    let dir = &cfg.dir;
+    let config = Config::load_with_env(&cfg.path(), &|_| None)
         .unwrap_or_else(|e| panic!("sinks config: {e:?}"));
     let config = Arc::new(config);
     let sinks = Sinks::for_config(&config);

@@ -34,7 +34,7 @@ use serde_json::json;
 use crate::Ctx;
 use crate::common::{self, Lat, TIMEOUT, connect, del, median, min_max, percentiles, thousands};
 use crate::report::{Section, Target};
-use crate::support::TestConfig;
+use crate::support::{ConfigBuilder, Credential, Endpoint, TestConfig, Window};
 
 /// Key prefix of everything this section writes (deleted at the end).
 const PREFIX: &str = "qwtp";
@@ -184,17 +184,25 @@ impl Shape {
     }
 }
 
-fn config_text() -> String {
-    format!(
-        "[redis]\nkey_prefix = \"{PREFIX}\"\n\n\
-         [credentials.tp1]\nsecret_env = \"QW_BENCH_UNUSED\"\n\
-         windows = [{{ units = {HUGE}, per = \"1h\" }}]\n\n\
-         [credentials.tp3]\nsecret_env = \"QW_BENCH_UNUSED\"\n\
-         windows = [\n  {{ units = {HUGE}, per = \"1m\" }},\n  {{ units = {HUGE}, per = \"1h\" }},\n  \
-         {{ units = {HUGE}, per = \"24h\", kind = \"fixed\", reset = \"00:00\", timezone = \"America/Los_Angeles\" }},\n]\n\n\
-         [endpoints.tp1]\ncredential = \"tp1\"\ncost = 1\n\n\
-         [endpoints.tp3]\ncredential = \"tp3\"\ncost = 1\n"
-    )
+/// `tp1`: one sliding hour; `tp3`: a sliding minute, a sliding hour and a
+/// fixed day in Los Angeles; none fills ([`HUGE`]).
+fn config() -> TestConfig {
+    let unused = |name: &str| Credential::env(name, "QW_BENCH_UNUSED");
+    let day = Window::fixed(HUGE, "24h")
+        .reset("00:00")
+        .timezone("America/Los_Angeles");
+    ConfigBuilder::new()
+        .key_prefix(PREFIX)
+        .credential(unused("tp1").window(Window::sliding(HUGE, "1h")))
+        .credential(
+            unused("tp3")
+                .window(Window::sliding(HUGE, "1m"))
+                .window(Window::sliding(HUGE, "1h"))
+                .window(day),
+        )
+        .endpoint(Endpoint::new("tp1", "tp1", 1))
+        .endpoint(Endpoint::new("tp3", "tp3", 1))
+        .write()
 }
 
 // ---------------------------------------------------------------- the Rust callers
@@ -985,7 +993,7 @@ fn targets(cells: &[Cell], why_not: &str) -> Vec<Target> {
 
 pub async fn run(ctx: &Ctx) -> Section {
     let plan = Plan::new(ctx.quick);
-    let cfg = TestConfig::new(&config_text(), &[]);
+    let cfg = config();
     let config = Config::load(&cfg.path()).expect("throughput bench config");
     let quotas = Arc::new(Quotas::new(&config));
     let shapes = [Shape::new(&quotas, 1), Shape::new(&quotas, 3)];

@@ -22,6 +22,11 @@
 //! calls meanwhile wait for it up to their patience, and then fail with
 //! the last reason. Each dropped connection counts once in
 //! `qw_redis_reconnects_total{reason}`.
+//!
+//! About 740 lines: one connection's states (up, dropped, reconnecting) and
+//! every path between them are read together here, on purpose; how the
+//! master is found is [`super::master`], the `WAIT` acknowledgements a
+//! small part of [`Conn`].
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};

@@ -11,7 +11,7 @@
 //! out when the reload lands is fanned out as it began. A job added gets a
 //! loop of its own from [`Scheduler::run`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -51,13 +51,26 @@ impl Scheduler {
     /// this loop still beats, for the watchdog, as a pure worker.
     pub(crate) async fn run(self, mut config: watch::Receiver<Arc<Config>>) {
         let mut loops: HashMap<String, JoinHandle<()>> = HashMap::new();
+        // Jobs whose schedule fires no more (a cron of past dates): said
+        // once, not every second, until a reload changes the config.
+        let mut spent: HashSet<String> = HashSet::new();
+        let mut seen: Option<Arc<Config>> = None;
         let resume = tokio::spawn(self.clone().resume(config.clone()));
         let mut stop = self.stop.clone();
         loop {
             let current = config.borrow_and_update().clone();
+            if !seen.as_ref().is_some_and(|s| Arc::ptr_eq(s, &current)) {
+                spent.clear();
+                seen = Some(current.clone());
+            }
             loops.retain(|_, l| !l.is_finished());
             for job in (current.jobs.values()).filter(|j| !j.schedule.is_manual()) {
-                if !loops.contains_key(&job.name) {
+                if !loops.contains_key(&job.name) && !spent.contains(&job.name) {
+                    if next_fires(job, Utc::now(), 1).is_empty() {
+                        info!(job = %job.name, "schedule has no future fire time: the job fires no more until the config changes");
+                        spent.insert(job.name.clone());
+                        continue;
+                    }
                     let l = tokio::spawn(self.clone().job_loop(job.name.clone(), config.clone()));
                     loops.insert(job.name.clone(), l);
                 }
@@ -99,7 +112,7 @@ impl Scheduler {
                 next = next_fires(&job, Utc::now(), 1).pop();
             }
             let Some(at) = next else {
-                info!(job = %job.name, "schedule has no future fire time");
+                // Said by `run`, once.
                 return;
             };
             let wait = (at - Utc::now()).to_std().unwrap_or(Duration::ZERO);

@@ -340,7 +340,7 @@ impl Worker {
             }
         };
         let by_used = priced_by_used(reply, &verdict)
-            .and_then(|used| self.remembered.used_since(&payer.credential, used));
+            .and_then(|used| self.lasting.remembered.used_since(&payer.credential, used));
         let windows_of = self.config.windows_of(endpoint);
         let facts = Facts {
             endpoint,
@@ -425,7 +425,12 @@ impl Worker {
         resources: &[(Option<String>, String)],
     ) -> Option<String> {
         if let Some(raw) = &verdict.unusable_resource {
-            if self.remembered.unmirrored(&cred.name, UNUSABLE_LOGGED) == Unmirrored::New {
+            if self
+                .lasting
+                .remembered
+                .unmirrored(&cred.name, UNUSABLE_LOGGED)
+                == Unmirrored::New
+            {
                 warn!(
                     credential = %cred.name,
                     endpoint = %payer.endpoint.name,
@@ -440,7 +445,7 @@ impl Worker {
         if resources.iter().any(|(r, _)| *r == resource) {
             return None;
         }
-        match self.remembered.unmirrored(&cred.name, name) {
+        match self.lasting.remembered.unmirrored(&cred.name, name) {
             Unmirrored::Known => None,
             Unmirrored::New => {
                 warn!(
@@ -473,7 +478,8 @@ impl Worker {
     /// counted them yet).
     async fn resync(&self, payer: &Payer<'_>, r: &ResyncTo) {
         let credential = &payer.credential;
-        let in_flight = (self.unanswered).units(&resource_key(credential, r.resource.as_deref()));
+        let in_flight =
+            (self.lasting.unanswered).units(&resource_key(credential, r.resource.as_deref()));
         let Some(target) = r.target(in_flight) else {
             return;
         };
@@ -492,7 +498,11 @@ impl Worker {
     /// next throttle's block longer).
     async fn end_streak(&self, payer: &Payer<'_>, resource: Option<&str>, sent: Instant) {
         let key = resource_key(&payer.credential, resource);
-        if !self.remembered.streak_ends(&key, sent, Instant::now()) {
+        if !self
+            .lasting
+            .remembered
+            .streak_ends(&key, sent, Instant::now())
+        {
             return;
         }
         if let Err(e) = self.limiter.end_streak(&payer.credential, resource).await {
@@ -551,7 +561,8 @@ impl Worker {
                 if blocked.streak > 0 {
                     let now = Instant::now();
                     for r in &targets {
-                        self.remembered
+                        self.lasting
+                            .remembered
                             .streak_seen(resource_key(credential, *r), now);
                     }
                 }
@@ -567,7 +578,8 @@ impl Worker {
                        "could not record the upstream's block in Redis; this daemon holds the credential blocked itself");
                 let now = Instant::now();
                 for r in &targets {
-                    self.local_blocks
+                    self.lasting
+                        .local_blocks
                         .hold(&resource_key(credential, *r), wait, now);
                 }
                 (wait, 0)
@@ -599,7 +611,7 @@ impl Worker {
             kind: Some(b.reason.as_str().to_owned()),
         };
         for r in resources {
-            let mut conn = self.conn.clone();
+            let mut conn = self.lasting.conn.clone();
             let noted = note.record(&mut conn, self.keys(), &payer.credential, *r, blocked);
             if let Err(e) = noted.await {
                 debug!(error = %e, "could not record why the credential is blocked");

@@ -21,7 +21,7 @@ pub(super) struct Claimed<'a> {
     /// What the claim found of the item's state.
     pub(super) found: Found,
     /// The first page's spend, made in the claim's call, until the run's
-    /// first spend step takes it (the run's one exit gives back one no
+    /// first spend step takes it (the run's one exit refunds one no
     /// step took).
     pub(super) first_spend: Option<FirstSpend>,
     /// Whose quota the run spends; `Err`: why it spends none (its endpoint
@@ -69,7 +69,7 @@ impl Worker {
     /// page's spend where it may ride along. A token a command mints comes
     /// first: when there is none, nothing is spent and the run fails the
     /// task. A claim whose reply cannot be read ([`Claim::Unexpected`])
-    /// gives back the spend it may have made before it is returned.
+    /// refunds the spend it may have made before it is returned.
     pub(super) async fn claim<'a>(
         &'a self,
         task: &'a TaskArgs,
@@ -87,7 +87,7 @@ impl Worker {
         };
         let started = Instant::now();
         let spend = ahead.as_ref().map(|a| &a.spend);
-        let mut conn = self.conn.clone();
+        let mut conn = self.lasting.conn.clone();
         let claim = lock.claim(&mut conn, self.keys(), job, task, spend);
         let mut found = match claim.await? {
             Claim::Held(found) => found,
@@ -124,7 +124,7 @@ impl Worker {
             return Some(Err(format!("credential command failed: {why}")));
         }
         let known = self.fetcher.secrets();
-        let token = self.minter.token(&key, &argv, ttl, known).await;
+        let token = self.lasting.minter.token(&key, &argv, ttl, known).await;
         Some(token.map_err(|e| e.to_string()))
     }
 }

@@ -271,7 +271,7 @@ impl ItemLock {
                 if let Ok(0) = renewed {
                     // The run stops at its next page (`run::Worker::run_pages`):
                     // the item may be another task's now.
-                    warn!(lock = %key, "lost the item lock (expired under a stalled Redis?); the task stops at its next page");
+                    warn!(lock = %key, "another task holds the item now (this task's lock lapsed while Redis stalled, and the item was claimed again); the task stops at its next page");
                     lapsed.store(true, Ordering::Release);
                     return;
                 }
@@ -287,6 +287,59 @@ impl ItemLock {
             holder: self.value.clone(),
             leaves,
         }
+    }
+
+    /// Saves the item's checkpoint `json` at `cursor_key` for `ttl`, unless
+    /// another task holds the item, in one call (a fence: a task whose lock
+    /// lapsed under a stalled Redis cannot overwrite, or bring back after a
+    /// complete run dropped it, the checkpoint of the task that holds the
+    /// item now). A lock nobody holds is taken again (`lua/item_lock.lua`
+    /// says when). `false`: another task's, nothing written.
+    pub(super) async fn save(
+        &self,
+        conn: &mut Conn,
+        cursor_key: &str,
+        json: &str,
+        ttl: Duration,
+    ) -> redis::RedisResult<bool> {
+        let saved: i64 = ITEM_LOCK
+            .call()
+            .key(&self.key)
+            .key(cursor_key)
+            .arg("save")
+            .arg(&self.value)
+            .arg(self.ttl.as_millis() as u64)
+            .arg(json)
+            .arg(ttl.as_secs())
+            .invoke(conn)
+            .await?;
+        Ok(saved == 1)
+    }
+
+    /// Deletes the item's checkpoint at `cursor_key`, unless another task
+    /// holds the item (as [`ItemLock::save`]): the item's next run starts
+    /// over. `false`: another task's, nothing deleted.
+    pub(super) async fn forget(
+        &self,
+        conn: &mut Conn,
+        cursor_key: &str,
+    ) -> redis::RedisResult<bool> {
+        let forgot: i64 = ITEM_LOCK
+            .call()
+            .key(&self.key)
+            .key(cursor_key)
+            .arg("forget")
+            .arg(&self.value)
+            .arg(self.ttl.as_millis() as u64)
+            .invoke(conn)
+            .await?;
+        Ok(forgot == 1)
+    }
+
+    /// Who holds the item now, if anyone.
+    pub(super) async fn holder(&self, conn: &mut Conn) -> redis::RedisResult<Option<Holder>> {
+        let value: Option<String> = redis::AsyncCommands::get(conn, &self.key).await?;
+        Ok(value.as_deref().map(Holder::parse))
     }
 
     /// Frees the item, if it is still ours: when the task could not record

@@ -121,26 +121,37 @@ pub(crate) struct Worker {
     pub(crate) config: Arc<Config>,
     pub(crate) secrets: Arc<Secrets>,
     pub(crate) limiter: Limiter,
+    pub(crate) fetcher: Fetcher,
+    pub(crate) sinks: Sinks,
+    /// What this process holds whatever the config, shared with the
+    /// workers of the configs before and after this one.
+    pub(crate) lasting: Lasting,
+}
+
+/// What a daemon's worker holds whatever its config: made once when the
+/// daemon starts, and handed on by each worker to the one a reload makes,
+/// so a reload loses no counter, no block this daemon holds itself, no
+/// units in flight and no minted token: a reload clones it whole
+/// ([`Worker::reloaded`]), so a field added here cannot be left behind.
+#[derive(Clone)]
+pub(crate) struct Lasting {
     /// For retries and deferrals.
     pub(crate) queue: Queue,
     /// For checkpoints, locks and markers.
     pub(crate) conn: Conn,
-    pub(crate) fetcher: Fetcher,
-    pub(crate) sinks: Sinks,
     pub(crate) stats: Arc<Stats>,
     /// Where every outcome is also sent (the demo's live view), if anywhere.
     pub(crate) events: Option<tokio::sync::broadcast::Sender<OutcomeEvent>>,
     /// Credentials this daemon holds blocked itself, because recording the
-    /// upstream's block in Redis failed (kept across reloads).
+    /// upstream's block in Redis failed.
     pub(crate) local_blocks: Arc<LocalBlocks>,
     /// Units spent per credential whose requests are not answered yet: a
     /// resync to the upstream's count leaves room for them.
     pub(crate) unanswered: Arc<Unanswered>,
     /// What this daemon remembers of the upstream between answers (throttle
-    /// streaks it saw, GraphQL tokens' use, resources it logged; kept
-    /// across reloads).
+    /// streaks it saw, GraphQL tokens' use, resources it logged).
     pub(crate) remembered: Arc<Remembered>,
-    /// The tokens credential commands minted (kept across reloads).
+    /// The tokens credential commands minted.
     pub(crate) minter: Arc<Minter>,
     /// The benchmark's "spend off" (`daemon::Hooks::skip_spend`): every
     /// spend counts as admitted and unrecorded, without a call to Redis.
@@ -151,28 +162,6 @@ pub(crate) struct Worker {
     /// daemon across reloads ([`Worker::publish`]): a task in flight spends
     /// and sends with its windows, costs and secrets from its next page on
     /// (SPEC Part 4, "Reload and tasks in flight"; `run::credential`).
-    pub(crate) newest: Arc<RwLock<Weak<Worker>>>,
-}
-
-/// What a daemon's worker holds whatever its config: made once when the
-/// daemon starts, and handed on by each worker to the one a reload makes,
-/// so a reload loses no counter, no block this daemon holds itself, no
-/// units in flight and no minted token. A field added here is one the
-/// compiler makes both [`Worker::new`] and [`Worker::reloaded`] place.
-pub(crate) struct Lasting {
-    /// For retries and deferrals.
-    pub(crate) queue: Queue,
-    /// For checkpoints, locks and markers.
-    pub(crate) conn: Conn,
-    pub(crate) stats: Arc<Stats>,
-    pub(crate) events: Option<tokio::sync::broadcast::Sender<OutcomeEvent>>,
-    pub(crate) local_blocks: Arc<LocalBlocks>,
-    pub(crate) unanswered: Arc<Unanswered>,
-    pub(crate) remembered: Arc<Remembered>,
-    pub(crate) minter: Arc<Minter>,
-    pub(crate) skip_spend: bool,
-    pub(crate) panic_after_spend: Option<Arc<std::sync::atomic::AtomicUsize>>,
-    /// The worker of the newest config ([`Worker::newest`]).
     pub(crate) newest: Arc<RwLock<Weak<Worker>>>,
 }
 
@@ -210,6 +199,12 @@ pub(crate) enum Skip {
     /// This daemon does not know the job; the task was queued again for
     /// one that does.
     GivenBack,
+    /// Another delivery of this same task took the item while this one ran
+    /// (the queue handed the task out again, and the write of this one's
+    /// lock was lost: a failover promoted a replica it had not reached).
+    /// This one stepped aside at a page boundary, writing no more of the
+    /// item's state; the other records the task's end.
+    SteppedAside,
 }
 
 /// What running a task amounted to.
@@ -223,7 +218,7 @@ pub(crate) enum Ran {
 
 impl Worker {
     fn keys(&self) -> &KeySpace {
-        self.queue.keys()
+        self.lasting.queue.keys()
     }
 
     /// A worker for `config`: its `secrets` (and the HTTP client that
@@ -238,36 +233,13 @@ impl Worker {
         sinks: Sinks,
         lasting: Lasting,
     ) -> Result<Self, reqwest::Error> {
-        let Lasting {
-            queue,
-            conn,
-            stats,
-            events,
-            local_blocks,
-            unanswered,
-            remembered,
-            minter,
-            skip_spend,
-            panic_after_spend,
-            newest,
-        } = lasting;
         Ok(Worker {
             fetcher: Fetcher::new(&secrets)?,
             config,
             secrets,
             limiter,
-            queue,
-            conn,
             sinks,
-            stats,
-            events,
-            local_blocks,
-            unanswered,
-            remembered,
-            minter,
-            skip_spend,
-            panic_after_spend,
-            newest,
+            lasting,
         })
     }
 
@@ -285,32 +257,33 @@ impl Worker {
     ) -> Result<Self, reqwest::Error> {
         let limiter = (self.limiter).with_quotas(Arc::new(crate::quota::Quotas::new(&config)));
         let sinks = self.sinks.reloaded(&config);
-        let lasting = Lasting {
-            queue: self.queue.clone(),
-            conn: self.conn.clone(),
-            stats: self.stats.clone(),
-            events: self.events.clone(),
-            local_blocks: self.local_blocks.clone(),
-            unanswered: self.unanswered.clone(),
-            remembered: self.remembered.clone(),
-            minter: self.minter.clone(),
-            skip_spend: self.skip_spend,
-            panic_after_spend: self.panic_after_spend.clone(),
-            newest: self.newest.clone(),
-        };
-        Worker::new(config, Arc::new(secrets), limiter, sinks, lasting)
+        Worker::new(
+            config,
+            Arc::new(secrets),
+            limiter,
+            sinks,
+            self.lasting.clone(),
+        )
     }
 
     /// Makes this worker the newest: tasks in flight on older ones spend
     /// and send with its config from their next page on.
     pub(crate) fn publish(self: &Arc<Self>) {
-        let mut newest = self.newest.write().unwrap_or_else(PoisonError::into_inner);
+        let mut newest = self
+            .lasting
+            .newest
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
         *newest = Arc::downgrade(self);
     }
 
     /// The newest worker, when it is not this one (a reload since).
     fn newer(&self) -> Option<Arc<Worker>> {
-        let newest = self.newest.read().unwrap_or_else(PoisonError::into_inner);
+        let newest = self
+            .lasting
+            .newest
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
         newest
             .upgrade()
             .filter(|w| !std::ptr::eq(Arc::as_ptr(w), self))
@@ -328,10 +301,11 @@ impl Worker {
             Claim::AlreadyDone => return Ok(Ran::Skipped(Skip::AlreadyDone)),
             Claim::Busy => {
                 // Come back shortly, as the same step.
-                self.queue
+                self.lasting
+                    .queue
                     .enqueue(&[(task.again(Origin::Busy), BUSY_RETRY)])
                     .await?;
-                Stats::add(&self.stats.requeued, 1);
+                Stats::add(&self.lasting.stats.requeued, 1);
                 return Ok(Ran::Skipped(Skip::Busy));
             }
             // Its spend, if it made one, was given back (`claim`).
@@ -345,8 +319,8 @@ impl Worker {
         let result = {
             // Undone when they are dropped, however the run ends (guards.rs);
             // the renewal stops before the call that frees the item.
-            let renewer = lock.keep_renewed(self.conn.clone());
-            let _in_flight = InFlight::enter(&self.stats.in_flight);
+            let renewer = lock.keep_renewed(self.lasting.conn.clone());
+            let _in_flight = InFlight::enter(&self.lasting.stats.in_flight);
             // Its progress owns the first spend from here (`run_held`).
             let held = Held {
                 lock: &lock,
@@ -355,10 +329,10 @@ impl Worker {
             self.run_held(task, job, *claimed, held).await
         };
         match result {
-            Ok(outcome) => Ok(Ran::Ended(outcome)),
+            Ok(ran) => Ok(ran),
             Err(e) => {
                 // The end's call (which frees the item) may not have run.
-                if let Err(unlock) = lock.release(&mut self.conn.clone()).await {
+                if let Err(unlock) = lock.release(&mut self.lasting.conn.clone()).await {
                     warn!(task = %task.id, error = %unlock, "could not free the item lock; it lapses within its TTL");
                 }
                 Err(e)
@@ -372,7 +346,7 @@ impl Worker {
     /// back for it (queued again, no attempt counted, each wait twice the
     /// last: `queue::known`); after that it fails, once, saying so.
     async fn job_unknown(&self, task: &TaskArgs) -> Result<Ran, TaskError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.lasting.conn.clone();
         let done = self.keys().task_done(&task.root);
         if conn.exists::<_, bool>(done).await? {
             return Ok(Ran::Skipped(Skip::AlreadyDone));
@@ -383,8 +357,8 @@ impl Worker {
         match known::verdict(&task.job, now, last, since, task.given_back, grace) {
             Unknown::GiveBack { wait, since } => {
                 let back = task.given_back(since);
-                self.queue.enqueue(&[(back, wait)]).await?;
-                Stats::add(&self.stats.requeued, 1);
+                self.lasting.queue.enqueue(&[(back, wait)]).await?;
+                Stats::add(&self.lasting.stats.requeued, 1);
                 metrics::counter!("qw_tasks_given_back_total", "qw_job" => task.job.clone())
                     .increment(1);
                 info!(
@@ -429,8 +403,8 @@ impl Worker {
             finish = finish.holding(held);
         }
         // With `[redis] queue_replicas`, the end counts once a replica has it.
-        let starved_ticks = finish.invoke(&mut self.conn.acked()).await?;
-        self.stats.outcome(o.kind);
+        let starved_ticks = finish.invoke(&mut self.lasting.conn.acked()).await?;
+        self.lasting.stats.outcome(o.kind);
         metrics::counter!("qw_tasks_total", "qw_job" => task.job.clone(), "outcome" => o.kind.as_str())
             .increment(1);
         if o.pages > 0 {
@@ -440,10 +414,10 @@ impl Worker {
                 .increment(o.records);
         }
         if !o.is_terminal() {
-            Stats::add(&self.stats.requeued, 1);
+            Stats::add(&self.lasting.stats.requeued, 1);
         }
         log_outcome(task, job, o, starved_ticks);
-        if let Some(tx) = &self.events {
+        if let Some(tx) = &self.lasting.events {
             // Nobody listening is fine.
             let _ = tx.send(OutcomeEvent {
                 job: task.job.clone(),

@@ -14,13 +14,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use chrono::{DateTime, Utc};
-use redis::AsyncCommands;
+use tracing::warn;
 
 use super::claim::Claimed;
-use super::lock::Found;
+use super::lock::ItemLock;
 use super::spend::{Admission, FirstSpend, Payer, Spent};
 use super::step::{Action, Answer, End, Rules, decide};
-use super::{CHECKPOINT_TTL, Checkpoint, Held, ITEM_STATE_TTL, TaskError, Worker};
+use super::{CHECKPOINT_TTL, Checkpoint, Held, ITEM_STATE_TTL, Ran, Skip, TaskError, Worker};
 use crate::config::{Job, Secret};
 use crate::fetch::paging::{Cursor, Stored, Validators};
 use crate::fetch::{Answered, BuildError, Fetcher, PageAt, Placeholders, Request};
@@ -36,6 +36,8 @@ mod credential;
 pub(super) struct Run<'a> {
     /// Whose windows its requests spend from.
     payer: Payer<'a>,
+    /// The item's lock: a checkpoint is saved only while it holds.
+    lock: &'a ItemLock,
     /// What `decide` reads of the job.
     rules: Rules<'a>,
     secret: Secret,
@@ -72,7 +74,7 @@ impl Run<'_> {
 /// what this module's carrying out of actions writes.
 struct Progress {
     /// The first page's spend, made in the item claim's call, until the
-    /// first spend step takes it; the task's one exit gives back one no
+    /// first spend step takes it; the task's one exit refunds one no
     /// step took (`run::Worker::run_held`).
     first_spend: Option<FirstSpend>,
     /// Where the run is in its pages (`Checkpoint::cursor`).
@@ -208,24 +210,33 @@ impl Worker {
         job: &Job,
         claimed: Claimed<'_>,
         held: Held<'_>,
-    ) -> Result<Outcome, TaskError> {
-        let Claimed {
-            found,
-            first_spend,
-            payer,
-            minted,
-        } = claimed;
-        let mut p = Progress::new(first_spend, held.renewer.lost_flag());
-        let claimed = (found.now, std::time::Instant::now());
-        let ended = self
-            .run_pages(task, job, found, payer, &mut p, minted)
-            .await;
+    ) -> Result<Ran, TaskError> {
+        let mut claimed = claimed;
+        let mut p = Progress::new(claimed.first_spend.take(), held.renewer.lost_flag());
+        let began = (claimed.found.now, std::time::Instant::now());
+        let ended = self.run_pages(task, job, claimed, held.lock, &mut p).await;
         if let Some(unused) = p.first_spend.take() {
-            self.give_back(unused).await;
+            self.refund_unsent(unused).await;
         }
         let outcome = ended?;
-        let ran = claimed.1.elapsed().as_secs() as i64;
-        let ended_at = claimed.0.saturating_add(ran);
+        if outcome.kind == OutcomeKind::Superseded && p.lock_lost.load(Ordering::Acquire) {
+            let mut conn = self.lasting.conn.clone();
+            let holder = held.lock.holder(&mut conn).await?;
+            if holder.is_some_and(|h| h.task == task.id) {
+                drop(held.renewer);
+                warn!(
+                    job = %job.name,
+                    item = %task.item_key(),
+                    task = %task.id,
+                    pages = p.pages,
+                    units = p.units,
+                    "another delivery of this task holds the item (the queue handed it out again, and this one's lock was lost in a failover): this one steps aside, and the other records the task's end"
+                );
+                return Ok(Ran::Skipped(Skip::SteppedAside));
+            }
+        }
+        let ran = began.1.elapsed().as_secs() as i64;
+        let ended_at = began.0.saturating_add(ran);
         if let Some(last) = LastRun::of(task, &outcome, ended_at) {
             let json = serde_json::to_string(&last).map_err(TaskError::State)?;
             let key = self.keys().item_last(&job.name, &task.item_key());
@@ -235,7 +246,7 @@ impl Worker {
         drop(held.renewer);
         let end = held.lock.end(std::mem::take(&mut p.leaves));
         self.finish(task, Some(job), &outcome, Some(end)).await?;
-        Ok(outcome)
+        Ok(Ran::Ended(outcome))
     }
 
     /// The run: where it starts, whose quota it spends (`payer`), its pages.
@@ -243,11 +254,16 @@ impl Worker {
         &self,
         task: &TaskArgs,
         job: &Job,
-        found: Found,
-        payer: Result<Payer<'_>, String>,
+        claimed: Claimed<'_>,
+        lock: &ItemLock,
         p: &mut Progress,
-        minted: Option<Result<Secret, String>>,
     ) -> Result<Outcome, TaskError> {
+        let Claimed {
+            found,
+            payer,
+            minted,
+            ..
+        } = claimed;
         if let Some(why) = found.unreadable {
             // The item's state stays as it is, for an operator to look at
             // (or for the daemon version that wrote it); nothing is sent.
@@ -261,7 +277,7 @@ impl Worker {
             Ok(start) => start,
             Err(why) => return Ok(Outcome::new(OutcomeKind::Superseded, 0, why)),
         };
-        let opened = payer.and_then(|payer| self.open(payer, found.validators, p, minted));
+        let opened = payer.and_then(|payer| self.open(payer, lock, found.validators, p, minted));
         let mut run = match opened {
             Ok(run) => run,
             // This item only: its checkpoint stays, so the run resumes
@@ -280,8 +296,7 @@ impl Worker {
                 // Redis stalled past the lock's TTL: the item may be another
                 // task's now, which goes on from the checkpoint. Nothing more
                 // is sent or written here, and the item is left as it is.
-                let why = "lost the item lock (Redis stalled past its TTL): this task stops here, and the item's task that holds it now (or its next) goes on from the checkpoint".to_owned();
-                break Outcome::new(OutcomeKind::Superseded, p.cursor.page, why);
+                break superseded(p);
             }
             if let Err(why) = self.follow_reload(&mut run).await {
                 // The newest config gives this run no secret: it stops
@@ -319,6 +334,7 @@ impl Worker {
     fn open<'a>(
         &'a self,
         payer: Payer<'a>,
+        lock: &'a ItemLock,
         validators: Option<Validators>,
         p: &Progress,
         minted: Option<Result<Secret, String>>,
@@ -336,6 +352,7 @@ impl Worker {
                 failures: task.failures,
             },
             payer,
+            lock,
             secret,
             fetcher,
             reminted: false,
@@ -410,7 +427,7 @@ impl Worker {
         };
         let cost = payer.endpoint.cost.get();
         p.units += cost;
-        Stats::add(&self.stats.units, cost);
+        Stats::add(&self.lasting.stats.units, cost);
         self.test_panic();
 
         let endpoint = payer.endpoint;
@@ -425,7 +442,7 @@ impl Worker {
     /// count is above 0, counting it down.
     fn test_panic(&self) {
         use std::sync::atomic::Ordering;
-        let Some(left) = &self.panic_after_spend else {
+        let Some(left) = &self.lasting.panic_after_spend else {
             return;
         };
         if left
@@ -486,14 +503,15 @@ impl Worker {
                 if let Ok(w) = &written {
                     altered.count(&run.job().name);
                     p.records += w.stored as u64;
-                    Stats::add(&self.stats.records, w.stored as u64);
+                    Stats::add(&self.lasting.stats.records, w.stored as u64);
                     p.pages += 1;
-                    Stats::add(&self.stats.pages, 1);
+                    Stats::add(&self.lasting.stats.pages, 1);
                 }
                 Ok(Acted::Answered(Answer::Written { written, next }))
             }
             Action::Next { token } => {
                 p.cursor.advance(token);
+                // Refused: the loop's next turn ends the task superseded.
                 self.save(run, p).await?;
                 Ok(Acted::Continue)
             }
@@ -523,6 +541,8 @@ impl Worker {
             let change = spender.refund(payer.endpoint, spent).await;
             p.add_units(change);
         }
+        // Whether its checkpoint was saved, where it saves one.
+        let mut kept = true;
         // The outcome, the HTTP status that decided it, and the copy to
         // queue (why, and when it runs).
         let (mut o, status, again) = match end {
@@ -531,18 +551,18 @@ impl Worker {
                 status,
                 not_modified,
             } => (self.complete(run, p, why, not_modified)?, status, None),
-            End::HandOn { token, why } => (self.hand_on(run, p, token, why).await?, None, None),
+            End::HandOn { token, why } => {
+                let o = p.outcome(OutcomeKind::Done, why);
+                kept = self.hand_on(run, p, token).await?;
+                (o, None, None)
+            }
             End::Fail {
                 status,
                 why,
                 keep_checkpoint,
                 ..
             } => {
-                if keep_checkpoint {
-                    self.save(run, p).await?;
-                } else {
-                    self.conn.clone().del::<_, ()>(&run.cursor_key).await?;
-                }
+                kept = self.keep_or_forget(run, p, keep_checkpoint).await?;
                 (p.outcome(OutcomeKind::Failed, why), status, None)
             }
             End::Wait {
@@ -552,7 +572,7 @@ impl Worker {
                 why,
                 momentary,
             } => {
-                self.save(run, p).await?;
+                kept &= self.save(run, p).await?;
                 let mut o = p.outcome(kind, why);
                 o.retry_after = Some(wait);
                 let again = momentary || run.job().defers();
@@ -564,19 +584,23 @@ impl Worker {
                 again_in,
                 ..
             } => {
-                self.save(run, p).await?;
+                kept &= self.save(run, p).await?;
                 let o = p.outcome(OutcomeKind::Retrying, why);
                 (o, status, Some((Origin::Retry, again_in)))
             }
             End::Later { wait, why } => {
-                self.save(run, p).await?;
+                kept &= self.save(run, p).await?;
                 let o = p.outcome(OutcomeKind::Retrying, why);
                 (o, None, Some((Origin::Defer, wait)))
             }
         };
+        if !kept {
+            // Another task holds the item; nothing is queued again for this.
+            return Ok(superseded(p));
+        }
         o.status = status;
         if let Some((origin, wait)) = again {
-            (self.queue)
+            (self.lasting.queue)
                 .enqueue(&[(run.task().again(origin), wait)])
                 .await?;
             o.requeued_in = Some(wait);
@@ -584,19 +608,33 @@ impl Worker {
         Ok(o)
     }
 
+    /// A failed run's checkpoint: kept (the run resumes there), or
+    /// deleted (its next run starts over); `false`: another task holds the
+    /// item, nothing written.
+    async fn keep_or_forget(
+        &self,
+        run: &Run<'_>,
+        p: &mut Progress,
+        keep: bool,
+    ) -> Result<bool, TaskError> {
+        if keep {
+            return self.save(run, p).await;
+        }
+        let mut conn = self.lasting.conn.clone();
+        Ok((run.lock).forget(&mut conn, &run.cursor_key).await?)
+    }
+
     /// `done` for this run at `max_pages`: the item's next run goes on at
-    /// the next page (`token`), from the checkpoint saved here.
+    /// the next page (`token`), from the checkpoint saved here (`false`:
+    /// refused, see [`Worker::save`]).
     async fn hand_on(
         &self,
         run: &Run<'_>,
         p: &mut Progress,
         token: Option<Stored>,
-        why: String,
-    ) -> Result<Outcome, TaskError> {
-        let o = p.outcome(OutcomeKind::Done, why);
+    ) -> Result<bool, TaskError> {
         p.cursor.hand_on(token);
-        self.save(run, p).await?;
-        Ok(o)
+        self.save(run, p).await
     }
 
     /// The run is complete: its checkpoint goes, and what the item's next
@@ -636,7 +674,10 @@ impl Worker {
     }
 
     /// Checkpoints the run: the next run of the item resumes at its cursor.
-    async fn save(&self, run: &Run<'_>, p: &mut Progress) -> Result<(), TaskError> {
+    /// Only while the item is this task's ([`ItemLock::save`]): one whose
+    /// lock lapsed under a stalled Redis writes nothing, and stops as
+    /// `superseded` (the loop's next turn, or [`Worker::end`]): `false`.
+    async fn save(&self, run: &Run<'_>, p: &mut Progress) -> Result<bool, TaskError> {
         let cp = Checkpoint {
             tick: run.task().tick,
             cursor: p.cursor.clone(),
@@ -646,13 +687,26 @@ impl Worker {
             run: Some(p.run_tick),
         };
         let json = serde_json::to_string(&cp).map_err(TaskError::State)?;
-        self.conn
-            .acked()
-            .set_ex::<_, _, ()>(&run.cursor_key, json, CHECKPOINT_TTL.as_secs())
-            .await?;
-        p.checkpointed = true;
-        Ok(())
+        let mut conn = self.lasting.conn.acked();
+        if (run.lock)
+            .save(&mut conn, &run.cursor_key, &json, CHECKPOINT_TTL)
+            .await?
+        {
+            p.checkpointed = true;
+            Ok(true)
+        } else {
+            warn!(checkpoint = %run.cursor_key, "another task holds the item now (this task's lock lapsed while Redis stalled, and the item was claimed again): the checkpoint is not saved, and this task stops here");
+            p.lock_lost.store(true, Ordering::Release);
+            Ok(false)
+        }
     }
+}
+
+/// The outcome of a task whose item lock lapsed (Redis stalled past its
+/// TTL): what it did until it saw so.
+fn superseded(p: &Progress) -> Outcome {
+    let why = "another task holds the item now (this task's lock lapsed while Redis stalled past its TTL, and the item was claimed again): this task stops here, and that task goes on from its checkpoint";
+    p.outcome(OutcomeKind::Superseded, why.to_owned())
 }
 
 #[cfg(test)]

@@ -150,8 +150,8 @@ pub(super) enum RefusedBy {
 /// The first page's spend, made in the item claim's own call
 /// (`lua/spend/claim.lua`): one round trip fewer per task. The task's
 /// progress owns it: the first page's spend step takes it instead of
-/// spending, and the task's one exit gives back one no step took
-/// ([`Worker::give_back`]).
+/// spending, and the task's one exit refunds one no step took
+/// ([`Worker::refund_unsent`]).
 pub(super) struct FirstSpend {
     request_id: String,
     endpoint: String,
@@ -192,7 +192,7 @@ impl Worker {
     /// this daemon does not hold the credential blocked itself. `None`: the
     /// first page spends in its own call, as every later page does.
     pub(super) fn spend_ahead(&self, payer: &Payer<'_>) -> Option<Ahead<'_>> {
-        if self.skip_spend || !self.limiter.rides_along() {
+        if self.lasting.skip_spend || !self.limiter.rides_along() {
             return None;
         }
         let (cred, job) = (payer.cred, payer.job);
@@ -204,7 +204,7 @@ impl Worker {
             Some(value) if !cred.minted() => Some(cred.tenant_secret(value).ok()?),
             _ => None,
         };
-        if (self.local_blocks)
+        if (self.lasting.local_blocks)
             .left(&payer.resource_key(), Instant::now())
             .is_some()
         {
@@ -260,8 +260,8 @@ impl Worker {
         }
     }
 
-    /// Gives back a first spend no page step took: nothing was sent for it.
-    pub(super) async fn give_back(&self, mut first: FirstSpend) {
+    /// Refunds a first spend no page step took: nothing was sent for it.
+    pub(super) async fn refund_unsent(&self, mut first: FirstSpend) {
         if !matches!(first.decision, Ok(Decision::Allowed { .. })) {
             return;
         }
@@ -301,6 +301,7 @@ impl Worker {
     /// block); checked before a spend, so a first spend stays unused.
     pub(super) fn held_here(&self, payer: &Payer<'_>) -> Option<Refusal> {
         let wait = self
+            .lasting
             .local_blocks
             .left(&payer.resource_key(), Instant::now())?;
         Some(Refusal {
@@ -340,12 +341,13 @@ impl Worker {
             Ok(Decision::Allowed { .. }) => true,
             Ok(Decision::Unchecked) => false,
             Ok(Decision::Rejected(r)) => {
-                Stats::add(&self.stats.rejected_spends, 1);
+                Stats::add(&self.lasting.stats.rejected_spends, 1);
                 let (by, why) = match r.by {
                     RejectedBy::Blocked => {
                         // Whoever blocked it, this daemon's next success
                         // there ends the streak.
-                        self.remembered
+                        self.lasting
+                            .remembered
                             .streak_seen(payer.resource_key(), Instant::now());
                         (
                             RefusedBy::Blocked,
@@ -365,7 +367,8 @@ impl Worker {
             }
             Err(e) => return Admission::Unavailable(e),
         };
-        let flying = (self.unanswered).fly(&payer.resource_key(), payer.endpoint.cost.get());
+        let flying =
+            (self.lasting.unanswered).fly(&payer.resource_key(), payer.endpoint.cost.get());
         Admission::Admitted(Box::new(Spent {
             request_id,
             recorded,
@@ -383,7 +386,7 @@ impl Worker {
         page: u32,
     ) -> (String, Result<Decision, QuotaError>) {
         let request_id = spend_id(payer.task, &page.to_string());
-        if self.skip_spend {
+        if self.lasting.skip_spend {
             return (request_id, Ok(Decision::Unchecked));
         }
         // A tenant's spend keeps the job's reserve free in the tenant's

@@ -100,10 +100,12 @@ pub(crate) fn inject(w: &mut World, args: &Args) -> Log {
             .rng
             .between(Duration::from_secs(6), Duration::from_secs(14));
         let next = (Instant::now() + gap).min(end);
-        while Instant::now() < next {
+        // The gap between faults, reaping what exits meanwhile.
+        let left = next.saturating_duration_since(Instant::now());
+        crate::support::holds_every(left, Duration::from_millis(200), || {
             w.reap();
-            std::thread::sleep(Duration::from_millis(200));
-        }
+            true
+        });
         if Instant::now() >= end {
             return log;
         }
@@ -141,6 +143,7 @@ fn apply(w: &mut World, fault: Fault) -> String {
         Fault::KillDaemon => {
             let i = w.rng.below(w.daemons.len());
             w.daemons[i].proc.kill();
+            // About time: started again 2 s later, as its unit would be.
             std::thread::sleep(Duration::from_secs(2));
             w.restart_daemon(i);
             format!("{} killed, started again 2 s later", w.daemons[i].label)

@@ -63,6 +63,19 @@ pub(crate) fn paged(j: Job, style: &[(&str, &str)], pages: u32) -> Job {
     j
 }
 
+/// GitHub as the simulator plays it: `pages` pages a query of 2 items,
+/// paged by `Link`, its `x-ratelimit-*` headers (the key, resources and
+/// costs are the test's).
+pub(crate) fn github(pages: u32) -> SimConfig {
+    SimConfig {
+        pages_per_query: pages,
+        items_per_page: 2,
+        style: simulator::SimStyle::Link,
+        accounting: simulator::SimAccounting::Github,
+        ..SimConfig::default()
+    }
+}
+
 /// One config: two quick worker slots, the world's credential with
 /// `window`, its endpoint as `endpoint` makes it (cost `cost`), and `job`.
 pub(crate) fn config(
@@ -93,6 +106,11 @@ impl Rig {
         let cfg = config(&upstream.base_url()).write();
         let rig = support::rig::Rig::start(redis, cfg, &[]);
         Rig { upstream, rig }
+    }
+
+    /// [`Rig::start`] with nothing done to the simulator first.
+    pub(crate) fn on(sim: SimConfig, config: impl FnOnce(&str) -> ConfigBuilder) -> Rig {
+        Self::start(sim, |_| {}, config)
     }
 
     /// `trigger JOB --wait`: the exit code and the summary line.
@@ -193,18 +211,14 @@ fn retry_after_is_read_in_every_form_and_bounded() {
         ..SimConfig::default()
     }
     .key(SECRET, 1_000_000, Duration::from_secs(3600));
-    let rig = Rig::start(
-        sim,
-        |_| {},
-        |base| {
-            config(
-                Window::sliding(1000, "1h"),
-                1,
-                |e| e.throttle_block("7s").set("max_block", "30s"),
-                job(base, &["US"]),
-            )
-        },
-    );
+    let rig = Rig::on(sim, |base| {
+        config(
+            Window::sliding(1000, "1h"),
+            1,
+            |e| e.throttle_block("7s").set("max_block", "30s"),
+            job(base, &["US"]),
+        )
+    });
     let date = httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(5));
     // (Retry-After as sent, the block it must make: at least, at most)
     let cases: [(&str, Duration, Duration); 5] = [

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use simulator::{Fault, SimAccounting, SimConfig, SimStyle};
+use simulator::{Fault, SimConfig};
 
 use crate::accounting::{Rig, config, job, paged};
 use crate::support::Window;
@@ -19,14 +19,7 @@ const REPOS: [&str; 6] = ["a", "b", "c", "d", "e", "f"];
 
 /// GitHub: `units` requests per hour from the first one, pages by `Link`.
 fn github(units: u64, pages: u32) -> SimConfig {
-    SimConfig {
-        pages_per_query: pages,
-        items_per_page: 2,
-        style: SimStyle::Link,
-        accounting: SimAccounting::Github,
-        ..SimConfig::default()
-    }
-    .key(SECRET, units, Duration::from_secs(3600))
+    crate::accounting::github(pages).key(SECRET, units, Duration::from_secs(3600))
 }
 
 fn rig(sim: SimConfig, burn: u64, units: u64, pages: u32) -> Rig {

@@ -8,8 +8,8 @@ use std::time::Duration;
 use simulator::{SimAccounting, SimConfig};
 
 use crate::accounting::{Rig, config, job};
-use crate::support::Window;
 use crate::support::world::SECRET;
+use crate::support::{Window, wait_every};
 
 #[test]
 fn r0_blocks_for_t_seconds_and_the_upstream_never_answers_429() {
@@ -22,18 +22,14 @@ fn r0_blocks_for_t_seconds_and_the_upstream_never_answers_429() {
         ..SimConfig::default()
     }
     .key(SECRET, 4, Duration::from_secs(4));
-    let rig = Rig::start(
-        sim,
-        |_| {},
-        |base| {
-            config(
-                Window::sliding(100, "4s").upstream(),
-                1,
-                |e| e.set("accounting", "ietf"),
-                job(base, &["US"]).pages(6),
-            )
-        },
-    );
+    let rig = Rig::on(sim, |base| {
+        config(
+            Window::sliding(100, "4s").upstream(),
+            1,
+            |e| e.set("accounting", "ietf"),
+            job(base, &["US"]).pages(6),
+        )
+    });
     let (code, summary) = rig.trigger();
     assert_eq!(code, Some(75), "{summary}");
     let (blocked, why) = rig.blocked();
@@ -61,9 +57,15 @@ fn r0_blocks_for_t_seconds_and_the_upstream_never_answers_429() {
         "{q}"
     );
 
-    // After t, the run goes on where it stopped. (The drift lives in the
-    // mirrored sliding window for its 4 s from the resync, just before now.)
-    std::thread::sleep(Duration::from_millis(4300).max(blocked));
+    // After t, the run goes on where it stopped: once the block has ended
+    // and the drift has left the mirrored sliding window (its 4 s from the
+    // resync, just before now).
+    let mut q = rig.quota();
+    let free = wait_every(Duration::from_secs(10), Duration::from_millis(100), || {
+        q = rig.quota();
+        q["blocked_for_ms"] == 0 && q["windows"][0]["drift"] == 0
+    });
+    assert!(free, "the block and the drift outlived t: {q}");
     let (code, summary) = rig.trigger();
     assert_eq!(code, Some(0), "{summary}");
     let m = rig.measure("ietf");
@@ -90,21 +92,17 @@ fn every_listed_limit_is_mirrored_and_the_one_at_zero_blocks() {
     }
     .limit("burst", 3, Duration::from_secs(2))
     .key(SECRET, 20, Duration::from_secs(30));
-    let rig = Rig::start(
-        sim,
-        |_| {},
-        |base| {
-            config(
-                Window::sliding(1000, "1h").upstream(),
-                1,
-                |e| {
-                    e.set("accounting", "ietf")
-                        .window(Window::sliding(100, "10s").upstream().resource("burst"))
-                },
-                job(base, &["US"]).pages(8),
-            )
-        },
-    );
+    let rig = Rig::on(sim, |base| {
+        config(
+            Window::sliding(1000, "1h").upstream(),
+            1,
+            |e| {
+                e.set("accounting", "ietf")
+                    .window(Window::sliding(100, "10s").upstream().resource("burst"))
+            },
+            job(base, &["US"]).pages(8),
+        )
+    });
     let mut pages = 0;
     for _ in 0..6 {
         let (code, summary) = rig.trigger();
@@ -124,6 +122,8 @@ fn every_listed_limit_is_mirrored_and_the_one_at_zero_blocks() {
             .cloned()
             .expect("the burst window");
         assert_eq!(burst["remaining"], 0, "mirrors burst's r=0: {q}");
+        // About time: past the block, and a second more for the upstream's
+        // burst to have room for a whole burst again.
         std::thread::sleep(blocked + Duration::from_millis(1100));
     }
     assert_eq!(pages, 8, "every page, in bursts of 3");
@@ -132,8 +132,16 @@ fn every_listed_limit_is_mirrored_and_the_one_at_zero_blocks() {
     assert_eq!(m.used, 8);
     // The drift every answer left ends at its limit's reset (the last
     // answer's most restrictive limit is burst's, 2 s at most): then the
-    // credential's hour admits what its own spends allow.
-    std::thread::sleep(Duration::from_millis(3100));
+    // credential's hour admits what its own spends allow (within 3.1 s).
+    let settled = |q: &serde_json::Value| {
+        let hour = &q["windows"][0];
+        (hour["used"].as_u64(), hour["drift"].as_u64()) == (Some(8), Some(0))
+    };
+    wait_every(
+        Duration::from_millis(3100),
+        Duration::from_millis(100),
+        || settled(&rig.quota()),
+    );
     let q = rig.quota();
     let hour = &q["windows"][0];
     assert_eq!(

@@ -30,37 +30,33 @@ fn shopify() -> SimConfig {
 /// The daemon on [`shopify`]; another app burns `burn` points just
 /// before the tick (the bucket refills while the daemon starts).
 fn rig(burn: u64, regions: &[&str]) -> Rig {
-    let rig = Rig::start(
-        shopify(),
-        |_| {},
-        |base| {
-            let query = "{ products(first: 2) { nodes { id title } } }";
-            let request = Request::get(&format!("{base}/admin/api/2025-01/graphql.json"))
-                .set("method", "POST")
-                .query(&[("regionCode", "{region}")])
-                .headers(&[
-                    ("X-Shopify-Access-Token", "{secret}"),
-                    ("Content-Type", "application/json"),
-                ])
-                // Braces are literal in a template when doubled.
-                .set(
-                    "body",
-                    serde_json::json!({ "query": query })
-                        .to_string()
-                        .replace('{', "{{")
-                        .replace('}', "}}"),
-                );
-            let j = job(base, regions).request(request).sink(
-                crate::support::Sink::jsonl("data/{job}/{region}.jsonl").records("/data/items"),
+    let rig = Rig::on(shopify(), |base| {
+        let query = "{ products(first: 2) { nodes { id title } } }";
+        let request = Request::get(&format!("{base}/admin/api/2025-01/graphql.json"))
+            .set("method", "POST")
+            .query(&[("regionCode", "{region}")])
+            .headers(&[
+                ("X-Shopify-Access-Token", "{secret}"),
+                ("Content-Type", "application/json"),
+            ])
+            // Braces are literal in a template when doubled.
+            .set(
+                "body",
+                serde_json::json!({ "query": query })
+                    .to_string()
+                    .replace('{', "{{")
+                    .replace('}', "}}"),
             );
-            config(
-                Window::bucket(100, "20s").upstream(),
-                30,
-                |e| e.set("accounting", "shopify-graphql"),
-                j,
-            )
-        },
-    );
+        let j = job(base, regions)
+            .request(request)
+            .sink(crate::support::Sink::jsonl("data/{job}/{region}.jsonl").records("/data/items"));
+        config(
+            Window::bucket(100, "20s").upstream(),
+            30,
+            |e| e.set("accounting", "shopify-graphql"),
+            j,
+        )
+    });
     assert_eq!(rig.upstream.burn(SECRET, burn), burn);
     rig
 }
@@ -105,6 +101,7 @@ fn throttled_blocks_for_the_refill_and_the_next_query_is_admitted() {
         "{q}"
     );
 
+    // About time: past the block Shopify's answer asked for.
     std::thread::sleep(blocked + Duration::from_millis(100));
     let (code, summary) = rig.trigger();
     assert_eq!(code, Some(0), "{summary}");

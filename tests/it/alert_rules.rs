@@ -11,7 +11,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::support::http::{self, Metrics};
-use crate::support::process::{Proc, run_cli};
+use crate::support::process::run_cli;
+use crate::support::rig::Rig;
 use crate::support::world;
 use crate::support::{self, ConfigBuilder, Credential, Endpoint, RedisServer, Window, free_port};
 
@@ -248,13 +249,7 @@ fn alert_rules_name_only_metrics_and_labels_the_daemon_exports() {
         Duration::from_secs(30),
     );
     assert_eq!(code, Some(0), "{out}\n{err}");
-    let mut d = Proc::start(
-        "daemon",
-        &cfg,
-        &["--log-format", "json", "run"],
-        &[("QUOTA_WORKER_REDIS_URL", redis.url().as_str())],
-    );
-    d.wait_running(Duration::from_secs(30));
+    let mut rig = Rig::start(redis, cfg, &[]);
     assert!(http::wait_http(port, Duration::from_secs(20)));
     // Ready, so qw_ready is 1 (and the gauges were read).
     assert!(
@@ -290,7 +285,7 @@ fn alert_rules_name_only_metrics_and_labels_the_daemon_exports() {
             );
         }
     }
-    d.term();
+    rig.daemon.term();
 }
 
 fn have_promtool() -> bool {

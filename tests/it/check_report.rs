@@ -246,7 +246,7 @@ fn a_bucket_runs_out_when_its_drain_no_longer_keeps_up() {
 /// the daemons alive in Redis now; a lease shorter than a timeout warned.
 #[test]
 fn a_concurrent_window_is_shown_against_the_daemons_concurrency() {
-    use crate::support::process::Proc;
+    use crate::support::rig::Rig;
     use crate::support::{RedisServer, Worker};
 
     let redis = RedisServer::start();
@@ -282,14 +282,13 @@ fn a_concurrent_window_is_shown_against_the_daemons_concurrency() {
         "{text}"
     );
     // Two daemons on the config's Redis: 16 tasks at once.
-    let mut daemons: Vec<Proc> = (0..2)
-        .map(|i| Proc::start(&format!("d{i}"), &cfg, &["run"], &[SECRET]))
-        .collect();
+    let (mut rig, mut others) = Rig::start_n(redis, cfg, 2, &[SECRET]);
+    let cfg = &rig.cfg;
     let ok = support::wait_until(std::time::Duration::from_secs(30), || {
-        check(&cfg).contains("16 task(s) at once (2 daemon(s) alive in Redis now x concurrency 8)")
+        check(cfg).contains("16 task(s) at once (2 daemon(s) alive in Redis now x concurrency 8)")
     });
-    assert!(ok, "{}", check(&cfg));
-    for d in &mut daemons {
+    assert!(ok, "{}", check(cfg));
+    for d in std::iter::once(&mut rig.daemon).chain(&mut others) {
         d.term();
         d.wait_exit(std::time::Duration::from_secs(20));
     }

@@ -13,20 +13,10 @@ use futures::StreamExt;
 use quota_worker::keys::KeySpace;
 use quota_worker::outcome::OutcomeKind;
 use quota_worker::queue::Origin;
-use simulator::SimConfig;
 
 use crate::support::pipeline::Pipeline;
 use crate::support::world;
 use crate::support::{ConfigBuilder, Job, RedisServer, Sink, Window};
-
-fn sim(pages: u32) -> SimConfig {
-    SimConfig {
-        pages_per_query: pages,
-        items_per_page: 2,
-        ..SimConfig::default()
-    }
-    .key(world::SECRET, 1_000_000, Duration::from_secs(3600))
-}
 
 fn config(sim: &str, regions: &[&str], pages: u32) -> ConfigBuilder {
     ConfigBuilder::new()
@@ -106,10 +96,9 @@ fn spends(log: &str) -> (BTreeSet<String>, BTreeSet<String>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_first_pages_spend_rides_in_the_item_claim() {
     let regions = ["a", "b", "c", "d"];
-    let p = Pipeline::start(sim(2), |sim| config(sim, &regions, 2)).await;
+    let p = Pipeline::start(world::sim(2, 2), |sim| config(sim, &regions, 2)).await;
     let monitor = Monitor::start(&p.redis).await;
-    let tick = p.trigger("two").await;
-    let seen = p.wait_tick("two", tick, 4, Duration::from_secs(30)).await;
+    let seen = p.tick("two", 4, Duration::from_secs(30)).await;
     let log = monitor.stop().await;
     let done = seen
         .iter()
@@ -144,7 +133,7 @@ async fn the_first_pages_spend_rides_in_the_item_claim() {
 /// windows show only what was sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_superseded_task_gives_back_the_spend_its_claim_made() {
-    let p = Pipeline::start(sim(1), |sim| config(sim, &["a"], 1)).await;
+    let p = Pipeline::start(world::sim(1, 2), |sim| config(sim, &["a"], 1)).await;
     let tick = p.trigger("two").await;
     let seen = p.wait_tick("two", tick, 1, Duration::from_secs(30)).await;
     assert_eq!(seen[0].kind(), OutcomeKind::Done, "{seen:?}");
@@ -171,7 +160,7 @@ async fn a_superseded_task_gives_back_the_spend_its_claim_made() {
 /// redelivered onto its own lock. Nothing is sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_spend_that_fails_inside_the_claim_ends_the_task_and_sends_nothing() {
-    let p = Pipeline::start(sim(1), |sim| {
+    let p = Pipeline::start(world::sim(1, 2), |sim| {
         ConfigBuilder::new()
             .worker(world::quick_worker(2))
             .credential(world::credential(Window::fixed(100, "24h")))
@@ -195,8 +184,7 @@ async fn a_spend_that_fails_inside_the_claim_ends_the_task_and_sends_nothing() {
     let fixed = plan.keys[2].clone();
     assert!(fixed.ends_with(":fixed"), "{fixed}");
     let _: String = p.redis.cmd(&["SET", &fixed, "x"]);
-    let tick = p.trigger("two").await;
-    let seen = p.wait_tick("two", tick, 1, Duration::from_secs(15)).await;
+    let seen = p.tick("two", 1, Duration::from_secs(15)).await;
     assert!(
         !seen.is_empty(),
         "the task told no outcome (redelivered onto its own lock?)"
@@ -212,13 +200,12 @@ async fn a_spend_that_fails_inside_the_claim_ends_the_task_and_sends_nothing() {
 /// made, and leaves the checkpoint as it was.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_unreadable_checkpoint_ends_the_task_failed_and_sends_nothing() {
-    let p = Pipeline::start(sim(2), |sim| config(sim, &["a"], 2)).await;
+    let p = Pipeline::start(world::sim(2, 2), |sim| config(sim, &["a"], 2)).await;
     let cursor = KeySpace::new("qw").cursor("two", "region=a");
     let _: String = p
         .redis
         .cmd(&["SET", &cursor, "{written by another version"]);
-    let tick = p.trigger("two").await;
-    let seen = p.wait_tick("two", tick, 1, Duration::from_secs(15)).await;
+    let seen = p.tick("two", 1, Duration::from_secs(15)).await;
     assert_eq!(seen.len(), 1, "{seen:?}");
     let o = &seen[0].ev.outcome;
     assert_eq!(o.kind, OutcomeKind::Failed, "{seen:?}");

@@ -28,6 +28,7 @@ use crate::support::http::http_get;
 use crate::support::keys as support_keys;
 use crate::support::logs::Logs;
 use crate::support::process::{Proc, run_cli};
+use crate::support::rig::Rig;
 use crate::support::upstream::Upstream;
 use crate::support::world;
 use crate::support::{
@@ -637,21 +638,21 @@ fn the_daemon_on_a_cluster_never_lets_the_upstream_see_more_than_configured() {
                     .sink(Sink::jsonl("data/{job}/{region}.jsonl").records("/items")),
             );
     }
-    let cfg = builder.write();
-    let mut daemons: Vec<_> = (0..2)
-        .map(|i| crate::support::process::Proc::daemon(&format!("daemon-{i}"), &cfg, None, &[]))
-        .collect();
-    for d in &mut daemons {
-        d.wait_running(Duration::from_secs(20));
-    }
+    let mut rig = Rig::start(queue, builder.write(), &[]);
+    let mut other = rig.another("daemon-1");
+    let cfg = &rig.cfg;
     let victim = master_of(&cluster, "t0");
     let triggers: Vec<_> = (0..KEYS)
         .map(|i| {
             let job = format!("job{i}");
-            crate::support::process::Proc::start(&job, &cfg, &["trigger", &job, "--wait"], &[])
+            Proc::start(&job, cfg, &["trigger", &job, "--wait"], &[])
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(300));
+    // The master goes while the jobs run: once the upstream has served a page.
+    assert!(
+        wait_until(Duration::from_secs(30), || upstream.fetched() > 0),
+        "the jobs did not start"
+    );
     cluster.kill(victim);
     let tag = KeySpace::hash_tag("t0");
     cluster
@@ -700,7 +701,7 @@ fn the_daemon_on_a_cluster_never_lets_the_upstream_see_more_than_configured() {
             assert_eq!(*units, LIMIT, "{c}: its master lived, its window filled");
         }
     }
-    for d in &mut daemons {
+    for d in [&mut rig.daemon, &mut other] {
         d.term();
         assert!(
             d.wait_exit(Duration::from_secs(30)).is_some(),
@@ -1014,8 +1015,8 @@ fn readyz_goes_unready_when_the_quota_cluster_stops_and_ready_when_it_is_back() 
         .redis_timeout("500ms")
         .metrics_listen(&listen)
         .write();
-    let mut d = Proc::daemon("daemon", &cfg, Some(&queue.url()), &[]);
-    d.wait_running(Duration::from_secs(30));
+    let mut rig = Rig::start(queue, cfg, &[]);
+    let d = &mut rig.daemon;
     // Polls /readyz until it answers `want`; the last answer.
     let ready_as = |want: u16, within: u64| {
         let mut seen = None;
@@ -1116,6 +1117,7 @@ async fn settle_sync_and_block_wait_for_a_replica_and_only_log_when_none_answers
         unsafe { libc::kill(pid, libc::SIGSTOP) };
         let flag = resumed.clone();
         let resumer = std::thread::spawn(move || {
+            // About time: how long the replica hangs.
             std::thread::sleep(Duration::from_millis(300));
             flag.store(true, Ordering::SeqCst);
             // SAFETY: as above.

@@ -15,7 +15,8 @@ use simulator::{CHANNELS, Logged, SimConfig, VIDEOS};
 use crate::support::daemon;
 use crate::support::keys;
 use crate::support::machine;
-use crate::support::process::{Proc, run_cli};
+use crate::support::process::Proc;
+use crate::support::rig::Rig;
 use crate::support::upstream::Upstream;
 use crate::support::world::{self, REGIONS, SECRET};
 use crate::support::{
@@ -97,6 +98,16 @@ fn peak(requests: &[&Logged]) -> (u64, Option<DateTime<Utc>>) {
     (best as u64, at)
 }
 
+/// The credential's concurrent window (its second), as `quota --json`
+/// shows it.
+fn concurrent_window(cfg: &TestConfig, redis: &RedisServer) -> serde_json::Value {
+    let q = cfg.run(
+        &["quota", world::CREDENTIAL, "--json"],
+        &[("QUOTA_WORKER_REDIS_URL", &redis.url())],
+    );
+    crate::support::json(&q)["credentials"][0]["windows"][1].clone()
+}
+
 /// Every tick outcome hash of `job` in Redis, summed per field.
 fn outcomes(redis: &RedisServer, job: &str) -> HashMap<String, i64> {
     let mut sum = HashMap::new();
@@ -115,12 +126,9 @@ fn three_daemons_never_have_more_in_flight_than_the_window_allows() {
     let redis = RedisServer::start();
     let upstream = upstream(Duration::from_millis(300));
     let cfg = config(&upstream.base_url(), None);
-    let mut daemons: Vec<Proc> = (0..3)
-        .map(|i| Proc::daemon(&format!("daemon-{i}"), &cfg, Some(&redis.url()), &[]))
-        .collect();
-    for d in &mut daemons {
-        d.wait_running(Duration::from_secs(20));
-    }
+    let (rig, others) = Rig::start_n(redis, cfg, 3, &[]);
+    let (redis, cfg, daemon) = (rig.redis, rig.cfg, rig.daemon);
+    let mut daemons: Vec<Proc> = std::iter::once(daemon).chain(others).collect();
     // The daemons' own traffic while idle, to tell it from the tasks'.
     let (idle_from, idle_at) = (redis.command_calls().0, Instant::now());
     std::thread::sleep(Duration::from_secs(2));
@@ -146,11 +154,7 @@ fn three_daemons_never_have_more_in_flight_than_the_window_allows() {
     let spent_commands = redis.command_calls().0 - before;
     // Every request's lease was returned by its settle (a lease left to
     // lapse would still be held: it lasts 15 s).
-    let q = cfg.run(
-        &["quota", world::CREDENTIAL, "--json"],
-        &[("QUOTA_WORKER_REDIS_URL", &redis.url())],
-    );
-    let w = &crate::support::json(&q)["credentials"][0]["windows"][1];
+    let w = concurrent_window(&cfg, &redis);
     assert_eq!(
         (w["used"].as_u64(), w["leases"].as_u64()),
         (Some(0), Some(0)),
@@ -248,15 +252,8 @@ fn a_killed_daemons_leases_lapse_and_the_others_reach_full_concurrency() {
     // Answers take 1 s; a lease lasts 3 s unreturned.
     let upstream = upstream(Duration::from_secs(1));
     let cfg = config(&upstream.base_url(), Some("3s"));
-    let mut first = Proc::daemon("doomed", &cfg, Some(&redis.url()), &[]);
-    first.wait_running(Duration::from_secs(20));
-    let (code, out, err) = run_cli(
-        &cfg,
-        Some(&redis.url()),
-        &["trigger", "trending"],
-        Duration::from_secs(30),
-    );
-    assert_eq!(code, Some(0), "{out}{err}");
+    let mut rig = Rig::start(redis, cfg, &[]);
+    rig.queue("trending");
 
     // Killed with the window full of its requests.
     let full =
@@ -266,29 +263,21 @@ fn a_killed_daemons_leases_lapse_and_the_others_reach_full_concurrency() {
         "the first daemon never had {CAP} in flight: {:?}",
         upstream.in_flight()
     );
-    first.kill();
+    rig.daemon.kill();
     let killed = Utc::now();
-    let q = cfg.run(
-        &["quota", world::CREDENTIAL, "--json"],
-        &[("QUOTA_WORKER_REDIS_URL", &redis.url())],
-    );
-    let leases = crate::support::json(&q)["credentials"][0]["windows"][1]["leases"].as_u64();
+    let leases = rig.quota(world::CREDENTIAL)["windows"][1]["leases"].as_u64();
     assert_eq!(leases, Some(CAP), "it died holding its leases");
 
-    let mut others: Vec<Proc> = (0..2)
-        .map(|i| Proc::daemon(&format!("daemon-{i}"), &cfg, Some(&redis.url()), &[]))
-        .collect();
-    for d in &mut others {
-        d.wait_running(Duration::from_secs(20));
-    }
+    let mut others = rig.others(&["daemon-1", "daemon-2"]);
+    let redis = &rig.redis;
     // The survivors finish the tick (the dead daemon's tasks recovered).
     let done = crate::support::wait_until(Duration::from_secs(90), || {
-        outcomes(&redis, "trending").get("done") == Some(&(REGIONS.len() as i64))
+        outcomes(redis, "trending").get("done") == Some(&(REGIONS.len() as i64))
     });
     assert!(
         done,
         "the tick did not end: {:?}",
-        outcomes(&redis, "trending")
+        outcomes(redis, "trending")
     );
 
     let stats = upstream.stats();
@@ -333,30 +322,15 @@ fn leases_in_flight_show_in_quota_metrics_and_the_status_page() {
     let cfg = config(&upstream.base_url(), None);
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
-    let mut d = Proc::daemon(
-        "daemon",
-        &cfg,
-        Some(&redis.url()),
-        &[("QUOTA_WORKER_METRICS_LISTEN", listen.as_str())],
-    );
-    d.wait_running(Duration::from_secs(20));
-    let (code, out, err) = run_cli(
-        &cfg,
-        Some(&redis.url()),
-        &["trigger", "chans"],
-        Duration::from_secs(30),
-    );
-    assert_eq!(code, Some(0), "{out}{err}");
+    let mut rig = Rig::start(redis, cfg, &[("QUOTA_WORKER_METRICS_LISTEN", &listen)]);
+    rig.queue("chans");
+    let (cfg, redis, d) = (&mut rig.cfg, &mut rig.redis, &mut rig.daemon);
     // Two channels requests (2 units each) fill the window of 4.
     let full =
         crate::support::wait_until(Duration::from_secs(20), || upstream.in_flight() == (2, CAP));
     assert!(full, "{:?}", upstream.in_flight());
 
-    let q = cfg.run(
-        &["quota", world::CREDENTIAL, "--json"],
-        &[("QUOTA_WORKER_REDIS_URL", &redis.url())],
-    );
-    let w = &crate::support::json(&q)["credentials"][0]["windows"][1];
+    let w = concurrent_window(cfg, redis);
     assert_eq!(
         (w["used"].as_u64(), w["leases"].as_u64()),
         (Some(CAP), Some(2)),

@@ -205,6 +205,7 @@ fn a_command_mints_at_first_use_after_its_ttl_and_after_a_401_and_its_failure_sp
     // TTL 1 s: the next task past it mints again.
     upstream.accept_tokens(&[&token("short", 1), &token("short", 2)]);
     assert_eq!(outcome(&rig.tick("brief", 1)[0]).0, "done");
+    // About time: past the token's 1 s TTL.
     std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(outcome(&rig.tick("brief", 1)[0]).0, "done");
     assert_eq!(rig.runs("short"), 2, "minted again after its TTL");
@@ -212,6 +213,7 @@ fn a_command_mints_at_first_use_after_its_ttl_and_after_a_401_and_its_failure_sp
     // It fails (past the TTL): the task fails saying why, nothing is sent
     // or spent; the next task within the minute does not run it again.
     std::fs::write(dir.path().join("fail"), "").expect("touch fail");
+    // About time: past the token's 1 s TTL again.
     std::thread::sleep(Duration::from_millis(1500));
     let (sent, used) = (upstream.count(), rig.used("short"));
     let o = rig.tick("brief", 1);

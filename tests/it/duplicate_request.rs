@@ -102,6 +102,7 @@ fn a_rejected_id_is_not_remembered() {
         .block_on(limiter.spend("e", Some(1), "late"))
         .expect("spend");
     assert!(!d.is_allowed(), "{d:?}");
+    // About time: the 1s window frees.
     std::thread::sleep(std::time::Duration::from_millis(1_050));
     let d = rt
         .block_on(limiter.spend("e", Some(1), "late"))

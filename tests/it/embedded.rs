@@ -42,10 +42,31 @@ fn spend(cfg: &support::TestConfig, cost: u64) {
     assert_eq!(v["allowed"], true, "{v}");
 }
 
+/// `trigger JOB --wait` on the embedded Redis: every task ends done.
+fn trigger_all_done(cfg: &support::TestConfig) {
+    let (code, out, err) = run_cli(
+        cfg,
+        None,
+        &["trigger", JOB, "--wait"],
+        Duration::from_secs(30),
+    );
+    assert_eq!(code, Some(0), "trigger --wait: {out}\n{err}");
+    assert!(out.contains("8 task(s) ended: 8 done"), "{out}");
+}
+
 /// `quota` fails with 69 when nothing answers on the socket.
 fn assert_unreachable(cfg: &support::TestConfig) {
     let (code, out, err) = run_cli(cfg, None, &["quota", "--json"], Duration::from_secs(30));
     assert_eq!(code, Some(69), "quota with no daemon: {out}\n{err}");
+}
+
+/// The world's job paging `upstream`, eight worker slots, the state (and
+/// the embedded Redis's socket and files) in `state/`.
+fn config(upstream: &Upstream) -> support::TestConfig {
+    world::config(world::job(&upstream.base_url()).pages(PAGES))
+        .state_dir("state")
+        .worker(Worker::default().concurrency(8))
+        .write()
 }
 
 fn start(label: &str, cfg: &support::TestConfig) -> (Proc, u32) {
@@ -62,10 +83,7 @@ fn start(label: &str, cfg: &support::TestConfig) -> (Proc, u32) {
 #[test]
 fn embedded_redis_keeps_quota_state_across_daemon_restarts_and_never_outlives_the_daemon() {
     let upstream = Upstream::start(PAGES, 2);
-    let cfg = world::config(world::job(&upstream.base_url()).pages(PAGES))
-        .state_dir("state")
-        .worker(Worker::default().concurrency(8))
-        .write();
+    let cfg = config(&upstream);
 
     let (mut d, redis_pid) = start("embedded-1", &cfg);
     assert!(alive(redis_pid));
@@ -88,14 +106,7 @@ fn embedded_redis_keeps_quota_state_across_daemon_restarts_and_never_outlives_th
     }
     drop(conn);
     // The daemon works on it (trigger reaches it over the socket too) ...
-    let (code, out, err) = run_cli(
-        &cfg,
-        None,
-        &["trigger", JOB, "--wait"],
-        Duration::from_secs(30),
-    );
-    assert_eq!(code, Some(0), "trigger --wait: {out}\n{err}");
-    assert!(out.contains("8 task(s) ended: 8 done"), "{out}");
+    trigger_all_done(&cfg);
     // ... and so does `spend`.
     spend(&cfg, 5);
     spend(&cfg, 7);
@@ -214,22 +225,27 @@ fn daemon_restarted_at_once_after_sigkill_gets_a_working_embedded_redis() {
     let cfg = world::config(world::job("http://127.0.0.1:9"))
         .state_dir("state")
         .write();
-    let (mut d, _) = start("embedded-0", &cfg);
+    let (mut d, mut redis_pid) = start("embedded-0", &cfg);
     for round in 1..=5u64 {
         spend(&cfg, 1);
         d.kill();
         // No pause: the next one starts while the old redis-server exits.
         let mut next = Proc::daemon(&format!("embedded-{round}"), &cfg, None, &[]);
         next.wait_running(Duration::from_secs(20));
+        let Some(own) = child_pid(next.pid(), "redis-server") else {
+            panic!(
+                "round {round}: the new daemon did not start its own redis-server (adopted the dying one?)"
+            )
+        };
+        // Once the old redis-server is gone, the Redis the new daemon runs
+        // on works and holds every unit spent so far.
         assert!(
-            child_pid(next.pid(), "redis-server").is_some(),
-            "round {round}: the new daemon did not start its own redis-server (adopted the dying one?)"
+            support::wait_until(Duration::from_secs(20), || !alive(redis_pid)),
+            "round {round}: the old redis-server {redis_pid} outlived its daemon"
         );
-        // The Redis it runs on works and holds every unit spent so far.
-        std::thread::sleep(Duration::from_millis(300));
         assert_eq!(used(&cfg), round, "round {round}");
         assert!(next.running(), "round {round}: {}", next.log());
-        d = next;
+        (d, redis_pid) = (next, own);
     }
     d.term();
     assert_eq!(
@@ -313,13 +329,11 @@ fn a_left_over_embedded_redis_is_replaced_not_adopted_and_its_state_kept() {
 #[test]
 fn embedded_redis_killed_under_the_daemon_is_started_again() {
     let upstream = Upstream::start(PAGES, 2);
-    let cfg = world::config(world::job(&upstream.base_url()).pages(PAGES))
-        .state_dir("state")
-        .worker(Worker::default().concurrency(8))
-        .write();
+    let cfg = config(&upstream);
     let (mut d, redis_pid) = start("embedded", &cfg);
     spend(&cfg, 2);
-    // Let the AOF (appendfsync everysec) reach the disk before the "crash".
+    // About time: the AOF (appendfsync everysec) reaches the disk within
+    // a second or so; the "crash" comes after.
     std::thread::sleep(Duration::from_millis(1_500));
     // SAFETY: kill(2) on the redis-server the daemon under test started; the
     // test plays the OOM killer.
@@ -338,14 +352,7 @@ fn embedded_redis_killed_under_the_daemon_is_started_again() {
     let new_pid = child_pid(d.pid(), "redis-server").expect("a new redis-server child");
     assert_ne!(new_pid, redis_pid);
     assert_eq!(used(&cfg), 2, "the state on disk");
-    let (code, out, err) = run_cli(
-        &cfg,
-        None,
-        &["trigger", JOB, "--wait"],
-        Duration::from_secs(30),
-    );
-    assert_eq!(code, Some(0), "trigger --wait: {out}\n{err}");
-    assert!(out.contains("8 task(s) ended: 8 done"), "{out}");
+    trigger_all_done(&cfg);
     d.kill();
     assert!(
         support::wait_until(Duration::from_secs(10), || !alive(new_pid)),

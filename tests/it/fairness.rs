@@ -14,10 +14,10 @@ use quota_worker::keys::KeySpace;
 use serde_json::Value;
 use simulator::Simulator;
 
-use crate::support::process::Proc;
+use crate::support::rig::Rig;
 use crate::support::world;
 use crate::support::{
-    ConfigBuilder, Job, RedisServer, Sink, TestConfig, Window, limiter, stderr, stdout, wait_until,
+    ConfigBuilder, Job, RedisServer, Sink, TestConfig, Window, limiter, stderr, stdout,
 };
 
 const ITEMS: [&str; 5] = ["A", "B", "C", "D", "E"];
@@ -94,8 +94,7 @@ async fn five_ticks_that_run_out_part_way_serve_every_item_and_count_starved_tic
         );
     }
 
-    let mut daemon = Proc::start("daemon", &cfg, &["--log-format", "json", "run"], &[]);
-    daemon.wait_running(Duration::from_secs(20));
+    let mut rig = tokio::task::block_in_place(|| Rig::start(redis, cfg, &[]));
     for n in 1..=5 {
         // Each tick starts on an empty window (the last tick's 2 units have
         // slid out of it) and runs it out after two items.
@@ -107,19 +106,10 @@ async fn five_ticks_that_run_out_part_way_serve_every_item_and_count_starved_tic
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        let out = tokio::task::block_in_place(|| cfg.run(&["trigger", "rot", "--wait"], &[]));
-        assert_eq!(
-            out.status.code(),
-            Some(75),
-            "tick {n}: {}{}",
-            stdout(&out),
-            stderr(&out)
-        );
-        let logged = tokio::task::block_in_place(|| {
-            wait_until(Duration::from_secs(10), || daemon.outcomes().len() >= 5 * n)
-        });
-        assert!(logged, "tick {n}: outcome lines {:#?}", daemon.outcomes());
+        let (_, t) = tokio::task::block_in_place(|| rig.tick("rot", 5));
+        assert_eq!(t.code, Some(75), "tick {n}: {t:#?}");
     }
+    let daemon = &mut rig.daemon;
     let ticks = by_tick(&daemon.outcomes());
     daemon.term();
     assert_eq!(
@@ -159,7 +149,7 @@ async fn five_ticks_that_run_out_part_way_serve_every_item_and_count_starved_tic
     assert_eq!(sim.stats().charges.len(), 10);
 
     // The status page's read: the items starved now, most starved first.
-    let client = redis::Client::open(redis.url()).expect("client");
+    let client = redis::Client::open(rig.redis.url()).expect("client");
     let mut conn = client
         .get_multiplexed_async_connection()
         .await

@@ -16,8 +16,8 @@ use toml::Value;
 use crate::support::config::NEVER;
 use crate::support::keys::{any_tick, keys};
 use crate::support::pipeline::{Pipeline, kinds};
-use crate::support::process::{self, Proc};
-use crate::support::redis_server::redis_conn;
+use crate::support::process;
+use crate::support::rig::Rig;
 use crate::support::upstream::Upstream;
 use crate::support::world::{self, KEY_ENV, SECRET};
 use crate::support::{self, ConfigBuilder, Job, RedisServer, Request, Sink, TestConfig};
@@ -216,8 +216,7 @@ async fn rows_differing_in_one_column_are_different_items() {
         ])
     })
     .await;
-    let tick = p.trigger("rows").await;
-    let evs = p.wait_tick("rows", tick, 4, Duration::from_secs(30)).await;
+    let evs = p.tick("rows", 4, Duration::from_secs(30)).await;
     assert_eq!(evs.len(), 4, "{:?}", kinds(&evs));
     assert!(
         evs.iter().all(|s| s.kind() == OutcomeKind::Done),
@@ -607,9 +606,9 @@ fn a_bad_source_fans_out_nothing_and_the_daemon_keeps_running() {
     );
     let csv = cfg.join("channels.csv");
     write(&csv, "channel\nUC1\n");
-    let mut d = Proc::daemon("fan-out", &cfg, Some(&redis.url()), &[]);
-    d.wait_running(Duration::from_secs(20));
-    let mut conn = redis_conn(&redis.url());
+    let mut rig = Rig::start(redis, cfg, &[]);
+    let mut conn = rig.conn();
+    let d = &mut rig.daemon;
 
     // Good: 1 row x 2 langs.
     let good = |conn: &mut redis::Connection, n: i64| {
@@ -639,16 +638,18 @@ fn a_bad_source_fans_out_nothing_and_the_daemon_keeps_running() {
         } else {
             write(&csv, bad);
         }
-        // Let any tick that read the good file finish queuing.
-        std::thread::sleep(Duration::from_millis(1200));
-        let before = tick_claims(&mut conn).len();
-        let logged = support::wait_until(Duration::from_secs(10), || {
-            d.log()
-                .lines()
+        let nothing = || {
+            (d.log().lines())
                 .filter(|l| l.contains(says) && l.contains("fans out nothing"))
                 .count()
-                >= 2
-        });
+        };
+        // A tick read the bad file: every tick that read the good one has
+        // finished queuing (the scheduler fans a job's ticks out in turn).
+        let read = support::wait_until(Duration::from_secs(10), || nothing() >= 1);
+        assert!(read, "{says}: not logged:\n{}", d.log());
+        let before = tick_claims(&mut conn).len();
+        let seen = nothing();
+        let logged = support::wait_until(Duration::from_secs(10), || nothing() > seen.max(1));
         assert!(logged, "{says}: not logged twice:\n{}", d.log());
         assert_eq!(
             tick_claims(&mut conn).len(),

@@ -13,7 +13,8 @@ use std::time::Duration;
 use toml::Value;
 
 use crate::support::postgres::Postgres;
-use crate::support::process::{Proc, run_cli};
+use crate::support::process::run_cli;
+use crate::support::rig::Rig;
 use crate::support::upstream::Upstream;
 use crate::support::world;
 use crate::support::{Job, RedisServer, Sink, TestConfig};
@@ -64,6 +65,8 @@ fn server() -> Postgres {
     pg
 }
 
+/// `trigger JOB --wait` with no daemon running (a tick refused before it
+/// queues anything).
 fn trigger(cfg: &TestConfig, redis: &RedisServer, job: &str) -> (Option<i32>, String) {
     let (code, out, err) = run_cli(
         cfg,
@@ -94,29 +97,20 @@ fn a_postgres_query_fans_out_the_rows_of_another_jobs_table() {
         &upstream,
         "SELECT key AS region FROM repos WHERE item = '{\"region\":\"US\"}' ORDER BY key",
     );
-    let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
-    d.wait_running(Duration::from_secs(20));
+    let mut rig = Rig::start(redis, cfg, &[]);
     // Before the parent ran: its table (made when `run` started) is empty.
-    let (code, out) = trigger(&cfg, &redis, "issues");
-    assert_eq!(code, Some(0), "{out}");
-    assert!(out.contains("queued 0 task(s)"), "{out}");
-    let (code, out) = trigger(&cfg, &redis, "repos");
-    assert_eq!(code, Some(0), "{out}");
-    let (code, out) = trigger(&cfg, &redis, "issues");
-    assert_eq!(code, Some(0), "{out}");
+    let t = rig.trigger_expect("issues", 0);
+    assert!(t.stdout.contains("queued 0 task(s)"), "{t:#?}");
+    rig.trigger_expect("repos", 0);
+    rig.trigger_expect("issues", 0);
     let want: BTreeSet<String> = (1..=3).map(|i| format!("US-p1-i{i}")).collect();
     assert_eq!(child_scopes(&upstream), want);
     // `check` reads it as a tick would.
-    let (code, out, err) = run_cli(
-        &cfg,
-        Some(&redis.url()),
-        &["check"],
-        Duration::from_secs(60),
-    );
+    let (code, out, err) = rig.cli(&["check"]);
     assert_eq!(code, Some(0), "{err}");
     assert!(out.contains("3 row(s) now"), "{out}");
-    d.term();
-    let _ = d.wait_exit(Duration::from_secs(20));
+    rig.daemon.term();
+    let _ = rig.daemon.wait_exit(Duration::from_secs(20));
 }
 
 /// A write is refused: at load when the query shows it (its first keyword,

@@ -213,15 +213,8 @@ async fn a_daemon_finishes_a_tick_whose_enqueuer_died() {
     const N: usize = 2_000;
     let regions: Vec<String> = (0..N).map(|i| format!("r{i:04}")).collect();
     let mut p = Pipeline::start(world::sim(1, 1), |base| {
-        ConfigBuilder::new()
-            .worker(Worker::default().concurrency(16).poll_interval("10ms"))
-            .credential(world::credential(world::wide()))
-            .endpoint(world::endpoint())
-            .job(
-                Job::videos("big", world::ENDPOINT, base)
-                    .fan_out("region", regions)
-                    .sink(Sink::jsonl("data/{job}.jsonl").records("/items")),
-            )
+        let worker = Worker::default().concurrency(16).poll_interval("10ms");
+        world::fan_out(base, worker, "big", regions)
     })
     .await;
     let tick = chrono::Utc::now().timestamp_millis();

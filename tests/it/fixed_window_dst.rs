@@ -228,6 +228,7 @@ fn fake_clock_moves_redis_time() {
     let server = RedisServer::start_at(start);
     let t0 = server.time_us();
     assert!(t0 - start.timestamp_micros() < 5_000_000);
+    // About time: the shifted clock runs in real time.
     std::thread::sleep(Duration::from_millis(200));
     let t1 = server.time_us();
     assert!((150_000..1_000_000).contains(&(t1 - t0)), "{t0} -> {t1}");

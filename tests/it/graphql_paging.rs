@@ -89,15 +89,11 @@ fn issues(name: &str, base: &str, repos: &[&str], more: bool) -> Job {
 /// The daemon (the real binary) on the simulator `sim`, the world's
 /// credential with `window`, cost 1, and `jobs`.
 fn rig(sim: SimConfig, window: Window, jobs: impl FnOnce(&str) -> Vec<Job>) -> Rig {
-    Rig::start(
-        sim,
-        |_| {},
-        |base| {
-            let mut jobs = jobs(base).into_iter();
-            let first = jobs.next().expect("a job");
-            jobs.fold(config(window, 1, |e| e, first), |b, j| b.job(j))
-        },
-    )
+    Rig::on(sim, |base| {
+        let mut jobs = jobs(base).into_iter();
+        let first = jobs.next().expect("a job");
+        jobs.fold(config(window, 1, |e| e, first), |b, j| b.job(j))
+    })
 }
 
 /// `trigger JOB --wait`, and the outcome lines of `job` the daemon logged
@@ -274,7 +270,11 @@ fn a_graphql_run_stopped_at_page_3_resumes_there_with_its_cursor() {
         assert_eq!(first.variables()["after"], want_after, "run {}", run_no + 1);
         runs.push(sent);
         // The window frees 2 s after its spends.
-        std::thread::sleep(Duration::from_millis(2100));
+        let free =
+            crate::support::wait_every(Duration::from_secs(10), Duration::from_millis(100), || {
+                rig.used(crate::support::world::CREDENTIAL) == 0
+            });
+        assert!(free, "run {}: the window did not free", run_no + 1);
     }
     let since: Vec<Value> = runs
         .iter()

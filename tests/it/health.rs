@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use crate::support::http::{self, http_get};
 use crate::support::machine;
-use crate::support::process::Proc;
+use crate::support::rig::Rig;
 use crate::support::world;
-use crate::support::{RedisServer, TestConfig, Window, Worker, free_port, wait_until};
+use crate::support::{RedisServer, TestConfig, Window, Worker, free_port, holds_every, wait_until};
 
 fn config() -> TestConfig {
     world::idle(world::credential(Window::sliding(9500, "24h")))
@@ -19,18 +19,24 @@ fn config() -> TestConfig {
         .write()
 }
 
-fn start(cfg: &TestConfig, redis: &RedisServer, port: u16) -> Proc {
-    let listen = format!("127.0.0.1:{port}");
-    let url = redis.url();
-    Proc::start(
-        "daemon",
-        cfg,
-        &["run"],
-        &[
-            ("QUOTA_WORKER_REDIS_URL", url.as_str()),
-            ("QUOTA_WORKER_METRICS_LISTEN", listen.as_str()),
-        ],
-    )
+/// The daemon on a Redis of its own, listening on a free port, once
+/// `/readyz` says it is ready; and that port.
+fn start() -> (Rig, u16) {
+    let listen = format!("127.0.0.1:{}", free_port());
+    let rig = Rig::start(
+        RedisServer::start(),
+        config(),
+        &[("QUOTA_WORKER_METRICS_LISTEN", &listen)],
+    );
+    let port = rig.listener();
+    assert!(http::wait_http(port, Duration::from_secs(20)));
+    assert!(
+        wait_until(Duration::from_secs(10), || status(port, "/readyz")
+            == Some(200)),
+        "ready after start: {:?}",
+        http_get(port, "/readyz")
+    );
+    (rig, port)
 }
 
 /// `GET path`, and how long it took.
@@ -47,17 +53,8 @@ fn status(port: u16, path: &str) -> Option<u16> {
 #[test]
 fn readyz_follows_redis_and_healthz_stays_up() {
     let _machine = machine::timing();
-    let mut redis = RedisServer::start();
-    let cfg = config();
-    let port = free_port();
-    let mut d = start(&cfg, &redis, port);
-    assert!(http::wait_http(port, Duration::from_secs(20)));
-    assert!(
-        wait_until(Duration::from_secs(10), || status(port, "/readyz")
-            == Some(200)),
-        "ready after start: {:?}",
-        http_get(port, "/readyz")
-    );
+    let (mut rig, port) = start();
+    let (redis, d) = (&mut rig.redis, &mut rig.daemon);
     assert_eq!(http_get(port, "/healthz"), Some((200, "ok\n".into())));
 
     // Redis goes away.
@@ -74,9 +71,9 @@ fn readyz_follows_redis_and_healthz_stays_up() {
     let unready_after = stopped.elapsed();
     let body = seen.expect("a reply").1;
     assert!(body.contains("redis unreachable"), "says why: {body:?}");
-    // While Redis is down: alive, still not ready, and every answer prompt.
-    let down_until = Instant::now() + Duration::from_secs(3);
-    while Instant::now() < down_until {
+    // While Redis is down (a quiet period of 3 s): alive, still not ready,
+    // and every answer prompt.
+    holds_every(Duration::from_secs(3), Duration::from_millis(200), || {
         let (h, ht) = timed_get(port, "/healthz");
         assert_eq!(
             h.map(|r| r.0),
@@ -89,8 +86,8 @@ fn readyz_follows_redis_and_healthz_stays_up() {
             ht < Duration::from_secs(1) && rt < Duration::from_secs(3),
             "{ht:?} {rt:?}"
         );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+        true
+    });
     assert!(d.running(), "the daemon survives a Redis outage");
     let (m, mt) = timed_get(port, "/metrics");
     assert!(mt < Duration::from_secs(5), "/metrics took {mt:?}");
@@ -132,21 +129,16 @@ fn readyz_follows_redis_and_healthz_stays_up() {
 #[test]
 fn metrics_scrape_stays_within_the_scrape_timeout_while_redis_hangs() {
     let _machine = machine::timing();
-    let redis = RedisServer::start();
-    let cfg = config();
-    let port = free_port();
-    let mut d = start(&cfg, &redis, port);
-    assert!(http::wait_http(port, Duration::from_secs(20)));
-    assert!(wait_until(Duration::from_secs(10), || status(
-        port, "/readyz"
-    ) == Some(200)));
+    let (mut rig, port) = start();
+    let (redis, d) = (&mut rig.redis, &mut rig.daemon);
     let before = http::scrape(port);
     assert!(!before.select("qw_window_used_units", &[]).is_empty());
     assert_eq!(before.one("qw_redis_up", &[]), 1.0);
 
     redis.pause();
-    // The gauges `before` read are served for a second: past it, the
-    // scrape below reads Redis (a /readyz no longer takes that second).
+    // About time: the gauges `before` read are served for a second; past
+    // it, the scrape below reads Redis (a /readyz no longer takes that
+    // second).
     std::thread::sleep(Duration::from_millis(1_100));
     let (r, rt) = timed_get(port, "/readyz");
     let (m, mt) = timed_get(port, "/metrics");

@@ -13,11 +13,11 @@ use quota_worker::outcome::OutcomeKind;
 use simulator::{Fault, Logged, SimStyle};
 
 use crate::support::pipeline::Pipeline;
-use crate::support::process::{Proc, run_cli};
+use crate::support::rig::Rig;
 use crate::support::styles::{self, GITHUB, NUMERIC, Style, config, job, sim};
 use crate::support::upstream::Upstream;
 use crate::support::world;
-use crate::support::{Endpoint, Job, RedisServer, Window, wait_until};
+use crate::support::{Endpoint, Job, RedisServer, Window};
 
 const WAIT: Duration = Duration::from_secs(30);
 /// `{since}` and `{since_epoch}` in the query, as GitHub's `since` and a
@@ -212,8 +212,7 @@ async fn quota_reasons_match_an_error_message() {
             },
             1,
         );
-        let tick = p.trigger("issues").await;
-        let evs = p.wait_tick("issues", tick, 1, WAIT).await;
+        let evs = p.tick("issues", 1, WAIT).await;
         let o = &evs[0].ev.outcome;
         let blocked = p.peek(world::CREDENTIAL).await.blocked_for;
         if throttled {
@@ -251,53 +250,32 @@ fn a_304_is_done_writes_nothing_and_costs_not_modified_cost() {
         (world::KEY_ENV, world::SECRET),
         ("QUOTA_WORKER_METRICS_LISTEN", listen.as_str()),
     ];
-    let mut daemon = Proc::daemon("daemon", &cfg, None, &env);
-    daemon.wait_running(Duration::from_secs(30));
-    let cli = |args: &[&str]| run_cli(&cfg, None, args, WAIT);
-    let trigger = |what: &str| {
-        let (code, out, err) = cli(&["trigger", "issues", "--wait"]);
-        assert_eq!(code, Some(0), "{what}: {out}\n{err}");
-    };
-    let used = || {
-        let (code, out, err) = cli(&["quota", world::CREDENTIAL, "--json"]);
-        assert_eq!(code, Some(0), "{out}\n{err}");
-        let v: serde_json::Value = serde_json::from_str(&out).expect("quota --json");
-        v["credentials"][0]["windows"][0]["used"]
-            .as_u64()
-            .expect("used")
-    };
+    let rig = Rig::start(redis, cfg, &env);
+    let used = || rig.used(world::CREDENTIAL);
     let lines = || {
-        std::fs::read_to_string(cfg.join("data/issues/o%2Fa.jsonl"))
+        std::fs::read_to_string(rig.cfg.join("data/issues/o%2Fa.jsonl"))
             .unwrap_or_default()
             .lines()
             .count()
     };
-    let outcome = |n: usize| {
-        wait_until(Duration::from_secs(10), || daemon.outcomes().len() >= n);
-        daemon.outcomes()[n - 1].clone()
+    // A tick, which must exit 0, and the outcome it ended with.
+    let run = |what: &str| {
+        let (o, t) = rig.tick("issues", 1);
+        assert_eq!(t.code, Some(0), "{what}: {t:#?}");
+        o.into_iter().next().expect("one outcome")
     };
 
-    trigger("run 1");
-    let o = outcome(1);
-    assert_eq!(
-        (o["outcome"].as_str(), o["pages"].as_u64()),
-        (Some("done"), Some(3)),
-        "{o}"
-    );
+    let o = run("run 1");
+    assert_eq!((o.kind.as_str(), o.pages), ("done", 3), "{o}");
     assert_eq!(used(), 3);
     assert_eq!(lines(), 6);
 
-    trigger("run 2");
-    let o = outcome(2);
-    assert_eq!(o["outcome"], "done", "{o}");
-    assert_eq!(o["not_modified"], true, "{o}");
-    assert_eq!(
-        (o["pages"].as_u64(), o["records"].as_u64()),
-        (Some(0), Some(0)),
-        "{o}"
-    );
-    assert_eq!(o["units"], 0, "{o}");
-    assert_eq!(o["status"], 304, "{o}");
+    let o = run("run 2");
+    assert_eq!(o.kind, "done", "{o}");
+    assert_eq!(o.line["not_modified"], true, "{o}");
+    assert_eq!((o.pages, o.records), (0, 0), "{o}");
+    assert_eq!(o.units, 0, "{o}");
+    assert_eq!(o.status, Some(304), "{o}");
     assert_eq!(used(), 3, "a 304 costs not_modified_cost = 0");
     assert_eq!(lines(), 6, "nothing written");
     // Issue 24, item 9: the metrics count what was finally charged:
@@ -329,16 +307,12 @@ fn a_304_is_done_writes_nothing_and_costs_not_modified_cost() {
     );
 
     upstream.touch();
-    trigger("run 3");
-    let o = outcome(3);
-    assert_eq!(
-        (o["outcome"].as_str(), o["pages"].as_u64()),
-        (Some("done"), Some(3)),
-        "{o}"
-    );
-    assert!(o.get("not_modified").is_none(), "{o}");
+    let o = run("run 3");
+    assert_eq!((o.kind.as_str(), o.pages), ("done", 3), "{o}");
+    assert!(o.line.get("not_modified").is_none(), "{o}");
     assert_eq!(used(), 6);
     assert_eq!(lines(), 12);
-    daemon.term();
-    assert!(daemon.wait_exit(Duration::from_secs(20)).is_some());
+    let mut rig = rig;
+    rig.daemon.term();
+    assert!(rig.daemon.wait_exit(Duration::from_secs(20)).is_some());
 }

@@ -15,13 +15,14 @@ use serde_json::Value;
 use simulator::Logged;
 
 use crate::support::keys::keys;
-use crate::support::process::{Proc, run_cli};
+use crate::support::process::run_cli;
+use crate::support::rig::Rig;
 use crate::support::styles::{self, NUMERIC, job, sim};
 use crate::support::upstream::{Blackhole, Upstream};
 use crate::support::world;
 use crate::support::{
     ConfigBuilder, Credential, Endpoint, Job, RedisServer, Request, Sink, TestConfig, Window,
-    wait_until,
+    wait_every, wait_until,
 };
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -101,15 +102,11 @@ fn state_shows_where_a_quota_stopped_run_resumes_and_reset_starts_it_over() {
     let redis = RedisServer::start();
     let upstream = Upstream::with(sim(NUMERIC.sim, 4, world::SECRET));
     let cfg = two_pages_a_run(&upstream.base_url(), &redis);
-    let mut daemon = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
-    daemon.wait_running(Duration::from_secs(30));
+    let mut rig = Rig::start(redis, cfg, &[]);
+    let (cfg, redis) = (&rig.cfg, &rig.redis);
 
     // An item that never ran: nothing to forget, {since} set.
-    let (code, out, err) = cli(
-        &cfg,
-        &redis,
-        &["state", "reset", "issues", "--since", SINCE],
-    );
+    let (code, out, err) = cli(cfg, redis, &["state", "reset", "issues", "--since", SINCE]);
     assert_eq!(code, Some(0), "{out}\n{err}");
     assert!(
         out.contains(&format!("issues {ITEM}: forgot nothing; its next run starts at page 1 with {{since}} set to {SINCE}")),
@@ -121,7 +118,7 @@ fn state_shows_where_a_quota_stopped_run_resumes_and_reset_starts_it_over() {
     );
 
     // Run 1: pages 1 and 2 with that {since}, then the quota says no.
-    let (code, out, err) = cli(&cfg, &redis, &["trigger", "issues", "--wait"]);
+    let (code, out, err) = cli(cfg, redis, &["trigger", "issues", "--wait"]);
     assert_eq!(code, Some(75), "stopped by the quota: {out}\n{err}");
     let tick = tick_of(&out);
     let run1 = upstream.stats().requests;
@@ -132,7 +129,7 @@ fn state_shows_where_a_quota_stopped_run_resumes_and_reset_starts_it_over() {
         "--since reached the upstream"
     );
 
-    let v = state_json(&cfg, &redis, &["issues"]);
+    let v = state_json(cfg, redis, &["issues"]);
     assert_eq!(v["job"], "issues", "{v:#}");
     let items = v["items"].as_array().expect("items");
     assert_eq!(items.len(), 1, "{v:#}");
@@ -156,9 +153,9 @@ fn state_shows_where_a_quota_stopped_run_resumes_and_reset_starts_it_over() {
     assert_eq!(s["validators"], Value::Null, "{s:#}");
     assert_eq!(s["held_by"], Value::Null, "{s:#}");
     // The one item, named as `trigger --wait` names it, reads the same.
-    assert_eq!(state_json(&cfg, &redis, &["issues", ITEM])["items"][0], *s);
+    assert_eq!(state_json(cfg, redis, &["issues", ITEM])["items"][0], *s);
 
-    let (code, text, err) = cli(&cfg, &redis, &["state", "issues"]);
+    let (code, text, err) = cli(cfg, redis, &["state", "issues"]);
     assert_eq!(code, Some(0), "{err}");
     for want in [
         "job issues: 1 item(s), 1 in its fan-out now",
@@ -172,7 +169,7 @@ fn state_shows_where_a_quota_stopped_run_resumes_and_reset_starts_it_over() {
     }
 
     // Start it over: the checkpoint and {since} go.
-    let (code, out, err) = cli(&cfg, &redis, &["state", "reset", "issues", ITEM]);
+    let (code, out, err) = cli(cfg, redis, &["state", "reset", "issues", ITEM]);
     assert_eq!(code, Some(0), "{out}\n{err}");
     assert!(
         out.contains("forgot the checkpoint (tick ")
@@ -181,7 +178,7 @@ fn state_shows_where_a_quota_stopped_run_resumes_and_reset_starts_it_over() {
             && out.contains("now − since_initial (2h)"),
         "says what it removed: {out}"
     );
-    let s = &state_json(&cfg, &redis, &["issues"])["items"][0];
+    let s = &state_json(cfg, redis, &["issues"])["items"][0];
     assert_eq!(
         (&s["resume_page"], &s["cursor"], &s["since"]),
         (&Value::Null, &Value::Null, &Value::Null),
@@ -189,10 +186,16 @@ fn state_shows_where_a_quota_stopped_run_resumes_and_reset_starts_it_over() {
     );
     assert_eq!(s["outcome"], "quota_exhausted", "the history stays: {s:#}");
 
-    // Run 2, once the window has room again: page 1, {since} 2 h back.
-    std::thread::sleep(Duration::from_millis(2100));
+    // Run 2, once the window has room again (2 s after its spends): page
+    // 1, {since} 2 h back.
+    assert!(
+        wait_every(Duration::from_secs(10), Duration::from_millis(100), || rig
+            .used(world::CREDENTIAL)
+            == 0),
+        "the window did not free"
+    );
     let before = Utc::now();
-    let (code, out, err) = cli(&cfg, &redis, &["trigger", "issues", "--wait"]);
+    let (code, out, err) = cli(cfg, redis, &["trigger", "issues", "--wait"]);
     assert_eq!(code, Some(75), "{out}\n{err}");
     let run2 = upstream.stats().requests[2..].to_vec();
     assert_eq!(pages(&run2), [Some(1), Some(2)], "from page 1: {run2:#?}");
@@ -203,7 +206,7 @@ fn state_shows_where_a_quota_stopped_run_resumes_and_reset_starts_it_over() {
             && since2 <= Utc::now() - two_hours,
         "{{since}} forgotten: now − since_initial, not {SINCE}: {since2}"
     );
-    daemon.term();
+    rig.daemon.term();
 }
 
 /// While a task holds the item (its request hangs on an upstream that never
@@ -224,9 +227,9 @@ fn a_reset_while_a_task_holds_the_item_exits_75_and_changes_nothing() {
     let since_key = keys().since("slow", "region=US");
     let since_before: String = redis.cmd(&["GET", &since_key]);
 
-    let mut daemon = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
-    daemon.wait_running(Duration::from_secs(30));
-    let (code, out, err) = cli(&cfg, &redis, &["trigger", "slow"]);
+    let mut rig = Rig::start(redis, cfg, &[]);
+    let (cfg, redis, daemon) = (&rig.cfg, &rig.redis, &mut rig.daemon);
+    let (code, out, err) = cli(cfg, redis, &["trigger", "slow"]);
     assert_eq!(code, Some(0), "{out}\n{err}");
     let lock = keys().item_lock("slow", "region=US");
     assert!(
@@ -235,7 +238,7 @@ fn a_reset_while_a_task_holds_the_item_exits_75_and_changes_nothing() {
         daemon.log()
     );
 
-    let s = &state_json(&cfg, &redis, &["slow", "region=US"])["items"][0];
+    let s = &state_json(cfg, redis, &["slow", "region=US"])["items"][0];
     let host = s["held_by"]["host"]
         .as_str()
         .unwrap_or_else(|| panic!("{s:#}"));
@@ -254,7 +257,7 @@ fn a_reset_while_a_task_holds_the_item_exits_75_and_changes_nothing() {
         &["state", "reset", "slow"][..],
         &["state", "reset", "slow", "region=US"],
     ] {
-        let (code, out, err) = cli(&cfg, &redis, args);
+        let (code, out, err) = cli(cfg, redis, args);
         assert_eq!(code, Some(75), "{args:?}: {out}\n{err}");
         assert!(err.contains(&format!("in flight on {host}")), "{err}");
         let since_after: String = redis.cmd(&["GET", &since_key]);

@@ -11,7 +11,8 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use crate::support::http;
-use crate::support::process::{Proc, run_cli};
+use crate::support::process::run_cli;
+use crate::support::rig::Rig;
 use crate::support::upstream::Upstream;
 use crate::support::world::{self, JOB};
 use crate::support::{RedisServer, free_port, wait_every, wait_until};
@@ -143,13 +144,12 @@ fn idle_listener_connections_cannot_starve_the_daemon_of_descriptors() {
         .pages(1)
         .retry(1, None, None);
     let cfg = world::config(job).write();
-    let mut d = Proc::daemon(
-        "daemon",
-        &cfg,
-        Some(&redis.url()),
+    let mut rig = Rig::start(
+        redis,
+        cfg,
         &[("QUOTA_WORKER_METRICS_LISTEN", listen.as_str())],
     );
-    d.wait_running(Duration::from_secs(30));
+    let (cfg, redis, d) = (&rig.cfg, &rig.redis, &mut rig.daemon);
     assert!(http::wait_http(port, Duration::from_secs(20)));
     prlimit_nofile(d.pid(), NOFILE);
     let baseline = open_fds(d.pid());
@@ -194,7 +194,7 @@ fn idle_listener_connections_cannot_starve_the_daemon_of_descriptors() {
 
     // The daemon's own upstream requests still get their sockets.
     let (code, out, err) = run_cli(
-        &cfg,
+        cfg,
         Some(&redis.url()),
         &["trigger", JOB, "--wait"],
         Duration::from_secs(60),

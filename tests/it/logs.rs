@@ -11,6 +11,7 @@ use serde_json::Value;
 use simulator::SimConfig;
 
 use crate::support::process::Proc;
+use crate::support::rig::Rig;
 use crate::support::upstream::Upstream;
 use crate::support::world;
 use crate::support::{ConfigBuilder, RedisServer, TestConfig, Window, Worker};
@@ -44,31 +45,24 @@ fn upstream() -> Upstream {
     )
 }
 
-/// Runs the daemon on `cfg` with `args`, triggers the job and waits for its
-/// outcome, stops the daemon; returns its stderr lines and the CLI's.
-fn run(
-    cfg: &TestConfig,
-    redis: &RedisServer,
-    args: &[&str],
-    rust_log: &str,
-) -> (Vec<String>, Vec<String>) {
-    let url = redis.url();
-    let env = [
-        ("QUOTA_WORKER_REDIS_URL", url.as_str()),
-        (world::KEY_ENV, KEY),
-        ("RUST_LOG", rust_log),
-    ];
+/// Runs the daemon on `cfg` with `args` (on a Redis of its own), triggers
+/// the job with the same `args` and waits for its outcome, stops the
+/// daemon; returns its stderr lines and the CLI's.
+fn run(cfg: TestConfig, args: &[&str], rust_log: &str) -> (Vec<String>, Vec<String>) {
+    let env = [(world::KEY_ENV, KEY), ("RUST_LOG", rust_log)];
     let mut full: Vec<&str> = args.to_vec();
     full.push("run");
-    let mut d = Proc::start("daemon", cfg, &full, &env);
+    let mut rig = Rig::start_args(RedisServer::start(), cfg, &full, &env);
     let mut cli_args: Vec<&str> = args.to_vec();
     cli_args.extend(["trigger", "trending", "--wait"]);
-    let mut t = Proc::start("trigger", cfg, &cli_args, &env);
+    let url = rig.redis.url();
+    let mut t = Proc::sim_cli("trigger", &rig.cfg, Some(&url), &cli_args, &env);
     let status = t
         .wait_exit(Duration::from_secs(60))
         .expect("trigger --wait ends");
     // The job's quota runs out on purpose: `trigger --wait` exits 75.
     assert_eq!(status.code(), Some(75), "trigger: {}", t.log());
+    let d = &mut rig.daemon;
     d.term();
     assert_eq!(
         d.wait_exit(Duration::from_secs(15)).and_then(|s| s.code()),
@@ -97,10 +91,9 @@ fn check_json_lines(lines: &[String]) -> Vec<serde_json::Map<String, Value>> {
 
 #[test]
 fn json_logs_are_one_object_per_line_and_outcomes_carry_job_item_page_units_retry_after() {
-    let redis = RedisServer::start();
     let up = upstream();
     let cfg = config(&up.base_url()).write();
-    let (lines, _) = run(&cfg, &redis, &["--log-format", "json"], "debug");
+    let (lines, _) = run(cfg, &["--log-format", "json"], "debug");
     let objects = check_json_lines(&lines);
     let exhausted: Vec<_> = objects
         .iter()
@@ -131,10 +124,9 @@ fn json_logs_are_one_object_per_line_and_outcomes_carry_job_item_page_units_retr
 
 #[test]
 fn log_format_json_in_the_config_does_what_the_flag_does() {
-    let redis = RedisServer::start();
     let up = upstream();
     let cfg = config(&up.base_url()).log_format("json").write();
-    let (lines, _) = run(&cfg, &redis, &[], "info");
+    let (lines, _) = run(cfg, &[], "info");
     let objects = check_json_lines(&lines);
     assert!(
         objects
@@ -147,10 +139,9 @@ fn log_format_json_in_the_config_does_what_the_flag_does() {
 
 #[test]
 fn text_logs_have_no_ansi_escapes_when_stderr_is_not_a_terminal() {
-    let redis = RedisServer::start();
     let up = upstream();
     let cfg = config(&up.base_url()).write();
-    let (lines, cli) = run(&cfg, &redis, &[], "debug");
+    let (lines, cli) = run(cfg, &[], "debug");
     for l in lines.iter().chain(cli.iter()) {
         assert!(!l.contains('\u{1b}'), "an ANSI escape in {l:?}");
         assert!(!l.starts_with('{'), "text format, not JSON: {l}");
@@ -285,16 +276,19 @@ fn control_characters_from_the_upstream_are_escaped_in_text_logs() {
     let redis = RedisServer::start();
     let hostile = Answers404::start(b"gone\r\n\x1b[31mRED\x1b[0m \x00NUL \x05ENQ \xc2\x9b1m");
     let cfg = config(&format!("http://{}", hostile.addr)).write();
-    let url = redis.url();
-    let env = [
-        ("QUOTA_WORKER_REDIS_URL", url.as_str()),
-        (world::KEY_ENV, KEY),
-        ("RUST_LOG", "info"),
-    ];
-    let mut d = Proc::start("daemon", &cfg, &["run"], &env);
-    let mut t = Proc::start("trigger", &cfg, &["trigger", "trending", "--wait"], &env);
+    let env = [(world::KEY_ENV, KEY), ("RUST_LOG", "info")];
+    let mut rig = Rig::start_args(redis, cfg, &["run"], &env);
+    let url = rig.redis.url();
+    let mut t = Proc::sim_cli(
+        "trigger",
+        &rig.cfg,
+        Some(&url),
+        &["trigger", "trending", "--wait"],
+        &env,
+    );
     let status = t.wait_exit(Duration::from_secs(60)).expect("trigger ends");
     assert_eq!(status.code(), Some(1), "the task failed: {}", t.log());
+    let d = &mut rig.daemon;
     d.term();
     assert_eq!(
         d.wait_exit(Duration::from_secs(15)).and_then(|s| s.code()),

@@ -81,6 +81,7 @@ mod upstream_throttle;
 mod concurrency_daemons;
 mod embedded;
 mod failover;
+mod lock_fence;
 mod multi_daemon;
 mod recovery;
 mod run_exit_codes;

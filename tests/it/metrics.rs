@@ -13,6 +13,7 @@ use simulator::SimConfig;
 use crate::support::http::{self, Metrics, scrape, scrape_fresh};
 use crate::support::process::Proc;
 use crate::support::redis_server::free_port_except;
+use crate::support::rig::Rig;
 use crate::support::upstream::{Blackhole, Upstream};
 use crate::support::world;
 use crate::support::{
@@ -57,7 +58,6 @@ fn terminal_tasks(m: &Metrics, job: &str) -> f64 {
 
 #[test]
 fn metrics_match_what_the_upstream_saw_and_are_consistent_across_daemons() {
-    let redis = RedisServer::start();
     let upstream = Upstream::with(
         SimConfig {
             pages_per_query: PAGES,
@@ -68,32 +68,16 @@ fn metrics_match_what_the_upstream_saw_and_are_consistent_across_daemons() {
     );
     let blackhole = Blackhole::start();
     let cfg = config(&upstream.base_url(), &blackhole.base_url());
-    let url = redis.url();
     let ports = [free_port(), 0];
     let ports = [ports[0], free_port_except(&ports)];
-    let daemons: Vec<Proc> = ports
-        .iter()
-        .enumerate()
-        .map(|(i, port)| {
-            let listen = format!("127.0.0.1:{port}");
-            Proc::start(
-                &format!("daemon-{i}"),
-                &cfg,
-                &["run"],
-                &[
-                    ("QUOTA_WORKER_REDIS_URL", url.as_str()),
-                    ("QUOTA_WORKER_METRICS_LISTEN", listen.as_str()),
-                    (world::KEY_ENV, KEY),
-                ],
-            )
-        })
-        .collect();
-    for p in ports {
-        assert!(
-            http::wait_http(p, Duration::from_secs(20)),
-            "metrics on {p}"
-        );
-    }
+    let listen = ports.map(|p| format!("127.0.0.1:{p}"));
+    let rig = Rig::start(
+        RedisServer::start(),
+        cfg,
+        &[("QUOTA_WORKER_METRICS_LISTEN", &listen[0])],
+    );
+    let other = rig.another_with("daemon-1", &[("QUOTA_WORKER_METRICS_LISTEN", &listen[1])]);
+    let (redis, cfg) = (&rig.redis, &rig.cfg);
     let before = scrape(ports[0]);
     assert_eq!(
         before.one(
@@ -115,8 +99,7 @@ fn metrics_match_what_the_upstream_saw_and_are_consistent_across_daemons() {
     );
 
     // Two tasks that hang on a silent upstream: in flight until the end.
-    let t = cfg.run_on(&redis, &["trigger", "stalled"]);
-    assert_eq!(t.status.code(), Some(0), "{t:?}");
+    rig.queue("stalled");
     let mut last = None;
     let stuck = wait_until(Duration::from_secs(20), || {
         let m: Vec<Metrics> = ports.iter().map(|p| scrape(*p)).collect();
@@ -135,8 +118,7 @@ fn metrics_match_what_the_upstream_saw_and_are_consistent_across_daemons() {
 
     // The real run: 12 pages wanted, 10 units of quota.
     let started = Instant::now();
-    let t = cfg.run_on(&redis, &["trigger", "trending"]);
-    assert_eq!(t.status.code(), Some(0), "{t:?}");
+    rig.queue("trending");
     let ended = wait_until(Duration::from_secs(30), || {
         ports
             .iter()
@@ -175,7 +157,7 @@ fn metrics_match_what_the_upstream_saw_and_are_consistent_across_daemons() {
 
     let sim = upstream.stats();
     let key = sim.key(KEY);
-    let quota = support::json(&cfg.run_on(&redis, &["quota", world::CREDENTIAL, "--json"]));
+    let quota = support::json(&cfg.run_on(redis, &["quota", world::CREDENTIAL, "--json"]));
     let m: Vec<Metrics> = ports.iter().map(|p| scrape_fresh(*p)).collect();
     let sum =
         |name: &str, want: &[(&str, &str)]| -> f64 { m.iter().map(|m| m.sum(name, want)).sum() };
@@ -356,7 +338,7 @@ fn metrics_match_what_the_upstream_saw_and_are_consistent_across_daemons() {
 
     // A spend from another process shows on both once their gauges are
     // read again (at most a second later).
-    let s = cfg.run_on(&redis, &["spend", "slow.videos", "--cost", "5"]);
+    let s = cfg.run_on(redis, &["spend", "slow.videos", "--cost", "5"]);
     assert_eq!(s.status.code(), Some(0), "{s:?}");
     for p in ports {
         assert_eq!(
@@ -367,12 +349,17 @@ fn metrics_match_what_the_upstream_saw_and_are_consistent_across_daemons() {
             7.0
         );
     }
-    drop(daemons);
+    drop(other);
 }
+
+/// A command's argument that [`PeekCounter::sync`] waits to see.
+const MARKER: &str = "qw-test-monitor-marker";
 
 /// Counts the `spend.lua` peeks Redis runs (`MONITOR`), from a thread.
 struct PeekCounter {
     count: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// [`MARKER`] commands seen.
+    marks: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -382,6 +369,7 @@ impl PeekCounter {
         use std::io::{BufRead, Write};
         use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
         let count = std::sync::Arc::new(AtomicUsize::new(0));
+        let marks = std::sync::Arc::new(AtomicUsize::new(0));
         let stop = std::sync::Arc::new(AtomicBool::new(false));
         let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("monitor");
         s.set_read_timeout(Some(Duration::from_millis(200)))
@@ -392,7 +380,7 @@ impl PeekCounter {
         r.read_line(&mut first).expect("MONITOR answers");
         assert!(first.starts_with("+OK"), "{first}");
         let thread = std::thread::spawn({
-            let (count, stop) = (count.clone(), stop.clone());
+            let (count, marks, stop) = (count.clone(), marks.clone(), stop.clone());
             move || {
                 let mut line = String::new();
                 while !stop.load(Ordering::SeqCst) {
@@ -401,6 +389,9 @@ impl PeekCounter {
                         Ok(_) if line.ends_with('\n') => {
                             if line.contains("\"peek\"") {
                                 count.fetch_add(1, Ordering::SeqCst);
+                            }
+                            if line.contains(MARKER) {
+                                marks.fetch_add(1, Ordering::SeqCst);
                             }
                             line.clear();
                         }
@@ -412,6 +403,7 @@ impl PeekCounter {
         });
         PeekCounter {
             count,
+            marks,
             stop,
             thread: Some(thread),
         }
@@ -419,6 +411,20 @@ impl PeekCounter {
 
     fn get(&self) -> usize {
         self.count.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Sends [`MARKER`] and waits until MONITOR shows it: Redis sends
+    /// MONITOR lines in the order it runs commands, so every command before
+    /// it has been counted.
+    fn sync(&self, redis: &RedisServer) {
+        let seen = self.marks.load(std::sync::atomic::Ordering::SeqCst);
+        let _: String = redis.cmd(&["ECHO", MARKER]);
+        assert!(
+            wait_until(Duration::from_secs(10), || {
+                self.marks.load(std::sync::atomic::Ordering::SeqCst) > seen
+            }),
+            "MONITOR did not show {MARKER}"
+        );
     }
 }
 
@@ -438,7 +444,6 @@ impl Drop for PeekCounter {
 /// numbers again.
 #[test]
 fn concurrent_scrapes_read_each_credential_at_most_once_a_second() {
-    let redis = RedisServer::start();
     let creds = ["a", "b", "c"];
     let mut builder = ConfigBuilder::new().job(world::videos_job(
         "idle",
@@ -452,26 +457,22 @@ fn concurrent_scrapes_read_each_credential_at_most_once_a_second() {
             .credential(Credential::env(c, world::KEY_ENV).window(Window::sliding(100, "1h")))
             .endpoint(Endpoint::new(&format!("{c}.videos"), c, 1));
     }
-    let cfg = builder.write();
-    let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
-    let url = redis.url();
-    let _daemon = Proc::start(
-        "daemon",
-        &cfg,
-        &["run"],
+    let listen = format!("127.0.0.1:{}", free_port());
+    let rig = Rig::start(
+        RedisServer::start(),
+        builder.write(),
         &[
-            ("QUOTA_WORKER_REDIS_URL", url.as_str()),
-            ("QUOTA_WORKER_METRICS_LISTEN", listen.as_str()),
+            ("QUOTA_WORKER_METRICS_LISTEN", &listen),
             (world::KEY_ENV, KEY),
         ],
     );
-    assert!(http::wait_http(port, Duration::from_secs(20)), "metrics");
+    let (redis, cfg, port) = (&rig.redis, &rig.cfg, rig.listener());
     // A first scrape loads the spend script (an idle daemon has not run it:
     // it no longer polls), so that no EVALSHA answered NOSCRIPT and sent
     // again as EVAL counts twice below.
     assert!(matches!(http::http_get(port, "/metrics"), Some((200, _))));
     let peeks = PeekCounter::start(redis.port());
+    // About time: past the second the first scrape's gauges are served for.
     std::thread::sleep(Duration::from_millis(1_200));
 
     const ROUNDS: usize = 3;
@@ -480,6 +481,8 @@ fn concurrent_scrapes_read_each_credential_at_most_once_a_second() {
     let started = Instant::now();
     for round in 0..ROUNDS {
         if round > 0 {
+            // About time: past the second the round before's gauges are
+            // served for.
             std::thread::sleep(Duration::from_millis(1_100));
         }
         let scrapers: Vec<_> = (0..AT_ONCE)
@@ -491,8 +494,9 @@ fn concurrent_scrapes_read_each_credential_at_most_once_a_second() {
         }
     }
     let span = started.elapsed();
-    // MONITOR lines trail the commands a little.
-    std::thread::sleep(Duration::from_millis(300));
+    // MONITOR lines trail the commands a little: every one is in once a
+    // command sent after them is.
+    peeks.sync(redis);
     let reads = peeks.get() - before;
     // Reads are a second apart at least: within `span`, at most
     // span/1s + 1 per credential; and each round after a pause reads once.
@@ -509,18 +513,21 @@ fn concurrent_scrapes_read_each_credential_at_most_once_a_second() {
         creds.len()
     );
 
-    // Fresh again after the second: a spend shows up.
-    let spend = cfg.run_on(&redis, &["spend", "b.videos"]);
+    // Fresh again after the second: a spend shows up (within 1.1 s).
+    let spend = cfg.run_on(redis, &["spend", "b.videos"]);
     assert_eq!(spend.status.code(), Some(0), "{spend:?}");
-    std::thread::sleep(Duration::from_millis(1_100));
-    let m = scrape(port);
-    assert_eq!(
-        m.one(
+    let used = || {
+        scrape(port).one(
             "qw_window_used_units",
-            &[("credential", "b"), ("scope", "credential")]
-        ),
-        1.0
+            &[("credential", "b"), ("scope", "credential")],
+        )
+    };
+    support::wait_every(
+        Duration::from_millis(1_100),
+        Duration::from_millis(50),
+        || used() == 1.0,
     );
+    assert_eq!(used(), 1.0);
 }
 
 /// Issue 9 (low): `/metrics` has no authentication, so listening beyond

@@ -6,13 +6,13 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use crate::support::daemon::{self, sink_records, tick_claims, wait_ticks_ended};
+use crate::support::daemon::{self, sink_records, tick_claims};
 use crate::support::machine;
 use crate::support::process::Proc;
-use crate::support::redis_server::redis_conn;
+use crate::support::rig::Rig;
 use crate::support::upstream::{Upstream, page_counts};
-use crate::support::world::{self, JOB, REGIONS};
-use crate::support::{RedisServer, Worker};
+use crate::support::world::{JOB, REGIONS};
+use crate::support::{RedisServer, holds_for, wait_until};
 
 const PAGES: u32 = 3;
 const ITEMS_PER_PAGE: u32 = 2;
@@ -23,38 +23,43 @@ fn three_daemons_fan_each_tick_out_once_and_fetch_each_page_once() {
     let _machine = machine::timing();
     // Five ticks 2 s apart at known times: the test knows exactly which
     // ticks exist, so "exactly once" can be checked, not just "at most".
-    let ((redis, upstream, cfg, mut daemons), ticks) =
+    let ((rig, others, upstream), ticks) =
         daemon::start_before_first_tick(TICKS, 2, Duration::from_secs(4), |schedule| {
-            let redis = RedisServer::start();
             let upstream = Upstream::start(PAGES, ITEMS_PER_PAGE);
-            let cfg = world::config(
-                world::job(&upstream.base_url())
-                    .pages(PAGES)
-                    .schedule(&schedule),
-            )
-            .worker(Worker::default().concurrency(8).recover_after("6s"))
-            .write();
-            let mut daemons: Vec<Proc> = (0..3)
-                .map(|i| Proc::daemon(&format!("daemon-{i}"), &cfg, Some(&redis.url()), &[]))
-                .collect();
-            for d in &mut daemons {
-                d.wait_running(Duration::from_secs(10));
-            }
-            (redis, upstream, cfg, daemons)
+            let cfg = daemon::on_ticks(&upstream.base_url(), PAGES, &schedule);
+            let (rig, others) = Rig::start_n(RedisServer::start(), cfg, 3, &[]);
+            (rig, others, upstream)
         });
+    let daemons: Vec<&Proc> = std::iter::once(&rig.daemon).chain(&others).collect();
     let now = chrono::Utc::now().timestamp_millis();
     assert!(
         now < ticks[0],
         "the daemons took too long to start: the first tick is already past"
     );
 
-    let mut conn = redis_conn(&redis.url());
+    let mut conn = rig.conn();
     let last = *ticks.last().expect("ticks");
     let wait = Duration::from_millis((last - now).max(0) as u64) + Duration::from_secs(20);
-    let (ok, outcomes) = wait_ticks_ended(&mut conn, &ticks, REGIONS.len() as i64, wait);
-    assert!(ok, "not every task of every tick ended: {outcomes:?}");
-    // Let anything that would run twice show up.
-    std::thread::sleep(Duration::from_secs(1));
+    let outcomes = rig.wait_ticks(&ticks, REGIONS.len() as i64, wait);
+    let expected: HashMap<String, i64> = [("#items", 8), ("done", 8)]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+    // A quiet period, in which a tick claimed again or a task run twice
+    // would show.
+    let quiet = holds_for(Duration::from_secs(1), || {
+        let claims = tick_claims(&mut conn);
+        claims.len() == ticks.len()
+            && (ticks.iter()).all(|t| daemon::tick_outcomes(&mut conn, *t) == expected)
+    });
+    assert!(
+        quiet,
+        "after every tick ended: claims {:?}, outcomes {:?}",
+        tick_claims(&mut conn),
+        (ticks.iter())
+            .map(|t| daemon::tick_outcomes(&mut conn, *t))
+            .collect::<Vec<_>>()
+    );
 
     // Each tick fanned out exactly once: one claim per tick, nothing else.
     let claims = tick_claims(&mut conn);
@@ -65,10 +70,6 @@ fn three_daemons_fan_each_tick_out_once_and_fetch_each_page_once() {
         "claims: {claimed:?}"
     );
     for (tick, o) in &outcomes {
-        let expected: HashMap<String, i64> = [("#items", 8), ("done", 8)]
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), v))
-            .collect();
         let now: HashMap<String, i64> = daemon::tick_outcomes(&mut conn, *tick);
         assert_eq!(now, expected, "tick {tick}: outcome hash {o:?} -> {now:?}");
     }
@@ -76,6 +77,11 @@ fn three_daemons_fan_each_tick_out_once_and_fetch_each_page_once() {
     // Every task ran (ended) exactly once, across the three processes.
     let mut ran: HashMap<(i64, String), usize> = HashMap::new();
     let mut per_daemon = Vec::new();
+    // The outcome lines reach the daemons' logs after Redis's records.
+    let tasks = TICKS as usize * REGIONS.len();
+    wait_until(Duration::from_secs(10), || {
+        daemons.iter().map(|d| d.outcomes().len()).sum::<usize>() >= tasks
+    });
     for d in &daemons {
         let outs = d.outcomes();
         per_daemon.push((d.label.clone(), outs.len()));
@@ -138,7 +144,7 @@ fn three_daemons_fan_each_tick_out_once_and_fetch_each_page_once() {
     }
 
     // The sink holds each page's records once per tick.
-    let records = sink_records(&cfg);
+    let records = sink_records(&rig.cfg);
     assert_eq!(
         records.len(),
         (TICKS * PAGES * ITEMS_PER_PAGE) as usize * REGIONS.len()
@@ -150,6 +156,8 @@ fn three_daemons_fan_each_tick_out_once_and_fetch_each_page_once() {
     assert!(by_id.values().all(|n| *n == TICKS as usize), "{by_id:?}");
 
     // All three are still up, and stop cleanly.
+    let daemon = rig.daemon;
+    let mut daemons: Vec<Proc> = std::iter::once(daemon).chain(others).collect();
     for d in &mut daemons {
         assert!(d.running(), "{} died", d.label);
         d.term();

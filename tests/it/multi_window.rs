@@ -138,6 +138,7 @@ fn the_second_credential_window_is_numbered_two() {
     let server = RedisServer::start();
     let cfg = config();
     assert_eq!(spend(&cfg, &server, "bulk").0, 0);
+    // About time: the 1s window frees.
     std::thread::sleep(std::time::Duration::from_millis(1_050));
     assert_eq!(spend(&cfg, &server, "bulk").0, 0);
 

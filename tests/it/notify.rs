@@ -12,6 +12,7 @@ use crate::support::machine;
 use crate::support::notify::NotifySocket;
 use crate::support::process::Proc;
 use crate::support::procfs::{children_named, environ};
+use crate::support::rig::Rig;
 use crate::support::world::{self, CREDENTIAL, ENDPOINT};
 use crate::support::{RedisServer, TestConfig, Window, Worker};
 
@@ -32,12 +33,28 @@ fn config(redis: Option<&str>, state_dir: &str) -> TestConfig {
     config.write()
 }
 
-fn daemon(cfg: &TestConfig, notify: &NotifySocket, extra: &[(&str, &str)]) -> Proc {
-    let path = notify.path();
-    let mut env = vec![
+/// What systemd gives a unit with `Type=notify` and `WatchdogSec`, the
+/// socket at `path`.
+fn systemd(path: &std::path::Path) -> [(&str, &str); 2] {
+    [
         ("NOTIFY_SOCKET", path.to_str().expect("utf-8 path")),
         ("WATCHDOG_USEC", WATCHDOG_USEC),
-    ];
+    ]
+}
+
+/// The daemon on a Redis of its own (its state in `state`), run as
+/// systemd would, notifying `notify`.
+fn daemon(state: &std::path::Path, notify: &NotifySocket) -> Rig {
+    let redis = RedisServer::start();
+    let cfg = config(Some(&redis.url()), &state.display().to_string());
+    Rig::start(redis, cfg, &systemd(&notify.path()))
+}
+
+/// The daemon on its embedded Redis, run as systemd would, with `extra`
+/// in its environment.
+fn embedded_daemon(cfg: &TestConfig, notify: &NotifySocket, extra: &[(&str, &str)]) -> Proc {
+    let path = notify.path();
+    let mut env = systemd(&path).to_vec();
     env.extend_from_slice(extra);
     Proc::start("daemon", cfg, &["run"], &env)
 }
@@ -59,12 +76,11 @@ fn is_status_line(s: &str) -> bool {
 #[test]
 fn ready_then_watchdog_then_stopping_in_order_with_status_lines() {
     let _machine = machine::timing();
-    let redis = RedisServer::start();
     let state = tempfile::tempdir().expect("tempdir");
-    let cfg = config(Some(&redis.url()), &state.path().display().to_string());
     let notify = NotifySocket::bind();
     let started = Instant::now();
-    let mut d = daemon(&cfg, &notify, &[]);
+    let mut rig = daemon(state.path(), &notify);
+    let (redis, cfg, d) = (&mut rig.redis, &mut rig.cfg, &mut rig.daemon);
 
     let ready = notify
         .wait_for("READY=1", 1, Duration::from_secs(20))
@@ -87,7 +103,7 @@ fn ready_then_watchdog_then_stopping_in_order_with_status_lines() {
 
     // The STATUS line reads the shared windows live: a spend from the CLI
     // shows up in the next one (they are refreshed every 5 s).
-    let spent = cfg.run_on(&redis, &["spend", ENDPOINT, "--cost", "412"]);
+    let spent = cfg.run_on(redis, &["spend", ENDPOINT, "--cost", "412"]);
     assert_eq!(spent.status.code(), Some(0), "{spent:?}");
     assert!(
         notify
@@ -229,7 +245,7 @@ fn embedded_redis_does_not_inherit_notify_socket() {
     .expect("PATH");
     let notify = NotifySocket::bind();
     let started = Instant::now();
-    let mut d = daemon(
+    let mut d = embedded_daemon(
         &cfg,
         &notify,
         &[("PATH", path.to_str().expect("utf-8 PATH"))],
@@ -303,12 +319,11 @@ fn embedded_redis_does_not_inherit_notify_socket() {
 /// or refused, so `systemctl reload` never hangs on a bad file.
 #[test]
 fn a_reload_says_reloading_with_monotonic_usec_then_ready_applied_or_refused() {
-    let redis = RedisServer::start();
     let state = tempfile::tempdir().expect("tempdir");
-    let cfg = config(Some(&redis.url()), &state.path().display().to_string());
     let notify = NotifySocket::bind();
     let started = Instant::now();
-    let mut d = daemon(&cfg, &notify, &[]);
+    let mut rig = daemon(state.path(), &notify);
+    let (cfg, d) = (&mut rig.cfg, &mut rig.daemon);
     assert!(
         notify
             .wait_for("READY=1", 1, Duration::from_secs(20))

@@ -9,11 +9,9 @@ use quota_worker::config::Config;
 use serde_json::Value;
 use simulator::{SimConfig, Simulator};
 
-use crate::support::process::Proc;
+use crate::support::rig::Rig;
 use crate::support::world;
-use crate::support::{
-    ConfigBuilder, Job, RedisServer, Sink, TestConfig, Window, limiter, stderr, stdout,
-};
+use crate::support::{ConfigBuilder, Job, RedisServer, Sink, TestConfig, Window, limiter};
 
 /// Two regions of three pages against 4 units, one task at a time: the
 /// first region gets all three pages, the other one page before the window
@@ -48,29 +46,24 @@ async fn every_outcome_is_a_structured_event_with_job_item_page_units_retry_afte
     .expect("simulator");
     let cfg = config(&redis.url(), &sim.base_url());
 
-    let mut daemon = Proc::start("daemon", &cfg, &["--log-format", "json", "run"], &[]);
-    assert!(
-        daemon.wait_log("quota-worker running", Duration::from_secs(20)),
-        "daemon did not start: {:?}",
-        daemon.stderr_lines()
-    );
+    let mut rig = tokio::task::block_in_place(|| Rig::start(redis, cfg, &[]));
 
-    let out = tokio::task::block_in_place(|| cfg.run(&["trigger", "trending", "--wait"], &[]));
     // Tasks ended `quota_exhausted`: `trigger --wait` exits 75.
-    assert_eq!(out.status.code(), Some(75), "trigger: {}", stderr(&out));
-    let summary = stdout(&out);
+    let t = tokio::task::block_in_place(|| rig.trigger_expect("trending", 75));
+    let summary = t.stdout;
     assert!(
         summary.contains("2 task(s) ended") && summary.contains("quota_exhausted"),
         "{summary}"
     );
 
     // What the window says, to check the event against.
-    let config = Config::load_with_env(&cfg.path(), &|_| None).expect("config");
-    let limiter = limiter(&redis, &config).await;
+    let config = Config::load_with_env(&rig.cfg.path(), &|_| None).expect("config");
+    let limiter = limiter(&rig.redis, &config).await;
     let used = limiter.peek(world::CREDENTIAL).await.expect("peek").windows[0].used;
     assert_eq!(used, 4);
 
     // SIGTERM by pid: a clean shutdown, exit 0.
+    let daemon = &mut rig.daemon;
     daemon.term();
     let status = daemon
         .wait_exit(Duration::from_secs(15))

@@ -49,8 +49,7 @@ async fn every_style_fetches_every_page_exactly_once_per_run() {
         };
         for run in 1..=2 {
             let from = p.sim_stats().requests.len();
-            let tick = p.trigger("crawl").await;
-            let evs = p.wait_tick("crawl", tick, 2, WAIT).await;
+            let evs = p.tick("crawl", 2, WAIT).await;
             assert!(
                 evs.iter().all(|s| s.kind() == OutcomeKind::Done),
                 "{} run {run}: {:?}\n{evs:#?}",
@@ -86,8 +85,7 @@ async fn a_numeric_cursor_pages_on() {
         vec![job("crawl", &NUMERIC, base, &["a"], &[], 10)]
     })
     .await;
-    let tick = p.trigger("crawl").await;
-    let evs = p.wait_tick("crawl", tick, 1, WAIT).await;
+    let evs = p.tick("crawl", 1, WAIT).await;
     assert_eq!(evs[0].kind(), OutcomeKind::Done, "{evs:?}");
     assert_eq!(evs[0].ev.outcome.pages, 4);
     let sent: Vec<Option<String>> = p
@@ -125,8 +123,7 @@ async fn a_next_page_on_another_origin_is_never_requested() {
             config(world::SECRET, world::wide(), |e| e, [j])
         })
         .await;
-        let tick = p.trigger("crawl").await;
-        let evs = p.wait_tick("crawl", tick, 2, WAIT).await;
+        let evs = p.tick("crawl", 2, WAIT).await;
         assert_eq!(evs.len(), 2, "{evs:?}");
         for s in &evs {
             let o = &s.ev.outcome;
@@ -173,8 +170,7 @@ async fn continue_crawls_max_pages_deeper_each_run() {
         };
         for (run, pages) in expect.iter().enumerate() {
             let from = p.sim_stats().requests.len();
-            let tick = p.trigger("crawl").await;
-            let evs = p.wait_tick("crawl", tick, 1, WAIT).await;
+            let evs = p.tick("crawl", 1, WAIT).await;
             assert_eq!(evs[0].kind(), OutcomeKind::Done, "{}: {evs:?}", style.name);
             let got: Vec<u32> = p.sim_stats().requests[from..]
                 .iter()
@@ -249,7 +245,7 @@ async fn a_meta_next_url_is_stored_without_the_token_and_resumed_with_it() {
 /// row is overwritten by the older copies.
 #[test]
 fn a_page_number_run_goes_on_past_pages_a_keyed_sqlite_sink_holds_newer() {
-    use crate::support::process::{Proc, run_cli};
+    use crate::support::rig::Rig;
     use crate::support::world;
     use crate::support::{RedisServer, Sink, upstream::Upstream};
     use quota_worker::config::Config;
@@ -291,34 +287,23 @@ fn a_page_number_run_goes_on_past_pages_a_keyed_sqlite_sink_holds_newer() {
         }
     }
 
-    let env = [(world::KEY_ENV, world::SECRET)];
-    let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &env);
-    d.wait_running(Duration::from_secs(10));
-    let (code, out, err) = run_cli(
-        &cfg,
-        Some(&redis.url()),
-        &["trigger", "crawl", "--wait"],
-        Duration::from_secs(60),
-    );
-    assert_eq!(code, Some(0), "every task ends done\n{out}\n{err}");
+    let mut rig = Rig::start(redis, cfg, &[(world::KEY_ENV, world::SECRET)]);
+    let (ended, t) = rig.tick("crawl", repos.len());
+    assert_eq!(t.code, Some(0), "every task ends done\n{t:#?}");
     let per_page = upstream.stats().requests_per_page(0);
     assert_eq!(
         per_page,
         once_each(&repos, 1..=PAGES_PER_ITEM + 1),
         "requests per (item, page): every page once, the empty one ending the run"
     );
-    assert!(
-        wait_until_outcomes(&d, repos.len()),
-        "outcomes:\n{}",
-        d.log()
-    );
-    for o in d.outcomes() {
-        assert_eq!(o["outcome"], "done", "{o}");
-        assert_eq!(o["message"], "all pages fetched", "{o}");
-        assert_eq!(o["pages"], PAGES_PER_ITEM + 1, "{o}");
-        assert_eq!(o["records"], 0, "the newer stored copies stay: {o}");
+    assert_eq!(rig.outcomes().len(), repos.len(), "{ended:#?}");
+    for o in ended {
+        assert_eq!(o.kind, "done", "{o}");
+        assert_eq!(o.message, "all pages fetched", "{o}");
+        assert_eq!(o.pages, u64::from(PAGES_PER_ITEM) + 1, "{o}");
+        assert_eq!(o.records, 0, "the newer stored copies stay: {o}");
     }
-    let db = cfg.join("data/crawl.sqlite");
+    let db = rig.cfg.join("data/crawl.sqlite");
     let conn = rusqlite::Connection::open(&db).expect("open");
     let newer: i64 = conn
         .query_row(
@@ -328,15 +313,10 @@ fn a_page_number_run_goes_on_past_pages_a_keyed_sqlite_sink_holds_newer() {
         )
         .expect("count");
     assert_eq!(newer, (repos.len() as u32 * PAGES_PER_ITEM * 2) as i64);
+    let d = &mut rig.daemon;
     d.term();
     assert!(
         d.wait_exit(Duration::from_secs(20)).is_some(),
         "daemon stops"
     );
-}
-
-/// Whether `d` logged `n` outcome lines within a few seconds (they are
-/// logged as the tasks end, `trigger --wait` may return first).
-fn wait_until_outcomes(d: &crate::support::process::Proc, n: usize) -> bool {
-    crate::support::wait_until(Duration::from_secs(10), || d.outcomes().len() >= n)
 }

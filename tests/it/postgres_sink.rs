@@ -16,6 +16,7 @@ use simulator::Fault;
 use crate::support::http::http_get;
 use crate::support::postgres::{Postgres, TlsFiles};
 use crate::support::process::{Proc, run_cli};
+use crate::support::rig::Rig;
 use crate::support::upstream::Upstream;
 use crate::support::world::{self, JOB};
 use crate::support::{RedisServer, Sink, TestConfig, Worker, free_port, styles, wait_until};
@@ -93,15 +94,13 @@ fn rows(pg: &Postgres, table: &str) -> i64 {
     pg.count(ROLE, &format!("SELECT count(*) FROM \"{table}\""))
 }
 
-/// `trigger JOB --wait` on `redis`: its exit code and both streams.
-fn trigger(cfg: &TestConfig, redis: &RedisServer) -> (Option<i32>, String) {
-    let (code, out, err) = run_cli(
-        cfg,
-        Some(&redis.url()),
-        &["trigger", JOB, "--wait"],
-        Duration::from_secs(90),
-    );
-    (code, format!("stdout:\n{out}\nstderr:\n{err}"))
+/// `trigger JOB --wait` on the rig: its exit code and both streams.
+fn trigger(rig: &Rig) -> (Option<i32>, String) {
+    let t = rig.trigger(JOB);
+    (
+        t.code,
+        format!("stdout:\n{}\nstderr:\n{}", t.stdout, t.stderr),
+    )
 }
 
 /// Asserts that every id of `regions` is stored exactly once in `table`.
@@ -122,20 +121,17 @@ fn every_record_once(pg: &Postgres, table: &str, regions: &[&str]) {
 #[test]
 fn every_served_record_lands_once_upserted_or_appended() {
     let pg = server();
-    let redis = RedisServer::start();
     let upstream = Upstream::start(PAGES, ITEMS);
     for (table, keyed) in [("upserted", true), ("appended", false)] {
         let mut s = sink(&pg).table(table);
         if keyed {
             s = s.key("/id");
         }
-        let cfg = config(&upstream, &REGIONS, s);
-        let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
-        d.wait_running(Duration::from_secs(20));
-        let (code, out) = trigger(&cfg, &redis);
+        let mut rig = Rig::new(config(&upstream, &REGIONS, s));
+        let (code, out) = trigger(&rig);
         assert_eq!(code, Some(0), "{out}");
         every_record_once(&pg, table, &REGIONS);
-        let (code, out) = trigger(&cfg, &redis);
+        let (code, out) = trigger(&rig);
         assert_eq!(code, Some(0), "{out}");
         let all = ids(&REGIONS).len() as i64;
         if keyed {
@@ -153,8 +149,8 @@ fn every_served_record_lands_once_upserted_or_appended() {
                 "the second tick's pages are appended"
             );
         }
-        d.term();
-        let _ = d.wait_exit(Duration::from_secs(20));
+        rig.daemon.term();
+        let _ = rig.daemon.wait_exit(Duration::from_secs(20));
     }
 }
 
@@ -162,12 +158,9 @@ fn every_served_record_lands_once_upserted_or_appended() {
 #[test]
 fn rows_carry_their_page_id_item_and_fetch_time() {
     let pg = server();
-    let redis = RedisServer::start();
     let upstream = Upstream::start(PAGES, ITEMS);
-    let cfg = config(&upstream, &["US"], sink(&pg));
-    let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
-    d.wait_running(Duration::from_secs(20));
-    let (code, out) = trigger(&cfg, &redis);
+    let rig = Rig::new(config(&upstream, &["US"], sink(&pg)));
+    let (code, out) = trigger(&rig);
     assert_eq!(code, Some(0), "{out}");
     let got = pg.query(
         ROLE,
@@ -186,7 +179,7 @@ fn rows_carry_their_page_id_item_and_fetch_time() {
         })
         .collect();
     assert_eq!(got, want);
-    drop(d);
+    drop(rig);
 }
 
 fn done(d: &Proc) -> usize {
@@ -246,26 +239,19 @@ fn one_region(upstream: &Upstream, sink: Sink, recover_after: &str) -> TestConfi
 /// test below did that, and the run went on at page 2).
 struct KilledMidRun {
     pg: Postgres,
-    redis: RedisServer,
+    /// Its daemon is the killed one.
+    rig: Rig,
     upstream: Upstream,
-    cfg: TestConfig,
 }
 
 fn kill_between_write_and_checkpoint(page: u32, recover_after: &str) -> KilledMidRun {
     let pg = server();
-    let mut redis = RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
+    let redis = RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
     let upstream = Upstream::start(PAGES, ITEMS);
-    let cfg = one_region(&upstream, sink(&pg), recover_after);
-    let mut first = Proc::daemon("first", &cfg, Some(&redis.url()), &[]);
-    first.wait_running(Duration::from_secs(20));
+    let mut rig = Rig::start(redis, one_region(&upstream, sink(&pg), recover_after), &[]);
     upstream.inject(Fault::Delay(Duration::from_secs(2)), 1);
-    let (code, _, err) = run_cli(
-        &cfg,
-        Some(&redis.url()),
-        &["trigger", JOB],
-        Duration::from_secs(30),
-    );
-    assert_eq!(code, Some(0), "{err}");
+    rig.queue(JOB);
+    let (redis, first) = (&mut rig.redis, &mut rig.daemon);
     for held in 1..=page {
         assert!(
             wait_until(Duration::from_secs(20), || upstream.injected()
@@ -288,13 +274,8 @@ fn kill_between_write_and_checkpoint(page: u32, recover_after: &str) -> KilledMi
         first.log()
     );
     assert_eq!(rows(&pg, JOB), all, "pages 1 to {page} only");
-    assert_eq!(done(&first), 0);
-    KilledMidRun {
-        pg,
-        redis,
-        upstream,
-        cfg,
-    }
+    assert_eq!(done(first), 0);
+    KilledMidRun { pg, rig, upstream }
 }
 
 /// After the run killed in `k` was taken up by `second`: every record is
@@ -324,7 +305,7 @@ fn written_again_once(k: &KilledMidRun, second: &Proc, asked_per_page: [usize; 3
 #[test]
 fn a_page_written_again_after_a_kill_before_its_checkpoint_adds_nothing() {
     let k = kill_between_write_and_checkpoint(1, "3s");
-    let second = Proc::daemon("second", &k.cfg, Some(&k.redis.url()), &[]);
+    let second = k.rig.spawn_another("second");
     assert!(
         wait_until(Duration::from_secs(90), || done(&second) == 1),
         "the killed daemon's task was not taken up; log:\n{}",
@@ -344,9 +325,8 @@ fn a_page_written_again_after_a_kill_before_its_checkpoint_adds_nothing() {
 #[test]
 fn a_newer_tick_taking_over_a_killed_run_writes_its_page_once() {
     let k = kill_between_write_and_checkpoint(2, "20s");
-    let mut second = Proc::daemon("second", &k.cfg, Some(&k.redis.url()), &[]);
-    second.wait_running(Duration::from_secs(20));
-    let (code, out) = trigger(&k.cfg, &k.redis);
+    let second = k.rig.another("second");
+    let (code, out) = trigger(&k.rig);
     assert_eq!(code, Some(0), "{out}");
     assert_eq!(done(&second), 1, "the newer tick's task: {}", second.log());
     written_again_once(&k, &second, [1, 2, 1]);
@@ -374,11 +354,9 @@ fn a_newer_tick_taking_over_a_killed_run_writes_its_page_once() {
 #[test]
 fn a_server_stopped_during_a_tick_costs_no_page_again() {
     let mut pg = server();
-    let redis = RedisServer::start();
     let upstream = Upstream::start(PAGES, ITEMS);
-    let cfg = one_region(&upstream, sink(&pg).key("/id"), "3s");
-    let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
-    d.wait_running(Duration::from_secs(20));
+    let rig = Rig::new(one_region(&upstream, sink(&pg).key("/id"), "3s"));
+    let (cfg, redis, d) = (&rig.cfg, &rig.redis, &rig.daemon);
     // The table exists and the pool holds a connection before the stop.
     assert!(wait_until(Duration::from_secs(10), || {
         pg.count(
@@ -389,7 +367,7 @@ fn a_server_stopped_during_a_tick_costs_no_page_again() {
     upstream.inject(Fault::Delay(Duration::from_secs(2)), 1);
     let mut tick = Proc::sim_cli(
         "trigger",
-        &cfg,
+        cfg,
         Some(&redis.url()),
         &["trigger", JOB, "--wait"],
         &[],
@@ -404,7 +382,7 @@ fn a_server_stopped_during_a_tick_costs_no_page_again() {
         "every task ends done, its pages spooled:\n{}",
         tick.log()
     );
-    assert_eq!(spooled(&cfg), PAGES as usize, "log:\n{}", d.log());
+    assert_eq!(spooled(cfg), PAGES as usize, "log:\n{}", d.log());
     assert_eq!(asked(&upstream, "US"), [1, 1, 1]);
 
     pg.restart();
@@ -416,7 +394,7 @@ fn a_server_stopped_during_a_tick_costs_no_page_again() {
         d.log()
     );
     every_record_once(&pg, JOB, &["US"]);
-    assert!(wait_until(Duration::from_secs(10), || spooled(&cfg) == 0));
+    assert!(wait_until(Duration::from_secs(10), || spooled(cfg) == 0));
     assert_eq!(
         asked(&upstream, "US"),
         [1, 1, 1],
@@ -458,19 +436,17 @@ fn spooled(cfg: &TestConfig) -> usize {
 #[test]
 fn search_finds_records_by_their_title_words() {
     let pg = server();
-    let redis = RedisServer::start();
     let upstream = Upstream::start(PAGES, ITEMS);
-    let cfg = config(
+    let rig = Rig::new(config(
         &upstream,
         &REGIONS,
         sink(&pg).key("/id").search(&["/snippet/title"]),
-    );
-    let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
-    d.wait_running(Duration::from_secs(20));
-    let (code, out) = trigger(&cfg, &redis);
+    ));
+    let cfg = &rig.cfg;
+    let (code, out) = trigger(&rig);
     assert_eq!(code, Some(0), "{out}");
     let search = |args: &[&str]| {
-        let (code, out, err) = run_cli(&cfg, None, args, Duration::from_secs(30));
+        let (code, out, err) = run_cli(cfg, None, args, Duration::from_secs(30));
         assert_eq!(code, Some(0), "{err}");
         out
     };
@@ -550,17 +526,17 @@ fn the_password_is_in_no_output_log_metric_or_redis_key() {
     );
     assert_eq!(code, Some(0), "{err}");
     seen.extend([out, err]);
-    let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
-    d.wait_running(Duration::from_secs(20));
-    let (code, out) = trigger(&cfg, &redis);
+    let mut rig = Rig::start(redis, cfg, &[]);
+    let (code, out) = trigger(&rig);
     assert_eq!(code, Some(0), "{out}");
     seen.push(out);
+    let (redis, cfg, d) = (&mut rig.redis, &mut rig.cfg, &mut rig.daemon);
     every_record_once(&pg, JOB, &["US"]);
     let (_, metrics) = http_get(port, "/metrics").expect("/metrics");
     assert!(metrics.contains("qw_"), "{metrics}");
     seen.push(metrics);
     let (code, out, err) = run_cli(
-        &cfg,
+        cfg,
         None,
         &["search", JOB, "simulated", "--json"],
         Duration::from_secs(30),
@@ -572,9 +548,9 @@ fn the_password_is_in_no_output_log_metric_or_redis_key() {
     seen.push(d.log());
 
     // A wrong password: refused at start, the server's words in the error.
-    write_password(&cfg, WRONG);
+    write_password(cfg, WRONG);
     for cmd in ["check", "run"] {
-        let (code, out, err) = run_cli(&cfg, Some(&redis.url()), &[cmd], Duration::from_secs(60));
+        let (code, out, err) = run_cli(cfg, Some(&redis.url()), &[cmd], Duration::from_secs(60));
         assert_eq!(code, Some(78), "{cmd}: {out}\n{err}");
         assert!(
             err.contains("password authentication failed"),
@@ -611,7 +587,7 @@ fn the_password_is_in_no_output_log_metric_or_redis_key() {
         .collect();
     std::fs::write(cfg.join("jobs/trending.toml"), job).expect("job");
     let env = [("PGPASSFILE", pgpass.to_str().expect("utf-8"))];
-    let mut check = Proc::sim_cli("check", &cfg, Some(&redis.url()), &["check"], &env);
+    let mut check = Proc::sim_cli("check", cfg, Some(&redis.url()), &["check"], &env);
     let status = check.wait_exit(Duration::from_secs(60));
     assert_eq!(status.and_then(|s| s.code()), Some(0), "{}", check.log());
     seen.push(check.log());
@@ -745,34 +721,36 @@ fn changing_the_search_fields_remakes_the_search_column() {
         let v: serde_json::Value = serde_json::from_str(&out).expect("json");
         v["results"].as_array().map_or(0, Vec::len)
     };
-    let start = |cfg: &TestConfig| {
-        let (code, out, err) =
-            run_cli(cfg, Some(&redis.url()), &["check"], Duration::from_secs(60));
+    // `check` passes on each config before the daemon starts on it.
+    let url = redis.url();
+    let checked = |cfg: TestConfig| {
+        let (code, out, err) = run_cli(&cfg, Some(&url), &["check"], Duration::from_secs(60));
         assert_eq!(code, Some(0), "{out}\n{err}");
-        let mut d = Proc::daemon("daemon", cfg, Some(&redis.url()), &[]);
-        d.wait_running(Duration::from_secs(20));
-        d
+        cfg
     };
     // Titles: "Simulated US item 1 (US-p1-i1)"; descriptions: "Deterministic item …".
-    let cfg = config(
+    let cfg = checked(config(
         &upstream,
         &["US"],
         sink(&pg).key("/id").search(&["/snippet/title"]),
-    );
-    let mut d = start(&cfg);
-    let (code, out) = trigger(&cfg, &redis);
+    ));
+    let mut rig = Rig::start(redis, cfg, &[]);
+    let (code, out) = trigger(&rig);
     assert_eq!(code, Some(0), "{out}");
-    d.term();
-    let _ = d.wait_exit(Duration::from_secs(20));
-    assert_eq!(search(&cfg, "simulated"), ITEMS as usize);
-    assert_eq!(search(&cfg, "deterministic"), 0);
+    let stop = |d: &mut Proc| {
+        d.term();
+        let _ = d.wait_exit(Duration::from_secs(20));
+    };
+    stop(&mut rig.daemon);
+    assert_eq!(search(&rig.cfg, "simulated"), ITEMS as usize);
+    assert_eq!(search(&rig.cfg, "deterministic"), 0);
 
-    let cfg = config(
+    rig.restart_with(checked(config(
         &upstream,
         &["US"],
         sink(&pg).key("/id").search(&["/snippet/description"]),
-    );
-    let mut d = start(&cfg);
+    )));
+    let d = &mut rig.daemon;
     assert_eq!(
         d.messages("postgres sink: dropped the old search column")
             .len(),
@@ -780,15 +758,12 @@ fn changing_the_search_fields_remakes_the_search_column() {
         "{}",
         d.log()
     );
-    d.term();
-    let _ = d.wait_exit(Duration::from_secs(20));
-    assert_eq!(search(&cfg, "deterministic"), ITEMS as usize);
-    assert_eq!(search(&cfg, "simulated"), 0);
+    stop(d);
+    assert_eq!(search(&rig.cfg, "deterministic"), ITEMS as usize);
+    assert_eq!(search(&rig.cfg, "simulated"), 0);
 
-    let cfg = config(&upstream, &["US"], sink(&pg).key("/id"));
-    let mut d = start(&cfg);
-    d.term();
-    let _ = d.wait_exit(Duration::from_secs(20));
+    rig.restart_with(checked(config(&upstream, &["US"], sink(&pg).key("/id"))));
+    stop(&mut rig.daemon);
     assert_eq!(
         pg.count(ROLE, "SELECT count(*) FROM information_schema.columns WHERE table_name = 'trending' AND column_name = 'search'"),
         0

@@ -11,28 +11,13 @@ use std::time::{Duration, Instant};
 use quota_worker::outcome::OutcomeKind;
 use quota_worker::queue::FEED_CAP;
 
-use crate::support::daemon::{tick_claims, wait_ticks_ended};
+use crate::support::daemon::wait_ticks_ended;
 use crate::support::machine;
 use crate::support::pipeline::{Pipeline, kinds};
-use crate::support::process::{Proc, run_cli};
-use crate::support::redis_server::redis_conn;
+use crate::support::rig::Rig;
 use crate::support::upstream::Upstream;
 use crate::support::world;
-use crate::support::{ConfigBuilder, Job, RedisServer, Sink, Worker};
-
-/// The job `name` over `regions`, one page of one record each, all into one
-/// file; a window with room for everything.
-fn config(sim: &str, worker: Worker, name: &str, regions: Vec<String>) -> ConfigBuilder {
-    ConfigBuilder::new()
-        .worker(worker)
-        .credential(world::credential(world::wide()))
-        .endpoint(world::endpoint())
-        .job(
-            Job::videos(name, world::ENDPOINT, sim)
-                .fan_out("region", regions)
-                .sink(Sink::jsonl("data/{job}.jsonl").records("/items")),
-        )
-}
+use crate::support::{Worker, wait_every, wait_until};
 
 /// apalis pitfall 1 (idle pickup latency): a plain apalis-redis storage is
 /// woken only by its heartbeat, so a task pushed to an idle worker waited
@@ -43,7 +28,7 @@ async fn apalis_pitfall_1_idle_pickup_latency() {
     let _machine = machine::timing();
     // The defaults: no poll_interval, recover_after (heartbeats) set.
     let mut p = Pipeline::start(world::sim(1, 1), |sim| {
-        config(
+        world::fan_out(
             sim,
             Worker::default().concurrency(2),
             "one",
@@ -54,8 +39,7 @@ async fn apalis_pitfall_1_idle_pickup_latency() {
     for idle in [Duration::from_secs(6), Duration::from_secs(4)] {
         tokio::time::sleep(idle).await;
         let t0 = Instant::now();
-        let tick = p.trigger("one").await;
-        let evs = p.wait_tick("one", tick, 1, Duration::from_secs(40)).await;
+        let evs = p.tick("one", 1, Duration::from_secs(40)).await;
         let took = evs.first().map(|s| s.at - t0);
         println!("idle {idle:?}, then a task ended {took:?} after it was queued");
         assert_eq!(
@@ -83,7 +67,7 @@ async fn apalis_pitfall_4_ten_thousand_item_fan_out_drains() {
     const N: usize = 10_000;
     let regions: Vec<String> = (0..N).map(|i| format!("r{i:05}")).collect();
     let mut p = Pipeline::start(world::sim(1, 1), |sim| {
-        config(
+        world::fan_out(
             sim,
             Worker::default()
                 .concurrency(32)
@@ -116,7 +100,8 @@ async fn apalis_pitfall_4_ten_thousand_item_fan_out_drains() {
             let mut conn = redis::Client::open(url)
                 .and_then(|c| c.get_connection())
                 .expect("sampler connection");
-            while !done.load(Ordering::Relaxed) {
+            // A sample every 10 ms until the drain is over.
+            wait_every(Duration::from_secs(3600), Duration::from_millis(10), || {
                 let (sched, active): (u64, u64) = redis::pipe()
                     .zcard(&scheduled_key)
                     .llen(&active_key)
@@ -125,8 +110,8 @@ async fn apalis_pitfall_4_ten_thousand_item_fan_out_drains() {
                 max_sched.fetch_max(sched, Ordering::Relaxed);
                 max_apalis.fetch_max(sched + active, Ordering::Relaxed);
                 samples.fetch_add(1, Ordering::Relaxed);
-                std::thread::sleep(Duration::from_millis(10));
-            }
+                done.load(Ordering::Relaxed)
+            });
         })
     };
 
@@ -214,23 +199,20 @@ async fn apalis_pitfall_4_ten_thousand_item_fan_out_drains() {
 #[test]
 fn two_idle_daemons_wait_on_redis_instead_of_polling_it() {
     let _machine = machine::timing();
-    let redis = RedisServer::start();
     let upstream = Upstream::start(1, 1);
     let cfg = world::config(world::job(&upstream.base_url()).pages(1))
         .worker(Worker::default().concurrency(8))
         .write();
-    let mut daemons: Vec<Proc> = ["idle-a", "idle-b"]
-        .iter()
-        .map(|l| Proc::daemon(l, &cfg, Some(&redis.url()), &[]))
-        .collect();
-    for d in &mut daemons {
-        d.wait_running(Duration::from_secs(10));
-    }
-    // Past the start: the first announcements, registrations and rounds.
+    let mut rig = Rig::new(cfg);
+    let mut b = rig.another("idle-b");
+    let redis = &rig.redis;
+    // About time: past the start (the first announcements, registrations
+    // and rounds), a settling period before idling is measured.
     std::thread::sleep(Duration::from_secs(3));
 
     let _: String = redis.cmd(&["CONFIG", "RESETSTAT"]);
     let idled = Instant::now();
+    // About time: the commands of 10 s of idling are counted.
     std::thread::sleep(Duration::from_secs(10));
     let (commands, stats) = redis.command_calls();
     let per_daemon_s = commands as f64 / 2.0 / idled.elapsed().as_secs_f64();
@@ -249,19 +231,9 @@ fn two_idle_daemons_wait_on_redis_instead_of_polling_it() {
     );
 
     // A task queued now starts at once: the daemons were waiting, not asleep.
-    let mut conn = redis_conn(&redis.url());
+    let mut conn = redis.conn();
     let t0 = Instant::now();
-    let (code, out, err) = run_cli(
-        &cfg,
-        Some(&redis.url()),
-        &["trigger", world::JOB],
-        Duration::from_secs(20),
-    );
-    assert_eq!(code, Some(0), "trigger: {out}\n{err}");
-    let tick = tick_claims(&mut conn)
-        .into_keys()
-        .max()
-        .expect("the tick's claim");
+    let tick = rig.queue(world::JOB);
     let regions = world::REGIONS.len() as i64;
     let (ok, outcomes) = wait_ticks_ended(&mut conn, &[tick], regions, Duration::from_secs(20));
     assert!(ok, "the tick's tasks did not end: {outcomes:?}");
@@ -279,9 +251,13 @@ fn two_idle_daemons_wait_on_redis_instead_of_polling_it() {
         "tasks queued to idle daemons took {picked:?} to end"
     );
 
-    // Idle again, then SIGTERM: each exits 0 without waiting out its read.
-    std::thread::sleep(Duration::from_secs(1));
-    for d in &mut daemons {
+    // Idle again (each daemon's feeder blocked on the wake stream), then
+    // SIGTERM: each exits 0 without waiting out its read.
+    assert!(
+        wait_until(Duration::from_secs(10), || redis.blocked_clients() >= 2),
+        "the idle daemons are not both blocked on Redis"
+    );
+    for d in [&mut rig.daemon, &mut b] {
         let t0 = Instant::now();
         d.term();
         let status = d.wait_exit(Duration::from_secs(10));
@@ -308,22 +284,13 @@ async fn a_one_page_task_costs_at_most_35_redis_commands() {
     const N: usize = 500;
     let regions: Vec<String> = (0..N).map(|i| format!("r{i:04}")).collect();
     let mut p = Pipeline::start(world::sim(1, 1), |base| {
-        ConfigBuilder::new()
-            .worker(Worker::default().concurrency(8))
-            .credential(world::credential(world::wide()))
-            .endpoint(world::endpoint())
-            .job(
-                Job::videos("big", world::ENDPOINT, base)
-                    .fan_out("region", regions)
-                    .sink(Sink::jsonl("data/{job}.jsonl").records("/items")),
-            )
+        world::fan_out(base, Worker::default().concurrency(8), "big", regions)
     })
     .await;
     // Past the start: the first announcements, registrations and rounds.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let _: String = p.redis.cmd(&["CONFIG", "RESETSTAT"]);
-    let tick = p.trigger("big").await;
-    let seen = p.wait_tick("big", tick, N, Duration::from_secs(120)).await;
+    let seen = p.tick("big", N, Duration::from_secs(120)).await;
     let (commands, stats) = p.redis.command_calls();
     assert_eq!(seen.len(), N, "{:?}", kinds(&seen));
     assert!(seen.iter().all(|s| s.kind() == OutcomeKind::Done));

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use quota_worker::outcome::OutcomeKind;
 use quota_worker::quota::{Decision, request_id};
 use quota_worker::stats::Stats;
-use simulator::{Fault, SimConfig};
+use simulator::Fault;
 
 use crate::support::keys::keys;
 use crate::support::machine;
@@ -36,15 +36,6 @@ fn job(sim: &str, name: &str, regions: &[&str], max_pages: u32, on_exhausted: &s
         .sink(Sink::jsonl("data/{job}.jsonl").records("/items"))
 }
 
-fn sim(pages: u32) -> SimConfig {
-    SimConfig {
-        pages_per_query: pages,
-        items_per_page: 2,
-        ..SimConfig::default()
-    }
-    .key(world::SECRET, 1_000_000, Duration::from_secs(3600))
-}
-
 /// A window that is full for the next hour: 50 tasks on 2 worker slots all
 /// end `quota_exhausted` within seconds. Sleeping until the retry-after
 /// (about an hour) would take 25 hours; even one second per task would be 25 s.
@@ -53,7 +44,7 @@ async fn fifty_tasks_on_an_exhausted_window_end_at_once_without_sleeping() {
     let _machine = machine::timing();
     let regions: Vec<String> = (0..50).map(|i| format!("r{i:02}")).collect();
     let regions: Vec<&str> = regions.iter().map(String::as_str).collect();
-    let mut p = Pipeline::start(sim(3), |sim| {
+    let mut p = Pipeline::start(world::sim(3, 2), |sim| {
         config(
             2,
             Window::sliding(5, "1h"),
@@ -79,10 +70,7 @@ async fn fifty_tasks_on_an_exhausted_window_end_at_once_without_sleeping() {
     ));
 
     let t0 = Instant::now();
-    let tick = p.trigger("flood").await;
-    let evs = p
-        .wait_tick("flood", tick, 50, Duration::from_secs(30))
-        .await;
+    let evs = p.tick("flood", 50, Duration::from_secs(30)).await;
     let took = t0.elapsed();
     assert_eq!(evs.len(), 50, "50 outcomes: {:?}", kinds(&evs));
     println!(
@@ -119,7 +107,7 @@ async fn fifty_tasks_on_an_exhausted_window_end_at_once_without_sleeping() {
 async fn defer_reruns_at_the_retry_after_and_resumes_at_the_page() {
     let _machine = machine::timing();
     let per = Duration::from_secs(3);
-    let mut p = Pipeline::start(sim(3), |sim| {
+    let mut p = Pipeline::start(world::sim(3, 2), |sim| {
         config(
             2,
             Window::sliding(2, "3s"),
@@ -127,8 +115,7 @@ async fn defer_reruns_at_the_retry_after_and_resumes_at_the_page() {
         )
     })
     .await;
-    let tick = p.trigger("later").await;
-    let evs = p.wait_tick("later", tick, 1, Duration::from_secs(20)).await;
+    let evs = p.tick("later", 1, Duration::from_secs(20)).await;
     p.stop().await;
     let stats = p.sim_stats();
 
@@ -179,7 +166,7 @@ async fn defer_reruns_at_the_retry_after_and_resumes_at_the_page() {
 /// three times (one unit per second, four pages) still ends `done`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn deferrals_never_use_up_retry_attempts() {
-    let mut p = Pipeline::start(sim(4), |sim| {
+    let mut p = Pipeline::start(world::sim(4, 2), |sim| {
         config(
             2,
             Window::sliding(1, "1s"),
@@ -187,8 +174,7 @@ async fn deferrals_never_use_up_retry_attempts() {
         )
     })
     .await;
-    let tick = p.trigger("slow").await;
-    let evs = p.wait_tick("slow", tick, 1, Duration::from_secs(20)).await;
+    let evs = p.tick("slow", 1, Duration::from_secs(20)).await;
     p.stop().await;
     let k = kinds(&evs);
     assert_eq!(
@@ -212,7 +198,7 @@ async fn deferrals_never_use_up_retry_attempts() {
 /// none of the attempts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn deferrals_and_throttles_around_one_failure_still_end_done() {
-    let mut p = Pipeline::start(sim(4), |sim| {
+    let mut p = Pipeline::start(world::sim(4, 2), |sim| {
         config(
             2,
             Window::sliding(2, "1s"),
@@ -227,8 +213,7 @@ async fn deferrals_and_throttles_around_one_failure_still_end_done() {
         1,
     );
     p.sim.inject(Fault::Status(503), 1);
-    let tick = p.trigger("mixed").await;
-    let evs = p.wait_tick("mixed", tick, 1, Duration::from_secs(30)).await;
+    let evs = p.tick("mixed", 1, Duration::from_secs(30)).await;
     p.stop().await;
     let k = kinds(&evs);
     assert_eq!(

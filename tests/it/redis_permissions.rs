@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use crate::support::process::{Proc, run_cli};
+use crate::support::rig::Rig;
 use crate::support::upstream::Upstream;
 use crate::support::world::{self, KEY_ENV, SECRET};
 use crate::support::{self, RedisServer, TestConfig};
@@ -148,10 +149,10 @@ fn the_documented_acl_user_runs_a_tick_to_the_end() {
         text.contains("may run every command quota-worker sends"),
         "{text}"
     );
-    let mut d = Proc::daemon("daemon", &cfg, Some(&url), &[]);
-    d.wait_running(Duration::from_secs(30));
+    // The daemon and the trigger as that user.
+    let mut rig = Rig::start(redis, cfg, &[("QUOTA_WORKER_REDIS_URL", &url)]);
     let (code, out, err) = run_cli(
-        &cfg,
+        &rig.cfg,
         Some(&url),
         &["trigger", world::JOB, "--wait"],
         Duration::from_secs(60),
@@ -160,7 +161,7 @@ fn the_documented_acl_user_runs_a_tick_to_the_end() {
         code,
         Some(0),
         "stdout:\n{out}\nstderr:\n{err}\ndaemon:\n{}",
-        d.log()
+        rig.daemon.log()
     );
     assert!(
         out.contains(&format!(
@@ -170,6 +171,7 @@ fn the_documented_acl_user_runs_a_tick_to_the_end() {
         )),
         "{out}"
     );
+    let d = &mut rig.daemon;
     assert!(!d.log().contains("NOPERM"), "{}", d.log());
     d.kill();
 }

@@ -17,6 +17,7 @@ use crate::support::config::{
 };
 use crate::support::http::{scrape, wait_http};
 use crate::support::process::{Proc, run_cli};
+use crate::support::rig::{self, Rig};
 use crate::support::upstream::Upstream;
 use crate::support::world::{self, KEY_ENV};
 use crate::support::{RedisServer, free_port, wait_until};
@@ -65,16 +66,16 @@ fn a_reload_adds_a_job_and_changes_a_window_without_a_restart_or_losing_a_task_i
     let upstream = Upstream::start(1, 2);
     let port = free_port();
     let slow = job("slow", &upstream, &["US"]);
-    let mut cfg = builder(1000, port, 4, vec![slow.clone()]).write();
-    let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
-    d.wait_running(Duration::from_secs(20));
+    let cfg = builder(1000, port, 4, vec![slow.clone()]).write();
+    let mut rig = Rig::start(redis, cfg, &[]);
+    let (cfg, redis, d) = (&mut rig.cfg, &mut rig.redis, &mut rig.daemon);
     assert!(wait_http(port, Duration::from_secs(10)));
     assert_eq!(reloads(port, "applied"), 0.0);
 
     // A task in flight: its one page takes 4 s.
     upstream.inject(Fault::Delay(Duration::from_secs(4)), 1);
     let (code, out, err) = run_cli(
-        &cfg,
+        cfg,
         Some(&redis.url()),
         &["trigger", "slow"],
         Duration::from_secs(30),
@@ -104,7 +105,7 @@ fn a_reload_adds_a_job_and_changes_a_window_without_a_restart_or_losing_a_task_i
         .credential(Credential::env("other", KEY_ENV).window(Window::sliding(1000, "1h")))
         .endpoint(Endpoint::new("other.videos", "other", 1).timeout("30s"));
     cfg.rewrite(&v2);
-    let (code, out, err) = reload(&cfg, &redis, &d);
+    let (code, out, err) = reload(cfg, redis, d);
     assert_eq!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}\n{}", d.log());
     assert!(
         out.contains("jobs added: batch, every; removed: none"),
@@ -114,7 +115,7 @@ fn a_reload_adds_a_job_and_changes_a_window_without_a_restart_or_losing_a_task_i
     assert_eq!(reloads(port, "applied"), 1.0);
 
     // The task in flight finishes, after the reload, under its config.
-    let reloaded = line_of(&d, "configuration reloaded").expect("reload logged");
+    let reloaded = line_of(d, "configuration reloaded").expect("reload logged");
     assert!(
         wait_until(Duration::from_secs(20), || {
             d.outcomes().iter().any(|o| o["job"] == "slow")
@@ -122,7 +123,7 @@ fn a_reload_adds_a_job_and_changes_a_window_without_a_restart_or_losing_a_task_i
         "{}",
         d.log()
     );
-    let slow_done = line_of(&d, "\"job\":\"slow\"").expect("slow's outcome");
+    let slow_done = line_of(d, "\"job\":\"slow\"").expect("slow's outcome");
     assert!(
         slow_done > reloaded,
         "slow ended before the reload:\n{}",
@@ -145,12 +146,8 @@ fn a_reload_adds_a_job_and_changes_a_window_without_a_restart_or_losing_a_task_i
 
     // The changed window: 2 units, 1 spent by `slow`: one of batch's four
     // tasks fits.
-    let (code, out, err) = run_cli(
-        &cfg,
-        Some(&redis.url()),
-        &["trigger", "batch", "--wait"],
-        Duration::from_secs(60),
-    );
+    let t = rig::trigger(redis, cfg, "batch");
+    let (code, out, err) = (t.code, t.stdout, t.stderr);
     assert_eq!(code, Some(75), "stdout:\n{out}\nstderr:\n{err}");
     assert!(
         out.contains("4 task(s) ended: ")
@@ -168,9 +165,9 @@ fn an_invalid_reload_keeps_the_old_config_and_counts_the_refusal() {
     let port = free_port();
     let every = job("every", &upstream, &["US"]).schedule("* * * * * *");
     let v1 = builder(1000, port, 2, vec![every.clone()]);
-    let mut cfg = v1.clone().write();
-    let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
-    d.wait_running(Duration::from_secs(20));
+    let cfg = v1.clone().write();
+    let mut rig = Rig::start(redis, cfg, &[]);
+    let (cfg, redis, d) = (&mut rig.cfg, &mut rig.redis, &mut rig.daemon);
     assert!(wait_http(port, Duration::from_secs(10)));
 
     // A job file with a bad schedule, written as an operator would.
@@ -206,16 +203,16 @@ fn an_invalid_reload_keeps_the_old_config_and_counts_the_refusal() {
             .filter(|o| o["job"] == "every" && o["outcome"] == "done")
             .count()
     };
-    let before = ticks(&d);
+    let before = ticks(d);
     assert!(
-        wait_until(Duration::from_secs(20), || ticks(&d) >= before + 2),
+        wait_until(Duration::from_secs(20), || ticks(d) >= before + 2),
         "{}",
         d.log()
     );
     assert!(d.running());
 
     // `quota-worker reload` refuses those files itself, and signals nothing.
-    let (code, _, err) = reload(&cfg, &redis, &d);
+    let (code, _, err) = reload(cfg, redis, d);
     assert_eq!(code, Some(78), "{err}");
     assert!(err.contains("broken.toml:2:"), "{err}");
     // A config only the daemon can refuse (a secret its environment lacks):
@@ -223,7 +220,7 @@ fn an_invalid_reload_keeps_the_old_config_and_counts_the_refusal() {
     let v3 =
         v1.credential(Credential::env("new", "QW_TEST_NOT_SET").window(Window::sliding(10, "1h")));
     cfg.rewrite(&v3);
-    let (code, _, err) = reload(&cfg, &redis, &d);
+    let (code, _, err) = reload(cfg, redis, d);
     assert_eq!(code, Some(78), "{err}\n{}", d.log());
     assert!(err.contains("QW_TEST_NOT_SET"), "{err}");
     assert!(err.contains("refused the configuration"), "{err}");
@@ -237,14 +234,15 @@ fn settings_that_need_a_restart_are_named_and_not_applied() {
     let upstream = Upstream::start(1, 2);
     let port = free_port();
     let every = job("every", &upstream, &["US"]);
-    let mut cfg = builder(1000, port, 2, vec![every.clone()]).write();
-    let d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
+    let cfg = builder(1000, port, 2, vec![every.clone()]).write();
+    let mut rig = Rig::start(redis, cfg, &[]);
+    let (cfg, redis, d) = (&mut rig.cfg, &mut rig.redis, &mut rig.daemon);
     assert!(wait_http(port, Duration::from_secs(20)));
 
     let other_port = free_port();
     let v2 = builder(500, other_port, 5, vec![every]).state_dir("elsewhere");
     cfg.rewrite(&v2);
-    let (code, out, err) = reload(&cfg, &redis, &d);
+    let (code, out, err) = reload(cfg, redis, d);
     assert_eq!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}\n{}", d.log());
     for what in [
         "[metrics] listen",
@@ -289,8 +287,9 @@ fn trigger_says_when_the_running_daemon_needs_a_reload_and_its_tasks_wait_for_it
     let upstream = Upstream::start(1, 2);
     let port = free_port();
     let first = job("first", &upstream, &["US"]);
-    let mut cfg = builder(1000, port, 2, vec![first.clone()]).write();
-    let d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
+    let cfg = builder(1000, port, 2, vec![first.clone()]).write();
+    let mut rig = Rig::start(redis, cfg, &[]);
+    let (cfg, redis, d) = (&mut rig.cfg, &mut rig.redis, &mut rig.daemon);
     assert!(wait_http(port, Duration::from_secs(20)));
     // The daemon has said what it loaded.
     assert!(d.wait_log("quota-worker running", Duration::from_secs(10)));
@@ -302,7 +301,7 @@ fn trigger_says_when_the_running_daemon_needs_a_reload_and_its_tasks_wait_for_it
         vec![first, job("added", &upstream, &["GB", "DE"])],
     ));
     let (code, out, err) = run_cli(
-        &cfg,
+        cfg,
         Some(&redis.url()),
         &["trigger", "added"],
         Duration::from_secs(30),
@@ -324,7 +323,7 @@ fn trigger_says_when_the_running_daemon_needs_a_reload_and_its_tasks_wait_for_it
         d.log()
     );
 
-    let (code, out, err) = reload(&cfg, &redis, &d);
+    let (code, out, err) = reload(cfg, redis, d);
     assert_eq!(code, Some(0), "{out}\n{err}");
     // The given-back tasks run now.
     assert!(
@@ -337,12 +336,8 @@ fn trigger_says_when_the_running_daemon_needs_a_reload_and_its_tasks_wait_for_it
         "{}",
         d.log()
     );
-    let (code, out, err) = run_cli(
-        &cfg,
-        Some(&redis.url()),
-        &["trigger", "added", "--wait"],
-        Duration::from_secs(60),
-    );
+    let t = rig::trigger(redis, cfg, "added");
+    let (code, out, err) = (t.code, t.stdout, t.stderr);
     assert_eq!(code, Some(0), "{out}\n{err}");
     assert!(
         !err.contains("has it loaded"),
@@ -396,11 +391,11 @@ fn issue_37_4_a_reload_reaches_tasks_in_flight_at_their_next_spend_and_request()
                     .sink(crate::support::Sink::jsonl(sink).records("/items")),
             )
     };
-    let mut cfg = build(100, 20, "data/before.jsonl").write();
+    let cfg = build(100, 20, "data/before.jsonl").write();
     std::fs::create_dir_all(cfg.join("secrets")).expect("mkdir secrets");
     std::fs::write(cfg.join("secrets/sim"), "old-key\n").expect("secret");
-    let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
-    d.wait_running(Duration::from_secs(20));
+    let mut rig = Rig::start(redis, cfg, &[]);
+    let (cfg, redis, d) = (&mut rig.cfg, &mut rig.redis, &mut rig.daemon);
     let trigger = |cfg: &TestConfig| {
         let (code, _, err) = run_cli(
             cfg,
@@ -425,7 +420,7 @@ fn issue_37_4_a_reload_reaches_tasks_in_flight_at_their_next_spend_and_request()
     // 1. A rotated secret, a new sink path and max_pages: the task in
     // flight sends its next request with the new secret, and keeps its
     // pagination (20 pages) and its sink.
-    trigger(&cfg);
+    trigger(cfg);
     assert!(
         wait_until(Duration::from_secs(20), || upstream.stats().requests.len()
             >= 3),
@@ -433,15 +428,15 @@ fn issue_37_4_a_reload_reaches_tasks_in_flight_at_their_next_spend_and_request()
     );
     std::fs::write(cfg.join("secrets/sim"), "new-key\n").expect("rotate");
     cfg.rewrite(&build(100, 5, "data/after.jsonl"));
-    let (code, _, err) = reload(&cfg, &redis, &d);
+    let (code, _, err) = reload(cfg, redis, d);
     assert_eq!(code, Some(0), "{err}");
     let at_reload = upstream.stats().requests.len();
     assert!(
-        wait_until(Duration::from_secs(30), || ended(&d, 1).is_some()),
+        wait_until(Duration::from_secs(30), || ended(d, 1).is_some()),
         "{}",
         d.log()
     );
-    let o = ended(&d, 1).expect("ended");
+    let o = ended(d, 1).expect("ended");
     assert_eq!(o["outcome"], "done", "{o}");
     assert_eq!(o["pages"], 20, "its pagination kept: {o}");
     let after = keys_seen(&upstream, at_reload);
@@ -452,12 +447,12 @@ fn issue_37_4_a_reload_reaches_tasks_in_flight_at_their_next_spend_and_request()
         after[1..].iter().all(|k| k == "new-key"),
         "the keys after the reload: {after:?}"
     );
-    assert_eq!(lines(&cfg, "data/before.jsonl"), 20, "its sink kept");
-    assert_eq!(lines(&cfg, "data/after.jsonl"), 0);
+    assert_eq!(lines(cfg, "data/before.jsonl"), 20, "its sink kept");
+    assert_eq!(lines(cfg, "data/after.jsonl"), 0);
 
     // 2. A window cut from 100 to 3 an hour: the task in flight stops at
     // its next spend, quota_exhausted, not after 20 pages.
-    trigger(&cfg);
+    trigger(cfg);
     let started = upstream.stats().requests.len();
     assert!(
         wait_until(Duration::from_secs(20), || {
@@ -466,14 +461,14 @@ fn issue_37_4_a_reload_reaches_tasks_in_flight_at_their_next_spend_and_request()
         "the run did not start"
     );
     cfg.rewrite(&build(3, 5, "data/after.jsonl"));
-    let (code, _, err) = reload(&cfg, &redis, &d);
+    let (code, _, err) = reload(cfg, redis, d);
     assert_eq!(code, Some(0), "{err}");
     assert!(
-        wait_until(Duration::from_secs(30), || ended(&d, 2).is_some()),
+        wait_until(Duration::from_secs(30), || ended(d, 2).is_some()),
         "{}",
         d.log()
     );
-    let o = ended(&d, 2).expect("ended");
+    let o = ended(d, 2).expect("ended");
     assert_eq!(o["outcome"], "quota_exhausted", "{o}");
     let sent = upstream.stats().requests.len() - started;
     assert!(sent < 10, "{sent} requests after the window was cut to 3");

@@ -264,10 +264,7 @@ async fn a_job_with_a_reserve_leaves_it_free() {
             )
     })
     .await;
-    let tick = p.trigger("crawl").await;
-    let evs = p
-        .wait_tick("crawl", tick, 10, Duration::from_secs(30))
-        .await;
+    let evs = p.tick("crawl", 10, Duration::from_secs(30)).await;
     let count = |k: OutcomeKind| evs.iter().filter(|s| s.kind() == k).count();
     assert_eq!(
         (count(OutcomeKind::Done), count(OutcomeKind::QuotaExhausted)),

@@ -15,10 +15,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
-use simulator::{Fault, SimAccounting, SimConfig, SimStyle};
+use simulator::{Fault, SimConfig};
 
 use crate::accounting::Rig;
-use crate::support::process::Proc;
 use crate::support::world::{self, KEY_ENV, SECRET};
 use crate::support::{ConfigBuilder, Credential, Endpoint, Job, Request, Sink, Window};
 
@@ -33,19 +32,13 @@ const GRAPHQL: &str = "/graphql";
 /// first request after a reset; repositories page by `Link` (`pages` of 2);
 /// a query costs 3 points.
 fn github(core: u64, search: u64, points: u64, pages: u32) -> SimConfig {
-    SimConfig {
-        pages_per_query: pages,
-        items_per_page: 2,
-        style: SimStyle::Link,
-        accounting: SimAccounting::Github,
-        ..SimConfig::default()
-    }
-    .cost(REPOS, 1)
-    .cost(SEARCH, 1)
-    .cost(GRAPHQL, 3)
-    .resource("search", search, Duration::from_secs(60), &[SEARCH])
-    .resource("graphql", points, Duration::from_secs(3600), &[GRAPHQL])
-    .key(SECRET, core, Duration::from_secs(3600))
+    crate::accounting::github(pages)
+        .cost(REPOS, 1)
+        .cost(SEARCH, 1)
+        .cost(GRAPHQL, 3)
+        .resource("search", search, Duration::from_secs(60), &[SEARCH])
+        .resource("graphql", points, Duration::from_secs(3600), &[GRAPHQL])
+        .key(SECRET, core, Duration::from_secs(3600))
 }
 
 /// GitHub's token: `Authorization: Bearer {secret}`.
@@ -175,14 +168,10 @@ fn a_search_block_never_stops_a_core_endpoint() {
     // search: 4 a minute; the job wants 6. One task at a time, so every
     // answer's count holds every request sent before it (see the promise
     // test below for several in flight).
-    let rig = Rig::start(
-        github(5000, 4, 5000, 2),
-        |_| {},
-        |base| {
-            config(base, &["a", "b"], &["q1", "q2", "q3", "q4", "q5", "q6"])
-                .worker(world::quick_worker(1))
-        },
-    );
+    let rig = Rig::on(github(5000, 4, 5000, 2), |base| {
+        config(base, &["a", "b"], &["q1", "q2", "q3", "q4", "q5", "q6"])
+            .worker(world::quick_worker(1))
+    });
     let (code, summary) = rig.trigger_job("search");
     assert_eq!(code, Some(75), "{summary}");
     assert!(summary.contains("4 done, 2 quota_exhausted"), "{summary}");
@@ -268,15 +257,9 @@ fn a_search_block_never_stops_a_core_endpoint() {
 fn drift_from_an_answer_with_a_reset_is_gone_a_second_after_it() {
     let _machine = crate::support::machine::timing();
     // core: 20 requests per 4 s from the first; another program takes 15.
-    let sim = SimConfig {
-        pages_per_query: 10,
-        items_per_page: 2,
-        style: SimStyle::Link,
-        accounting: SimAccounting::Github,
-        ..SimConfig::default()
-    }
-    .cost(REPOS, 1)
-    .key(SECRET, 20, Duration::from_secs(4));
+    let sim = crate::accounting::github(10)
+        .cost(REPOS, 1)
+        .key(SECRET, 20, Duration::from_secs(4));
     let rig = Rig::start(
         sim,
         |up| assert_eq!(up.burn(SECRET, 15), 15),
@@ -328,17 +311,11 @@ fn drift_from_an_answer_with_a_reset_is_gone_a_second_after_it() {
 /// unknown credential or resource is 64.
 #[test]
 fn unblock_lifts_blocks_and_drift() {
-    let sim = SimConfig {
-        pages_per_query: 10,
-        items_per_page: 2,
-        style: SimStyle::Link,
-        accounting: SimAccounting::Github,
-        ..SimConfig::default()
-    }
-    .cost(REPOS, 1)
-    .cost(SEARCH, 1)
-    .resource("search", 1, Duration::from_secs(600), &[SEARCH])
-    .key(SECRET, 10, Duration::from_secs(3600));
+    let sim = crate::accounting::github(10)
+        .cost(REPOS, 1)
+        .cost(SEARCH, 1)
+        .resource("search", 1, Duration::from_secs(600), &[SEARCH])
+        .key(SECRET, 10, Duration::from_secs(3600));
     let rig = Rig::start(
         sim,
         |up| assert_eq!(up.burn(SECRET, 6), 6),
@@ -416,6 +393,7 @@ fn a_429_loop_is_bounded_by_the_doubling() {
     );
     let (code, out, err) = rig.cli(&["trigger", "loop"]);
     assert_eq!(code, Some(0), "{out}{err}");
+    // About time: the 429 loop is watched for 7 s.
     std::thread::sleep(Duration::from_secs(7));
     let seen = rig.upstream.stats().requests.len();
     println!("429 + Retry-After: 0 for 7 s: the upstream saw {seen} requests");
@@ -443,16 +421,18 @@ fn a_429_loop_is_bounded_by_the_doubling() {
     );
 }
 
+/// The rig on a GitHub with room for everything (5,000 requests and
+/// points an hour, 30 searches a minute), `pages` pages a query.
+fn roomy(pages: u32, config: impl FnOnce(&str) -> ConfigBuilder) -> Rig {
+    Rig::on(github(5000, 30, 5000, pages), config)
+}
+
 /// GitHub GraphQL: the spend is settled to the query's points
 /// (`data.rateLimit.cost`, else the change of `x-ratelimit-used` since the
 /// token's last answer); errors without data are `failed`.
 #[test]
 fn graphql_spends_settle_to_the_reported_cost() {
-    let rig = Rig::start(
-        github(5000, 30, 5000, 1),
-        |_| {},
-        |base| graphql_config(base, &["a", "b", "c"], true),
-    );
+    let rig = roomy(1, |base| graphql_config(base, &["a", "b", "c"], true));
     let (code, summary) = rig.trigger_job("graph");
     assert_eq!(code, Some(0), "{summary}");
     let units: Vec<_> = (rig.daemon.outcomes().iter())
@@ -475,8 +455,7 @@ fn graphql_spends_settle_to_the_reported_cost() {
     assert!(rig.daemon.wait_exit(Duration::from_secs(20)).is_some());
     let cfg = graphql_config(&rig.upstream.base_url(), &["d", "e", "f"], false);
     rig.cfg.rewrite(&cfg);
-    let mut daemon = Proc::daemon("daemon2", &rig.cfg, Some(&rig.redis.url()), &[]);
-    daemon.wait_running(Duration::from_secs(20));
+    let daemon = rig.another("daemon2");
     let (code, summary) = rig.trigger_job("graph");
     assert_eq!(code, Some(0), "{summary}");
     let w = window(&rig.quota_of(CRED), "graphql");
@@ -514,11 +493,7 @@ fn graphql_spends_settle_to_the_reported_cost() {
 /// ended the run `done` and moved `{since}` a day.
 #[test]
 fn a_304_without_a_conditional_request_fails_and_moves_nothing() {
-    let rig = Rig::start(
-        github(5000, 30, 5000, 3),
-        |_| {},
-        |base| config(base, &["a"], &["q"]),
-    );
+    let rig = roomy(3, |base| config(base, &["a"], &["q"]));
     rig.upstream.inject(Fault::NotModified, 1);
     let (code, summary) = rig.trigger_job("repos");
     assert_eq!(code, Some(1), "{summary}");
@@ -546,17 +521,13 @@ fn a_304_without_a_conditional_request_fails_and_moves_nothing() {
 fn after_the_first_answer_about_a_resource_it_never_answers_over_limit() {
     let _machine = crate::support::machine::timing();
     // core 30 an hour, search 6 a minute; the other program takes 12 and 3.
-    let rig = Rig::start(
-        github(30, 6, 5000, 4),
-        |_| {},
-        |base| {
-            config(
-                base,
-                &["a", "b", "c", "d", "e", "f"],
-                &["q1", "q2", "q3", "q4", "q5", "q6"],
-            )
-        },
-    );
+    let rig = Rig::on(github(30, 6, 5000, 4), |base| {
+        config(
+            base,
+            &["a", "b", "c", "d", "e", "f"],
+            &["q1", "q2", "q3", "q4", "q5", "q6"],
+        )
+    });
     let other = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/other_client.py");
     let base = rig.upstream.base_url();
     for (path, n) in [(REPOS, "12"), (SEARCH, "3")] {

@@ -11,7 +11,7 @@ use simulator::{Fault, SimConfig};
 use crate::support::machine;
 use crate::support::pipeline::{Pipeline, kinds};
 use crate::support::world;
-use crate::support::{ConfigBuilder, Endpoint, Job, Sink, Window, free_port};
+use crate::support::{Endpoint, free_port};
 
 /// The job `flaky` over `regions` against `base` (`None`: the simulator),
 /// three attempts 200 ms apart, on the endpoint `endpoint`.
@@ -23,16 +23,8 @@ async fn start(
 ) -> Pipeline {
     let sim = sim.key(world::SECRET, 1000, Duration::from_secs(3600));
     Pipeline::start(sim, |sim| {
-        ConfigBuilder::new()
-            .worker(world::quick_worker(2))
-            .credential(world::credential(Window::sliding(1000, "1h")))
-            .endpoint(endpoint)
-            .job(
-                Job::videos("flaky", world::ENDPOINT, base.unwrap_or(sim))
-                    .fan_out("region", regions.iter().copied())
-                    .retry(3, Some("200ms"), None)
-                    .sink(Sink::jsonl("data/{job}.jsonl").records("/items")),
-            )
+        let job = world::one_file_job("flaky", base.unwrap_or(sim), regions.iter().copied());
+        world::answering(endpoint, job.retry(3, Some("200ms"), None))
     })
     .await
 }
@@ -50,8 +42,7 @@ async fn server_errors_are_retried_with_backoff_until_the_fault_clears() {
     let _machine = machine::timing();
     let mut p = start(world::endpoint().timeout("5s"), None, &["US"], sim()).await;
     p.sim.inject(Fault::Status(503), 2);
-    let tick = p.trigger("flaky").await;
-    let evs = p.wait_tick("flaky", tick, 1, Duration::from_secs(10)).await;
+    let evs = p.tick("flaky", 1, Duration::from_secs(10)).await;
     let k: Vec<_> = evs.iter().map(|s| s.kind()).collect();
     assert_eq!(
         k,
@@ -133,8 +124,7 @@ async fn unreachable_upstream_refunds_every_attempt() {
         sim(),
     )
     .await;
-    let tick = p.trigger("flaky").await;
-    let evs = p.wait_tick("flaky", tick, 3, Duration::from_secs(15)).await;
+    let evs = p.tick("flaky", 3, Duration::from_secs(15)).await;
     let k = kinds(&evs);
     assert_eq!(k.get("retrying"), Some(&6), "{evs:?}");
     assert_eq!(k.get("failed"), Some(&3), "{evs:?}");
@@ -204,8 +194,7 @@ async fn ok_answer_is_settled_to_its_reported_cost() {
         .cost("/youtube/v3/videos", 3),
     )
     .await;
-    let tick = p.trigger("flaky").await;
-    let evs = p.wait_tick("flaky", tick, 2, Duration::from_secs(10)).await;
+    let evs = p.tick("flaky", 2, Duration::from_secs(10)).await;
     assert!(evs.iter().all(|s| s.kind() == OutcomeKind::Done), "{evs:?}");
     assert!(evs.iter().all(|s| s.ev.outcome.units == 3), "{evs:?}");
     assert_eq!(p.used(world::CREDENTIAL).await, 6);

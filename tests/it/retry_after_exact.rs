@@ -37,6 +37,7 @@ async fn weighted_retry_after_waits_for_enough_units_not_the_oldest_entry() {
     let mut spent_at = Vec::new();
     for (i, id) in ["a", "b", "c"].into_iter().enumerate() {
         if i > 0 {
+            // About time: the spends' spacing is the point.
             std::thread::sleep(std::time::Duration::from_millis(300));
         }
         let d = limiter.spend("e", None, id).await.expect("spend");

@@ -13,10 +13,11 @@ use serde_json::Value;
 
 use crate::support::config::{ConfigBuilder, TestConfig, Worker};
 use crate::support::keys::keys;
-use crate::support::process::{Proc, run_cli};
+use crate::support::process::Proc;
+use crate::support::rig::{self, Rig};
 use crate::support::upstream::Upstream;
+use crate::support::wait_until;
 use crate::support::world;
-use crate::support::{RedisServer, wait_until};
 use simulator::Fault;
 
 const ITEMS: usize = 10;
@@ -73,26 +74,19 @@ fn give_backs(d: &Proc) -> HashMap<String, Vec<Value>> {
 /// configuration any more") before the fix.
 #[test]
 fn a_task_of_a_job_only_another_daemon_has_is_given_back_until_that_daemon_runs_it() {
-    let redis = RedisServer::start();
     let upstream = Upstream::start(2, 2);
-    // B takes most tasks: eight at once against A's one.
-    let a_cfg = with_onlya(&upstream, Worker::default().concurrency(1));
+    // B takes most tasks: eight at once against A's one. A is the rig's
+    // daemon, B another version of the config on its Redis.
+    let rig = Rig::new(with_onlya(&upstream, Worker::default().concurrency(1)));
     let b_cfg = without_onlya(&upstream, Worker::default().concurrency(8));
-    let mut a = Proc::daemon("A", &a_cfg, Some(&redis.url()), &[]);
-    a.wait_running(Duration::from_secs(20));
-    let mut b = Proc::daemon("B", &b_cfg, Some(&redis.url()), &[]);
-    b.wait_running(Duration::from_secs(20));
+    let b = rig.another_on("B", &b_cfg);
+    let a = &rig.daemon;
     // Every answer takes 300 ms: A works through the tasks one at a time
     // while B, idle, keeps taking the others.
     upstream.inject(Fault::Delay(Duration::from_millis(300)), 1_000);
 
-    let (code, out, err) = run_cli(
-        &a_cfg,
-        Some(&redis.url()),
-        &["trigger", "onlya", "--wait"],
-        Duration::from_secs(120),
-    );
-    assert_eq!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}");
+    let t = rig.trigger_expect("onlya", 0);
+    let (out, err) = (&t.stdout, &t.stderr);
     assert!(
         out.contains(&format!("{ITEMS} task(s) ended: {ITEMS} done")),
         "{out}"
@@ -134,18 +128,17 @@ fn a_task_of_a_job_only_another_daemon_has_is_given_back_until_that_daemon_runs_
 /// one (a reload, or the rest of a deploy), then end `failed` saying why.
 #[test]
 fn a_task_of_a_job_no_daemon_has_fails_after_the_grace_and_gives_back_a_few_times_only() {
-    let redis = RedisServer::start();
     let upstream = Upstream::start(2, 2);
     let a_cfg = with_onlya(&upstream, Worker::default());
-    let b_cfg = without_onlya(
+    // B is the rig's daemon; A's config is only triggered.
+    let rig = Rig::new(without_onlya(
         &upstream,
         Worker::default().concurrency(4).unknown_job_grace("15s"),
-    );
-    let mut b = Proc::daemon("B", &b_cfg, Some(&redis.url()), &[]);
-    b.wait_running(Duration::from_secs(20));
+    ));
+    let (redis, b) = (&rig.redis, &rig.daemon);
     // B has said what it has loaded (its first announcement).
     assert!(wait_until(Duration::from_secs(10), || {
-        let mut conn = crate::support::redis_server::redis_conn(&redis.url());
+        let mut conn = redis.conn();
         redis::cmd("HLEN")
             .arg(keys().daemons())
             .query::<u64>(&mut conn)
@@ -153,14 +146,10 @@ fn a_task_of_a_job_no_daemon_has_fails_after_the_grace_and_gives_back_a_few_time
     }));
 
     let t = Instant::now();
-    let (code, out, err) = run_cli(
-        &a_cfg,
-        Some(&redis.url()),
-        &["trigger", "onlya", "--wait"],
-        Duration::from_secs(120),
-    );
+    let t_a = rig::trigger(redis, &a_cfg, "onlya");
     let took = t.elapsed();
-    assert_eq!(code, Some(1), "stdout:\n{out}\nstderr:\n{err}");
+    assert_eq!(t_a.code, Some(1), "{t_a:#?}");
+    let (out, err) = (&t_a.stdout, &t_a.stderr);
     assert!(
         out.contains(&format!("{ITEMS} task(s) ended: {ITEMS} failed")),
         "{out}"
@@ -186,7 +175,7 @@ fn a_task_of_a_job_no_daemon_has_fails_after_the_grace_and_gives_back_a_few_time
     // Not before the grace; and no hot loop: 1 + 2 + 4 + 8 s of waits fill
     // the 15 s grace, so each task was given back about four times.
     assert!(took >= Duration::from_secs(15), "failed after {took:?}");
-    let per = give_backs(&b);
+    let per = give_backs(b);
     let total: usize = per.values().map(Vec::len).sum();
     let most = per.values().map(Vec::len).max().unwrap_or(0);
     eprintln!(

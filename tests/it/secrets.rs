@@ -14,7 +14,9 @@ use std::time::Duration;
 use simulator::{Fault, SimConfig};
 
 use crate::support::http::{self, wait_http};
+use crate::support::keys::keys;
 use crate::support::process::{Proc, command};
+use crate::support::rig::Rig;
 use crate::support::upstream::Upstream;
 use crate::support::world;
 use crate::support::{
@@ -191,18 +193,19 @@ fn never_leaks(format: &str) {
     ];
     let mut seen = Seen::default();
 
-    let mut daemon = Proc::start("daemon", &cfg, &["--log-format", format, "run"], &env);
+    let mut rig = Rig::start_args(redis, cfg, &["--log-format", format, "run"], &env);
+    let (cfg, redis, daemon) = (&mut rig.cfg, &mut rig.redis, &mut rig.daemon);
     assert!(wait_http(port, Duration::from_secs(20)));
 
-    assert_eq!(cli(&mut seen, &cfg, format, &env, &["check"]), Some(0));
+    assert_eq!(cli(&mut seen, cfg, format, &env, &["check"]), Some(0));
     assert_eq!(
-        cli(&mut seen, &cfg, format, &env, &["keys", world::ENDPOINT]),
+        cli(&mut seen, cfg, format, &env, &["keys", world::ENDPOINT]),
         Some(0)
     );
     assert_eq!(
         cli(
             &mut seen,
-            &cfg,
+            cfg,
             format,
             &env,
             &["spend", "spare.videos", "--json"]
@@ -212,7 +215,7 @@ fn never_leaks(format: &str) {
     assert_eq!(
         cli(
             &mut seen,
-            &cfg,
+            cfg,
             format,
             &env,
             &["spend", "spare.videos", "--cost", "5000"]
@@ -224,7 +227,7 @@ fn never_leaks(format: &str) {
     // A port where nothing listens, and an upstream that refuses the key.
     for job in ["unreachable", "refused"] {
         assert_eq!(
-            cli(&mut seen, &cfg, format, &env, &["trigger", job, "--wait"]),
+            cli(&mut seen, cfg, format, &env, &["trigger", job, "--wait"]),
             Some(1),
             "{job}: its task failed"
         );
@@ -249,7 +252,7 @@ fn never_leaks(format: &str) {
     for _ in 0..6 {
         let code = cli(
             &mut seen,
-            &cfg,
+            cfg,
             format,
             &env,
             &["trigger", world::JOB, "--wait"],
@@ -260,12 +263,19 @@ fn never_leaks(format: &str) {
         if has(&log, "done") && has(&log, "quota_exhausted") {
             break;
         }
-        std::thread::sleep(Duration::from_millis(1200));
+        // The next tick once the credential's block (a 429's, 1 s), if
+        // any, has ended.
+        let blocked = keys().blocked(world::CREDENTIAL);
+        let unblocked = support::wait_until(Duration::from_secs(10), || {
+            let end: Option<i64> = redis.cmd(&["GET", &blocked]);
+            end.is_none_or(|end| end <= redis.time_us())
+        });
+        assert!(unblocked, "the credential's block did not end");
     }
     // The whole window's worth cannot fit any more: rejected, with its retry-after.
     let rejected = cli(
         &mut seen,
-        &cfg,
+        cfg,
         format,
         &env,
         &["spend", world::ENDPOINT, "--cost", "14"],
@@ -275,9 +285,9 @@ fn never_leaks(format: &str) {
         Some(75),
         "the window is partly spent: the CLI's spend is rejected"
     );
-    assert_eq!(cli(&mut seen, &cfg, format, &env, &["quota"]), Some(0));
+    assert_eq!(cli(&mut seen, cfg, format, &env, &["quota"]), Some(0));
     assert_eq!(
-        cli(&mut seen, &cfg, format, &env, &["quota", "--json"]),
+        cli(&mut seen, cfg, format, &env, &["quota", "--json"]),
         Some(0)
     );
     // The CLI against a Redis that is gone: errors name the URL, not the key.
@@ -288,12 +298,9 @@ fn never_leaks(format: &str) {
         .copied()
         .chain(gone.iter().map(|(k, v)| (*k, v.as_str())))
         .collect();
+    assert_eq!(cli(&mut seen, cfg, format, &gone_env, &["quota"]), Some(69));
     assert_eq!(
-        cli(&mut seen, &cfg, format, &gone_env, &["quota"]),
-        Some(69)
-    );
-    assert_eq!(
-        cli(&mut seen, &cfg, format, &gone_env, &["trigger", world::JOB]),
+        cli(&mut seen, cfg, format, &gone_env, &["trigger", world::JOB]),
         Some(69)
     );
 
@@ -385,7 +392,7 @@ fn never_leaks(format: &str) {
             leaks.push(format!("{source}: {line}"));
         }
     }
-    let dump = redis_dump(&redis);
+    let dump = redis_dump(redis);
     assert!(dump.len() > 10, "Redis holds the run's state");
     for (source, text) in dump.iter().chain(files(cfg.dir.path()).iter()) {
         if contains_secret(text, &secrets) {

@@ -151,6 +151,7 @@ async fn a_block_stops_every_endpoint_and_is_never_shortened() {
         .await
         .expect("block");
     assert!(kept > Duration::from_millis(500), "{kept:?}");
+    // About time: past the shorter block's end.
     std::thread::sleep(Duration::from_millis(300));
     let r = support::rejected(limiter.spend("e", None, "x").await.expect("spend"));
     assert_eq!(
@@ -162,6 +163,7 @@ async fn a_block_stops_every_endpoint_and_is_never_shortened() {
     // Nothing was recorded while blocked, and the block ends by itself.
     assert_eq!(used(&limiter).await, [0, 0, 0]);
     let until = limiter.peek("k").await.expect("peek").blocked_for;
+    // About time: past the block's end.
     std::thread::sleep(until + Duration::from_millis(20));
     let d = limiter.spend("e", None, "x").await.expect("spend");
     assert_eq!(d, Decision::Allowed { remaining: 30 });

@@ -14,7 +14,8 @@ use quota_worker::quota::{Decision, Limiter, RejectedBy, SpendOptions, Spent, re
 use serde_json::{Value, json};
 
 use crate::support::http::{http_get, scrape, wait_http};
-use crate::support::process::{Proc, run_cli};
+use crate::support::process::run_cli;
+use crate::support::rig::Rig;
 use crate::support::upstream::Upstream;
 use crate::support::world;
 use crate::support::{
@@ -222,15 +223,15 @@ fn a_tick_of_30_spends_30_and_every_report_counts_20_shadow_refusals_then_sighup
     let redis = RedisServer::start();
     let upstream = Upstream::with(world::sim(1, 2));
     let port = free_port();
-    let mut cfg = daemon_config(&upstream, port, true).write();
-    let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
-    d.wait_running(Duration::from_secs(20));
+    let cfg = daemon_config(&upstream, port, true).write();
+    let mut rig = Rig::start(redis, cfg, &[]);
+    let (cfg, redis, d) = (&mut rig.cfg, &mut rig.redis, &mut rig.daemon);
     assert!(wait_http(port, Duration::from_secs(10)));
 
     let cli = |cfg: &TestConfig, args: &[&str]| {
         run_cli(cfg, Some(&redis.url()), args, Duration::from_secs(90))
     };
-    let (code, out, err) = cli(&cfg, &["trigger", world::JOB, "--wait"]);
+    let (code, out, err) = cli(cfg, &["trigger", world::JOB, "--wait"]);
     assert_eq!(code, Some(0), "{out}\n{err}\n{}", d.log());
     // Every item ran: the shadow window refused nothing for real.
     assert_eq!(upstream.fetched(), 30, "the upstream saw every request");
@@ -241,7 +242,7 @@ fn a_tick_of_30_spends_30_and_every_report_counts_20_shadow_refusals_then_sighup
 
     // quota --json: the shadow window holds the 10 it would have admitted,
     // and counts the 20 it would have refused.
-    let (code, out, err) = cli(&cfg, &["quota", world::CREDENTIAL, "--json"]);
+    let (code, out, err) = cli(cfg, &["quota", world::CREDENTIAL, "--json"]);
     assert_eq!(code, Some(0), "{err}");
     let j: Value = serde_json::from_str(&out).expect("json");
     let w = &j["credentials"][0]["windows"];
@@ -252,7 +253,7 @@ fn a_tick_of_30_spends_30_and_every_report_counts_20_shadow_refusals_then_sighup
     );
     assert_eq!(w[1]["shadow_refusals"], 20, "{}", w[1]);
     // quota (text) marks it.
-    let (_, text, _) = cli(&cfg, &["quota", world::CREDENTIAL]);
+    let (_, text, _) = cli(cfg, &["quota", world::CREDENTIAL]);
     assert!(text.contains("SHADOW (20 refusals in 24 h)"), "{text}");
 
     // /metrics: the daemon's counter, by credential and window.
@@ -291,7 +292,7 @@ fn a_tick_of_30_spends_30_and_every_report_counts_20_shadow_refusals_then_sighup
     );
 
     // spend --json names the window that would refuse the 31st spend.
-    let (code, out, _) = cli(&cfg, &["spend", world::ENDPOINT, "--json"]);
+    let (code, out, _) = cli(cfg, &["spend", world::ENDPOINT, "--json"]);
     assert_eq!(code, Some(0));
     let s: Value = serde_json::from_str(&out).expect("json");
     assert_eq!(
@@ -303,13 +304,13 @@ fn a_tick_of_30_spends_30_and_every_report_counts_20_shadow_refusals_then_sighup
     // 10 it holds. The next tick fetches nothing.
     cfg.rewrite(&daemon_config(&upstream, port, false));
     let pid = d.pid().to_string();
-    let (code, out, err) = cli(&cfg, &["reload", "--pid", &pid]);
+    let (code, out, err) = cli(cfg, &["reload", "--pid", &pid]);
     assert_eq!(code, Some(0), "{out}\n{err}");
-    let (code, out, err) = cli(&cfg, &["spend", world::ENDPOINT, "--json"]);
+    let (code, out, err) = cli(cfg, &["spend", world::ENDPOINT, "--json"]);
     assert_eq!(code, Some(75), "{out}\n{err}");
     let s: Value = serde_json::from_str(&out).expect("json");
     assert_eq!(s["rejecting_window"], 2, "{s}");
-    let (code, out, err) = cli(&cfg, &["trigger", world::JOB, "--wait"]);
+    let (code, out, err) = cli(cfg, &["trigger", world::JOB, "--wait"]);
     assert_ne!(code, Some(0), "{out}\n{err}");
     assert_eq!(upstream.fetched(), 30, "nothing more reached the upstream");
     let stopped = (d.outcomes().iter())

@@ -9,38 +9,16 @@ use std::time::{Duration, Instant};
 
 use simulator::Fault;
 
-use crate::support::daemon::{
-    queue_state, sink_records, tick_claims, tick_outcomes, wait_ticks_ended, workers,
-};
+use crate::support::daemon::{assert_sink_once, queue_state, sink_records, tick_outcomes, workers};
 use crate::support::machine;
-use crate::support::process::{Proc, run_cli};
-use crate::support::redis_server::redis_conn;
+use crate::support::process::Proc;
+use crate::support::rig::{Rig, outcomes};
 use crate::support::upstream::Upstream;
 use crate::support::world::{self, JOB, REGIONS};
-use crate::support::{self, RedisServer, Worker};
+use crate::support::{self, RedisServer, Worker, holds_for};
 
 const PAGES: u32 = 3;
 const ITEMS_PER_PAGE: u32 = 2;
-
-/// Enqueues one tick of the job with `trigger` and returns its tick ms.
-fn trigger(cfg: &support::TestConfig, redis: &RedisServer) -> i64 {
-    let before: HashSet<i64> = tick_claims(&mut redis_conn(&redis.url()))
-        .into_keys()
-        .collect();
-    let (code, out, err) = run_cli(
-        cfg,
-        Some(&redis.url()),
-        &["trigger", JOB],
-        Duration::from_secs(20),
-    );
-    assert_eq!(code, Some(0), "trigger: {out}\n{err}");
-    let after: HashSet<i64> = tick_claims(&mut redis_conn(&redis.url()))
-        .into_keys()
-        .collect();
-    let new: Vec<i64> = after.difference(&before).copied().collect();
-    assert_eq!(new.len(), 1, "trigger claimed one tick: {out}");
-    new[0]
-}
 
 fn wait_for(what: &str, timeout: Duration, cond: impl FnMut() -> bool) {
     assert!(
@@ -52,7 +30,6 @@ fn wait_for(what: &str, timeout: Duration, cond: impl FnMut() -> bool) {
 #[test]
 fn sigterm_lets_running_tasks_finish_leaves_the_rest_queued_and_exits_0() {
     let _machine = machine::timing();
-    let redis = RedisServer::start();
     let upstream = Upstream::start(PAGES, ITEMS_PER_PAGE);
     // Two slots, default recover_after (30 s): a task left in the stopped
     // daemon's hands instead of the queue would take 18 s or more to come
@@ -63,9 +40,8 @@ fn sigterm_lets_running_tasks_finish_leaves_the_rest_queued_and_exits_0() {
         .write();
     let delay = Duration::from_secs(3);
     upstream.inject(Fault::Delay(delay), 2);
-    let mut a = Proc::daemon("daemon-a", &cfg, Some(&redis.url()), &[]);
-    a.wait_running(Duration::from_secs(10));
-    let tick = trigger(&cfg, &redis);
+    let mut rig = Rig::new(cfg);
+    let tick = rig.queue(JOB);
 
     // Both slots are busy with a slow first page.
     wait_for(
@@ -74,11 +50,16 @@ fn sigterm_lets_running_tasks_finish_leaves_the_rest_queued_and_exits_0() {
         || upstream.injected() == 2,
     );
     let in_flight_since = Instant::now();
-    std::thread::sleep(Duration::from_millis(300));
-    let mut conn = redis_conn(&redis.url());
-    let before = queue_state(&mut conn);
-    assert_eq!(before.waiting(), 6, "six tasks wait: {before:?}");
+    let mut conn = rig.conn();
+    // A quiet period: no third task is taken while both slots are busy.
+    let mut before = queue_state(&mut conn);
+    let six_wait = holds_for(Duration::from_millis(300), || {
+        before = queue_state(&mut conn);
+        before.waiting() == 6
+    });
+    assert!(six_wait, "six tasks wait: {before:?}");
 
+    let (cfg, a) = (&rig.cfg, &mut rig.daemon);
     a.term();
     let sigterm = Instant::now();
     let status = a.wait_exit(Duration::from_secs(40));
@@ -101,21 +82,21 @@ fn sigterm_lets_running_tasks_finish_leaves_the_rest_queued_and_exits_0() {
     );
 
     // The two running tasks finished: all their pages, in the sink.
-    let outcomes = a.outcomes();
-    assert_eq!(outcomes.len(), 2, "tasks run by daemon-a: {outcomes:?}");
+    let ran = outcomes(a);
+    assert_eq!(ran.len(), 2, "tasks run by daemon-a: {ran:?}");
     let mut finished = HashSet::new();
-    for o in &outcomes {
-        assert_eq!(o["outcome"], "done", "{o}");
-        assert_eq!(o["pages"], PAGES, "{o}");
+    for o in &ran {
+        assert_eq!(o.kind, "done", "{o}");
+        assert_eq!(o.pages, u64::from(PAGES), "{o}");
         finished.insert(
-            o["item"]
+            o.line["item"]
                 .as_str()
                 .expect("item")
                 .trim_start_matches("region=")
                 .to_owned(),
         );
     }
-    let records = sink_records(&cfg);
+    let records = sink_records(cfg);
     assert_eq!(records.len(), (2 * PAGES * ITEMS_PER_PAGE) as usize);
     assert!(records.iter().all(|(region, _)| finished.contains(region)));
     // No other task started: the upstream saw those two regions only (the
@@ -132,26 +113,25 @@ fn sigterm_lets_running_tasks_finish_leaves_the_rest_queued_and_exits_0() {
     assert_eq!(after.inflight, 0, "after shutdown: {after:?}");
 
     // A second daemon runs them, promptly.
-    let mut b = Proc::daemon("daemon-b", &cfg, Some(&redis.url()), &[]);
+    let mut b = rig.spawn_another("daemon-b");
     let started = Instant::now();
-    let (ok, all) = wait_ticks_ended(&mut conn, &[tick], 8, Duration::from_secs(15));
-    assert!(ok, "the queued tasks did not run: {all:?}");
+    rig.wait_ticks(&[tick], 8, Duration::from_secs(15));
     let took = started.elapsed();
     assert!(took < Duration::from_secs(10), "took {took:?}");
-    std::thread::sleep(Duration::from_millis(500));
-    let o = tick_outcomes(&mut conn, tick);
-    assert_eq!(o.get("done"), Some(&8), "{o:?}");
+    // A quiet period, in which a task run twice would show.
+    let mut o = tick_outcomes(&mut conn, tick);
+    let once = holds_for(Duration::from_millis(500), || {
+        o = tick_outcomes(&mut conn, tick);
+        o.get("done") == Some(&8)
+    });
+    assert!(once, "{o:?}");
+    // Its outcome lines reach its log after Redis's record.
+    support::wait_until(Duration::from_secs(10), || b.outcomes().len() >= 6);
     assert_eq!(b.outcomes().len(), 6);
     let stats = upstream.stats();
     assert_eq!(stats.charges.len(), REGIONS.len() * PAGES as usize - 2);
     // Every page of every region in the sink, once.
-    let records = sink_records(&cfg);
-    let distinct: HashSet<_> = records.iter().collect();
-    assert_eq!(
-        records.len(),
-        REGIONS.len() * (PAGES * ITEMS_PER_PAGE) as usize
-    );
-    assert_eq!(distinct.len(), records.len());
+    assert_sink_once(&rig.cfg, REGIONS.len() * (PAGES * ITEMS_PER_PAGE) as usize);
     assert!(
         stats.duplicate_pages().is_empty(),
         "{:?}",
@@ -171,7 +151,6 @@ fn sigterm_lets_running_tasks_finish_leaves_the_rest_queued_and_exits_0() {
 #[test]
 fn shutdown_timeout_shorter_than_the_work_exits_0_and_another_daemon_finishes_it() {
     let _machine = machine::timing();
-    let redis = RedisServer::start();
     let upstream = Upstream::start(PAGES, ITEMS_PER_PAGE);
     let cfg = world::config(
         world::job(&upstream.base_url())
@@ -187,15 +166,15 @@ fn shutdown_timeout_shorter_than_the_work_exits_0_and_another_daemon_finishes_it
     .write();
     // The first page hangs far longer than the shutdown timeout.
     upstream.inject(Fault::Delay(Duration::from_secs(25)), 1);
-    let mut a = Proc::daemon("daemon-a", &cfg, Some(&redis.url()), &[]);
-    a.wait_running(Duration::from_secs(10));
-    let tick = trigger(&cfg, &redis);
+    let mut rig = Rig::new(cfg);
+    let tick = rig.queue(JOB);
     wait_for(
         "the slow request in flight",
         Duration::from_secs(10),
         || upstream.injected() == 1,
     );
 
+    let a = &mut rig.daemon;
     a.term();
     let sigterm = Instant::now();
     let status = a.wait_exit(Duration::from_secs(15));
@@ -205,9 +184,10 @@ fn shutdown_timeout_shorter_than_the_work_exits_0_and_another_daemon_finishes_it
         to_exit >= Duration::from_millis(1_900) && to_exit < Duration::from_millis(4_500),
         "exited {to_exit:?} after SIGTERM with shutdown_timeout = 2s"
     );
-    let mut conn = redis_conn(&redis.url());
+    let mut conn = rig.conn();
     let o = tick_outcomes(&mut conn, tick);
     assert_eq!(o.get("done"), None, "the cut-off task did not end: {o:?}");
+    let a = &rig.daemon;
     assert!(a.outcomes().is_empty());
     // It says so, and does not claim its tasks finished.
     assert!(
@@ -221,20 +201,24 @@ fn shutdown_timeout_shorter_than_the_work_exits_0_and_another_daemon_finishes_it
     assert_eq!(cut.len(), 1, "{}", a.log());
 
     // Nothing is lost: another daemon runs the task.
-    let mut b = Proc::daemon("daemon-b", &cfg, Some(&redis.url()), &[]);
+    let mut b = rig.spawn_another("daemon-b");
     let started = Instant::now();
-    let (ok, all) = wait_ticks_ended(&mut conn, &[tick], 1, Duration::from_secs(40));
-    assert!(ok, "the cut-off task was never finished: {all:?}");
+    rig.wait_ticks(&[tick], 1, Duration::from_secs(40));
     let since_exit = sigterm.elapsed() - to_exit;
     let since_start = started.elapsed();
-    let outs = b.outcomes();
+    // Its outcome line reaches its log after Redis's record.
+    support::wait_until(Duration::from_secs(10), || !b.outcomes().is_empty());
+    let outs = outcomes(&b);
     assert_eq!(outs.len(), 1, "{outs:?}");
-    assert_eq!(outs[0]["outcome"], "done");
-    assert_eq!(outs[0]["pages"], PAGES);
+    assert_eq!(outs[0].kind, "done");
+    assert_eq!(outs[0].pages, u64::from(PAGES));
     let stats = upstream.stats();
     assert_eq!(stats.charges.len(), PAGES as usize);
     assert!(stats.duplicate_pages().is_empty());
-    assert_eq!(sink_records(&cfg).len(), (PAGES * ITEMS_PER_PAGE) as usize);
+    assert_eq!(
+        sink_records(&rig.cfg).len(),
+        (PAGES * ITEMS_PER_PAGE) as usize
+    );
     b.term();
     assert_eq!(
         b.wait_exit(Duration::from_secs(15)).and_then(|s| s.code()),
@@ -252,44 +236,34 @@ fn shutdown_timeout_shorter_than_the_work_exits_0_and_another_daemon_finishes_it
 #[test]
 fn pitfall_6_daemon_restarted_at_once_after_sigterm_runs_tasks() {
     let _machine = machine::timing();
-    let redis = RedisServer::start();
     let upstream = Upstream::start(PAGES, ITEMS_PER_PAGE);
     let cfg = world::config(world::job(&upstream.base_url()).pages(PAGES))
         // 30 s recover_after: a stale registration would block for long.
         .worker(Worker::default().concurrency(4))
         .write();
-    let mut conn = redis_conn(&redis.url());
+    let mut rig = Rig::new(cfg);
+    let mut conn = rig.conn();
     let mut names_seen: Vec<String> = Vec::new();
-    let mut previous: Option<Proc> = None;
     for round in 0..3 {
-        if let Some(mut d) = previous.take() {
+        if round > 0 {
+            let d = &mut rig.daemon;
             d.term();
             let status = d.wait_exit(Duration::from_secs(15));
             assert_eq!(status.and_then(|s| s.code()), Some(0), "{}", d.label);
+            // Started the moment the previous one exited.
+            rig.daemon = rig.another(&format!("incarnation-{round}"));
         }
-        // Started the moment the previous one exited.
-        let mut d = Proc::daemon(
-            &format!("incarnation-{round}"),
-            &cfg,
-            Some(&redis.url()),
-            &[],
-        );
-        d.wait_running(Duration::from_secs(10));
         let t = Instant::now();
-        let (code, out, err) = run_cli(
-            &cfg,
-            Some(&redis.url()),
-            &["trigger", JOB, "--wait"],
-            Duration::from_secs(20),
-        );
-        assert_eq!(code, Some(0), "round {round}: trigger --wait: {out}\n{err}");
+        let out = rig.trigger_expect(JOB, 0).stdout;
         assert!(
             out.contains("8 task(s) ended: 8 done"),
             "round {round}: {out}"
         );
         let took = t.elapsed();
         assert!(took < Duration::from_secs(10), "round {round}: {took:?}");
-        let restarts = d.messages("worker stopped on an error; restarting");
+        let restarts = rig
+            .daemon
+            .messages("worker stopped on an error; restarting");
         assert!(restarts.is_empty(), "round {round}: {restarts:?}");
         let names = workers(&mut conn);
         let new: Vec<&String> = names.iter().filter(|n| !names_seen.contains(n)).collect();
@@ -300,7 +274,6 @@ fn pitfall_6_daemon_restarted_at_once_after_sigterm_runs_tasks() {
         );
         names_seen.push(new[0].clone());
         eprintln!("round {round}: worker {} ran a tick in {took:?}", new[0]);
-        previous = Some(d);
     }
     assert_eq!(
         names_seen.iter().collect::<HashSet<_>>().len(),
@@ -321,16 +294,21 @@ fn pitfall_6_daemon_restarted_at_once_after_sigterm_runs_tasks() {
 /// its workers: 13 s to exit with Redis down, 63 s with Redis hung, against
 /// a 3 s shutdown_timeout.
 fn sigterm_with_redis_unreachable(label: &str, break_redis: impl FnOnce(&mut RedisServer)) {
-    let mut redis = RedisServer::start();
     let cfg = world::config(world::job("http://127.0.0.1:9").schedule("* * * * * *"))
         .worker(Worker::default().shutdown_timeout("3s").recover_after("6s"))
         .write();
-    let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
-    d.wait_running(Duration::from_secs(10));
-    std::thread::sleep(Duration::from_millis(1_500));
-    break_redis(&mut redis);
-    // Long enough for every loop to be stuck on Redis (a tick falls due
-    // every second).
+    let mut rig = Rig::new(cfg);
+    // The loops are at work: a tick has been claimed and fanned out.
+    assert!(
+        rig.daemon
+            .wait_log("tick fanned out", Duration::from_secs(10)),
+        "{label}: no tick fanned out: {}",
+        rig.daemon.log()
+    );
+    let (redis, d) = (&mut rig.redis, &mut rig.daemon);
+    break_redis(redis);
+    // About time: long enough for every loop to be stuck on Redis (a tick
+    // falls due every second); a hung Redis says nothing to wait for.
     std::thread::sleep(Duration::from_secs(3));
     d.term();
     let t = Instant::now();
@@ -374,7 +352,11 @@ fn sigterm_while_waiting_for_redis_at_startup_exits_0_at_once() {
     let url = format!("redis://127.0.0.1:{port}/0");
     let cfg = world::config(world::job("http://127.0.0.1:9")).write();
     let mut d = Proc::daemon("daemon", &cfg, Some(&url), &[]);
-    std::thread::sleep(Duration::from_millis(1_500));
+    assert!(
+        d.wait_log("Redis unreachable; retrying", Duration::from_secs(10)),
+        "it says it waits for Redis: {}",
+        d.log()
+    );
     assert!(d.running(), "it waits for Redis: {}", d.log());
     d.term();
     let t = Instant::now();
@@ -398,7 +380,6 @@ fn sigterm_while_waiting_for_redis_at_startup_exits_0_at_once() {
 #[test]
 fn pitfall_14_sigterm_with_8_tasks_in_flight_exits_when_they_end() {
     let _machine = machine::timing();
-    let redis = RedisServer::start();
     let upstream = Upstream::start(PAGES, ITEMS_PER_PAGE);
     let shutdown_timeout = Duration::from_secs(30);
     let cfg = world::config(world::job(&upstream.base_url()).pages(PAGES))
@@ -408,16 +389,15 @@ fn pitfall_14_sigterm_with_8_tasks_in_flight_exits_when_they_end() {
     // time: eight acks at once.
     let delay = Duration::from_secs(3);
     upstream.inject(Fault::Delay(delay), REGIONS.len() as u32);
-    let mut a = Proc::daemon("daemon-a", &cfg, Some(&redis.url()), &[]);
-    a.wait_running(Duration::from_secs(10));
-    let tick = trigger(&cfg, &redis);
+    let mut rig = Rig::new(cfg);
+    let tick = rig.queue(JOB);
     wait_for(
         "eight slow requests in flight",
         Duration::from_secs(15),
         || upstream.injected() == REGIONS.len() as u64,
     );
-    std::thread::sleep(Duration::from_millis(300));
 
+    let a = &mut rig.daemon;
     a.term();
     let sigterm = Instant::now();
     let status = a.wait_exit(Duration::from_secs(45));
@@ -426,7 +406,7 @@ fn pitfall_14_sigterm_with_8_tasks_in_flight_exits_when_they_end() {
         "MEASURE sigterm->exit with 8 requests in flight (3 s delay, shutdown_timeout 30 s): {to_exit:?}"
     );
     assert_eq!(status.and_then(|s| s.code()), Some(0), "{status:?}");
-    // The tasks end about 2.7 s after SIGTERM; the drain must not wait for
+    // The tasks end about 3 s after SIGTERM; the drain must not wait for
     // the shutdown timeout (generous margin for a loaded machine).
     assert!(
         to_exit < shutdown_timeout / 2,
@@ -442,13 +422,10 @@ fn pitfall_14_sigterm_with_8_tasks_in_flight_exits_when_they_end() {
 
     // All eight finished in that daemon, and their acks reached the queue:
     // nothing left in flight for another daemon to run again.
-    let outcomes = a.outcomes();
-    assert_eq!(outcomes.len(), REGIONS.len(), "{outcomes:?}");
-    assert!(
-        outcomes.iter().all(|o| o["outcome"] == "done"),
-        "{outcomes:?}"
-    );
-    let mut conn = redis_conn(&redis.url());
+    let ran = outcomes(a);
+    assert_eq!(ran.len(), REGIONS.len(), "{ran:?}");
+    assert!(ran.iter().all(|o| o.kind == "done"), "{ran:?}");
+    let mut conn = rig.conn();
     let o = tick_outcomes(&mut conn, tick);
     assert_eq!(o.get("done"), Some(&(REGIONS.len() as i64)), "{o:?}");
     let after = queue_state(&mut conn);

@@ -185,6 +185,17 @@ fn since(rig: &CannedRig, v: &str) -> Option<String> {
         .cmd(&["GET", &keys().since(JOB, &format!("v={v}"))])
 }
 
+/// Waits until the clock is past the second `since` names (seconds since
+/// the epoch): a run completed from then on would move `{since}`.
+fn past_second(since: &str) {
+    let at: i64 = since.parse().expect("{since} in seconds");
+    assert!(
+        wait_until(Duration::from_secs(3), || chrono::Utc::now().timestamp()
+            > at),
+        "the clock did not pass {at}"
+    );
+}
+
 fn message(o: &Value) -> &str {
     o["message"].as_str().unwrap_or("")
 }
@@ -294,7 +305,7 @@ fn issue_37_2_a_page_refused_for_good_is_kept_holds_its_item_and_is_written_by_s
     t.upstream
         .answer("b", 200, &[], page(json!([{"id": "b-2"}]), None));
     // {since} is in seconds: a run completed now would move it.
-    std::thread::sleep(Duration::from_millis(1_100));
+    past_second(&since_before);
     let ended = t.tick(2);
     let a = CannedRig::outcome(&ended, "a");
     assert_eq!(a["outcome"], "failed", "{a}");
@@ -456,7 +467,7 @@ fn issue_37_2_a_permission_revoked_on_the_table_holds_the_job_until_spool_retry(
         t.upstream
             .answer(v, 200, &[], page(json!([{"id": format!("{v}-2")}]), None));
     }
-    std::thread::sleep(Duration::from_millis(1_100));
+    past_second(&since_before);
     let ended = t.tick(2);
     assert!(ended.iter().all(|o| o["outcome"] == "failed"), "{ended:#?}");
     assert!(
@@ -831,7 +842,7 @@ fn issue_37_2_a_link_where_the_file_goes_is_refused_for_good_held_across_a_resta
     );
     upstream.answer("b", 200, &[], page(json!([{"id": "b-2"}]), None));
     // {since} is in seconds: a run completed now would move it.
-    std::thread::sleep(Duration::from_millis(1_100));
+    past_second(&since_before);
     let ended = tick_of(&rig, 2);
     let a = CannedRig::outcome(&ended, "a");
     assert_eq!(a["outcome"], "failed", "{a}");
@@ -869,9 +880,7 @@ fn issue_37_2_a_link_where_the_file_goes_is_refused_for_good_held_across_a_resta
     // Across a restart too: the hold is in the kept files.
     rig.rig.daemon.term();
     assert!(rig.rig.daemon.wait_exit(Duration::from_secs(30)).is_some());
-    rig.rig.daemon =
-        crate::support::process::Proc::daemon("daemon-2", &rig.cfg, Some(&rig.redis.url()), &[]);
-    rig.rig.daemon.wait_running(Duration::from_secs(30));
+    rig.rig.daemon = rig.another("daemon-2");
     let ended = tick_of(&rig, 2);
     let a = CannedRig::outcome(&ended, "a");
     assert!(message(a).starts_with("sink: held: "), "{a}");

@@ -30,7 +30,8 @@ use simulator::SimStyle;
 use crate::support::canned::CannedRig;
 use crate::support::daemon::sink_records;
 use crate::support::hostile::Hostile;
-use crate::support::process::{Proc, run_cli};
+use crate::support::process::run_cli;
+use crate::support::rig::{self, Rig};
 use crate::support::styles::{self, GITHUB};
 use crate::support::upstream::{Upstream, page_counts};
 use crate::support::world::{self, JOB, REGIONS};
@@ -248,14 +249,13 @@ fn spool_empties(cfg: &TestConfig, job: &str) {
     );
 }
 
+/// `trigger JOB --wait`: its exit code and both streams.
 fn trigger(cfg: &TestConfig, redis: &RedisServer) -> (Option<i32>, String) {
-    let (code, out, err) = run_cli(
-        cfg,
-        Some(&redis.url()),
-        &["trigger", JOB, "--wait"],
-        Duration::from_secs(90),
-    );
-    (code, format!("stdout:\n{out}\nstderr:\n{err}"))
+    let t = rig::trigger(redis, cfg, JOB);
+    (
+        t.code,
+        format!("stdout:\n{}\nstderr:\n{}", t.stdout, t.stderr),
+    )
 }
 
 /// Every page of every region was fetched (charged) exactly once.
@@ -292,17 +292,17 @@ fn a_full_jsonl_sink_spools_and_the_upstream_sees_each_page_once() {
     let Some(full) = Full::mount(&cfg.join(Path::new("data").join(JOB))) else {
         return;
     };
-    let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
-    d.wait_running(Duration::from_secs(10));
+    let mut rig = Rig::start(redis, cfg, &[]);
+    let (cfg, redis, d) = (&rig.cfg, &rig.redis, &mut rig.daemon);
     full.fill();
-    let (code, out) = trigger(&cfg, &redis);
+    let (code, out) = trigger(cfg, redis);
     assert_eq!(
         code,
         Some(0),
         "every task ends done, its pages spooled; {out}"
     );
     each_page_once(&upstream);
-    assert_eq!(spooled_files(&cfg), REGIONS.len() * PAGES as usize);
+    assert_eq!(spooled_files(cfg), REGIONS.len() * PAGES as usize);
     let spooled = d.messages("the sink could not take the page: spooled, and written when it can");
     assert_eq!(spooled.len(), REGIONS.len() * PAGES as usize);
     assert!(
@@ -316,13 +316,13 @@ fn a_full_jsonl_sink_spools_and_the_upstream_sees_each_page_once() {
     full.free();
     let all = REGIONS.len() * (PAGES * ITEMS) as usize;
     assert!(
-        wait_until(Duration::from_secs(30), || sink_records(&cfg).len() >= all),
+        wait_until(Duration::from_secs(30), || sink_records(cfg).len() >= all),
         "spooled pages not written: {} of {all} records; log:\n{}",
-        sink_records(&cfg).len(),
+        sink_records(cfg).len(),
         d.log()
     );
-    every_record_once(&cfg);
-    spool_empties(&cfg, JOB);
+    every_record_once(cfg);
+    spool_empties(cfg, JOB);
     each_page_once(&upstream);
 }
 
@@ -333,16 +333,16 @@ fn a_read_only_sink_spools_and_the_records_arrive_once_it_is_writable() {
     let redis = RedisServer::start();
     let upstream = Upstream::start(PAGES, ITEMS);
     let cfg = setup(&upstream);
-    let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
-    d.wait_running(Duration::from_secs(10));
+    let mut rig = Rig::start(redis, cfg, &[]);
+    let (cfg, redis, d) = (&rig.cfg, &rig.redis, &mut rig.daemon);
     let Some(mut ro) = ReadOnly::new(&cfg.join(Path::new("data").join(JOB))) else {
         return;
     };
-    let (code, out) = trigger(&cfg, &redis);
+    let (code, out) = trigger(cfg, redis);
     assert_eq!(code, Some(0), "{out}");
     each_page_once(&upstream);
-    assert_eq!(spooled_files(&cfg), REGIONS.len() * PAGES as usize);
-    assert!(sink_records(&cfg).is_empty());
+    assert_eq!(spooled_files(cfg), REGIONS.len() * PAGES as usize);
+    assert!(sink_records(cfg).is_empty());
     let errors: Vec<String> = d
         .messages("the sink could not take the page: spooled, and written when it can")
         .iter()
@@ -356,11 +356,11 @@ fn a_read_only_sink_spools_and_the_records_arrive_once_it_is_writable() {
     ro.undo();
     let all = REGIONS.len() * (PAGES * ITEMS) as usize;
     assert!(
-        wait_until(Duration::from_secs(30), || sink_records(&cfg).len() >= all),
+        wait_until(Duration::from_secs(30), || sink_records(cfg).len() >= all),
         "spooled pages not written; log:\n{}",
         d.log()
     );
-    every_record_once(&cfg);
+    every_record_once(cfg);
     each_page_once(&upstream);
 }
 
@@ -383,14 +383,14 @@ fn a_full_disk_under_a_sqlite_sink_spools_and_the_rows_arrive_once() {
     let Some(full) = Full::mount(&cfg.join("data")) else {
         return;
     };
-    let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
-    d.wait_running(Duration::from_secs(10));
+    let mut rig = Rig::start(redis, cfg, &[]);
+    let (cfg, redis, d) = (&rig.cfg, &rig.redis, &mut rig.daemon);
     full.fill();
-    let (code, out) = trigger(&cfg, &redis);
+    let (code, out) = trigger(cfg, redis);
     assert_eq!(code, Some(0), "{out}");
     each_page_once(&upstream);
     assert_eq!(
-        spooled_files(&cfg),
+        spooled_files(cfg),
         REGIONS.len() * PAGES as usize,
         "log:\n{}",
         d.log()
@@ -411,7 +411,7 @@ fn a_full_disk_under_a_sqlite_sink_spools_and_the_rows_arrive_once() {
         d.log()
     );
     assert_eq!(rows(), all);
-    spool_empties(&cfg, JOB);
+    spool_empties(cfg, JOB);
     each_page_once(&upstream);
     d.term();
     let _ = d.wait_exit(Duration::from_secs(20));
@@ -433,9 +433,8 @@ fn a_spooled_run_is_complete_and_the_next_conditional_run_is_a_304() {
     let cfg = styles::config(world::SECRET, world::wide(), conditional, [issues])
         .state_dir("state")
         .write();
-    let env = [(world::KEY_ENV, world::SECRET)];
-    let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &env);
-    d.wait_running(Duration::from_secs(10));
+    let rig = Rig::start(redis, cfg, &[(world::KEY_ENV, world::SECRET)]);
+    let (cfg, d) = (&rig.cfg, &rig.daemon);
     let Some(mut ro) = ReadOnly::new(&cfg.join("data/issues")) else {
         return;
     };
@@ -443,20 +442,11 @@ fn a_spooled_run_is_complete_and_the_next_conditional_run_is_a_304() {
         std::fs::read_to_string(cfg.join("data/issues/o%2Fa.jsonl"))
             .map_or(0, |t| t.lines().count())
     };
+    // A tick, which must exit 0, and the outcome it ended with.
     let run = |n: usize| {
-        let (code, out, err) = run_cli(
-            &cfg,
-            Some(&redis.url()),
-            &["trigger", "issues", "--wait"],
-            Duration::from_secs(60),
-        );
-        assert_eq!(code, Some(0), "run {n}: {out}\n{err}");
-        assert!(
-            wait_until(Duration::from_secs(10), || d.outcomes().len() >= n),
-            "{}",
-            d.log()
-        );
-        d.outcomes()[n - 1].clone()
+        let (o, t) = rig.tick("issues", 1);
+        assert_eq!(t.code, Some(0), "run {n}: {t:#?}");
+        o[0].line.clone()
     };
 
     let o = run(1);
@@ -470,7 +460,7 @@ fn a_spooled_run_is_complete_and_the_next_conditional_run_is_a_304() {
         Some(u64::from(PAGES * 2)),
         "spooled counts: {o}"
     );
-    assert_eq!(spooled_files_of(&cfg, "issues"), PAGES as usize);
+    assert_eq!(spooled_files_of(cfg, "issues"), PAGES as usize);
     assert_eq!(lines(), 0);
 
     // The sink is still read-only: the 304 needs neither it nor the spool.
@@ -486,7 +476,7 @@ fn a_spooled_run_is_complete_and_the_next_conditional_run_is_a_304() {
         "{o}"
     );
     assert_eq!(
-        spooled_files_of(&cfg, "issues"),
+        spooled_files_of(cfg, "issues"),
         PAGES as usize,
         "a 304 spools nothing"
     );
@@ -504,7 +494,7 @@ fn a_spooled_run_is_complete_and_the_next_conditional_run_is_a_304() {
         d.log()
     );
     assert_eq!(lines(), all);
-    spool_empties(&cfg, "issues");
+    spool_empties(cfg, "issues");
     let stats = upstream.stats();
     assert_eq!(
         stats.requests.len(),
@@ -529,8 +519,8 @@ fn with_no_spool_either_the_task_fails_keeping_its_cursor_and_nothing_is_spent_u
     let upstream = Upstream::start(PAGES, ITEMS);
     let cfg = setup(&upstream);
     std::fs::create_dir_all(cfg.join("state/spool")).expect("mkdir spool");
-    let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
-    d.wait_running(Duration::from_secs(10));
+    let mut rig = Rig::start(redis, cfg, &[]);
+    let (cfg, redis, d) = (&rig.cfg, &rig.redis, &mut rig.daemon);
     let Some(mut sink) = ReadOnly::new(&cfg.join(Path::new("data").join(JOB))) else {
         return;
     };
@@ -538,7 +528,7 @@ fn with_no_spool_either_the_task_fails_keeping_its_cursor_and_nothing_is_spent_u
         return;
     };
 
-    let (code, out) = trigger(&cfg, &redis);
+    let (code, out) = trigger(cfg, redis);
     assert_eq!(code, Some(1), "tasks end failed; {out}");
     let first = upstream.fetched();
     assert!(
@@ -558,7 +548,7 @@ fn with_no_spool_either_the_task_fails_keeping_its_cursor_and_nothing_is_spent_u
     );
 
     // Nothing changed: the next tick spends nothing and fetches nothing.
-    let (code, out) = trigger(&cfg, &redis);
+    let (code, out) = trigger(cfg, redis);
     assert_eq!(code, Some(1), "{out}");
     assert_eq!(
         upstream.fetched(),
@@ -569,7 +559,7 @@ fn with_no_spool_either_the_task_fails_keeping_its_cursor_and_nothing_is_spent_u
     // An operator makes room: each item resumes where it stopped.
     sink.undo();
     spool.undo();
-    let (code, out) = trigger(&cfg, &redis);
+    let (code, out) = trigger(cfg, redis);
     assert_eq!(code, Some(0), "{out}");
     let counts = page_counts(&upstream.stats());
     let twice: HashMap<_, _> = counts.iter().filter(|(_, n)| **n > 1).collect();
@@ -584,7 +574,7 @@ fn with_no_spool_either_the_task_fails_keeping_its_cursor_and_nothing_is_spent_u
         "the lost pages are the first ones: {twice:?}"
     );
     assert_eq!(counts.len(), REGIONS.len() * PAGES as usize, "{counts:?}");
-    every_record_once(&cfg);
+    every_record_once(cfg);
 }
 
 /// `check` and `run` exit 78 before anything runs when a sink directory

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use crate::support::process::{Proc, run_cli};
+use crate::support::rig::Rig;
 use crate::support::upstream::{Upstream, page_counts};
 use crate::support::world::{self, JOB};
 use crate::support::{RedisServer, Sink, Worker};
@@ -19,11 +19,9 @@ const ITEMS: u32 = 5;
 
 #[test]
 fn two_daemons_on_one_new_sqlite_file_never_fail_on_its_lock() {
-    let redis = RedisServer::start();
     let upstream = Upstream::start(PAGES, ITEMS);
     // A new database file per round: the race is in creating it.
     for round in 0..3 {
-        redis.cmd::<()>(&["FLUSHALL"]);
         let job = world::job(&upstream.base_url())
             .fan_out("region", REGIONS)
             .pages(PAGES)
@@ -37,17 +35,11 @@ fn two_daemons_on_one_new_sqlite_file_never_fail_on_its_lock() {
             .worker(Worker::default().concurrency(8))
             .write();
         let before = upstream.fetched();
-        let mut a = Proc::daemon("daemon-a", &cfg, Some(&redis.url()), &[]);
-        let mut b = Proc::daemon("daemon-b", &cfg, Some(&redis.url()), &[]);
-        a.wait_running(Duration::from_secs(15));
-        b.wait_running(Duration::from_secs(15));
-        let (code, out, err) = run_cli(
-            &cfg,
-            Some(&redis.url()),
-            &["trigger", JOB, "--wait"],
-            Duration::from_secs(90),
-        );
-        assert_eq!(code, Some(0), "round {round}\n{out}\n{err}");
+        // Two daemons, started at once, on a Redis of their own each round.
+        let (mut rig, mut others) = Rig::start_n(RedisServer::start(), cfg, 2, &[]);
+        let t = rig.trigger(JOB);
+        assert_eq!(t.code, Some(0), "round {round}\n{t:#?}");
+        let (a, b) = (&mut rig.daemon, &mut others[0]);
         for d in [&a, &b] {
             let log = d.log();
             assert!(
@@ -58,7 +50,7 @@ fn two_daemons_on_one_new_sqlite_file_never_fail_on_its_lock() {
         }
         let fetched = upstream.fetched() - before;
         assert_eq!(fetched, REGIONS.len() * PAGES as usize, "round {round}");
-        let rows: i64 = rusqlite::Connection::open(cfg.join("data/trending.sqlite"))
+        let rows: i64 = rusqlite::Connection::open(rig.cfg.join("data/trending.sqlite"))
             .and_then(|c| c.query_row(r#"SELECT count(*) FROM "trending""#, [], |r| r.get(0)))
             .expect("count rows");
         assert_eq!(

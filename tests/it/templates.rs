@@ -13,7 +13,7 @@ use std::time::Duration;
 use simulator::SimConfig;
 
 use crate::support::keys;
-use crate::support::process::{Proc, run_cli};
+use crate::support::rig::Rig;
 use crate::support::upstream::Upstream;
 use crate::support::{
     self, ConfigBuilder, Credential, Endpoint, Job, RedisServer, TestConfig, Window, styles,
@@ -45,19 +45,10 @@ fn token(cfg: &TestConfig, account: &str, token: &str) {
 }
 
 /// `trigger media --wait`: exit code and summary line.
-fn trigger(cfg: &TestConfig, redis: &RedisServer) -> (Option<i32>, String) {
-    let (code, out, err) = run_cli(
-        cfg,
-        Some(&redis.url()),
-        &["trigger", "media", "--wait"],
-        Duration::from_secs(60),
-    );
-    let summary = out.lines().last().unwrap_or_default().to_owned();
-    assert!(
-        summary.contains("task(s) ended"),
-        "stdout:\n{out}\nstderr:\n{err}"
-    );
-    (code, summary)
+fn trigger(rig: &Rig) -> (Option<i32>, String) {
+    let t = rig.trigger("media");
+    assert!(t.summary().contains("task(s) ended"), "{t:#?}");
+    (t.code, t.summary().to_owned())
 }
 
 #[test]
@@ -79,9 +70,9 @@ fn each_tenant_spends_its_own_windows_with_its_own_token_and_a_missing_token_fai
     token(&cfg, "a", "tok-a");
     token(&cfg, BRACES, "tok-b");
 
-    let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
-    d.wait_running(Duration::from_secs(10));
-    let (code, summary) = trigger(&cfg, &redis);
+    let mut rig = Rig::start(redis, cfg, &[]);
+    let (cfg, redis, d) = (&rig.cfg, &rig.redis, &rig.daemon);
+    let (code, summary) = trigger(&rig);
     assert_eq!(
         code,
         Some(1),
@@ -125,7 +116,7 @@ fn each_tenant_spends_its_own_windows_with_its_own_token_and_a_missing_token_fai
     }
 
     // `quota ig` lists the tenants it finds, each with its own window.
-    let out = cfg.run_on(&redis, &["quota", "ig", "--json"]);
+    let out = cfg.run_on(redis, &["quota", "ig", "--json"]);
     assert_eq!(out.status.code(), Some(0), "{}", support::stderr(&out));
     let j = support::json(&out);
     let shown: Vec<(String, u64)> = (j["credentials"].as_array().expect("credentials").iter())
@@ -144,12 +135,12 @@ fn each_tenant_spends_its_own_windows_with_its_own_token_and_a_missing_token_fai
     );
     assert_eq!(j["templates"][0]["more"], false, "{j}");
     // One tenant by its value as written; the text table names it.
-    let out = cfg.run_on(&redis, &["quota", "ig[account=b}{x]"]);
+    let out = cfg.run_on(redis, &["quota", "ig[account=b}{x]"]);
     let text = support::stdout(&out);
     assert_eq!(out.status.code(), Some(0), "{}", support::stderr(&out));
     assert!(text.starts_with("ig[account=b%7D%7Bx]\n"), "{text}");
     assert!(text.contains("5/1h") && text.contains("  5  "), "{text}");
-    let out = cfg.run_on(&redis, &["quota"]);
+    let out = cfg.run_on(redis, &["quota"]);
     let text = support::stdout(&out);
     assert!(
         text.contains("ig[account=a]\n")
@@ -159,8 +150,8 @@ fn each_tenant_spends_its_own_windows_with_its_own_token_and_a_missing_token_fai
 
     // c's token written now: the next tick's task reads it, no restart;
     // a and b stay refused by their spent windows.
-    token(&cfg, "c", "tok-c");
-    let (code, summary) = trigger(&cfg, &redis);
+    token(cfg, "c", "tok-c");
+    let (code, summary) = trigger(&rig);
     assert_eq!(code, Some(75), "{summary}");
     assert!(summary.contains("3 quota_exhausted"), "{summary}");
     let stats = upstream.stats();
@@ -175,6 +166,7 @@ fn each_tenant_spends_its_own_windows_with_its_own_token_and_a_missing_token_fai
         LIMIT,
         "tenant {BRACES}: nothing more"
     );
+    let d = &mut rig.daemon;
     d.term();
     assert!(
         d.wait_exit(Duration::from_secs(20)).is_some(),

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use crate::support::daemon::{tick_claims, tick_outcomes};
 use crate::support::process::{Proc, run_cli};
 use crate::support::redis_server::redis_conn;
+use crate::support::rig::Rig;
 use crate::support::upstream::{Blackhole, Upstream};
 use crate::support::world::{self, JOB, REGIONS};
 use crate::support::{self, RedisServer, TestConfig};
@@ -16,27 +17,16 @@ const PAGES: u32 = 3;
 
 #[test]
 fn trigger_wait_prints_a_one_line_summary_and_exits_0() {
-    let redis = RedisServer::start();
     let upstream = Upstream::start(PAGES, 2);
-    let cfg = world::config(world::job(&upstream.base_url()).pages(PAGES)).write();
-    let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
-    d.wait_running(Duration::from_secs(10));
+    let rig = Rig::new(world::config(world::job(&upstream.base_url()).pages(PAGES)).write());
 
     let t = Instant::now();
-    let (code, out, err) = run_cli(
-        &cfg,
-        Some(&redis.url()),
-        &["trigger", JOB, "--wait"],
-        Duration::from_secs(30),
-    );
+    let out = rig.trigger_expect(JOB, 0).stdout;
     let took = t.elapsed();
-    assert_eq!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}");
+    assert!(took < Duration::from_secs(30), "took {took:?}");
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), 2, "stdout:\n{out}");
-    let tick = *tick_claims(&mut redis_conn(&redis.url()))
-        .keys()
-        .next()
-        .expect("the tick");
+    let tick = *rig.claims().keys().next().expect("the tick");
     assert_eq!(
         lines[0],
         format!("queued 8 task(s) of job {JOB} (tick {tick})")
@@ -45,7 +35,7 @@ fn trigger_wait_prints_a_one_line_summary_and_exits_0() {
         lines[1],
         format!("{JOB} tick {tick}: 8 task(s) ended: 8 done")
     );
-    let o = tick_outcomes(&mut redis_conn(&redis.url()), tick);
+    let o = tick_outcomes(&mut rig.conn(), tick);
     assert_eq!(o.get("done"), Some(&(REGIONS.len() as i64)));
     assert_eq!(upstream.fetched(), REGIONS.len() * PAGES as usize);
     eprintln!("trigger --wait took {took:?}");
@@ -135,8 +125,14 @@ fn trigger_wait_blocks_on_redis_instead_of_polling_it() {
     let redis = RedisServer::start();
     let cfg = world::config(world::job("http://127.0.0.1:9")).write();
     let mut p = waiting_trigger(&cfg, &redis);
-    std::thread::sleep(Duration::from_millis(500));
+    // It is blocked on the tick's stream of ends.
+    assert!(
+        support::wait_until(Duration::from_secs(10), || redis.blocked_clients() == 1),
+        "trigger --wait is not blocked on Redis: {}",
+        p.log()
+    );
     let _: String = redis.cmd(&["CONFIG", "RESETSTAT"]);
+    // About time: the commands of 5 s of waiting are counted.
     std::thread::sleep(Duration::from_secs(5));
     let (commands, stats) = redis.command_calls();
     assert!(p.running(), "it keeps waiting: {}", p.log());
@@ -169,15 +165,12 @@ fn trigger_wait_says_why_when_redis_goes_away() {
 /// says what is in flight instead, and keeps waiting.
 #[test]
 fn issue_22_low_5_trigger_wait_says_what_is_in_flight() {
-    let redis = RedisServer::start();
     let upstream = Blackhole::start();
-    let cfg = world::config(world::job(&upstream.base_url())).write();
-    let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
-    d.wait_running(Duration::from_secs(30));
+    let mut rig = Rig::new(world::config(world::job(&upstream.base_url())).write());
     let mut p = Proc::sim_cli(
         "trigger --wait",
-        &cfg,
-        Some(&redis.url()),
+        &rig.cfg,
+        Some(&rig.redis.url()),
         &["trigger", JOB, "--wait"],
         &[],
     );
@@ -193,5 +186,5 @@ fn issue_22_low_5_trigger_wait_says_what_is_in_flight() {
     );
     assert!(p.running(), "it keeps waiting");
     p.kill();
-    d.kill();
+    rig.daemon.kill();
 }

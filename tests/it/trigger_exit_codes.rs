@@ -11,32 +11,25 @@ use simulator::Fault;
 
 use crate::support::keys::keys;
 use crate::support::machine;
-use crate::support::process::{Proc, run_cli};
+use crate::support::rig::Rig;
 use crate::support::upstream::Upstream;
 use crate::support::world::{self, JOB};
 use crate::support::{self, RedisServer};
 
-/// Runs `trigger JOB --wait` against a daemon on `redis` and `upstream`,
-/// after `before` (given the config); returns the exit code and the summary
-/// line.
+/// Runs `trigger JOB --wait` against a daemon on its own Redis and
+/// `upstream`, after `before` (given the config and the Redis); returns the
+/// exit code and the summary line.
 fn trigger_wait(
-    redis: &RedisServer,
     upstream: &Upstream,
-    before: impl FnOnce(&support::TestConfig),
+    before: impl FnOnce(&support::TestConfig, &RedisServer),
 ) -> (Option<i32>, String) {
+    let redis = RedisServer::start();
     let cfg = world::config(world::job(&upstream.base_url()).pages(1)).write();
-    before(&cfg);
-    let mut d = Proc::daemon("daemon", &cfg, Some(&redis.url()), &[]);
-    d.wait_running(Duration::from_secs(10));
-    let (code, out, err) = run_cli(
-        &cfg,
-        Some(&redis.url()),
-        &["trigger", JOB, "--wait"],
-        Duration::from_secs(60),
-    );
-    let lines: Vec<&str> = out.lines().collect();
-    assert_eq!(lines.len(), 2, "stdout:\n{out}\nstderr:\n{err}");
-    (code, lines[1].to_owned())
+    before(&cfg, &redis);
+    let t = Rig::start(redis, cfg, &[]).trigger(JOB);
+    let lines: Vec<&str> = t.stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{t:#?}");
+    (t.code, lines[1].to_owned())
 }
 
 /// The duration in a summary's " (retry after 59m 58s)".
@@ -53,11 +46,10 @@ fn retry_after(summary: &str) -> Duration {
 /// tasks' outcomes.
 #[test]
 fn a_tick_refused_by_the_quota_exits_75_naming_when_to_retry() {
-    let redis = RedisServer::start();
     let upstream = Upstream::start(1, 2);
     // The credential's only window (1,000,000 units per hour) spent at once.
-    let (code, summary) = trigger_wait(&redis, &upstream, |cfg| {
-        let o = cfg.run_on(&redis, &["spend", world::ENDPOINT, "--cost", "1000000"]);
+    let (code, summary) = trigger_wait(&upstream, |cfg, redis| {
+        let o = cfg.run_on(redis, &["spend", world::ENDPOINT, "--cost", "1000000"]);
         assert_eq!(o.status.code(), Some(0), "{}", support::stderr(&o));
     });
     assert_eq!(code, Some(75), "{summary}");
@@ -76,7 +68,6 @@ fn a_tick_refused_by_the_quota_exits_75_naming_when_to_retry() {
 
 #[test]
 fn a_tick_the_upstream_throttled_exits_75_naming_when_to_retry() {
-    let redis = RedisServer::start();
     let upstream = Upstream::start(1, 2);
     upstream.inject(
         Fault::TooManyRequests {
@@ -84,7 +75,7 @@ fn a_tick_the_upstream_throttled_exits_75_naming_when_to_retry() {
         },
         1,
     );
-    let (code, summary) = trigger_wait(&redis, &upstream, |_| {});
+    let (code, summary) = trigger_wait(&upstream, |_, _| {});
     assert_eq!(code, Some(75), "{summary}");
     assert!(summary.contains("1 upstream_throttled"), "{summary}");
     // The credential is blocked for the upstream's Retry-After, 120 s.
@@ -97,10 +88,9 @@ fn a_tick_the_upstream_throttled_exits_75_naming_when_to_retry() {
 
 #[test]
 fn a_tick_with_a_failed_task_exits_1() {
-    let redis = RedisServer::start();
     let upstream = Upstream::start(1, 2);
     upstream.inject(Fault::Status(400), 1);
-    let (code, summary) = trigger_wait(&redis, &upstream, |_| {});
+    let (code, summary) = trigger_wait(&upstream, |_, _| {});
     assert_eq!(code, Some(1), "{summary}");
     assert!(
         summary.ends_with(": 8 task(s) ended: 7 done, 1 failed"),

@@ -13,23 +13,15 @@ use simulator::{Fault, SimConfig};
 use crate::support::machine;
 use crate::support::pipeline::{Pipeline, Seen, kinds};
 use crate::support::world;
-use crate::support::{self, ConfigBuilder, Endpoint, Job, Sink, Window};
+use crate::support::{self, Endpoint};
 
 const FOUR: [&str; 4] = ["US", "GB", "DE", "FR"];
 
 /// The job `hot` over `regions`, up to `pages` pages, on `endpoint`.
 async fn start(endpoint: Endpoint, regions: &[&str], pages: u32, sim: SimConfig) -> Pipeline {
     Pipeline::start(sim, |sim| {
-        ConfigBuilder::new()
-            .worker(world::quick_worker(2))
-            .credential(world::credential(Window::sliding(1000, "1h")))
-            .endpoint(endpoint)
-            .job(
-                Job::videos("hot", world::ENDPOINT, sim)
-                    .fan_out("region", regions.iter().copied())
-                    .pages(pages)
-                    .sink(Sink::jsonl("data/{job}.jsonl").records("/items")),
-            )
+        let job = world::one_file_job("hot", sim, regions.iter().copied());
+        world::answering(endpoint, job.pages(pages))
     })
     .await
 }
@@ -80,10 +72,7 @@ async fn assert_blocked(p: &Pipeline, at_most: Duration) -> Duration {
     };
     let before = requests(p);
     let jobs = p.config.jobs["hot"].items() as usize;
-    let tick = p.trigger("hot").await;
-    let evs = p
-        .wait_tick("hot", tick, jobs, Duration::from_secs(10))
-        .await;
+    let evs = p.tick("hot", jobs, Duration::from_secs(10)).await;
     assert_eq!(evs.len(), jobs, "{evs:?}");
     for s in &evs {
         assert_eq!(s.kind(), OutcomeKind::QuotaExhausted, "{s:?}");
@@ -105,10 +94,7 @@ async fn assert_unblocked_after(p: &Pipeline, blocked_for: Duration) -> Vec<Seen
     tokio::time::sleep(blocked_for + Duration::from_millis(100)).await;
     assert_eq!(p.peek(world::CREDENTIAL).await.blocked_for, Duration::ZERO);
     let jobs = p.config.jobs["hot"].items() as usize;
-    let tick = p.trigger("hot").await;
-    let evs = p
-        .wait_tick("hot", tick, jobs, Duration::from_secs(10))
-        .await;
+    let evs = p.tick("hot", jobs, Duration::from_secs(10)).await;
     assert!(
         evs.iter().all(|s| s.kind() == OutcomeKind::Done),
         "after the block: {:?}",
@@ -133,8 +119,7 @@ async fn upstream_429_with_retry_after_blocks_the_credential_for_every_worker() 
         },
         1,
     );
-    let tick = p.trigger("hot").await;
-    let evs = p.wait_tick("hot", tick, 4, Duration::from_secs(10)).await;
+    let evs = p.tick("hot", 4, Duration::from_secs(10)).await;
     let throttled: Vec<_> = evs
         .iter()
         .filter(|s| s.kind() == OutcomeKind::UpstreamThrottled)
@@ -200,8 +185,7 @@ async fn upstream_403_quota_exceeded_blocks_for_throttle_block() {
         sim(3).key(world::SECRET, 2, Duration::from_secs(3600)),
     )
     .await;
-    let tick = p.trigger("hot").await;
-    let evs = p.wait_tick("hot", tick, 1, Duration::from_secs(10)).await;
+    let evs = p.tick("hot", 1, Duration::from_secs(10)).await;
     assert_eq!(evs.len(), 1, "{evs:?}");
     let o = &evs[0].ev.outcome;
     assert_eq!(o.kind, OutcomeKind::UpstreamThrottled, "{o:?}");
@@ -236,8 +220,7 @@ async fn upstream_403_rate_limit_exceeded_blocks_the_credential() {
     )
     .await;
     p.sim.inject(Fault::RateLimitExceeded, 1);
-    let tick = p.trigger("hot").await;
-    let evs = p.wait_tick("hot", tick, 4, Duration::from_secs(10)).await;
+    let evs = p.tick("hot", 4, Duration::from_secs(10)).await;
     let throttled: Vec<_> = evs
         .iter()
         .filter(|s| s.kind() == OutcomeKind::UpstreamThrottled)
@@ -268,8 +251,7 @@ async fn ratelimit_headers_at_zero_block_until_the_reset() {
         .key(world::SECRET, 3, per),
     )
     .await;
-    let tick = p.trigger("hot").await;
-    let evs = p.wait_tick("hot", tick, 1, Duration::from_secs(10)).await;
+    let evs = p.tick("hot", 1, Duration::from_secs(10)).await;
     // All three pages fit the upstream's 3; the third answer said 0 left.
     assert_eq!(evs.len(), 1);
     assert_eq!(evs[0].kind(), OutcomeKind::Done, "{evs:?}");

@@ -23,9 +23,9 @@ use crate::support::in_process::InProcess;
 use crate::support::logs::Logs;
 use crate::support::machine;
 use crate::support::notify::NotifySocket;
-use crate::support::process::Proc;
+use crate::support::rig::Rig;
 use crate::support::world;
-use crate::support::{RedisServer, TestConfig, Window, Worker, free_port};
+use crate::support::{self, RedisServer, TestConfig, Window, Worker, free_port};
 
 /// Pings are due every 500 ms.
 const WATCHDOG_USEC: &str = "1000000";
@@ -39,16 +39,17 @@ fn config(url: &str, listen: &str) -> TestConfig {
         .write()
 }
 
-/// The binary, run as systemd would: `NOTIFY_SOCKET`, `WATCHDOG_USEC`.
-fn start(cfg: &TestConfig, notify: &NotifySocket, port: u16) -> Proc {
+/// The binary on `redis`, run as systemd would: `NOTIFY_SOCKET`,
+/// `WATCHDOG_USEC`.
+fn start(redis: RedisServer, cfg: TestConfig, notify: &NotifySocket) -> Rig {
     let path = notify.path();
-    let port = format!("127.0.0.1:{port}");
+    let port = format!("127.0.0.1:{}", free_port());
     let env = vec![
         ("NOTIFY_SOCKET", path.to_str().expect("utf-8 path")),
         ("WATCHDOG_USEC", WATCHDOG_USEC),
         ("QUOTA_WORKER_METRICS_LISTEN", port.as_str()),
     ];
-    Proc::start("daemon", cfg, &["run"], &env)
+    Rig::start(redis, cfg, &env)
 }
 
 /// A daemon in this process, notifying `notify`; returns it and the port its
@@ -199,8 +200,7 @@ fn watchdog_pings_keep_their_interval_while_redis_hangs() {
     let redis = RedisServer::start();
     let cfg = config(&redis.url(), "off");
     let notify = NotifySocket::bind();
-    let port = free_port();
-    let mut d = start(&cfg, &notify, port);
+    let mut rig = start(redis, cfg, &notify);
     let ready = notify
         .wait_for("READY=1", 1, Duration::from_secs(20))
         .expect("READY=1");
@@ -212,11 +212,21 @@ fn watchdog_pings_keep_their_interval_while_redis_hangs() {
 
     // Hang Redis across more than one STATUS refresh (every 5 s).
     let paused = Instant::now();
-    redis.pause();
+    rig.redis.pause();
+    // About time: the hang's length.
     std::thread::sleep(Duration::from_secs(7));
-    redis.resume();
+    rig.redis.resume();
     let resumed = Instant::now();
-    std::thread::sleep(Duration::from_secs(2));
+    // Every ping up to a second after it is in once a later one is (the
+    // socket reads them in order).
+    let after = resumed + Duration::from_secs(1);
+    assert!(
+        support::wait_until(Duration::from_secs(10), || pings(&notify)
+            .iter()
+            .any(|p| *p > after)),
+        "no ping after Redis resumed:\n{}",
+        notify.dump(ready)
+    );
 
     let during: Vec<Instant> = pings(&notify)
         .into_iter()
@@ -239,6 +249,7 @@ fn watchdog_pings_keep_their_interval_while_redis_hangs() {
         "a ping came {max_gap:?} after the previous one (WATCHDOG_USEC = 1 s: systemd would have killed the daemon):\n{}",
         notify.dump(ready)
     );
+    let d = &mut rig.daemon;
     d.term();
     assert_eq!(
         d.wait_exit(Duration::from_secs(15)).and_then(|s| s.code()),

@@ -632,6 +632,14 @@ impl ConfigBuilder {
         self
     }
 
+    /// `[redis] key_prefix`: keys of their own on a shared server (the
+    /// benchmark's sections).
+    #[allow(dead_code, reason = "the benchmark uses it, the tests do not")]
+    pub fn key_prefix(mut self, prefix: &str) -> Self {
+        self.redis.set("key_prefix", prefix);
+        self
+    }
+
     /// `[redis] timeout`.
     pub fn redis_timeout(mut self, d: &str) -> Self {
         self.redis.set("timeout", d);
@@ -726,8 +734,19 @@ impl ConfigBuilder {
 
     /// Writes `config.toml` and `jobs/<name>.toml` into a new temp dir.
     pub fn write(&self) -> TestConfig {
+        self.write_to(tempfile::tempdir().expect("tempdir"))
+    }
+
+    /// [`ConfigBuilder::write`] into a new temp dir under `base` (a file
+    /// system of the caller's choosing: the benchmark's sinks).
+    #[allow(dead_code, reason = "the benchmark uses it, the tests do not")]
+    pub fn write_in(&self, base: &Path) -> TestConfig {
+        self.write_to(tempfile::tempdir_in(base).expect("tempdir"))
+    }
+
+    fn write_to(&self, dir: tempfile::TempDir) -> TestConfig {
         let mut cfg = TestConfig {
-            dir: tempfile::tempdir().expect("tempdir"),
+            dir,
             env: Vec::new(),
         };
         cfg.rewrite(self);

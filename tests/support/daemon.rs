@@ -10,9 +10,9 @@ use std::time::Duration;
 use chrono::{DateTime, Datelike, Timelike, Utc};
 use serde_json::Value;
 
-use super::config::TestConfig;
+use super::config::{TestConfig, Worker};
 use super::keys::{any_tick, apalis, keys};
-use super::world::JOB;
+use super::world::{self, JOB};
 
 /// Outcome fields of a tick hash that end a task's chain.
 pub const TERMINAL: [&str; 5] = [
@@ -81,6 +81,16 @@ pub fn start_before_first_tick<T>(
         );
     }
     panic!("three times the daemons took longer than {lead:?} to start");
+}
+
+/// The world's config ([`super::world::config`]) with its job paging
+/// `pages` pages of the simulator at `base` on the cron `schedule` (of
+/// [`fixed_ticks`]), eight worker slots and `recover_after = "6s"`: the
+/// daemons on fixed ticks.
+pub fn on_ticks(base: &str, pages: u32, schedule: &str) -> TestConfig {
+    world::config(world::job(base).pages(pages).schedule(schedule))
+        .worker(Worker::default().concurrency(8).recover_after("6s"))
+        .write()
 }
 
 /// The claimed ticks of [`JOB`]: tick ms → who claimed it.
@@ -154,6 +164,14 @@ pub fn sink_records(cfg: &TestConfig) -> Vec<(String, String)> {
         }
     }
     out
+}
+
+/// Asserts that the sink of [`JOB`] holds `n` records, none twice.
+pub fn assert_sink_once(cfg: &TestConfig, n: usize) {
+    let records = sink_records(cfg);
+    let distinct: std::collections::HashSet<_> = records.iter().collect();
+    assert_eq!(records.len(), n, "records in the sink");
+    assert_eq!(distinct.len(), records.len(), "a record stored twice");
 }
 
 /// Where the tasks of the queue are.

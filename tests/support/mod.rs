@@ -4,7 +4,7 @@
 //!
 //! | module | what |
 //! |---|---|
-//! | [`rig`] | the one way an end-to-end test runs the product: the real binary as a daemon on its own Redis, `trigger --wait` and a tick's typed outcomes, `quota --json`, `/api/status` |
+//! | [`rig`] | the one way an end-to-end test runs the product: the real binary as daemons on their own Redis (more of them, another config, a restart), `trigger --wait` and a tick's typed outcomes, `trigger` and the tick it claimed, `quota --json`, `/api/status` |
 //! | [`world`] | the one world the tests describe: the credential, its secret's variable and value, the endpoint, the job, and builders that compose them into a config |
 //! | [`redis_server`] | a private `redis-server` on a free port: stop, kill, hang, restart, a shifted clock |
 //! | [`sentinel`] | a master, its replica and three sentinels (`redis-server --sentinel`): who is master now, `SENTINEL FAILOVER`, wait for a new master, sentinels' logs |
@@ -124,4 +124,17 @@ pub fn wait_every(timeout: Duration, every: Duration, mut cond: impl FnMut() -> 
         std::thread::sleep(every.min(deadline.saturating_duration_since(Instant::now())));
     }
     cond()
+}
+
+/// Watches `cond` for `period` (every 20 ms): true if it held at every
+/// look, the last one at the end of the period. The quiet period after
+/// everything ended, in which what must not happen (a task run twice, a
+/// request more) would show: a test that watches one says so.
+pub fn holds_for(period: Duration, cond: impl FnMut() -> bool) -> bool {
+    holds_every(period, Duration::from_millis(20), cond)
+}
+
+/// [`holds_for`], looking every `every`.
+pub fn holds_every(period: Duration, every: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    !wait_every(period, every, || !cond())
 }

@@ -233,6 +233,13 @@ impl Pipeline {
         }
     }
 
+    /// A tick of `job` ([`Pipeline::trigger`]) and its outcomes once `n` of
+    /// its tasks ended ([`Pipeline::wait_tick`]).
+    pub async fn tick(&self, job: &str, n: usize, timeout: Duration) -> Vec<Seen> {
+        let tick = self.trigger(job).await;
+        self.wait_tick(job, tick, n, timeout).await
+    }
+
     /// Waits up to `timeout` for `cond` over all outcomes so far.
     pub async fn wait_for(&self, timeout: Duration, mut cond: impl FnMut(&[Seen]) -> bool) -> bool {
         let deadline = Instant::now() + timeout;

@@ -297,6 +297,17 @@ impl RedisServer {
         (total, stats)
     }
 
+    /// Clients blocked in a command now (`INFO clients`: a blocking
+    /// `XREAD`, `BLPOP`, ...), the sign that a waiting client went to sleep
+    /// on Redis.
+    pub fn blocked_clients(&self) -> u64 {
+        let info: String = self.cmd(&["INFO", "clients"]);
+        (info.lines())
+            .find_map(|l| l.strip_prefix("blocked_clients:"))
+            .and_then(|n| n.trim().parse().ok())
+            .expect("INFO clients: blocked_clients")
+    }
+
     /// Runs one command, or `None` when the server does not answer it
     /// within a second (killed, hung, refusing it).
     pub fn try_cmd<T: redis::FromRedisValue>(&self, args: &[&str]) -> Option<T> {

@@ -60,6 +60,7 @@ impl Sentinel {
                 dir,
             };
             if s.wait_up() {
+                s.never_tilt();
                 return s;
             }
             // Dropped: killed by its pid.
@@ -74,6 +75,21 @@ impl Sentinel {
             exited || self.try_cmd::<String>(&["PING"]).is_some()
         });
         up && !exited
+    }
+
+    /// Turns TILT mode off. A sentinel whose timer runs more than 2 s late
+    /// (a process starved of CPU, or an `fsync` of its config stalled by a
+    /// loaded disk: CI's test step builds while it runs) takes it for a
+    /// clock jump and acts on nothing for 30 s. Its vote then comes too
+    /// late for a failover within the tests' waits, and the replica, 10 s
+    /// past `down-after-milliseconds` without its master by then, is no
+    /// longer one the sentinels will promote (`-failover-abort-no-good-slave`,
+    /// seen in CI and in a loaded run here). A test's clock does not jump;
+    /// production keeps the default.
+    fn never_tilt(&self) {
+        let hour = "3600000";
+        let ok: Option<String> = self.try_cmd(&["SENTINEL", "DEBUG", "TILT-TRIGGER", hour]);
+        assert_eq!(ok.as_deref(), Some("OK"), "SENTINEL DEBUG TILT-TRIGGER");
     }
 
     /// `redis://127.0.0.1:PORT`.

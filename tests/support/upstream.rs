@@ -6,7 +6,6 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 use simulator::{Fault, SimConfig, SimStats, Simulator};
 
@@ -165,16 +164,15 @@ impl Blackhole {
     /// Listens on a free port of 127.0.0.1.
     pub fn start() -> Self {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-        listener.set_nonblocking(true).expect("nonblocking");
         let port = listener.local_addr().expect("addr").port();
         let stop = Arc::new(AtomicBool::new(false));
         let done = stop.clone();
+        // Blocks in accept; `drop` sets `stop` and connects once to wake it.
         let thread = std::thread::spawn(move || {
             let mut held = Vec::new();
             while !done.load(Ordering::Relaxed) {
-                match listener.accept() {
-                    Ok((s, _)) => held.push(s),
-                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                if let Ok((s, _)) = listener.accept() {
+                    held.push(s);
                 }
             }
         });
@@ -194,7 +192,11 @@ impl Blackhole {
 impl Drop for Blackhole {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
+        // Wakes the accept the thread blocks in (it then sees `stop`).
+        let woke = std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok();
+        if let Some(t) = self.thread.take()
+            && woke
+        {
             let _ = t.join();
         }
     }

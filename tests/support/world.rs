@@ -117,3 +117,40 @@ pub fn sim(pages: u32, items: u32) -> SimConfig {
     }
     .key(SECRET, 1_000_000, Duration::from_secs(3600))
 }
+
+/// The job `name` over `regions` at the simulator at `base`, one page of
+/// each, every record into one file (`data/{job}.jsonl`), with room for
+/// everything and `worker`: a fan-out of many small tasks (the queue's
+/// tests: thousands of them).
+pub fn fan_out(base: &str, worker: Worker, name: &str, regions: Vec<String>) -> ConfigBuilder {
+    ConfigBuilder::new()
+        .worker(worker)
+        .credential(credential(wide()))
+        .endpoint(endpoint())
+        .job(one_file_job(name, base, regions))
+}
+
+/// The job `name` on [`ENDPOINT`]: the simulator's videos at `base` per
+/// region of `regions`, unpaged, every record into one file
+/// (`data/{job}.jsonl`).
+pub fn one_file_job<S: Into<String>>(
+    name: &str,
+    base: &str,
+    regions: impl IntoIterator<Item = S>,
+) -> Job {
+    Job::videos(name, ENDPOINT, base)
+        .fan_out("region", regions)
+        .sink(super::config::Sink::jsonl("data/{job}.jsonl").records("/items"))
+}
+
+/// `job` on two quick worker slots ([`quick_worker`]), the world's
+/// credential with 1,000 units an hour, and `endpoint` (the world's, as the
+/// test tunes it): the config of the tests of the upstream's answers
+/// (retries, throttles).
+pub fn answering(endpoint: Endpoint, job: Job) -> ConfigBuilder {
+    ConfigBuilder::new()
+        .worker(quick_worker(2))
+        .credential(credential(Window::sliding(1000, "1h")))
+        .endpoint(endpoint)
+        .job(job)
+}

@@ -239,7 +239,7 @@ pub(in crate::config) fn read_secret(
 ) -> Result<Secret, ConfigError> {
     match source {
         SecretSource::Env { var, at } => match env(var) {
-            Some(v) if !v.is_empty() => Ok(Secret(v)),
+            Some(v) if !v.is_empty() => Ok(Secret::new(v)),
             Some(_) => Err(at.error(format!("environment variable {var} is empty"))),
             None => Err(at.error(format!("environment variable {var} is not set"))),
         },
@@ -249,7 +249,7 @@ pub(in crate::config) fn read_secret(
                 if v.is_empty() {
                     Err(at.error(format!("secret file {} is empty", path.display())))
                 } else {
-                    Ok(Secret(v.to_owned()))
+                    Ok(Secret::new(v))
                 }
             }
             Err(e) => Err(at.error(format!("cannot read secret file {}: {e}", path.display()))),

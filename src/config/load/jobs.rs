@@ -1,6 +1,12 @@
 //! The job files the `jobs` glob names, and each job's own fields: schedule,
 //! time zone, endpoint, fan-out, retries and pagination. Its request and
 //! sink tables are in [`super::request`] and [`super::sink`].
+//!
+//! About 750 lines, one `impl Loader` block: a job has the most fields of
+//! any table, and each is read by one short function beside its checks and
+//! their error texts; split further, a field's checks would sit away from
+//! the others of its job that they compare against (cursor fields against
+//! the request's placeholders, `max_pages` against the pagination style).
 
 use std::num::{NonZeroU32, NonZeroU64};
 use std::path::{Path, PathBuf};

@@ -119,8 +119,9 @@ impl Worker {
         // The payer under this worker's config (the newest, since a
         // reload: `spender`).
         let (key, argv, ttl) = payer.cred.command(payer.tenant.as_deref())?;
-        self.minter.refused(&key, &run.secret).await;
+        self.lasting.minter.refused(&key, &run.secret).await;
         match self
+            .lasting
             .minter
             .token(&key, &argv, ttl, self.fetcher.secrets())
             .await
