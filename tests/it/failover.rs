@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::daemon::{self, tick_claims, tick_outcomes, wait_ticks_ended};
 use crate::support::http::{self, http_get};
+use crate::support::keys::keys;
 use crate::support::machine;
 use crate::support::process::{Proc, run_cli};
 use crate::support::proxy::Proxy;
@@ -334,10 +335,29 @@ impl Rig {
         let master = (self.failover.servers.iter())
             .find(|s| s.port() == master)
             .expect("the new master is one of ours");
-        let mut conn = redis_conn(&master.url());
-        let (ok, outcomes) =
-            wait_ticks_ended(&mut conn, &[self.tick], ITEMS, Duration::from_secs(90));
+        // Each look on a new connection: under load the new master's
+        // first connections were seen cut (EOF) while the sentinels
+        // reconfigured the servers; a cut look is looked at again.
+        let url = master.url();
+        let mut outcomes = HashMap::new();
+        let ok = wait_until(Duration::from_secs(90), || {
+            let looked = redis::Client::open(url.as_str())
+                .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
+                .and_then(|mut c| {
+                    redis::cmd("HGETALL")
+                        .arg(keys().tick_outcomes(JOB, self.tick))
+                        .query::<HashMap<String, i64>>(&mut c)
+                });
+            match looked {
+                Ok(o) => {
+                    outcomes = o;
+                    daemon::ended(&outcomes) >= ITEMS
+                }
+                Err(_) => false,
+            }
+        });
         assert!(ok, "{what}: every item of the tick ends: {outcomes:?}");
+        let mut conn = redis_conn(&url);
         let done_after = promoted_at.elapsed();
         let o: HashMap<String, i64> = tick_outcomes(&mut conn, self.tick);
         assert_eq!(

@@ -19,7 +19,7 @@ use simulator::{Fault, SimConfig};
 
 use crate::accounting::Rig;
 use crate::support::world::{self, KEY_ENV, SECRET};
-use crate::support::{ConfigBuilder, Credential, Endpoint, Job, Request, Sink, Window};
+use crate::support::{ConfigBuilder, Credential, Endpoint, Job, Request, Sink, Window, wait_every};
 
 /// The credential, its endpoints and jobs.
 const CRED: &str = "github";
@@ -287,9 +287,18 @@ fn drift_from_an_answer_with_a_reset_is_gone_a_second_after_it() {
     // Until GitHub's reset (4 s after the other program began), in whole
     // seconds rounded up, and the reset's second itself.
     assert!(ms > 0 && ms <= 7_000, "until GitHub's reset: {q}");
-    // A second after the reset (the block's end is a second after it).
-    std::thread::sleep(Duration::from_millis(ms + 1_100));
+    // A second after the reset (the block's end is a second after it), at
+    // the latest: the block is over and the drift gone.
+    let over = |q: &Value| {
+        let w = window(q, "core");
+        block(q, "core").0 == 0 && w["drift"].as_u64() == Some(0)
+    };
+    let wait = Duration::from_millis(ms + 1_100);
+    wait_every(wait, Duration::from_millis(100), || {
+        over(&rig.quota_of(CRED))
+    });
     let q = rig.quota_of(CRED);
+    assert_eq!(block(&q, "core").0, 0, "the block outlived its end: {q}");
     let w = window(&q, "core");
     assert_eq!(
         (
