@@ -302,18 +302,9 @@ impl ItemLock {
         json: &str,
         ttl: Duration,
     ) -> redis::RedisResult<bool> {
-        let saved: i64 = ITEM_LOCK
-            .call()
-            .key(&self.key)
-            .key(cursor_key)
-            .arg("save")
-            .arg(&self.value)
-            .arg(self.ttl.as_millis() as u64)
-            .arg(json)
-            .arg(ttl.as_secs())
-            .invoke(conn)
-            .await?;
-        Ok(saved == 1)
+        let mut call = self.fenced("save", cursor_key);
+        call.arg(json).arg(ttl.as_secs());
+        Ok(call.invoke::<i64>(conn).await? == 1)
     }
 
     /// Deletes the item's checkpoint at `cursor_key`, unless another task
@@ -324,16 +315,23 @@ impl ItemLock {
         conn: &mut Conn,
         cursor_key: &str,
     ) -> redis::RedisResult<bool> {
-        let forgot: i64 = ITEM_LOCK
-            .call()
-            .key(&self.key)
+        Ok(self
+            .fenced("forget", cursor_key)
+            .invoke::<i64>(conn)
+            .await?
+            == 1)
+    }
+
+    /// `op` on the checkpoint at `cursor_key`, fenced by this lock: its
+    /// keys, holder and TTL as `lua/item_lock.lua` reads them.
+    fn fenced(&self, op: &str, cursor_key: &str) -> crate::conn::LuaCall<'static> {
+        let mut call = ITEM_LOCK.call();
+        call.key(&self.key)
             .key(cursor_key)
-            .arg("forget")
+            .arg(op)
             .arg(&self.value)
-            .arg(self.ttl.as_millis() as u64)
-            .invoke(conn)
-            .await?;
-        Ok(forgot == 1)
+            .arg(self.ttl.as_millis() as u64);
+        call
     }
 
     /// Who holds the item now, if anyone.
