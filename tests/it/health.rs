@@ -112,7 +112,11 @@ fn readyz_follows_redis_and_healthz_stays_up() {
         back.elapsed().as_secs_f64()
     );
     assert!(d.running());
-    assert_eq!(http::scrape_fresh(port).one("qw_redis_up", &[]), 1.0);
+    // The gauges read 0 while Redis was away; once read again, 1.
+    let up = http::scrape_until(port, Duration::from_secs(10), |m| {
+        m.sum("qw_redis_up", &[]) == 1.0
+    });
+    assert_eq!(up.one("qw_redis_up", &[]), 1.0);
     d.term();
     assert_eq!(
         d.wait_exit(Duration::from_secs(15)).and_then(|s| s.code()),
@@ -165,7 +169,11 @@ fn metrics_scrape_stays_within_the_scrape_timeout_while_redis_hangs() {
         "ready again after Redis resumes: {:?}",
         http_get(port, "/readyz")
     );
-    assert_eq!(http::scrape_fresh(port).one("qw_redis_up", &[]), 1.0);
+    // `during` read 0; once the gauges are read again, 1.
+    let up = http::scrape_until(port, Duration::from_secs(10), |m| {
+        m.sum("qw_redis_up", &[]) == 1.0
+    });
+    assert_eq!(up.one("qw_redis_up", &[]), 1.0);
     d.term();
     assert_eq!(
         d.wait_exit(Duration::from_secs(15)).and_then(|s| s.code()),
