@@ -158,7 +158,7 @@ impl Limiter {
             )
             .await;
             match reply {
-                Err(_) => return Err(QuotaError::Timeout(self.timeout)),
+                Err(_) => return Err(self.conn.timed_out(self.timeout)),
                 Ok(Ok((v, then))) => return Ok((ints(v)?, then)),
                 Ok(Err(e)) if e.is_connection_dropped() => last = Some(e),
                 Ok(Err(e)) => return Err(QuotaError::from_redis(e)),
