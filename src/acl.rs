@@ -344,13 +344,7 @@ pub(crate) fn refused_credentials(url: &impl fmt::Display, e: &RedisError) -> St
     )
 }
 
-/// Whether connecting failed because Redis does not take the credentials
-/// (a wrong password, none where one is needed): a config error, not an
-/// outage. Decided by redis-rs's kind and the server's error code, never by
-/// its text.
-pub(crate) fn is_auth_failure(e: &RedisError) -> bool {
-    e.kind() == ErrorKind::AuthenticationFailed || matches!(e.code(), Some("NOAUTH" | "WRONGPASS"))
-}
+pub(crate) use crate::conn::is_auth_failure;
 
 #[cfg(test)]
 mod tests {

@@ -25,18 +25,8 @@ import uuid
 
 import redis
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-BEFORE = os.path.join(ROOT, "tests", "support", "fixtures", "spend_before_33.lua")
-CONFIG = """
-[redis]
-url = "redis://127.0.0.1:1/0"
-[credentials.k]
-secret_file = "{dir}/secret"
-windows = [ {{ units = 1000000000, per = "1h" }} ]
-[endpoints.an]
-credential = "k"
-cost = 1
-"""
+from common import BEFORE, CONFIG, quota_worker  # noqa: E402
+
 PROBE = """
 redis.register_function('probe', function(k, a)
   local c0 = collectgarbage('count')
@@ -47,11 +37,6 @@ redis.register_function('probe', function(k, a)
   return tostring(d)
 end)
 """
-
-
-def quota_worker(binary, cfg, *args):
-    out = subprocess.run([binary, *args, "-c", cfg], check=True, capture_output=True)
-    return out.stdout.decode()
 
 
 def wrap(text, last):

@@ -32,7 +32,6 @@ import argparse
 import glob
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,20 +39,10 @@ import time
 
 import redis
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+from common import BEFORE, CONFIG, ROOT, free_port, quota_worker  # noqa: E402
+
 BASE = os.path.join(ROOT, "benches", "baseline")
-BEFORE = os.path.join(ROOT, "tests", "support", "fixtures", "spend_before_33.lua")
 HUGE = 1_000_000_000
-CONFIG = """
-[redis]
-url = "redis://127.0.0.1:1/0"
-[credentials.k]
-secret_file = "{dir}/secret"
-windows = [ {{ units = 1000000000, per = "1h" }} ]
-[endpoints.an]
-credential = "k"
-cost = 1
-"""
 EMPTY = "#!lua name=irempty\nredis.register_function('ir_empty', function(k, a) return {1, 0, 0, 0} end)\n"
 
 
@@ -102,16 +91,6 @@ def assemble(d):
         script = core + "fill = function(T)\nif T == nil then\n" + "".join(
             f"elseif T == {t} then\n" + "".join(f(x) for x in m) for t, m in MODULES) + "end\nend\nlazy()\n"
     return lib, name + "_spend", script + f("script.lua")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def quota_worker(binary, cfg, *args):
-    return subprocess.run([binary, *args, "-c", cfg], check=True, capture_output=True).stdout.decode()
 
 
 class Callgrind:

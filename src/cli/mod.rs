@@ -191,18 +191,16 @@ pub(crate) fn limiter(config: &Config, quotas: Arc<Quotas>) -> Result<Limiter, E
 /// broken or unavailable: a Redis that needs a password cuts an
 /// unauthenticated client's first long request (the spend script) with a
 /// protocol error before it could answer NOAUTH, which would read as a
-/// script failure (exit 70); and a connection that follows the master takes
-/// refused credentials for a master not answering yet, which would read as
-/// a timeout (exit 69). A PING on a new connection asks what the call could
-/// not. Only on this failure path: a working call pays nothing for it.
+/// script failure (exit 70). A PING on a new connection asks what the call
+/// could not. Only on this failure path: a working call pays nothing for
+/// it. (Refused credentials that kept the connection from reaching the
+/// master come back as such from the limiter itself, not as a timeout:
+/// `QuotaConn::timed_out`.)
 pub(crate) async fn limiter_failure(config: &Config, e: &crate::quota::QuotaError) -> Exit {
     use crate::quota::QuotaError as Q;
     let ask = match e {
         Q::Unavailable(re) => !crate::acl::is_auth_failure(re),
-        // The connection follows the master (`conn::Conn`): refused
-        // credentials look like no master answering, until the call's
-        // patience runs out.
-        Q::Script(_) | Q::Timeout(_) => true,
+        Q::Script(_) => true,
         _ => false,
     };
     let refused = match quota_target(config) {

@@ -51,7 +51,10 @@ impl RedisUrl {
             // Its errors name what is wrong (a missing host, a bad database
             // number) and never repeat the URL.
             Some(_) => match redis::Client::open(self.expose()) {
-                Ok(_) => return Ok(()),
+                Ok(c) => match user_without_password(c.get_connection_info().redis_settings()) {
+                    None => return Ok(()),
+                    Some(why) => why,
+                },
                 Err(e) => e.to_string(),
             },
         };
@@ -102,11 +105,30 @@ and no host (the sentinels say where the master is): write redis://[USER]:PASSWO
             }),
             _ => None,
         };
+        if let Some(why) = user_without_password(info.redis_settings()) {
+            return Err(bad(&why));
+        }
         Ok(MasterSettings {
             redis: info.redis_settings().clone(),
             tls,
         })
     }
+}
+
+/// Why a URL that names a user and no password cannot be used as written:
+/// Redis logs a user in only with a password (`AUTH user password`, or
+/// `HELLO 3 AUTH`), so redis-rs sends no login at all and the connection
+/// runs as the `default` user, with whatever that user may do: not the
+/// user the operator named. `None` when the URL names no user, or both.
+fn user_without_password(info: &redis::RedisConnectionInfo) -> Option<String> {
+    let user = info.username()?;
+    info.password().is_none().then(|| {
+        format!(
+            "it names user {user:?} and no password, so Redis would not log that user in and the \
+connection would run as the default user; give the password (redis://{user}:PASSWORD@HOST; \
+a user with nopass takes any password)"
+        )
+    })
 }
 
 /// How to log in to a master that sentinels name ([`RedisUrl::master_settings`]).
@@ -258,5 +280,37 @@ mod tests {
         ] {
             assert_eq!(RedisUrl::new(url).check(), Ok(()), "{url}");
         }
+    }
+
+    #[test]
+    fn a_user_without_a_password_is_refused() {
+        // redis-rs sends no AUTH for it: the connection would be `default`'s.
+        for url in [
+            "redis://ingest@127.0.0.1:6379",
+            "rediss://ingest@h/2",
+            "unix:///run/redis.sock?user=ingest",
+        ] {
+            let err = RedisUrl::new(url).check().unwrap_err();
+            assert!(
+                err.contains("names user \"ingest\" and no password"),
+                "{url}: {err}"
+            );
+            assert!(err.contains("default user"), "{err}");
+        }
+        let err = RedisUrl::new("redis://ingest@/0")
+            .master_settings()
+            .unwrap_err();
+        assert!(
+            err.contains("names user \"ingest\" and no password"),
+            "{err}"
+        );
+        for url in ["redis://ingest:pw@h", "redis://:pw@h", "redis://h"] {
+            assert_eq!(RedisUrl::new(url).check(), Ok(()), "{url}");
+        }
+        assert!(
+            RedisUrl::new("redis://ingest:pw@/0")
+                .master_settings()
+                .is_ok()
+        );
     }
 }

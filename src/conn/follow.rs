@@ -372,6 +372,17 @@ impl Conn {
         }
     }
 
+    /// The error of the last attempt to reach the master, while there is
+    /// no connection and that attempt's login was refused (a wrong or
+    /// rotated password): what a caller whose own deadline ran out says
+    /// instead of "no answer in time", since waiting will not fix it.
+    pub fn refused_login(&self) -> Option<RedisError> {
+        match &*self.0.shared.link.borrow() {
+            Link::Down { error: Some(e), .. } if super::is_auth_failure(e) => Some(e.clone()),
+            _ => None,
+        }
+    }
+
     /// Why no master answers, for a call whose patience ran out.
     fn no_master(&self) -> RedisError {
         let link = self.0.shared.link.borrow();

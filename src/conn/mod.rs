@@ -19,6 +19,14 @@ use redis::{ErrorKind, RedisResult, ServerErrorKind};
 pub use follow::{Conn, MAX_BACKOFF, NotReady, Reason, Timeouts};
 pub use master::{Master, Sentinels};
 
+/// Whether connecting failed because Redis does not take the credentials
+/// (a wrong password, none where one is needed): a config error, not an
+/// outage. Decided by redis-rs's kind and the server's error code, never by
+/// its text.
+pub(crate) fn is_auth_failure(e: &redis::RedisError) -> bool {
+    e.kind() == ErrorKind::AuthenticationFailed || matches!(e.code(), Some("NOAUTH" | "WRONGPASS"))
+}
+
 /// Connects to `master` now. Each command times out after `timeout`, each
 /// connection attempt too, and a call waits for a master at most that long.
 pub async fn connect(

@@ -116,6 +116,19 @@ impl crate::conn::FunctionHost for QuotaConn {
 }
 
 impl QuotaConn {
+    /// What a call that got no answer within `timeout` failed with: the
+    /// connection's refused login when that is why ([`Conn::refused_login`],
+    /// `QuotaError::Unavailable`, which the CLI reports as a config error
+    /// and the daemon logs as such), else [`QuotaError::Timeout`].
+    pub(crate) fn timed_out(&self, timeout: Duration) -> QuotaError {
+        match self {
+            QuotaConn::Standalone(c) => c.refused_login().map(QuotaError::Unavailable),
+            // A cluster connection says why itself, within its own timeouts.
+            QuotaConn::Cluster(_) => None,
+        }
+        .unwrap_or(QuotaError::Timeout(timeout))
+    }
+
     /// Every master's `maxmemory-policy` (a standalone Redis: its own). The
     /// worst wins: one node that may evict makes the windows unsafe.
     pub(crate) async fn eviction(&self, timeout: Duration) -> Eviction {
@@ -161,12 +174,13 @@ impl QuotaConn {
         mut take: impl FnMut(Vec<String>) -> bool,
     ) -> Result<(), QuotaError> {
         async fn bounded<T>(
+            conn: &QuotaConn,
             timeout: Duration,
             f: impl Future<Output = RedisResult<T>>,
         ) -> Result<T, QuotaError> {
             tokio::time::timeout(timeout, f)
                 .await
-                .map_err(|_| QuotaError::Timeout(timeout))?
+                .map_err(|_| conn.timed_out(timeout))?
                 .map_err(QuotaError::from_redis)
         }
         // Where to send each SCAN: the Redis, or one master by address.
@@ -176,7 +190,7 @@ impl QuotaConn {
                 let all = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
                 let mut c = c.clone();
                 let reply: Value =
-                    bounded(timeout, c.route_command(redis::cmd("PING"), all)).await?;
+                    bounded(self, timeout, c.route_command(redis::cmd("PING"), all)).await?;
                 let Value::Map(per_node) = reply else {
                     return Err(QuotaError::Script(format!(
                         "PING to every master answered {reply:?}"
@@ -209,9 +223,11 @@ impl QuotaConn {
                     .arg(1000);
                 let reply: Value = match (self, &node) {
                     (QuotaConn::Cluster(c), Some(at)) => {
-                        bounded(timeout, c.clone().route_command(scan, at.clone())).await?
+                        bounded(self, timeout, c.clone().route_command(scan, at.clone())).await?
                     }
-                    _ => bounded(timeout, scan.query_async::<Value>(&mut self.clone())).await?,
+                    _ => {
+                        bounded(self, timeout, scan.query_async::<Value>(&mut self.clone())).await?
+                    }
                 };
                 let (next, batch): (u64, Vec<String>) = FromRedisValue::from_redis_value(reply)
                     .map_err(|e| QuotaError::Script(format!("SCAN answered {e}")))?;
@@ -410,7 +426,7 @@ impl Limiter {
         };
         tokio::time::timeout(self.timeout, run)
             .await
-            .map_err(|_| QuotaError::Timeout(self.timeout))?
+            .map_err(|_| self.conn.timed_out(self.timeout))?
             .map_err(QuotaError::from_redis)
     }
 

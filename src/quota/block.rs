@@ -253,7 +253,7 @@ impl Limiter {
         let mut conn = self.conn.clone();
         let reply: redis::Value = tokio::time::timeout(self.timeout, call.invoke(&mut conn))
             .await
-            .map_err(|_| QuotaError::Timeout(self.timeout))?
+            .map_err(|_| self.conn.timed_out(self.timeout))?
             .map_err(QuotaError::from_redis)?;
         let values: Vec<redis::Value> = redis::FromRedisValue::from_redis_value(reply)
             .map_err(|e| QuotaError::Script(format!("blocks answered {e}")))?;
@@ -296,7 +296,7 @@ impl Limiter {
         let mut conn = self.conn.clone();
         tokio::time::timeout(self.timeout, conn.del::<_, ()>(key))
             .await
-            .map_err(|_| QuotaError::Timeout(self.timeout))?
+            .map_err(|_| self.conn.timed_out(self.timeout))?
             .map_err(QuotaError::from_redis)
     }
 
@@ -324,7 +324,7 @@ impl Limiter {
         let mut conn = self.conn.clone();
         tokio::time::timeout(self.timeout, conn.del::<_, ()>(keys))
             .await
-            .map_err(|_| QuotaError::Timeout(self.timeout))?
+            .map_err(|_| self.conn.timed_out(self.timeout))?
             .map_err(QuotaError::from_redis)?;
         let names: Vec<String> = (resources.iter())
             .map(|r| self.quotas.resource_name(&plan.family, *r).to_owned())

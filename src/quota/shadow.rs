@@ -126,7 +126,7 @@ impl Limiter {
         let read = tokio::time::timeout(self.timeout, ring::read(self.conn(), &keys));
         let (_, counts) = read
             .await
-            .map_err(|_| QuotaError::Timeout(self.timeout))?
+            .map_err(|_| self.conn.timed_out(self.timeout))?
             .map_err(QuotaError::from_redis)?;
         for ((i, _), slots) in shadows.iter().zip(counts) {
             windows[*i].shadow_refusals = slots.iter().sum();

@@ -212,6 +212,20 @@ const CASES: &[Case] = &[
         field: "redis.quota_nodes",
         says: "different password",
     },
+    // A user with no password: redis-rs would log nobody in, and the
+    // daemon would run as Redis's default user (`[redis] url`: below).
+    Case {
+        what: "a cluster node naming a user and no password",
+        config: &[(
+            "\n\n[credentials.yt]",
+            "\n[redis]\nquota_nodes = [\"redis://ingest@127.0.0.1:7000\"]\n[credentials.yt]",
+        )],
+        job: &[],
+        file: File::Config,
+        line: 3,
+        field: "redis.quota_nodes[0]",
+        says: "would run as the default user",
+    },
     Case {
         what: "two replicas to wait for",
         config: &[(
@@ -890,6 +904,41 @@ fn a_malformed_redis_url_names_the_accepted_forms() {
     let err = support::stderr(&out);
     assert!(err.contains("rediss://"), "{err}");
     assert!(!err.contains("hunter2"), "the password leaked: {err}");
+}
+
+/// A `[redis] url` naming a user and no password: redis-rs would send no
+/// login, so the daemon would run as Redis's `default` user, not the one
+/// named. Refused at the field, in the file, with sentinels, and from the
+/// environment.
+#[test]
+fn a_redis_url_with_a_user_and_no_password_is_refused() {
+    for redis in [
+        "url = \"redis://ingest@127.0.0.1:6379/0\"",
+        "url = \"redis://ingest@/0\"\nmaster_name = \"qw\"\nsentinels = [\"redis://127.0.0.1:26379\"]",
+    ] {
+        let cfg = TestConfig::new(
+            &format!("{CONFIG}\n[redis]\n{redis}\n"),
+            &[("trending.toml", JOB)],
+        );
+        let out = cfg.run(&["check"], &[(SECRET_ENV, "k")]);
+        let file = format!("{}:12:7: redis.url: ", cfg.path().display());
+        assert_config_error(&out, &file, "names user \"ingest\" and no password");
+        assert!(support::stderr(&out).contains("default user"));
+    }
+    let cfg = TestConfig::new(CONFIG, &[("trending.toml", JOB)]);
+    let out = cfg.run(
+        &["check"],
+        &[
+            ("QUOTA_WORKER_REDIS_URL", "redis://ingest@127.0.0.1:6379"),
+            (SECRET_ENV, "k"),
+        ],
+    );
+    assert_config_error(
+        &out,
+        &cfg.path().display().to_string(),
+        "QUOTA_WORKER_REDIS_URL",
+    );
+    assert!(support::stderr(&out).contains("and no password"));
 }
 
 #[test]
