@@ -16,7 +16,8 @@
 -- for still held by the one before it, woken late too), and goes at the
 -- end; its ticket is a member "t:<ticket>" scored by minus its entry's
 -- position. A ticket come back is admitted if the window admits it (early:
--- told its turn again; late and full: the next unit, keeping its place);
+-- told its turn again; late and full: when the window holds it behind the
+-- waiters ahead of it yet to spend, keeping its place);
 -- any other spend also needs its turn to be now, and once admitted takes its
 -- place in the line. The counters hold qt, qb, q0, qf (when the first entry
 -- after qb leaves: until then nothing is read to move qb) and qe (when the
@@ -82,6 +83,24 @@ local function sliding_turn(w, c, cost)
   return max(at + w.hold - c.now, 0)
 end
 
+-- µs from now until a waiter whose turn has come, into a full window,
+-- fits behind the waiters ahead of it that have not spent yet (tickets at
+-- positions before its own, `pos`): the units ahead of it are held by
+-- spends made later than promised (a waiter woken late), and those waiters
+-- spend before it. Not the window's next unit, which every waiter of its
+-- wave refused now would be told, to come back together and be refused
+-- again, each but one: a herd again. A waiter counts 1 unit here (a ticket
+-- does not keep its cost); with more waiting than the window holds, a
+-- window from now.
+local function late_turn(w, c, pos)
+  local ahead = call('ZCOUNT', w.line, format('%d', c.cost - pos), format('%d', -(w.qb + 1)))
+  local target = w.lim - c.cost - ahead
+  if target < 0 then
+    return w.hold
+  end
+  return w.K.frees(w, c, target)
+end
+
 function SlidingLine.turn(w, c)
   local now = c.now
   if w.qe ~= 0 and w.qe <= now then
@@ -123,8 +142,12 @@ function SlidingLine.turn(w, c)
       w.mine = { -v, tonumber(match(e or '', '^%d+:(%d+)$')) or now }
       -- Its units were promised: only the window itself decides, but a
       -- waiter early for its turn waits for it.
-      if w.used + c.cost > w.lim and w.mine[2] > now then
-        w.turn = w.mine[2] - now
+      if w.used + c.cost > w.lim then
+        if w.mine[2] > now then
+          w.turn = w.mine[2] - now
+        else
+          w.turn = late_turn(w, c, -v)
+        end
       end
     else
       -- Everyone else waits for their turn behind the line.

@@ -251,18 +251,15 @@ fn alert_rules_name_only_metrics_and_labels_the_daemon_exports() {
     assert_eq!(code, Some(0), "{out}\n{err}");
     let mut rig = Rig::start(redis, cfg, &[]);
     assert!(http::wait_http(port, Duration::from_secs(20)));
-    // Ready, so qw_ready is 1 (and the gauges were read).
+    // Ready, so qw_ready is 1 (and the gauges were read: every series
+    // below is in that scrape).
+    let ready = |m: &http::Metrics| m.select("qw_ready", &[]).first().map(|s| s.value) == Some(1.0);
+    let scrape = http::scrape_until(port, Duration::from_secs(15), ready);
     assert!(
-        support::wait_until(Duration::from_secs(15), || {
-            http::scrape_fresh(port)
-                .select("qw_ready", &[])
-                .first()
-                .map(|s| s.value)
-                == Some(1.0)
-        }),
-        "qw_ready 1 once the daemon is ready"
+        ready(&scrape),
+        "qw_ready 1 once the daemon is ready:\n{}",
+        scrape.text
     );
-    let scrape = http::scrape_fresh(port);
 
     let mut problems = Vec::new();
     for (name, names) in &rules {

@@ -56,10 +56,26 @@ impl Monitor {
         Monitor { lines, reader }
     }
 
-    /// Stops it, once what Redis sent has arrived; every line.
-    async fn stop(self) -> String {
-        tokio::time::sleep(Duration::from_millis(300)).await;
+    /// Stops it once every command Redis ran before this call has arrived
+    /// (Redis sends MONITOR lines in the order it runs commands: a marker
+    /// sent now, seen, is the last of them); every line.
+    async fn stop(self, redis: &RedisServer) -> String {
+        const MARKER: &str = "qw-test-monitor-marker";
+        let _: String = redis.cmd(&["ECHO", MARKER]);
+        let seen = async {
+            while !self
+                .lines
+                .lock()
+                .expect("lines")
+                .iter()
+                .any(|l| l.contains(MARKER))
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        let arrived = tokio::time::timeout(Duration::from_secs(10), seen).await;
         self.reader.abort();
+        assert!(arrived.is_ok(), "MONITOR did not show {MARKER} within 10 s");
         self.lines.lock().expect("lines").join("\n")
     }
 }
@@ -99,7 +115,7 @@ async fn the_first_pages_spend_rides_in_the_item_claim() {
     let p = Pipeline::start(world::sim(2, 2), |sim| config(sim, &regions, 2)).await;
     let monitor = Monitor::start(&p.redis).await;
     let seen = p.tick("two", 4, Duration::from_secs(30)).await;
-    let log = monitor.stop().await;
+    let log = monitor.stop(&p.redis).await;
     let done = seen
         .iter()
         .filter(|s| s.kind() == OutcomeKind::Done)

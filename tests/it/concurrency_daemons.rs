@@ -314,7 +314,7 @@ fn a_killed_daemons_leases_lapse_and_the_others_reach_full_concurrency() {
 #[test]
 fn leases_in_flight_show_in_quota_metrics_and_the_status_page() {
     use crate::support::free_port;
-    use crate::support::http::{http_get, scrape_fresh};
+    use crate::support::http::{http_get, scrape_until};
 
     let redis = RedisServer::start();
     // Answers take 4 s: long enough to look at them in flight.
@@ -337,12 +337,16 @@ fn leases_in_flight_show_in_quota_metrics_and_the_status_page() {
         "{w}"
     );
 
-    let m = scrape_fresh(port);
     let labels = [
         ("credential", world::CREDENTIAL),
         ("scope", "credential"),
         ("window", "4 in flight"),
     ];
+    // A daemon serves the gauges it read from Redis for up to a second:
+    // wait for a read that sees the leases (they last 4 s).
+    let m = scrape_until(port, Duration::from_secs(10), |m| {
+        m.sum("qw_window_leases", &labels) == 2.0
+    });
     assert_eq!(m.one("qw_window_leases", &labels), 2.0);
     assert_eq!(m.one("qw_window_used_units", &labels), CAP as f64);
 

@@ -157,6 +157,9 @@ async fn a_lease_nobody_returns_lapses_at_its_expiry() {
     let server = RedisServer::start();
     let cfg = config();
     let limiter = limiter(&server, &cfg).await;
+    // The first call loads the spend core into Redis: done here, so the
+    // calls timed below are the three spends alone.
+    assert_eq!(in_flight(&limiter, "solo", 1).await, (0, 0));
 
     let before = server.time_us();
     for id in ["x", "y"] {
@@ -173,8 +176,28 @@ async fn a_lease_nobody_returns_lapses_at_its_expiry() {
         (300 - elapsed - 1..=300).contains(&ms),
         "retry_after {ms} ms, expected 300 ms less the {elapsed} ms the calls took"
     );
-    // Nobody settles: at the expiry the lease lapses, and a spend fits.
-    server.sleep_until_us(before + 320_000);
+    // Each lease's expiry, as the window holds it (µs, Redis's clock): 300
+    // ms after its spend, which ran between `before` and `after`; the
+    // refusal's wait reaches the earliest.
+    let leases = keys::window(&support::load(&cfg), "solo", Some("own"), 0)[1].clone();
+    let expiries: Vec<(String, i64)> = server.cmd(&["ZRANGE", &leases, "0", "-1", "WITHSCORES"]);
+    let ids: Vec<&str> = expiries.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(ids, ["x", "y"], "{expiries:?}");
+    for (id, at) in &expiries {
+        assert!(
+            (before + 300_000..=after + 300_000).contains(at),
+            "{id}'s lease expires at {at}, not 300 ms after its spend ({before}..{after})"
+        );
+    }
+    assert!(
+        after + r.retry_after.as_micros() as i64 >= expiries[0].1,
+        "the refusal's wait ends before the earliest lease expires: {r:?}"
+    );
+    // Nobody settles: by Redis's clock at the later expiry both leases
+    // lapse, and a spend fits. (Not `before` + 300 ms and a margin: a
+    // lease starts when its spend runs, which a loaded machine can put
+    // tens of ms after `before`.)
+    server.sleep_until_us(expiries[1].1);
     admits(&limiter, "own", None, "z").await;
     assert_eq!(in_flight(&limiter, "solo", 1).await, (1, 1));
     // A settle of a lapsed lease finds nothing to return (the hour still

@@ -425,9 +425,9 @@ const DEPLOY_UNITS: usize = 20;
 /// (call by call, the script as it shipped before the library).
 #[test]
 fn two_daemons_on_two_library_versions_fetch_exactly_what_one_window_allows() {
-    use crate::support::process::{Proc, run_cli};
+    use crate::support::rig::Rig;
     use crate::support::upstream::Upstream;
-    use crate::support::{wait_until, world};
+    use crate::support::world;
 
     let server = RedisServer::start();
     // Every command into the slow log, with its arguments: which library's
@@ -445,38 +445,21 @@ fn two_daemons_on_two_library_versions_fetch_exactly_what_one_window_allows() {
         .endpoint(world::endpoint())
         .job(world::job(&upstream.base_url()))
         .write();
-    let mut old = Proc::daemon("old", &cfg, Some(&server.url()), &[]);
-    let mut new = Proc::daemon(
-        "new",
-        &cfg,
-        Some(&server.url()),
-        &[("QUOTA_WORKER_TEST_LIBRARY", "next")],
-    );
-    old.wait_running(Duration::from_secs(20));
-    new.wait_running(Duration::from_secs(20));
+    // The old version (this release's library name), and the new one on the
+    // same Redis and config under the next version's name.
+    let rig = Rig::start(server, cfg, &[]);
+    let _new = rig.another_with("new", &[("QUOTA_WORKER_TEST_LIBRARY", "next")]);
 
-    let (code, out, err) = run_cli(
-        &cfg,
-        Some(&server.url()),
-        &["trigger", world::JOB],
-        Duration::from_secs(30),
-    );
-    assert_eq!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}");
-    assert!(
-        wait_until(Duration::from_secs(60), || upstream.fetched()
-            >= DEPLOY_UNITS),
-        "{} pages fetched\nold:\n{}\nnew:\n{}",
-        upstream.fetched(),
-        old.log(),
-        new.log()
-    );
-    // Long enough for a spend either version admitted in excess to show.
-    std::thread::sleep(Duration::from_secs(2));
+    // Every task of the tick ends (the pages past the window's units end
+    // quota_exhausted: exit 75); after that nothing fetches, so a page
+    // either version admitted in excess would be counted below.
+    let t = rig.trigger_expect(world::JOB, 75);
     assert_eq!(
         upstream.fetched(),
         DEPLOY_UNITS,
-        "the window's units, no more"
+        "the window's units, no more: {t:#?}"
     );
+    let server = &rig.redis;
 
     // Both versions loaded, each called by its daemon.
     let names: Vec<String> = (redis::cmd("FUNCTION").arg("LIST"))
@@ -521,8 +504,6 @@ fn two_daemons_on_two_library_versions_fetch_exactly_what_one_window_allows() {
     }
 
     // The window counts exactly what was fetched.
-    let out = cfg.run_on(&server, &["quota", world::CREDENTIAL, "--json"]);
-    assert_eq!(out.status.code(), Some(0), "{}", support::stderr(&out));
-    let w = &support::json(&out)["credentials"][0]["windows"][0];
+    let w = &rig.quota(world::CREDENTIAL)["windows"][0];
     assert_eq!(w["used"].as_u64(), Some(DEPLOY_UNITS as u64), "{w}");
 }

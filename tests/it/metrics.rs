@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use simulator::SimConfig;
 
-use crate::support::http::{self, Metrics, scrape, scrape_fresh};
+use crate::support::http::{self, Metrics, scrape, scrape_until};
 use crate::support::process::Proc;
 use crate::support::redis_server::free_port_except;
 use crate::support::rig::Rig;
@@ -18,7 +18,7 @@ use crate::support::upstream::{Blackhole, Upstream};
 use crate::support::world;
 use crate::support::{
     self, ConfigBuilder, Credential, Endpoint, RedisServer, TestConfig, Window, Worker, free_port,
-    wait_until,
+    wait_every, wait_until,
 };
 
 const KEY: &str = "metrics-sim-key";
@@ -130,35 +130,47 @@ fn metrics_match_what_the_upstream_saw_and_are_consistent_across_daemons() {
     eprintln!("run took {:?}", started.elapsed());
 
     // apalis acknowledges a finished task just after its outcome is
-    // counted: wait for the queue to show only the two stalled tasks. Fresh
-    // scrapes: a daemon serves the gauges it reads from Redis for up to a
-    // second, and the run takes less (87 ms), so a cached scrape showed the
-    // stalled tasks' 2 from before the run while a task of the run was
-    // still unacknowledged (the check below then read 3, in CI).
-    let mut last = None;
-    let settled = wait_until(Duration::from_secs(20), || {
-        let now: Vec<(f64, f64)> = ports
-            .iter()
-            .map(|p| {
-                let m = scrape_fresh(*p);
-                (
-                    m.one("qw_queue_tasks", &[("state", "in_flight")]),
-                    m.one("qw_tasks_in_flight", &[]),
-                )
-            })
-            .collect();
-        last = Some(now.clone());
-        now.iter().all(|(q, _)| *q == 2.0) && now.iter().map(|(_, o)| o).sum::<f64>() == 2.0
+    // counted, and a daemon serves the gauges it reads from Redis for up to
+    // a second: wait, on both daemons at once, for scrapes whose gauges
+    // were read after the run — the window full (read after the run's last
+    // spend) with nothing queued or waiting and only the two stalled tasks
+    // in flight (so every task of the run had ended when it was read) —
+    // and each daemon's own count of its tasks in flight (not cached) down
+    // to the stalled two. A cached read from before the run shows the
+    // queue's 2 too, but not the window's 10: the run takes less than the
+    // second (87 ms), and such a read, taken for "settled", let a check read
+    // 3 from a task of the run still unacknowledged (in CI).
+    let window = [("credential", world::CREDENTIAL), ("scope", "credential")];
+    let after_run = |m: &Metrics| {
+        m.sum("qw_window_used_units", &window) == UNITS as f64
+            && m.sum("qw_queue_tasks", &[("state", "in_flight")]) == 2.0
+            && m.sum("qw_queue_tasks", &[("state", "queued")]) == 0.0
+            && m.sum("qw_queue_tasks", &[("state", "backlog")]) == 0.0
+    };
+    let mut m: Vec<Metrics> = Vec::new();
+    let settled = wait_every(Duration::from_secs(20), Duration::from_millis(50), || {
+        m = ports.iter().map(|p| scrape(*p)).collect();
+        let own: f64 = m.iter().map(|m| m.sum("qw_tasks_in_flight", &[])).sum();
+        m.iter().all(after_run) && own == 2.0
     });
+    let seen: Vec<(f64, f64, f64)> = (m.iter())
+        .map(|m| {
+            let q = |s: &str| m.sum("qw_queue_tasks", &[("state", s)]);
+            (
+                m.sum("qw_window_used_units", &window),
+                q("in_flight"),
+                m.sum("qw_tasks_in_flight", &[]),
+            )
+        })
+        .collect();
     assert!(
         settled,
-        "in flight (queue, own) per daemon after the run: {last:?}"
+        "after the run, per daemon (window used, queue in flight, own in flight): {seen:?}"
     );
 
     let sim = upstream.stats();
     let key = sim.key(KEY);
     let quota = support::json(&cfg.run_on(redis, &["quota", world::CREDENTIAL, "--json"]));
-    let m: Vec<Metrics> = ports.iter().map(|p| scrape_fresh(*p)).collect();
     let sum =
         |name: &str, want: &[(&str, &str)]| -> f64 { m.iter().map(|m| m.sum(name, want)).sum() };
 
@@ -340,14 +352,12 @@ fn metrics_match_what_the_upstream_saw_and_are_consistent_across_daemons() {
     // read again (at most a second later).
     let s = cfg.run_on(redis, &["spend", "slow.videos", "--cost", "5"]);
     assert_eq!(s.status.code(), Some(0), "{s:?}");
+    let slow = [("credential", "slow"), ("scope", "credential")];
     for p in ports {
-        assert_eq!(
-            scrape_fresh(p).one(
-                "qw_window_used_units",
-                &[("credential", "slow"), ("scope", "credential")]
-            ),
-            7.0
-        );
+        let m = scrape_until(p, Duration::from_secs(10), |m| {
+            m.sum("qw_window_used_units", &slow) == 7.0
+        });
+        assert_eq!(m.one("qw_window_used_units", &slow), 7.0);
     }
     drop(other);
 }

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::time::Duration;
 
-use super::wait_until;
+use super::{wait_every, wait_until};
 
 /// `GET path` on `127.0.0.1:port` (HTTP/1.0, 5 s timeouts): status and body,
 /// `None` when nothing answers.
@@ -181,13 +181,27 @@ pub fn scrape(port: u16) -> Metrics {
     }
 }
 
-/// Scrapes `/metrics` on `port` once the gauges it reads from Redis are
-/// fresh: a daemon serves them again for up to a second (one read per
-/// second however many scrapers), so a scrape right after a change can show
-/// the value from before it. Waits out that second first.
-pub fn scrape_fresh(port: u16) -> Metrics {
-    std::thread::sleep(Duration::from_millis(1_100));
-    scrape(port)
+/// Scrapes `/metrics` on `port` until `cond` holds of a scrape, for at
+/// most `timeout`: that scrape, or the last one (the caller's assertions
+/// then say what it shows). A daemon serves the gauges it reads from Redis
+/// again for up to a second (one read per second however many scrapers), so
+/// a scrape right after a change can show the value from before it: the
+/// test waits for the value it is about, not for the second. The condition
+/// must tell the new value from the old (a value that was already true
+/// before the change proves nothing).
+pub fn scrape_until(
+    port: u16,
+    timeout: Duration,
+    mut cond: impl FnMut(&Metrics) -> bool,
+) -> Metrics {
+    let mut last = None;
+    wait_every(timeout, Duration::from_millis(50), || {
+        let m = scrape(port);
+        let held = cond(&m);
+        last = Some(m);
+        held
+    });
+    last.expect("wait_every looks at least once")
 }
 
 /// Waits up to `timeout` until `port` serves `/healthz`.
