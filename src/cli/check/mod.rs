@@ -199,24 +199,8 @@ async fn queue_eviction(config: &Config) -> Exit {
     };
     let eviction = verdict(config, &url.to_string(), eviction::check(conn, wait).await);
     let replicas = config.redis.quota_replicas > 0;
-    let access = match acl::access(conn, &config.redis.key_prefix, replicas).await {
-        Ok(acl::Access::Granted) => {
-            outln!("redis: {url}: {}", acl::Access::Granted);
-            Exit::Ok
-        }
-        Ok(missing @ acl::Access::Missing(_)) => {
-            eprintln!("error: Redis at {url}: {missing}");
-            Exit::Config
-        }
-        Ok(unknown @ acl::Access::Unknown(_)) => {
-            outln!("warning: redis: {url}: {unknown}");
-            Exit::Ok
-        }
-        Err(e) => {
-            outln!("warning: redis: {url}: the user's permissions could not be read: {e}");
-            Exit::Ok
-        }
-    };
+    let read = acl::access(conn, &config.redis.key_prefix, replicas).await;
+    let access = access_verdict(&url, read, &acl::Access::Granted.to_string());
     note_functions(conn, &config.redis.key_prefix, &url).await;
     if eviction == Exit::Config || access == Exit::Config {
         Exit::Config
@@ -254,30 +238,42 @@ async fn quota_cluster(config: &Config) -> Exit {
     };
     let eviction = verdict(config, &at, conn.eviction(wait).await);
     let replicas = config.redis.quota_replicas > 0;
-    let access =
-        match acl::access_windows(&mut conn.clone(), &config.redis.key_prefix, replicas).await {
-            Ok(acl::Access::Granted) => {
-                outln!("redis: {at}: the user may run every command the windows need");
-                Exit::Ok
-            }
-            Ok(missing @ acl::Access::Missing(_)) => {
-                eprintln!("error: Redis at {at}: {missing}");
-                Exit::Config
-            }
-            Ok(unknown @ acl::Access::Unknown(_)) => {
-                outln!("warning: redis: {at}: {unknown}");
-                Exit::Ok
-            }
-            Err(e) => {
-                outln!("warning: redis: {at}: the user's permissions could not be read: {e}");
-                Exit::Ok
-            }
-        };
+    let read = acl::access_windows(&mut conn.clone(), &config.redis.key_prefix, replicas).await;
+    let access = access_verdict(&at, read, "the user may run every command the windows need");
     note_functions(&mut conn.clone(), &config.redis.key_prefix, &at).await;
     if eviction == Exit::Config || access == Exit::Config {
         Exit::Config
     } else {
         Exit::Ok
+    }
+}
+
+/// Prints what the user's permissions at `at` (`read`, as `acl` found
+/// them) mean for `run`, `granted` when it may run everything, and the
+/// exit code: a permission missing is a config error; permissions that
+/// could not be read are a warning.
+fn access_verdict<E: std::fmt::Display>(
+    at: &impl std::fmt::Display,
+    read: Result<acl::Access, E>,
+    granted: &str,
+) -> Exit {
+    match read {
+        Ok(acl::Access::Granted) => {
+            outln!("redis: {at}: {granted}");
+            Exit::Ok
+        }
+        Ok(missing @ acl::Access::Missing(_)) => {
+            eprintln!("error: Redis at {at}: {missing}");
+            Exit::Config
+        }
+        Ok(unknown @ acl::Access::Unknown(_)) => {
+            outln!("warning: redis: {at}: {unknown}");
+            Exit::Ok
+        }
+        Err(e) => {
+            outln!("warning: redis: {at}: the user's permissions could not be read: {e}");
+            Exit::Ok
+        }
     }
 }
 
